@@ -1,0 +1,29 @@
+// Runs a whole graph on a backend.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox {
+
+enum class Device : uint8_t { cpu, cuda };
+const char* device_name(Device d);
+// "cpu" | "cuda" | "auto" (cuda when a GPU is present and the CUDA backend is built, else cpu).
+Device parse_device(const std::string& s);
+bool cuda_available();
+
+using NamedTensors = std::map<std::string, Tensor>;
+
+struct RunOptions {
+  Device device = Device::cpu;
+  bool poison_outputs = true;  // fill each node's outputs with NaN bytes before it runs
+};
+
+// Feeds every graph input by name (dtype and shape must match exactly; a missing,
+// extra or mismatched feed is an Error naming the input). Returns the graph
+// outputs by name. Intermediate tensors are released after their last use.
+NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts = {});
+
+}  // namespace fusebox

@@ -1,0 +1,28 @@
+// Standard architectures built with the C++ builder, with seeded random weights.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox {
+
+struct ZooOptions {
+  int64_t batch = 1;
+  int64_t image_size = 224;   // square input, 3 channels
+  int64_t num_classes = 1000;
+  uint64_t seed = 0;
+  DType dtype = DType::f32;
+  // Batch norm in training form (5 outputs, batch statistics): for training graphs.
+  bool training = false;
+};
+
+// Names the zoo knows: "resnet18", "resnet34", "resnet50", "resnet101", "small_cnn".
+std::vector<std::string> zoo_models();
+// Throws an Error listing the known names for an unknown one. Input "input"
+// [batch, 3, image_size, image_size], output "logits" [batch, num_classes].
+// Weights and layer names follow torchvision's layout (conv1, bn1, layer1.0.conv1, ... fc).
+Graph build_zoo_model(const std::string& name, const ZooOptions& opts = {});
+
+}  // namespace fusebox

@@ -1,0 +1,46 @@
+#include "fusebox/backends/cpu.h"
+
+#include "kernels.h"
+
+namespace fusebox::cpu {
+
+void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inputs,
+              std::span<Tensor> outputs) {
+  (void)g;
+  switch (n.op) {
+    case OpKind::conv: return conv_forward(n, inputs, outputs);
+    case OpKind::conv_backward_data: return conv_backward_data(n, inputs, outputs);
+    case OpKind::conv_backward_filter: return conv_backward_filter(n, inputs, outputs);
+    case OpKind::batch_norm: return batch_norm(n, inputs, outputs);
+    case OpKind::layer_norm: return layer_norm(n, inputs, outputs);
+    case OpKind::rms_norm: return rms_norm(n, inputs, outputs);
+    case OpKind::relu: case OpKind::leaky_relu: case OpKind::gelu: case OpKind::silu:
+    case OpKind::sigmoid: case OpKind::tanh: case OpKind::exp: case OpKind::log:
+    case OpKind::sqrt: case OpKind::rsqrt: case OpKind::reciprocal: case OpKind::neg:
+    case OpKind::abs: case OpKind::erf: case OpKind::clip: case OpKind::identity:
+      return unary(n, inputs, outputs);
+    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::div:
+    case OpKind::max: case OpKind::min: case OpKind::pow:
+      return binary(n, inputs, outputs);
+    case OpKind::matmul: return matmul(n, inputs, outputs);
+    case OpKind::gemm: return gemm(n, inputs, outputs);
+    case OpKind::reduce_sum: case OpKind::reduce_mean: case OpKind::reduce_max:
+      return reduce(n, inputs, outputs);
+    case OpKind::softmax: case OpKind::log_softmax: return softmax(n, inputs, outputs);
+    case OpKind::max_pool: return max_pool(n, inputs, outputs);
+    case OpKind::avg_pool: return avg_pool(n, inputs, outputs);
+    case OpKind::global_avg_pool: return global_avg_pool(n, inputs, outputs);
+    case OpKind::reshape: case OpKind::flatten: case OpKind::squeeze: case OpKind::unsqueeze:
+      return copy_reshape(n, inputs, outputs);
+    case OpKind::transpose: return transpose(n, inputs, outputs);
+    case OpKind::concat: return concat(n, inputs, outputs);
+    case OpKind::slice: return slice(n, inputs, outputs);
+    case OpKind::pad: return pad(n, inputs, outputs);
+    case OpKind::cast: return cast(n, inputs, outputs);
+    case OpKind::constant: return constant(n, inputs, outputs);
+    case OpKind::cross_entropy: return cross_entropy(n, inputs, outputs);
+  }
+  throw Error(node_label(n), "no CPU kernel for this op");
+}
+
+}  // namespace fusebox::cpu

@@ -1,0 +1,56 @@
+// CPU kernels, one function per op (or op family), all with one signature.
+// run_node (dispatch.cpp) picks the function by OpKind. Attributes are already
+// normalised by infer_and_normalize (see ir/graph.h): no defaults, no negative axes.
+//
+// inputs[i] is nullptr for an absent optional input; outputs are allocated with
+// the inferred dtype/shape and hold garbage until written.
+#pragma once
+
+#include <span>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::cpu {
+
+using Inputs = std::span<const Tensor* const>;
+using Outputs = std::span<Tensor>;
+
+// conv.cpp: convolution and its two backward ops, 1-3 spatial dims.
+void conv_forward(const Node& n, Inputs in, Outputs out);
+void conv_backward_data(const Node& n, Inputs in, Outputs out);
+void conv_backward_filter(const Node& n, Inputs in, Outputs out);
+
+// pool.cpp
+void max_pool(const Node& n, Inputs in, Outputs out);
+void avg_pool(const Node& n, Inputs in, Outputs out);
+void global_avg_pool(const Node& n, Inputs in, Outputs out);
+
+// norm.cpp
+void batch_norm(const Node& n, Inputs in, Outputs out);
+void layer_norm(const Node& n, Inputs in, Outputs out);
+void rms_norm(const Node& n, Inputs in, Outputs out);
+
+// pointwise.cpp: every unary op (relu ... clip, identity) and every binary op.
+void unary(const Node& n, Inputs in, Outputs out);
+void binary(const Node& n, Inputs in, Outputs out);
+
+// matmul.cpp
+void matmul(const Node& n, Inputs in, Outputs out);
+void gemm(const Node& n, Inputs in, Outputs out);
+
+// reduce.cpp: reduce_sum/mean/max, softmax, log_softmax, cross_entropy.
+void reduce(const Node& n, Inputs in, Outputs out);
+void softmax(const Node& n, Inputs in, Outputs out);
+void cross_entropy(const Node& n, Inputs in, Outputs out);
+
+// shape_ops.cpp: reshape flatten squeeze unsqueeze (a copy), transpose, concat,
+// slice, pad, cast, constant.
+void copy_reshape(const Node& n, Inputs in, Outputs out);
+void transpose(const Node& n, Inputs in, Outputs out);
+void concat(const Node& n, Inputs in, Outputs out);
+void slice(const Node& n, Inputs in, Outputs out);
+void pad(const Node& n, Inputs in, Outputs out);
+void cast(const Node& n, Inputs in, Outputs out);
+void constant(const Node& n, Inputs in, Outputs out);
+
+}  // namespace fusebox::cpu

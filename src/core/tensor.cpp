@@ -1,0 +1,125 @@
+#include "fusebox/core/tensor.h"
+
+#include <cmath>
+#include <limits>
+
+namespace fusebox {
+
+namespace {
+
+template <class T>
+double load(const void* p, int64_t i) {
+  const T v = static_cast<const T*>(p)[i];
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return double(float(v));
+  else return double(v);
+}
+
+// Saturating-free conversion of a double into an integer type: truncates toward
+// zero (NaN and out-of-range values are undefined in C++, so they map to 0 / the bound).
+template <class I>
+I to_integer(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= double(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+  if (v <= double(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+  return I(v);
+}
+
+template <class T>
+void store(void* p, int64_t i, double v) {
+  T* d = static_cast<T*>(p);
+  if constexpr (std::is_same_v<T, bool>) d[i] = v != 0.0;
+  else if constexpr (std::is_integral_v<T>) d[i] = to_integer<T>(v);
+  else if constexpr (std::is_same_v<T, float>) d[i] = float(v);
+  else d[i] = T(v);
+}
+
+}  // namespace
+
+Tensor Tensor::empty(DType dtype, Shape shape) {
+  for (int64_t d : shape) {
+    FUSEBOX_CHECK(d >= 0, "tensor", "negative extent in shape ", shape_str(shape));
+  }
+  Tensor t;
+  t.dtype_ = dtype;
+  t.numel_ = fusebox::numel(shape);
+  t.shape_ = std::move(shape);
+  // Always allocate at least one byte so that defined() holds for empty tensors.
+  t.buffer_ = std::shared_ptr<std::byte[]>(new std::byte[std::max<size_t>(t.nbytes(), 1)]);
+  return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  Tensor t = empty(dtype, std::move(shape));
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(DType dtype, Shape shape, double value) {
+  Tensor t = empty(dtype, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+  return t;
+}
+
+Tensor Tensor::from_doubles(DType dtype, Shape shape, const std::vector<double>& values) {
+  Tensor t = empty(dtype, std::move(shape));
+  FUSEBOX_CHECK(int64_t(values.size()) == t.numel(), "tensor", "from_doubles: ", values.size(),
+                " values for shape ", shape_str(t.shape()));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, values[size_t(i)]);
+  return t;
+}
+
+int64_t Tensor::dim(int64_t i) const {
+  int64_t a;
+  FUSEBOX_CHECK(normalize_axis(i, rank(), &a), "tensor", "dim ", i, " out of range for shape ",
+                shape_str(shape_));
+  return shape_[size_t(a)];
+}
+
+void Tensor::check_type(DType t) const {
+  FUSEBOX_CHECK(defined(), "tensor", "access to an undefined tensor");
+  FUSEBOX_CHECK(t == dtype_, "tensor", "accessed as ", dtype_name(t), " but holds ",
+                dtype_name(dtype_));
+}
+
+double Tensor::get(int64_t i) const {
+  return visit_dtype(dtype_, [&](auto tag) { return load<decltype(tag)>(raw(), i); });
+}
+
+void Tensor::set(int64_t i, double v) {
+  visit_dtype(dtype_, [&](auto tag) { store<decltype(tag)>(raw(), i, v); });
+}
+
+std::vector<double> Tensor::to_doubles() const {
+  std::vector<double> out(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) out[size_t(i)] = get(i);
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(dtype_, shape_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+Tensor Tensor::cast(DType to) const {
+  if (to == dtype_) return clone();
+  Tensor t = empty(to, shape_);
+  // float -> f16/bf16 must round from float, not via double, when the source is
+  // f32: both give the same result (round-to-odd in the double path), so one path.
+  for (int64_t i = 0; i < numel_; ++i) t.set(i, get(i));
+  return t;
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  FUSEBOX_CHECK(fusebox::numel(shape) == numel_, "tensor", "cannot view ", shape_str(shape_),
+                " as ", shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+void Tensor::poison() {
+  if (defined()) std::memset(raw(), 0xff, nbytes());
+}
+
+}  // namespace fusebox

@@ -1,0 +1,28 @@
+// Helpers shared by the tests: seeded random tensors, closeness checks, and
+// running one node on the CPU backend.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "fusebox/ir/builder.h"
+#include "fusebox/runtime/executor.h"
+
+namespace fusebox::testing {
+
+// Uniform in [lo, hi), rounded to `dtype`. Integer dtypes get integers in [lo, hi).
+Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo = -1.0,
+                     double hi = 1.0);
+
+// |a - b| <= atol + rtol * |b| elementwise, same dtype and shape; NaN only matches NaN.
+// On failure, reports the count of mismatches and the worst element with its index.
+::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,
+                                     double atol);
+
+// Builds a one-node graph over `inputs` (each becomes a graph input, or kNoValue when
+// undefined), runs it on the CPU backend and returns every output.
+std::vector<Tensor> run_op(OpKind op, Attrs attrs, const std::vector<Tensor>& inputs);
+
+}  // namespace fusebox::testing
