@@ -265,6 +265,28 @@ std::string attr_str(const Attrs& attrs) {
                      a.reduction == Reduction::mean ? "mean"
                      : a.reduction == Reduction::sum ? "sum" : "none",
                      a.ignore_index ? cat(" ignore_index=", *a.ignore_index) : std::string());
+        else if constexpr (std::is_same_v<A, ExpandAttrs>) return cat("shape=", ints(a.shape));
+        else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>) {
+          std::string s = cat("op=", op_name(a.op));
+          if (a.op == OpKind::leaky_relu) s += cat(" alpha=", a.alpha);
+          if (a.op == OpKind::gelu)
+            s += a.tanh_approximation ? " approximate=tanh" : " approximate=none";
+          if (a.op == OpKind::clip) s += cat(" min=", a.min, " max=", a.max);
+          return s;
+        }
+        else if constexpr (std::is_same_v<A, BinaryBackwardAttrs>) return cat("op=", op_name(a.op));
+        else if constexpr (std::is_same_v<A, PoolBackwardAttrs>)
+          return cat(attr_str(a.pool), " input_shape=", ints(a.input_shape));
+        else if constexpr (std::is_same_v<A, SliceBackwardAttrs>)
+          return cat(attr_str(a.slice), " input_shape=", ints(a.input_shape));
+        else if constexpr (std::is_same_v<A, PadBackwardAttrs>)
+          return cat(attr_str(a.pad), " input_shape=", ints(a.input_shape));
+        else if constexpr (std::is_same_v<A, SgdAttrs>)
+          return cat("momentum=", a.momentum, " dampening=", a.dampening,
+                     " weight_decay=", a.weight_decay, " nesterov=", a.nesterov);
+        else if constexpr (std::is_same_v<A, AdamWAttrs>)
+          return cat("beta1=", a.beta1, " beta2=", a.beta2, " epsilon=", a.epsilon,
+                     " weight_decay=", a.weight_decay);
         else return "";
       },
       attrs);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fusebox/backends/cpu.h"
+#include "runtime/cuda_executor.h"
 
 namespace fusebox {
 
@@ -26,21 +27,16 @@ Device parse_device(const std::string& s) {
   throw Error("device", cat("unknown device '", s, "' (expected cpu, cuda or auto)"));
 }
 
-NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts) {
-  const std::string where = "run " + g.name();
-  if (opts.device == Device::cuda) {
-    throw Error(where, cuda_available()
-                           ? "the CUDA backend is not implemented yet; use --device cpu"
-                           : "no CUDA device is available on this machine; use --device cpu");
-  }
-  std::vector<Tensor> slots(g.values().size());
-  std::vector<int> remaining_reads(g.values().size(), 0);
+std::vector<int> count_reads(const Graph& g) {
+  std::vector<int> reads(g.values().size(), 0);
   for (const Node& n : g.nodes())
     for (ValueId v : n.inputs)
-      if (v != kNoValue) ++remaining_reads[size_t(v)];
-  for (ValueId v : g.outputs()) remaining_reads[size_t(v)] += 1 << 20;  // never released
+      if (v != kNoValue) ++reads[size_t(v)];
+  for (ValueId v : g.outputs()) reads[size_t(v)] += 1 << 20;  // outputs are never released
+  return reads;
+}
 
-  for (const auto& [v, t] : g.constants()) slots[size_t(v)] = t;
+void check_feeds(const Graph& g, const NamedTensors& feeds, const std::string& where) {
   for (ValueId v : g.inputs()) {
     const Value& val = g.value(v);
     auto it = feeds.find(val.name);
@@ -50,7 +46,6 @@ NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptio
                   where, "input '", val.name, "' expects ", dtype_name(val.type.dtype),
                   shape_str(val.type.shape), " but was given ", dtype_name(it->second.dtype()),
                   shape_str(it->second.shape()));
-    slots[size_t(v)] = it->second;
   }
   for (const auto& [name, t] : feeds) {
     auto v = g.find_value(name);
@@ -58,6 +53,20 @@ NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptio
     FUSEBOX_CHECK(is_input, where, "a tensor was given for '", name,
                   "', which is not an input of the graph");
   }
+}
+
+NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts) {
+  const std::string where = "run " + g.name();
+  check_feeds(g, feeds, where);
+  if (opts.device == Device::cuda) {
+    FUSEBOX_CHECK(cuda_available(), where,
+                  "no CUDA device is available on this machine; use --device cpu");
+    return run_graph_cuda(g, feeds, opts);
+  }
+  std::vector<Tensor> slots(g.values().size());
+  std::vector<int> remaining_reads = count_reads(g);
+  for (const auto& [v, t] : g.constants()) slots[size_t(v)] = t;
+  for (ValueId v : g.inputs()) slots[size_t(v)] = feeds.at(g.value(v).name);
 
   std::vector<const Tensor*> in_ptrs;
   std::vector<Tensor> outs;

@@ -1,4 +1,16 @@
 // ONNX import (opsets 11-17) and export.
+//
+// Import keeps ONNX value names: graph inputs, graph outputs and node outputs are
+// found in the Graph (and in run_graph's results) by their ONNX names; fusebox
+// nodes take the ONNX node names ("<op_type>_<index>" for unnamed nodes). Nodes
+// whose inputs are all known at import (initializers, Constant nodes, Shape/Size
+// of static shapes, ...) are evaluated at import and become constants.
+//
+// Errors are fusebox::Error with where() == "onnx import: <file>" and a message
+// naming the node, its op_type and the attribute or input at fault. Errors about
+// something fusebox does not support (an op, an attribute value, a dtype, an opset,
+// an input that would have to be known at import) start with "unsupported: ";
+// onnx_error_is_unsupported tells them apart from malformed models.
 #pragma once
 
 #include <map>
@@ -18,11 +30,21 @@ struct OnnxImportOptions {
 };
 
 // Errors name the file, the node (name and op_type) and the attribute at fault.
+// import_onnx_bytes: `where` names the model in errors ("onnx import: <where>"); tensors
+// stored as external data are refused (no directory to resolve them against).
 Graph import_onnx_file(const std::string& path, const OnnxImportOptions& opts = {});
 Graph import_onnx_bytes(const std::string& bytes, const std::string& where,
                         const OnnxImportOptions& opts = {});
 
-// Writes `g` as an ONNX model (opset 17, ir_version 8) that any ONNX runtime runs.
+// True when `e` (thrown by an import) is about something fusebox does not support
+// rather than about a malformed or inconsistent model.
+bool onnx_error_is_unsupported(const Error& e);
+
+// Writes `g` as an ONNX model (opset 17, ir_version 8, producer "fusebox") that any
+// ONNX runtime runs: constants become initializers, ops without an ONNX counterpart
+// are decomposed (rms_norm, gelu, silu, rsqrt). An op with no ONNX form at all
+// (conv_backward_filter, batch_norm training with its saved statistics used) is an
+// Error naming the node.
 void export_onnx_file(const Graph& g, const std::string& path);
 std::string export_onnx_bytes(const Graph& g);
 

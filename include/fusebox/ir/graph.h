@@ -112,8 +112,7 @@ class Graph {
 std::vector<TensorType> infer_and_normalize(Node& node,
                                             std::span<const std::optional<TensorType>> inputs);
 
-// How many inputs an op takes (min..max) and how many outputs it produces for
-// the given attributes.
+// How many inputs an op takes (min..max).
 struct OpArity {
   int min_inputs;
   int max_inputs;

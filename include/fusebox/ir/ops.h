@@ -28,8 +28,15 @@ namespace fusebox {
   X(softmax) X(log_softmax)                                                        \
   X(max_pool) X(avg_pool) X(global_avg_pool)                                       \
   X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(squeeze)          \
-  X(unsqueeze) X(cast) X(constant) X(identity)                                     \
-  X(cross_entropy)
+  X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                           \
+  X(cross_entropy)                                                                 \
+  /* backward ops (autodiff emits them; see "backward ops" below) */              \
+  X(unary_backward) X(binary_backward) X(batch_norm_backward)                      \
+  X(layer_norm_backward) X(rms_norm_backward) X(softmax_backward)                  \
+  X(log_softmax_backward) X(cross_entropy_backward) X(reduce_max_backward)         \
+  X(max_pool_backward) X(avg_pool_backward) X(slice_backward) X(pad_backward)      \
+  /* optimizer updates */                                                          \
+  X(sgd_update) X(adamw_update)
 
 enum class OpKind : uint8_t {
 #define FUSEBOX_ENUM(name) name,
@@ -159,6 +166,9 @@ struct ConcatAttrs { int64_t axis = 0; };
 // negative). Empty axes = [0, len(starts)); empty steps = all 1.
 struct SliceAttrs {
   std::vector<int64_t> starts, ends, axes, steps;
+  // Set by normalisation: starts/ends are absolute (see graph.h), so a normalised end of
+  // -1 with a negative step means "before index 0", not "the last index" as in ONNX.
+  bool normalized = false;
 };
 // pad: pads = [b0, b1, ..., e0, e1, ...] for every dim (negative crops).
 enum class PadMode : uint8_t { constant, reflect, edge };
@@ -167,6 +177,9 @@ struct PadAttrs {
   PadMode mode = PadMode::constant;
   double value = 0.0;
 };
+// expand: numpy broadcast_to(x, shape) (x's shape must broadcast to `shape`; the
+// output's shape is exactly `shape`).
+struct ExpandAttrs { std::vector<int64_t> shape; };
 // squeeze (empty axes: every dim of extent 1) / unsqueeze (axes index the output).
 struct AxesAttrs { std::vector<int64_t> axes; };
 // cast: float -> int truncates toward zero; -> bool is (x != 0); float narrowing rounds to nearest even.
@@ -186,10 +199,113 @@ struct CrossEntropyAttrs {
   std::optional<int64_t> ignore_index;
 };
 
+// ---- backward ops ------------------------------------------------------------
+// Emitted by autodiff (passes/autodiff); every backend implements them. `dy` is the
+// gradient of the forward op's output, `dx` that of its input; all float.
+//
+// unary_backward: (dy, x) -> dx = dy * f'(x) for forward op `op` (relu .. clip; the
+//   forward attrs are repeated here). relu' = 1 where x > 0, else 0 (relu'(0) = 0);
+//   leaky_relu' = 1 where x > 0, else alpha (alpha at 0, as PyTorch); clip passes the
+//   gradient where min <= x <= max (inclusive, as PyTorch); abs'(0) = 0.
+struct UnaryBackwardAttrs {
+  OpKind op = OpKind::relu;
+  double alpha = 0.01;             // leaky_relu
+  bool tanh_approximation = false;  // gelu
+  double min = -std::numeric_limits<double>::infinity();  // clip
+  double max = std::numeric_limits<double>::infinity();
+};
+// binary_backward: (dy, a, b) -> (da, db), both at the broadcast (output) shape and in
+//   a's dtype, for forward op `op` in {div, max, min, pow}; autodiff reduces them to the
+//   operands' shapes. max/min send the gradient to a where a >= b (max) / a <= b (min)
+//   or a is NaN, else to b (ties go to a, so the total is conserved; a NaN operand gets
+//   it where the forward picked it). pow: da = dy*b*a^(b-1), taken as 0 where b == 0;
+//   db = dy*log(a)*a^b, taken as 0 where a == 0 and b >= 0 (both as PyTorch). pow's
+//   exponent b may have any numeric dtype, as the forward's; db is still in a's dtype.
+struct BinaryBackwardAttrs { OpKind op = OpKind::div; };
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale [C],
+//   dbias [C]), all in x's dtype. With training = true (the training form, what autodiff
+//   of a training batch_norm emits) the batch statistics' dependence on x is included;
+//   with training = false (the default, so a node without attributes gets this form!)
+//   mean and inv_std are constants (the running statistics of an inference forward:
+//   dx = dy * scale * inv_std). epsilon and momentum play no part.
+// layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias), dscale
+//   and dbias shaped like x's dims [axis, rank) (or like scale when given, summed over
+//   the dims scale broadcasts along; dbias too, so a bias shaped unlike scale needs a
+//   further reduce), in x's dtype; mean and inv_std_dev are the forward's outputs (their
+//   shape and stash dtype). Without scale, dscale = sum(dy * xhat) all the same.
+// rms_norm_backward: (dy, x, scale?, inv_rms) -> (dx, dscale), likewise.
+//   (norm attrs as the forward op: BatchNormAttrs / NormAttrs)
+// softmax_backward: (dy, y) -> dx = y * (dy - sum(dy * y, axis)).
+// log_softmax_backward: (dy, y) -> dx = dy - exp(y) * sum(dy, axis)   (y = log_softmax)
+//   (SoftmaxAttrs as the forward op)
+// cross_entropy_backward: (dloss, log_prob, labels, weight?) -> dlogits, the fused
+//   gradient (softmax - onehot) * weight[label] * dloss (/ the mean's denominator),
+//   0 for ignored labels (so all zeros when every label is ignored, as PyTorch, where
+//   the mean's loss is NaN). (CrossEntropyAttrs as the forward op; dloss has the forward
+//   loss's shape and dtype; softmax is exp(log_prob).) Bad labels fail as the forward's.
+// reduce_max_backward: (dy, x, y) -> dx: dy goes to the elements equal to the max,
+//   split evenly among ties (as PyTorch's amax); where y is NaN, among the NaN elements.
+//   (ReduceAttrs as the forward op; dy and y have the forward output's type; float only.)
+// max_pool_backward: (dy, x) -> dx: each window's gradient goes to its first maximal
+//   element (row-major order within the window, as the forward indices; a NaN wins as
+//   in the forward); a window with no in-bounds tap sends nowhere.
+// avg_pool_backward: (dy) -> dx, the forward's division spread over each window.
+// `pool` is normalised as the forward's (and return_indices set false: it plays no part).
+struct PoolBackwardAttrs {
+  PoolAttrs pool;
+  std::vector<int64_t> input_shape;  // x's full shape [N, C, D...]; max_pool: empty = x's
+};
+// slice_backward: (dy) -> dx of shape input_shape: dy scattered where the slice read,
+//   zeros elsewhere. `slice` is normalised against input_shape as the forward's.
+struct SliceBackwardAttrs {
+  SliceAttrs slice;
+  std::vector<int64_t> input_shape;
+};
+// pad_backward: (dy) -> dx of shape input_shape: for constant mode the interior; for
+//   reflect/edge the interior plus every padded position's gradient added to the
+//   element it copied. A cropped (negative pad) element gets 0.
+struct PadBackwardAttrs {
+  PadAttrs pad;
+  std::vector<int64_t> input_shape;
+};
+
+// ---- optimizer updates -------------------------------------------------------
+// One op per parameter tensor, so a backend can fuse the whole update into one pass
+// (and a later pass can batch all parameters into one launch). lr (and step) are f32
+// (i64) scalar INPUTS, not attributes, so the graph stays the same while a schedule
+// changes them: rank 0; lr may be any float dtype (f32 normally), step i64 or i32 and
+// >= 1 at run time. grad and the state buffers have param's dtype and shape; the
+// update runs in f32 (f64 for f64 params) with the per-step scalars in f64.
+// sgd_update: (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf), PyTorch
+//   semantics: g = grad + weight_decay * param; buf = momentum * buf + (1 - dampening) * g
+//   (buf = g on the first step is the caller's business: it starts buf at 0 and sets
+//   dampening 0, which PyTorch's first step equals); g = nesterov ? g + momentum * buf : buf
+//   (when momentum != 0; buf is updated by the formula either way); param -= lr * g.
+//   nesterov needs momentum > 0 and dampening 0 (PyTorch's rule).
+struct SgdAttrs {
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+// adamw_update: (param, grad, m, v, lr, step) -> (new_param, new_m, new_v), PyTorch
+//   AdamW: param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   param -= lr * (m / (1 - b1^step)) / (sqrt(v) / sqrt(1 - b2^step) + eps). step counts
+//   from 1 (the step being taken). beta1, beta2 in [0, 1).
+struct AdamWAttrs {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double epsilon = 1e-8;
+  double weight_decay = 0.01;
+};
+
 using Attrs = std::variant<std::monostate, ConvAttrs, ConvBackwardDataAttrs,
                            ConvBackwardFilterAttrs, BatchNormAttrs, NormAttrs, LeakyReluAttrs,
                            GeluAttrs, ClipAttrs, GemmAttrs, ReduceAttrs, SoftmaxAttrs, PoolAttrs,
                            ReshapeAttrs, FlattenAttrs, TransposeAttrs, ConcatAttrs, SliceAttrs,
-                           PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs, CrossEntropyAttrs>;
+                           PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs, CrossEntropyAttrs,
+                           ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
+                           PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs,
+                           AdamWAttrs>;
 
 }  // namespace fusebox

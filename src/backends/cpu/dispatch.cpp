@@ -39,6 +39,22 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
     case OpKind::cast: return cast(n, inputs, outputs);
     case OpKind::constant: return constant(n, inputs, outputs);
     case OpKind::cross_entropy: return cross_entropy(n, inputs, outputs);
+    case OpKind::expand: return expand(n, inputs, outputs);
+    case OpKind::unary_backward: return unary_backward(n, inputs, outputs);
+    case OpKind::binary_backward: return binary_backward(n, inputs, outputs);
+    case OpKind::batch_norm_backward: return batch_norm_backward(n, inputs, outputs);
+    case OpKind::layer_norm_backward: return layer_norm_backward(n, inputs, outputs);
+    case OpKind::rms_norm_backward: return rms_norm_backward(n, inputs, outputs);
+    case OpKind::softmax_backward: case OpKind::log_softmax_backward:
+      return softmax_backward(n, inputs, outputs);
+    case OpKind::cross_entropy_backward: return cross_entropy_backward(n, inputs, outputs);
+    case OpKind::reduce_max_backward: return reduce_max_backward(n, inputs, outputs);
+    case OpKind::max_pool_backward: return max_pool_backward(n, inputs, outputs);
+    case OpKind::avg_pool_backward: return avg_pool_backward(n, inputs, outputs);
+    case OpKind::slice_backward: return slice_backward(n, inputs, outputs);
+    case OpKind::pad_backward: return pad_backward(n, inputs, outputs);
+    case OpKind::sgd_update: return sgd_update(n, inputs, outputs);
+    case OpKind::adamw_update: return adamw_update(n, inputs, outputs);
   }
   throw Error(node_label(n), "no CPU kernel for this op");
 }

@@ -53,4 +53,23 @@ void pad(const Node& n, Inputs in, Outputs out);
 void cast(const Node& n, Inputs in, Outputs out);
 void constant(const Node& n, Inputs in, Outputs out);
 
+// backward.cpp, pool_backward.cpp, norm_backward.cpp: the backward ops (ops.h).
+void expand(const Node& n, Inputs in, Outputs out);
+void unary_backward(const Node& n, Inputs in, Outputs out);
+void binary_backward(const Node& n, Inputs in, Outputs out);
+void batch_norm_backward(const Node& n, Inputs in, Outputs out);
+void layer_norm_backward(const Node& n, Inputs in, Outputs out);
+void rms_norm_backward(const Node& n, Inputs in, Outputs out);
+void softmax_backward(const Node& n, Inputs in, Outputs out);  // softmax and log_softmax
+void cross_entropy_backward(const Node& n, Inputs in, Outputs out);
+void reduce_max_backward(const Node& n, Inputs in, Outputs out);
+void max_pool_backward(const Node& n, Inputs in, Outputs out);
+void avg_pool_backward(const Node& n, Inputs in, Outputs out);
+void slice_backward(const Node& n, Inputs in, Outputs out);
+void pad_backward(const Node& n, Inputs in, Outputs out);
+
+// optimizer.cpp
+void sgd_update(const Node& n, Inputs in, Outputs out);
+void adamw_update(const Node& n, Inputs in, Outputs out);
+
 }  // namespace fusebox::cpu

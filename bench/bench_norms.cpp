@@ -1,0 +1,268 @@
+// LayerNorm and RMSNorm on the CUDA backend, forward and backward, against the device's
+// copy bandwidth measured in the same process.
+//
+//   bench_norms [--json FILE] [--iters N] [--repeats N]
+//
+// Shapes 16384x1024, 8192x4096 and 4096x16384 in bf16 and f32. Forward: layer_norm with
+// scale and bias (y, mean, inv_std), rms_norm with scale (y, inv_rms). Backward: dx, dscale
+// and dbias (layer_norm) or dx and dscale (rms_norm), dscale / dbias in f32.
+// Bytes (read + written, each tensor once): forward x + y + scale (+ bias) + statistics;
+// backward x + dy + dx + scale + statistics + dscale (+ dbias). The kernels' own partial
+// sums are not counted (they are overhead, not traffic the op must move).
+// Timing: CUDA events around `iters` launches (direct launches, no graph, so the events
+// bracket only GPU work; each launch takes far less host time than the kernel runs), the
+// median per-iteration time over `repeats` runs after a warm-up. Inputs are random and
+// rotate over enough copies that the working set exceeds the 50 MB L2. The copy
+// reference is cudaMemcpyAsync device-to-device of half the op's bytes (so equal traffic),
+// timed the same way.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/kernels.h"
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::cuda {
+namespace {
+
+struct Options {
+  std::string json;
+  int iters = 50;
+  int repeats = 5;
+};
+
+struct Result {
+  std::string op, pass, dtype;
+  int64_t rows, cols;
+  double us, gbps, copy_gbps;
+};
+
+// Random values in [lo, hi) in `dtype`, generated on the host.
+Tensor random_host(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {
+  Tensor t = Tensor::empty(dtype, shape);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist{float(lo), float(hi)};
+  const int64_t n = t.numel();
+  if (dtype == DType::f32) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] = dist(rng);
+  } else {
+    BFloat16* p = t.data<BFloat16>();
+    for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(dist(rng));
+  }
+  return t;
+}
+
+class Bench {
+ public:
+  Bench()
+      : device_(Device::get(0)),
+        allocator_(CachingAllocator::for_device(0)),
+        encoder_(device_, direct_launches(), &allocator_),
+        ctx_{device_, encoder_, allocator_} {
+    FUSEBOX_CUDA_CHECK(cudaEventCreate(&start_));
+    FUSEBOX_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~Bench() {
+    encoder_.synchronize();
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+
+  Context& ctx() { return ctx_; }
+  const DeviceProperties& properties() const { return device_.properties(); }
+
+  DeviceTensor upload(const Tensor& t) {
+    DeviceTensor d = DeviceTensor::empty(allocator_, t.dtype(), t.shape());
+    encoder_.copy_to_device(d.range(), t.raw());
+    return d;
+  }
+  DeviceTensor empty(DType dtype, const Shape& shape) {
+    return DeviceTensor::empty(allocator_, dtype, shape);
+  }
+
+  // Median microseconds per call of body(i) over `repeats` timed runs of `iters` calls.
+  template <class Body>
+  double time_us(const Options& o, Body&& body) {
+    for (int i = 0; i < 3; ++i) body(i);  // warm-up: module load, occupancy queries
+    encoder_.synchronize();
+    std::vector<double> per_iter;
+    for (int r = 0; r < o.repeats; ++r) {
+      FUSEBOX_CUDA_CHECK(cudaEventRecord(start_, encoder_.stream()));
+      for (int i = 0; i < o.iters; ++i) body(i);
+      encoder_.commit();
+      FUSEBOX_CUDA_CHECK(cudaEventRecord(stop_, encoder_.stream()));
+      FUSEBOX_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0;
+      FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      per_iter.push_back(1000.0 * ms / o.iters);
+      encoder_.synchronize();  // release what the launches held
+    }
+    std::sort(per_iter.begin(), per_iter.end());
+    return per_iter[per_iter.size() / 2];
+  }
+
+  // Device-to-device copy bandwidth (read + write) for `bytes` of traffic.
+  double copy_gbps(const Options& o, size_t bytes) {
+    const size_t half = bytes / 2;
+    DeviceBuffer src = allocator_.allocate(half), dst = allocator_.allocate(half);
+    encoder_.memset(src, 1);
+    const double us = time_us(o, [&](int) {
+      FUSEBOX_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice,
+                                         encoder_.stream()));
+    });
+    return double(2 * half) / us / 1e3;
+  }
+
+ private:
+  static CommandEncoder::Options direct_launches() {
+    CommandEncoder::Options options;
+    options.use_graphs = false;
+    return options;
+  }
+
+  Device& device_;
+  CachingAllocator& allocator_;
+  CommandEncoder encoder_;
+  Context ctx_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// The normalised node of a one-node graph: layer_norm(x, scale, bias) or rms_norm(x, scale).
+Node norm_node(OpKind op, DType dtype, int64_t rows, int64_t cols) {
+  Graph g("bench_norms");
+  std::vector<ValueId> in = {g.add_input("x", dtype, {rows, cols}),
+                             g.add_input("scale", dtype, {cols})};
+  if (op == OpKind::layer_norm) in.push_back(g.add_input("bias", dtype, {cols}));
+  g.add_node(op, NormAttrs{-1, 1e-5}, in, "norm");
+  return g.nodes().back();
+}
+
+void run_shape(Bench& b, const Options& o, DType dtype, int64_t rows, int64_t cols,
+               std::vector<Result>& results) {
+  const size_t elem = dtype_size(dtype);
+  const size_t tensor_bytes = size_t(rows * cols) * elem;
+  // Enough input sets that the rotation's working set exceeds L2 several times over.
+  const int sets = int(std::clamp<size_t>((size_t(256) << 20) / (3 * tensor_bytes) + 1, 2, 8));
+  std::vector<DeviceTensor> xs, dys;
+  for (int s = 0; s < sets; ++s) {
+    xs.push_back(b.upload(random_host(dtype, {rows, cols}, 10 + s, -1.0, 3.0)));
+    dys.push_back(b.upload(random_host(dtype, {rows, cols}, 100 + s, -1.0, 1.0)));
+  }
+  const DeviceTensor scale = b.upload(random_host(dtype, {cols}, 1, 0.5, 1.5));
+  const DeviceTensor bias = b.upload(random_host(dtype, {cols}, 2, -1.0, 1.0));
+  std::vector<DeviceTensor> ys, dxs;
+  for (int s = 0; s < sets; ++s) {
+    ys.push_back(b.empty(dtype, {rows, cols}));
+    dxs.push_back(b.empty(dtype, {rows, cols}));
+  }
+  DeviceTensor mean = b.empty(DType::f32, {rows, 1}), rstd = b.empty(DType::f32, {rows, 1});
+  DeviceTensor dscale = b.empty(DType::f32, {cols}), dbias = b.empty(DType::f32, {cols});
+
+  for (OpKind op : {OpKind::layer_norm, OpKind::rms_norm}) {
+    const bool layer = op == OpKind::layer_norm;
+    const Node node = norm_node(op, dtype, rows, cols);
+    const size_t params = size_t(cols) * elem * (layer ? 2 : 1);
+    const size_t stats = size_t(rows) * 4 * (layer ? 2 : 1);
+    // Forward.
+    const size_t fwd_bytes = 2 * tensor_bytes + params + stats;
+    const double fwd_us = b.time_us(o, [&](int i) {
+      const DeviceTensor& x = xs[size_t(i % sets)];
+      std::vector<const DeviceTensor*> in = {&x, &scale};
+      if (layer) in.push_back(&bias);
+      std::vector<DeviceTensor> out = {ys[size_t(i % sets)]};
+      if (layer) out.push_back(mean);
+      out.push_back(rstd);
+      if (layer)
+        layer_norm(b.ctx(), node, in, out);
+      else
+        rms_norm(b.ctx(), node, in, out);
+    });
+    const double copy_fwd = b.copy_gbps(o, fwd_bytes);
+    results.push_back({op_name(op), "fwd", dtype_name(dtype), rows, cols, fwd_us,
+                       double(fwd_bytes) / fwd_us / 1e3, copy_fwd});
+    // Backward (statistics from the last forward: any values time the same).
+    const size_t grads = size_t(cols) * 4 * (layer ? 2 : 1);
+    const size_t bwd_bytes = 3 * tensor_bytes + size_t(cols) * elem + stats + grads;
+    const double bwd_us = b.time_us(o, [&](int i) {
+      const size_t s = size_t(i % sets);
+      if (layer) {
+        layer_norm_backward(b.ctx(), xs[s], dys[s], &scale, mean, rstd, dxs[s], &dscale, &dbias);
+      } else {
+        rms_norm_backward(b.ctx(), xs[s], dys[s], &scale, rstd, dxs[s], &dscale);
+      }
+    });
+    const double copy_bwd = b.copy_gbps(o, bwd_bytes);
+    results.push_back({op_name(op), "bwd", dtype_name(dtype), rows, cols, bwd_us,
+                       double(bwd_bytes) / bwd_us / 1e3, copy_bwd});
+  }
+}
+
+int run(const Options& o) {
+  Bench b;
+  std::printf("device: %s\n", b.properties().describe().c_str());
+  std::vector<Result> results;
+  const int64_t shapes[][2] = {{16384, 1024}, {8192, 4096}, {4096, 16384}};
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (const auto& s : shapes) run_shape(b, o, dtype, s[0], s[1], results);
+
+  std::printf("%-11s %-4s %-5s %13s %10s %9s %10s %7s\n", "op", "pass", "dtype", "shape", "us",
+              "GB/s", "copy GB/s", "% copy");
+  for (const Result& r : results) {
+    const std::string shape = std::to_string(r.rows) + "x" + std::to_string(r.cols);
+    std::printf("%-11s %-4s %-5s %13s %10.1f %9.0f %10.0f %6.1f%%\n", r.op.c_str(), r.pass.c_str(),
+                r.dtype.c_str(), shape.c_str(), r.us, r.gbps, r.copy_gbps,
+                100.0 * r.gbps / r.copy_gbps);
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) {
+      std::fprintf(stderr, "bench_norms: cannot write %s\n", o.json.c_str());
+      return 1;
+    }
+    f << "{\n  \"device\": \"" << b.properties().name << "\",\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      f << "    {\"op\": \"" << r.op << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \""
+        << r.dtype << "\", \"rows\": " << r.rows << ", \"cols\": " << r.cols << ", \"us\": " << r.us
+        << ", \"gbps\": " << r.gbps << ", \"copy_gbps\": " << r.copy_gbps
+        << ", \"pct_copy\": " << 100.0 * r.gbps / r.copy_gbps << "}"
+        << (i + 1 < results.size() ? ",\n" : "\n");
+    }
+    f << "  ]\n}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusebox::cuda
+
+int main(int argc, char** argv) {
+  fusebox::cuda::Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json" && i + 1 < argc) {
+      o.json = argv[++i];
+    } else if (arg == "--iters" && i + 1 < argc) {
+      o.iters = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      o.repeats = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_norms [--json FILE] [--iters N] [--repeats N]\n");
+      return 2;
+    }
+  }
+  try {
+    return fusebox::cuda::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_norms: %s\n", e.what());
+    return 1;
+  }
+}

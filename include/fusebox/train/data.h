@@ -1,0 +1,58 @@
+// Image-classification data for training: an in-memory set of images and labels, and
+// the batches a training run draws from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusebox/core/tensor.h"
+
+namespace fusebox {
+
+struct Dataset {
+  Tensor x;  // f32 [N, C, H, W]
+  Tensor y;  // i64 [N], labels in [0, num_classes)
+  int64_t size() const { return x.defined() ? x.dim(0) : 0; }
+};
+
+// A fixed, seeded, learnable set: each class has its own pattern (a colour offset per
+// channel and a plane wave of its own frequency and phase), and each image is its class's
+// pattern plus uniform noise; labels cycle through the classes. Small sets (64 images of
+// 3x32x32, 10 classes) are easily memorised. The same arguments give the same bytes on
+// every platform.
+Dataset synthetic_dataset(int64_t samples, int64_t channels, int64_t image_size,
+                          int64_t num_classes, uint64_t seed);
+
+// Reads arrays "x" (float, [N, C, H, W]) and "y" (i64 or i32, [N]) from an .npz file;
+// x becomes f32, y i64. Errors name the file and the array (missing, wrong dtype or rank,
+// N mismatch, an empty set).
+Dataset load_dataset(const std::string& path);
+
+// Throws an Error naming `where` when the images do not have `sample_shape` ([C, H, W])
+// or a label is outside [0, num_classes) (naming the first one and its index).
+void check_dataset(const Dataset& data, const Shape& sample_shape, int64_t num_classes,
+                   const std::string& where);
+
+// Batch i of an endless stream over the set: samples i*B .. i*B+B-1 of the sequence
+// epoch 0, epoch 1, ... (so a batch may wrap around into the next epoch). Without
+// shuffling each epoch is the set in order; with it, a permutation seeded by (seed,
+// epoch). Batch i depends only on i, so a resumed run draws the batches it would have.
+class BatchSampler {
+ public:
+  BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
+  // {images [B, C, H, W], labels [B]}
+  std::pair<Tensor, Tensor> batch(int64_t index) const;
+
+ private:
+  int64_t sample_index(int64_t position) const;  // position in the stream -> sample
+  Dataset data_;
+  int64_t batch_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_order_;
+};
+
+}  // namespace fusebox

@@ -1,0 +1,127 @@
+// Training: one step graph (forward + loss + gradients + optimizer updates) run over
+// and over, with the training state living in the session between steps.
+//
+//   Graph model = build_zoo_model("resnet18", {.batch = 8, .image_size = 32,
+//                                              .num_classes = 10, .training = true});
+//   TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+//   for (...) float loss = session.step({{"input", x}, {"labels", y}});
+//   NamedTensors out = session.predict({{"input", x}});   // eval mode: running statistics
+//   session.save("ckpt.npz");                              // see train/checkpoint.h
+//
+// The model is a forward graph whose parameters are graph constants (a zoo model, an
+// imported ONNX model). The session builds, once:
+//   - the STEP graph: the model with its parameters and batch-norm running statistics
+//     turned into graph inputs and every batch_norm in training form, then
+//     cross_entropy(logits, labels), the gradients (passes/autodiff.h), one
+//     sgd_update / adamw_update node per parameter (lr and step are scalar inputs), and
+//     the batch norms' new running statistics as outputs;
+//   - the EVAL graph: the same model with batch_norm in inference form reading the
+//     running statistics, and no loss: predict() runs it on the same parameters.
+//
+// Training state: the parameters, the optimizer state (SGD momentum buffers, AdamW m and
+// v), the batch-norm running statistics and the step counter live in the session. Each
+// state tensor is a step-graph input and has a "next" output; step() feeds the current
+// tensors and replaces them with the outputs. On the CPU backend these are host Tensors
+// fed by reference (no copies). The state_updates() pairs are exactly the aliasing a
+// device backend needs to keep the state resident: a CUDA executor that accepts
+// device-resident feeds keeps each state tensor on the GPU and swaps (or updates in
+// place: the update ops are elementwise) the buffer of each pair, so only the batch, lr,
+// step and the scalar loss cross the bus. Nothing outside the session's run_step
+// (session.cpp) touches the state's storage, so that change stays local.
+//
+// Which constants are trained: every floating-point constant the model's nodes read,
+// except the batch-norm running statistics (inputs 3 and 4 of a batch_norm: state, not
+// trained), rank-0 constants (literal numbers an ONNX export leaves behind, e.g. a
+// divisor) and the names in SessionOptions::frozen. Parameter names are the constants'
+// names (torchvision names for zoo models, initializer names for ONNX models).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+#include "fusebox/runtime/executor.h"
+#include "fusebox/train/checkpoint.h"
+#include "fusebox/train/optimizer.h"
+
+namespace fusebox {
+
+enum class LossKind : uint8_t { cross_entropy };
+
+// cross_entropy(logits, labels), mean over the batch (ops.h cross_entropy).
+struct LossSpec {
+  LossKind kind = LossKind::cross_entropy;
+  // The model output holding the logits [N, C, D...]; empty: the model's only output.
+  std::string logits;
+  // The new step-graph input holding the labels [N, D...].
+  std::string labels = "labels";
+  DType labels_dtype = DType::i64;
+  std::optional<int64_t> ignore_index;
+};
+
+struct SessionOptions {
+  Device device = Device::cpu;
+  // Constants (by name) that are not trained and stay constants.
+  std::set<std::string> frozen;
+};
+
+class TrainingSession {
+ public:
+  // Builds the step and eval graphs and takes the initial state from the model's
+  // constants. Throws an Error naming the model, value or node at fault.
+  TrainingSession(const Graph& model, const LossSpec& loss, const OptimizerSpec& optimizer,
+                  const SessionOptions& opts = {});
+  ~TrainingSession();
+  TrainingSession(TrainingSession&&) noexcept;
+  TrainingSession& operator=(TrainingSession&&) noexcept;
+
+  // One optimizer step on a batch: the model's data inputs and the labels, by name.
+  // Returns the loss (computed before the update, on the batch, batch_norm in training
+  // form). The state is replaced only when the whole step succeeded.
+  float step(const NamedTensors& batch);
+  // Eval mode: runs the eval graph on the model's data inputs; returns the model's outputs.
+  NamedTensors predict(const NamedTensors& batch) const;
+
+  void set_lr(double lr);
+  double lr() const;
+  int64_t step_count() const;  // optimizer steps taken
+  const OptimizerSpec& optimizer() const;
+
+  // Inputs a batch must give: the model's data inputs, then the labels.
+  const std::vector<std::string>& batch_inputs() const;
+  // Trained parameters, in the model's constant order.
+  const std::vector<std::string>& parameter_names() const;
+  // Current values (shared handles: treat as read-only; they are replaced, never
+  // written, by the next step).
+  const NamedTensors& parameters() const;
+  const NamedTensors& buffers() const;          // batch-norm running statistics
+  const NamedTensors& optimizer_state() const;  // see checkpoint.h for the names
+
+  // The whole training state, for checkpoints (train/checkpoint.h).
+  Checkpoint checkpoint() const;
+  // Takes the state (and the lr) from `ckpt` after checking that it belongs to this model
+  // and optimizer: the same optimizer kind and hyper-parameters (lr aside: a schedule
+  // changes it), and every tensor present with this session's names, dtypes and shapes,
+  // and no other. Errors name `where` (the file) and the tensor or hyper-parameter at
+  // fault; on error the session is unchanged.
+  void restore(const Checkpoint& ckpt, const std::string& where = "checkpoint");
+  // save_checkpoint(path, checkpoint()) / restore(load_checkpoint(path), "checkpoint: path").
+  void save(const std::string& path) const;
+  void load(const std::string& path);
+
+  const Graph& step_graph() const;
+  const Graph& eval_graph() const;
+  // (state name, step-graph output holding its next value), for every state tensor.
+  const std::vector<std::pair<std::string, std::string>>& state_updates() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusebox

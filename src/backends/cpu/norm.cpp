@@ -1,0 +1,170 @@
+// Normalisation: batch_norm, layer_norm, rms_norm.
+//
+// Everything runs in f64 and is rounded once to the output dtype: statistics
+// (means, variances, mean squares) with two passes (mean first, then squared
+// deviations), and the per-element (x - mean) * inv_std too, since rounding the
+// mean to f32 first would cost the precision a large common offset leaves.
+// Statistics outputs are written in whatever dtype inference gave them.
+#include <cmath>
+
+#include "kernel_util.h"
+#include "kernels.h"
+
+namespace fusebox::cpu {
+
+namespace {
+
+// An optional per-element parameter (scale, bias) broadcast to `to` and
+// flattened; empty when the input is absent.
+std::vector<double> expand_param(const Node& n, const Tensor* p, const Shape& to) {
+  if (!p) return {};
+  Shape merged;
+  FUSEBOX_CHECK(broadcast_shapes(p->shape(), to, &merged) && merged == to, node_label(n),
+                "parameter of shape ", shape_str(p->shape()), " does not broadcast to ",
+                shape_str(to));
+  return broadcast_values<double>(*p, to);
+}
+
+// One normaliser for layer_norm (centre = true) and rms_norm (centre = false):
+// each of `rows` contiguous rows of `cols` elements becomes
+//   y = (x - mean) * inv * scale + bias,  inv = 1 / sqrt(var + eps)
+// where mean and var are the row's mean and population variance, or, without
+// centring, mean = 0 and var = mean(x^2). Fills mean[r] and inv[r].
+template <class T>
+void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps,
+                    std::vector<double>& mean, std::vector<double>& inv) {
+  const Tensor& x = *in[0];
+  const int64_t axis = std::get<NormAttrs>(n.attrs).axis;
+  const Shape norm_shape(x.shape().begin() + axis, x.shape().end());
+  const int64_t cols = numel(norm_shape);
+  const int64_t rows = numel(Shape(x.shape().begin(), x.shape().begin() + axis));
+  const std::vector<double> scale = expand_param(n, in.size() > 1 ? in[1] : nullptr, norm_shape);
+  const std::vector<double> bias = expand_param(n, in.size() > 2 ? in[2] : nullptr, norm_shape);
+  mean.assign(size_t(rows), 0.0);
+  inv.assign(size_t(rows), 0.0);
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t r = begin; r < end; ++r) {
+                   const T* xr = px + r * cols;
+                   T* yr = py + r * cols;
+                   double m = 0.0;
+                   if (centre) {
+                     for (int64_t j = 0; j < cols; ++j) m += double(to_compute(xr[j]));
+                     m /= double(cols);
+                   }
+                   double sq = 0.0;
+                   for (int64_t j = 0; j < cols; ++j) {
+                     double d = double(to_compute(xr[j])) - m;
+                     sq += d * d;
+                   }
+                   const double iv = 1.0 / std::sqrt(sq / double(cols) + eps);
+                   mean[size_t(r)] = m;
+                   inv[size_t(r)] = iv;
+                   for (int64_t j = 0; j < cols; ++j) {
+                     double v = (double(to_compute(xr[j])) - m) * iv;
+                     if (!scale.empty()) v *= scale[size_t(j)];
+                     if (!bias.empty()) v += bias[size_t(j)];
+                     yr[j] = convert<T>(v);
+                   }
+                 }
+               });
+}
+
+}  // namespace
+
+// batch_norm over x [N, C, D...]: channel c's elements are the N rows
+// x[n, c, :] of `inner` = prod(D) elements each.
+//   inference: y = (x - running_mean) * inv_std * scale + bias, inv_std from running_var.
+//   training:  mean/var are the batch's (population variance); the running
+//              statistics move toward them: running * momentum + batch * (1 - momentum).
+void batch_norm(const Node& n, Inputs in, Outputs out) {
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  const Tensor& x = *in[0];
+  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
+  const int64_t batch = x.dim(0), channels = x.dim(1);
+  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
+  const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
+  const std::vector<double> running_mean = in[3]->to_doubles(), running_var = in[4]->to_doubles();
+  for (const Tensor* p : {in[1], in[2], in[3], in[4]}) {
+    FUSEBOX_CHECK(p->numel() == channels, node_label(n), "per-channel input has ", p->numel(),
+                  " elements for ", channels, " channels");
+  }
+
+  visit_float(n, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    std::vector<double> mean = running_mean, var = running_var;
+    if (attrs.training) {
+      const int64_t count = batch * inner;
+      parallel_for(channels, 1, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          double sum = 0.0, sq = 0.0;
+          for (int64_t b = 0; b < batch; ++b) {
+            const T* row = px + (b * channels + c) * inner;
+            for (int64_t i = 0; i < inner; ++i) sum += double(to_compute(row[i]));
+          }
+          const double m = sum / double(count);
+          for (int64_t b = 0; b < batch; ++b) {
+            const T* row = px + (b * channels + c) * inner;
+            for (int64_t i = 0; i < inner; ++i) {
+              double d = double(to_compute(row[i])) - m;
+              sq += d * d;
+            }
+          }
+          mean[size_t(c)] = m;
+          var[size_t(c)] = sq / double(count);
+        }
+      });
+    }
+    std::vector<double> inv_std(size_t(channels), 0.0);
+    for (size_t c = 0; c < inv_std.size(); ++c)
+      inv_std[c] = 1.0 / std::sqrt(var[c] + attrs.epsilon);
+
+    T* py = out[0].data<T>();
+    parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
+                 [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) {
+                     const size_t c = size_t(r % channels);
+                     const double m = mean[c], k = inv_std[c] * scale[c], b = bias[c];
+                     const T* xr = px + r * inner;
+                     T* yr = py + r * inner;
+                     for (int64_t i = 0; i < inner; ++i)
+                       yr[i] = convert<T>((double(to_compute(xr[i])) - m) * k + b);
+                   }
+                 });
+
+    if (attrs.training && out.size() > 1) {
+      std::vector<double> new_mean(size_t(channels), 0.0), new_var(size_t(channels), 0.0);
+      for (size_t c = 0; c < new_mean.size(); ++c) {
+        new_mean[c] = running_mean[c] * attrs.momentum + mean[c] * (1.0 - attrs.momentum);
+        new_var[c] = running_var[c] * attrs.momentum + var[c] * (1.0 - attrs.momentum);
+      }
+      const std::vector<double>* stats[] = {&new_mean, &new_var, &mean, &inv_std};
+      for (size_t o = 1; o < out.size() && o <= 4; ++o) store_values(out[o], *stats[o - 1]);
+    }
+  });
+}
+
+void layer_norm(const Node& n, Inputs in, Outputs out) {
+  std::vector<double> mean, inv_std;
+  visit_float(n, in[0]->dtype(), [&](auto tag) {
+    normalize_rows<decltype(tag)>(n, in, out[0], true, std::get<NormAttrs>(n.attrs).epsilon, mean,
+                                  inv_std);
+  });
+  if (out.size() > 1) store_values(out[1], mean);
+  if (out.size() > 2) store_values(out[2], inv_std);
+}
+
+void rms_norm(const Node& n, Inputs in, Outputs out) {
+  std::vector<double> mean, inv_rms;
+  Inputs x_and_scale = in.first(std::min<size_t>(in.size(), 2));  // rms_norm has no bias
+  visit_float(n, in[0]->dtype(), [&](auto tag) {
+    normalize_rows<decltype(tag)>(n, x_and_scale, out[0], false,
+                                  std::get<NormAttrs>(n.attrs).epsilon, mean, inv_rms);
+  });
+  if (out.size() > 1) store_values(out[1], inv_rms);
+}
+
+}  // namespace fusebox::cpu

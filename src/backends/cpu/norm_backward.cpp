@@ -1,0 +1,189 @@
+// Gradients of the normalisations: batch_norm, layer_norm, rms_norm.
+//
+// Like the forward kernels (norm.cpp), everything runs in f64 and is rounded once.
+// With xhat = (x - mean) * inv_std over a group of M elements (a channel for
+// batch_norm, a row for layer_norm) and g = dy * scale:
+//   dscale = sum(dy * xhat), dbias = sum(dy)   (summed over the groups)
+//   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat))
+// the two subtracted means being the batch statistics' dependence on x; batch_norm's
+// inference form (training = false) treats the statistics as constants: dx = inv_std * g.
+// rms_norm, y = x * r * scale with r = 1 / sqrt(mean(x^2) + eps):
+//   dscale = sum(dy * x * r),  dx = r * (g - x * r^2 * mean(g * x)).
+// The saved statistics are inputs, never recomputed.
+#include <cmath>
+
+#include "kernel_util.h"
+#include "kernels.h"
+
+namespace fusebox::cpu {
+
+namespace {
+
+// `full` (row-major over `full_shape`) summed down to `to`, a shape that broadcasts to
+// full_shape: each element adds into the element of `to` it was broadcast from.
+std::vector<double> sum_to_shape(const std::vector<double>& full, const Shape& full_shape,
+                                 const Shape& to) {
+  std::vector<double> out(size_t(numel(to)), 0.0);
+  StridedNest<2> nest{full_shape,
+                      {contiguous_strides(full_shape), broadcast_strides(to, full_shape)}};
+  nest.simplify();
+  const int64_t s = nest.inner_stride(1);
+  nest.for_each_run(0, numel(full_shape), [&](const std::array<int64_t, 2>& off, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) out[size_t(off[1] + j * s)] += full[size_t(off[0] + j)];
+  });
+  return out;
+}
+
+// layer_norm (centre) and rms_norm over `rows` contiguous rows of `cols` elements:
+// stat[r] is the row's inverse std (inverse rms), mean[r] its mean (empty for rms).
+// Writes dx and returns the per-column sums (dscale, dbias) over the normalised dims.
+template <class T>
+std::pair<std::vector<double>, std::vector<double>> norm_rows_backward(
+    const Tensor& dy, const Tensor& x, const std::vector<double>& scale,
+    const std::vector<double>& mean, const std::vector<double>& inv, int64_t rows, int64_t cols,
+    Tensor& dx) {
+  const bool centre = !mean.empty();
+  const T* pdy = dy.data<T>();
+  const T* px = x.data<T>();
+  T* pdx = dx.data<T>();
+  // xhat for layer_norm; x * r for rms_norm (the y before scale either way).
+  auto normalised = [&](int64_t r, int64_t i) {
+    return (double(to_compute(px[i])) - (centre ? mean[size_t(r)] : 0.0)) * inv[size_t(r)];
+  };
+  parallel_for(
+      rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t base = r * cols;
+          double sum_g = 0.0, sum_g_xhat = 0.0;
+          for (int64_t j = 0; j < cols; ++j) {
+            const double g =
+                double(to_compute(pdy[base + j])) * (scale.empty() ? 1.0 : scale[size_t(j)]);
+            sum_g += g;
+            sum_g_xhat += g * normalised(r, base + j);
+          }
+          const double mean_g = centre ? sum_g / double(cols) : 0.0;
+          const double mean_g_xhat = sum_g_xhat / double(cols);
+          const double iv = inv[size_t(r)];
+          for (int64_t j = 0; j < cols; ++j) {
+            const double g =
+                double(to_compute(pdy[base + j])) * (scale.empty() ? 1.0 : scale[size_t(j)]);
+            pdx[base + j] = convert<T>(iv * (g - mean_g - normalised(r, base + j) * mean_g_xhat));
+          }
+        }
+      });
+  std::vector<double> dscale(size_t(cols), 0.0), dbias(size_t(cols), 0.0);
+  parallel_for(cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(rows, 1)),
+               [&](int64_t c0, int64_t c1) {
+                 for (int64_t j = c0; j < c1; ++j) {
+                   double s = 0.0, b = 0.0;
+                   for (int64_t r = 0; r < rows; ++r) {
+                     const double g = double(to_compute(pdy[r * cols + j]));
+                     s += g * normalised(r, r * cols + j);
+                     b += g;
+                   }
+                   dscale[size_t(j)] = s;
+                   dbias[size_t(j)] = b;
+                 }
+               });
+  return {std::move(dscale), std::move(dbias)};
+}
+
+// (dy, x, scale?, [mean,] inv) -> (dx, dscale[, dbias]) for layer_norm / rms_norm.
+void norm_backward(const Node& n, Inputs in, Outputs out, bool centre) {
+  const int64_t axis = std::get<NormAttrs>(n.attrs).axis;
+  const Tensor &dy = *in[0], &x = *in[1];
+  const Tensor* scale = in[2];
+  const Shape norm_shape(x.shape().begin() + axis, x.shape().end());
+  const int64_t cols = numel(norm_shape), rows = x.numel() / std::max<int64_t>(cols, 1);
+  const std::vector<double> mean = centre ? in[3]->to_doubles() : std::vector<double>();
+  const std::vector<double> inv = in[centre ? 4 : 3]->to_doubles();
+  FUSEBOX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype() && int64_t(inv.size()) == rows &&
+                    (!centre || int64_t(mean.size()) == rows),
+                node_label(n), "dy ", shape_str(dy.shape()), " and the statistics do not fit x ",
+                shape_str(x.shape()), " normalised from axis ", axis);
+  Shape merged;
+  FUSEBOX_CHECK(
+      !scale || (broadcast_shapes(scale->shape(), norm_shape, &merged) && merged == norm_shape),
+      node_label(n), "scale ", shape_str(scale->shape()), " does not broadcast to ",
+      shape_str(norm_shape));
+  const std::vector<double> scale_values =
+      scale ? broadcast_values<double>(*scale, norm_shape) : std::vector<double>();
+  visit_float(n, x.dtype(), [&](auto tag) {
+    const auto [dscale, dbias] =
+        norm_rows_backward<decltype(tag)>(dy, x, scale_values, mean, inv, rows, cols, out[0]);
+    const Shape param_shape = scale ? scale->shape() : norm_shape;
+    store_values(out[1], sum_to_shape(dscale, norm_shape, param_shape));
+    if (centre) store_values(out[2], sum_to_shape(dbias, norm_shape, param_shape));
+  });
+}
+
+}  // namespace
+
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias); channel c's
+// elements are the N rows x[n, c, :] of `inner` = prod(D) elements each.
+void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
+  const bool training = std::get<BatchNormAttrs>(n.attrs).training;
+  const Tensor &dy = *in[0], &x = *in[1];
+  FUSEBOX_CHECK(x.rank() >= 2 && dy.shape() == x.shape() && dy.dtype() == x.dtype(), node_label(n),
+                "expects dy and x [N, C, D...] alike, got ", shape_str(dy.shape()), " and ",
+                shape_str(x.shape()));
+  const int64_t batch = x.dim(0), channels = x.dim(1);
+  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
+  const std::vector<double> scale = in[2]->to_doubles(), mean = in[3]->to_doubles(),
+                            inv_std = in[4]->to_doubles();
+  for (const std::vector<double>* p : {&scale, &mean, &inv_std}) {
+    FUSEBOX_CHECK(int64_t(p->size()) == channels, node_label(n), "per-channel input has ",
+                  p->size(), " elements for ", channels, " channels");
+  }
+  std::vector<double> dscale(size_t(channels), 0.0), dbias(size_t(channels), 0.0);
+  visit_float(n, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    auto xhat = [&](size_t c, int64_t i) {
+      return (double(to_compute(px[i])) - mean[c]) * inv_std[c];
+    };
+    parallel_for(channels, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double s = 0.0, b = 0.0;
+        for (int64_t r = c; r < batch * channels; r += channels) {
+          for (int64_t i = r * inner; i < (r + 1) * inner; ++i) {
+            const double g = double(to_compute(pdy[i]));
+            s += g * xhat(size_t(c), i);
+            b += g;
+          }
+        }
+        dscale[size_t(c)] = s;
+        dbias[size_t(c)] = b;
+      }
+    });
+    // scale is constant per channel: dx = scale * inv_std * (dy - mean(dy) - xhat mean(dy xhat)).
+    const double count = double(batch * inner);
+    T* pdx = out[0].data<T>();
+    parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
+                 [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) {
+                     const size_t c = size_t(r % channels);
+                     const double k = scale[c] * inv_std[c];
+                     const double mean_dy = training ? dbias[c] / count : 0.0;
+                     const double mean_dy_xhat = training ? dscale[c] / count : 0.0;
+                     for (int64_t i = r * inner; i < (r + 1) * inner; ++i) {
+                       pdx[i] = convert<T>(
+                           k * (double(to_compute(pdy[i])) - mean_dy - xhat(c, i) * mean_dy_xhat));
+                     }
+                   }
+                 });
+  });
+  store_values(out[1], dscale);
+  store_values(out[2], dbias);
+}
+
+void layer_norm_backward(const Node& n, Inputs in, Outputs out) {
+  norm_backward(n, in, out, true);
+}
+
+void rms_norm_backward(const Node& n, Inputs in, Outputs out) {
+  norm_backward(n, in, out, false);
+}
+
+}  // namespace fusebox::cpu

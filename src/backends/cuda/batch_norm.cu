@@ -1,0 +1,472 @@
+// batch_norm (inference and training forward) and batch_norm_backward (norm_backward.h).
+//
+// x [N, C, D...] is N * C contiguous planes of `inner` = prod(D) elements; channel c owns
+// planes c, C + c, 2C + c, ... Every pass over x walks it flat and tracks (channel,
+// position in plane) incrementally, so the inner loops do no integer division.
+//
+// Forward, per channel c: y = (x - mean_c) * k_c + bias_c with k_c = scale_c * inv_std_c.
+//   inference: mean and var are the running statistics;
+//   training:  1. stats: grid (C, chunks); each block reduces its chunk of the channel's
+//                 N * inner elements to a Welford triple (count, mean, M2): each thread
+//                 updates its own triple per element, then the block merges the threads'
+//                 triples pairwise (Chan et al.) in a fixed tree;
+//              2. finalize: one thread per channel merges its chunks' triples in order, in
+//                 f64: batch mean and population variance, the new running statistics
+//                 (running * momentum + batch * (1 - momentum)), the saved mean and
+//                 inverse std, and the (mean, k, bias) coefficients;
+//   3. apply: y from the coefficients, 16-byte vectors when inner is a multiple of the
+//      vector width and the pointers are aligned.
+// Training reads x twice and writes y once (plus per-channel work): expect about 2/3 of
+// the copy bandwidth; the stats pass runs a division per element (Welford), which keeps
+// it near, not at, the bandwidth limit. Deterministic (no atomics).
+//
+// Backward: the same three stages: per-chunk partial sums of dy and dy * x_hat (f32, f64
+// for f64), per-channel totals (dbias, dscale) and dx coefficients, then dx elementwise.
+#include "backends/cuda/device_math.cuh"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/norm_backward.h"
+#include "backends/cuda/norm_common.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Where flat element e of x sits: its channel and its position in its plane. Advancing by
+// a fixed step costs two compares (the step's own channel and position parts are
+// precomputed on the host).
+struct ChannelWalk {
+  int64_t inner = 1;      // elements per plane (in units of the walk: elements or vectors)
+  int64_t channels = 1;   // C
+  int64_t step_pos = 0;   // step % inner
+  int64_t step_chan = 0;  // (step / inner) % C
+
+  static ChannelWalk make(int64_t inner, int64_t channels, int64_t step) {
+    return {inner, channels, step % inner, (step / inner) % channels};
+  }
+  __device__ void start(int64_t e, int64_t& chan, int64_t& pos) const {
+    pos = e % inner;
+    chan = (e / inner) % channels;
+  }
+  __device__ void advance(int64_t& chan, int64_t& pos) const {
+    pos += step_pos;
+    chan += step_chan;
+    if (pos >= inner) {
+      pos -= inner;
+      ++chan;
+    }
+    if (chan >= channels) chan -= channels;
+  }
+};
+
+// A channel's elements seen as N rows of `inner`: element f of channel c is at
+// (f / inner * C + c) * inner + f % inner. Stepping by a fixed stride, as ChannelWalk.
+struct RowWalk {
+  int64_t inner = 1;
+  int64_t step_pos = 0;  // step % inner
+  int64_t step_row = 0;  // step / inner
+
+  static RowWalk make(int64_t inner, int64_t step) { return {inner, step % inner, step / inner}; }
+  __device__ void advance(int64_t& row, int64_t& pos) const {
+    pos += step_pos;
+    row += step_row;
+    if (pos >= inner) {
+      pos -= inner;
+      ++row;
+    }
+  }
+};
+
+// Welford triple.
+template <class C>
+struct Moments {
+  C count;
+  C mean;
+  C m2;  // sum of squared deviations from mean
+};
+
+template <class C>
+__device__ __forceinline__ Moments<C> merge(const Moments<C>& a, const Moments<C>& b) {
+  const C count = a.count + b.count;
+  if (count == C(0)) return a;
+  const C delta = b.mean - a.mean;
+  const C wb = b.count / count;
+  return {count, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.count * wb};
+}
+
+// Per-channel coefficients of the elementwise passes.
+template <class C>
+struct Coefficients {
+  C mean;
+  C k;     // forward: scale * inv_std; backward: scale * inv_std
+  C bias;  // forward: bias; backward: unused
+  C inv_std;
+  C mean_dy;   // backward: dbias / M
+  C mean_dyx;  // backward: dscale / M
+};
+
+// ---- forward ------------------------------------------------------------------------
+
+// Stage 1 (training): the Welford triple of chunk blockIdx.y of channel blockIdx.x.
+// Chunk j covers the channel's flat elements [j * per_chunk, min((j+1) * per_chunk, M)).
+template <class T>
+__global__ void bn_stats(const T* x, int64_t channels, int64_t inner, int64_t per_chunk,
+                         int64_t count, RowWalk walk, Moments<compute_t<T>>* partial) {
+  using C = compute_t<T>;
+  __shared__ Moments<C> shared[kThreads];
+  const int64_t c = blockIdx.x;
+  const int64_t first = int64_t(blockIdx.y) * per_chunk;
+  const int64_t last = min(count, first + per_chunk);
+  Moments<C> m{0, 0, 0};
+  int64_t f = first + threadIdx.x;
+  int64_t row = f / inner, pos = f % inner;
+  for (; f < last; f += blockDim.x) {
+    const C v = load_compute(x, (row * channels + c) * inner + pos);
+    m.count += C(1);
+    const C d = v - m.mean;
+    m.mean += d / m.count;
+    m.m2 += d * (v - m.mean);
+    walk.advance(row, pos);
+  }
+  shared[threadIdx.x] = m;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half)
+      shared[threadIdx.x] = merge(shared[threadIdx.x], shared[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[c * gridDim.y + blockIdx.y] = shared[0];
+}
+
+// Stage 2 (training): one thread per channel merges its chunks in order (f64) and writes
+// the statistics outputs and the coefficients.
+template <class T>
+__global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64_t chunks,
+                                     int64_t channels, const T* scale, const T* bias,
+                                     const T* running_mean, const T* running_var, double eps,
+                                     double momentum, T* new_mean, T* new_var, T* saved_mean,
+                                     T* saved_inv_std, Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  Moments<double> m{0, 0, 0};
+  for (int64_t j = 0; j < chunks; ++j) {
+    const Moments<C>& p = partial[c * chunks + j];
+    m = merge(m, Moments<double>{double(p.count), double(p.mean), double(p.m2)});
+  }
+  const double var = m.count > 0 ? m.m2 / m.count : 0.0;
+  const double inv_std = 1.0 / sqrt(var + eps);
+  if (new_mean) {
+    new_mean[c] =
+        convert<T>(double(convert<C>(running_mean[c])) * momentum + m.mean * (1 - momentum));
+  }
+  if (new_var) {
+    new_var[c] = convert<T>(double(convert<C>(running_var[c])) * momentum + var * (1 - momentum));
+  }
+  if (saved_mean) saved_mean[c] = convert<T>(m.mean);
+  if (saved_inv_std) saved_inv_std[c] = convert<T>(inv_std);
+  coef[c] = {
+      C(m.mean), C(inv_std * double(convert<C>(scale[c]))), convert<C>(bias[c]), C(inv_std), C(0),
+      C(0)};
+}
+
+// Inference: the coefficients from the running statistics.
+template <class T>
+__global__ void bn_coefficients_inference(int64_t channels, const T* scale, const T* bias,
+                                          const T* running_mean, const T* running_var, double eps,
+                                          Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double inv_std = 1.0 / sqrt(double(convert<C>(running_var[c])) + eps);
+  coef[c] = {convert<C>(running_mean[c]),
+             C(inv_std * double(convert<C>(scale[c]))),
+             convert<C>(bias[c]),
+             C(inv_std),
+             C(0),
+             C(0)};
+}
+
+// Stage 3: y = (x - mean) * k + bias over a grid-stride walk of `units` units of kWidth
+// elements (kWidth = the vector width, or 1).
+template <class T, int kWidth>
+__global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
+                         const Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  int64_t u = global_thread_index(), chan, pos;
+  walk.start(u, chan, pos);
+  for (; u < units; u += grid_stride()) {
+    const Coefficients<C> k = coef[chan];
+    if constexpr (kWidth == 1) {
+      store_compute(y, u, (load_compute(x, u) - k.mean) * k.k + k.bias);
+    } else {
+      const Vec<T> in = load_vec(x, u);
+      Vec<T> out;
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w)
+        out.v[w] = convert<T>((convert<C>(in.v[w]) - k.mean) * k.k + k.bias);
+      store_vec(y, u, out);
+    }
+    walk.advance(chan, pos);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------
+
+// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block).
+template <class T>
+__global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
+                                 const T* saved_inv_std, int64_t channels, int64_t inner,
+                                 int64_t per_chunk, int64_t count, RowWalk walk,
+                                 compute_t<T>* partial /* [C][chunks][2] */) {
+  using C = compute_t<T>;
+  __shared__ C shared[2][kThreads];
+  const int64_t c = blockIdx.x;
+  const C mean = convert<C>(saved_mean[c]), inv_std = convert<C>(saved_inv_std[c]);
+  const int64_t first = int64_t(blockIdx.y) * per_chunk;
+  const int64_t last = min(count, first + per_chunk);
+  C sum_dy = 0, sum_dyx = 0;
+  int64_t f = first + threadIdx.x;
+  int64_t row = f / inner, pos = f % inner;
+  for (; f < last; f += blockDim.x) {
+    const int64_t at = (row * channels + c) * inner + pos;
+    const C g = load_compute(dy, at);
+    sum_dy += g;
+    sum_dyx += g * (load_compute(x, at) - mean) * inv_std;
+    walk.advance(row, pos);
+  }
+  shared[0][threadIdx.x] = sum_dy;
+  shared[1][threadIdx.x] = sum_dyx;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      shared[0][threadIdx.x] += shared[0][threadIdx.x + half];
+      shared[1][threadIdx.x] += shared[1][threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    C* out = partial + (c * gridDim.y + blockIdx.y) * 2;
+    out[0] = shared[0][0];
+    out[1] = shared[1][0];
+  }
+}
+
+// Stage 2: per channel totals (in order, f64), dscale / dbias, dx coefficients.
+template <class T, class G>
+__global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
+                                     int64_t count, const T* scale, const T* saved_mean,
+                                     const T* saved_inv_std, G* dscale, G* dbias,
+                                     Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  double sum_dy = 0, sum_dyx = 0;
+  for (int64_t j = 0; j < chunks; ++j) {
+    sum_dy += double(partial[(c * chunks + j) * 2]);
+    sum_dyx += double(partial[(c * chunks + j) * 2 + 1]);
+  }
+  if (dscale) dscale[c] = convert<G>(sum_dyx);
+  if (dbias) dbias[c] = convert<G>(sum_dy);
+  const double inv_std = double(convert<C>(saved_inv_std[c]));
+  coef[c] = {convert<C>(saved_mean[c]),
+             C(double(convert<C>(scale[c])) * inv_std),
+             C(0),
+             C(inv_std),
+             C(sum_dy / double(count)),
+             C(sum_dyx / double(count))};
+}
+
+// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements.
+template <class T>
+__global__ void bn_backward_dx(const T* x, const T* dy, T* dx, int64_t total, ChannelWalk walk,
+                               const Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  int64_t e = global_thread_index(), chan, pos;
+  walk.start(e, chan, pos);
+  for (; e < total; e += grid_stride()) {
+    const Coefficients<C> k = coef[chan];
+    const C x_hat = (load_compute(x, e) - k.mean) * k.inv_std;
+    store_compute(dx, e, k.k * (load_compute(dy, e) - k.mean_dy - x_hat * k.mean_dyx));
+    walk.advance(chan, pos);
+  }
+}
+
+// ---- host -----------------------------------------------------------------------------
+
+struct Geometry {
+  int64_t batch = 0, channels = 0, inner = 1;
+  int64_t per_channel() const { return batch * inner; }
+  int64_t total() const { return batch * channels * inner; }
+};
+
+Geometry geometry_of(const std::string& where, const Shape& x) {
+  FUSEBOX_CHECK(x.size() >= 2, where, "expects x of rank >= 2, got ", shape_str(x));
+  return {x[0], x[1], numel(Shape(x.begin() + 2, x.end()))};
+}
+
+// Chunks per channel for the reductions: about 4 blocks per SM in all, each chunk at
+// least 4096 elements.
+int64_t chunks_for(const Geometry& g, int sms) {
+  const int64_t wanted = (4 * int64_t(sms) + g.channels - 1) / std::max<int64_t>(g.channels, 1);
+  const int64_t most = std::max<int64_t>(1, (g.per_channel() + 4095) / 4096);
+  return std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, 65535));
+}
+
+template <class T>
+void launch_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, DeviceTensor& y,
+                  const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  constexpr int W = kVecWidth<T>;
+  const BufferList reads = {x.range(), coef};
+  const bool vector = W > 1 && g.inner % W == 0 && is_aligned(x.data(), kVecBytes) &&
+                      is_aligned(y.data(), kVecBytes);
+  const int width = vector ? W : 1;
+  const int64_t units = g.total() / width;
+  const unsigned blocks = launch_blocks(units, kThreads);
+  const ChannelWalk walk =
+      ChannelWalk::make(g.inner / width, g.channels, int64_t(blocks) * kThreads);
+  if (vector) {
+    ctx.encoder.launch(&bn_apply<T, W>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
+                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
+  } else {
+    ctx.encoder.launch(&bn_apply<T, 1>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
+                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
+  }
+}
+
+}  // namespace
+
+// x [N, C, D...], scale, bias, running_mean, running_var [C] -> y (inference), or y, new
+// running mean, new running var, saved mean, saved inverse std (training).
+void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  const DeviceTensor& x = *in[0];
+  const Geometry g = geometry_of(where, x.shape);
+  for (size_t i = 1; i <= 4; ++i) {
+    FUSEBOX_CHECK(in.size() > i && in[i] && in[i]->numel() == g.channels && in[i]->dtype == x.dtype,
+                  where, "per-channel input ", i, " must be ", dtype_name(x.dtype), " with ",
+                  g.channels, " elements");
+  }
+  FUSEBOX_CHECK(out[0].dtype == x.dtype && out[0].shape == x.shape, where, "output y must be ",
+                dtype_name(x.dtype), " ", shape_str(x.shape));
+  for (size_t o = 1; o < out.size(); ++o) {
+    FUSEBOX_CHECK(out[o].dtype == x.dtype && out[o].numel() == g.channels, where, "output ", o,
+                  " must be ", dtype_name(x.dtype), " with ", g.channels, " elements");
+  }
+  if (g.channels == 0) return;
+  const int sms = ctx.device.properties().sm_count;
+  visit_device_float(n, x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
+    ctx.encoder.add_temporary(coef);
+    const T *scale = in[1]->as<const T>(), *bias = in[2]->as<const T>();
+    const T *running_mean = in[3]->as<const T>(), *running_var = in[4]->as<const T>();
+    const unsigned channel_blocks = unsigned((g.channels + 127) / 128);
+    const BufferList params = norm::ranges({in[1], in[2], in[3], in[4]});
+    if (!attrs.training) {
+      ctx.encoder.launch(&bn_coefficients_inference<T>, dim3(channel_blocks), dim3(128), 0, params,
+                         {coef}, g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
+                         coef.as<Coefficients<C>>());
+    } else {
+      FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
+                    shape_str(x.shape), " has no elements per channel");
+      const int64_t chunks = chunks_for(g, sms);
+      const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+      DeviceBuffer partial =
+          ctx.allocator.allocate(size_t(g.channels * chunks) * sizeof(Moments<C>));
+      ctx.encoder.add_temporary(partial);
+      ctx.encoder.launch(&bn_stats<T>, dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads),
+                         0, {x.range()}, {partial}, x.as<const T>(), g.channels, g.inner, per_chunk,
+                         g.per_channel(), RowWalk::make(g.inner, kThreads),
+                         partial.as<Moments<C>>());
+      auto output = [&](size_t o) { return o < out.size() ? out[o].as<T>() : nullptr; };
+      BufferList writes = {coef};
+      for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
+      BufferList reads = params;
+      reads.push_back(partial);
+      ctx.encoder.launch(&bn_finalize_training<T>, dim3(channel_blocks), dim3(128), 0, reads,
+                         writes, partial.as<const Moments<C>>(), chunks, g.channels, scale, bias,
+                         running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
+                         output(2), output(3), output(4), coef.as<Coefficients<C>>());
+    }
+    if (g.total() > 0) launch_apply<T>(ctx, g, x, out[0], coef);
+  });
+}
+
+void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                         const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                         const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
+                         DeviceTensor* dbias) {
+  const std::string where = "batch_norm_backward";
+  const Geometry g = geometry_of(where, x.shape);
+  FUSEBOX_CHECK(
+      x.is_contiguous() && dy.is_contiguous() && dy.dtype == x.dtype && dy.shape == x.shape &&
+          (!dx || (dx->dtype == x.dtype && dx->shape == x.shape && dx->is_contiguous())),
+      where, "dy and dx must be contiguous ", dtype_name(x.dtype), " ", shape_str(x.shape));
+  for (const DeviceTensor* p : {&scale, &saved_mean, &saved_inv_std}) {
+    FUSEBOX_CHECK(p->dtype == x.dtype && p->numel() == g.channels, where,
+                  "scale and the saved statistics must be ", dtype_name(x.dtype), " with ",
+                  g.channels, " elements");
+  }
+  const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : x.dtype;
+  for (const DeviceTensor* p : {dscale, dbias}) {
+    FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->dtype == grad_dtype &&
+                         (grad_dtype == x.dtype || grad_dtype == DType::f32)),
+                  where, "dscale and dbias must have ", g.channels, " elements, both in ",
+                  dtype_name(x.dtype), " or both in f32");
+  }
+  if (g.channels == 0) return;
+  if (g.per_channel() == 0) {
+    for (DeviceTensor* p : {dscale, dbias})
+      if (p) ctx.encoder.memset(p->range(), 0);
+    return;
+  }
+  const int sms = ctx.device.properties().sm_count;
+  visit_device_dtype(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_float_v<T>) {
+      throw Error(where, cat("expects a floating-point x, got ", dtype_name(x.dtype)));
+    } else {
+      using C = compute_t<T>;
+      const int64_t chunks = chunks_for(g, sms);
+      const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+      DeviceBuffer partial = ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C));
+      DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
+      ctx.encoder.add_temporary(partial);
+      ctx.encoder.add_temporary(coef);
+      ctx.encoder.launch(&bn_backward_sums<T>, dim3(unsigned(g.channels), unsigned(chunks)),
+                         dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
+                         {partial}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
+                         saved_inv_std.as<const T>(), g.channels, g.inner, per_chunk,
+                         g.per_channel(), RowWalk::make(g.inner, kThreads), partial.as<C>());
+      BufferList writes = norm::ranges({dscale, dbias});
+      writes.push_back(coef);
+      const BufferList reads = {partial, scale.range(), saved_mean.range(), saved_inv_std.range()};
+      auto finalize = [&](auto grad_tag) {
+        using G = decltype(grad_tag);
+        ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(unsigned((g.channels + 127) / 128)),
+                           dim3(128), 0, reads, writes, partial.as<const C>(), chunks, g.channels,
+                           g.per_channel(), scale.as<const T>(), saved_mean.as<const T>(),
+                           saved_inv_std.as<const T>(), dscale ? dscale->as<G>() : nullptr,
+                           dbias ? dbias->as<G>() : nullptr, coef.as<Coefficients<C>>());
+      };
+      if (grad_dtype == DType::f32)
+        finalize(float{});
+      else
+        finalize(T{});
+      if (!dx) return;
+      const unsigned blocks = launch_blocks(g.total(), kThreads);
+      ctx.encoder.launch(&bn_backward_dx<T>, dim3(blocks), dim3(kThreads), 0,
+                         {x.range(), dy.range(), coef}, {dx->range()}, x.as<const T>(),
+                         dy.as<const T>(), dx->as<T>(), g.total(),
+                         ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
+                         coef.as<const Coefficients<C>>());
+    }
+  });
+}
+
+}  // namespace fusebox::cuda

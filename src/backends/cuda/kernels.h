@@ -1,0 +1,75 @@
+// CUDA kernels of the op set, one entry per op (or family), all with one signature,
+// mirroring backends/cpu/kernels.h. cuda::run_node (dispatch.cpp) picks the function
+// by OpKind. Attributes arrive normalised (ir/graph.h: infer_and_normalize).
+//
+// Every entry records its work on ctx.encoder (never launches directly) and declares
+// what it reads and writes; temporaries come from ctx.allocator and are handed to
+// ctx.encoder.add_temporary. inputs[i] is nullptr for an absent optional input; outputs
+// are allocated (contiguous) by the caller with the inferred types. Inputs may be
+// non-contiguous only where an entry says so; otherwise run_node makes them contiguous.
+//
+// dtypes: f32, f16 and bf16 with f32 accumulation (f64 where the CPU backend allows it
+// is accepted but not tuned); integer dtypes where the op's CPU kernel takes them.
+#pragma once
+
+#include <span>
+
+#include "backends/cuda/encoder.h"
+#include "backends/cuda/tensor.h"
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::cuda {
+
+struct Context {
+  Device& device;
+  CommandEncoder& encoder;
+  CachingAllocator& allocator;
+};
+
+using Inputs = std::span<const DeviceTensor* const>;
+using Outputs = std::span<DeviceTensor>;
+
+void run_node(Context& ctx, const Node& n, Inputs in, Outputs out);
+
+// ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, cross_entropy.cu (helper A) ----------
+void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided inputs OK
+void binary(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
+void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
+void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
+void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);
+void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out);
+void transpose(Context& ctx, const Node& n, Inputs in, Outputs out);
+void concat(Context& ctx, const Node& n, Inputs in, Outputs out);
+void slice(Context& ctx, const Node& n, Inputs in, Outputs out);
+void pad(Context& ctx, const Node& n, Inputs in, Outputs out);
+void cast(Context& ctx, const Node& n, Inputs in, Outputs out);
+void constant(Context& ctx, const Node& n, Inputs in, Outputs out);
+// Strided -> strided copy (any rank, any dtype; the destination may be a view too, e.g. a
+// slice of concat's output); used by run_node and the executor.
+void copy_strided(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst);
+
+// ---- norm_*.cu, batch_norm.cu, pool.cu, conv_direct.cu, matmul.cpp (helper B) -------
+void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
+void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
+void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
+void max_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
+void avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
+void global_avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
+void conv_forward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void conv_backward_data(Context& ctx, const Node& n, Inputs in, Outputs out);
+void conv_backward_filter(Context& ctx, const Node& n, Inputs in, Outputs out);
+void matmul(Context& ctx, const Node& n, Inputs in, Outputs out);
+void gemm(Context& ctx, const Node& n, Inputs in, Outputs out);
+
+// Norm backward passes (no IR op yet: autodiff adds them; benchmarks and tests call
+// these directly). x, dy [rows, cols] contiguous; scale [cols]; mean/rstd [rows] f32.
+// dscale/dbias [cols] in scale's dtype (or f32), reduced from per-block f32 partial sums.
+void layer_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                         const DeviceTensor* scale, const DeviceTensor& mean,
+                         const DeviceTensor& rstd, DeviceTensor& dx, DeviceTensor* dscale,
+                         DeviceTensor* dbias);
+void rms_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                       const DeviceTensor* scale, const DeviceTensor& rstd, DeviceTensor& dx,
+                       DeviceTensor* dscale);
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,36 @@
+// A tensor on the GPU: a buffer, an element offset, a dtype, a shape and strides (in
+// elements). Tensors the executor makes are contiguous; views (a transpose, a
+// broadcast with stride 0, a slice) are expressed by strides, and the kernels that
+// accept them say so.
+#pragma once
+
+#include "backends/cuda/allocator.h"
+#include "fusebox/core/tensor.h"
+
+namespace fusebox::cuda {
+
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  Shape shape;
+  Shape strides;  // in elements
+
+  static DeviceTensor empty(CachingAllocator& alloc, DType dtype, Shape shape);
+  int64_t numel() const { return fusebox::numel(shape); }
+  int64_t rank() const { return int64_t(shape.size()); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  bool is_contiguous() const;
+  void* data() const {
+    return static_cast<char*>(buffer.data()) + offset * int64_t(dtype_size(dtype));
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  // The bytes this tensor can touch (from its lowest to its highest element), for the
+  // encoder's hazard tracking.
+  BufferRange range() const;
+};
+
+}  // namespace fusebox::cuda

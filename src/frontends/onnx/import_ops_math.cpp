@@ -1,0 +1,228 @@
+// Pointwise ops, matmul/gemm, reductions and softmax.
+#include "frontends/onnx/import_context.h"
+
+namespace fusebox::onnx_import {
+namespace {
+
+template <OpKind K>
+void import_unary(NodeContext& c) {
+  c.set_output(0, c.emit1(K, {}, {c.input(0)}));
+}
+
+void import_leaky_relu(NodeContext& c) {
+  LeakyReluAttrs a{c.attrs().get_float("alpha", double(0.01f))};
+  c.set_output(0, c.emit1(OpKind::leaky_relu, a, {c.input(0)}));
+}
+
+// Clip (opset 11+): the bounds are optional scalar inputs, which must be known.
+void import_clip(NodeContext& c) {
+  ClipAttrs a;
+  if (c.has_input(1)) a.min = c.const_scalar(1, "min");
+  if (c.has_input(2)) a.max = c.const_scalar(2, "max");
+  c.set_output(0, c.emit1(OpKind::clip, a, {c.input(0)}));
+}
+
+template <OpKind K>
+void import_binary(NodeContext& c) {
+  c.set_output(0, c.emit1(K, {}, {c.input(0), c.input(1)}));
+}
+
+// Max, Min and Sum take any number of inputs: a chain of the binary op (each step
+// broadcasts, so the chain broadcasts all inputs together, as ONNX).
+ValueId chain(NodeContext& c, OpKind op, const std::string& last_suffix) {
+  ValueId v = c.input(0);
+  for (int i = 1; i < c.input_count(); ++i) {
+    const bool last = i + 1 == c.input_count();
+    v = c.emit1(op, {}, {v, c.input(i)}, last ? last_suffix : cat("step", i));
+  }
+  return v;
+}
+
+template <OpKind K>
+void import_variadic(NodeContext& c) {
+  c.set_output(0, chain(c, K, ""));
+}
+
+// Mean: the sum of the inputs divided by their count.
+void import_mean(NodeContext& c) {
+  ValueId sum = chain(c, OpKind::add, "sum");
+  ValueId count =
+      c.constant(Tensor::scalar(c.input_type(0).dtype, double(c.input_count())), "count");
+  c.set_output(0, c.emit1(OpKind::div, {}, {sum, count}));
+}
+
+void import_matmul(NodeContext& c) {
+  c.set_output(0, c.emit1(OpKind::matmul, {}, {c.input(0), c.input(1)}));
+}
+
+void import_gemm(NodeContext& c) {
+  GemmAttrs a;
+  a.trans_a = c.attrs().get_int("transA", 0) != 0;
+  a.trans_b = c.attrs().get_int("transB", 0) != 0;
+  a.alpha = c.attrs().get_float("alpha", 1.0);
+  a.beta = c.attrs().get_float("beta", 1.0);
+  std::vector<ValueId> in{c.input(0), c.input(1)};
+  if (c.has_input(2)) in.push_back(c.input(2));
+  c.set_output(0, c.emit1(OpKind::gemm, a, in));
+}
+
+// ---- reductions ----
+// ReduceSum takes its axes as an input from opset 13 on; the others take an
+// attribute up to opset 17. Empty axes reduce everything, unless
+// noop_with_empty_axes, which makes the op the identity.
+struct ReduceSpec {
+  ReduceAttrs attrs;
+  bool noop = false;  // empty axes with noop_with_empty_axes: the identity
+};
+
+ReduceSpec reduce_spec(NodeContext& c, bool axes_input) {
+  ReduceSpec r;
+  r.attrs.keepdims = c.attrs().get_int("keepdims", 1) != 0;
+  if (axes_input) {
+    if (c.has_input(1)) r.attrs.axes = c.const_ints(1, "axes");
+  } else {
+    c.check(c.input_count() == 1, "takes 1 input in opset ", c.opset(), " (axes is an attribute)",
+            ", got ", c.input_count());
+    r.attrs.axes = c.attrs().get_ints("axes");
+  }
+  r.noop = r.attrs.axes.empty() && c.attrs().get_bool("noop_with_empty_axes", false);
+  return r;
+}
+
+bool reduce_sum_axes_input(const NodeContext& c) {
+  return c.opset() >= 13;
+}
+
+// Sets output 0 to reduce(op) of `x`, or x itself for a no-op reduction.
+void reduce_into_output(NodeContext& c, OpKind op, ValueId x, const ReduceSpec& r) {
+  c.set_output(0, r.noop ? x : c.emit1(op, r.attrs, {x}));
+}
+
+void import_reduce_sum(NodeContext& c) {
+  reduce_into_output(c, OpKind::reduce_sum, c.input(0), reduce_spec(c, reduce_sum_axes_input(c)));
+}
+void import_reduce_mean(NodeContext& c) {
+  reduce_into_output(c, OpKind::reduce_mean, c.input(0), reduce_spec(c, false));
+}
+void import_reduce_max(NodeContext& c) {
+  reduce_into_output(c, OpKind::reduce_max, c.input(0), reduce_spec(c, false));
+}
+
+// ReduceMin = -max(-x).
+void import_reduce_min(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ValueId neg = c.emit1(OpKind::neg, {}, {c.input(0)}, "neg");
+  ValueId max = c.emit1(OpKind::reduce_max, r.attrs, {neg}, "max");
+  c.set_output(0, c.emit1(OpKind::neg, {}, {max}));
+}
+
+// ReduceSumSquare = sum(x*x); ReduceL2 = sqrt(sum(x*x)); ReduceL1 = sum(|x|);
+// ReduceLogSum = log(sum(x)).
+void import_reduce_sum_square(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ValueId sq = c.emit1(OpKind::mul, {}, {c.input(0), c.input(0)}, "square");
+  c.set_output(0, c.emit1(OpKind::reduce_sum, r.attrs, {sq}));
+}
+void import_reduce_l2(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ValueId sq = c.emit1(OpKind::mul, {}, {c.input(0), c.input(0)}, "square");
+  ValueId sum = c.emit1(OpKind::reduce_sum, r.attrs, {sq}, "sum");
+  c.set_output(0, c.emit1(OpKind::sqrt, {}, {sum}));
+}
+void import_reduce_l1(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ValueId abs = c.emit1(OpKind::abs, {}, {c.input(0)}, "abs");
+  c.set_output(0, c.emit1(OpKind::reduce_sum, r.attrs, {abs}));
+}
+void import_reduce_log_sum(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ValueId sum = c.emit1(OpKind::reduce_sum, r.attrs, {c.input(0)}, "sum");
+  c.set_output(0, c.emit1(OpKind::log, {}, {sum}));
+}
+
+// ReduceLogSumExp, computed stably: log(sum(exp(x - m))) + m with m = max(x).
+void import_reduce_log_sum_exp(NodeContext& c) {
+  ReduceSpec r = reduce_spec(c, false);
+  if (r.noop) return c.set_output(0, c.input(0));
+  ReduceAttrs keep = r.attrs;
+  keep.keepdims = true;
+  ValueId m_keep = c.emit1(OpKind::reduce_max, keep, {c.input(0)}, "max_keep");
+  ValueId shifted = c.emit1(OpKind::sub, {}, {c.input(0), m_keep}, "shift");
+  ValueId e = c.emit1(OpKind::exp, {}, {shifted}, "exp");
+  ValueId sum = c.emit1(OpKind::reduce_sum, r.attrs, {e}, "sum");
+  ValueId log = c.emit1(OpKind::log, {}, {sum}, "log");
+  ValueId m = r.attrs.keepdims ? m_keep : c.emit1(OpKind::reduce_max, r.attrs, {c.input(0)}, "max");
+  c.set_output(0, c.emit1(OpKind::add, {}, {log, m}));
+}
+
+// ---- softmax ----
+// Opset 13+: along one axis (default -1). Before: the input is coerced to 2-D at
+// `axis` (default 1) and normalised along the second dim: flatten, softmax over
+// axis 1, reshape back. Over the last axis the two agree, so that case stays one node.
+template <OpKind K>
+void import_softmax(NodeContext& c) {
+  const int64_t rank = c.input_rank(0);
+  if (c.opset() >= 13) {
+    SoftmaxAttrs a{c.attrs().get_int("axis", -1)};
+    return c.set_output(0, c.emit1(K, a, {c.input(0)}));
+  }
+  const int64_t axis = c.attrs().get_int("axis", 1);
+  int64_t norm = axis;
+  if (!normalize_axis(axis, rank, &norm))
+    c.attrs().fail("axis", cat("is ", axis, ", out of range for rank ", rank));
+  if (norm == rank - 1) return c.set_output(0, c.emit1(K, SoftmaxAttrs{-1}, {c.input(0)}));
+  ValueId flat = c.emit1(OpKind::flatten, FlattenAttrs{norm}, {c.input(0)}, "flatten");
+  ValueId soft = c.emit1(K, SoftmaxAttrs{1}, {flat}, "softmax");
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{c.input_shape(0), true}, {soft}));
+}
+
+const OpSpec kOps[] = {
+    {"Relu", 1, 1, 1, 1, import_unary<OpKind::relu>},
+    {"Sigmoid", 1, 1, 1, 1, import_unary<OpKind::sigmoid>},
+    {"Tanh", 1, 1, 1, 1, import_unary<OpKind::tanh>},
+    {"Exp", 1, 1, 1, 1, import_unary<OpKind::exp>},
+    {"Log", 1, 1, 1, 1, import_unary<OpKind::log>},
+    {"Sqrt", 1, 1, 1, 1, import_unary<OpKind::sqrt>},
+    {"Reciprocal", 1, 1, 1, 1, import_unary<OpKind::reciprocal>},
+    {"Neg", 1, 1, 1, 1, import_unary<OpKind::neg>},
+    {"Abs", 1, 1, 1, 1, import_unary<OpKind::abs>},
+    {"Erf", 9, 1, 1, 1, import_unary<OpKind::erf>},
+    {"Identity", 1, 1, 1, 1, import_unary<OpKind::identity>},
+    {"LeakyRelu", 1, 1, 1, 1, import_leaky_relu},
+    {"Clip", 1, 1, 3, 1, import_clip},
+    {"Add", 1, 2, 2, 1, import_binary<OpKind::add>},
+    {"Sub", 1, 2, 2, 1, import_binary<OpKind::sub>},
+    {"Mul", 1, 2, 2, 1, import_binary<OpKind::mul>},
+    {"Div", 1, 2, 2, 1, import_binary<OpKind::div>},
+    {"Pow", 1, 2, 2, 1, import_binary<OpKind::pow>},
+    {"Max", 1, 1, kVariadic, 1, import_variadic<OpKind::max>},
+    {"Min", 1, 1, kVariadic, 1, import_variadic<OpKind::min>},
+    {"Sum", 1, 1, kVariadic, 1, import_variadic<OpKind::add>},
+    {"Mean", 1, 1, kVariadic, 1, import_mean},
+    {"MatMul", 1, 2, 2, 1, import_matmul},
+    {"Gemm", 1, 2, 3, 1, import_gemm},
+    {"ReduceSum", 1, 1, 2, 1, import_reduce_sum},
+    {"ReduceMean", 1, 1, 1, 1, import_reduce_mean},
+    {"ReduceMax", 1, 1, 1, 1, import_reduce_max},
+    {"ReduceMin", 1, 1, 1, 1, import_reduce_min},
+    {"ReduceSumSquare", 1, 1, 1, 1, import_reduce_sum_square},
+    {"ReduceL1", 1, 1, 1, 1, import_reduce_l1},
+    {"ReduceL2", 1, 1, 1, 1, import_reduce_l2},
+    {"ReduceLogSum", 1, 1, 1, 1, import_reduce_log_sum},
+    {"ReduceLogSumExp", 1, 1, 1, 1, import_reduce_log_sum_exp},
+    {"Softmax", 1, 1, 1, 1, import_softmax<OpKind::softmax>},
+    {"LogSoftmax", 1, 1, 1, 1, import_softmax<OpKind::log_softmax>},
+};
+
+}  // namespace
+
+std::span<const OpSpec> math_ops() {
+  return kOps;
+}
+
+}  // namespace fusebox::onnx_import

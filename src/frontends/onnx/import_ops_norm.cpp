@@ -1,0 +1,109 @@
+// Normalisation and training-related ops: BatchNormalization, LayerNormalization,
+// SoftmaxCrossEntropyLoss, Dropout (inference form).
+#include "frontends/onnx/import_context.h"
+
+namespace fusebox::onnx_import {
+namespace {
+
+// ONNX float attributes are f32; defaults are rounded the same way so that an
+// explicit epsilon=1e-5 and the default agree bit for bit.
+double f32_default(float v) {
+  return double(v);
+}
+
+// BatchNormalization (opsets 9-15). Opset 14 added training_mode and cut the
+// outputs to Y, running_mean, running_var; before it the training form is the
+// one with more than one output (Y, mean, var, saved_mean, saved_var). Our
+// training form's saved statistics (mean and inverse std) are left unnamed.
+void import_batch_norm(NodeContext& c) {
+  BatchNormAttrs a;
+  a.epsilon = c.attrs().get_float("epsilon", f32_default(1e-5f));
+  a.momentum = c.attrs().get_float("momentum", f32_default(0.9f));
+  if (c.opset() >= 14) {
+    c.check(c.output_count() <= 3, "has ", c.output_count(),
+            " outputs; from opset 14 on it has at most 3 (Y, running_mean, running_var)");
+    a.training = c.attrs().get_bool("training_mode", false);
+    c.check(a.training || (!c.wants_output(1) && !c.wants_output(2)),
+            "outputs running_mean and running_var are only produced with training_mode=1");
+  } else {
+    if (c.wants_output(3) || c.wants_output(4))
+      c.unsupported(
+          "outputs saved_mean and saved_var (the opset < 14 training form) are not "
+          "supported");
+    a.training = c.wants_output(1) || c.wants_output(2);
+  }
+  std::vector<ValueId> outs =
+      c.emit(OpKind::batch_norm, a, {c.input(0), c.input(1), c.input(2), c.input(3), c.input(4)});
+  c.set_output(0, outs.at(0));
+  for (int i = 1; i <= 2; ++i)
+    if (c.wants_output(i)) c.set_output(i, outs.at(size_t(i)));
+}
+
+// LayerNormalization (opset 17): Y, and optionally Mean and InvStdDev.
+void import_layer_norm(NodeContext& c) {
+  NormAttrs a;
+  a.axis = c.attrs().get_int("axis", -1);
+  a.epsilon = c.attrs().get_float("epsilon", f32_default(1e-5f));
+  const int64_t stash_type = c.attrs().get_int("stash_type", 1);
+  if (stash_type != 1)
+    c.attrs().unsupported_value("stash_type", std::to_string(stash_type), "only 1 (float)");
+  std::vector<ValueId> in{c.input(0), c.input(1)};
+  if (c.has_input(2)) in.push_back(c.input(2));
+  std::vector<ValueId> outs = c.emit(OpKind::layer_norm, a, in);
+  for (int i = 0; i < 3; ++i)
+    if (c.wants_output(i)) c.set_output(i, outs.at(size_t(i)));
+}
+
+// SoftmaxCrossEntropyLoss (opset 12+): our cross_entropy has the same inputs and outputs.
+void import_softmax_cross_entropy(NodeContext& c) {
+  CrossEntropyAttrs a;
+  const std::string reduction = c.attrs().get_string("reduction", "mean");
+  if (reduction == "mean")
+    a.reduction = Reduction::mean;
+  else if (reduction == "sum")
+    a.reduction = Reduction::sum;
+  else if (reduction == "none")
+    a.reduction = Reduction::none;
+  else
+    c.attrs().unsupported_value("reduction", reduction, "supported: mean, sum, none");
+  a.ignore_index = c.attrs().find_int("ignore_index");
+  std::vector<ValueId> in{c.input(0), c.input(1)};
+  if (c.has_input(2)) in.push_back(c.input(2));
+  std::vector<ValueId> outs = c.emit(OpKind::cross_entropy, a, in);
+  c.set_output(0, outs.at(0));
+  if (c.wants_output(1)) c.set_output(1, outs.at(1));
+}
+
+// Dropout at inference (or in training with ratio 0): the identity, and an all-true
+// mask. Opset 12 turned ratio into an input and added training_mode; random
+// dropout (training with a non-zero ratio) is not supported.
+void import_dropout(NodeContext& c) {
+  c.attrs().ignore("seed");
+  if (c.opset() < 12) {
+    c.check(c.input_count() == 1, "takes 1 input before opset 12, got ", c.input_count());
+    c.attrs().ignore("ratio");  // only used in training
+  }
+  if (c.has_input(2) && c.const_scalar(2, "training_mode") != 0) {
+    const double ratio = c.has_input(1) ? c.const_scalar(1, "ratio") : 0.5;
+    if (ratio != 0)
+      c.unsupported(
+          cat("training_mode=true with ratio ", ratio, " (random dropout) is not supported"));
+  }
+  c.set_output(0, c.emit1(OpKind::identity, {}, {c.input(0)}));
+  if (c.wants_output(1)) c.set_output(1, Tensor::full(DType::boolean, c.input_shape(0), 1.0));
+}
+
+const OpSpec kOps[] = {
+    {"BatchNormalization", 1, 5, 5, 5, import_batch_norm},
+    {"LayerNormalization", 17, 2, 3, 3, import_layer_norm},
+    {"SoftmaxCrossEntropyLoss", 12, 2, 3, 2, import_softmax_cross_entropy},
+    {"Dropout", 1, 1, 3, 2, import_dropout},
+};
+
+}  // namespace
+
+std::span<const OpSpec> norm_ops() {
+  return kOps;
+}
+
+}  // namespace fusebox::onnx_import

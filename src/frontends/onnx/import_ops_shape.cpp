@@ -1,0 +1,237 @@
+// Shape and data-movement ops, Cast, and the ops whose results are known at import
+// (Constant, Shape, Size, ConstantOfShape, and Gather on known tensors).
+#include <cstring>
+
+#include "frontends/onnx/import_context.h"
+#include "io/bytes.h"
+#include "io/tensor_proto.h"
+
+namespace fusebox::onnx_import {
+namespace {
+
+// Tensors made at import (ConstantOfShape) are refused beyond this size.
+constexpr uint64_t kMaxKnownTensorBytes = uint64_t(1) << 32;
+
+void import_reshape(NodeContext& c) {
+  ReshapeAttrs a;
+  a.shape = c.const_ints(1, "shape");
+  if (c.opset() >= 14) a.allow_zero = c.attrs().get_bool("allowzero", false);
+  c.set_output(0, c.emit1(OpKind::reshape, a, {c.input(0)}));
+}
+
+void import_flatten(NodeContext& c) {
+  FlattenAttrs a{c.attrs().get_int("axis", 1)};
+  c.set_output(0, c.emit1(OpKind::flatten, a, {c.input(0)}));
+}
+
+void import_transpose(NodeContext& c) {
+  TransposeAttrs a{c.attrs().get_ints("perm")};
+  c.set_output(0, c.emit1(OpKind::transpose, a, {c.input(0)}));
+}
+
+void import_concat(NodeContext& c) {
+  ConcatAttrs a{c.attrs().required_int("axis")};
+  std::vector<ValueId> in;
+  for (int i = 0; i < c.input_count(); ++i) in.push_back(c.input(i));
+  c.set_output(0, c.emit1(OpKind::concat, a, in));
+}
+
+// Slice (opset 10+): starts, ends, axes and steps are inputs that must be known.
+void import_slice(NodeContext& c) {
+  SliceAttrs a;
+  a.starts = c.const_ints(1, "starts");
+  a.ends = c.const_ints(2, "ends");
+  if (c.has_input(3)) a.axes = c.const_ints(3, "axes");
+  if (c.has_input(4)) a.steps = c.const_ints(4, "steps");
+  c.set_output(0, c.emit1(OpKind::slice, a, {c.input(0)}));
+}
+
+// Pad (opset 11+): pads [b0, b1, ..., e0, e1, ...] and constant_value are inputs.
+void import_pad(NodeContext& c) {
+  PadAttrs a;
+  const std::string mode = c.attrs().get_string("mode", "constant");
+  if (mode == "constant")
+    a.mode = PadMode::constant;
+  else if (mode == "reflect")
+    a.mode = PadMode::reflect;
+  else if (mode == "edge")
+    a.mode = PadMode::edge;
+  else
+    c.attrs().unsupported_value("mode", mode, "supported: constant, reflect, edge");
+  a.pads = c.const_ints(1, "pads");
+  if (c.has_input(2)) a.value = c.const_scalar(2, "constant_value");
+  c.set_output(0, c.emit1(OpKind::pad, a, {c.input(0)}));
+}
+
+// Squeeze / Unsqueeze: axes is an attribute before opset 13, an input from 13 on.
+std::vector<int64_t> axes_of(NodeContext& c, bool required) {
+  if (c.opset() >= 13) {
+    if (required || c.has_input(1)) return c.const_ints(1, "axes");
+    return {};
+  }
+  c.check(c.input_count() == 1, "takes 1 input before opset 13 (axes is an attribute), got ",
+          c.input_count());
+  return required ? c.attrs().required_ints("axes") : c.attrs().get_ints("axes");
+}
+
+void import_squeeze(NodeContext& c) {
+  AxesAttrs a{axes_of(c, false)};
+  c.set_output(0, c.emit1(OpKind::squeeze, a, {c.input(0)}));
+}
+
+void import_unsqueeze(NodeContext& c) {
+  AxesAttrs a{axes_of(c, true)};
+  c.set_output(0, c.emit1(OpKind::unsqueeze, a, {c.input(0)}));
+}
+
+void import_cast(NodeContext& c) {
+  const int64_t to = c.attrs().required_int("to");
+  CastAttrs a;
+  if (to < 0 || to > 1000 || !dtype_from_onnx(int(to), &a.to))
+    c.attrs().unsupported_value("to", onnx_type_name(int(to)),
+                                "fusebox casts to FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT64, "
+                                "INT32 and BOOL");
+  c.set_output(0, c.emit1(OpKind::cast, a, {c.input(0)}));
+}
+
+// Constant: exactly one of value, value_float(s), value_int(s).
+void import_constant(NodeContext& c) {
+  const std::vector<std::string> names = c.attrs().names();
+  c.check(names.size() == 1, "needs exactly one value attribute, got ", names.size());
+  const std::string& name = names[0];
+  Tensor t;
+  if (name == "value") {
+    const onnx::TensorProto& p = *c.attrs().find_tensor("value");
+    DType dt;
+    if (!dtype_from_onnx(p.data_type(), &dt))
+      c.unsupported(cat("attribute 'value' has element type ", onnx_type_name(p.data_type())));
+    try {
+      t = tensor_from_proto(p, c.where());
+    } catch (const Error& e) {
+      c.fail(cat("attribute 'value': ", message_of(e)));
+    }
+  } else if (name == "value_float") {
+    t = Tensor::from_vector<float>({}, {float(c.attrs().get_float(name, 0))});
+  } else if (name == "value_floats") {
+    std::vector<float> v;
+    for (double x : c.attrs().get_floats(name)) v.push_back(float(x));
+    t = Tensor::from_vector<float>({int64_t(v.size())}, v);
+  } else if (name == "value_int") {
+    t = Tensor::from_vector<int64_t>({}, {c.attrs().get_int(name, 0)});
+  } else if (name == "value_ints") {
+    std::vector<int64_t> v = c.attrs().get_ints(name);
+    t = Tensor::from_vector<int64_t>({int64_t(v.size())}, v);
+  } else if (name == "sparse_value" || name == "value_string" || name == "value_strings") {
+    c.unsupported(cat("attribute '", name, "' is not supported"));
+  } else {
+    c.attrs().fail(name, "is not a Constant attribute");
+  }
+  c.set_output(0, t);
+}
+
+// Shape (start/end since opset 15, clamped to [0, rank] after adding rank to negatives).
+void import_shape(NodeContext& c) {
+  const Shape& s = c.input_shape(0);
+  const int64_t rank = int64_t(s.size());
+  int64_t start = 0, end = rank;
+  if (c.opset() >= 15) {
+    start = c.attrs().get_int("start", 0);
+    end = c.attrs().get_int("end", rank);
+  }
+  auto clamp = [rank](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + rank : i, 0, rank); };
+  start = clamp(start);
+  end = std::max(start, clamp(end));
+  c.set_output(0,
+               Tensor::from_vector<int64_t>({end - start}, {s.begin() + start, s.begin() + end}));
+}
+
+void import_size(NodeContext& c) {
+  c.set_output(0, Tensor::from_vector<int64_t>({}, {numel(c.input_shape(0))}));
+}
+
+// ConstantOfShape: the shape is a known int64 input; `value` a one-element tensor
+// (default float 0).
+void import_constant_of_shape(NodeContext& c) {
+  Shape shape = c.const_ints(0, "input");
+  DType dtype = DType::f32;
+  double value = 0;
+  if (const onnx::TensorProto* p = c.attrs().find_tensor("value")) {
+    if (!dtype_from_onnx(p->data_type(), &dtype))
+      c.unsupported(cat("attribute 'value' has element type ", onnx_type_name(p->data_type())));
+    Tensor v;
+    try {
+      v = tensor_from_proto(*p, c.where());
+    } catch (const Error& e) {
+      c.fail(cat("attribute 'value': ", message_of(e)));
+    }
+    if (v.numel() != 1)
+      c.attrs().fail("value", cat("must hold one element, got shape ", shape_str(v.shape())));
+    value = v.get(0);
+  }
+  uint64_t nbytes = 0;
+  c.check(io::shape_nbytes(shape, dtype_size(dtype), kMaxKnownTensorBytes, &nbytes),
+          "input 0 (shape) ", shape_str(shape), " must be non-negative and at most ",
+          kMaxKnownTensorBytes, " bytes of ", dtype_name(dtype));
+  c.set_output(0, Tensor::full(dtype, shape, value));
+}
+
+// Gather on known tensors only (the Shape -> Gather -> Concat chains of exported
+// models); the result is known at import. out = data[:axis] + indices.shape + data[axis+1:].
+void import_gather(NodeContext& c) {
+  const Tensor& data = c.const_input(0, "data");
+  std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
+  const Shape& index_shape = c.input_shape(1);
+  const int64_t axis_attr = c.attrs().get_int("axis", 0);
+  int64_t axis = 0;
+  if (!normalize_axis(axis_attr, data.rank(), &axis))
+    c.attrs().fail("axis",
+                   cat("is ", axis_attr, ", out of range for data ", shape_str(data.shape())));
+  const int64_t extent = data.shape()[size_t(axis)];
+  Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
+  out_shape.insert(out_shape.end(), index_shape.begin(), index_shape.end());
+  out_shape.insert(out_shape.end(), data.shape().begin() + axis + 1, data.shape().end());
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= data.shape()[size_t(d)];
+  for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.shape()[size_t(d)];
+  for (int64_t& i : indices) {
+    if (i < 0) i += extent;
+    c.check(i >= 0 && i < extent, "input 1 (indices) has ", i < 0 ? i - extent : i,
+            ", out of range for dim ", axis, " of extent ", extent);
+  }
+  Tensor out = Tensor::empty(data.dtype(), out_shape);
+  const size_t row = size_t(inner) * dtype_size(data.dtype());
+  const auto* src = static_cast<const char*>(data.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i : indices) {
+      if (row) std::memcpy(dst, src + (o * extent + i) * int64_t(row), row);
+      dst += row;
+    }
+  }
+  c.set_output(0, out);
+}
+
+const OpSpec kOps[] = {
+    {"Reshape", 5, 2, 2, 1, import_reshape},
+    {"Flatten", 1, 1, 1, 1, import_flatten},
+    {"Transpose", 1, 1, 1, 1, import_transpose},
+    {"Concat", 1, 1, kVariadic, 1, import_concat},
+    {"Slice", 10, 3, 5, 1, import_slice},
+    {"Pad", 11, 2, 3, 1, import_pad},
+    {"Squeeze", 1, 1, 2, 1, import_squeeze},
+    {"Unsqueeze", 1, 1, 2, 1, import_unsqueeze},
+    {"Cast", 1, 1, 1, 1, import_cast},
+    {"Constant", 1, 0, 0, 1, import_constant},
+    {"Shape", 1, 1, 1, 1, import_shape},
+    {"Size", 1, 1, 1, 1, import_size},
+    {"ConstantOfShape", 9, 1, 1, 1, import_constant_of_shape},
+    {"Gather", 1, 2, 2, 1, import_gather},
+};
+
+}  // namespace
+
+std::span<const OpSpec> shape_ops() {
+  return kOps;
+}
+
+}  // namespace fusebox::onnx_import

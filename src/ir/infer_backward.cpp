@@ -1,0 +1,314 @@
+// Inference for expand, the backward ops and the optimizer updates (ops.h).
+//
+// A backward op is checked against its forward op: the forward's inference runs on
+// the forward's inputs (rebuilt from the backward's inputs and attributes), which
+// normalises the shared attributes exactly as the forward node's are, and gives the
+// forward output's type that dy (dloss, y) must have. Its errors are re-thrown as
+// this node's, prefixed with the forward op they came from.
+#include <cmath>
+#include <limits>
+
+#include "infer_common.h"
+
+namespace fusebox::infer {
+namespace {
+
+using Inputs = std::vector<std::optional<TensorType>>;
+
+// The forward op's inference on `inputs` with `attrs`, normalising `attrs` in place.
+// `what` describes the forward's inputs in messages ("x f32[1, 2, 5] (input_shape)").
+template <class A>
+Types forward_types(Context& c, OpKind forward, A& attrs, const Inputs& inputs,
+                    const std::string& what) {
+  Node n;
+  n.name = c.node().name;
+  n.op = forward;
+  n.attrs = attrs;
+  Types out;
+  try {
+    out = infer_and_normalize(n, inputs);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    const size_t prefix = e.where().size() + 3;  // "[" where "] "
+    c.fail(cat("as the forward ", op_name(forward), " of ", what, ": ",
+               message.size() > prefix ? message.substr(prefix) : message));
+  }
+  attrs = std::get<A>(n.attrs);
+  return out;
+}
+
+std::string type_str(const TensorType& t) {
+  return cat(dtype_name(t.dtype), shape_str(t.shape));
+}
+
+// Input i must have exactly type `t`, the forward's `what` ("output", "x").
+void expect_type(const Context& c, int i, const TensorType& t, const std::string& what) {
+  c.check(c.type(i) == t, c.input(i), " is ", type_str(c.type(i)), " but must be ", type_str(t),
+          ", like the forward's ", what);
+}
+
+// An input_shape attribute: extents >= 0.
+void expect_extents(const Context& c, const Shape& s, const char* name) {
+  for (int64_t d : s) c.check(d >= 0, name, " ", shape_str(s), " has a negative extent");
+}
+
+void expect_finite(const Context& c, double v, const char* name) {
+  c.check(std::isfinite(v), name, " ", v, " must be finite");
+}
+
+// A rank-0 tensor of one of the two given dtype classes (lr: float, step: integer).
+void expect_scalar(const Context& c, int i, bool floating) {
+  c.check(floating ? is_floating(c.dtype(i)) : is_integer(c.dtype(i)), c.input(i), " is ",
+          dtype_name(c.dtype(i)), " but must be ", floating ? "a float (f32)" : "i64 (or i32)");
+  c.check(c.rank(i) == 0, c.input(i), " must be a scalar (shape []) but is ",
+          shape_str(c.shape(i)));
+}
+
+bool has_unary_derivative(OpKind op) {
+  switch (op) {
+    case OpKind::relu:
+    case OpKind::leaky_relu:
+    case OpKind::gelu:
+    case OpKind::silu:
+    case OpKind::sigmoid:
+    case OpKind::tanh:
+    case OpKind::exp:
+    case OpKind::log:
+    case OpKind::sqrt:
+    case OpKind::rsqrt:
+    case OpKind::reciprocal:
+    case OpKind::neg:
+    case OpKind::abs:
+    case OpKind::erf:
+    case OpKind::clip:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// unary_backward: (dy, x) -> dx, all of x's type.
+Types infer_unary_backward(Context& c) {
+  const UnaryBackwardAttrs& a = c.attrs<UnaryBackwardAttrs>();
+  c.check(has_unary_derivative(a.op), "op ", op_name(a.op),
+          " is not a unary op with a derivative (relu .. clip)");
+  c.expect_float(1);
+  expect_type(c, 0, c.type(1), "output (x's type)");
+  if (a.op == OpKind::leaky_relu) expect_finite(c, a.alpha, "alpha");
+  if (a.op == OpKind::clip) {
+    c.check(!std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ", a.max,
+            " must not be NaN (use +-infinity for no bound)");
+    c.check(a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
+  }
+  return {c.type(1)};
+}
+
+// binary_backward: (dy, a, b) -> (da, db) at the broadcast shape, in a's dtype.
+Types infer_binary_backward(Context& c) {
+  const OpKind op = c.attrs<BinaryBackwardAttrs>().op;
+  c.check(op == OpKind::div || op == OpKind::max || op == OpKind::min || op == OpKind::pow, "op ",
+          op_name(op), " is not one of div, max, min, pow");
+  c.expect_float(1);
+  if (op == OpKind::pow)
+    c.expect_numeric(2);
+  else
+    c.expect_same_dtype(2, 1);
+  Shape out;
+  c.check(broadcast_shapes(c.shape(1), c.shape(2), &out), c.shaped(1), " and ", c.shaped(2),
+          " do not broadcast");
+  const TensorType grad{c.dtype(1), out};
+  expect_type(c, 0, grad, cat(op_name(op), " output"));
+  return {grad, grad};
+}
+
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias).
+Types infer_batch_norm_backward(Context& c) {
+  c.expect_float(1);
+  c.expect_rank_between(1, 2, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
+  expect_type(c, 0, c.type(1), "output (x's type)");
+  const int64_t C = c.shape(1)[1];
+  for (int i = 2; i <= 4; ++i) {
+    c.expect_same_dtype(i, 1);
+    c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(c.shape(1)), ")"));
+  }
+  const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
+  c.check(!a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
+          "training needs batch statistics but ", c.shaped(1), " has no elements per channel");
+  const TensorType per_channel{c.dtype(1), {C}};
+  return {c.type(1), per_channel, per_channel};
+}
+
+// layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias);
+// rms_norm_backward: (dy, x, scale?, inv_rms) -> (dx, dscale). The parameter gradients
+// are shaped like scale when it is given, else like the normalised dims.
+Types infer_norm_backward(Context& c) {
+  const bool rms = c.op() == OpKind::rms_norm_backward;
+  NormAttrs& a = c.attrs<NormAttrs>();
+  Inputs forward_inputs = {c.type(1)};
+  if (c.has(2)) forward_inputs.push_back(c.type(2));
+  const Types fwd = forward_types(c, rms ? OpKind::rms_norm : OpKind::layer_norm, a, forward_inputs,
+                                  cat("x ", type_str(c.type(1))));
+  expect_type(c, 0, fwd[0], "output y");
+  expect_type(c, 3, fwd[1], rms ? "inv_rms" : "mean");
+  if (!rms) expect_type(c, 4, fwd[2], "inv_std_dev");
+  const Shape& x = c.shape(1);
+  const TensorType param{c.dtype(1), c.has(2) ? c.shape(2) : Shape(x.begin() + a.axis, x.end())};
+  if (rms) return {c.type(1), param};
+  return {c.type(1), param, param};
+}
+
+// softmax_backward / log_softmax_backward: (dy, y) -> dx, y's type.
+Types infer_softmax_backward(Context& c) {
+  const bool log = c.op() == OpKind::log_softmax_backward;
+  const Types fwd =
+      forward_types(c, log ? OpKind::log_softmax : OpKind::softmax, c.attrs<SoftmaxAttrs>(),
+                    {c.type(1)}, cat("y ", type_str(c.type(1))));
+  expect_type(c, 0, fwd[0], "output y");
+  return {c.type(1)};
+}
+
+// cross_entropy_backward: (dloss, log_prob, labels, weight?) -> dlogits, log_prob's type.
+Types infer_cross_entropy_backward(Context& c) {
+  Inputs forward_inputs = {c.type(1), c.type(2)};
+  if (c.has(3)) forward_inputs.push_back(c.type(3));
+  const Types fwd = forward_types(c, OpKind::cross_entropy, c.attrs<CrossEntropyAttrs>(),
+                                  forward_inputs, cat("logits ", type_str(c.type(1))));
+  expect_type(c, 0, fwd[0], "loss");
+  return {c.type(1)};
+}
+
+// reduce_max_backward: (dy, x, y) -> dx, x's type; dy and y are the forward's output.
+Types infer_reduce_max_backward(Context& c) {
+  c.expect_float(1);
+  const Types fwd = forward_types(c, OpKind::reduce_max, c.attrs<ReduceAttrs>(), {c.type(1)},
+                                  cat("x ", type_str(c.type(1))));
+  expect_type(c, 0, fwd[0], "output y");
+  expect_type(c, 2, fwd[0], "output y");
+  return {c.type(1)};
+}
+
+// max_pool_backward: (dy, x) -> dx; avg_pool_backward: (dy) -> dx of input_shape.
+Types infer_pool_backward(Context& c) {
+  const bool is_max = c.op() == OpKind::max_pool_backward;
+  PoolBackwardAttrs& a = c.attrs<PoolBackwardAttrs>();
+  c.expect_float(0);
+  if (is_max) {
+    if (a.input_shape.empty()) a.input_shape = c.shape(1);
+    c.check(a.input_shape == c.shape(1), "input_shape ", shape_str(a.input_shape),
+            " does not match ", c.shaped(1));
+    c.expect_same_dtype(1, 0);
+  }
+  expect_extents(c, a.input_shape, "input_shape");
+  // The forward's second output (indices) plays no part in the gradient.
+  a.pool.return_indices = false;
+  const TensorType x{c.dtype(0), a.input_shape};
+  const Types fwd = forward_types(c, is_max ? OpKind::max_pool : OpKind::avg_pool, a.pool, {x},
+                                  cat("x ", type_str(x), is_max ? "" : " (input_shape)"));
+  expect_type(c, 0, fwd[0], "output y");
+  return {x};
+}
+
+// slice_backward: (dy) -> dx of input_shape; the slice is normalised against it.
+Types infer_slice_backward(Context& c) {
+  SliceBackwardAttrs& a = c.attrs<SliceBackwardAttrs>();
+  c.expect_float(0);
+  expect_extents(c, a.input_shape, "input_shape");
+  const TensorType x{c.dtype(0), a.input_shape};
+  const Types fwd =
+      forward_types(c, OpKind::slice, a.slice, {x}, cat("x ", type_str(x), " (input_shape)"));
+  expect_type(c, 0, fwd[0], "output y");
+  return {x};
+}
+
+// pad_backward: (dy) -> dx of input_shape.
+Types infer_pad_backward(Context& c) {
+  PadBackwardAttrs& a = c.attrs<PadBackwardAttrs>();
+  c.expect_float(0);
+  expect_extents(c, a.input_shape, "input_shape");
+  const TensorType x{c.dtype(0), a.input_shape};
+  const Types fwd =
+      forward_types(c, OpKind::pad, a.pad, {x}, cat("x ", type_str(x), " (input_shape)"));
+  expect_type(c, 0, fwd[0], "output y");
+  return {x};
+}
+
+}  // namespace
+
+// expand: numpy broadcast_to(x, shape): x's dims, aligned at the back, are 1 or equal
+// to shape's.
+Types infer_expand(Context& c) {
+  const ExpandAttrs& a = c.attrs<ExpandAttrs>();
+  const Shape& x = c.shape(0);
+  expect_extents(c, a.shape, "shape");
+  c.check(x.size() <= a.shape.size(), c.shaped(0), " has more dims than shape ", shape_str(a.shape),
+          " to expand to");
+  const size_t lead = a.shape.size() - x.size();
+  for (size_t d = 0; d < x.size(); ++d) {
+    c.check(x[d] == 1 || x[d] == a.shape[lead + d], c.shaped(0), " does not broadcast to shape ",
+            shape_str(a.shape), " (dim ", d, " of x: ", x[d], " vs ", a.shape[lead + d], ")");
+  }
+  return {{c.dtype(0), a.shape}};
+}
+
+Types infer_backward(Context& c) {
+  switch (c.op()) {
+    case OpKind::unary_backward:
+      return infer_unary_backward(c);
+    case OpKind::binary_backward:
+      return infer_binary_backward(c);
+    case OpKind::batch_norm_backward:
+      return infer_batch_norm_backward(c);
+    case OpKind::layer_norm_backward:
+    case OpKind::rms_norm_backward:
+      return infer_norm_backward(c);
+    case OpKind::softmax_backward:
+    case OpKind::log_softmax_backward:
+      return infer_softmax_backward(c);
+    case OpKind::cross_entropy_backward:
+      return infer_cross_entropy_backward(c);
+    case OpKind::reduce_max_backward:
+      return infer_reduce_max_backward(c);
+    case OpKind::max_pool_backward:
+    case OpKind::avg_pool_backward:
+      return infer_pool_backward(c);
+    case OpKind::slice_backward:
+      return infer_slice_backward(c);
+    case OpKind::pad_backward:
+      return infer_pad_backward(c);
+    default:
+      c.fail("is not a backward op");
+  }
+}
+
+// sgd_update: (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf);
+// adamw_update: (param, grad, m, v, lr, step) -> (new_param, new_m, new_v).
+// The state tensors have param's type; lr is a float scalar, step an integer one.
+Types infer_optimizer(Context& c) {
+  const bool adamw = c.op() == OpKind::adamw_update;
+  const int states = adamw ? 4 : 3;  // param, grad and the state buffers
+  c.expect_float(0);
+  for (int i = 1; i < states; ++i)
+    c.check(c.type(i) == c.type(0), c.input(i), " is ", type_str(c.type(i)), " but must be ",
+            type_str(c.type(0)), " like ", c.input(0));
+  expect_scalar(c, states, true);
+  if (adamw) {
+    expect_scalar(c, states + 1, false);
+    const AdamWAttrs& a = c.attrs<AdamWAttrs>();
+    c.check(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1, "beta1 ", a.beta1,
+            " and beta2 ", a.beta2, " must be in [0, 1)");
+    c.check(std::isfinite(a.epsilon) && a.epsilon >= 0, "epsilon ", a.epsilon,
+            " must be finite and >= 0");
+    expect_finite(c, a.weight_decay, "weight_decay");
+    return {c.type(0), c.type(0), c.type(0)};
+  }
+  const SgdAttrs& a = c.attrs<SgdAttrs>();
+  expect_finite(c, a.momentum, "momentum");
+  expect_finite(c, a.dampening, "dampening");
+  expect_finite(c, a.weight_decay, "weight_decay");
+  c.check(!a.nesterov || (a.momentum > 0 && a.dampening == 0),
+          "nesterov needs momentum > 0 and dampening 0 (PyTorch), got momentum ", a.momentum,
+          " and dampening ", a.dampening);
+  return {c.type(0), c.type(0)};
+}
+
+}  // namespace fusebox::infer

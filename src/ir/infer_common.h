@@ -1,0 +1,124 @@
+// Shared by src/ir/infer_*.cpp: the per-node inference context and one inference
+// function per op family. infer.cpp checks the generic parts of a node (input
+// count, required inputs, the attribute alternative, non-negative extents) before
+// calling a family function, so those functions may read present inputs and
+// std::get their attribute struct directly.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::infer {
+
+// One node's inference: the node (whose attributes are normalised in place), its
+// input types, and checks that throw an Error naming the node, the input's
+// position and role ("input 1 (w)") and the shapes involved.
+class Context {
+ public:
+  Context(Node& node, std::span<const std::optional<TensorType>> inputs)
+      : node_(node), inputs_(inputs) {}
+
+  Node& node() { return node_; }
+  OpKind op() const { return node_.op; }
+  const char* op_name() const { return fusebox::op_name(node_.op); }
+  template <class A>
+  A& attrs() {
+    return std::get<A>(node_.attrs);
+  }
+
+  int count() const { return int(inputs_.size()); }
+  bool has(int i) const { return i < count() && inputs_[size_t(i)].has_value(); }
+  const TensorType& type(int i) const;  // i must be present
+  const Shape& shape(int i) const { return type(i).shape; }
+  DType dtype(int i) const { return type(i).dtype; }
+  int64_t rank(int i) const { return int64_t(shape(i).size()); }
+
+  const char* role(int i) const;    // "w"; "" for ops whose inputs have no role (concat)
+  std::string input(int i) const;   // "input 1 (w)"
+  std::string shaped(int i) const;  // "w [8, 4, 3, 3]" (or "input 2 [8, 4]")
+
+  [[noreturn]] void fail(const std::string& message) const;
+  template <class... Parts>
+  void check(bool cond, Parts&&... parts) const {
+    if (!cond) fail(cat(std::forward<Parts>(parts)...));
+  }
+
+  // Dtype classes: floating point; numeric (floating or integer, not bool).
+  void expect_float(int i) const;
+  void expect_numeric(int i) const;
+  void expect_same_dtype(int i, int reference) const;
+  // `layout` describes the expected shape in the message, e.g. "[N, C, D...]".
+  void expect_rank(int i, int64_t rank, const char* layout) const;
+  void expect_rank_between(int i, int64_t lo, int64_t hi, const char* layout) const;
+  void expect_shape(int i, const Shape& expected, const std::string& why) const;
+
+  // Normalises `axis` against `rank`; `what` names it in the message ("axis", "perm[2]").
+  int64_t axis(int64_t axis, int64_t rank, const std::string& what) const;
+  // Normalises each axis and rejects duplicates (order kept).
+  std::vector<int64_t> axes(const std::vector<int64_t>& axes, int64_t rank,
+                            const std::string& what) const;
+
+  // Overflow-checked arithmetic on extents and attribute values.
+  int64_t add(int64_t a, int64_t b) const;
+  int64_t mul(int64_t a, int64_t b) const;
+  int64_t product(const Shape& s, size_t begin, size_t end) const;
+
+ private:
+  Node& node_;
+  std::span<const std::optional<TensorType>> inputs_;
+};
+
+// Role names of an op's inputs, e.g. {"x", "w", "bias"}; empty for concat.
+std::span<const char* const> input_roles(OpKind op);
+
+// The dtype of layer_norm / rms_norm statistics (ONNX stash_type 1): f64 for f64
+// input, else f32.
+DType stash_dtype(DType x);
+
+using Types = std::vector<TensorType>;
+
+// infer_conv.cpp
+Types infer_conv(Context& c);
+Types infer_conv_backward_data(Context& c);
+Types infer_conv_backward_filter(Context& c);
+Types infer_pool(Context& c);  // max_pool, avg_pool
+Types infer_global_avg_pool(Context& c);
+
+// infer_math.cpp
+Types infer_unary(Context& c);
+Types infer_binary(Context& c);
+Types infer_matmul(Context& c);
+Types infer_gemm(Context& c);
+Types infer_reduce(Context& c);
+Types infer_softmax(Context& c);
+
+// infer_norm.cpp
+Types infer_batch_norm(Context& c);
+Types infer_layer_norm(Context& c);  // layer_norm, rms_norm
+Types infer_cross_entropy(Context& c);
+
+// infer_shape_ops.cpp
+Types infer_reshape(Context& c);
+Types infer_flatten(Context& c);
+Types infer_transpose(Context& c);
+Types infer_concat(Context& c);
+Types infer_slice(Context& c);
+Types infer_pad(Context& c);
+Types infer_squeeze(Context& c);
+Types infer_unsqueeze(Context& c);
+Types infer_cast(Context& c);
+Types infer_constant(Context& c);
+Types infer_identity(Context& c);
+Types infer_expand(Context& c);
+
+// infer_backward.cpp: every *_backward op; optimizer updates.
+Types infer_backward(Context& c);
+Types infer_optimizer(Context& c);
+
+}  // namespace fusebox::infer

@@ -1,0 +1,147 @@
+// Inference for the arithmetic ops: unary pointwise ops, numpy-broadcasting binary
+// ops, matmul, gemm, reductions and softmax.
+#include <algorithm>
+#include <cmath>
+
+#include "infer_common.h"
+
+namespace fusebox::infer {
+namespace {
+
+// " (dim -1: 3 vs 4)": the first dim, counted from the back, where a and b clash.
+std::string broadcast_clash(const Shape& a, const Shape& b) {
+  for (size_t i = 1; i <= std::min(a.size(), b.size()); ++i) {
+    int64_t da = a[a.size() - i], db = b[b.size() - i];
+    if (da != db && da != 1 && db != 1) return cat(" (dim -", i, ": ", da, " vs ", db, ")");
+  }
+  return "";
+}
+
+}  // namespace
+
+// Unary pointwise ops keep x's type. Transcendental ops need floats; relu, neg,
+// abs and clip also take integers.
+Types infer_unary(Context& c) {
+  switch (c.op()) {
+    case OpKind::relu:
+    case OpKind::neg:
+    case OpKind::abs:
+    case OpKind::clip:
+      c.expect_numeric(0);
+      break;
+    default:
+      c.expect_float(0);
+      break;
+  }
+  if (c.op() == OpKind::leaky_relu) {
+    const double alpha = c.attrs<LeakyReluAttrs>().alpha;
+    c.check(std::isfinite(alpha), "alpha ", alpha, " must be finite");
+  }
+  if (c.op() == OpKind::clip) {
+    const ClipAttrs& a = c.attrs<ClipAttrs>();
+    c.check(!std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ", a.max,
+            " must not be NaN (use +-infinity for no bound)");
+    c.check(a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
+  }
+  return {c.type(0)};
+}
+
+// add sub mul div max min pow: numpy broadcasting; both operands share a dtype,
+// except pow's exponent (any numeric dtype; the result has the base's dtype).
+Types infer_binary(Context& c) {
+  c.expect_numeric(0);
+  c.expect_numeric(1);
+  if (c.op() != OpKind::pow) c.expect_same_dtype(1, 0);
+  Shape out;
+  c.check(broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ", c.shaped(1),
+          " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
+  return {{c.dtype(0), out}};
+}
+
+// matmul (numpy): a [..., M, K] @ b [..., K, N] -> [..., M, N]; a 1-D a is [1, K] and
+// a 1-D b is [K, 1], with the added dim removed from the result; batch dims broadcast.
+Types infer_matmul(Context& c) {
+  c.expect_float(0);
+  c.expect_same_dtype(1, 0);
+  c.check(c.rank(0) >= 1 && c.rank(1) >= 1, "matmul needs operands of rank >= 1, got ", c.shaped(0),
+          " and ", c.shaped(1));
+  Shape a = c.shape(0), b = c.shape(1);
+  const bool a_vector = a.size() == 1, b_vector = b.size() == 1;
+  if (a_vector) a.insert(a.begin(), 1);
+  if (b_vector) b.push_back(1);
+  const int64_t M = a[a.size() - 2], K = a.back(), b_rows = b[b.size() - 2], N = b.back();
+  c.check(K == b_rows, c.shaped(0), " and ", c.shaped(1), " do not multiply: a has ", K,
+          " columns (K) but b has ", b_rows, " rows");
+  const Shape a_batch(a.begin(), a.end() - 2), b_batch(b.begin(), b.end() - 2);
+  Shape out;
+  c.check(broadcast_shapes(a_batch, b_batch, &out), "the batch dims of ", c.shaped(0), " and ",
+          c.shaped(1), " do not broadcast", broadcast_clash(a_batch, b_batch));
+  if (!a_vector) out.push_back(M);
+  if (!b_vector) out.push_back(N);
+  return {{c.dtype(0), out}};
+}
+
+// gemm: A [M, K] (or [K, M] with trans_a), B [K, N] (or [N, K]), C? broadcastable to [M, N].
+Types infer_gemm(Context& c) {
+  const GemmAttrs& a = c.attrs<GemmAttrs>();
+  c.expect_float(0);
+  c.expect_same_dtype(1, 0);
+  c.expect_rank(0, 2, a.trans_a ? "[K, M] (trans_a)" : "[M, K]");
+  c.expect_rank(1, 2, a.trans_b ? "[N, K] (trans_b)" : "[K, N]");
+  const Shape& A = c.shape(0);
+  const Shape& B = c.shape(1);
+  const int64_t M = a.trans_a ? A[1] : A[0], K = a.trans_a ? A[0] : A[1];
+  const int64_t b_K = a.trans_b ? B[1] : B[0], N = a.trans_b ? B[0] : B[1];
+  c.check(K == b_K, c.shaped(0), " (trans_a ", a.trans_a, ") gives K = ", K, " but ", c.shaped(1),
+          " (trans_b ", a.trans_b, ") gives K = ", b_K);
+  const Shape y = {M, N};
+  if (c.has(2)) {
+    c.expect_same_dtype(2, 0);
+    Shape b;
+    c.check(broadcast_shapes(c.shape(2), y, &b) && b == y, c.shaped(2),
+            " does not broadcast to [M, N] = ", shape_str(y));
+  }
+  return {{c.dtype(0), y}};
+}
+
+// reduce_sum / reduce_mean / reduce_max over the listed axes (all when empty).
+// Normalises axes to an explicit, sorted list.
+Types infer_reduce(Context& c) {
+  ReduceAttrs& a = c.attrs<ReduceAttrs>();
+  if (c.op() == OpKind::reduce_mean)
+    c.expect_float(0);
+  else
+    c.expect_numeric(0);
+  const Shape& x = c.shape(0);
+  const int64_t r = c.rank(0);
+  std::vector<int64_t> axes;
+  if (a.axes.empty()) {
+    for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+  } else {
+    axes = c.axes(a.axes, r, "axes");
+    std::sort(axes.begin(), axes.end());
+  }
+  Shape y;
+  for (int64_t d = 0; d < r; ++d) {
+    const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
+    // A max or mean over no elements has no value (sum's is 0).
+    c.check(!reduced || x[size_t(d)] > 0 || c.op() == OpKind::reduce_sum, c.op_name(),
+            " over axis ", d, " of ", c.shaped(0), ", which is empty");
+    if (!reduced)
+      y.push_back(x[size_t(d)]);
+    else if (a.keepdims)
+      y.push_back(1);
+  }
+  a.axes = axes;
+  return {{c.dtype(0), y}};
+}
+
+// softmax / log_softmax over one axis, normalised to non-negative.
+Types infer_softmax(Context& c) {
+  SoftmaxAttrs& a = c.attrs<SoftmaxAttrs>();
+  c.expect_float(0);
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  return {c.type(0)};
+}
+
+}  // namespace fusebox::infer

@@ -1,0 +1,97 @@
+// Inference for the normalisations (batch_norm, layer_norm, rms_norm) and the
+// cross-entropy loss.
+#include <cmath>
+#include <limits>
+
+#include "infer_common.h"
+
+namespace fusebox::infer {
+namespace {
+
+constexpr int64_t kAnyRank = std::numeric_limits<int64_t>::max();
+
+void expect_epsilon(const Context& c, double epsilon) {
+  c.check(std::isfinite(epsilon) && epsilon >= 0, "epsilon ", epsilon, " must be finite and >= 0");
+}
+
+}  // namespace
+
+// batch_norm: x [N, C, D...] with scale, bias, mean, var all [C] and x's dtype.
+// Inference: y. Training: y, new running mean, new running var, saved mean and
+// saved inverse std ([C] each).
+Types infer_batch_norm(Context& c) {
+  const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
+  c.expect_float(0);
+  c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
+  const Shape& x = c.shape(0);
+  const int64_t C = x[1];
+  for (int i = 1; i <= 4; ++i) {
+    c.expect_same_dtype(i, 0);
+    c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(x), ")"));
+  }
+  expect_epsilon(c, a.epsilon);
+  c.check(std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
+  if (!a.training) return {c.type(0)};
+  // Batch statistics need at least one element per channel.
+  c.check(C == 0 || c.product(x, 0, x.size()) > 0, "training needs batch statistics but ",
+          c.shaped(0), " has no elements per channel");
+  const TensorType per_channel{c.dtype(0), {C}};
+  return {c.type(0), per_channel, per_channel, per_channel, per_channel};
+}
+
+// layer_norm: x, scale?, bias? normalised over dims [axis, rank); scale and bias
+// broadcast (one way) to those dims. Outputs y, mean, inv_std_dev; the statistics
+// keep x's shape with the normalised dims set to 1, in f32 (f64 for f64 x), as
+// ONNX's stash_type. rms_norm: x, scale? -> y, inv_rms (same rules).
+Types infer_layer_norm(Context& c) {
+  NormAttrs& a = c.attrs<NormAttrs>();
+  c.expect_float(0);
+  c.expect_rank_between(0, 1, kAnyRank, "[..., normalised dims]");
+  const Shape& x = c.shape(0);
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  const Shape normalised(x.begin() + a.axis, x.end());
+  for (int64_t d : normalised)
+    c.check(d >= 1, "the normalised dims ", shape_str(normalised), " of ", c.shaped(0),
+            " (from axis ", a.axis, ") hold no elements");
+  for (int i = 1; i < c.count(); ++i) {
+    if (!c.has(i)) continue;
+    c.expect_same_dtype(i, 0);
+    Shape b;
+    c.check(broadcast_shapes(c.shape(i), normalised, &b) && b == normalised, c.shaped(i),
+            " does not broadcast to the normalised dims ", shape_str(normalised), " of ",
+            c.shaped(0), " (axis ", a.axis, ")");
+  }
+  expect_epsilon(c, a.epsilon);
+
+  Shape stats_shape = x;
+  for (size_t d = size_t(a.axis); d < x.size(); ++d) stats_shape[d] = 1;
+  const TensorType stats{stash_dtype(c.dtype(0)), stats_shape};
+  if (c.op() == OpKind::rms_norm) return {c.type(0), stats};
+  return {c.type(0), stats, stats};
+}
+
+// cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32),
+// weight [C]? -> loss (scalar, or [N, D...] with reduction none), log_prob (logits' type).
+Types infer_cross_entropy(Context& c) {
+  const CrossEntropyAttrs& a = c.attrs<CrossEntropyAttrs>();
+  c.check(a.reduction == Reduction::none || a.reduction == Reduction::sum ||
+              a.reduction == Reduction::mean,
+          "unknown reduction ", int(a.reduction));
+  c.expect_float(0);
+  c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
+  const Shape& logits = c.shape(0);
+  c.check(logits[1] >= 1, c.shaped(0), " has no classes (C = 0)");
+  c.check(is_integer(c.dtype(1)), c.input(1), " is ", dtype_name(c.dtype(1)),
+          " but must be i64 or i32");
+  Shape labels = logits;
+  labels.erase(labels.begin() + 1);
+  c.expect_shape(1, labels, cat("([N, D...]: logits ", shape_str(logits), " without dim 1)"));
+  if (c.has(2)) {
+    c.expect_same_dtype(2, 0);
+    c.expect_shape(2, {logits[1]}, "([C], one per class)");
+  }
+  const Shape loss = a.reduction == Reduction::none ? labels : Shape{};
+  return {{c.dtype(0), loss}, c.type(0)};
+}
+
+}  // namespace fusebox::infer

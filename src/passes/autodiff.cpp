@@ -1,0 +1,293 @@
+// Reverse-mode autodiff (passes/autodiff.h).
+//
+// Algorithm:
+//   1. needed = (float values that depend on some wrt) ∩ (values the loss depends on):
+//      one forward sweep from the wrt values, one backward sweep from the loss. Only
+//      those values get gradients, so nothing is built for a branch that no wrt reaches
+//      or that does not reach the loss.
+//   2. Seed the loss's gradient, then walk the forward nodes in reverse (the node list is
+//      a topological order). For a node with a needed output: sum each output's
+//      gradient contributions (add), run the op's VJP rule for the inputs that are
+//      needed, and record what it returns as contributions to those inputs.
+//   3. Each wrt's gradient is the sum of its contributions, or zeros when it has none.
+#include "fusebox/passes/autodiff.h"
+
+#include <set>
+
+#include "vjp.h"
+
+namespace fusebox {
+namespace autodiff {
+namespace {
+
+Grads no_gradient_second_order(VjpArgs& a) {
+  a.no_gradient(cat(op_name(a.node.op),
+                    " has no gradient rule (second-order differentiation is not supported)"));
+}
+
+Grads pass_through(VjpArgs& a) {
+  return {a.dy[0]};
+}
+
+Grads vjp(VjpArgs& a) {
+  switch (a.node.op) {
+    case OpKind::conv:
+      return vjp_conv(a);
+    case OpKind::conv_backward_data:
+      return vjp_conv_backward_data(a);
+    case OpKind::max_pool:
+    case OpKind::avg_pool:
+      return vjp_pool(a);
+    case OpKind::global_avg_pool:
+      return vjp_global_avg_pool(a);
+    case OpKind::batch_norm:
+      return vjp_batch_norm(a);
+    case OpKind::layer_norm:
+      return vjp_layer_norm(a);
+    case OpKind::rms_norm:
+      return vjp_rms_norm(a);
+    case OpKind::softmax:
+    case OpKind::log_softmax:
+      return vjp_softmax(a);
+    case OpKind::cross_entropy:
+      return vjp_cross_entropy(a);
+    case OpKind::relu:
+    case OpKind::leaky_relu:
+    case OpKind::gelu:
+    case OpKind::silu:
+    case OpKind::sigmoid:
+    case OpKind::tanh:
+    case OpKind::exp:
+    case OpKind::log:
+    case OpKind::sqrt:
+    case OpKind::rsqrt:
+    case OpKind::reciprocal:
+    case OpKind::neg:
+    case OpKind::abs:
+    case OpKind::erf:
+    case OpKind::clip:
+      return vjp_unary(a);
+    case OpKind::add:
+    case OpKind::sub:
+    case OpKind::mul:
+    case OpKind::div:
+    case OpKind::max:
+    case OpKind::min:
+    case OpKind::pow:
+      return vjp_binary(a);
+    case OpKind::matmul:
+      return vjp_matmul(a);
+    case OpKind::gemm:
+      return vjp_gemm(a);
+    case OpKind::reduce_sum:
+    case OpKind::reduce_mean:
+    case OpKind::reduce_max:
+      return vjp_reduce(a);
+    case OpKind::reshape:
+    case OpKind::flatten:
+    case OpKind::squeeze:
+    case OpKind::unsqueeze:
+    case OpKind::transpose:
+    case OpKind::concat:
+    case OpKind::slice:
+    case OpKind::pad:
+    case OpKind::cast:
+    case OpKind::expand:
+      return vjp_shape(a);
+    case OpKind::identity:
+      return pass_through(a);
+    case OpKind::constant:
+      return {};
+    case OpKind::conv_backward_filter:
+    case OpKind::unary_backward:
+    case OpKind::binary_backward:
+    case OpKind::batch_norm_backward:
+    case OpKind::layer_norm_backward:
+    case OpKind::rms_norm_backward:
+    case OpKind::softmax_backward:
+    case OpKind::log_softmax_backward:
+    case OpKind::cross_entropy_backward:
+    case OpKind::reduce_max_backward:
+    case OpKind::max_pool_backward:
+    case OpKind::avg_pool_backward:
+    case OpKind::slice_backward:
+    case OpKind::pad_backward:
+    case OpKind::sgd_update:
+    case OpKind::adamw_update:
+      return no_gradient_second_order(a);
+  }
+  a.no_gradient("unknown op kind");
+}
+
+bool is_float_value(const Graph& g, ValueId v) {
+  return is_floating(g.value(v).type.dtype);
+}
+
+// Float values on a path from some wrt to the loss (step 1 above).
+std::vector<bool> values_needing_gradients(const Graph& g, ValueId loss,
+                                           const std::vector<ValueId>& wrt, size_t num_nodes) {
+  const size_t num_values = g.values().size();
+  std::vector<bool> depends(num_values, false), reaches(num_values, false);
+  for (ValueId v : wrt) depends[size_t(v)] = true;
+  for (size_t i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    bool any = false;
+    for (ValueId v : n.inputs) any = any || (v != kNoValue && depends[size_t(v)]);
+    if (!any) continue;
+    for (ValueId v : n.outputs) depends[size_t(v)] = is_float_value(g, v);
+  }
+  reaches[size_t(loss)] = true;
+  for (size_t i = num_nodes; i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    bool any = false;
+    for (ValueId v : n.outputs) any = any || reaches[size_t(v)];
+    if (!any) continue;
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) reaches[size_t(v)] = true;
+  }
+  std::vector<bool> needed(num_values);
+  for (size_t v = 0; v < num_values; ++v) needed[v] = depends[v] && reaches[v];
+  return needed;
+}
+
+class Pass {
+ public:
+  Pass(Graph& g, const GradOptions& opts) : g_(g), opts_(opts), e_(g, opts.name_prefix) {}
+
+  GradResult run(ValueId loss, const std::vector<ValueId>& wrt) {
+    check_arguments(loss, wrt);
+    const size_t num_nodes = g_.nodes().size();  // the forward graph; backward nodes follow
+    needed_ = values_needing_gradients(g_, loss, wrt, num_nodes);
+
+    GradResult result;
+    result.seed = make_seed(loss);
+    contributions_[loss].push_back(result.seed);
+
+    for (size_t i = num_nodes; i-- > 0;) {
+      const Node node = g_.nodes()[i];  // a copy: emitting grows the node storage
+      bool on_path = false;
+      for (ValueId v : node.outputs) on_path = on_path || needed_[size_t(v)];
+      if (on_path) differentiate(node);
+    }
+
+    std::set<ValueId> named;  // gradient values already named after a wrt
+    for (ValueId v : wrt) {
+      if (result.grads.count(v)) continue;
+      e_.set_scope(g_.value(v).name);
+      ValueId grad = gradient_of(v);
+      if (grad == kNoValue) grad = e_.zeros(g_.value(v).type);
+      result.grads[v] = name_gradient(v, grad, named);
+    }
+    if (opts_.mark_outputs) {
+      std::set<ValueId> marked;
+      for (ValueId v : wrt)
+        if (marked.insert(v).second) g_.mark_output(result.grads[v]);
+    }
+    return result;
+  }
+
+ private:
+  void check_arguments(ValueId loss, const std::vector<ValueId>& wrt) const {
+    const int64_t count = int64_t(g_.values().size());
+    FUSEBOX_CHECK(loss >= 0 && loss < count, "autodiff", "loss value id ", loss, " does not exist");
+    FUSEBOX_CHECK(is_float_value(g_, loss), "autodiff", "loss '", g_.value(loss).name, "' is ",
+                  dtype_name(g_.value(loss).type.dtype),
+                  "; only floating-point values have "
+                  "gradients");
+    for (ValueId v : wrt) {
+      FUSEBOX_CHECK(v >= 0 && v < count, "autodiff", "wrt value id ", v, " does not exist");
+      FUSEBOX_CHECK(is_float_value(g_, v), "autodiff", "cannot differentiate with respect to '",
+                    g_.value(v).name, "': it is ", dtype_name(g_.value(v).type.dtype),
+                    " and only floating-point values have gradients");
+    }
+  }
+
+  ValueId make_seed(ValueId loss) {
+    const Value& l = g_.value(loss);
+    const TensorType type = l.type;
+    const std::string name = l.name + ":grad";
+    if (opts_.seed_input) {
+      FUSEBOX_CHECK(!g_.find_value(name), "autodiff", "cannot add the seed input '", name,
+                    "': the name is taken");
+      return g_.add_input(name, type.dtype, type.shape);
+    }
+    e_.set_scope(l.name);
+    return e_.expand(e_.scalar(type.dtype, 1.0), type.shape);
+  }
+
+  // The summed gradient of v, or kNoValue when nothing contributed.
+  ValueId gradient_of(ValueId v) {
+    auto it = contributions_.find(v);
+    if (it == contributions_.end() || it->second.empty()) return kNoValue;
+    std::vector<ValueId>& parts = it->second;
+    ValueId sum = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) sum = e_.add(sum, parts[i]);
+    parts.assign(1, sum);
+    return sum;
+  }
+
+  void differentiate(const Node& node) {
+    e_.set_scope(node.name);
+    std::vector<ValueId> dy;
+    bool any = false;
+    for (ValueId v : node.outputs) {
+      dy.push_back(needed_[size_t(v)] ? gradient_of(v) : kNoValue);
+      any = any || dy.back() != kNoValue;
+    }
+    if (!any) return;  // every path through this node ended in a zero contribution
+    std::vector<bool> needs;
+    for (ValueId v : node.inputs) needs.push_back(v != kNoValue && needed_[size_t(v)]);
+
+    VjpArgs args{node, std::move(dy), needs, e_};
+    const Grads grads = vjp(args);
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (!needs[i] || i >= grads.size() || grads[i] == kNoValue) continue;
+      const TensorType& want = g_.value(node.inputs[i]).type;
+      const TensorType& got = g_.value(grads[i]).type;
+      FUSEBOX_CHECK(got == want, node_label(node), "internal: the gradient of input ", i, " is ",
+                    dtype_name(got.dtype), " ", shape_str(got.shape), " but the input is ",
+                    dtype_name(want.dtype), " ", shape_str(want.shape));
+      contributions_[node.inputs[i]].push_back(grads[i]);
+    }
+  }
+
+  // Names the gradient "<wrt>:grad" when free. A value that already carries another
+  // wrt's gradient name (one gradient shared by two wrt values) gets an identity copy.
+  ValueId name_gradient(ValueId wrt, ValueId grad, std::set<ValueId>& named) {
+    const std::string name = g_.value(wrt).name + ":grad";
+    if (g_.value(grad).name == name) {
+      named.insert(grad);
+      return grad;
+    }
+    const bool free = !g_.find_value(name);
+    const bool shared = named.count(grad) || g_.value(grad).producer < 0;  // a graph input
+    if (shared) {
+      grad = e_.op1(OpKind::identity, {}, {grad}, "copy");
+    }
+    if (free) g_.rename_value(grad, name);
+    named.insert(grad);
+    return grad;
+  }
+
+  Graph& g_;
+  const GradOptions& opts_;
+  Emitter e_;
+  std::vector<bool> needed_;
+  std::map<ValueId, std::vector<ValueId>> contributions_;
+};
+
+}  // namespace
+}  // namespace autodiff
+
+ValueId GradResult::of(ValueId wrt) const {
+  auto it = grads.find(wrt);
+  FUSEBOX_CHECK(it != grads.end(), "autodiff", "no gradient was asked for value id ", wrt);
+  return it->second;
+}
+
+GradResult grad(Graph& g, ValueId loss, const std::vector<ValueId>& wrt, const GradOptions& opts) {
+  autodiff::Pass pass(g, opts);
+  return pass.run(loss, wrt);
+}
+
+}  // namespace fusebox

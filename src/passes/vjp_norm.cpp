@@ -1,0 +1,162 @@
+// VJP rules for the normalisations, softmax and the cross-entropy loss. The training
+// forms reuse the statistics the forward node saved (its extra outputs) instead of
+// recomputing them.
+#include "vjp.h"
+
+namespace fusebox::autodiff {
+namespace {
+
+// batch_norm inference: y = (x - mean) * inv_std * scale + bias with
+// inv_std = 1 / sqrt(var + eps), all per channel. With s = scale * inv_std and
+// xhat = (x - mean) * inv_std:
+//   dx = dy * s                          dbias = sum(dy)
+//   dscale = sum(dy * xhat)              dmean = -dbias * s
+//   dvar = dscale * scale * (-1/2) * inv_std^2     (d inv_std / d var = -inv_std^3 / 2)
+// where sum runs over every dim but the channel's and [C] vectors are reshaped to
+// [C, 1...] to broadcast against x.
+Grads batch_norm_inference(VjpArgs& a) {
+  Emitter& e = a.e;
+  const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
+  const ValueId dy = a.dy[0], x = a.input(0), scale = a.input(1), mean = a.input(3),
+                var = a.input(4);
+  const DType t = e.dtype(x);
+  Shape per_channel(size_t(e.rank(x) - 1), 1);
+  per_channel[0] = e.shape(x)[1];
+  const auto channel = [&](ValueId v) { return e.reshape(v, per_channel); };
+
+  const ValueId inv_std =
+      e.op1(OpKind::rsqrt, {}, {e.add(var, e.scalar(t, bn.epsilon))}, "inv_std");
+  const ValueId s = e.mul(scale, inv_std);
+  Grads out(5, kNoValue);
+  if (a.needs_input(0)) out[0] = e.mul(dy, channel(s));
+  ValueId dbias = kNoValue, dscale = kNoValue;
+  if (a.needs_input(2) || a.needs_input(3)) dbias = e.sum_per_channel(dy);
+  if (a.needs_input(1) || a.needs_input(4)) {
+    const ValueId xhat = e.mul(e.sub(x, channel(mean)), channel(inv_std));
+    dscale = e.sum_per_channel(e.mul(dy, xhat));
+  }
+  if (a.needs_input(1)) out[1] = dscale;
+  if (a.needs_input(2)) out[2] = dbias;
+  if (a.needs_input(3)) out[3] = e.neg(e.mul(dbias, s));
+  if (a.needs_input(4)) {
+    const ValueId inv_var = e.mul(inv_std, inv_std);
+    out[4] = e.scale(e.mul(e.mul(dscale, scale), inv_var), -0.5);
+  }
+  return out;
+}
+
+// Whether summing over broadcast dims takes `from` to `to` (to aligns at the back, each
+// of its dims 1 or equal).
+bool sums_to(const Shape& from, const Shape& to) {
+  if (to.size() > from.size()) return false;
+  const size_t lead = from.size() - to.size();
+  for (size_t d = 0; d < to.size(); ++d)
+    if (to[d] != 1 && to[d] != from[lead + d]) return false;
+  return true;
+}
+
+// The norm backward ops give dscale / dbias shaped like scale (or like the normalised
+// dims without one), while the operand may broadcast to the normalised dims: sum them
+// to the operand's shape. A bias broadcasting differently from the scale (scale [W],
+// bias [H, W]) cannot come from the op's dbias; since y = ... + bias, its gradient is
+// then dy summed to bias's shape.
+ValueId like_operand(VjpArgs& a, ValueId grad, size_t input) {
+  const Shape shape = a.e.shape(a.input(input));
+  if (sums_to(a.e.shape(grad), shape)) return a.e.sum_to_shape(grad, shape);
+  return a.e.sum_to_shape(a.dy[0], shape);
+}
+
+// The forward's scale, or ones over the normalised dims when it has none: the IR
+// (infer.cpp's op table) requires layer_norm_backward's and rms_norm_backward's scale
+// input although ops.h marks it optional.
+ValueId scale_or_ones(VjpArgs& a) {
+  if (a.node.inputs.size() > 1 && a.input(1) != kNoValue) return a.input(1);
+  const Shape x = a.e.shape(a.input(0));
+  const int64_t axis = std::get<NormAttrs>(a.node.attrs).axis;  // normalised
+  const Shape normalised(x.begin() + axis, x.end());
+  return a.e.expand(a.e.scalar(a.e.dtype(a.input(0)), 1.0), normalised);
+}
+
+}  // namespace
+
+// batch_norm training: (dx, dscale, dbias) = batch_norm_backward(dy, x, scale,
+// saved_mean, saved_inv_std), the forward's outputs 3 and 4. The running statistics
+// (inputs 3, 4 and outputs 1, 2) and the saved statistics carry no gradient.
+Grads vjp_batch_norm(VjpArgs& a) {
+  const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
+  if (!bn.training) return batch_norm_inference(a);
+  a.expect_gradient_only_on_first(
+      1, "but batch_norm's running and saved statistics have no gradient rule");
+  Grads out(5, kNoValue);
+  if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) return out;
+  const std::vector<ValueId> d =
+      a.e.op(OpKind::batch_norm_backward, bn,
+             {a.dy[0], a.input(0), a.input(1), a.output(3), a.output(4)}, "dx_dscale_dbias");
+  for (size_t i = 0; i < 3; ++i)
+    if (a.needs_input(i)) out[i] = d.at(i);
+  return out;
+}
+
+// layer_norm: (dx, dscale, dbias) = layer_norm_backward(dy, x, scale?, mean, inv_std_dev)
+// with the forward's statistics outputs; dscale and dbias are summed to their operands'
+// shapes when those broadcast.
+Grads vjp_layer_norm(VjpArgs& a) {
+  a.expect_gradient_only_on_first(1, "but layer_norm's mean and inv_std_dev have no gradient rule");
+  const size_t count = a.node.inputs.size();
+  const ValueId scale = scale_or_ones(a);
+  const std::vector<ValueId> d =
+      a.e.op(OpKind::layer_norm_backward, a.node.attrs,
+             {a.dy[0], a.input(0), scale, a.output(1), a.output(2)}, "dx_dscale_dbias");
+  Grads out(count, kNoValue);
+  for (size_t i = 0; i < count; ++i)
+    if (a.needs_input(i)) out[i] = i == 0 ? d.at(0) : like_operand(a, d.at(i), i);
+  return out;
+}
+
+// rms_norm: (dx, dscale) = rms_norm_backward(dy, x, scale?, inv_rms).
+Grads vjp_rms_norm(VjpArgs& a) {
+  a.expect_gradient_only_on_first(1, "but rms_norm's inv_rms has no gradient rule");
+  const size_t count = a.node.inputs.size();
+  const ValueId scale = scale_or_ones(a);
+  const std::vector<ValueId> d = a.e.op(OpKind::rms_norm_backward, a.node.attrs,
+                                        {a.dy[0], a.input(0), scale, a.output(1)}, "dx_dscale");
+  Grads out(count, kNoValue);
+  for (size_t i = 0; i < count; ++i)
+    if (a.needs_input(i)) out[i] = i == 0 ? d.at(0) : like_operand(a, d.at(i), i);
+  return out;
+}
+
+// softmax / log_softmax: their backward ops, from the forward output y.
+Grads vjp_softmax(VjpArgs& a) {
+  const OpKind back =
+      a.node.op == OpKind::softmax ? OpKind::softmax_backward : OpKind::log_softmax_backward;
+  return {a.e.op1(back, a.node.attrs, {a.dy[0], a.output(0)}, "dx")};
+}
+
+// cross_entropy: outputs loss and log_prob.
+//   from the loss:     dlogits = cross_entropy_backward(dloss, log_prob, labels, weight?)
+//   from log_prob:     dlogits += log_softmax_backward(dlog_prob, log_prob) over dim 1
+// Labels are integers (no gradient); the class weights have no gradient rule.
+Grads vjp_cross_entropy(VjpArgs& a) {
+  Emitter& e = a.e;
+  const size_t count = a.node.inputs.size();
+  if (count > 2 && a.needs_input(2) && a.dy[0] != kNoValue)
+    a.no_gradient("cross_entropy's class weights have no gradient rule");
+  Grads out(count, kNoValue);
+  if (!a.needs_input(0)) return out;
+  ValueId dlogits = kNoValue;
+  if (a.dy[0] != kNoValue) {
+    std::vector<ValueId> in = {a.dy[0], a.output(1), a.input(1)};
+    if (count > 2) in.push_back(a.input(2));
+    dlogits = e.op1(OpKind::cross_entropy_backward, a.node.attrs, std::move(in), "dlogits");
+  }
+  if (a.dy[1] != kNoValue) {
+    const ValueId d = e.op1(OpKind::log_softmax_backward, SoftmaxAttrs{1}, {a.dy[1], a.output(1)},
+                            "dlogits_from_log_prob");
+    dlogits = dlogits == kNoValue ? d : e.add(dlogits, d);
+  }
+  out[0] = dlogits;
+  return out;
+}
+
+}  // namespace fusebox::autodiff

@@ -1,0 +1,81 @@
+// VJP rules for the shape and data-movement ops. Each moves dy back to where the
+// forward op read its elements.
+#include "vjp.h"
+
+namespace fusebox::autodiff {
+namespace {
+
+// concat: input i's gradient is dy's slab [offset, offset + extent) along the axis.
+Grads vjp_concat(VjpArgs& a) {
+  Emitter& e = a.e;
+  const int64_t axis = std::get<ConcatAttrs>(a.node.attrs).axis;  // normalised
+  Grads out(a.node.inputs.size(), kNoValue);
+  int64_t offset = 0;
+  for (size_t i = 0; i < a.node.inputs.size(); ++i) {
+    const int64_t extent = e.shape(a.input(i))[size_t(axis)];
+    if (a.needs_input(i)) {
+      if (a.node.inputs.size() == 1) {
+        out[i] = a.dy[0];
+      } else {
+        SliceAttrs s{{offset}, {offset + extent}, {axis}, {1}, /*normalized=*/true};
+        out[i] = e.op1(OpKind::slice, s, {a.dy[0]}, cat("d", i));
+      }
+    }
+    offset += extent;
+  }
+  return out;
+}
+
+// pad: constant mode copies x into the interior, so dx is dy cropped by the same pads
+// (a pad by the negated pads: what was padded is cropped and what was cropped comes
+// back as zeros). reflect and edge also copy x's elements into the border, which
+// pad_backward adds back.
+ValueId pad_gradient(VjpArgs& a) {
+  Emitter& e = a.e;
+  const PadAttrs& p = std::get<PadAttrs>(a.node.attrs);
+  if (p.mode == PadMode::constant) {
+    PadAttrs crop{p.pads, PadMode::constant, 0.0};
+    for (int64_t& v : crop.pads) v = -v;
+    return e.op1(OpKind::pad, crop, {a.dy[0]}, "dx");
+  }
+  return e.op1(OpKind::pad_backward, PadBackwardAttrs{p, e.shape(a.input(0))}, {a.dy[0]}, "dx");
+}
+
+}  // namespace
+
+Grads vjp_shape(VjpArgs& a) {
+  Emitter& e = a.e;
+  const ValueId dy = a.dy[0], x = a.node.inputs.at(0);
+  switch (a.node.op) {
+    case OpKind::reshape:
+    case OpKind::flatten:
+    case OpKind::squeeze:
+    case OpKind::unsqueeze:
+      return {e.reshape(dy, e.shape(x))};
+    case OpKind::transpose: {
+      // Output dim i is input dim perm[i], so input dim perm[i] comes back from dim i.
+      const std::vector<int64_t>& perm = std::get<TransposeAttrs>(a.node.attrs).perm;
+      std::vector<int64_t> inverse(perm.size());
+      for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int64_t(i);
+      return {e.transpose(dy, inverse)};
+    }
+    case OpKind::concat:
+      return vjp_concat(a);
+    case OpKind::slice: {
+      SliceBackwardAttrs s{std::get<SliceAttrs>(a.node.attrs), e.shape(x)};
+      return {e.op1(OpKind::slice_backward, s, {dy}, "dx")};
+    }
+    case OpKind::pad:
+      return {pad_gradient(a)};
+    case OpKind::cast:
+      // Only float -> float casts carry a gradient (integers are never differentiated).
+      if (e.dtype(dy) == e.dtype(x)) return {dy};
+      return {e.op1(OpKind::cast, CastAttrs{e.dtype(x)}, {dy}, "dx")};
+    case OpKind::expand:
+      return {e.sum_to_shape(dy, e.shape(x))};
+    default:
+      a.no_gradient("not a shape op (internal dispatch error)");
+  }
+}
+
+}  // namespace fusebox::autodiff

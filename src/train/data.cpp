@@ -1,0 +1,131 @@
+// Datasets: the synthetic set, .npz loading and checks, and batch drawing.
+#include "fusebox/train/data.h"
+
+#include <cmath>
+
+#include "fusebox/io/tensor_file.h"
+#include "zoo/layers.h"
+
+namespace fusebox {
+
+namespace {
+
+// A triangle wave of period 1 with range [-1, 1]: a portable stand-in for a cosine
+// (plain arithmetic, so the synthetic set is the same everywhere).
+double triangle(double t) {
+  return 4 * std::abs(t - std::floor(t) - 0.5) - 1;
+}
+
+}  // namespace
+
+Dataset synthetic_dataset(int64_t samples, int64_t channels, int64_t image_size,
+                          int64_t num_classes, uint64_t seed) {
+  const std::string where = "synthetic data";
+  FUSEBOX_CHECK(samples >= 1 && channels >= 1 && image_size >= 1 && num_classes >= 1, where,
+                "samples, channels, image size and classes must be >= 1, got ", samples, ", ",
+                channels, ", ", image_size, ", ", num_classes);
+  const int64_t plane = image_size * image_size, image = channels * plane;
+
+  // Each class's pattern: 0.5 * offset[c] + 0.5 * triangle(fx * w / S + fy * h / S + phase[c]).
+  std::vector<float> patterns(size_t(num_classes * image));
+  for (int64_t k = 0; k < num_classes; ++k) {
+    zoo::Rng rng = zoo::tensor_rng(seed, cat("synthetic.class", k));
+    const double fx = rng.uniform(-2, 2), fy = rng.uniform(-2, 2);
+    for (int64_t c = 0; c < channels; ++c) {
+      const double offset = rng.uniform(-1, 1), phase = rng.uniform(0, 1);
+      for (int64_t h = 0; h < image_size; ++h) {
+        for (int64_t w = 0; w < image_size; ++w) {
+          const double t = (fx * double(w) + fy * double(h)) / double(image_size) + phase;
+          patterns[size_t(k * image + c * plane + h * image_size + w)] =
+              float(0.5 * offset + 0.5 * triangle(t));
+        }
+      }
+    }
+  }
+
+  Dataset data{Tensor::empty(DType::f32, {samples, channels, image_size, image_size}),
+               Tensor::empty(DType::i64, {samples})};
+  float* x = data.x.data<float>();
+  int64_t* y = data.y.data<int64_t>();
+  zoo::Rng noise = zoo::tensor_rng(seed, "synthetic.noise");
+  for (int64_t i = 0; i < samples; ++i) {
+    y[i] = i % num_classes;
+    const float* pattern = &patterns[size_t(y[i] * image)];
+    for (int64_t j = 0; j < image; ++j)
+      x[i * image + j] = pattern[j] + float(0.3 * noise.uniform(-1, 1));
+  }
+  return data;
+}
+
+Dataset load_dataset(const std::string& path) {
+  const std::string where = "data: " + path;
+  std::map<std::string, Tensor> arrays = read_npz(path);
+  auto get = [&](const char* name) {
+    auto it = arrays.find(name);
+    FUSEBOX_CHECK(it != arrays.end(), where, "no array '", name,
+                  "' (expected x: float [N, C, H, W] and y: integer [N])");
+    return it->second;
+  };
+  Tensor x = get("x"), y = get("y");
+  FUSEBOX_CHECK(is_floating(x.dtype()) && x.rank() == 4, where,
+                "array 'x' must be float [N, C, H, W], got ", dtype_name(x.dtype()),
+                shape_str(x.shape()));
+  FUSEBOX_CHECK(is_integer(y.dtype()) && y.rank() == 1, where,
+                "array 'y' must be integer [N], got ", dtype_name(y.dtype()), shape_str(y.shape()));
+  FUSEBOX_CHECK(x.dim(0) == y.dim(0), where, "'x' holds ", x.dim(0), " images but 'y' ", y.dim(0),
+                " labels");
+  FUSEBOX_CHECK(x.dim(0) >= 1, where, "the set is empty");
+  return {x.dtype() == DType::f32 ? x : x.cast(DType::f32),
+          y.dtype() == DType::i64 ? y : y.cast(DType::i64)};
+}
+
+void check_dataset(const Dataset& data, const Shape& sample_shape, int64_t num_classes,
+                   const std::string& where) {
+  Shape shape = data.x.shape();
+  shape.erase(shape.begin());
+  FUSEBOX_CHECK(shape == sample_shape, where, "images are ", shape_str(shape),
+                " but the model takes ", shape_str(sample_shape), " per sample");
+  const std::span<const int64_t> y = data.y.values<int64_t>();
+  for (size_t i = 0; i < y.size(); ++i) {
+    FUSEBOX_CHECK(y[i] >= 0 && y[i] < num_classes, where, "label ", y[i], " at index ", i,
+                  " is outside [0, ", num_classes, ") (the model has ", num_classes, " classes)");
+  }
+}
+
+BatchSampler::BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed)
+    : data_(data), batch_size_(batch_size), shuffle_(shuffle), seed_(seed) {
+  FUSEBOX_CHECK(data.size() >= 1, "batches", "the data set is empty");
+  FUSEBOX_CHECK(batch_size >= 1, "batches", "batch size must be >= 1, got ", batch_size);
+}
+
+int64_t BatchSampler::sample_index(int64_t position) const {
+  const int64_t n = data_.size(), epoch = position / n, offset = position % n;
+  if (!shuffle_) return offset;
+  if (epoch != cached_epoch_) {
+    // Fisher-Yates with the zoo's portable stream: the same order everywhere.
+    cached_order_.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) cached_order_[size_t(i)] = i;
+    zoo::Rng rng = zoo::tensor_rng(seed_, cat("shuffle.epoch", epoch));
+    for (int64_t i = n - 1; i > 0; --i)
+      std::swap(cached_order_[size_t(i)], cached_order_[rng.next() % uint64_t(i + 1)]);
+    cached_epoch_ = epoch;
+  }
+  return cached_order_[size_t(offset)];
+}
+
+std::pair<Tensor, Tensor> BatchSampler::batch(int64_t index) const {
+  FUSEBOX_CHECK(index >= 0, "batches", "batch index must be >= 0, got ", index);
+  Shape shape = data_.x.shape();
+  shape[0] = batch_size_;
+  Tensor x = Tensor::empty(DType::f32, shape), y = Tensor::empty(DType::i64, {batch_size_});
+  const int64_t image = data_.x.numel() / data_.size();
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    const int64_t i = sample_index(index * batch_size_ + b);
+    std::memcpy(x.data<float>() + b * image, data_.x.data<float>() + i * image,
+                size_t(image) * sizeof(float));
+    y.data<int64_t>()[b] = data_.y.data<int64_t>()[i];
+  }
+  return {x, y};
+}
+
+}  // namespace fusebox

@@ -1,0 +1,40 @@
+// Rebuilding a graph node by node with small changes: how the training session turns a
+// model into its step and eval graphs. Every value, node and output keeps its name.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::train {
+
+// What to do with batch_norm nodes.
+enum class BatchNormForm : uint8_t {
+  keep,
+  training,   // inference nodes become training nodes (5 outputs); the extra outputs get
+              // fresh names
+  inference,  // training nodes become inference nodes; reading a training-only output
+              // (running statistics, saved mean / inv std) is then an Error
+};
+
+struct RewriteOptions {
+  // Constants (by name) that become graph inputs of the same name, dtype and shape,
+  // added after the source graph's own inputs, in value-id order.
+  std::set<std::string> constants_to_inputs;
+  BatchNormForm batch_norm = BatchNormForm::keep;
+};
+
+struct RewrittenGraph {
+  Graph graph;
+  // Source value id -> rewritten value id; kNoValue for outputs that no longer exist
+  // (the training outputs of a batch_norm switched to inference form).
+  std::vector<ValueId> value_map;
+};
+
+// Throws an Error naming the constant or node at fault (an unknown constant name, a
+// value read that the rewrite removed).
+RewrittenGraph rewrite_graph(const Graph& src, const RewriteOptions& opts);
+
+}  // namespace fusebox::train

@@ -1,0 +1,226 @@
+// The step graph: model (parameters and running statistics as inputs, batch_norm in
+// training form) -> cross_entropy -> grad -> one optimizer update per parameter, with
+// every state tensor's next value as an output. The eval graph: the same model with
+// batch_norm in inference form.
+#include "train/step_graph.h"
+
+#include <set>
+
+#include "fusebox/ir/builder.h"
+#include "fusebox/passes/autodiff.h"
+#include "train/graph_rewrite.h"
+
+namespace fusebox::train {
+
+std::string next_state_name(const std::string& state_input) {
+  return "__next__/" + state_input;
+}
+
+namespace {
+
+std::string model_where(const Graph& model) {
+  return "train " + model.name();
+}
+
+bool is_batch_norm_statistic(const Node& n, size_t input) {
+  return n.op == OpKind::batch_norm && (input == 3 || input == 4);
+}
+
+std::set<std::string> state_constants(const ModelLayout& layout) {
+  std::set<std::string> names(layout.parameters.begin(), layout.parameters.end());
+  names.insert(layout.buffers.begin(), layout.buffers.end());
+  return names;
+}
+
+ValueId find(const Graph& g, const std::string& name) {
+  auto v = g.find_value(name);
+  FUSEBOX_CHECK(v.has_value(), "train " + g.name(), "no value named '", name, "'");
+  return *v;
+}
+
+}  // namespace
+
+ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const SessionOptions& opts) {
+  const std::string where = model_where(model);
+  ModelLayout layout;
+  for (ValueId v : model.inputs()) layout.data_inputs.push_back(model.value(v).name);
+
+  if (loss.logits.empty()) {
+    FUSEBOX_CHECK(model.outputs().size() == 1, where, "the model has ", model.outputs().size(),
+                  " outputs; name the one holding the logits (LossSpec::logits)");
+    layout.logits = model.value(model.outputs()[0]).name;
+  } else {
+    auto v = model.find_value(loss.logits);
+    FUSEBOX_CHECK(v.has_value(), where, "the model has no value named '", loss.logits,
+                  "' (LossSpec::logits)");
+    layout.logits = loss.logits;
+  }
+  const TensorType& logits = model.value(find(model, layout.logits)).type;
+  FUSEBOX_CHECK(is_floating(logits.dtype) && logits.shape.size() >= 2, where, "logits '",
+                layout.logits, "' must be float [N, C, ...], got ", dtype_name(logits.dtype),
+                shape_str(logits.shape));
+
+  for (const std::string& name : opts.frozen) {
+    auto v = model.find_value(name);
+    FUSEBOX_CHECK(v && model.is_constant(*v), where, "frozen '", name,
+                  "' is not a constant of the model");
+  }
+
+  // Which constants the nodes read, and which are batch-norm running statistics.
+  std::map<ValueId, std::string> statistic_reader;  // constant -> the batch_norm reading it
+  std::set<ValueId> read;
+  for (const Node& n : model.nodes()) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      if (v == kNoValue) continue;
+      read.insert(v);
+      if (!is_batch_norm_statistic(n, i)) continue;
+      FUSEBOX_CHECK(model.is_constant(v), where, node_label(n), " reads running statistic '",
+                    model.value(v).name,
+                    "', which is not a constant; training keeps running statistics as state");
+      auto [it, added] = statistic_reader.emplace(v, node_label(n));
+      FUSEBOX_CHECK(added || it->second == node_label(n), where, "running statistic '",
+                    model.value(v).name, "' is read by both ", it->second, " and ", node_label(n),
+                    "; each batch norm needs its own");
+    }
+  }
+  for (const auto& [v, t] : model.constants()) {
+    const std::string& name = model.value(v).name;
+    if (statistic_reader.count(v)) {
+      layout.buffers.push_back(name);
+    } else if (read.count(v) && is_floating(t.dtype()) && t.rank() > 0 &&
+               !opts.frozen.count(name)) {
+      layout.parameters.push_back(name);
+    }
+  }
+  // A running statistic also read as an ordinary input (say, a parameter) would be both
+  // updated by its batch norm and by the optimizer.
+  for (const Node& n : model.nodes()) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      FUSEBOX_CHECK(v == kNoValue || is_batch_norm_statistic(n, i) || !statistic_reader.count(v),
+                    where, node_label(n), " reads '", model.value(v).name,
+                    "', which is also the running statistic of ", statistic_reader[v]);
+    }
+  }
+  FUSEBOX_CHECK(!layout.parameters.empty(), where,
+                "the model has no floating-point constants to train");
+  return layout;
+}
+
+std::map<std::string, Tensor> initial_optimizer_state(const ModelLayout& layout,
+                                                      const std::map<std::string, Tensor>& params,
+                                                      const OptimizerSpec& optimizer) {
+  std::vector<std::string> suffixes;
+  if (const auto* sgd = std::get_if<SgdOptions>(&optimizer)) {
+    if (sgd->momentum != 0) suffixes = {"momentum_buffer"};
+  } else {
+    suffixes = {"exp_avg", "exp_avg_sq"};
+  }
+  std::map<std::string, Tensor> state;
+  for (const std::string& p : layout.parameters) {
+    const Tensor& t = params.at(p);
+    for (const std::string& s : suffixes) state[p + "/" + s] = Tensor::zeros(t.dtype(), t.shape());
+  }
+  return state;
+}
+
+StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
+                           const OptimizerSpec& optimizer) {
+  FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
+                "only the cross_entropy loss is supported");
+  RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
+                                            .batch_norm = BatchNormForm::training});
+  StepGraph step{std::move(rw.graph), {}};
+  Graph& g = step.graph;
+  auto mapped = [&](const std::string& name) { return rw.value_map[size_t(find(model, name))]; };
+
+  // Batch-norm running statistics: the training form's outputs 1 and 2.
+  const std::set<std::string> buffers(layout.buffers.begin(), layout.buffers.end());
+  std::vector<std::pair<ValueId, ValueId>> statistic_outputs;  // (state input, next value)
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::batch_norm || !buffers.count(g.value(n.inputs[3]).name)) continue;
+    statistic_outputs.push_back({n.inputs[3], n.outputs[1]});
+    statistic_outputs.push_back({n.inputs[4], n.outputs[2]});
+  }
+
+  // The loss.
+  const ValueId logits = mapped(layout.logits);
+  Shape label_shape = g.value(logits).type.shape;
+  label_shape.erase(label_shape.begin() + 1);  // [N, C, D...] -> [N, D...]
+  const ValueId labels = g.add_input(loss.labels, loss.labels_dtype, label_shape);
+  Builder b(g);
+  const ValueId loss_value =
+      b.name("loss")
+          .cross_entropy(logits, labels, kNoValue,
+                         {.reduction = Reduction::mean, .ignore_index = loss.ignore_index})
+          .at(0);
+  g.rename_value(loss_value, kLossOutput);
+  g.mark_output(loss_value);
+
+  // Gradients, then one update per parameter.
+  std::vector<ValueId> params;
+  for (const std::string& p : layout.parameters) params.push_back(mapped(p));
+  const GradResult grads = grad(g, loss_value, params);
+  const ValueId lr = g.add_input(kLrInput, DType::f32, {});
+  const auto* adamw = std::get_if<AdamWOptions>(&optimizer);
+  const ValueId step_now = adamw ? g.add_input(kStepInput, DType::i64, {}) : kNoValue;
+
+  auto state_output = [&](const std::string& input, ValueId next) {
+    g.mark_output(next);
+    step.state_updates.push_back({input, g.value(next).name});
+  };
+  for (const std::string& p : layout.parameters) {
+    const ValueId param = mapped(p);
+    const TensorType type = g.value(param).type;
+    const ValueId dparam = grads.of(param);
+    if (adamw) {
+      const std::string m = kOptimPrefix + p + "/exp_avg", v = kOptimPrefix + p + "/exp_avg_sq";
+      const AdamWAttrs attrs{.beta1 = adamw->beta1,
+                             .beta2 = adamw->beta2,
+                             .epsilon = adamw->eps,
+                             .weight_decay = adamw->weight_decay};
+      std::vector<ValueId> outs =
+          g.add_node(OpKind::adamw_update, attrs,
+                     {param, dparam, g.add_input(m, type.dtype, type.shape),
+                      g.add_input(v, type.dtype, type.shape), lr, step_now},
+                     "adamw/" + p, {next_state_name(p), next_state_name(m), next_state_name(v)});
+      state_output(p, outs[0]);
+      state_output(m, outs[1]);
+      state_output(v, outs[2]);
+      continue;
+    }
+    const auto& sgd = std::get<SgdOptions>(optimizer);
+    const SgdAttrs attrs{.momentum = sgd.momentum,
+                         .dampening = sgd.dampening,
+                         .weight_decay = sgd.weight_decay,
+                         .nesterov = sgd.nesterov};
+    // Without momentum the buffer is never read (momentum * buf = 0) and PyTorch keeps
+    // none: feed transient zeros instead of carrying state.
+    const std::string buf = kOptimPrefix + p + "/momentum_buffer";
+    const ValueId buf_in = sgd.momentum != 0 ? g.add_input(buf, type.dtype, type.shape)
+                                             : b.op(OpKind::expand, ExpandAttrs{type.shape},
+                                                    {b.constant(Tensor::zeros(type.dtype, {}))})
+                                                   .at(0);
+    std::vector<ValueId> outs =
+        g.add_node(OpKind::sgd_update, attrs, {param, dparam, buf_in, lr}, "sgd/" + p,
+                   {next_state_name(p), sgd.momentum != 0 ? next_state_name(buf) : ""});
+    state_output(p, outs[0]);
+    if (sgd.momentum != 0) state_output(buf, outs[1]);
+  }
+  for (const auto& [input, next] : statistic_outputs) {
+    const std::string name = g.value(input).name;
+    g.rename_value(next, next_state_name(name));
+    state_output(name, next);
+  }
+  g.verify();
+  return step;
+}
+
+Graph build_eval_graph(const Graph& model, const ModelLayout& layout) {
+  return rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
+                               .batch_norm = BatchNormForm::inference})
+      .graph;
+}
+
+}  // namespace fusebox::train

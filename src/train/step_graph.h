@@ -1,0 +1,50 @@
+// Building a training session's graphs from a model (see fusebox/train/session.h).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusebox/train/session.h"
+
+namespace fusebox::train {
+
+// Reserved value names in the step graph.
+constexpr const char* kLrInput = "__lr__";
+constexpr const char* kStepInput = "__step__";  // the step being taken, counting from 1
+constexpr const char* kLossOutput = "__loss__";
+// The step-graph input of optimizer state "<param>/exp_avg" is "optim/<param>/exp_avg".
+constexpr const char* kOptimPrefix = "optim/";
+// The output holding state input S's next value is "__next__/S".
+std::string next_state_name(const std::string& state_input);
+
+// How a model's constants and inputs divide up.
+struct ModelLayout {
+  std::vector<std::string> data_inputs;  // the model's graph inputs
+  std::string logits;                    // the model output the loss reads
+  std::vector<std::string> parameters;   // trained constants, in value-id order
+  std::vector<std::string> buffers;      // batch-norm running statistics, in value-id order
+};
+ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const SessionOptions& opts);
+
+// The optimizer state of each parameter, by checkpoint name ("<param>/momentum_buffer",
+// "<param>/exp_avg", ...), all zeros with the parameter's dtype and shape.
+std::map<std::string, Tensor> initial_optimizer_state(const ModelLayout& layout,
+                                                      const std::map<std::string, Tensor>& params,
+                                                      const OptimizerSpec& optimizer);
+
+struct StepGraph {
+  Graph graph;
+  // (state input name, output holding its next value) for every parameter, buffer and
+  // optimizer state tensor.
+  std::vector<std::pair<std::string, std::string>> state_updates;
+};
+// `optimizer`'s lr is not used (it is the kLrInput input).
+StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
+                           const OptimizerSpec& optimizer);
+// The model with its parameters and buffers as inputs and batch_norm in inference form.
+Graph build_eval_graph(const Graph& model, const ModelLayout& layout);
+
+}  // namespace fusebox::train

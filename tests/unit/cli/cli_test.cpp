@@ -1,0 +1,221 @@
+// The fusebox command-line tool, end to end through the built binary.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/io/tensor_file.h"
+#include "fusebox/zoo.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+
+namespace fusebox {
+namespace {
+
+struct ToolResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// A fresh directory per test, removed afterwards.
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / cat("fusebox_cli_", ::getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs `fusebox <args>` through the shell; stdout and stderr are captured to files.
+  ToolResult tool(const std::string& args) const {
+    const std::string out = path("stdout.txt"), err = path("stderr.txt");
+    const std::string command =
+        cat("'", FUSEBOX_TOOL_PATH, "' ", args, " > '", out, "' 2> '", err, "'");
+    int status = std::system(command.c_str());
+    ToolResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  static std::string slurp(const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // small_cnn at 8x8 with 10 classes, batch 2, written by `fusebox zoo`.
+  std::string make_small_cnn() const {
+    const std::string model = path("small_cnn.onnx");
+    ToolResult r = tool(cat("zoo small_cnn --out '", model,
+                            "' --batch 2 --image-size 8 --num-classes 10 --seed 5"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(model));
+    return model;
+  }
+
+  fs::path dir_;
+};
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST_F(Cli, HelpForEveryCommand) {
+  ToolResult top = tool("--help");
+  EXPECT_EQ(top.exit_code, 0) << top.err;
+  for (const char* sub : {"run", "inspect", "zoo"}) EXPECT_TRUE(contains(top.out, sub)) << sub;
+
+  const std::pair<const char*, const char*> options[] = {{"run", "--device"},
+                                                         {"run", "--output-dir"},
+                                                         {"inspect", "--shape"},
+                                                         {"zoo", "--num-classes"}};
+  for (const auto& [sub, option] : options) {
+    ToolResult r = tool(cat(sub, " --help"));
+    EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.err;
+    EXPECT_TRUE(contains(r.out, option)) << sub << " --help lacks " << option << ":\n" << r.out;
+  }
+}
+
+TEST_F(Cli, VersionAndUsageErrors) {
+  ToolResult v = tool("--version");
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_TRUE(contains(v.out, "fusebox 0.1.0")) << v.out;
+
+  EXPECT_EQ(tool("").exit_code, 2);            // no subcommand
+  EXPECT_EQ(tool("frobnicate").exit_code, 2);  // unknown subcommand
+  EXPECT_EQ(tool("run").exit_code, 2);         // missing MODEL
+  EXPECT_EQ(tool("run m.onnx --device tpu").exit_code, 2);
+  EXPECT_EQ(tool("zoo small_cnn").exit_code, 2);  // missing --out
+  EXPECT_EQ(tool("zoo --batch 0 small_cnn --out x.onnx").exit_code, 2);
+  ToolResult bad_input = tool(cat("run '", make_small_cnn(), "' --input just_a_name"));
+  EXPECT_EQ(bad_input.exit_code, 2);
+  EXPECT_TRUE(contains(bad_input.err, "NAME=VALUE")) << bad_input.err;
+}
+
+TEST_F(Cli, ZooListsModels) {
+  ToolResult r = tool("zoo --list");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string& name : zoo_models()) EXPECT_TRUE(contains(r.out, name + "\n")) << name;
+}
+
+TEST_F(Cli, ZooUnknownModelIsAnError) {
+  ToolResult r = tool(cat("zoo resnet7 --out '", path("x.onnx"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, "resnet7")) << r.err;
+  EXPECT_FALSE(fs::exists(path("x.onnx")));
+}
+
+TEST_F(Cli, ZooInspectRun) {
+  const std::string model = make_small_cnn();
+
+  ToolResult inspect = tool(cat("inspect '", model, "'"));
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_TRUE(contains(inspect.out, "f32[2, 3, 8, 8]")) << inspect.out;
+  EXPECT_TRUE(contains(inspect.out, "f32[2, 10]")) << inspect.out;
+  EXPECT_TRUE(contains(inspect.out, "conv: 2\n")) << inspect.out;
+  EXPECT_TRUE(contains(inspect.out, "batch_norm: 2\n")) << inspect.out;
+  // small_cnn's parameters and running stats: 432 + 4*16 + 4608 + 4*32 + 320 + 10.
+  EXPECT_TRUE(contains(inspect.out, "5,562 values")) << inspect.out;
+  // MACs: conv1 2*16*8*8*27 + conv2 2*32*4*4*144 + fc 2*10*32.
+  EXPECT_TRUE(contains(inspect.out, "multiply-adds in conv/gemm/matmul: 203,392 ")) << inspect.out;
+
+  const std::string out_dir = path("out");
+  ToolResult run = tool(cat("run '", model, "' --device cpu --output-dir '", out_dir, "'"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_TRUE(contains(run.out, "output logits: f32[2, 10]")) << run.out;
+  EXPECT_TRUE(contains(run.out, " ms")) << run.out;
+  Tensor logits = read_npy((fs::path(out_dir) / "logits.npy").string());
+  ASSERT_EQ(logits.dtype(), DType::f32);
+  ASSERT_EQ(logits.shape(), (Shape{2, 10}));
+  for (int64_t i = 0; i < logits.numel(); ++i) EXPECT_TRUE(std::isfinite(logits.get(i)));
+}
+
+TEST_F(Cli, RunMatchesTheInProcessGraph) {
+  const std::string model = make_small_cnn();
+  Tensor x = testing::random_tensor(DType::f32, {2, 3, 8, 8}, 21);
+  write_npy(path("x.npy"), x);
+  const std::string out_dir = path("out");
+  ToolResult run = tool(
+      cat("run '", model, "' --input 'input=", path("x.npy"), "' --output-dir '", out_dir, "'"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  Tensor got = read_npy((fs::path(out_dir) / "logits.npy").string());
+
+  Graph g =
+      build_zoo_model("small_cnn", {.batch = 2, .image_size = 8, .num_classes = 10, .seed = 5});
+  Tensor want = run_graph(g, {{"input", x}}).at("logits");
+  EXPECT_TRUE(testing::all_close(got, want, 1e-5, 1e-6));
+}
+
+TEST_F(Cli, RandomInputsFollowTheSeed) {
+  const std::string model = make_small_cnn();
+  int runs = 0;
+  auto logits = [&](int seed) {
+    const std::string dir = path(cat("out", runs++));
+    ToolResult r = tool(cat("run '", model, "' --seed ", seed, " --output-dir '", dir, "'"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return read_npy((fs::path(dir) / "logits.npy").string());
+  };
+  Tensor a = logits(1), b = logits(1), c = logits(2);
+  EXPECT_TRUE(testing::all_close(a, b, 0, 0));
+  EXPECT_FALSE(testing::all_close(a, c, 1e-6, 0));
+}
+
+TEST_F(Cli, BadInputFileIsAnError) {
+  const std::string model = make_small_cnn();
+  const std::string missing = path("missing.npy");
+  ToolResult r = tool(cat("run '", model, "' --input 'input=", missing, "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, missing)) << r.err;
+
+  const std::string garbage = path("garbage.npy");
+  std::ofstream(garbage) << "this is not a numpy file";
+  r = tool(cat("run '", model, "' --input 'input=", garbage, "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, garbage)) << r.err;
+
+  // A readable file of the wrong dtype: the error names the input.
+  write_npy(path("x64.npy"), testing::random_tensor(DType::f64, {2, 3, 8, 8}, 1));
+  r = tool(cat("run '", model, "' --input 'input=", path("x64.npy"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, "'input'")) << r.err;
+}
+
+TEST_F(Cli, MissingModelIsAnError) {
+  const std::string model = path("nope.onnx");
+  for (const char* sub : {"run", "inspect"}) {
+    ToolResult r = tool(cat(sub, " '", model, "'"));
+    EXPECT_EQ(r.exit_code, 1) << sub;
+    EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+    EXPECT_TRUE(contains(r.err, model)) << r.err;
+  }
+}
+
+TEST_F(Cli, CudaWithoutADeviceIsAnError) {
+  if (cuda_available()) GTEST_SKIP() << "this machine has a CUDA device";
+  ToolResult r = tool(cat("run '", make_small_cnn(), "' --device cuda"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, "CUDA")) << r.err;
+  // auto falls back to the CPU.
+  ToolResult a = tool(cat("run '", make_small_cnn(), "' --device auto"));
+  EXPECT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_TRUE(contains(a.out, " on cpu ")) << a.out;
+}
+
+}  // namespace
+}  // namespace fusebox

@@ -1,0 +1,111 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "fusebox/core/parallel.h"
+#include "fusebox/core/tensor.h"
+
+namespace fusebox {
+namespace {
+
+TEST(Shape, Basics) {
+  EXPECT_EQ(numel({}), 1);
+  EXPECT_EQ(numel({2, 0, 3}), 0);
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Shape{12, 4, 1}));
+  EXPECT_EQ(shape_str({2, 3}), "[2, 3]");
+  Shape out;
+  ASSERT_TRUE(broadcast_shapes({3, 1, 5}, {4, 1}, &out));
+  EXPECT_EQ(out, (Shape{3, 4, 5}));
+  ASSERT_TRUE(broadcast_shapes({}, {2, 2}, &out));
+  EXPECT_EQ(out, (Shape{2, 2}));
+  EXPECT_FALSE(broadcast_shapes({3}, {4}, &out));
+  int64_t a;
+  EXPECT_TRUE(normalize_axis(-1, 4, &a));
+  EXPECT_EQ(a, 3);
+  EXPECT_FALSE(normalize_axis(4, 4, &a));
+  EXPECT_FALSE(normalize_axis(-5, 4, &a));
+}
+
+TEST(Tensor, CreateAndAccess) {
+  Tensor t = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(t.dtype(), DType::f32);
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.nbytes(), 24u);
+  EXPECT_EQ(t.dim(-1), 3);
+  EXPECT_EQ(t.get(4), 5.0);
+  t.set(4, 7.5);
+  EXPECT_EQ(t.data<float>()[4], 7.5f);
+  EXPECT_THROW(t.data<double>(), Error);
+  EXPECT_THROW(t.dim(2), Error);
+  EXPECT_THROW(Tensor::from_vector<float>({2, 2}, {1, 2, 3}), Error);
+  EXPECT_THROW(Tensor::empty(DType::f32, {2, -1}), Error);
+  Tensor z = Tensor::zeros(DType::i64, {0, 4});
+  EXPECT_TRUE(z.defined());
+  EXPECT_EQ(z.numel(), 0);
+  EXPECT_FALSE(Tensor().defined());
+}
+
+TEST(Tensor, OwnershipCopySharesCloneDoesNot) {
+  Tensor a = Tensor::full(DType::f32, {4}, 1.0);
+  Tensor shared = a;
+  Tensor own = a.clone();
+  a.set(0, 9.0);
+  EXPECT_EQ(shared.get(0), 9.0);
+  EXPECT_EQ(own.get(0), 1.0);
+  Tensor view = a.reshaped({2, 2});
+  EXPECT_EQ(view.get(0), 9.0);
+  EXPECT_THROW(a.reshaped({3}), Error);
+}
+
+TEST(Tensor, CastRoundsAndTruncates) {
+  Tensor f = Tensor::from_vector<float>({5}, {1.5f, -2.7f, 3.9f, 0.0f, 1.0f + 1.0f / 2048});
+  Tensor i = f.cast(DType::i32);
+  EXPECT_EQ(i.get(0), 1);
+  EXPECT_EQ(i.get(1), -2);
+  EXPECT_EQ(i.get(2), 3);
+  Tensor b = f.cast(DType::boolean);
+  EXPECT_EQ(b.get(3), 0);
+  EXPECT_EQ(b.get(1), 1);
+  Tensor h = f.cast(DType::f16);
+  EXPECT_EQ(h.data<Half>()[4].bits, 0x3c00);  // tie rounds to even
+  Tensor nan = Tensor::from_vector<float>({1}, {NAN}).cast(DType::i64);
+  EXPECT_EQ(nan.get(0), 0);
+}
+
+TEST(Tensor, PoisonMakesFloatsNaN) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    Tensor x = Tensor::zeros(t, {3});
+    x.poison();
+    EXPECT_TRUE(std::isnan(x.get(1))) << dtype_name(t);
+  }
+}
+
+TEST(Parallel, CoversEveryIndexOnce) {
+  for (int64_t n : {0, 1, 7, 1000, 100003}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    parallel_for(n, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(Parallel, NestedCallsAndExceptions) {
+  std::atomic<int64_t> total{0};
+  parallel_for(8, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      parallel_for(100, 1, [&](int64_t b2, int64_t e2) { total += e2 - b2; });
+  });
+  EXPECT_EQ(total.load(), 800);
+  EXPECT_THROW(parallel_for(1000, 1,
+                            [&](int64_t, int64_t e) {
+                              if (e == 1000) throw std::runtime_error("last chunk failed");
+                            }),
+               std::runtime_error);
+}
+
+}  // namespace
+}  // namespace fusebox

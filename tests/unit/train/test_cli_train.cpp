@@ -1,0 +1,200 @@
+// `fusebox train` through the built binary.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/io/tensor_file.h"
+#include "train_test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace fusebox::testing {
+namespace {
+
+struct ToolResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+class CliTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ =
+        fs::path(::testing::TempDir()) / cat("fusebox_cli_train_", ::getpid(), "_", info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs `[env] fusebox train <args>`; stdout is a file, so progress comes one line per
+  // --log-every steps.
+  ToolResult train(const std::string& args, const std::string& env = "") const {
+    const std::string out = path("stdout.txt"), err = path("stderr.txt");
+    const std::string command =
+        cat(env, " '", FUSEBOX_TOOL_PATH, "' train ", args, " > '", out, "' 2> '", err, "'");
+    const int status = std::system(command.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  }
+  static std::string slurp(const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  fs::path dir_;
+};
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// The losses of the progress lines ("step  5/20  loss 1.2345 ...").
+std::vector<double> progress_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::regex line(R"(step +\d+/\d+ +loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+       ++it)
+    losses.push_back(std::stod((*it)[1]));
+  return losses;
+}
+
+const char* kSmall = "small_cnn --synthetic --image-size 8 --batch-size 8 --samples 32";
+
+TEST_F(CliTrain, SmallCnnLossFallsAndResumeContinues) {
+  ToolResult r = train(cat(kSmall, " --steps 20 --log-every 5 --checkpoint '", path("c.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  std::vector<double> losses = progress_losses(r.out);
+  ASSERT_EQ(losses.size(), 4u) << r.out;  // steps 5, 10, 15, 20
+  EXPECT_LT(losses.back(), losses.front() * 0.7) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained 20 steps (1 to 20)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "images/s")) << r.out;
+  EXPECT_TRUE(contains(r.out, "wrote checkpoint")) << r.out;
+  EXPECT_EQ(load_checkpoint(path("c.npz")).step, 20);
+
+  r = train(
+      cat(kSmall, " --steps 5 --resume '", path("c.npz"), "' --checkpoint '", path("d.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "resumed from")) << r.out;
+  EXPECT_TRUE(contains(r.out, "(21 to 25)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 25/25")) << r.out;
+  EXPECT_EQ(load_checkpoint(path("d.npz")).step, 25);
+}
+
+// 10 steps straight == 5 + resume + 5, checked on the checkpoints' bytes; and the
+// thread count does not change a single bit.
+TEST_F(CliTrain, ResumeAndThreadCountAreBitExact) {
+  const std::string base = cat(kSmall, " --optimizer adamw --shuffle --seed 3");
+  ASSERT_EQ(
+      train(cat(base, " --steps 10 --checkpoint '", path("a.npz"), "'"), "FUSEBOX_NUM_THREADS=1")
+          .exit_code,
+      0);
+  ASSERT_EQ(train(cat(base, " --steps 5 --checkpoint '", path("half.npz"), "'")).exit_code, 0);
+  ToolResult r = train(
+      cat(base, " --steps 5 --resume '", path("half.npz"), "' --checkpoint '", path("b.npz"), "'"),
+      "FUSEBOX_NUM_THREADS=3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, Tensor> a = read_npz(path("a.npz")), b = read_npz(path("b.npz"));
+  EXPECT_TRUE(same_tensors(a, b));
+  EXPECT_EQ(b.at("__meta__/step").get(0), 10.0);
+}
+
+TEST_F(CliTrain, CheckpointEveryWritesAlongTheWay) {
+  ToolResult r =
+      train(cat(kSmall, " --steps 3 --checkpoint-every 2 --checkpoint '", path("e.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(load_checkpoint(path("e.npz")).step, 3);
+  EXPECT_EQ(train(cat(kSmall, " --steps 3 --checkpoint-every 2")).exit_code, 2);
+}
+
+TEST_F(CliTrain, OnnxModelAndDataFile) {
+  Graph g = build_zoo_model("small_cnn", {.batch = 4, .image_size = 8, .num_classes = 3});
+  export_onnx_file(g, path("m.onnx"));
+  Dataset data = synthetic_dataset(12, 3, 8, 3, 1);
+  write_npz(path("d.npz"), {{"x", data.x}, {"y", data.y.cast(DType::i32)}});
+  ToolResult r = train(cat("'", path("m.onnx"), "' --data '", path("d.npz"),
+                           "' --steps 6 --optimizer adamw --lr 0.01"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "batch 4 from 12 images")) << r.out;
+
+  // Labels outside the model's 3 classes.
+  write_npz(path("bad.npz"), {{"x", data.x}, {"y", Tensor::full(DType::i64, {12}, 5)}});
+  r = train(cat("'", path("m.onnx"), "' --data '", path("bad.npz"), "' --steps 1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "fusebox: error:")) << r.err;
+  EXPECT_TRUE(contains(r.err, "label 5 at index 0")) << r.err;
+  // A fixed batch size.
+  r = train(cat("'", path("m.onnx"), "' --data '", path("d.npz"), "' --batch-size 8"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "fixed at 4")) << r.err;
+}
+
+TEST_F(CliTrain, BadInputIsAClearError) {
+  struct Case {
+    std::string args;
+    int code;
+    std::string needle;
+  };
+  Dataset data = synthetic_dataset(4, 3, 8, 10, 1);
+  write_npz(path("no_y.npz"), {{"x", data.x}});
+  write_npz(path("float_y.npz"), {{"x", data.x}, {"y", data.x}});
+  write_npz(path("wrong_size.npz"), {{"x", data.x}, {"y", data.y}});
+  const std::vector<Case> cases = {
+      {"resnet7 --synthetic", 1, "unknown model 'resnet7'"},
+      {"small_cnn --synthetic --loss mse", 2, "only cross_entropy"},
+      {"small_cnn", 2, "--synthetic"},
+      {cat("small_cnn --synthetic --data '", path("no_y.npz"), "'"), 2, "exactly one"},
+      {cat("small_cnn --data '", path("no_y.npz"), "'"), 1, "no array 'y'"},
+      {cat("small_cnn --data '", path("float_y.npz"), "'"), 1, "'y' must be integer"},
+      {cat("small_cnn --image-size 16 --data '", path("wrong_size.npz"), "'"), 1,
+       "images are [3, 8, 8]"},
+      {cat("small_cnn --synthetic --resume '", path("none.npz"), "'"), 1, "none.npz"},
+      {"small_cnn --synthetic --optimizer adamw --momentum 0.9", 2, "--momentum"},
+      {"small_cnn --synthetic --optimizer rmsprop", 2, "rmsprop"},
+      {"small_cnn --synthetic --lr -1", 1, "lr"},
+      {cat("'", path("absent.onnx"), "' --synthetic"), 1, "absent.onnx"},
+  };
+  for (const Case& c : cases) {
+    ToolResult r = train(c.args);
+    EXPECT_EQ(r.exit_code, c.code) << c.args << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.needle)) << c.args << "\n" << r.err;
+    if (c.code == 1) {
+      EXPECT_TRUE(contains(r.err, "fusebox: error:")) << r.err;
+    }
+  }
+}
+
+TEST_F(CliTrain, ResumingWithAnotherOptimizerNamesTheMismatch) {
+  ASSERT_EQ(train(cat(kSmall, " --steps 1 --checkpoint '", path("s.npz"), "'")).exit_code, 0);
+  ToolResult r = train(cat(kSmall, " --steps 1 --optimizer adamw --resume '", path("s.npz"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "sgd")) << r.err;
+  EXPECT_TRUE(contains(r.err, "adamw")) << r.err;
+  r = train(cat(kSmall, " --steps 1 --momentum 0.5 --resume '", path("s.npz"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "momentum")) << r.err;
+  // Another model: its names do not match.
+  r =
+      train(cat("small_cnn --synthetic --image-size 8 --batch-size 8 --num-classes 4 --steps 1 "
+                "--resume '",
+                path("s.npz"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "fc.bias")) << r.err;
+}
+
+TEST_F(CliTrain, CudaDeviceGivesTheExecutorsError) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present";
+  ToolResult r = train(cat(kSmall, " --steps 1 --device cuda"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "CUDA")) << r.err;
+}
+
+}  // namespace
+}  // namespace fusebox::testing

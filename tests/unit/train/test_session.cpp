@@ -1,0 +1,222 @@
+// TrainingSession on zoo models: what the graphs hold, that training learns, eval mode,
+// imported ONNX models and bad input.
+#include <chrono>
+#include <cmath>
+
+#include "fusebox/frontends/onnx.h"
+#include "train_test_util.h"
+
+namespace fusebox::testing {
+namespace {
+
+int count_ops(const Graph& g, OpKind op) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += node.op == op;
+  return n;
+}
+
+TEST(TrainSession, StepGraphHoldsOneUpdatePerParameterAndTheRunningStatistics) {
+  Graph model = small_cnn(2, 8);
+  TrainingSession session(model, LossSpec{}, AdamWOptions{});
+  // conv1, bn1 (weight, bias), conv2, bn2 (weight, bias), fc (weight, bias).
+  const std::vector<std::string> params = {"conv1.weight", "bn1.weight", "bn1.bias",
+                                           "conv2.weight", "bn2.weight", "bn2.bias",
+                                           "fc.weight",    "fc.bias"};
+  std::vector<std::string> got = session.parameter_names();
+  std::sort(got.begin(), got.end());
+  std::vector<std::string> want = params;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(session.buffers().size(), 4u);  // bn1/bn2 running_mean/var
+  EXPECT_TRUE(session.buffers().count("bn2.running_var"));
+  EXPECT_EQ(session.optimizer_state().size(), 2 * params.size());
+  EXPECT_TRUE(session.optimizer_state().count("conv1.weight/exp_avg_sq"));
+
+  const Graph& step = session.step_graph();
+  EXPECT_EQ(count_ops(step, OpKind::adamw_update), int(params.size()));
+  EXPECT_EQ(count_ops(step, OpKind::cross_entropy), 1);
+  EXPECT_GE(count_ops(step, OpKind::conv_backward_filter), 2);
+  EXPECT_TRUE(step.constants().empty() || [&] {
+    for (const auto& [v, t] : step.constants())  // parameters and statistics are inputs
+      for (const std::string& p : params)
+        if (step.value(v).name == p) return false;
+    return true;
+  }());
+  // Every state tensor (8 params, 16 moments, 4 statistics) has its next value.
+  EXPECT_EQ(session.state_updates().size(), params.size() * 3 + 4);
+  for (const Node& n : step.nodes()) {
+    if (n.op == OpKind::batch_norm) {
+      EXPECT_TRUE(std::get<BatchNormAttrs>(n.attrs).training) << n.name;
+    }
+  }
+  for (const Node& n : session.eval_graph().nodes()) {
+    EXPECT_NE(n.op, OpKind::cross_entropy);
+    if (n.op == OpKind::batch_norm) {
+      EXPECT_FALSE(std::get<BatchNormAttrs>(n.attrs).training) << n.name;
+    }
+  }
+  EXPECT_EQ(session.batch_inputs(), (std::vector<std::string>{"input", "labels"}));
+}
+
+TEST(TrainSession, SgdWithoutMomentumKeepsNoOptimizerState) {
+  TrainingSession session(small_cnn(2, 8), LossSpec{}, SgdOptions{.lr = 0.1});
+  EXPECT_TRUE(session.optimizer_state().empty());
+  EXPECT_EQ(count_ops(session.step_graph(), OpKind::sgd_update), 8);
+}
+
+// The synthetic set is learnable: small_cnn's loss falls tenfold in a test-sized budget.
+TEST(TrainSession, SmallCnnLossFallsTenfoldOnTheSyntheticSet) {
+  const int64_t batch = 16;
+  Dataset data = synthetic_dataset(64, 3, 8, 10, 1);
+  BatchSampler sampler(data, batch, true, 1);
+  TrainingSession session(small_cnn(batch, 8), LossSpec{},
+                          AdamWOptions{.lr = 0.02, .weight_decay = 0});
+  const auto start = std::chrono::steady_clock::now();
+  const float first = session.step(zoo_batch(sampler, 0));
+  float last_epoch = 0;  // mean loss of the last 4 steps: one pass over the set
+  const int steps = 80;
+  for (int i = 1; i < steps; ++i) {
+    float loss = session.step(zoo_batch(sampler, i));
+    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    if (i >= steps - 4) last_epoch += loss / 4;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(first, 1.5f);  // ~log(10) at the start
+  EXPECT_LT(last_epoch, first / 10) << "first " << first << " last epoch " << last_epoch;
+  EXPECT_LT(seconds, 60.0);
+
+  // Eval mode (running statistics) also classifies the training set well.
+  int correct = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto [x, y] = BatchSampler(data, batch, false, 0).batch(i);
+    Tensor logits = session.predict({{"input", x}}).at("logits");
+    for (int64_t n = 0; n < batch; ++n) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < 10; ++c)
+        if (logits.get(n * 10 + c) > logits.get(n * 10 + best)) best = c;
+      correct += best == int64_t(y.get(n));
+    }
+  }
+  EXPECT_GE(correct, 56) << "of 64";
+}
+
+// Batch norm's running statistics move with each training step; predict reads them.
+TEST(TrainSession, RunningStatisticsUpdateAndFeedPredict) {
+  Graph model = small_cnn(4, 8);
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.0});
+  BatchSampler sampler(synthetic_dataset(8, 3, 8, 10, 2), 4, false, 0);
+  const Tensor mean0 = session.buffers().at("bn1.running_mean");
+  NamedTensors in = {{"input", sampler.batch(0).first}};
+  const Tensor before = session.predict(in).at("logits");
+  session.step(zoo_batch(sampler, 0));
+  // lr 0: the parameters stay, the statistics move (momentum 0.9 towards the batch's).
+  EXPECT_TRUE(same_bits(session.parameters().at("conv1.weight"),
+                        *model.constant(*model.find_value("conv1.weight"))));
+  EXPECT_FALSE(same_bits(session.buffers().at("bn1.running_mean"), mean0));
+  EXPECT_TRUE(same_bits(mean0, *model.constant(*model.find_value("bn1.running_mean"))))
+      << "the model's constant must not be written";
+  const Tensor after = session.predict(in).at("logits");
+  EXPECT_FALSE(same_bits(before, after));
+  // predict is a pure function of the state.
+  EXPECT_TRUE(same_bits(after, session.predict(in).at("logits")));
+}
+
+TEST(TrainSession, Resnet18TrainsEndToEndAtTinyResolution) {
+  Graph model = build_zoo_model(
+      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 1, .training = true});
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.01, .momentum = 0.9});
+  EXPECT_EQ(session.parameter_names().size(), 62u);  // 20 convs, 20 bns x 2, fc x 2
+  EXPECT_EQ(session.buffers().size(), 40u);
+  BatchSampler sampler(synthetic_dataset(4, 3, 32, 10, 0), 2, false, 0);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(std::isfinite(session.step(zoo_batch(sampler, i))));
+  EXPECT_EQ(session.step_count(), 2);
+  EXPECT_FALSE(same_bits(session.parameters().at("layer4.1.conv2.weight"),
+                         *model.constant(*model.find_value("layer4.1.conv2.weight"))));
+  EXPECT_EQ(session.predict({{"input", sampler.batch(0).first}}).at("logits").shape(),
+            (Shape{2, 10}));
+}
+
+// An imported ONNX model (batch_norm in inference form) is switched to training form,
+// and its parameters keep their initializer names.
+TEST(TrainSession, TrainsAnImportedOnnxModel) {
+  Graph exported = build_zoo_model("small_cnn", {.batch = 4, .image_size = 8, .num_classes = 10});
+  Graph model = import_onnx_bytes(export_onnx_bytes(exported), "small_cnn.onnx");
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
+  EXPECT_TRUE(session.parameters().count("conv1.weight"));
+  EXPECT_TRUE(session.buffers().count("bn1.running_var"));
+  int training_bns = 0;
+  for (const Node& n : session.step_graph().nodes())
+    training_bns += n.op == OpKind::batch_norm && std::get<BatchNormAttrs>(n.attrs).training;
+  EXPECT_EQ(training_bns, 2);
+  BatchSampler sampler(synthetic_dataset(16, 3, 8, 10, 4), 4, false, 0);
+  float first = 0, last = 0;
+  for (int i = 0; i < 30; ++i) {
+    last = session.step(zoo_batch(sampler, i % 4));
+    if (i == 0) first = last;
+  }
+  EXPECT_LT(last, first / 2);
+  // Eval mode matches the model run as imported, after zero steps: a fresh session.
+  TrainingSession fresh(model, LossSpec{}, SgdOptions{});
+  NamedTensors in = {{"input", sampler.batch(0).first}};
+  EXPECT_TRUE(
+      all_close(fresh.predict(in).at("logits"), run_graph(model, in).at("logits"), 1e-6, 1e-6));
+}
+
+TEST(TrainSession, FrozenConstantsStayConstants) {
+  SessionOptions opts;
+  opts.frozen = {"conv1.weight", "bn1.weight"};
+  TrainingSession session(small_cnn(2, 8), LossSpec{}, SgdOptions{}, opts);
+  EXPECT_EQ(session.parameter_names().size(), 6u);
+  EXPECT_FALSE(session.parameters().count("conv1.weight"));
+  opts.frozen = {"no.such.weight"};
+  EXPECT_THROW(TrainingSession(small_cnn(2, 8), LossSpec{}, SgdOptions{}, opts), Error);
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainSession, BadBatchesAndSpecsAreClearErrors) {
+  TrainingSession session(small_cnn(2, 8), LossSpec{}, SgdOptions{});
+  BatchSampler sampler(synthetic_dataset(2, 3, 8, 10, 0), 2, false, 0);
+  NamedTensors batch = zoo_batch(sampler, 0);
+  NamedTensors no_labels = {{"input", batch.at("input")}};
+  expect_error([&] { session.step(no_labels); }, "no 'labels'");
+  NamedTensors extra = batch;
+  extra["bogus"] = batch.at("labels");
+  expect_error([&] { session.step(extra); }, "'bogus'");
+  NamedTensors wrong_shape = batch;
+  wrong_shape["labels"] = Tensor::zeros(DType::i64, {3});
+  expect_error([&] { session.step(wrong_shape); }, "labels");
+  NamedTensors bad_label = batch;
+  bad_label["labels"] = Tensor::full(DType::i64, {2}, 10);
+  EXPECT_THROW(session.step(bad_label), Error);
+  EXPECT_EQ(session.step_count(), 0) << "failed steps leave the state alone";
+  expect_error([&] { session.predict(batch); }, "'labels'");
+
+  expect_error([&] { TrainingSession(small_cnn(2, 8), LossSpec{}, SgdOptions{.lr = -1}); }, "lr");
+  expect_error([&] { TrainingSession(small_cnn(2, 8), LossSpec{.logits = "nope"}, SgdOptions{}); },
+               "nope");
+  expect_error([&] { TrainingSession(small_cnn(2, 8), LossSpec{}, AdamWOptions{.beta1 = 1}); },
+               "beta1");
+  Graph no_params("empty");
+  ValueId x = no_params.add_input("x", DType::f32, {2, 3});
+  no_params.mark_output(Builder(no_params).relu(x));
+  expect_error([&] { TrainingSession(no_params, LossSpec{}, SgdOptions{}); }, "no floating-point");
+}
+
+TEST(TrainSession, CudaDeviceIsTheExecutorsError) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present: the CUDA backend's own tests apply";
+  TrainingSession session(small_cnn(2, 8), LossSpec{}, SgdOptions{}, {.device = Device::cuda});
+  BatchSampler sampler(synthetic_dataset(2, 3, 8, 10, 0), 2, false, 0);
+  expect_error([&] { session.step(zoo_batch(sampler, 0)); }, "CUDA");
+}
+
+}  // namespace
+}  // namespace fusebox::testing

@@ -1,0 +1,80 @@
+// fusebox inspect: import an ONNX model and describe it: the graph with shapes,
+// nodes per op, constants, and the multiply-adds of its convs and matmuls.
+#include <iomanip>
+#include <iostream>
+
+#include "common.h"
+#include "fusebox/frontends/onnx.h"
+
+namespace fusebox::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model;
+  std::vector<std::string> shapes;
+};
+
+// Multiply-accumulates of one node: numel(out) * reduction length for matmul/gemm,
+// numel(y) * (C/groups) * prod(R) for a conv (likewise for its backward ops, which
+// do the same arithmetic). 0 for every other op.
+int64_t macs(const Graph& g, const Node& n) {
+  auto shape = [&](ValueId v) -> const Shape& { return g.value(v).type.shape; };
+  switch (n.op) {
+    case OpKind::conv:
+      return numel(shape(n.outputs[0])) * numel(shape(n.inputs[1])) / shape(n.inputs[1])[0];
+    case OpKind::conv_backward_data:
+      return numel(shape(n.inputs[0])) * numel(shape(n.inputs[1])) / shape(n.inputs[1])[0];
+    case OpKind::conv_backward_filter:
+      return numel(shape(n.inputs[1])) * numel(shape(n.outputs[0])) / shape(n.outputs[0])[0];
+    case OpKind::matmul:
+      return numel(shape(n.outputs[0])) * shape(n.inputs[0]).back();
+    case OpKind::gemm: {
+      const auto& a = std::get<GemmAttrs>(n.attrs);
+      const Shape& s = shape(n.inputs[0]);
+      return numel(shape(n.outputs[0])) * (a.trans_a ? s[0] : s[1]);
+    }
+    default:
+      return 0;
+  }
+}
+
+int inspect(const InspectArgs& args) {
+  OnnxImportOptions opts;
+  opts.input_shapes = parse_shape_specs(args.shapes);
+  Graph g = import_onnx_file(args.model, opts);
+  std::cout << g.dump();
+
+  std::map<std::string, int64_t> per_op;
+  int64_t total_macs = 0;
+  for (const Node& n : g.nodes()) {
+    ++per_op[op_name(n.op)];
+    total_macs += macs(g, n);
+  }
+  std::cout << "\nnodes per op (" << g.nodes().size() << " nodes):\n";
+  for (const auto& [op, count] : per_op) std::cout << "  " << op << ": " << count << "\n";
+
+  int64_t values = 0, bytes = 0;
+  for (const auto& [v, t] : g.constants()) {
+    values += t.numel();
+    bytes += int64_t(t.nbytes());
+  }
+  std::cout << "constants: " << g.constants().size() << " tensors, " << with_commas(values)
+            << " values (" << with_commas(bytes) << " bytes)\n";
+  std::cout << "multiply-adds in conv/gemm/matmul: " << with_commas(total_macs) << " ("
+            << std::fixed << std::setprecision(3) << double(total_macs) * 2e-9 << " GFLOP)\n";
+  std::cout.unsetf(std::ios::floatfield);
+  return 0;
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& parent) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "inspect", "Print an ONNX model's graph with shapes, op counts, constants and FLOPs");
+  app->add_option("model", args->model, "The model (.onnx)")->required()->type_name("MODEL.onnx");
+  add_shape_option(*app, &args->shapes);
+  return {app, [args] { return inspect(*args); }};
+}
+
+}  // namespace fusebox::cli

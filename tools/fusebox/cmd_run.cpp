@@ -1,0 +1,139 @@
+// fusebox run: import an ONNX model, feed it (files or seeded random data), run it
+// on a device, print and optionally save each output.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <set>
+
+#include "common.h"
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/io/tensor_file.h"
+#include "fusebox/runtime/executor.h"
+
+namespace fusebox::cli {
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string device = "cpu";
+  std::vector<std::string> inputs;  // NAME=FILE
+  std::vector<std::string> shapes;  // NAME=DIMS
+  std::string output_dir;
+  uint64_t seed = 0;
+};
+
+// Imports with the --shape shapes. A model with symbolic dims may need the shapes of
+// the --input files too; they are added only on a second try, so that a file given
+// for a name the model does not have is reported as such by run_graph.
+Graph import_model(const std::string& path, std::map<std::string, Shape> shapes,
+                   const NamedTensors& given) {
+  OnnxImportOptions opts;
+  opts.input_shapes = std::move(shapes);
+  try {
+    return import_onnx_file(path, opts);
+  } catch (const Error&) {
+    bool more = false;
+    for (const auto& [name, t] : given)
+      more = opts.input_shapes.emplace(name, t.shape()).second || more;
+    if (!more) throw;
+  }
+  return import_onnx_file(path, opts);
+}
+
+void make_directory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  FUSEBOX_CHECK(!ec, "fusebox run", "cannot create output directory '", dir, "': ", ec.message());
+}
+
+// Writes each output to DIR/<sanitised name>.npy; two names that sanitise alike get
+// "_1", "_2", ... so that no output overwrites another.
+void write_outputs(const Graph& g, const NamedTensors& outputs, const std::string& dir) {
+  std::set<std::string> used;
+  for (ValueId v : g.outputs()) {
+    const std::string& name = g.value(v).name;
+    std::string base = sanitize_file_name(name), file = base;
+    for (int i = 1; !used.insert(file).second; ++i) file = cat(base, "_", i);
+    std::string path = (std::filesystem::path(dir) / (file + ".npy")).string();
+    write_npy(path, outputs.at(name));
+    std::cout << "wrote " << path << "\n";
+  }
+}
+
+int run(const RunArgs& args) {
+  // Inputs given as files; their shapes also fix symbolic dims in the model.
+  NamedTensors given;
+  std::map<std::string, std::string> given_paths;
+  for (const std::string& spec : args.inputs) {
+    auto [name, path] = split_assignment(spec, "--input");
+    if (given.count(name)) throw UsageError(cat("--input given twice for '", name, "'"));
+    given[name] = read_tensor_any(path);
+    given_paths[name] = path;
+  }
+  Graph g = import_model(args.model, parse_shape_specs(args.shapes), given);
+  RunOptions run_opts;
+  run_opts.device = parse_device(args.device);
+  if (!args.output_dir.empty()) make_directory(args.output_dir);
+  std::string input_names;
+  for (ValueId v : g.inputs()) input_names += (input_names.empty() ? "" : ", ") + g.value(v).name;
+  for (const auto& [name, t] : given) {
+    auto v = g.find_value(name);
+    bool is_input = v && std::find(g.inputs().begin(), g.inputs().end(), *v) != g.inputs().end();
+    FUSEBOX_CHECK(is_input, "fusebox run", "--input names '", name,
+                  "', which is not an input of the model (its inputs: ", input_names, ")");
+  }
+
+  NamedTensors feeds = given;
+  for (ValueId v : g.inputs()) {
+    const Value& in = g.value(v);
+    std::cout << "input  " << in.name << ": ";
+    auto it = given.find(in.name);
+    if (it != given.end()) {
+      std::cout << type_str(it->second) << " from " << given_paths[in.name] << "\n";
+      continue;
+    }
+    feeds[in.name] = random_input(in.type.dtype, in.type.shape, args.seed, in.name);
+    std::cout << type_str(feeds[in.name]) << " random (seed " << args.seed << ")\n";
+  }
+
+  auto start = std::chrono::steady_clock::now();
+  NamedTensors outputs = run_graph(g, feeds, run_opts);
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
+  for (ValueId v : g.outputs()) {
+    const std::string& name = g.value(v).name;
+    const Tensor& t = outputs.at(name);
+    std::cout << "output " << name << ": " << type_str(t) << "  " << summarize(t) << "\n";
+  }
+  std::cout << "ran " << g.name() << " on " << device_name(run_opts.device) << " in " << std::fixed
+            << std::setprecision(1) << ms << " ms (import excluded)\n";
+  std::cout.unsetf(std::ios::floatfield);
+  if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
+  return 0;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& parent) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* app = parent.add_subcommand("run", "Run an ONNX model and print its outputs");
+  app->add_option("model", args->model, "The model (.onnx)")->required()->type_name("MODEL.onnx");
+  app->add_option("--device", args->device,
+                  "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app->add_option("--input", args->inputs,
+                  "Feed an input from a .npy (or TensorProto .pb) file (repeatable). Inputs "
+                  "not given get seeded random data: floats U(-1,1), integers 0..9, bools 0/1")
+      ->type_name("NAME=FILE");
+  add_shape_option(*app, &args->shapes);
+  app->add_option("--output-dir", args->output_dir,
+                  "Write each output to DIR/<name>.npy (name sanitised to [A-Za-z0-9._-])")
+      ->type_name("DIR");
+  app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
+  return {app, [args] { return run(*args); }};
+}
+
+}  // namespace fusebox::cli

@@ -1,0 +1,291 @@
+// fusebox train: train a zoo model or an ONNX model on an .npz data set or a synthetic
+// one, with checkpoints and resume.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+
+#include "common.h"
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/train/data.h"
+#include "fusebox/train/session.h"
+#include "fusebox/zoo.h"
+
+namespace fusebox::cli {
+namespace {
+
+struct TrainArgs {
+  std::string model;
+  std::string loss = "cross_entropy";
+  std::string optimizer = "sgd";
+  double lr = 0;
+  double momentum = 0;
+  double weight_decay = 0;
+  int64_t batch_size = 16;
+  int64_t steps = 100;
+  std::string device = "cpu";
+  uint64_t seed = 0;
+  std::string checkpoint;
+  int64_t checkpoint_every = 0;
+  std::string resume;
+  int64_t image_size = 32;
+  int64_t num_classes = 10;
+  std::string data;
+  bool synthetic = false;
+  int64_t samples = 64;
+  bool shuffle = false;
+  int64_t log_every = 0;
+  std::vector<std::string> shapes;
+
+  // Which options were given (CLI11 fills these after parsing).
+  CLI::App* app = nullptr;
+  bool given(const std::string& option) const { return app->count(option) > 0; }
+};
+
+bool is_onnx_path(const std::string& model) {
+  return model.ends_with(".onnx") || model.find('/') != std::string::npos;
+}
+
+// The optimizer: the checkpoint's when resuming, else the defaults of --optimizer; then
+// the hyper-parameters given on the command line. (A resumed run whose options differ
+// from the checkpoint's is refused by TrainingSession::restore, naming the difference.)
+OptimizerSpec make_optimizer(const TrainArgs& args, const Checkpoint* resume) {
+  OptimizerSpec spec = args.optimizer == "adamw" ? OptimizerSpec(AdamWOptions{})
+                                                 : SgdOptions{.lr = 0.05, .momentum = 0.9};
+  if (resume && (!args.given("--optimizer") || args.optimizer == optimizer_name(resume->optimizer)))
+    spec = resume->optimizer;
+  if (args.given("--lr")) spec = with_lr(spec, args.lr);
+  if (auto* sgd = std::get_if<SgdOptions>(&spec)) {
+    if (args.given("--momentum")) sgd->momentum = args.momentum;
+    if (args.given("--weight-decay")) sgd->weight_decay = args.weight_decay;
+  } else {
+    if (args.given("--momentum")) throw UsageError("--momentum applies to --optimizer sgd only");
+    if (args.given("--weight-decay")) std::get<AdamWOptions>(spec).weight_decay = args.weight_decay;
+  }
+  check_optimizer(spec, "fusebox train");
+  return spec;
+}
+
+std::string describe(const OptimizerSpec& spec) {
+  std::ostringstream os;
+  os << optimizer_name(spec);
+  for (const auto& [name, value] : optimizer_hyper_parameters(spec))
+    os << " " << name << " " << value;
+  return os.str();
+}
+
+struct Model {
+  Graph graph;
+  std::string description;
+};
+
+// A zoo model in training form, or an imported ONNX model. The image size of a zoo model
+// follows --data when --image-size is not given.
+Model load_model(const TrainArgs& args, const Dataset* data) {
+  if (is_onnx_path(args.model)) {
+    if (args.given("--image-size") || args.given("--num-classes"))
+      throw UsageError("--image-size and --num-classes apply to zoo models only");
+    OnnxImportOptions opts;
+    opts.input_shapes = parse_shape_specs(args.shapes);
+    return {import_onnx_file(args.model, opts), args.model};
+  }
+  if (!args.shapes.empty()) throw UsageError("--shape applies to ONNX models only");
+  ZooOptions opts{.batch = args.batch_size,
+                  .image_size = args.image_size,
+                  .num_classes = args.num_classes,
+                  .seed = args.seed,
+                  .training = true};
+  if (data && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
+  Graph g = build_zoo_model(args.model, opts);
+  return {std::move(g), cat(args.model, " (zoo, ", opts.image_size, "x", opts.image_size, ", ",
+                            opts.num_classes, " classes, seed ", args.seed, ")")};
+}
+
+// Prints progress: one updating line on a terminal, else a line every `every` steps.
+class Progress {
+ public:
+  Progress(int64_t first, int64_t last, int64_t every)
+      : first_(first), last_(last), every_(every), tty_(::isatty(STDOUT_FILENO) != 0) {}
+
+  void update(int64_t step, float loss, double images_per_s) {
+    const bool final_step = step == last_;
+    if (!tty_ && !final_step && (step - first_ + 1) % every_ != 0) return;
+    std::ostringstream line;
+    const int width = int(std::to_string(last_).size());
+    line << "step " << std::setw(width) << step << "/" << last_;
+    if (tty_) {
+      constexpr int kBar = 24;
+      const int done = int(kBar * double(step - first_ + 1) / double(last_ - first_ + 1));
+      line << " [" << std::string(size_t(done), '#') << std::string(size_t(kBar - done), '.')
+           << "]";
+    }
+    line << "  loss " << std::fixed << std::setprecision(4) << loss << "  " << std::setprecision(1)
+         << images_per_s << " images/s";
+    if (tty_) {
+      std::cout << "\r" << line.str() << "\033[K" << (final_step ? "\n" : "") << std::flush;
+    } else {
+      std::cout << line.str() << "\n";
+    }
+  }
+
+ private:
+  int64_t first_, last_, every_;
+  bool tty_;
+};
+
+int train(const TrainArgs& args) {
+  if (args.loss != "cross_entropy")
+    throw UsageError(cat("unknown --loss '", args.loss, "': only cross_entropy is supported"));
+  if (args.synthetic == !args.data.empty())
+    throw UsageError("give exactly one of --data FILE.npz and --synthetic");
+  if (args.given("--checkpoint-every") && args.checkpoint.empty())
+    throw UsageError("--checkpoint-every needs --checkpoint FILE");
+  if (args.given("--samples") && !args.synthetic)
+    throw UsageError("--samples applies to --synthetic only");
+
+  std::optional<Checkpoint> resume;
+  if (!args.resume.empty()) resume = load_checkpoint(args.resume);
+  const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
+  std::optional<Dataset> data;
+  if (!args.data.empty()) data = load_dataset(args.data);
+
+  Model model = load_model(args, data ? &*data : nullptr);
+  const Graph& g = model.graph;
+  if (g.inputs().size() != 1 || g.outputs().size() != 1) {
+    throw Error("fusebox train", cat("the model must have one input (images) and one output "
+                                     "(logits), got ",
+                                     g.inputs().size(), " and ", g.outputs().size()));
+  }
+  const Value& input = g.value(g.inputs()[0]);
+  const Value& logits = g.value(g.outputs()[0]);
+  FUSEBOX_CHECK(input.type.shape.size() == 4 && logits.type.shape.size() == 2, "fusebox train",
+                "the model must take images [N, C, H, W] and give logits [N, classes], got ",
+                input.name, " ", shape_str(input.type.shape), " and ", logits.name, " ",
+                shape_str(logits.type.shape));
+  const int64_t batch = input.type.shape[0], classes = logits.type.shape[1];
+  if (args.given("--batch-size") && args.batch_size != batch)
+    throw UsageError(cat("the model's batch size is fixed at ", batch,
+                         "; drop --batch-size or use ", "--shape ", input.name, "=",
+                         args.batch_size, ",..."));
+  const Shape sample(input.type.shape.begin() + 1, input.type.shape.end());
+  if (args.synthetic) {
+    FUSEBOX_CHECK(sample[1] == sample[2], "fusebox train", "--synthetic makes square images; the ",
+                  "model takes ", shape_str(sample));
+    data = synthetic_dataset(args.samples, sample[0], sample[1], classes, args.seed);
+  } else {
+    check_dataset(*data, sample, classes, "data: " + args.data);
+  }
+  BatchSampler batches(*data, batch, args.shuffle, args.seed);
+
+  TrainingSession session(g, LossSpec{}, optimizer, {.device = parse_device(args.device)});
+  if (resume) {
+    session.restore(*resume, "checkpoint: " + args.resume);
+    if (args.given("--lr")) session.set_lr(args.lr);
+  }
+
+  int64_t values = 0;
+  for (const auto& [name, t] : session.parameters()) values += t.numel();
+  std::cout << "training " << model.description << " on " << args.device << "\n"
+            << "  " << session.parameter_names().size() << " parameter tensors ("
+            << with_commas(values) << " values), " << describe(session.optimizer()) << "\n"
+            << "  batch " << batch << " from " << data->size()
+            << (args.synthetic ? " synthetic images" : " images from " + args.data)
+            << (args.shuffle ? ", shuffled" : ", in order") << "\n";
+  if (resume)
+    std::cout << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
+
+  const int64_t first = session.step_count() + 1, last = session.step_count() + args.steps;
+  Progress progress(first, last,
+                    args.log_every > 0 ? args.log_every : std::max<int64_t>(1, args.steps / 10));
+  const auto start = std::chrono::steady_clock::now();
+  float first_loss = 0, loss = 0;
+  while (session.step_count() < last) {
+    auto [x, y] = batches.batch(session.step_count());
+    if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
+    loss = session.step({{input.name, x}, {"labels", y}});
+    const int64_t step = session.step_count();
+    if (step == first) first_loss = loss;
+    FUSEBOX_CHECK(std::isfinite(loss), "fusebox train", "the loss is ", loss, " at step ", step,
+                  " (is the learning rate too high?)");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    progress.update(step, loss, double((step - first + 1) * batch) / seconds);
+    if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0 && step != last)
+      session.save(args.checkpoint);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::cout << std::fixed << "trained " << args.steps << " steps (" << first << " to " << last
+            << ") in " << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
+            << double(args.steps * batch) / seconds << " images/s; loss " << std::setprecision(4)
+            << first_loss << " -> " << loss << "\n";
+  if (!args.checkpoint.empty()) {
+    session.save(args.checkpoint);
+    std::cout << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count()
+              << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& parent) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "train", "Train a zoo model or an ONNX model (cross-entropy classification)");
+  args->app = app;
+  app->add_option("model", args->model,
+                  "A zoo model name (see `fusebox zoo --list`) or an .onnx file")
+      ->required()
+      ->type_name("MODEL.onnx|ZOO_NAME");
+  app->add_option("--loss", args->loss, "The loss; only cross_entropy (the default)");
+  app->add_option("--optimizer", args->optimizer, "sgd (default) or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  app->add_option("--lr", args->lr, "Learning rate; default 0.05 (sgd), 0.001 (adamw)");
+  app->add_option("--momentum", args->momentum, "SGD momentum; default 0.9");
+  app->add_option("--weight-decay", args->weight_decay, "Default 0 (sgd), 0.01 (adamw)");
+  app->add_option("--batch-size", args->batch_size, "Zoo models; default 16")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--steps", args->steps,
+                  "Steps to take (a resumed run takes this many more); "
+                  "default 100")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--device", args->device,
+                  "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app->add_option("--seed", args->seed,
+                  "Seed for zoo weights, synthetic data and shuffling; "
+                  "default 0");
+  app->add_option("--checkpoint", args->checkpoint, "Write a checkpoint here at the end")
+      ->type_name("FILE");
+  app->add_option("--checkpoint-every", args->checkpoint_every, "Also every N steps")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--resume", args->resume,
+                  "Continue from a checkpoint (its optimizer settings "
+                  "apply unless given)")
+      ->type_name("FILE");
+  app->add_option("--image-size", args->image_size, "Zoo models; default 32, or the data's")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--num-classes", args->num_classes, "Zoo models; default 10")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--data", args->data, "Arrays x: float [N, C, H, W] and y: integer [N]")
+      ->type_name("FILE.npz");
+  app->add_flag("--synthetic", args->synthetic,
+                "A fixed, seeded, learnable set of images (class patterns plus noise)");
+  app->add_option("--samples", args->samples, "Size of the synthetic set; default 64")
+      ->check(CLI::PositiveNumber);
+  app->add_flag("--shuffle", args->shuffle, "Shuffle each epoch (seeded by --seed)");
+  app->add_option("--log-every", args->log_every,
+                  "When not on a terminal, print a line every N steps; default steps/10")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  add_shape_option(*app, &args->shapes);
+  return {app, [args] { return train(*args); }};
+}
+
+}  // namespace fusebox::cli

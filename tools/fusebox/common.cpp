@@ -1,0 +1,143 @@
+#include "common.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "fusebox/io/tensor_file.h"
+
+namespace fusebox::cli {
+
+void add_shape_option(CLI::App& app, std::vector<std::string>* specs) {
+  app.add_option("--shape", *specs,
+                 "Concrete shape for an input with symbolic dims, e.g. input=1,3,224,224 "
+                 "(repeatable)")
+      ->type_name("NAME=DIMS");
+}
+
+std::pair<std::string, std::string> split_assignment(const std::string& spec,
+                                                     const std::string& option) {
+  size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw UsageError(cat(option, " expects NAME=VALUE, got '", spec, "'"));
+  return {spec.substr(0, eq), spec.substr(eq + 1)};
+}
+
+std::map<std::string, Shape> parse_shape_specs(const std::vector<std::string>& specs) {
+  std::map<std::string, Shape> shapes;
+  for (const std::string& spec : specs) {
+    auto [name, dims] = split_assignment(spec, "--shape");
+    Shape shape;
+    std::stringstream ss(dims);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      size_t used = 0;
+      int64_t d = -1;
+      try {
+        d = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || d < 0)
+        throw UsageError(cat("--shape ", spec, ": '", item, "' is not a non-negative integer"));
+      shape.push_back(d);
+    }
+    if (!shapes.emplace(name, shape).second)
+      throw UsageError(cat("--shape given twice for '", name, "'"));
+  }
+  return shapes;
+}
+
+Tensor read_tensor_any(const std::string& path) {
+  const bool is_pb = path.size() >= 3 && path.compare(path.size() - 3, 3, ".pb") == 0;
+  return is_pb ? read_tensor_pb(path) : read_npy(path);
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Tensor random_input(DType dtype, const Shape& shape, uint64_t seed, const std::string& name) {
+  uint64_t state = seed;
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a of the name
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ULL;
+  state = splitmix64(state) ^ h;
+  Tensor t = Tensor::empty(dtype, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint64_t r = splitmix64(state);
+    if (is_floating(dtype))
+      t.set(i, double(r >> 11) * 0x1.0p-52 - 1.0);
+    else if (dtype == DType::boolean)
+      t.set(i, double(r >> 63));
+    else
+      t.set(i, double((r >> 32) % 10));
+  }
+  return t;
+}
+
+std::string sanitize_file_name(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-';
+    out += keep ? c : '_';
+  }
+  if (out.empty() || out[0] == '.') out = "_" + out;
+  return out;
+}
+
+std::string type_str(const Tensor& t) {
+  return cat(dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string summarize(const Tensor& t) {
+  std::ostringstream os;
+  os.precision(6);
+  if (t.numel() == 0) return "(empty)";
+  double lo = INFINITY, hi = -INFINITY, sum = 0;
+  int64_t nans = 0, infs = 0, finite = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.get(i);
+    if (std::isnan(v)) {
+      ++nans;
+      continue;
+    }
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    if (std::isinf(v)) {
+      ++infs;
+      continue;
+    }
+    sum += v;
+    ++finite;
+  }
+  if (nans < t.numel()) {
+    os << "min " << lo << " max " << hi;
+    if (finite > 0) os << " mean " << sum / double(finite);
+  }
+  if (nans > 0) os << (nans < t.numel() ? " " : "") << "nan " << nans;
+  if (infs > 0) os << " inf " << infs;
+  os << " first [";
+  const int64_t shown = std::min<int64_t>(t.numel(), 5);
+  for (int64_t i = 0; i < shown; ++i) os << (i ? ", " : "") << t.get(i);
+  os << (t.numel() > shown ? ", ...]" : "]");
+  return os.str();
+}
+
+}  // namespace fusebox::cli

@@ -1,0 +1,65 @@
+// Pieces shared by the fusebox subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fusebox/core/tensor.h"
+
+namespace fusebox::cli {
+
+// Kept in step with project(VERSION) in the top-level CMakeLists.txt.
+constexpr const char* kVersion = "0.1.0";
+
+// A registered subcommand and what to do when it is the one given.
+struct Command {
+  CLI::App* app = nullptr;   // owned by the parent CLI::App
+  std::function<int()> run;  // called after a successful parse; returns the exit code
+};
+Command add_run_command(CLI::App& parent);
+Command add_inspect_command(CLI::App& parent);
+Command add_zoo_command(CLI::App& parent);
+Command add_train_command(CLI::App& parent);  // cmd_train.cpp
+
+// A usage mistake found after parsing (e.g. a missing NAME=VALUE '='): reported
+// like CLI11's own parse errors, exit status 2.
+struct UsageError : CLI::ParseError {
+  explicit UsageError(const std::string& message) : CLI::ParseError("UsageError", message, 2) {}
+};
+
+// Adds the repeatable "--shape NAME=D0,D1,..." option (concrete shapes for inputs
+// whose ONNX shapes have symbolic dims).
+void add_shape_option(CLI::App& app, std::vector<std::string>* specs);
+// Parses the --shape values; a malformed one is a UsageError.
+std::map<std::string, Shape> parse_shape_specs(const std::vector<std::string>& specs);
+// Splits "NAME=VALUE" at the first '='; `option` names the option for the error.
+std::pair<std::string, std::string> split_assignment(const std::string& spec,
+                                                     const std::string& option);
+
+// Reads a tensor file: ONNX TensorProto for ".pb", numpy for anything else.
+Tensor read_tensor_any(const std::string& path);
+
+// Seeded random contents for an input that was not given: floats U(-1, 1), integers
+// 0..9 (valid as indices or labels for any dim of extent >= 10), bools 0/1. The
+// stream depends on the seed and the input's name only, so inputs are independent.
+Tensor random_input(DType dtype, const Shape& shape, uint64_t seed, const std::string& name);
+
+// A file name made from a value name: [A-Za-z0-9._-] kept, anything else '_', never
+// empty and never starting with '.'.
+std::string sanitize_file_name(const std::string& name);
+
+// "min -1.2 max 3.4 mean 0.05 first [0.1, -0.2, 0.3, 0.4, 0.5, ...]"; also counts
+// NaNs and infinities when there are any.
+std::string summarize(const Tensor& t);
+
+// "f32[1, 3, 224, 224]"
+std::string type_str(const Tensor& t);
+// 25557032 -> "25,557,032"
+std::string with_commas(int64_t n);
+
+}  // namespace fusebox::cli
