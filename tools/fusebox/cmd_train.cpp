@@ -72,8 +72,14 @@ OptimizerSpec make_optimizer(const TrainArgs& args, const Checkpoint* resume) {
 std::string describe(const OptimizerSpec& spec) {
   std::ostringstream os;
   os << optimizer_name(spec);
-  for (const auto& [name, value] : optimizer_hyper_parameters(spec))
-    os << " " << name << " " << value;
+  for (const auto& [name, value] : optimizer_hyper_parameters(spec)) {
+    os << " " << name << " ";
+    if (name == "nesterov") {
+      os << (value != 0 ? "on" : "off");
+    } else {
+      os << value;
+    }
+  }
   return os.str();
 }
 
@@ -180,7 +186,8 @@ int train(const TrainArgs& args) {
   }
   BatchSampler batches(*data, batch, args.shuffle, args.seed);
 
-  TrainingSession session(g, LossSpec{}, optimizer, {.device = parse_device(args.device)});
+  const Device device = parse_device(args.device);
+  TrainingSession session(g, LossSpec{}, optimizer, {.device = device});
   if (resume) {
     session.restore(*resume, "checkpoint: " + args.resume);
     if (args.given("--lr")) session.set_lr(args.lr);
@@ -188,7 +195,7 @@ int train(const TrainArgs& args) {
 
   int64_t values = 0;
   for (const auto& [name, t] : session.parameters()) values += t.numel();
-  std::cout << "training " << model.description << " on " << args.device << "\n"
+  std::cout << "training " << model.description << " on " << device_name(device) << "\n"
             << "  " << session.parameter_names().size() << " parameter tensors ("
             << with_commas(values) << " values), " << describe(session.optimizer()) << "\n"
             << "  batch " << batch << " from " << data->size()

@@ -3,6 +3,7 @@
 // inputs kept away from kinks; the conventions at the kinks explicitly; and the
 // f32 / f16 / bf16 kernels against the f64 one on the same (rounded) values.
 #include <cmath>
+#include <limits>
 
 #include "gradient_check.h"
 
@@ -23,7 +24,7 @@ struct UnaryCase {
 };
 
 std::vector<UnaryCase> unary_cases() {
-  const double inf = INFINITY;
+  constexpr double inf = std::numeric_limits<double>::infinity();
   return {
       {"relu", OpKind::relu, {}, {.op = OpKind::relu}, -2, 2, 0.05},
       {"leaky_relu",
