@@ -26,8 +26,14 @@
 // device backend needs to keep the state resident: a CUDA executor that accepts
 // device-resident feeds keeps each state tensor on the GPU and swaps (or updates in
 // place: the update ops are elementwise) the buffer of each pair, so only the batch, lr,
-// step and the scalar loss cross the bus. Nothing outside the session's run_step
-// (session.cpp) touches the state's storage, so that change stays local.
+// step and the scalar loss cross the bus. Nothing outside the session's run_with_state
+// (session.cpp) touches the state's storage, so that change stays local. The step
+// counter is a host integer, fed (like lr) as a scalar input each step.
+//
+// Determinism: on the CPU backend a step is a pure function of the state and the batch,
+// and the kernels' summation order does not depend on FUSEBOX_NUM_THREADS (checked by a
+// test: 1 and 3 threads give the same bits), so a resumed run repeats the losses of an
+// uninterrupted one bit for bit.
 //
 // Which constants are trained: every floating-point constant the model's nodes read,
 // except the batch-norm running statistics (inputs 3 and 4 of a batch_norm: state, not
