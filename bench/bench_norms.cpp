@@ -1,7 +1,12 @@
 // LayerNorm and RMSNorm on the CUDA backend, forward and backward, against the device's
 // copy bandwidth measured in the same process.
 //
-//   bench_norms [--json FILE] [--iters N] [--repeats N]
+//   bench_norms [--json FILE] [--iters N] [--repeats N] [--variants all|I[,J...]]
+//
+// Every tuning variant of the kernels (norm_tuning.h; default: all of them) runs every
+// case, so that one run tells which layout wins; the table shows each variant's figures
+// and the layout it chose, then the best variant per case. FUSEBOX_NORM_VARIANT picks the
+// default variant for the library (0 unless set).
 //
 // Shapes 16384x1024, 8192x4096 and 4096x16384 in bf16 and f32. Forward: layer_norm with
 // scale and bias (y, mean, inv_std), rms_norm with scale (y, inv_rms). Backward: dx, dscale
@@ -21,12 +26,16 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/norm_tuning.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
@@ -36,10 +45,11 @@ struct Options {
   std::string json;
   int iters = 50;
   int repeats = 5;
+  std::vector<int> variants;  // empty: all
 };
 
 struct Result {
-  std::string op, pass, dtype;
+  std::string variant, layout, op, pass, dtype;
   int64_t rows, cols;
   double us, gbps, copy_gbps;
 };
@@ -109,8 +119,14 @@ class Bench {
     return per_iter[per_iter.size() / 2];
   }
 
-  // Device-to-device copy bandwidth (read + write) for `bytes` of traffic.
+  // Device-to-device copy bandwidth (read + write) for `bytes` of traffic (measured once
+  // per byte count).
   double copy_gbps(const Options& o, size_t bytes) {
+    auto [it, fresh] = copy_cache_.try_emplace(bytes, 0.0);
+    if (fresh) it->second = measure_copy_gbps(o, bytes);
+    return it->second;
+  }
+  double measure_copy_gbps(const Options& o, size_t bytes) {
     const size_t half = bytes / 2;
     DeviceBuffer src = allocator_.allocate(half), dst = allocator_.allocate(half);
     encoder_.memset(src, 1);
@@ -133,6 +149,7 @@ class Bench {
   CommandEncoder encoder_;
   Context ctx_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::map<size_t, double> copy_cache_;
 };
 
 // The normalised node of a one-node graph: layer_norm(x, scale, bias) or rms_norm(x, scale).
@@ -145,8 +162,20 @@ Node norm_node(OpKind op, DType dtype, int64_t rows, int64_t cols) {
   return g.nodes().back();
 }
 
-void run_shape(Bench& b, const Options& o, DType dtype, int64_t rows, int64_t cols,
-               std::vector<Result>& results) {
+void print_row(const Result& r);
+void run_variant(Bench& b, const Options& o, const std::string& variant, DType dtype, int64_t rows,
+                 int64_t cols, int sets, const std::vector<DeviceTensor>& xs,
+                 const std::vector<DeviceTensor>& dys, const DeviceTensor& scale,
+                 const DeviceTensor& bias, std::vector<DeviceTensor>& ys,
+                 std::vector<DeviceTensor>& dxs, DeviceTensor& mean, DeviceTensor& rstd,
+                 DeviceTensor& dscale, DeviceTensor& dbias, std::vector<Result>& results);
+
+// Every variant in `variants` on one shape and dtype (inputs made once); each result row is
+// printed as it completes, so that a variant that fails leaves the others' figures behind.
+// (The cluster variant's layout says "cluster unavailable" while the encoder cannot launch
+// thread-block clusters: it then runs the ordinary layout.)
+void run_shape(Bench& b, const Options& o, const std::vector<int>& variants, DType dtype,
+               int64_t rows, int64_t cols, std::vector<Result>& results) {
   const size_t elem = dtype_size(dtype);
   const size_t tensor_bytes = size_t(rows * cols) * elem;
   // Enough input sets that the rotation's working set exceeds L2 several times over.
@@ -166,6 +195,32 @@ void run_shape(Bench& b, const Options& o, DType dtype, int64_t rows, int64_t co
   DeviceTensor mean = b.empty(DType::f32, {rows, 1}), rstd = b.empty(DType::f32, {rows, 1});
   DeviceTensor dscale = b.empty(DType::f32, {cols}), dbias = b.empty(DType::f32, {cols});
 
+  for (int v : variants) {
+    norm::select_norm_variant(v);
+    const std::string variant = norm::norm_variants()[size_t(v)].name;
+    const size_t before = results.size();
+    try {
+      run_variant(b, o, variant, dtype, rows, cols, sets, xs, dys, scale, bias, ys, dxs, mean, rstd,
+                  dscale, dbias, results);
+    } catch (const std::exception& e) {
+      std::printf("variant %s failed: %s\n", variant.c_str(), e.what());
+      if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+        throw std::runtime_error("the CUDA context is unusable after that; stopping");
+      }
+    }
+    for (size_t i = before; i < results.size(); ++i) print_row(results[i]);
+    std::fflush(stdout);
+  }
+}
+
+void run_variant(Bench& b, const Options& o, const std::string& variant, DType dtype, int64_t rows,
+                 int64_t cols, int sets, const std::vector<DeviceTensor>& xs,
+                 const std::vector<DeviceTensor>& dys, const DeviceTensor& scale,
+                 const DeviceTensor& bias, std::vector<DeviceTensor>& ys,
+                 std::vector<DeviceTensor>& dxs, DeviceTensor& mean, DeviceTensor& rstd,
+                 DeviceTensor& dscale, DeviceTensor& dbias, std::vector<Result>& results) {
+  const size_t elem = dtype_size(dtype);
+  const size_t tensor_bytes = size_t(rows * cols) * elem;
   for (OpKind op : {OpKind::layer_norm, OpKind::rms_norm}) {
     const bool layer = op == OpKind::layer_norm;
     const Node node = norm_node(op, dtype, rows, cols);
@@ -186,7 +241,8 @@ void run_shape(Bench& b, const Options& o, DType dtype, int64_t rows, int64_t co
         rms_norm(b.ctx(), node, in, out);
     });
     const double copy_fwd = b.copy_gbps(o, fwd_bytes);
-    results.push_back({op_name(op), "fwd", dtype_name(dtype), rows, cols, fwd_us,
+    results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, false),
+                       op_name(op), "fwd", dtype_name(dtype), rows, cols, fwd_us,
                        double(fwd_bytes) / fwd_us / 1e3, copy_fwd});
     // Backward (statistics from the last forward: any values time the same).
     const size_t grads = size_t(cols) * 4 * (layer ? 2 : 1);
@@ -200,38 +256,71 @@ void run_shape(Bench& b, const Options& o, DType dtype, int64_t rows, int64_t co
       }
     });
     const double copy_bwd = b.copy_gbps(o, bwd_bytes);
-    results.push_back({op_name(op), "bwd", dtype_name(dtype), rows, cols, bwd_us,
+    results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, true),
+                       op_name(op), "bwd", dtype_name(dtype), rows, cols, bwd_us,
                        double(bwd_bytes) / bwd_us / 1e3, copy_bwd});
   }
+}
+
+std::string shape_text(const Result& r) {
+  return std::to_string(r.rows) + "x" + std::to_string(r.cols);
+}
+
+void print_row(const Result& r) {
+  std::printf("%-12s %-11s %-4s %-5s %11s %9.1f %7.0f %7.0f %6.1f%%  %s\n", r.variant.c_str(),
+              r.op.c_str(), r.pass.c_str(), r.dtype.c_str(), shape_text(r).c_str(), r.us, r.gbps,
+              r.copy_gbps, 100.0 * r.gbps / r.copy_gbps, r.layout.c_str());
+}
+
+void print_header() {
+  std::printf("%-12s %-11s %-4s %-5s %11s %9s %7s %7s %7s  %s\n", "variant", "op", "pass", "dtype",
+              "shape", "us", "GB/s", "copy", "% copy", "layout");
 }
 
 int run(const Options& o) {
   Bench b;
   std::printf("device: %s\n", b.properties().describe().c_str());
+  std::vector<int> variants = o.variants;
+  if (variants.empty()) {
+    for (size_t v = 0; v < norm::norm_variants().size(); ++v) variants.push_back(int(v));
+  }
   std::vector<Result> results;
   const int64_t shapes[][2] = {{16384, 1024}, {8192, 4096}, {4096, 16384}};
+  print_header();
   for (DType dtype : {DType::bf16, DType::f32})
-    for (const auto& s : shapes) run_shape(b, o, dtype, s[0], s[1], results);
+    for (const auto& s : shapes) run_shape(b, o, variants, dtype, s[0], s[1], results);
 
-  std::printf("%-11s %-4s %-5s %13s %10s %9s %10s %7s\n", "op", "pass", "dtype", "shape", "us",
-              "GB/s", "copy GB/s", "% copy");
+  std::printf("\nAll variants (GB/s = bytes read + written; copy = cudaMemcpy D2D, same bytes):\n");
+  print_header();
+  for (const Result& r : results) print_row(r);
+  // The best variant per case, in the order of the first variant's rows.
+  std::map<std::string, const Result*> best;
+  std::vector<std::string> order;
   for (const Result& r : results) {
-    const std::string shape = std::to_string(r.rows) + "x" + std::to_string(r.cols);
-    std::printf("%-11s %-4s %-5s %13s %10.1f %9.0f %10.0f %6.1f%%\n", r.op.c_str(), r.pass.c_str(),
-                r.dtype.c_str(), shape.c_str(), r.us, r.gbps, r.copy_gbps,
-                100.0 * r.gbps / r.copy_gbps);
+    const std::string key = r.op + " " + r.pass + " " + r.dtype + " " + shape_text(r);
+    auto [it, fresh] = best.try_emplace(key, &r);
+    if (fresh) order.push_back(key);
+    if (r.us < it->second->us) it->second = &r;
   }
+  std::printf("\nBest variant per case:\n");
+  print_header();
+  for (const std::string& key : order) print_row(*best[key]);
+
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     if (!f) {
       std::fprintf(stderr, "bench_norms: cannot write %s\n", o.json.c_str());
       return 1;
     }
-    f << "{\n  \"device\": \"" << b.properties().name << "\",\n  \"results\": [\n";
+    f << "{\n  \"device\": \"" << b.properties().name << "\",\n  \"default_variant\": \""
+      << norm::norm_variants()[0].name << "\",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      f << "    {\"op\": \"" << r.op << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \""
-        << r.dtype << "\", \"rows\": " << r.rows << ", \"cols\": " << r.cols << ", \"us\": " << r.us
+      const std::string key = r.op + " " + r.pass + " " + r.dtype + " " + shape_text(r);
+      f << "    {\"variant\": \"" << r.variant << "\", \"layout\": \"" << r.layout
+        << "\", \"best\": " << (best[key] == &r ? "true" : "false") << ", \"op\": \"" << r.op
+        << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \"" << r.dtype
+        << "\", \"rows\": " << r.rows << ", \"cols\": " << r.cols << ", \"us\": " << r.us
         << ", \"gbps\": " << r.gbps << ", \"copy_gbps\": " << r.copy_gbps
         << ", \"pct_copy\": " << 100.0 * r.gbps / r.copy_gbps << "}"
         << (i + 1 < results.size() ? ",\n" : "\n");
@@ -241,11 +330,28 @@ int run(const Options& o) {
   return 0;
 }
 
+// "all" or a comma-separated list of variant indices.
+std::vector<int> parse_variants(const std::string& text) {
+  std::vector<int> list;
+  if (text == "all") return list;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const int v = std::atoi(item.c_str());
+    if (v < 0 || size_t(v) >= norm::norm_variants().size() || item.empty()) {
+      throw std::runtime_error("bad --variants entry '" + item + "'");
+    }
+    list.push_back(v);
+  }
+  return list;
+}
+
 }  // namespace
 }  // namespace fusebox::cuda
 
 int main(int argc, char** argv) {
   fusebox::cuda::Options o;
+  std::string variants = "all";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json" && i + 1 < argc) {
@@ -254,12 +360,17 @@ int main(int argc, char** argv) {
       o.iters = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--repeats" && i + 1 < argc) {
       o.repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--variants" && i + 1 < argc) {
+      variants = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_norms [--json FILE] [--iters N] [--repeats N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_norms [--json FILE] [--iters N] [--repeats N] "
+                   "[--variants all|I[,J...]]\n");
       return 2;
     }
   }
   try {
+    o.variants = fusebox::cuda::parse_variants(variants);
     return fusebox::cuda::run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_norms: %s\n", e.what());

@@ -16,6 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null \
             || python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# The GPU image has no libonnx-testdata: a run there carries a copy in .gpudeps/testdata.
+[ -d .gpudeps/testdata/node ] && cmake_args+=(-DFUSEBOX_ONNX_TESTDATA="$PWD/.gpudeps/testdata/node")
 # The GPU image lacks some Debian -dev packages (ONNX, CLI11, GoogleTest): a run there
 # carries them unpacked (dpkg -x) in .gpudeps/ (see docs/gpu.md).
 if [ -d .gpudeps/usr ]; then
@@ -32,7 +34,7 @@ fi
 cmake -S . -B build/gpu "${cmake_args[@]}" > "$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
 # -k 0: build every target that can be built, so one broken file does not hide the rest.
 if cmake --build build/gpu -j "$(nproc)" -- -k 0 > "$out/build.log" 2>&1; then
-  echo "== build ok"
+  echo "== build ok"; rm -f "$out/build.log"
 else
   echo "== build FAILED (continuing with what was built):"; grep -A5 "FAILED" "$out/build.log" | head -40
 fi
@@ -42,15 +44,54 @@ echo "== GPU tests"
 build/gpu/tests/fusebox_cuda_tests --gtest_brief=1 > "$out/cuda_tests.log" 2>&1 || status=1
 grep -E "FAILED|PASSED|SKIPPED|tests ran" "$out/cuda_tests.log" | tail -60
 echo "== all ctest (CPU + GPU)"
-ctest --test-dir build/gpu -j 8 > "$out/ctest.log" 2>&1 || status=1
-tail -40 "$out/ctest.log"
+ctest --test-dir build/gpu -j 8 --output-on-failure > "$out/ctest.log" 2>&1 || status=1
+grep -E "tests passed|tests failed|^\s+[0-9]+ - .*(Failed|Exception|SEGFAULT|Timeout)" "$out/ctest.log" | head -60
+
+echo "== ONNX conformance on the GPU"
+testdata=$(sed -n 's/^FUSEBOX_ONNX_TESTDATA:PATH=//p' build/gpu/CMakeCache.txt)
+build/gpu/tests/fusebox_onnx_conformance --data "$testdata" --skips tests/conformance/skips.txt \
+  --device cuda > "$out/conformance_cuda.log" 2>&1 || status=1
+tail -15 "$out/conformance_cuda.log"
+
+echo "== resnet50: cuda vs cpu"
+fb=build/gpu/tools/fusebox
+if $fb zoo resnet50 --out "$out/r50.onnx" > /dev/null &&
+   $fb run "$out/r50.onnx" --device cpu --output-dir "$out/r50_cpu" &&
+   FUSEBOX_ALLOW_TF32=0 $fb run "$out/r50.onnx" --device cuda --output-dir "$out/r50_cuda" &&
+   $fb run "$out/r50.onnx" --device cuda --report --output-dir "$out/r50_cuda_tf32"; then
+  # Tolerances (docs/gpu.md): f32 end to end 1e-3 of the largest logit; with TF32
+  # convolutions (the default, as PyTorch's cudnn.allow_tf32) 5e-2.
+  echo "f32 (FUSEBOX_ALLOW_TF32=0):"
+  python3 scripts/compare_outputs.py "$out/r50_cpu" "$out/r50_cuda" --rtol 1e-3 || status=1
+  echo "TF32 convolutions (default):"
+  python3 scripts/compare_outputs.py "$out/r50_cpu" "$out/r50_cuda_tf32" --rtol 5e-2 || status=1
+else
+  status=1
+fi
+rm -f "$out/r50.onnx"
 
 echo "== benchmarks"
-for b in bench_norms bench_pointwise_chain; do
-  [ -x build/gpu/bench/$b ] && build/gpu/bench/$b --json "$out/$b.json" || status=1
+for b in build/gpu/bench/bench_*; do
+  [ -x "$b" ] || continue
+  echo "-- $(basename "$b")"
+  "$b" --json "$out/$(basename "$b").json" || status=1
 done
 for p in bench/torch_*.py; do
+  echo "-- $p"
   [ -f "$p" ] && python3 "$p" --json "$out/$(basename "$p" .py).json" || status=1
 done
+# The device tool brings back only a few files: merge the JSONs into one, drop the arrays.
+python3 - "$out" <<'PY' || status=1
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+merged = {}
+for f in sorted(out.glob("*.json")):
+    if f.name == "results.json": continue
+    try: merged[f.stem] = json.loads(f.read_text())
+    except ValueError as e: merged[f.stem] = {"error": str(e)}
+    f.unlink()
+(out / "results.json").write_text(json.dumps(merged, indent=1))
+PY
+rm -rf "$out"/r50_cpu "$out"/r50_cuda "$out"/r50_cuda_tf32 "$out/configure.log"
 echo "== done, status $status"
 exit $status

@@ -1,5 +1,7 @@
 // fusebox run: import an ONNX model, feed it (files or seeded random data), run it
-// on a device, print and optionally save each output.
+// on a device, print and optionally save each output. --report lists each convolution
+// with the path (cuDNN or the direct kernel) and plan it got; --autotune times cuDNN's
+// candidate plans for each convolution problem and keeps the fastest.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -7,6 +9,8 @@
 #include <iostream>
 #include <set>
 
+// The backend's convolution record: a header of standard and public includes only.
+#include "../../src/backends/cuda/conv_report.h"
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -22,6 +26,8 @@ struct RunArgs {
   std::vector<std::string> shapes;  // NAME=DIMS
   std::string output_dir;
   uint64_t seed = 0;
+  bool report = false;
+  bool autotune = false;
 };
 
 // Imports with the --shape shapes. A model with symbolic dims may need the shapes of
@@ -75,6 +81,7 @@ int run(const RunArgs& args) {
   Graph g = import_model(args.model, parse_shape_specs(args.shapes), given);
   RunOptions run_opts;
   run_opts.device = parse_device(args.device);
+  if (args.autotune) cuda::set_conv_autotune_override(true);
   if (!args.output_dir.empty()) make_directory(args.output_dir);
   std::string input_names;
   for (ValueId v : g.inputs()) input_names += (input_names.empty() ? "" : ", ") + g.value(v).name;
@@ -112,6 +119,10 @@ int run(const RunArgs& args) {
             << std::setprecision(1) << ms << " ms (import excluded)\n";
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
+  if (args.report) {
+    const std::string table = cuda::format_conv_report();
+    std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
+  }
   return 0;
 }
 
@@ -133,6 +144,12 @@ Command add_run_command(CLI::App& parent) {
                   "Write each output to DIR/<name>.npy (name sanitised to [A-Za-z0-9._-])")
       ->type_name("DIR");
   app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
+  app->add_flag("--report", args->report,
+                "After the run, list each convolution with the path (cuDNN or the direct "
+                "kernel), plan, workspace and reason it got");
+  app->add_flag("--autotune", args->autotune,
+                "Time cuDNN's candidate plans for each convolution and keep the fastest "
+                "(as FUSEBOX_AUTOTUNE=1; tuned plans go to the disk plan cache)");
   return {app, [args] { return run(*args); }};
 }
 

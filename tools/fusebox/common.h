@@ -13,8 +13,8 @@
 
 namespace fusebox::cli {
 
-// Kept in step with project(VERSION) in the top-level CMakeLists.txt.
-constexpr const char* kVersion = "0.1.0";
+// project(VERSION) of the top-level CMakeLists.txt (tools/CMakeLists.txt passes it).
+constexpr const char* kVersion = FUSEBOX_VERSION;
 
 // A registered subcommand and what to do when it is the one given.
 struct Command {

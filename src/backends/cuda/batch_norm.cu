@@ -22,6 +22,11 @@
 //
 // Backward: the same three stages: per-chunk partial sums of dy and dy * x_hat (f32, f64
 // for f64), per-channel totals (dbias, dscale) and dx coefficients, then dx elementwise.
+// The training form subtracts the batch statistics' dependence on x (mean(dy) and
+// x_hat * mean(dy * x_hat)); the inference form (the IR op's training = false) treats
+// mean and inv_std as constants: dx = scale * inv_std * dy. The IR op batch_norm_backward
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias) and the direct call of
+// norm_backward.h (always the training form) share this code.
 #include "backends/cuda/device_math.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/norm_backward.h"
@@ -256,9 +261,9 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
 // Stage 2: per channel totals (in order, f64), dscale / dbias, dx coefficients.
 template <class T, class G>
 __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
-                                     int64_t count, const T* scale, const T* saved_mean,
-                                     const T* saved_inv_std, G* dscale, G* dbias,
-                                     Coefficients<compute_t<T>>* coef) {
+                                     int64_t count, bool training, const T* scale,
+                                     const T* saved_mean, const T* saved_inv_std, G* dscale,
+                                     G* dbias, Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
@@ -274,8 +279,8 @@ __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks
              C(double(convert<C>(scale[c])) * inv_std),
              C(0),
              C(inv_std),
-             C(sum_dy / double(count)),
-             C(sum_dyx / double(count))};
+             C(training ? sum_dy / double(count) : 0.0),
+             C(training ? sum_dyx / double(count) : 0.0)};
 }
 
 // Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements.
@@ -397,11 +402,13 @@ void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   });
 }
 
-void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                         const DeviceTensor& scale, const DeviceTensor& saved_mean,
-                         const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
-                         DeviceTensor* dbias) {
-  const std::string where = "batch_norm_backward";
+namespace {
+
+void run_batch_norm_backward(Context& ctx, const std::string& where, bool training,
+                             const DeviceTensor& x, const DeviceTensor& dy,
+                             const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                             const DeviceTensor& saved_inv_std, DeviceTensor* dx,
+                             DeviceTensor* dscale, DeviceTensor* dbias) {
   const Geometry g = geometry_of(where, x.shape);
   FUSEBOX_CHECK(
       x.is_contiguous() && dy.is_contiguous() && dy.dtype == x.dtype && dy.shape == x.shape &&
@@ -450,7 +457,7 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
         using G = decltype(grad_tag);
         ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(unsigned((g.channels + 127) / 128)),
                            dim3(128), 0, reads, writes, partial.as<const C>(), chunks, g.channels,
-                           g.per_channel(), scale.as<const T>(), saved_mean.as<const T>(),
+                           g.per_channel(), training, scale.as<const T>(), saved_mean.as<const T>(),
                            saved_inv_std.as<const T>(), dscale ? dscale->as<G>() : nullptr,
                            dbias ? dbias->as<G>() : nullptr, coef.as<Coefficients<C>>());
       };
@@ -467,6 +474,26 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          coef.as<const Coefficients<C>>());
     }
   });
+}
+
+}  // namespace
+
+void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                         const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                         const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
+                         DeviceTensor* dbias) {
+  run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, scale, saved_mean, saved_inv_std,
+                          dx, dscale, dbias);
+}
+
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias), all in x's dtype.
+void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  FUSEBOX_CHECK(in.size() == 5 && out.size() == 3, node_label(n),
+                "expects (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias)");
+  FUSEBOX_CHECK(out[1].dtype == in[1]->dtype && out[2].dtype == in[1]->dtype, node_label(n),
+                "dscale and dbias must be ", dtype_name(in[1]->dtype), " like x");
+  run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training, *in[1],
+                          *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
 }
 
 }  // namespace fusebox::cuda

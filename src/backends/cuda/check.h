@@ -31,5 +31,11 @@ const char* file_basename(const char* path);
 // FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(s)) throws fusebox::Error("cuda", ...) on failure.
 #define FUSEBOX_CUDA_CHECK(call) ::fusebox::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 // Same, with the call described by a string (e.g. naming a byte count) instead of its text.
-#define FUSEBOX_CUDA_CHECK_AS(call, description) \
-  ::fusebox::cuda::check_cuda((call), (description), __FILE__, __LINE__)
+// The description is evaluated only on failure: call sites on hot paths build strings.
+#define FUSEBOX_CUDA_CHECK_AS(call, description)                                    \
+  do {                                                                              \
+    const cudaError_t fusebox_cuda_err_ = (call);                                   \
+    if (fusebox_cuda_err_ != cudaSuccess)                                           \
+      ::fusebox::cuda::throw_cuda_error(fusebox_cuda_err_, (description), __FILE__, \
+                                        __LINE__);                                  \
+  } while (0)

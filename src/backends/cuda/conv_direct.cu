@@ -1,6 +1,7 @@
-// Direct convolution: conv_forward, conv_backward_data, conv_backward_filter for 1 to 3
-// spatial dims, groups, dilation, stride and asymmetric pads, with bias. The last-resort
-// path (cuDNN, added later, takes the common cases): simple and correct, not fast.
+// Direct convolution: conv_forward_direct, conv_backward_data_direct and
+// conv_backward_filter_direct for 1 to 3 spatial dims, groups, dilation, stride and
+// asymmetric pads, with bias; and conv_add_bias. The fallback path (conv.cpp sends the
+// common cases to cuDNN): simple and correct, not fast.
 //
 // The problem (as the CPU backend's ConvProblem, backends/cpu/conv_problem.h): x [N, C, D],
 // w [K, C/g, R], y [N, K, O], 1-D and 2-D problems stored as 3-D ones with leading extents
@@ -17,8 +18,8 @@
 // Speed: each multiply-add reads its operands through L1 / L2, about 1-3% of the GPU's
 // f32 rate: a ResNet-50 3x3 layer (N64 C64 56x56 K64) takes a few ms where cuDNN takes
 // 0.05 ms. Deterministic.
+#include "backends/cuda/conv_direct.h"
 #include "backends/cuda/device_math.cuh"
-#include "backends/cuda/kernels.h"
 
 namespace fusebox::cuda {
 
@@ -241,6 +242,27 @@ __global__ void conv_wgrad_sum(const compute_t<T>* partial, int64_t splits, int6
   }
 }
 
+// y[n, c, ...] += bias[c] over a strided y of rank <= 5 (one thread per element).
+struct BiasGeometry {
+  int rank = 0;
+  int64_t dims[5] = {1, 1, 1, 1, 1};
+  int64_t strides[5] = {0, 0, 0, 0, 0};
+};
+
+template <class T>
+__global__ void conv_add_bias_kernel(BiasGeometry g, int64_t total, const T* bias, T* y) {
+  for (int64_t idx = global_thread_index(); idx < total; idx += grid_stride()) {
+    int64_t rem = idx, offset = 0, channel = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const int64_t coord = rem % g.dims[d];
+      rem /= g.dims[d];
+      offset += coord * g.strides[d];
+      if (d == 1) channel = coord;
+    }
+    store_compute(y, offset, load_compute(y, offset) + load_compute(bias, channel));
+  }
+}
+
 void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b, const char* a_name,
                       const char* b_name, const std::string& where) {
   FUSEBOX_CHECK(a.dtype == b.dtype, where, a_name, " is ", dtype_name(a.dtype), " but ", b_name,
@@ -274,7 +296,7 @@ BufferList ranges_of(std::initializer_list<const DeviceTensor*> tensors) {
 }  // namespace
 
 // x [N, C, D...], w [K, C/g, R...], bias [K]? -> y [N, K, O...]
-void conv_forward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+void conv_forward_direct(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const DeviceTensor &x = *in[0], &w = *in[1];
   const DeviceTensor* bias = optional_input(in, 2);
@@ -294,7 +316,7 @@ void conv_forward(Context& ctx, const Node& n, Inputs in, Outputs out) {
 }
 
 // dy [N, K, O...], w [K, C/g, R...], bias [C]? -> dx [N, C, D...]
-void conv_backward_data(Context& ctx, const Node& n, Inputs in, Outputs out) {
+void conv_backward_data_direct(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const DeviceTensor &dy = *in[0], &w = *in[1];
   const DeviceTensor* bias = optional_input(in, 2);
@@ -314,7 +336,7 @@ void conv_backward_data(Context& ctx, const Node& n, Inputs in, Outputs out) {
 }
 
 // x [N, C, D...], dy [N, K, O...] -> dw [K, C/g, R...]
-void conv_backward_filter(Context& ctx, const Node& n, Inputs in, Outputs out) {
+void conv_backward_filter_direct(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const DeviceTensor &x = *in[0], &dy = *in[1];
   DeviceTensor& dw = out[0];
@@ -343,6 +365,26 @@ void conv_backward_filter(Context& ctx, const Node& n, Inputs in, Outputs out) {
     ctx.encoder.launch(&conv_wgrad_sum<T>, dim3(launch_blocks(weights, kThreads)), dim3(kThreads),
                        0, {partial}, {dw.range()}, partial.as<const C>(), splits, weights,
                        dw.as<T>());
+  });
+}
+
+void conv_add_bias(Context& ctx, const Node& n, const DeviceTensor& bias, const DeviceTensor& y) {
+  const std::string where = node_label(n);
+  check_same_dtype(bias, y, "bias", "output", where);
+  FUSEBOX_CHECK(y.rank() >= 2 && y.rank() <= 5 && bias.shape == Shape{y.shape[1]}, where, "bias ",
+                shape_str(bias.shape), " does not match output ", shape_str(y.shape));
+  if (y.numel() == 0) return;
+  BiasGeometry g;
+  g.rank = int(y.rank());
+  for (int d = 0; d < g.rank; ++d) {
+    g.dims[d] = y.shape[size_t(d)];
+    g.strides[d] = y.strides[size_t(d)];
+  }
+  visit_device_float(n, y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ctx.encoder.launch(&conv_add_bias_kernel<T>, dim3(launch_blocks(y.numel(), kThreads)),
+                       dim3(kThreads), 0, {bias.range(), y.range()}, {y.range()}, g, y.numel(),
+                       bias.as<const T>(), y.as<T>());
   });
 }
 

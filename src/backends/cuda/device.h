@@ -6,8 +6,12 @@
 //   kernel<<<grid, block, 0, gpu.stream()>>>(...);  // (normally through a CommandEncoder)
 //   FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(gpu.cublaslt_handle(), ...));
 //
-// Threads: Device is safe to share. cuBLASLt and cuDNN handles are per (device, thread):
-// created on first use by each thread, destroyed when the thread exits.
+// Threads: Device is safe to share. The cuBLASLt handle is per device, shared by every
+// thread (cuBLASLt gives all threads of a process one context per device anyway, and takes
+// the stream and workspace with each call); created on first use, never destroyed (the
+// process's end reclaims it, as the Device itself). cuDNN handles are per (device, thread),
+// since a handle carries the stream it is bound to: created on first use by each thread,
+// destroyed when that thread exits.
 #pragma once
 
 #include <cublasLt.h>
@@ -68,7 +72,8 @@ class Device {
   // Waits for everything queued on stream().
   void synchronize();
 
-  // This thread's cuBLASLt handle for the device (cuBLASLt takes the stream per call).
+  // The device's cuBLASLt handle, the same for every thread (cuBLASLt takes the stream
+  // per call).
   cublasLtHandle_t cublaslt_handle() const;
   // This thread's cuDNN handle for the device, bound to `stream` (cudnnSetStream on every
   // call, so the handle follows whichever stream, e.g. a capture stream, the caller uses).
@@ -81,6 +86,8 @@ class Device {
   DeviceProperties properties_;
   std::once_flag stream_once_;
   cudaStream_t stream_ = nullptr;
+  mutable std::once_flag cublaslt_once_;
+  mutable cublasLtHandle_t cublaslt_ = nullptr;
 };
 
 // Makes `id` the current device for a scope and restores the previous one after.

@@ -13,6 +13,7 @@ bool accepts_strided_inputs(OpKind op) {
     case OpKind::sigmoid: case OpKind::tanh: case OpKind::exp: case OpKind::log:
     case OpKind::sqrt: case OpKind::rsqrt: case OpKind::reciprocal: case OpKind::neg:
     case OpKind::abs: case OpKind::erf: case OpKind::clip: case OpKind::identity:
+    case OpKind::expand: case OpKind::unary_backward:
       return true;
     default:
       return false;
@@ -52,15 +53,22 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::cast: return cast(ctx, n, in, out);
     case OpKind::constant: return constant(ctx, n, in, out);
     case OpKind::cross_entropy: return cross_entropy(ctx, n, in, out);
-    // Not yet on the GPU (the autodiff and training issue wires them up).
-    case OpKind::expand: case OpKind::unary_backward: case OpKind::binary_backward:
-    case OpKind::batch_norm_backward: case OpKind::layer_norm_backward:
-    case OpKind::rms_norm_backward: case OpKind::softmax_backward:
-    case OpKind::log_softmax_backward: case OpKind::cross_entropy_backward:
-    case OpKind::reduce_max_backward: case OpKind::max_pool_backward:
-    case OpKind::avg_pool_backward: case OpKind::slice_backward: case OpKind::pad_backward:
-    case OpKind::sgd_update: case OpKind::adamw_update:
-      break;
+    case OpKind::expand: return expand(ctx, n, in, out);
+    case OpKind::unary_backward: return unary_backward(ctx, n, in, out);
+    case OpKind::binary_backward: return binary_backward(ctx, n, in, out);
+    case OpKind::batch_norm_backward: return batch_norm_backward(ctx, n, in, out);
+    case OpKind::layer_norm_backward: return layer_norm_backward(ctx, n, in, out);
+    case OpKind::rms_norm_backward: return rms_norm_backward(ctx, n, in, out);
+    case OpKind::softmax_backward: case OpKind::log_softmax_backward:
+      return softmax_backward(ctx, n, in, out);
+    case OpKind::cross_entropy_backward: return cross_entropy_backward(ctx, n, in, out);
+    case OpKind::reduce_max_backward: return reduce_max_backward(ctx, n, in, out);
+    case OpKind::max_pool_backward: return max_pool_backward(ctx, n, in, out);
+    case OpKind::avg_pool_backward: return avg_pool_backward(ctx, n, in, out);
+    case OpKind::slice_backward: return slice_backward(ctx, n, in, out);
+    case OpKind::pad_backward: return pad_backward(ctx, n, in, out);
+    case OpKind::sgd_update: return sgd_update(ctx, n, in, out);
+    case OpKind::adamw_update: return adamw_update(ctx, n, in, out);
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }

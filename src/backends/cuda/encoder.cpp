@@ -66,6 +66,42 @@ CommandEncoder::~CommandEncoder() {
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
 }
 
+// ---- Recorded graphs ---------------------------------------------------------------------
+
+struct RecordedGraph::State {
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    // Status ignored: a destructor must not throw. Only reached once no launch is running
+    // (replay() holds the state until its launch completes).
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+
+  int device = -1;
+  cudaGraph_t graph = nullptr;  // the template the exec came from: set_enabled names its nodes
+  cudaGraphExec_t exec = nullptr;
+  std::vector<cudaGraphNode_t> nodes;  // by operation index
+  std::vector<DeviceBuffer> buffers;
+  std::vector<std::shared_ptr<const void>> objects;
+};
+
+size_t RecordedGraph::ops() const {
+  return state_ ? state_->nodes.size() : 0;
+}
+
+int RecordedGraph::device() const {
+  return state_ ? state_->device : -1;
+}
+
+void RecordedGraph::set_enabled(size_t op, bool enabled) {
+  FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_enabled: no operation ", op,
+                " in a recorded graph of ", ops(), " operations");
+  DeviceGuard guard(state_->device);
+  FUSEBOX_CUDA_CHECK(cudaGraphNodeSetEnabled(state_->exec, state_->nodes[op], enabled ? 1 : 0));
+}
+
 // ---- Recording ---------------------------------------------------------------------------
 
 void CommandEncoder::check_buffers(const BufferList& list) const {
@@ -76,56 +112,59 @@ void CommandEncoder::check_buffers(const BufferList& list) const {
   }
 }
 
-std::vector<uint32_t> CommandEncoder::dependencies(const BufferList& reads,
-                                                   const BufferList& writes) {
-  std::vector<uint32_t> hazards;
+void CommandEncoder::find_dependencies(const BufferList& reads, const BufferList& writes) {
+  hazards_.clear();
+  touched_.clear();
   auto collect = [&](const BufferRange& range, bool write) {
-    if (range.bytes == 0) return;
-    auto found = blocks_.find(range.buffer.data());
-    if (found == blocks_.end()) return;
+    if (range.bytes == 0) {  // touches nothing: neither ordered nor held
+      touched_.push_back(nullptr);
+      return;
+    }
+    // One lookup per range: record_accesses uses the pointer (stable across insertions).
+    BlockState& state = blocks_[range.buffer.data()];
+    if (!state.buffer) state.buffer = range.buffer;
+    touched_.push_back(&state);
     size_t begin = range.offset, end = range.offset + range.bytes;
-    for (const Access& earlier : found->second.accesses) {
+    for (const Access& earlier : state.accesses) {
       bool overlap = earlier.begin < end && begin < earlier.end;
       // Read after write, write after read, write after write; never read after read.
-      if (overlap && (write || earlier.write)) hazards.push_back(earlier.op);
+      if (overlap && (write || earlier.write)) hazards_.push_back(earlier.op);
     }
   };
   for (const BufferRange& range : reads) collect(range, false);
   for (const BufferRange& range : writes) collect(range, true);
-  std::sort(hazards.begin(), hazards.end());
-  hazards.erase(std::unique(hazards.begin(), hazards.end()), hazards.end());
+  std::sort(hazards_.begin(), hazards_.end());
+  hazards_.erase(std::unique(hazards_.begin(), hazards_.end()), hazards_.end());
   // Leave out a hazard that another one already orders through its own edge.
-  std::vector<uint32_t> edges;
-  for (uint32_t from : hazards) {
-    bool implied = std::any_of(hazards.begin(), hazards.end(), [&](uint32_t other) {
-      const auto& deps = node_deps_[other];
-      return other != from && std::binary_search(deps.begin(), deps.end(), from);
+  deps_.clear();
+  for (uint32_t from : hazards_) {
+    bool implied = std::any_of(hazards_.begin(), hazards_.end(), [&](uint32_t other) {
+      const uint32_t* first = dep_pool_.data() + dep_begin_[other];
+      const uint32_t* last = dep_pool_.data() + dep_begin_[other + 1];
+      return other != from && std::binary_search(first, last, from);
     });
-    if (!implied) edges.push_back(from);
+    if (!implied) deps_.push_back(from);
   }
-  return edges;
 }
 
 void CommandEncoder::record_accesses(uint32_t op, const BufferList& reads,
                                      const BufferList& writes) {
-  auto state_of = [&](const BufferRange& range) -> BlockState& {
-    BlockState& state = blocks_[range.buffer.data()];
-    if (!state.buffer) state.buffer = range.buffer;
-    return state;
-  };
+  size_t i = 0;
   for (const BufferRange& range : reads) {
-    if (range.bytes == 0) continue;
-    state_of(range).accesses.push_back({range.offset, range.offset + range.bytes, op, false});
+    BlockState* state = touched_[i++];
+    if (state != nullptr) {
+      state->accesses.push_back({range.offset, range.offset + range.bytes, op, false});
+    }
   }
   for (const BufferRange& range : writes) {
-    if (range.bytes == 0) continue;
-    BlockState& state = state_of(range);
+    BlockState* state = touched_[i++];
+    if (state == nullptr) continue;
     size_t begin = range.offset, end = range.offset + range.bytes;
     // An access inside this write's bytes is ordered before it, and everything later that
     // overlaps those bytes overlaps this write too: it only needs to wait for this one.
-    std::erase_if(state.accesses,
+    std::erase_if(state->accesses,
                   [&](const Access& a) { return a.begin >= begin && a.end <= end; });
-    state.accesses.push_back({begin, end, op, true});
+    state->accesses.push_back({begin, end, op, true});
   }
 }
 
@@ -141,26 +180,27 @@ void CommandEncoder::ensure_graph() {
   if (graph_ == nullptr) FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph_, 0));
 }
 
-size_t CommandEncoder::add_node(
-    const BufferList& reads, const BufferList& writes, std::string_view key_part,
-    const std::function<cudaGraphNode_t(const cudaGraphNode_t*, size_t)>& add) {
+template <class AppendKey, class MakeNode>
+size_t CommandEncoder::add_node(const BufferList& reads, const BufferList& writes,
+                                AppendKey&& append_key_part, MakeNode&& make_node) {
   ensure_graph();
-  std::vector<uint32_t> deps = dependencies(reads, writes);
-  std::vector<cudaGraphNode_t> dep_nodes;
-  dep_nodes.reserve(deps.size());
-  for (uint32_t d : deps) dep_nodes.push_back(nodes_[d]);
-  cudaGraphNode_t node = add(dep_nodes.data(), dep_nodes.size());
+  find_dependencies(reads, writes);
+  dep_nodes_.clear();
+  for (uint32_t d : deps_) dep_nodes_.push_back(nodes_[d]);
+  cudaGraphNode_t node = make_node(dep_nodes_.data(), dep_nodes_.size());
+  // The node exists: only now does the recording change.
   auto op = uint32_t(nodes_.size());
   nodes_.push_back(node);
-  key_ += key_part;
-  append_key(key_, uint32_t(deps.size()));
-  for (uint32_t d : deps) append_key(key_, d);
-  node_deps_.push_back(std::move(deps));
+  append_key_part(key_);
+  append_key(key_, uint32_t(deps_.size()));
+  for (uint32_t d : deps_) append_key(key_, d);
+  dep_pool_.insert(dep_pool_.end(), deps_.begin(), deps_.end());
+  dep_begin_.push_back(uint32_t(dep_pool_.size()));
   record_accesses(op, reads, writes);
   ++pending_ops_;
   ++stats_.ops_recorded;
   ++stats_.nodes_recorded;
-  stats_.edges_recorded += dep_nodes.size();
+  stats_.edges_recorded += deps_.size();
   return op;
 }
 
@@ -203,26 +243,30 @@ size_t CommandEncoder::launch_kernel(const void* kernel, dim3 grid, dim3 block, 
   opt_in_shared_memory(kernel, shared_bytes);
   if (!options_.use_graphs) {
     FUSEBOX_CUDA_CHECK_AS(cudaLaunchKernel(kernel, grid, block, args, shared_bytes, stream_),
-                          launch_text(grid, block, shared_bytes));
+                    launch_text(grid, block, shared_bytes));
     return note_direct_op(reads, writes);
   }
-  std::string key_part(1, 'K');
-  append_key(key_part, reinterpret_cast<uintptr_t>(kernel));
-  append_key(key_part, grid);
-  append_key(key_part, block);
-  append_key(key_part, shared_bytes);
-  return add_node(reads, writes, key_part, [&](const cudaGraphNode_t* deps, size_t count) {
-    cudaKernelNodeParams params{};
-    params.func = const_cast<void*>(kernel);
-    params.gridDim = grid;
-    params.blockDim = block;
-    params.sharedMemBytes = unsigned(shared_bytes);
-    params.kernelParams = args;
-    cudaGraphNode_t node = nullptr;
-    FUSEBOX_CUDA_CHECK_AS(cudaGraphAddKernelNode(&node, graph_, deps, count, &params),
-                          cat("cudaGraphAddKernelNode: ", launch_text(grid, block, shared_bytes)));
-    return node;
-  });
+  return add_node(
+      reads, writes,
+      [&](std::string& key) {
+        key += 'K';
+        append_key(key, reinterpret_cast<uintptr_t>(kernel));
+        append_key(key, grid);
+        append_key(key, block);
+        append_key(key, shared_bytes);
+      },
+      [&](const cudaGraphNode_t* deps, size_t count) {
+        cudaKernelNodeParams params{};
+        params.func = const_cast<void*>(kernel);
+        params.gridDim = grid;
+        params.blockDim = block;
+        params.sharedMemBytes = unsigned(shared_bytes);
+        params.kernelParams = args;
+        cudaGraphNode_t node = nullptr;
+        FUSEBOX_CUDA_CHECK_AS(cudaGraphAddKernelNode(&node, graph_, deps, count, &params),
+                        cat("cudaGraphAddKernelNode: ", launch_text(grid, block, shared_bytes)));
+        return node;
+      });
 }
 
 size_t CommandEncoder::capture_library_call(const BufferList& reads, const BufferList& writes,
@@ -256,22 +300,59 @@ size_t CommandEncoder::capture_library_call(const BufferList& reads, const Buffe
                     ". The recorded call did something a stream capture cannot hold "
                     "(a synchronisation, cudaMalloc, work on another stream, ...)"));
   }
-  size_t child_nodes = 0;
-  FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(child.get(), nullptr, &child_nodes));
-  if (child_nodes == 0) {
-    // Nothing captured: an empty node keeps one node per operation.
-    return add_node(reads, writes, "E", [&](const cudaGraphNode_t* deps, size_t count) {
-      cudaGraphNode_t node = nullptr;
-      FUSEBOX_CUDA_CHECK(cudaGraphAddEmptyNode(&node, graph_, deps, count));
-      return node;
-    });
+  return add_graph_node(reads, writes, child.get());
+}
+
+size_t CommandEncoder::add_child_graph(const BufferList& reads, const BufferList& writes,
+                                       cudaGraph_t child) {
+  FUSEBOX_CHECK(child != nullptr, "cuda", "add_child_graph: no graph given");
+  check_buffers(reads);
+  check_buffers(writes);
+  DeviceGuard guard(device_.id());
+  if (!options_.use_graphs) {
+    size_t count = 0;
+    FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(child, nullptr, &count));
+    if (count > 0) {
+      cudaGraphExec_t exec = nullptr;
+      FUSEBOX_CUDA_CHECK_AS(cudaGraphInstantiate(&exec, child, 0),
+                            cat("cudaGraphInstantiate(child graph of ", count, " nodes)"));
+      cudaError_t launched = cudaGraphLaunch(exec, stream_);
+      // A running exec may be destroyed: the driver frees it when the launch completes.
+      (void)cudaGraphExecDestroy(exec);
+      FUSEBOX_CUDA_CHECK_AS(launched, "cudaGraphLaunch(child graph)");
+    }
+    return note_direct_op(reads, writes);
   }
-  std::string key_part = "G(" + graph_topology(child.get()) + ")";
-  return add_node(reads, writes, key_part, [&](const cudaGraphNode_t* deps, size_t count) {
-    cudaGraphNode_t node = nullptr;  // the child graph is cloned into the node
-    FUSEBOX_CUDA_CHECK(cudaGraphAddChildGraphNode(&node, graph_, deps, count, child.get()));
-    return node;
-  });
+  return add_graph_node(reads, writes, child);
+}
+
+size_t CommandEncoder::add_graph_node(const BufferList& reads, const BufferList& writes,
+                                      cudaGraph_t child) {
+  size_t child_nodes = 0;
+  FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(child, nullptr, &child_nodes));
+  if (child_nodes == 0) {
+    // Nothing to run: an empty node keeps one node per operation.
+    return add_node(
+        reads, writes, [](std::string& key) { key += 'E'; },
+        [&](const cudaGraphNode_t* deps, size_t count) {
+          cudaGraphNode_t node = nullptr;
+          FUSEBOX_CUDA_CHECK(cudaGraphAddEmptyNode(&node, graph_, deps, count));
+          return node;
+        });
+  }
+  const std::string topology = graph_topology(child);
+  return add_node(
+      reads, writes,
+      [&](std::string& key) {
+        key += "G(";
+        key += topology;
+        key += ')';
+      },
+      [&](const cudaGraphNode_t* deps, size_t count) {
+        cudaGraphNode_t node = nullptr;  // the child graph is cloned into the node
+        FUSEBOX_CUDA_CHECK(cudaGraphAddChildGraphNode(&node, graph_, deps, count, child));
+        return node;
+      });
 }
 
 size_t CommandEncoder::memset(const BufferRange& dst, uint8_t value) {
@@ -281,23 +362,27 @@ size_t CommandEncoder::memset(const BufferRange& dst, uint8_t value) {
   DeviceGuard guard(device_.id());
   if (!options_.use_graphs) {
     FUSEBOX_CUDA_CHECK_AS(cudaMemsetAsync(dst.data(), value, dst.bytes, stream_),
-                          cat("cudaMemsetAsync(", dst.bytes, " bytes)"));
+                    cat("cudaMemsetAsync(", dst.bytes, " bytes)"));
     return note_direct_op({}, writes);
   }
-  std::string key_part(1, 'S');
-  append_key(key_part, dst.bytes);
-  return add_node({}, writes, key_part, [&](const cudaGraphNode_t* deps, size_t count) {
-    cudaMemsetParams params{};
-    params.dst = dst.data();
-    params.value = value;
-    params.elementSize = 1;
-    params.width = dst.bytes;
-    params.height = 1;
-    cudaGraphNode_t node = nullptr;
-    FUSEBOX_CUDA_CHECK_AS(cudaGraphAddMemsetNode(&node, graph_, deps, count, &params),
-                          cat("cudaGraphAddMemsetNode(", dst.bytes, " bytes)"));
-    return node;
-  });
+  return add_node(
+      {}, writes,
+      [&](std::string& key) {
+        key += 'S';
+        append_key(key, dst.bytes);
+      },
+      [&](const cudaGraphNode_t* deps, size_t count) {
+        cudaMemsetParams params{};
+        params.dst = dst.data();
+        params.value = value;
+        params.elementSize = 1;
+        params.width = dst.bytes;
+        params.height = 1;
+        cudaGraphNode_t node = nullptr;
+        FUSEBOX_CUDA_CHECK_AS(cudaGraphAddMemsetNode(&node, graph_, deps, count, &params),
+                        cat("cudaGraphAddMemsetNode(", dst.bytes, " bytes)"));
+        return node;
+      });
 }
 
 size_t CommandEncoder::memcpy(const BufferRange& dst, const BufferRange& src) {
@@ -314,15 +399,19 @@ size_t CommandEncoder::memcpy(const BufferRange& dst, const BufferRange& src) {
         cat("cudaMemcpyAsync(", dst.bytes, " bytes, device to device)"));
     return note_direct_op(reads, writes);
   }
-  std::string key_part(1, 'C');
-  append_key(key_part, dst.bytes);
-  return add_node(reads, writes, key_part, [&](const cudaGraphNode_t* deps, size_t count) {
-    cudaGraphNode_t node = nullptr;
-    FUSEBOX_CUDA_CHECK_AS(cudaGraphAddMemcpyNode1D(&node, graph_, deps, count, dst.data(),
-                                                   src.data(), dst.bytes, cudaMemcpyDeviceToDevice),
-                          cat("cudaGraphAddMemcpyNode1D(", dst.bytes, " bytes)"));
-    return node;
-  });
+  return add_node(
+      reads, writes,
+      [&](std::string& key) {
+        key += 'C';
+        append_key(key, dst.bytes);
+      },
+      [&](const cudaGraphNode_t* deps, size_t count) {
+        cudaGraphNode_t node = nullptr;
+        FUSEBOX_CUDA_CHECK_AS(cudaGraphAddMemcpyNode1D(&node, graph_, deps, count, dst.data(), src.data(),
+                                                 dst.bytes, cudaMemcpyDeviceToDevice),
+                        cat("cudaGraphAddMemcpyNode1D(", dst.bytes, " bytes)"));
+        return node;
+      });
 }
 
 void CommandEncoder::add_temporary(DeviceBuffer buffer) {
@@ -333,51 +422,113 @@ void CommandEncoder::keep_alive(std::shared_ptr<const void> object) {
   if (object) objects_.push_back(std::move(object));
 }
 
-// ---- Commit and completion ---------------------------------------------------------------
+// ---- Commit, replay and completion -------------------------------------------------------
 
 void CommandEncoder::reset_recording() {
   if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
   graph_ = nullptr;
   nodes_.clear();
-  node_deps_.clear();
-  key_.clear();
+  dep_pool_.clear();
+  dep_begin_.assign(1, 0);
+  key_.clear();  // keeps its capacity for the next recording
   blocks_.clear();
   objects_.clear();
   temporaries_.clear();
   pending_ops_ = 0;
 }
 
+CommandEncoder::InFlight CommandEncoder::take_held() {
+  InFlight held;
+  held.buffers.reserve(blocks_.size() + temporaries_.size());
+  for (auto& [address, state] : blocks_) held.buffers.push_back(std::move(state.buffer));
+  for (DeviceBuffer& buffer : temporaries_) held.buffers.push_back(std::move(buffer));
+  temporaries_.clear();
+  held.objects = std::move(objects_);
+  objects_.clear();
+  return held;
+}
+
+void CommandEncoder::hold_until_done(InFlight held) {
+  if (held.buffers.empty() && held.objects.empty()) return;
+  // Everything held is released once the stream has passed this point.
+  held.done = take_event();
+  cudaError_t recorded = cudaEventRecord(held.done, stream_);
+  if (recorded != cudaSuccess) {
+    std::lock_guard lock(in_flight_mutex_);
+    spare_events_.push_back(held.done);
+  }
+  FUSEBOX_CUDA_CHECK_AS(recorded, "cudaEventRecord(completion)");
+  std::lock_guard lock(in_flight_mutex_);
+  in_flight_.push_back(std::move(held));
+}
+
 void CommandEncoder::commit() {
   DeviceGuard guard(device_.id());
   // Take the recording; whatever happens below, the encoder starts a fresh one.
-  InFlight held;
-  for (auto& [address, state] : blocks_) held.buffers.push_back(std::move(state.buffer));
-  for (DeviceBuffer& buffer : temporaries_) held.buffers.push_back(std::move(buffer));
-  held.objects = std::move(objects_);
+  const bool had_work = pending_ops_ > 0;
+  InFlight held = take_held();
   OwnedGraph graph(graph_);
   graph_ = nullptr;
-  std::string key = std::move(key_);
-  bool had_work = pending_ops_ > 0;
-  reset_recording();
-
-  if (graph && had_work) {
-    cudaGraphExec_t exec = cache_.prepare(key, graph.get());
-    FUSEBOX_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  }
-  if (had_work) ++stats_.commits;
-  if (!held.buffers.empty() || !held.objects.empty()) {
-    // Everything held is released once the stream has passed this point.
-    held.done = take_event();
-    cudaError_t recorded = cudaEventRecord(held.done, stream_);
-    if (recorded != cudaSuccess) {
-      std::lock_guard lock(in_flight_mutex_);
-      spare_events_.push_back(held.done);
+  try {
+    if (graph && had_work) {
+      cudaGraphExec_t exec = cache_.prepare(key_, graph.get());
+      FUSEBOX_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     }
-    FUSEBOX_CUDA_CHECK_AS(recorded, "cudaEventRecord(commit completion)");
-    std::lock_guard lock(in_flight_mutex_);
-    in_flight_.push_back(std::move(held));
+  } catch (...) {
+    reset_recording();
+    throw;
   }
+  reset_recording();
+  if (had_work) ++stats_.commits;
+  hold_until_done(std::move(held));
   release_completed(false);
+}
+
+void CommandEncoder::discard_recording() {
+  if (!options_.use_graphs) return commit();
+  // Nothing recorded has been launched: the buffers it holds may return at once (earlier
+  // commits that use them hold handles of their own).
+  reset_recording();
+}
+
+RecordedGraph CommandEncoder::finish_recording() {
+  FUSEBOX_CHECK(options_.use_graphs, "cuda",
+                "finish_recording needs CUDA graphs, but this encoder launches directly "
+                "(FUSEBOX_CUDA_GRAPHS=0): the operations have run already");
+  if (graph_ == nullptr || pending_ops_ == 0) {
+    commit();  // temporaries and objects wait for the work committed before
+    return {};
+  }
+  DeviceGuard guard(device_.id());
+  auto state = std::make_shared<RecordedGraph::State>();
+  state->device = device_.id();
+  InFlight held = take_held();
+  state->buffers = std::move(held.buffers);
+  state->objects = std::move(held.objects);
+  state->graph = graph_;
+  graph_ = nullptr;
+  state->nodes = std::move(nodes_);
+  reset_recording();
+  FUSEBOX_CUDA_CHECK_AS(cudaGraphInstantiate(&state->exec, state->graph, 0),
+                  cat("cudaGraphInstantiate(recorded graph of ", state->nodes.size(), " nodes)"));
+  ++stats_.recordings_finished;
+  RecordedGraph recorded;
+  recorded.state_ = std::move(state);
+  return recorded;
+}
+
+void CommandEncoder::replay(const RecordedGraph& graph) {
+  commit();
+  if (!graph) return;
+  FUSEBOX_CHECK(graph.state_->device == device_.id(), "cuda", "a graph recorded on device ",
+                graph.state_->device, " was replayed on the command encoder of device ",
+                device_.id());
+  DeviceGuard guard(device_.id());
+  FUSEBOX_CUDA_CHECK(cudaGraphLaunch(graph.state_->exec, stream_));
+  ++stats_.replays;
+  InFlight held;
+  held.objects.push_back(graph.state_);  // the exec, its buffers and objects
+  hold_until_done(std::move(held));
 }
 
 cudaEvent_t CommandEncoder::take_event() {
@@ -423,9 +574,8 @@ void CommandEncoder::copy_to_device(const BufferRange& dst, const void* host) {
   commit();
   if (dst.bytes == 0) return;
   DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(dst.data(), host, dst.bytes, cudaMemcpyHostToDevice, stream_),
-      cat("cudaMemcpyAsync(", dst.bytes, " bytes, host to device)"));
+  FUSEBOX_CUDA_CHECK_AS(cudaMemcpyAsync(dst.data(), host, dst.bytes, cudaMemcpyHostToDevice, stream_),
+                  cat("cudaMemcpyAsync(", dst.bytes, " bytes, host to device)"));
   FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   release_completed(true);
 }
@@ -434,9 +584,8 @@ void CommandEncoder::copy_to_host(void* host, const BufferRange& src) {
   commit();
   if (src.bytes == 0) return;
   DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
-      cat("cudaMemcpyAsync(", src.bytes, " bytes, device to host)"));
+  FUSEBOX_CUDA_CHECK_AS(cudaMemcpyAsync(host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
+                  cat("cudaMemcpyAsync(", src.bytes, " bytes, device to host)"));
   FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   release_completed(true);
 }

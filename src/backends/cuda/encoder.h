@@ -15,7 +15,7 @@
 // kernel's parameter types and copied when recorded). A library call (cuBLASLt, cuDNN, or
 // any stream-ordered work) is recorded by running it on a side stream under stream capture
 // (cudaStreamCaptureModeThreadLocal) and added as a child-graph node. A capture forbids
-// allocation and synchronisation, so allocate the workspace and create this thread's
+// allocation and synchronisation, so allocate the workspace and create the
 // library handles before the call; inside, bind cuDNN to the given stream
 // (Device::cudnn_handle(s)) and pass it to cuBLASLt. memset and memcpy become memset and
 // memcpy nodes.
@@ -37,6 +37,22 @@
 // pointers and values, a refused update re-instantiates, a miss instantiates.
 // FUSEBOX_CUDA_GRAPHS=0 launches everything directly on the stream instead (debugging),
 // with the same API and lifetimes.
+//
+// Replay. A step that runs again and again on the same buffers need not be recorded again:
+//
+//   RecordedGraph step = enc.finish_recording();  // instantiated once, not launched
+//   for (...) { enc.copy_to_device(input, host); enc.replay(step); enc.copy_to_host(...); }
+//
+// finish_recording() ends the recording and hands it over with everything it holds (every
+// declared buffer, temporaries, kept objects), so the addresses baked into its nodes stay
+// valid; replay() launches it after all work committed so far, recording nothing, and
+// keeps what it holds until that launch completes, so dropping the RecordedGraph (or the
+// caller's handles to its buffers) while a launch runs is safe. New values reach a replay
+// through the contents of its buffers, never through its parameters.
+//
+// Child graphs. add_child_graph() places a graph built elsewhere (cuDNN's native
+// cudnnBackendPopulateCudaGraph, say) in the recording as one operation, ordered by the
+// buffers it declares like any other.
 //
 // Threads: one thread uses an encoder at a time (per the stream it owns); the completion
 // bookkeeping is locked, since the allocator may reclaim from another thread.
@@ -65,6 +81,27 @@ namespace fusebox::cuda {
 
 using BufferList = std::vector<BufferRange>;
 
+// A finished recording, instantiated, with everything its nodes use (see "Replay" above).
+// A shared handle: copies launch the same exec. Empty when default-made or when the
+// recording had no operation (replaying it launches nothing).
+class RecordedGraph {
+ public:
+  RecordedGraph() = default;
+
+  explicit operator bool() const { return state_ != nullptr; }
+  size_t ops() const;  // operations recorded (nodes of the graph)
+  int device() const;  // -1 when empty
+  // Turns operation `op`'s node off for later launches, or back on (kernel, memset and
+  // memcpy nodes: cudaGraphNodeSetEnabled). E.g. the executor poisons a step's outputs in
+  // its first launch only. Not while a launch of this graph is being issued elsewhere.
+  void set_enabled(size_t op, bool enabled);
+
+ private:
+  friend class CommandEncoder;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
 class CommandEncoder {
  public:
   struct Options {
@@ -75,12 +112,14 @@ class CommandEncoder {
     static Options from_env();
   };
   struct Stats {
-    uint64_t ops_recorded = 0;      // launches, library calls, memsets, memcpys
-    uint64_t nodes_recorded = 0;    // graph nodes added (0 when launching directly)
-    uint64_t edges_recorded = 0;    // hazard edges added
-    uint64_t commits = 0;           // commits that had work to launch
-    uint64_t direct_launches = 0;   // operations launched directly (FUSEBOX_CUDA_GRAPHS=0)
-    GraphCache::Stats graph_cache;  // instantiations, updates, refusals, hits, misses
+    uint64_t ops_recorded = 0;         // launches, library calls, memsets, memcpys
+    uint64_t nodes_recorded = 0;       // graph nodes added (0 when launching directly)
+    uint64_t edges_recorded = 0;       // hazard edges added
+    uint64_t commits = 0;              // commits that had work to launch
+    uint64_t direct_launches = 0;      // operations launched directly (FUSEBOX_CUDA_GRAPHS=0)
+    uint64_t recordings_finished = 0;  // finish_recording() calls that returned a graph
+    uint64_t replays = 0;              // replay() launches
+    GraphCache::Stats graph_cache;     // instantiations, updates, refusals, hits, misses
   };
   static constexpr size_t kNoOp = SIZE_MAX;  // returned when nothing was recorded
 
@@ -119,6 +158,11 @@ class CommandEncoder {
   size_t capture_library_call(const BufferList& reads, const BufferList& writes,
                               const std::function<void(cudaStream_t)>& record);
 
+  // Records a copy of `child` (the caller keeps it) as one child-graph node, ordered by the
+  // declared buffers like any other operation. Launching directly, instantiates and
+  // launches it on the stream instead.
+  size_t add_child_graph(const BufferList& reads, const BufferList& writes, cudaGraph_t child);
+
   // Sets every byte of `dst` to `value`. kNoOp for an empty range.
   size_t memset(const BufferRange& dst, uint8_t value);
   // Device-to-device copy; the ranges must have equal sizes. kNoOp for empty ranges.
@@ -133,6 +177,18 @@ class CommandEncoder {
   void commit();
   // commit(), then waits for the stream and releases everything held.
   void synchronize();
+
+  // Drops what was recorded since the last commit without launching it (e.g. a run that
+  // failed half-way); launching directly, that work has run already: then commit().
+  void discard_recording();
+
+  // Ends the recording and returns it instantiated, not launched, with what it holds; the
+  // encoder starts a fresh recording. An error when launching directly (the operations
+  // have run already; there is nothing to replay).
+  RecordedGraph finish_recording();
+  // Commits, then launches `graph` (finished by an encoder of this device) on the stream,
+  // holding what it holds until this launch completes. An empty graph launches nothing.
+  void replay(const RecordedGraph& graph);
 
   // Blocking copies between host memory (any kind) and a buffer, ordered after all work
   // recorded so far (they commit first). For tests and the edges of a run.
@@ -166,7 +222,7 @@ class CommandEncoder {
     DeviceBuffer buffer;
     std::vector<Access> accesses;
   };
-  // A launched commit: what it holds until its event completes.
+  // A launched commit or replay: what it holds until its event completes.
   struct InFlight {
     cudaEvent_t done = nullptr;
     std::vector<DeviceBuffer> buffers;
@@ -174,16 +230,25 @@ class CommandEncoder {
   };
 
   void check_buffers(const BufferList& list) const;
-  // Hazard edges for a new operation (as operation indices); records its accesses.
-  std::vector<uint32_t> dependencies(const BufferList& reads, const BufferList& writes);
+  // The hazard edges of a new operation into deps_ (operation indices, leaving out those
+  // another hazard already orders); notes the blocks it touches in touched_.
+  void find_dependencies(const BufferList& reads, const BufferList& writes);
+  // Records operation `op`'s accesses in the blocks find_dependencies noted.
   void record_accesses(uint32_t op, const BufferList& reads, const BufferList& writes);
-  // Adds a node made by `add_node(graph, deps, count)` and its key part; returns its index.
-  size_t add_node(const BufferList& reads, const BufferList& writes, std::string_view key_part,
-                  const std::function<cudaGraphNode_t(const cudaGraphNode_t*, size_t)>& add);
+  // Adds the node `make_node(deps, count)` creates, with its hazard edges, and appends its
+  // key part (append_key_part(key_)); returns its operation index. (encoder.cpp only.)
+  template <class AppendKey, class MakeNode>
+  size_t add_node(const BufferList& reads, const BufferList& writes, AppendKey&& append_key_part,
+                  MakeNode&& make_node);
+  size_t add_graph_node(const BufferList& reads, const BufferList& writes, cudaGraph_t child);
   size_t note_direct_op(const BufferList& reads, const BufferList& writes);
   void retain(const BufferList& list);
   void ensure_graph();
   void reset_recording();
+  // What the recording holds (its buffers, temporaries and objects), moved out.
+  InFlight take_held();
+  // Keeps `held` until the work launched so far on the stream completes.
+  void hold_until_done(InFlight held);
   cudaEvent_t take_event();
   // Releases what completed commits held; with wait, first waits for all of them.
   void release_completed(bool wait);
@@ -198,10 +263,16 @@ class CommandEncoder {
 
   // The recording.
   cudaGraph_t graph_ = nullptr;
-  std::vector<cudaGraphNode_t> nodes_;                  // by operation index
-  std::vector<std::vector<uint32_t>> node_deps_;        // direct dependencies by operation
+  std::vector<cudaGraphNode_t> nodes_;  // by operation index
+  // Direct dependencies of operation i: dep_pool_[dep_begin_[i] .. dep_begin_[i + 1]), sorted.
+  std::vector<uint32_t> dep_pool_;
+  std::vector<uint32_t> dep_begin_{0};
   std::string key_;                                     // topology key so far
   std::unordered_map<const void*, BlockState> blocks_;  // by block address
+  // Scratch of find_dependencies, kept to save allocations per operation.
+  std::vector<uint32_t> hazards_, deps_;
+  std::vector<BlockState*> touched_;
+  std::vector<cudaGraphNode_t> dep_nodes_;
   std::vector<std::shared_ptr<const void>> objects_;
   std::vector<DeviceBuffer> temporaries_;
   size_t pending_ops_ = 0;

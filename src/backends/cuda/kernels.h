@@ -48,6 +48,30 @@ void constant(Context& ctx, const Node& n, Inputs in, Outputs out);
 // slice of concat's output); used by run_node and the executor.
 void copy_strided(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst);
 
+// ---- backward ops and optimizer updates (ops.h), the CPU kernels' semantics -----------
+// pointwise_backward.cu
+void unary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided inputs OK
+void binary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// shape_ops_backward.cu
+void expand(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided input OK
+void slice_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void pad_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// reduce_backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
+void softmax_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void reduce_max_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// cross_entropy.cu
+void cross_entropy_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// batch_norm.cu, pool.cu
+void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void avg_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// norm_backward.cu (helper B): the IR forms of the direct calls declared below
+void layer_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void rms_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// optimizer.cu: one fused pass each; lr and step are read on the device (no host sync)
+void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out);
+void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out);
+
 // ---- norm_*.cu, batch_norm.cu, pool.cu, conv_direct.cu, matmul.cpp (helper B) -------
 void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
@@ -61,8 +85,8 @@ void conv_backward_filter(Context& ctx, const Node& n, Inputs in, Outputs out);
 void matmul(Context& ctx, const Node& n, Inputs in, Outputs out);
 void gemm(Context& ctx, const Node& n, Inputs in, Outputs out);
 
-// Norm backward passes (no IR op yet: autodiff adds them; benchmarks and tests call
-// these directly). x, dy [rows, cols] contiguous; scale [cols]; mean/rstd [rows] f32.
+// Norm backward passes as direct calls (benchmarks and tests; the IR ops above wrap
+// them). x, dy [rows, cols] contiguous; scale [cols]; mean/rstd [rows] f32.
 // dscale/dbias [cols] in scale's dtype (or f32), reduced from per-block f32 partial sums.
 void layer_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                          const DeviceTensor* scale, const DeviceTensor& mean,

@@ -1,4 +1,5 @@
-// Per-(device, thread) cuBLASLt and cuDNN handles, and the checks for those libraries.
+// The per-device cuBLASLt handle, the per-(device, thread) cuDNN handles, and the checks
+// for those libraries.
 // Kept apart from device.cpp so that code using only the runtime API does not pull
 // cuBLASLt and cuDNN into its link.
 #include <unordered_map>
@@ -9,48 +10,50 @@
 namespace fusebox::cuda {
 namespace {
 
-// A thread's handles, one per device, destroyed when the thread exits. The library
-// handles are not thread-safe to share (cuDNN binds a stream to its handle).
-struct ThreadHandles {
-  std::unordered_map<int, cublasLtHandle_t> cublaslt;
-  std::unordered_map<int, cudnnHandle_t> cudnn;
+// A thread's cuDNN handles, one per device, destroyed when the thread exits (before the
+// process's static destructors, so the libraries are still there). A cuDNN handle is bound
+// to one stream at a time, so threads cannot share one.
+struct ThreadCudnnHandles {
+  std::unordered_map<int, cudnnHandle_t> by_device;
 
-  ThreadHandles() = default;
-  ThreadHandles(const ThreadHandles&) = delete;
-  ThreadHandles& operator=(const ThreadHandles&) = delete;
-  ~ThreadHandles() {
-    // Status ignored: at process exit the libraries may already be shutting down.
-    for (auto& [device, handle] : cublaslt) (void)cublasLtDestroy(handle);
-    for (auto& [device, handle] : cudnn) (void)cudnnDestroy(handle);
+  ThreadCudnnHandles() = default;
+  ThreadCudnnHandles(const ThreadCudnnHandles&) = delete;
+  ThreadCudnnHandles& operator=(const ThreadCudnnHandles&) = delete;
+  ~ThreadCudnnHandles() {
+    // Status ignored: a destructor must not throw.
+    int current = -1;
+    bool restore = cudaGetDevice(&current) == cudaSuccess;
+    for (auto& [device, handle] : by_device) {
+      (void)cudaSetDevice(device);  // the handle's device
+      (void)cudnnDestroy(handle);
+    }
+    if (restore) (void)cudaSetDevice(current);
   }
 };
 
-ThreadHandles& thread_handles() {
-  thread_local ThreadHandles handles;
-  return handles;
-}
-
 }  // namespace
 
+// cuBLASLt hands every thread the same context for a device: the first GPU run saw two
+// threads' cublasLtCreate return one pointer, so a per-thread handle destroyed at its
+// thread's exit destroyed the other threads' handle too (a use after free, and likely the
+// SIGFPE later in that run). One handle per device, never destroyed, is what cuBLASLt
+// gives anyway.
 cublasLtHandle_t Device::cublaslt_handle() const {
-  auto& handles = thread_handles().cublaslt;
-  auto it = handles.find(id_);
-  if (it != handles.end()) return it->second;
-  DeviceGuard guard(id_);
-  cublasLtHandle_t handle = nullptr;
-  FUSEBOX_CUBLAS_CHECK(cublasLtCreate(&handle));
-  handles.emplace(id_, handle);
-  return handle;
+  std::call_once(cublaslt_once_, [this] {  // a throw leaves it unset: the next call retries
+    DeviceGuard guard(id_);                // cublasLtCreate ties the context to the current device
+    FUSEBOX_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  });
+  return cublaslt_;
 }
 
 cudnnHandle_t Device::cudnn_handle(cudaStream_t stream) const {
-  auto& handles = thread_handles().cudnn;
-  auto it = handles.find(id_);
-  if (it == handles.end()) {
+  thread_local ThreadCudnnHandles handles;
+  auto it = handles.by_device.find(id_);
+  if (it == handles.by_device.end()) {
     DeviceGuard guard(id_);  // cudnnCreate binds the handle to the current device
     cudnnHandle_t handle = nullptr;
     FUSEBOX_CUDNN_CHECK(cudnnCreate(&handle));
-    it = handles.emplace(id_, handle).first;
+    it = handles.by_device.emplace(id_, handle).first;
   }
   FUSEBOX_CUDNN_CHECK(cudnnSetStream(it->second, stream));
   return it->second;

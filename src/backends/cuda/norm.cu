@@ -9,22 +9,90 @@
 // f64 x). Arithmetic runs in f32 (f64 for f64), and the variance is always the second
 // pass over the row, sum((x - mean)^2), never E[x^2] - E[x]^2.
 //
-// Register path (f32, f16, bf16 rows of up to 16,384 elements; norm_rows.cuh): a row
-// group loads its row once with 16-byte loads into registers (at most 32 values per
-// thread), reduces the sum for the mean, then the squared deviations, and writes y from
-// the same registers: x is read once and y written once, so the kernel should run at the
-// device's copy bandwidth (about 2.8-2.9 TB/s of the H100's 3.0 TB/s copy for rows of
-// 1K-16K elements; the statistics add 8 bytes per row).
+// Register path (f32, f16, bf16 rows of up to 8,192 16-byte vectors: 32K f32 or 64K
+// f16/bf16 elements; norm_rows.cuh): a row group of R threads loads its row once with
+// 16-byte streaming loads into registers (V vectors per thread), reduces the sum for the
+// mean, then the squared deviations, and writes y from the same registers. With prefetch
+// (the default where registers allow) the group's next row is already loading while it
+// reduces this one. x is read once and y written once, so the kernel should run near the
+// device's copy bandwidth (target: 90% of a device-to-device copy; the statistics add 8
+// bytes per row). The layout (V, R, prefetch) comes from plan_forward and the tuning
+// variant (norm_tuning.h).
 //
 // Long-row path (longer rows, unaligned data, cols not a multiple of the vector width,
 // f64): a block per row, three passes over the row (sum, squared deviations, y) with
 // scalar accesses; the second and third reads mostly hit L2. Correct, about a third of
 // the register path's speed.
+#include <atomic>
+
+#include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/norm_common.h"
 #include "backends/cuda/norm_rows.cuh"
 
 namespace fusebox::cuda {
+
+namespace norm {
+
+namespace {
+
+// Variant 0 is the default; the others are what the benchmark compares it with.
+// The default's choice (H100, 2026-11-22, bench/results/2026-11-22_h100_run3.md): the forward
+// prefetches the next row (best or within 2% on every shape), the backward does not (its
+// prefetch registers halve the blocks per SM: 8192x4096 f32 176 -> 155 us without it).
+constexpr Variant kVariants[] = {
+    // name, fwd vecs, fwd prefetch, bwd vecs, bwd prefetch, bwd smem acc, bwd cluster,
+    // cluster min cols, bwd register cap
+    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0},
+    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0},
+    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0},
+    {"v2-plain", 2, false, 2, false, false, false, 0, 0},
+    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0},
+    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0},
+    // Backward register caps (norm_backward.cu: kCappedLayouts), for f16 / bf16 LayerNorm,
+    // whose two column sums per element otherwise take 88 registers at V=2 (2 blocks of 256
+    // per SM). 64 registers: 1024-thread blocks of 2 row groups of 512 at 4096 columns
+    // (one partial row per block, 32 warps per SM); RMSNorm at V=2: 4 groups of 256.
+    // 80: blocks of 256, 3 per SM. Layouts without a capped kernel get the ordinary one.
+    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64},
+    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64},
+    {"v2-plain-r80", 2, true, 2, false, false, false, 0, 80},
+    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64},
+};
+
+int variant_from_env() {
+  const std::optional<std::string> text = env_text("FUSEBOX_NORM_VARIANT");
+  if (!text) return 0;
+  const size_t index = parse_count(*text, "FUSEBOX_NORM_VARIANT");
+  FUSEBOX_CHECK(index < std::size(kVariants), "FUSEBOX_NORM_VARIANT", "is ", index,
+                "; the variants are 0 to ", std::size(kVariants) - 1);
+  return int(index);
+}
+
+std::atomic<int> selected{-1};
+
+}  // namespace
+
+std::span<const Variant> norm_variants() {
+  return kVariants;
+}
+
+const Variant& norm_variant() {
+  int index = selected.load(std::memory_order_relaxed);
+  if (index < 0) {
+    index = variant_from_env();
+    selected.store(index, std::memory_order_relaxed);
+  }
+  return kVariants[index];
+}
+
+void select_norm_variant(int index) {
+  FUSEBOX_CHECK(index >= 0 && size_t(index) < std::size(kVariants), "select_norm_variant",
+                "no variant ", index, "; the variants are 0 to ", std::size(kVariants) - 1);
+  selected.store(index, std::memory_order_relaxed);
+}
+
+}  // namespace norm
 
 namespace {
 
@@ -46,38 +114,59 @@ struct ForwardArgs {
 };
 
 // Register path: see norm_rows.cuh for the layout (row groups of R threads, V vectors
-// of W elements per thread, persistent grid over rows).
-//   1. load the row's vectors (V per thread) into registers;
+// of W elements per thread, persistent grid over rows). Per row:
+//   1. (kPrefetch: issue the loads of the group's next row into `next`);
 //   2. mean = group sum / cols (layer_norm only);
 //   3. var = group sum of (x - mean)^2 over the valid vectors / cols; rstd = rsqrt(var + eps);
-//   4. y = (x - mean) * rstd * scale + bias from the registers, 16-byte stores.
-template <class T, bool kCentre, int kVecs>
-__global__ void __launch_bounds__(norm::kMaxRowThreads, norm::min_blocks_per_sm(kVecs* kVecBytes))
+//   4. y = (x - mean) * rstd * scale + bias from the registers, 16-byte streaming stores.
+// x is read once (streaming loads) and y written once.
+// The block the kernel is compiled for (its __launch_bounds__): from the registers of row
+// data a thread holds (V vectors, twice with prefetch).
+template <int kVecs, bool kPrefetch>
+constexpr int forward_max_block() {
+  return norm::max_block_for(kVecs * (kPrefetch ? 2 : 1) * kVecBytes / 4);
+}
+
+template <class T, bool kCentre, int kVecs, bool kPrefetch>
+__global__ void __launch_bounds__(forward_max_block<kVecs, kPrefetch>())
     norm_forward_rows(ForwardArgs<T, float> a) {
   using norm::Packed;
   using norm::unpack;
   constexpr int W = kVecWidth<T>;
-  __shared__ float slots[32];
+  __shared__ norm::SumSlots<1> slots;
   const int R = a.threads_per_row;
   const int groups = blockDim.x / R;
   const int group = threadIdx.x / R, t = threadIdx.x % R;
-  const int64_t nvec = a.cols / W;
+  const int nvec = int(a.cols / W);
   const float inv_cols = 1.0f / float(a.cols);
-  for (int64_t base = int64_t(blockIdx.x) * groups; base < a.rows;
-       base += int64_t(gridDim.x) * groups) {
-    const int64_t row = base + group;
-    const bool active = row < a.rows;
+  const int64_t stride = int64_t(gridDim.x) * groups;
+  // The row stays in registers in its own type, packed (half the registers of f32 for
+  // 2-byte types, so more rows are in flight per SM); each pass converts on the fly.
+  Packed v[kVecs] = {}, next[kVecs] = {};
+  auto load_row = [&](Packed(&dst)[kVecs], int64_t row) {
+    if (row >= a.rows) return;
     const T* xr = a.x + row * a.cols;
-    // The row stays in registers in its own type, packed (half the registers of f32 for
-    // 2-byte types, so more rows are in flight per SM); each pass converts on the fly.
-    bool valid[kVecs];
-    Packed v[kVecs];
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
-      const int64_t i = int64_t(k) * R + t;
-      valid[k] = active && i < nvec;
-      if (valid[k]) v[k] = norm::load_packed(xr, i);
+      const int i = k * R + t;
+      if (i < nvec) dst[k] = norm::load_packed_stream(xr, i);
     }
+  };
+  int parity = 0;
+  int64_t row = int64_t(blockIdx.x) * groups + group;
+  if constexpr (kPrefetch) load_row(v, row);
+  // The loop runs alike for every thread of the block (base is uniform), so shuffles and
+  // barriers see every thread; rows past the end are computed on but never stored.
+  for (int64_t base = int64_t(blockIdx.x) * groups; base < a.rows; base += stride, row += stride) {
+    if constexpr (kPrefetch) {
+      load_row(next, row + stride);
+    } else {
+      load_row(v, row);
+    }
+    const bool active = row < a.rows;
+    bool valid[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) valid[k] = active && k * R + t < nvec;
 
     float mean = 0.0f;
     if constexpr (kCentre) {
@@ -88,7 +177,8 @@ __global__ void __launch_bounds__(norm::kMaxRowThreads, norm::min_blocks_per_sm(
 #pragma unroll
         for (int w = 0; w < W; ++w) s[0] += unpack<T>(v[k], w);
       }
-      norm::group_sum(s, slots, R);
+      norm::group_sum(s, slots, R, parity);
+      parity ^= 1;
       mean = s[0] * inv_cols;
     }
     float sq[1] = {0.0f};
@@ -101,31 +191,36 @@ __global__ void __launch_bounds__(norm::kMaxRowThreads, norm::min_blocks_per_sm(
         sq[0] += d * d;
       }
     }
-    norm::group_sum(sq, slots, R);
+    norm::group_sum(sq, slots, R, parity);
+    parity ^= 1;
     const float rstd = rsqrtf(sq[0] * inv_cols + a.eps);
-    if (!active) continue;  // no barrier follows in this iteration
-    if (t == 0) {
-      if (a.mean) a.mean[row] = mean;
-      if (a.rstd) a.rstd[row] = rstd;
-    }
-
-    T* yr = a.y + row * a.cols;
-#pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      if (!valid[k]) continue;
-      const int64_t i = int64_t(k) * R + t;
-      Packed scale{}, bias{};
-      if (a.scale) scale = norm::load_packed(a.scale, i);
-      if (a.bias) bias = norm::load_packed(a.bias, i);
-      float out[W];
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        float r = (unpack<T>(v[k], w) - mean) * rstd;
-        if (a.scale) r *= unpack<T>(scale, w);
-        if (a.bias) r += unpack<T>(bias, w);
-        out[w] = r;
+    if (active) {
+      if (t == 0) {
+        if (a.mean) a.mean[row] = mean;
+        if (a.rstd) a.rstd[row] = rstd;
       }
-      norm::store_packed(yr, i, norm::pack<T>(out));
+      T* yr = a.y + row * a.cols;
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        if (!valid[k]) continue;
+        const int i = k * R + t;
+        Packed scale{}, bias{};
+        if (a.scale) scale = norm::load_packed_ro(a.scale, i);
+        if (a.bias) bias = norm::load_packed_ro(a.bias, i);
+        float out[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          float r = (unpack<T>(v[k], w) - mean) * rstd;
+          if (a.scale) r *= unpack<T>(scale, w);
+          if (a.bias) r += unpack<T>(bias, w);
+          out[w] = r;
+        }
+        norm::store_packed_stream(yr, i, norm::pack<T>(out));
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) v[k] = next[k];
     }
   }
 }
@@ -163,45 +258,89 @@ __global__ void norm_forward_long(ForwardArgs<T, stats_t<T>> a) {
   }
 }
 
-template <class T, bool kCentre>
-auto forward_rows_kernel(int vecs) {
-  constexpr int W = kVecWidth<T>;
+template <class T>
+using ForwardKernel = norm::BoundKernel<void (*)(ForwardArgs<T, float>)>;
+
+template <class T, bool kCentre, int kVecs, bool kPrefetch>
+ForwardKernel<T> bound_forward_rows() {
+  return {&norm_forward_rows<T, kCentre, kVecs, kPrefetch>, forward_max_block<kVecs, kPrefetch>()};
+}
+
+template <class T, bool kCentre, bool kPrefetch>
+ForwardKernel<T> forward_rows_kernel(int vecs) {
   switch (vecs) {
     case 1:
-      return &norm_forward_rows<T, kCentre, 1>;
+      return bound_forward_rows<T, kCentre, 1, kPrefetch>();
     case 2:
-      return &norm_forward_rows<T, kCentre, 2>;
+      return bound_forward_rows<T, kCentre, 2, kPrefetch>();
     case 4:
-      return &norm_forward_rows<T, kCentre, 4>;
-    default:
-      if constexpr (8 * W <= norm::kMaxForwardElems) return &norm_forward_rows<T, kCentre, 8>;
-      return &norm_forward_rows<T, kCentre, 4>;  // unreachable: plan_rows caps vecs
+      return bound_forward_rows<T, kCentre, 4, kPrefetch>();
+    default:  // 8 vectors and their prefetch would spill
+      if constexpr (kPrefetch) return {};
+      return bound_forward_rows<T, kCentre, 8, false>();
   }
+}
+
+// The register path's layout for rows of `cols` elements, or plan.fast == false. Tries,
+// in order: prefetching layouts (when the variant allows) from the variant's vectors per
+// thread up, then the same without prefetch; the first that fits kMaxRowThreads threads
+// per row and launches (norm::launchable: block within the kernel's bounds, registers,
+// shared memory) wins.
+template <class T, bool kCentre>
+norm::RowPlan plan_forward(int64_t rows, int64_t cols, bool aligned, const DeviceProperties& props,
+                           ForwardKernel<T>* kernel) {
+  constexpr int W = kVecWidth<T>;
+  norm::RowPlan plan;
+  if (!aligned || cols % W != 0) return plan;
+  const norm::Variant& variant = norm::norm_variant();
+  for (bool prefetch : {true, false}) {
+    if (prefetch && !variant.forward_prefetch) continue;
+    for (int preferred = variant.forward_vecs; preferred <= norm::kMaxVecs; preferred *= 2) {
+      int vecs = preferred, threads = 0;
+      norm::fit_row(cols / W, vecs, threads);
+      if (threads == 0) continue;
+      const ForwardKernel<T> k = prefetch ? forward_rows_kernel<T, kCentre, true>(vecs)
+                                          : forward_rows_kernel<T, kCentre, false>(vecs);
+      if (!k) continue;
+      const int block = threads <= 32 ? norm::kSmallGroupBlock : threads;  // R > 32: one group
+      const int groups = block / threads;
+      const unsigned grid = norm::persistent_grid(k, block, 0, props, (rows + groups - 1) / groups);
+      if (grid == 0) continue;
+      plan.fast = true;
+      plan.vecs = vecs;
+      plan.threads_per_row = threads;
+      plan.block = block;
+      plan.prefetch = prefetch;
+      plan.grid = grid;
+      *kernel = k;
+      return plan;
+    }
+  }
+  return plan;
 }
 
 template <class T, bool kCentre>
 void launch_forward(Context& ctx, const ForwardArgs<T, stats_t<T>>& args, const BufferList& reads,
                     const BufferList& writes) {
-  const int sms = ctx.device.properties().sm_count;
+  const DeviceProperties& props = ctx.device.properties();
   if constexpr (!std::is_same_v<T, double>) {
     const bool aligned = norm::aligned16(args.x) && norm::aligned16(args.y) &&
                          norm::aligned16(args.scale) && norm::aligned16(args.bias);
-    const RowPlan plan = norm::plan_rows(args.cols, kVecWidth<T>, norm::kPreferredElems,
-                                         norm::kMaxForwardElems, aligned);
+    ForwardKernel<T> kernel;
+    const RowPlan plan = plan_forward<T, kCentre>(args.rows, args.cols, aligned, props, &kernel);
     if (plan.fast) {
       ForwardArgs<T, float> a = args;
       a.threads_per_row = plan.threads_per_row;
-      auto kernel = forward_rows_kernel<T, kCentre>(plan.vecs);
-      const int64_t row_blocks = (args.rows + plan.groups() - 1) / plan.groups();
-      const unsigned grid = norm::persistent_grid(kernel, plan.block, 0, sms, row_blocks);
-      ctx.encoder.launch(kernel, dim3(grid), dim3(plan.block), 0, reads, writes, a);
+      ctx.encoder.launch(kernel.fn, dim3(plan.grid), dim3(plan.block), 0, reads, writes, a);
       return;
     }
   }
-  const unsigned grid =
-      norm::persistent_grid(&norm_forward_long<T, kCentre>, norm::kLongRowBlock, 0, sms, args.rows);
-  ctx.encoder.launch(&norm_forward_long<T, kCentre>, dim3(grid), dim3(norm::kLongRowBlock), 0,
-                     reads, writes, args);
+  // The long-row kernel has no launch bounds and few registers: it always launches.
+  const norm::BoundKernel<void (*)(ForwardArgs<T, stats_t<T>>)> long_row{
+      &norm_forward_long<T, kCentre>, norm::kUnbounded};
+  const unsigned grid = norm::persistent_grid(long_row, norm::kLongRowBlock, 0, props, args.rows);
+  FUSEBOX_CHECK(grid > 0, "layer_norm / rms_norm", "the long-row kernel does not launch");
+  ctx.encoder.launch(long_row.fn, dim3(grid), dim3(norm::kLongRowBlock), 0, reads, writes, args);
 }
 
 // The forward of layer_norm (centre) and rms_norm. Inputs x, scale?, bias? (layer_norm
@@ -261,5 +400,25 @@ void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
 void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   norm_forward(ctx, n, in, out, false);
 }
+
+namespace norm {
+
+std::string forward_layout(Context& ctx, DType dtype, int64_t rows, int64_t cols, bool centre) {
+  std::string text = "long-row";
+  if (dtype == DType::f64) return text;
+  const DeviceProperties& props = ctx.device.properties();
+  visit_device_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || is_half_v<T>) {
+      ForwardKernel<T> kernel;
+      text = layout_text(centre ? plan_forward<T, true>(rows, cols, true, props, &kernel)
+                                : plan_forward<T, false>(rows, cols, true, props, &kernel),
+                         false);
+    }
+  });
+  return text;
+}
+
+}  // namespace norm
 
 }  // namespace fusebox::cuda

@@ -1,5 +1,6 @@
-// Backward passes of batch_norm and of the pools, for autodiff (no IR op yet; tests call
-// them directly). The layer_norm / rms_norm backward passes are declared in kernels.h.
+// Direct-call forms of the batch_norm and pool backward passes (tests and benchmarks call
+// them); the IR ops in kernels.h (batch_norm_backward, max_pool_backward, ...) share their
+// code. The layer_norm / rms_norm backward passes are declared in kernels.h.
 // Tensors are contiguous; attributes are normalised as infer_and_normalize leaves them.
 #pragma once
 

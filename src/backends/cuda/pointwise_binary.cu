@@ -8,7 +8,8 @@
 //            fails with "integer division by zero (x / 0)" at check_error_flags (the CPU
 //            throws the same message at once)
 //   pow      the exponent may have any numeric dtype; a float base computes in its compute
-//            type, an integer base in f64, converted back by the conversion rule
+//            type, an integer base in f64, converted back by the conversion rule (an
+//            integral exponent exactly, by squaring: device pow is not correctly rounded)
 #include "backends/cuda/error_flags.h"
 #include "backends/cuda/pointwise_util.cuh"
 
@@ -99,13 +100,78 @@ struct DivInt {
   }
 };
 
+// base^exponent in 64 bits (exponentiation by squaring); false when it does not fit.
+__device__ __forceinline__ bool power_fits(uint64_t base, uint64_t exponent, uint64_t* out) {
+  uint64_t result = 1, factor = base;
+  for (uint64_t e = exponent; e > 0; e >>= 1) {
+    // A product past 64 bits: now, or the square that a later bit of e will multiply in.
+    if ((e & 1) && __umul64hi(result, factor) != 0) return false;
+    if (e & 1) result *= factor;
+    if (e > 1 && __umul64hi(factor, factor) != 0) return false;
+    factor *= factor;
+  }
+  *out = result;
+  return true;
+}
+
+// An integer base to an integral exponent, as the f64 the CPU's (correctly rounded)
+// std::pow returns: exact integer arithmetic, so that 3^2 is 9.0 and never the 8.999...
+// a device pow may give (which the conversion would truncate to 8). A magnitude past
+// 2^64 falls back to pow (the conversion saturates it either way); a negative exponent
+// gives 1 / base^-e: +inf for 0, +-1 for +-1, else |result| < 1 (truncated to 0).
+__device__ __forceinline__ double integer_pow(int64_t base, int64_t exponent) {
+  const bool negative = base < 0 && (exponent & 1) != 0;
+  const uint64_t magnitude = base < 0 ? uint64_t(0) - uint64_t(base) : uint64_t(base);
+  if (exponent < 0) {
+    if (magnitude == 0) return INFINITY;
+    if (magnitude == 1) return negative ? -1.0 : 1.0;
+    return ::pow(double(base), double(exponent));
+  }
+  uint64_t result;
+  if (!power_fits(magnitude, uint64_t(exponent), &result))
+    return ::pow(double(base), double(exponent));
+  const double value = double(result);  // rounds to nearest, as a correctly rounded pow
+  return negative ? -value : value;
+}
+
+// An integer base to a non-integral exponent. A result that is an exact integer (4^1.5)
+// must come out exactly, as the CPU's correctly rounded pow gives it, or the truncation
+// would take the integer below. The exponent is a float, n / 2^m; an integer result k
+// then satisfies k^(2^m) = base^n, checked exactly for m <= 6 when the device's result
+// is within 1e-9 of an integer.
+__device__ __forceinline__ double integer_base_pow(int64_t base, double exponent) {
+  const double r = ::pow(double(base), exponent);
+  if (base < 2 || !(exponent > 0) || !(r < 9.0e15)) return r;
+  const double k = ::rint(r);
+  if (::fabs(r - k) > 1e-9 * k) return r;
+  double n = exponent;
+  int m = 0;
+  while (n != ::trunc(n) && m < 6) {
+    n *= 2;
+    ++m;
+  }
+  uint64_t lhs, rhs;
+  if (n != ::trunc(n) || !power_fits(uint64_t(k), uint64_t(1) << m, &lhs) ||
+      !power_fits(uint64_t(base), uint64_t(n), &rhs))
+    return r;
+  return lhs == rhs ? k : r;
+}
+
 // pow: base T, exponent E, both converted to P (T's compute type, or f64 for integers).
+// An integer base is exact where the CPU's correctly rounded pow is: integer_pow for an
+// integral exponent (of any dtype), integer_base_pow otherwise.
 template <class T, class E>
 struct Pow {
   using P = std::conditional_t<std::is_floating_point_v<compute_t<T>>, compute_t<T>, double>;
   __device__ __forceinline__ T operator()(T a, E b) const {
     const P base = convert<P>(convert<compute_t<T>>(a));
     const P exponent = convert<P>(convert<compute_t<E>>(b));
+    if constexpr (std::is_integral_v<T>) {
+      // |exponent| < 2^62 and integral: exact (the bound keeps the int64 conversion exact).
+      if (exponent == ::trunc(exponent) && ::fabs(exponent) < 4.611686018427387904e18)
+        return convert<T>(integer_pow(int64_t(a), int64_t(exponent)));
+      return convert<T>(integer_base_pow(int64_t(a), exponent));
+    }
     return convert<T>(dm::pow(base, exponent));
   }
 };

@@ -19,7 +19,10 @@
 // global_avg_pool: one warp per plane when planes are small (< 1024 elements), else one
 // block per plane; a fixed reduction tree.
 // Backward passes gather instead of scatter (no atomics): one thread per dx element
-// visits the outputs whose windows contain it.
+// visits the outputs whose windows contain it. max_pool's takes the forward's indices;
+// the IR op max_pool_backward (dy, x) first recomputes them into a temporary with the
+// forward kernel (so the choice among ties and NaNs is exactly the forward's), then
+// gathers. avg_pool_backward's IR op (dy) is the direct call with the node's attributes.
 #include "backends/cuda/block_reduce.cuh"
 #include "backends/cuda/device_math.cuh"
 #include "backends/cuda/kernels.h"
@@ -128,7 +131,7 @@ __global__ void max_pool_kernel(PoolShape g, const T* x, T* y, int64_t* indices)
         }
       }
     }
-    store_compute(y, idx, best);
+    if (y) store_compute(y, idx, best);
     if (indices) indices[idx] = best_at < 0 ? -1 : plane * g.in_size() + best_at;
   }
 }
@@ -326,9 +329,11 @@ void global_avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out) {
   });
 }
 
-void max_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
-                       const DeviceTensor& indices, DeviceTensor& dx) {
-  const std::string where = "max_pool_backward";
+namespace {
+
+void run_max_pool_backward(Context& ctx, const std::string& where, const PoolAttrs& attrs,
+                           const DeviceTensor& dy, const DeviceTensor& indices,
+                           const DeviceTensor& dx) {
   check_same_dtype(dy, dx, where);
   FUSEBOX_CHECK(indices.dtype == DType::i64 && indices.shape == dy.shape, where,
                 "indices must be i64 ", shape_str(dy.shape));
@@ -342,9 +347,8 @@ void max_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor&
   });
 }
 
-void avg_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
-                       DeviceTensor& dx) {
-  const std::string where = "avg_pool_backward";
+void run_avg_pool_backward(Context& ctx, const std::string& where, const PoolAttrs& attrs,
+                           const DeviceTensor& dy, const DeviceTensor& dx) {
   check_same_dtype(dy, dx, where);
   const PoolShape g = make_pool_shape(attrs, dx.shape, dy.shape, where);
   if (dx.numel() == 0) return;
@@ -354,6 +358,48 @@ void avg_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor&
                        dim3(kThreads), 0, {dy.range()}, {dx.range()}, g, attrs.count_include_pad,
                        dy.as<const T>(), static_cast<const int64_t*>(nullptr), dx.as<T>());
   });
+}
+
+}  // namespace
+
+void max_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
+                       const DeviceTensor& indices, DeviceTensor& dx) {
+  run_max_pool_backward(ctx, "max_pool_backward", attrs, dy, indices, dx);
+}
+
+void avg_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
+                       DeviceTensor& dx) {
+  run_avg_pool_backward(ctx, "avg_pool_backward", attrs, dy, dx);
+}
+
+// (dy, x) -> dx: the forward's indices recomputed from x, then the gather.
+void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const PoolAttrs& attrs = std::get<PoolBackwardAttrs>(n.attrs).pool;
+  const DeviceTensor &dy = *in[0], &x = *in[1];
+  const DeviceTensor& dx = out[0];
+  FUSEBOX_CHECK(x.shape == dx.shape && x.dtype == dx.dtype && x.is_contiguous(), where, "x ",
+                shape_str(x.shape), " and dx ", shape_str(dx.shape), " differ");
+  check_same_dtype(dy, dx, where);
+  const PoolShape g = make_pool_shape(attrs, x.shape, dy.shape, where);
+  if (dx.numel() == 0) return;
+  DeviceTensor indices = DeviceTensor::empty(ctx.allocator, DType::i64, dy.shape);
+  ctx.encoder.add_temporary(indices.buffer);
+  if (dy.numel() > 0) {
+    visit_pool_float(where, x.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      ctx.encoder.launch(&max_pool_kernel<T>, dim3(launch_blocks(dy.numel(), kThreads)),
+                         dim3(kThreads), 0, {x.range()}, {indices.range()}, g, x.as<const T>(),
+                         static_cast<T*>(nullptr), indices.as<int64_t>());
+    });
+  }
+  run_max_pool_backward(ctx, where, attrs, dy, indices, dx);
+}
+
+// (dy) -> dx of input_shape.
+void avg_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_avg_pool_backward(ctx, node_label(n), std::get<PoolBackwardAttrs>(n.attrs).pool, *in[0],
+                        out[0]);
 }
 
 }  // namespace fusebox::cuda

@@ -172,7 +172,8 @@ struct Reduction {
     if (base_blocks < kFillBlocks && len >= 2 * kMinColumnChunk)
       chunks = std::min<int64_t>(
           {(kFillBlocks + base_blocks - 1) / base_blocks, len / kMinColumnChunk, 65535});
-    const int64_t chunk_len = (len + chunks - 1) / chunks;
+    // >= 1 so that an empty reduced dim (len 0) does not divide by zero below.
+    const int64_t chunk_len = std::max<int64_t>(1, (len + chunks - 1) / chunks);
     chunks = std::max<int64_t>(1, (len + chunk_len - 1) / chunk_len);
     const dim3 grid(unsigned(tiles), unsigned(std::min<int64_t>(outer, 65535)), unsigned(chunks));
     const dim3 block(kColumnTile, kColumnSlices);

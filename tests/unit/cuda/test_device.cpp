@@ -1,4 +1,5 @@
-// The device layer on a real GPU: properties, the stream, per-thread library handles.
+// The device layer on a real GPU: properties, the stream, the library handles (cuBLASLt per
+// device, cuDNN per device and thread).
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -63,17 +64,59 @@ TEST(CudaDevice, StreamIsNonBlockingAndStable) {
   EXPECT_NO_THROW(device.synchronize());
 }
 
-TEST(CudaDevice, LibraryHandlesArePerThread) {
+// A cuBLASLt call that needs a live handle: the heuristic query for a tiny f32 matmul.
+cublasStatus_t query_matmul_heuristic(cublasLtHandle_t handle) {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  cublasStatus_t status = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 8, 8, 8);
+  if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceCreate(&preference);
+  size_t workspace = size_t(1) << 20;  // only queried: nothing is allocated
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status = cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status = cublasLtMatmulAlgoGetHeuristic(handle, desc, layout, layout, layout, layout,
+                                            preference, 1, &result, &found);
+  }
+  if (status == CUBLAS_STATUS_SUCCESS && found != 1) status = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+  if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+  if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  return status;
+}
+
+// cuBLASLt hands all threads of a process one context per device (the first GPU run saw
+// two threads' cublasLtCreate return the same pointer), so the handle is the device's: the
+// same for every thread, and still alive after a thread that used it has exited.
+TEST(CudaDevice, CublasLtHandleIsSharedAndOutlivesThreads) {
   FUSEBOX_REQUIRE_GPU();
   Device& device = Device::get(0);
   cublasLtHandle_t mine = device.cublaslt_handle();
   ASSERT_NE(mine, nullptr);
   EXPECT_EQ(device.cublaslt_handle(), mine);
-  cublasLtHandle_t theirs = nullptr;
-  std::thread([&] { theirs = device.cublaslt_handle(); }).join();
-  EXPECT_NE(theirs, nullptr);
-  EXPECT_NE(theirs, mine);
+  for (int i = 0; i < 4; ++i) {
+    cublasLtHandle_t theirs = nullptr;
+    cublasStatus_t their_status = CUBLAS_STATUS_NOT_INITIALIZED;
+    std::thread([&] {
+      theirs = device.cublaslt_handle();
+      their_status = query_matmul_heuristic(theirs);
+    }).join();  // the thread has exited: nothing of the handle may have gone with it
+    EXPECT_EQ(theirs, mine);
+    EXPECT_EQ(their_status, CUBLAS_STATUS_SUCCESS);
+  }
+  EXPECT_EQ(query_matmul_heuristic(mine), CUBLAS_STATUS_SUCCESS);
+}
 
+// cuDNN handles carry a stream, so each (device, thread) has its own, rebound on every call.
+TEST(CudaDevice, CudnnHandlesArePerThreadAndFollowTheStream) {
+  FUSEBOX_REQUIRE_GPU();
+  Device& device = Device::get(0);
   cudaStream_t other = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
   cudnnHandle_t dnn = device.cudnn_handle(device.stream());
@@ -84,10 +127,24 @@ TEST(CudaDevice, LibraryHandlesArePerThread) {
   EXPECT_EQ(device.cudnn_handle(other), dnn);  // same handle, rebound
   ASSERT_EQ(cudnnGetStream(dnn, &bound), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(bound, other);
-  cudnnHandle_t their_dnn = nullptr;
-  std::thread([&] { their_dnn = device.cudnn_handle(other); }).join();
-  EXPECT_NE(their_dnn, dnn);
-  device.cudnn_handle(device.stream());
+
+  for (int i = 0; i < 4; ++i) {  // each thread creates its own and destroys it at exit
+    cudnnHandle_t their_dnn = nullptr;
+    cudaStream_t their_bound = nullptr;
+    cudnnStatus_t their_status = CUDNN_STATUS_NOT_INITIALIZED;
+    std::thread([&] {
+      their_dnn = device.cudnn_handle(device.stream());
+      EXPECT_EQ(device.cudnn_handle(device.stream()), their_dnn);  // one per thread
+      their_status = cudnnGetStream(their_dnn, &their_bound);
+    }).join();
+    EXPECT_NE(their_dnn, dnn);
+    EXPECT_EQ(their_status, CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(their_bound, device.stream());
+  }
+  // This thread's handle is untouched by the other threads' exits: still bound to `other`.
+  ASSERT_EQ(cudnnGetStream(dnn, &bound), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(bound, other);
+  EXPECT_EQ(device.cudnn_handle(device.stream()), dnn);
   ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 

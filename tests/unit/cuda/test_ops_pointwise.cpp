@@ -240,6 +240,47 @@ TEST_F(PointwiseTest, PowTakesAnyNumericExponent) {
   }
 }
 
+// Integer bases to integral exponents (of any dtype) are exact, as the CPU's correctly
+// rounded std::pow: 3^2 is 9, never the 8 a device pow's 8.999... would truncate to.
+// Negative exponents (0 -> saturated +inf, +-1 -> +-1, else 0), results past 2^53 (rounded
+// once, as the CPU), at INT64_MIN and past the integer range (saturated); fractional
+// exponents with integer results (4^1.5 = 8).
+TEST_F(PointwiseTest, IntegerPowIsExact) {
+  OpHarness h;
+  const std::vector<double> bases = {3, -3, 0, 0, 1, -1, -1, 2, 10, 7, -2, 2, 5, 3, -7, 0};
+  const std::vector<double> exponents = {2,  3,  0,  -1, -5, -3, -4, 62,
+                                         18, 22, 63, 64, 13, 39, 21, 7};
+  const int64_t n = int64_t(bases.size());
+  for (DType base : {DType::i64, DType::i32}) {
+    for (DType exponent : {DType::i64, DType::i32, DType::f32, DType::f64, DType::f16}) {
+      SCOPED_TRACE(cat(dtype_name(base), " ^ ", dtype_name(exponent)));
+      Tensor a = Tensor::from_doubles(base, {n}, bases);
+      Tensor b = Tensor::from_doubles(exponent, {n}, exponents);
+      EXPECT_TRUE(all_close(h.run(binary, OpKind::pow, {}, {a, b})[0],
+                            run_op(OpKind::pow, {}, {a, b})[0], 0, 0));
+    }
+  }
+  // Non-integral exponents with exact integer results (4^1.5 = 8), and ones without.
+  const std::vector<double> roots_of = {4, 9, 16, 25, 4, 100, 2, 3, 64, 1, 0};
+  const std::vector<double> fractions = {1.5, 0.5, 0.25, 2.5, -0.5, 0.5, 0.5, 1.5, 0.125, 0.5, 0.5};
+  const int64_t m = int64_t(roots_of.size());
+  for (DType base : {DType::i64, DType::i32}) {
+    for (DType exponent : {DType::f32, DType::f64, DType::f16}) {
+      SCOPED_TRACE(cat("fractional ", dtype_name(base), " ^ ", dtype_name(exponent)));
+      Tensor a = Tensor::from_doubles(base, {m}, roots_of);
+      Tensor b = Tensor::from_doubles(exponent, {m}, fractions);
+      EXPECT_TRUE(all_close(h.run(binary, OpKind::pow, {}, {a, b})[0],
+                            run_op(OpKind::pow, {}, {a, b})[0], 0, 0));
+    }
+  }
+  // Every small base and exponent, as a broadcast table.
+  Tensor small_bases = random_tensor(DType::i32, {257, 1}, 7, -6, 7);
+  Tensor small_exponents =
+      Tensor::from_doubles(DType::i64, {12}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  EXPECT_TRUE(all_close(h.run(binary, OpKind::pow, {}, {small_bases, small_exponents})[0],
+                        run_op(OpKind::pow, {}, {small_bases, small_exponents})[0], 0, 0));
+}
+
 TEST_F(PointwiseTest, BinaryTakesStridedAndMisalignedOperands) {
   OpHarness h;
   for (DType t : {DType::f32, DType::f16, DType::i64}) {

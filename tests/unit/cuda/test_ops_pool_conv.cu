@@ -1,4 +1,5 @@
-// CUDA pooling and direct convolution against the CPU backend (forward ops) and against
+// CUDA pooling and the direct convolution kernels (conv_direct.h: the fallback path; the
+// dispatcher and cuDNN are tested in test_conv_*.cpp) against the CPU backend and against
 // host references computed here (pool backward passes): 1-D to 3-D, strides, dilation,
 // asymmetric pads, ceil_mode, count_include_pad, groups / depthwise, batch 1, odd channel
 // counts; outputs poisoned first.
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backends/cuda/conv_direct.h"
 #include "backends/cuda/norm_backward.h"
 #include "gpu_vs_cpu.h"
 
@@ -349,21 +351,21 @@ TEST_F(PoolConvTest, ConvForwardDataAndFilterMatchCpu) {
       Tensor bias = c.bias ? random_tensor(t, {c.out_channels}, seed++) : Tensor();
       // fprop
       const std::vector<Tensor> y = run_op(OpKind::conv, attrs, {x, w, bias});
-      expect_conv_close(h.run(&conv_forward, OpKind::conv, attrs, {x, w, bias})[0], y[0], t);
+      expect_conv_close(h.run(&conv_forward_direct, OpKind::conv, attrs, {x, w, bias})[0], y[0], t);
       // dgrad (bias per input channel)
       Tensor dy = random_tensor(t, y[0].shape(), seed++);
       Tensor dbias = c.bias ? random_tensor(t, {c.in_channels}, seed++) : Tensor();
       const ConvBackwardDataAttrs data_attrs{attrs, c.spatial};
       const std::vector<Tensor> dx = run_op(OpKind::conv_backward_data, data_attrs, {dy, w, dbias});
-      expect_conv_close(
-          h.run(&conv_backward_data, OpKind::conv_backward_data, data_attrs, {dy, w, dbias})[0],
-          dx[0], t);
+      expect_conv_close(h.run(&conv_backward_data_direct, OpKind::conv_backward_data, data_attrs,
+                              {dy, w, dbias})[0],
+                        dx[0], t);
       // wgrad
       const ConvBackwardFilterAttrs filter_attrs{attrs, c.filter};
       const std::vector<Tensor> dw = run_op(OpKind::conv_backward_filter, filter_attrs, {x, dy});
-      expect_conv_close(
-          h.run(&conv_backward_filter, OpKind::conv_backward_filter, filter_attrs, {x, dy})[0],
-          dw[0], t);
+      expect_conv_close(h.run(&conv_backward_filter_direct, OpKind::conv_backward_filter,
+                              filter_attrs, {x, dy})[0],
+                        dw[0], t);
       configurations += 3;
     }
   }
@@ -382,7 +384,7 @@ TEST_F(PoolConvTest, ConvWgradSplitsLargeReductions) {
   const ConvBackwardFilterAttrs a{attrs, {3, 3}};
   const std::vector<Tensor> want = run_op(OpKind::conv_backward_filter, a, {x, dy});
   const std::vector<Tensor> got =
-      h.run(&conv_backward_filter, OpKind::conv_backward_filter, a, {x, dy});
+      h.run(&conv_backward_filter_direct, OpKind::conv_backward_filter, a, {x, dy});
   expect_conv_close(got[0], want[0], DType::f32);
 }
 
@@ -394,7 +396,29 @@ TEST_F(PoolConvTest, ConvRejectsMismatchedShapes) {
   // A node whose output does not match its inputs (as a corrupted graph would have).
   built.outputs[0].shape = {1, 6, 7, 7};
   DeviceTensor xd = h.upload(x), wd = h.upload(w);
-  EXPECT_THROW(h.run_device(&conv_forward, built, {&xd, &wd}), Error);
+  EXPECT_THROW(h.run_device(&conv_forward_direct, built, {&xd, &wd}), Error);
+}
+
+// conv_add_bias: y[n, c, ...] += bias[c] on a channels-last (strided) y, exact in f32.
+TEST_F(PoolConvTest, ConvAddBiasOnStridedOutput) {
+  OpHarness h;
+  const Shape shape = {2, 5, 3, 4};  // N C H W, stored as N H W C
+  const Shape strides = {60, 1, 20, 5};
+  Tensor stored = random_tensor(DType::f32, {120}, 1);
+  Tensor bias = random_tensor(DType::f32, {5}, 2);
+  DeviceTensor y = h.view(stored, shape, strides);
+  DeviceTensor b = h.upload(bias);
+  const BuiltNode built =
+      build_node(OpKind::conv, ConvAttrs{},
+                 {random_tensor(DType::f32, shape, 3), random_tensor(DType::f32, {5, 5, 1, 1}, 4)});
+  conv_add_bias(h.ctx(), built.node, b, y);
+  Tensor got = Tensor::empty(DType::f32, {120});
+  h.encoder().copy_to_host(got.raw(), y.buffer);
+  const std::vector<double> before = stored.to_doubles(), after = got.to_doubles(),
+                            add = bias.to_doubles();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(float(after[i]), float(before[i]) + float(add[i % 5])) << i;
+  }
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ namespace {
 namespace fs = std::filesystem;
 using iotest::same_tensor;
 
-const std::string kOnnxNodeData = "/usr/include/onnx/backend/test/data/node";
+// Where the ONNX node test data is (tests/CMakeLists.txt: FUSEBOX_ONNX_TESTDATA).
+const std::string kOnnxNodeData = FUSEBOX_ONNX_TESTDATA;
 
 onnx::TensorProto proto(onnx::TensorProto::DataType type, const Shape& dims,
                         const std::string& name = "w") {

@@ -1,0 +1,320 @@
+#include "backends/cuda/conv_problem.h"
+
+#include <atomic>
+#include <cstdio>
+
+#include "backends/cuda/env.h"
+#include "backends/cuda/plan_cache.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+// -1: FUSEBOX_AUTOTUNE decides; 0 / 1: set by set_conv_autotune_override.
+std::atomic<int> g_autotune_override{-1};
+
+int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+int64_t conv_output_extent(int64_t in, int64_t filter, int64_t stride, int64_t dilation,
+                           int64_t pad_lo, int64_t pad_hi) {
+  return floor_div(in + pad_lo + pad_hi - dilation * (filter - 1) - 1, stride) + 1;
+}
+
+// The tensor as cuDNN gets it: dims and strides, 1-D lowered to 2-D by a leading spatial
+// extent of 1 whose stride continues the layout (stride of the spatial dim times its
+// extent), so NCL stays NCHW-packed and NLC stays NHWC-packed.
+ConvTensor lowered(const DeviceTensor& t, bool lower_1d) {
+  ConvTensor c;
+  c.dtype = t.dtype;
+  c.dims.assign(t.shape.begin(), t.shape.end());
+  c.strides.assign(t.strides.begin(), t.strides.end());
+  // A size-1 dim's stride is never used to address memory; give it a positive value
+  // (a view may carry 0 there) so that it does not read as a broadcast.
+  for (size_t i = 0; i < c.dims.size(); ++i)
+    if (c.dims[i] == 1 && c.strides[i] <= 0) c.strides[i] = 1;
+  if (lower_1d) {
+    c.dims.insert(c.dims.begin() + 2, 1);
+    c.strides.insert(c.strides.begin() + 2, c.strides[2] * c.dims[3]);
+  }
+  c.alignment = pointer_alignment(t.data());
+  c.present = true;
+  return c;
+}
+
+const char* layout_name(const ConvTensor& t) {
+  // Packed NCHW / NHWC (NCDHW / NDHWC) recognised; anything else is "strided".
+  const size_t rank = t.dims.size();
+  std::vector<int64_t> nchw(rank), nhwc(rank);
+  int64_t s = 1;
+  for (size_t i = rank; i-- > 0;) {
+    nchw[i] = s;
+    s *= t.dims[i];
+  }
+  s = t.dims[1];
+  nhwc[1] = 1;
+  for (size_t i = rank; i-- > 2;) {
+    nhwc[i] = s;
+    s *= t.dims[i];
+  }
+  nhwc[0] = s;
+  auto matches = [&](const std::vector<int64_t>& want) {
+    for (size_t i = 0; i < rank; ++i)
+      if (t.dims[i] != 1 && t.strides[i] != want[i]) return false;
+    return true;
+  };
+  if (matches(nchw)) return rank == 5 ? "ncdhw" : "nchw";
+  if (matches(nhwc)) return rank == 5 ? "ndhwc" : "nhwc";
+  return "strided";
+}
+
+std::string join(const std::vector<int64_t>& v, const char* sep = ",") {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  return s;
+}
+
+void add_tensor(CacheKeyBuilder& key, const char* name, const ConvTensor& t) {
+  const std::string n(name);
+  key.add(n + ".present", int64_t(t.present));
+  if (!t.present) return;
+  key.add(n + ".dtype", dtype_name(t.dtype));
+  key.add(n + ".dims", std::span<const int64_t>(t.dims));
+  key.add(n + ".strides", std::span<const int64_t>(t.strides));
+  key.add(n + ".align", int64_t(t.alignment));
+}
+
+CacheKeyBuilder key_builder(const ConvProblem& p) {
+  CacheKeyBuilder key;
+  key.add("op", conv_op_name(p.op));
+  key.add("spatial_rank", int64_t(p.spatial_rank));
+  add_tensor(key, "x", p.x);
+  add_tensor(key, "w", p.w);
+  add_tensor(key, "y", p.y);
+  add_tensor(key, "bias", p.bias);
+  key.add("pad_lo", std::span<const int64_t>(p.pad_lo));
+  key.add("pad_hi", std::span<const int64_t>(p.pad_hi));
+  key.add("stride", std::span<const int64_t>(p.stride));
+  key.add("dilation", std::span<const int64_t>(p.dilation));
+  key.add("groups", p.groups);
+  key.add("device", int64_t(p.device));
+  key.add("tf32", int64_t(p.allow_tf32));
+  key.add("deterministic", int64_t(p.deterministic));
+  return key;
+}
+
+}  // namespace
+
+const char* conv_op_name(ConvOp op) {
+  switch (op) {
+    case ConvOp::fprop:
+      return "conv_fprop";
+    case ConvOp::dgrad:
+      return "conv_dgrad";
+    case ConvOp::wgrad:
+      return "conv_wgrad";
+  }
+  return "?";
+}
+
+const char* conv_backend_name(ConvBackend b) {
+  switch (b) {
+    case ConvBackend::automatic:
+      return "auto";
+    case ConvBackend::cudnn:
+      return "cudnn";
+    case ConvBackend::own:
+      return "own";
+  }
+  return "?";
+}
+
+ConvBackend parse_conv_backend(std::string_view text) {
+  if (text == "auto") return ConvBackend::automatic;
+  if (text == "cudnn") return ConvBackend::cudnn;
+  if (text == "own") return ConvBackend::own;
+  throw Error("cuda", cat("FUSEBOX_CONV_BACKEND='", text,
+                          "' must be auto (cuDNN, else the direct kernel), cudnn or own"));
+}
+
+ConvSettings ConvSettings::from_env() {
+  ConvSettings s;
+  if (auto text = env_text("FUSEBOX_CONV_BACKEND")) s.backend = parse_conv_backend(*text);
+  if (auto text = env_text("FUSEBOX_ALLOW_TF32"))
+    s.allow_tf32 = parse_switch(*text, "FUSEBOX_ALLOW_TF32");
+  if (auto text = env_text("FUSEBOX_DETERMINISTIC"))
+    s.deterministic = parse_switch(*text, "FUSEBOX_DETERMINISTIC");
+  if (auto text = env_text("FUSEBOX_AUTOTUNE"))
+    s.autotune = parse_switch(*text, "FUSEBOX_AUTOTUNE");
+  const int override_value = g_autotune_override.load();
+  if (override_value >= 0) s.autotune = override_value == 1;
+  s.plan_cache_capacity =
+      cuda::plan_cache_capacity("FUSEBOX_CONV_PLAN_CACHE", s.plan_cache_capacity);
+  return s;
+}
+
+void set_conv_autotune_override(std::optional<bool> autotune) {
+  g_autotune_override.store(autotune ? int(*autotune) : -1);
+}
+
+uint32_t pointer_alignment(const void* address) {
+  const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(address)) | 256;
+  return uint32_t(bits & (~bits + 1));
+}
+
+int64_t effective_pad_hi(int64_t in, int64_t out, int64_t filter, int64_t stride, int64_t dilation,
+                         int64_t pad_lo, int64_t pad_hi) {
+  if (pad_hi != pad_lo && conv_output_extent(in, filter, stride, dilation, pad_lo, pad_lo) == out) {
+    return pad_lo;
+  }
+  return pad_hi;
+}
+
+double ConvProblem::flops() const {
+  double f = 2.0 * double(y.dims[0]) * double(y.dims[1]) * double(w.dims[1]);
+  for (size_t i = 2; i < y.dims.size(); ++i) f *= double(y.dims[i]) * double(w.dims[i]);
+  return f;
+}
+
+std::string ConvProblem::describe() const {
+  auto tensor = [](const char* name, const ConvTensor& t) {
+    return cat(name, "[", join(t.dims), "]/", layout_name(t));
+  };
+  std::string s = cat(conv_op_name(op), " ", dtype_name(x.dtype), " ", tensor("x", x), " ",
+                      tensor("w", w), " ", tensor("y", y));
+  if (bias.present) s += " +bias";
+  s += cat(" pad ", join(pad_lo), "/", join(pad_hi), " s ", join(stride), " d ", join(dilation),
+           " g ", groups);
+  return s;
+}
+
+ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTensor*>& inputs,
+                              const DeviceTensor& output, const ConvSettings& settings,
+                              int device) {
+  const std::string where = node_label(n);
+  ConvProblem p;
+  p.label = where;
+  p.device = device;
+  p.allow_tf32 = settings.allow_tf32;
+  p.deterministic = settings.deterministic;
+  const ConvAttrs* attrs = nullptr;
+  const DeviceTensor *x = nullptr, *w = nullptr, *y = nullptr, *bias = nullptr;
+  auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
+  switch (n.op) {
+    case OpKind::conv:
+      p.op = ConvOp::fprop;
+      attrs = &std::get<ConvAttrs>(n.attrs);
+      x = input(0), w = input(1), bias = input(2), y = &output;
+      break;
+    case OpKind::conv_backward_data:
+      p.op = ConvOp::dgrad;
+      attrs = &std::get<ConvBackwardDataAttrs>(n.attrs).conv;
+      y = input(0), w = input(1), bias = input(2), x = &output;
+      break;
+    case OpKind::conv_backward_filter:
+      p.op = ConvOp::wgrad;
+      attrs = &std::get<ConvBackwardFilterAttrs>(n.attrs).conv;
+      x = input(0), y = input(1), w = &output;
+      break;
+    default:
+      throw Error(where, "not a convolution");
+  }
+  FUSEBOX_CHECK(x && w && y, where, "missing a convolution operand");
+  const Shape &xs = x->shape, &ws = w->shape, &ys = y->shape;
+  const int64_t rank = int64_t(ws.size()) - 2;
+  FUSEBOX_CHECK(rank >= 1 && rank <= 3, where, "weight ", shape_str(ws),
+                ": expected 1 to 3 spatial dims");
+  FUSEBOX_CHECK(int64_t(xs.size()) == rank + 2 && int64_t(ys.size()) == rank + 2, where, "input ",
+                shape_str(xs), ", weight ", shape_str(ws), " and output ", shape_str(ys),
+                " must have the same rank");
+  FUSEBOX_CHECK(
+      int64_t(attrs->strides.size()) == rank && int64_t(attrs->dilations.size()) == rank &&
+          int64_t(attrs->pads_begin.size()) == rank && int64_t(attrs->pads_end.size()) == rank,
+      where, "attributes are not normalised to ", rank, " spatial dims");
+  p.groups = attrs->groups;
+  FUSEBOX_CHECK(
+      p.groups >= 1 && xs[1] % p.groups == 0 && ws[0] % p.groups == 0 && ws[1] * p.groups == xs[1],
+      where, "channels do not match groups=", p.groups, ": input ", shape_str(xs), ", weight ",
+      shape_str(ws));
+  FUSEBOX_CHECK(ys[0] == xs[0] && ys[1] == ws[0], where, "output ", shape_str(ys),
+                " does not match input ", shape_str(xs), " and weight ", shape_str(ws));
+  if (bias) {
+    const int64_t channels = p.op == ConvOp::fprop ? ws[0] : xs[1];
+    FUSEBOX_CHECK(bias->shape == Shape{channels}, where, "bias ", shape_str(bias->shape),
+                  " should be [", channels, "]");
+  }
+  p.spatial_rank = int(rank);
+  const bool lower_1d = rank == 1;
+  if (lower_1d) {
+    p.pad_lo = {0}, p.pad_hi = {0}, p.stride = {1}, p.dilation = {1};
+  }
+  for (int64_t d = 0; d < rank; ++d) {
+    const int64_t in = xs[2 + d], out = ys[2 + d], filter = ws[2 + d];
+    const int64_t s = attrs->strides[d], dil = attrs->dilations[d];
+    const int64_t lo = attrs->pads_begin[d], hi = attrs->pads_end[d];
+    FUSEBOX_CHECK(s >= 1 && dil >= 1 && filter >= 1 && in >= 1 && out >= 1 && lo >= 0 && hi >= 0,
+                  where, "bad spatial dim ", d, ": input ", shape_str(xs), ", weight ",
+                  shape_str(ws), ", output ", shape_str(ys), ", stride ", s, ", dilation ", dil,
+                  ", pads ", lo, "/", hi);
+    const int64_t full = conv_output_extent(in, filter, s, dil, lo, hi);
+    FUSEBOX_CHECK(out == full, where, "spatial dim ", d, ": output extent ", out,
+                  " does not match input extent ", in, " (a convolution of it gives ", full, ")");
+    p.pad_lo.push_back(lo);
+    p.pad_hi.push_back(effective_pad_hi(in, out, filter, s, dil, lo, hi));
+    p.stride.push_back(s);
+    p.dilation.push_back(dil);
+  }
+  p.x = lowered(*x, lower_1d);
+  p.w = lowered(*w, lower_1d);
+  p.y = lowered(*y, lower_1d);
+  if (bias) {
+    p.bias.dtype = bias->dtype;
+    p.bias.dims = bias->shape;
+    p.bias.strides = bias->strides;
+    p.bias.alignment = pointer_alignment(bias->data());
+    p.bias.present = true;
+  }
+  return p;
+}
+
+std::string conv_problem_key(const ConvProblem& p) {
+  return key_builder(p).bytes();
+}
+
+std::string conv_problem_key_text(const ConvProblem& p) {
+  return key_builder(p).describe();
+}
+
+std::optional<std::string> cudnn_cannot_implement(const ConvProblem& p) {
+  const DType t = p.x.dtype;
+  if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
+    return cat("cuDNN path takes f32, f16 and bf16, not ", dtype_name(t));
+  }
+  for (const ConvTensor* other : {&p.w, &p.y, &p.bias}) {
+    if (other->present && other->dtype != t) {
+      return cat("mixed dtypes (", dtype_name(t), " and ", dtype_name(other->dtype), ")");
+    }
+  }
+  if (p.lowered_spatial_rank() < 2 || p.lowered_spatial_rank() > 3) {
+    return cat(p.lowered_spatial_rank(), " spatial dims (cuDNN takes 1 to 3)");
+  }
+  const std::pair<const char*, const ConvTensor*> tensors[] = {
+      {"x", &p.x}, {"w", &p.w}, {"y", &p.y}, {"bias", &p.bias}};
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor->present) continue;
+    for (size_t i = 0; i < tensor->dims.size(); ++i) {
+      if (tensor->dims[i] == 0) return cat(name, " is empty");
+      if (tensor->dims[i] > 1 && tensor->strides[i] <= 0) {
+        return cat(name, " has stride ", tensor->strides[i], " in dim ", i,
+                   " (broadcast or reversed view)");
+      }
+    }
+    if (tensor->alignment < dtype_size(tensor->dtype)) {
+      return cat(name, " is not aligned to its element size");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace fusebox::cuda

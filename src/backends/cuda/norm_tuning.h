@@ -1,0 +1,57 @@
+// Tuning variants of the layer_norm / rms_norm register-path kernels (norm.cu,
+// norm_backward.cu), so that one benchmark run can compare a few layouts.
+//
+// The variant in use is FUSEBOX_NORM_VARIANT (an index into norm_variants(); default 0)
+// unless select_norm_variant() was called. Every variant computes the same function with
+// the same arithmetic per element; only the layout (threads per row, vectors per thread),
+// the prefetch of the next row and where the backward's column sums live differ, so any
+// variant passes the same tests.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "fusebox/core/dtype.h"
+
+namespace fusebox::cuda {
+struct Context;
+}
+
+namespace fusebox::cuda::norm {
+
+struct Variant {
+  const char* name;
+  int forward_vecs;        // preferred 16-byte vectors per thread (1, 2, 4 or 8), forward
+  bool forward_prefetch;   // allow loading the next row while reducing the current one
+  int backward_vecs;       // the same, backward (x and dy each)
+  bool backward_prefetch;  //
+  bool backward_smem_acc;  // column sums (dscale, dbias) always in shared memory
+  // Rows of at least backward_cluster_min_cols elements: a thread-block cluster of two
+  // blocks per row (half the row's registers per SM, so the next row can be prefetched).
+  bool backward_cluster;
+  int backward_cluster_min_cols;
+  // Nonzero: first try the backward kernels compiled with a register cap of this many per
+  // thread (__launch_bounds__(block, blocks per SM)), some with several row groups per
+  // block (fewer blocks, so fewer partial rows of column sums); the layouts tried are those
+  // of norm_backward.cu's capped_layouts that spill nothing. 0: the default bounds only.
+  int backward_max_regs;
+};
+
+std::span<const Variant> norm_variants();
+const Variant& norm_variant();        // the one in use
+void select_norm_variant(int index);  // for benchmarks; throws on a bad index
+
+// The layout the current variant picks for contiguous, aligned [rows, cols] data of
+// `dtype` (layer_norm when centre, else rms_norm), as text for benchmark tables:
+// "R=256 V=2 prefetch grid=528 block=256" (backward: "acc=regs" or "acc=smem"), or
+// "long-row" for the scalar fallback.
+std::string forward_layout(Context& ctx, DType dtype, int64_t rows, int64_t cols, bool centre);
+std::string backward_layout(Context& ctx, DType dtype, int64_t rows, int64_t cols, bool centre);
+inline std::string norm_layout(Context& ctx, DType dtype, int64_t rows, int64_t cols, bool centre,
+                               bool backward) {
+  return backward ? backward_layout(ctx, dtype, rows, cols, centre)
+                  : forward_layout(ctx, dtype, rows, cols, centre);
+}
+
+}  // namespace fusebox::cuda::norm

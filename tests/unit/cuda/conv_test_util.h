@@ -1,0 +1,258 @@
+// Helpers for the convolution tests (test_conv_*.cpp): one configuration of any of the three
+// convolution ops, its CPU reference, running it on the GPU with every tensor NCHW-contiguous
+// or channels-last (a strided view of an NHWC / NDHWC buffer), outputs poisoned, and
+// environment variables set for a scope.
+#pragma once
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/conv_report.h"
+#include "gpu_vs_cpu.h"
+
+namespace fusebox::cuda::testing {
+
+using fusebox::testing::all_close;
+using fusebox::testing::random_tensor;
+using fusebox::testing::run_op;
+
+// Sets (or, with nullopt, unsets) an environment variable until the end of the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// A fresh empty directory under the system's temp dir, removed at the end of the scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            cat("fusebox_", tag, "_", ::getpid(), "_", counter++);
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ConvConfig {
+  OpKind op = OpKind::conv;  // conv, conv_backward_data, conv_backward_filter
+  DType dtype = DType::f32;
+  int64_t batch = 1, in_channels = 1, out_channels = 1, groups = 1;
+  Shape spatial, filter;  // D (the forward input's extents) and R
+  std::vector<int64_t> strides, dilations, pads_begin, pads_end;
+  bool bias = false;           // conv and conv_backward_data only
+  bool channels_last = false;  // every tensor (not the bias) as a channels-last view
+
+  int rank() const { return int(spatial.size()); }
+  Shape x_shape() const {
+    Shape s = {batch, in_channels};
+    s.insert(s.end(), spatial.begin(), spatial.end());
+    return s;
+  }
+  Shape w_shape() const {
+    Shape s = {out_channels, in_channels / groups};
+    s.insert(s.end(), filter.begin(), filter.end());
+    return s;
+  }
+  Shape y_shape() const {
+    Shape s = {batch, out_channels};
+    for (int d = 0; d < rank(); ++d) {
+      const int64_t eff = dilations[size_t(d)] * (filter[size_t(d)] - 1) + 1;
+      s.push_back((spatial[size_t(d)] + pads_begin[size_t(d)] + pads_end[size_t(d)] - eff) /
+                      strides[size_t(d)] +
+                  1);
+    }
+    return s;
+  }
+  ConvAttrs attrs() const {
+    ConvAttrs a;
+    a.strides = strides;
+    a.dilations = dilations;
+    a.pads_begin = pads_begin;
+    a.pads_end = pads_end;
+    a.groups = groups;
+    return a;
+  }
+  Attrs node_attrs() const {
+    switch (op) {
+      case OpKind::conv_backward_data:
+        return ConvBackwardDataAttrs{attrs(), spatial};
+      case OpKind::conv_backward_filter:
+        return ConvBackwardFilterAttrs{attrs(), filter};
+      default:
+        return attrs();
+    }
+  }
+  std::string describe() const {
+    auto v = [](const std::vector<int64_t>& x) { return shape_str(x); };
+    return cat(op_name(op), " ", dtype_name(dtype), channels_last ? " channels-last" : " nchw",
+               " x", shape_str(x_shape()), " w", shape_str(w_shape()), " s", v(strides), " d",
+               v(dilations), " p", v(pads_begin), "/", v(pads_end), " g", groups,
+               bias ? " +bias" : "");
+  }
+};
+
+// Channels-last strides of a logical [N, C, S...] shape: C fastest, then S..., then N.
+inline Shape channels_last_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = shape[1];
+  strides[1] = 1;
+  for (size_t i = shape.size(); i-- > 2;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  strides[0] = s;
+  return strides;
+}
+
+// The bytes of `t` laid out with `strides` (a permutation of its dims): a flat host tensor
+// that, viewed with t's shape and `strides`, reads as t.
+inline Tensor permuted_storage(const Tensor& t, const Shape& strides) {
+  const std::vector<double> values = t.to_doubles();
+  std::vector<double> stored(values.size());
+  const Shape& shape = t.shape();
+  for (size_t i = 0; i < values.size(); ++i) {
+    int64_t rem = int64_t(i), offset = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      offset += (rem % shape[d]) * strides[d];
+      rem /= shape[d];
+    }
+    stored[size_t(offset)] = values[i];
+  }
+  return Tensor::from_doubles(t.dtype(), {t.numel()}, stored);
+}
+
+// Device tensors of a configuration in its layout.
+class ConvDeviceRunner {
+ public:
+  explicit ConvDeviceRunner(OpHarness& h) : h_(h) {}
+
+  DeviceTensor upload(const Tensor& t, bool channels_last) {
+    if (!channels_last || t.shape().size() < 3) return h_.upload(t);
+    const Shape strides = channels_last_strides(t.shape());
+    DeviceTensor d = h_.upload(permuted_storage(t, strides));
+    d.shape = t.shape();
+    d.strides = strides;
+    return d;
+  }
+  DeviceTensor poisoned(DType dtype, const Shape& shape, bool channels_last) {
+    DeviceTensor d = h_.poisoned({dtype, shape});
+    if (channels_last) d.strides = channels_last_strides(shape);
+    return d;
+  }
+  Tensor download(const DeviceTensor& d) {
+    Tensor flat = Tensor::empty(d.dtype, {d.numel()});
+    h_.encoder().copy_to_host(flat.raw(), d.range());
+    return gather(flat, d.shape, d.strides, 0);
+  }
+
+ private:
+  OpHarness& h_;
+};
+
+// Inputs of a configuration (host, logical NCHW; an undefined tensor for no bias), in the
+// node's input order.
+inline std::vector<Tensor> conv_inputs(const ConvConfig& c, uint64_t seed) {
+  Tensor x = random_tensor(c.dtype, c.x_shape(), seed);
+  Tensor w = random_tensor(c.dtype, c.w_shape(), seed + 1);
+  Tensor y = random_tensor(c.dtype, c.y_shape(), seed + 2);
+  switch (c.op) {
+    case OpKind::conv:
+      return {x, w, c.bias ? random_tensor(c.dtype, {c.out_channels}, seed + 3) : Tensor()};
+    case OpKind::conv_backward_data:
+      return {y, w, c.bias ? random_tensor(c.dtype, {c.in_channels}, seed + 3) : Tensor()};
+    default:
+      return {x, y};
+  }
+}
+
+// Runs the op's kernels.h entry on the GPU (inputs and output in c's layout, output
+// poisoned) and returns the output as a contiguous host tensor. Throws what the entry throws.
+inline Tensor run_conv_on_gpu(OpHarness& h, const ConvConfig& c, const std::vector<Tensor>& in) {
+  KernelEntry entry = c.op == OpKind::conv                 ? &conv_forward
+                      : c.op == OpKind::conv_backward_data ? &conv_backward_data
+                                                           : &conv_backward_filter;
+  const BuiltNode built = build_node(c.op, c.node_attrs(), in);
+  ConvDeviceRunner runner(h);
+  std::vector<DeviceTensor> device(in.size());
+  std::vector<const DeviceTensor*> pointers;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const bool is_bias = i == 2;
+    if (in[i].defined()) device[i] = runner.upload(in[i], c.channels_last && !is_bias);
+    pointers.push_back(in[i].defined() ? &device[i] : nullptr);
+  }
+  std::vector<DeviceTensor> out = {
+      runner.poisoned(built.outputs[0].dtype, built.outputs[0].shape, c.channels_last)};
+  entry(h.ctx(), built.node, pointers, out);
+  h.encoder().synchronize();
+  check_error_flags(h.ctx());
+  return runner.download(out[0]);
+}
+
+// Relative L2 error of got against want (inf when got has a non-finite element).
+inline double relative_l2_error(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  if (g.size() != w.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i])) return INFINITY;
+    diff += (g[i] - w[i]) * (g[i] - w[i]);
+    norm += w[i] * w[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// Relative L2 tolerances against the CPU reference (which rounds its output to the dtype
+// too). f32 on cuDNN with TF32 (the default): inputs rounded to 10 mantissa bits, ~5e-4
+// per product, so 3e-3; f32 without TF32 and the direct kernel: 1e-5. f16: 5e-3 (two output
+// roundings apart, plus the bias added after a rounding on the bias-kernel path); bf16 2e-2.
+inline double conv_l2_tolerance(DType t, bool tf32) {
+  switch (t) {
+    case DType::f32:
+      return tf32 ? 3e-3 : 1e-5;
+    case DType::f16:
+      return 5e-3;
+    case DType::f64:
+      return 1e-12;
+    default:
+      return 2e-2;
+  }
+}
+
+}  // namespace fusebox::cuda::testing
