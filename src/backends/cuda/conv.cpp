@@ -11,7 +11,6 @@
 // Layout. Inputs and the output may be strided (channels-last views): cuDNN takes their
 // strides as they are; the direct kernels get contiguous copies (and write a contiguous
 // temporary that is copied into a strided output).
-#include <algorithm>
 #include <cstdio>
 
 #include "backends/cuda/conv_cudnn.h"
@@ -80,12 +79,6 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
         break;
       case ConvOp::dgrad:
         t = {&out[0], inputs[1], inputs[0], bias};
-        // With a stride, some dx elements may be reached by no filter tap (1x1 stride 2:
-        // every odd row and column). They must read 0; on the H100 with cuDNN 9.19 a strided
-        // 1x1 dgrad left them unwritten (ConvCudnnTest.ResNetShapesRunOnCudnn, run 3), so
-        // dx is cleared first. One extra write of dx, only for strided problems.
-        if (std::any_of(p.stride.begin(), p.stride.end(), [](int64_t s) { return s > 1; }))
-          ctx.encoder.memset(out[0].range(), 0);
         break;
       case ConvOp::wgrad:
         t = {inputs[0], &out[0], inputs[1], nullptr};

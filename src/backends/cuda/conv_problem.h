@@ -48,6 +48,7 @@ struct ConvSettings {
   bool deterministic = false;                    // FUSEBOX_DETERMINISTIC
   bool autotune = false;                         // FUSEBOX_AUTOTUNE, or --autotune
   size_t plan_cache_capacity = 256;              // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
+  bool native_graph = true;  // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
 
   static ConvSettings from_env();
 };

@@ -42,8 +42,9 @@ struct PlanEntry {
   std::string reason;                       // why refused
   std::string plan_name;
   bool bias_fused = false;
-  bool native_graph = false;  // SUPPORTS_CUDA_GRAPH_NATIVE_API
-  bool warmed_up = false;     // has run once outside a capture
+  bool native_graph = false;    // SUPPORTS_CUDA_GRAPH_NATIVE_API (and the check below agrees)
+  bool native_checked = false;  // native population compared with a capture once
+  bool warmed_up = false;       // has run once outside a capture
   int64_t workspace = 0;
   double tuned_ms = -1;
 };
@@ -373,6 +374,86 @@ DiskPlanCache* disk_cache(PlanCaches& c, int device) {
 
 // ---- execution ----------------------------------------------------------------------
 
+// Node counts of a CUDA graph by type, child graphs expanded.
+struct NodeCounts {
+  size_t kernels = 0, memsets = 0, memcpys = 0, others = 0;
+  bool operator==(const NodeCounts&) const = default;
+  std::string text() const {
+    return cat(kernels, " kernels, ", memsets, " memsets, ", memcpys, " memcpys, ", others,
+               " others");
+  }
+};
+
+void count_nodes(cudaGraph_t graph, NodeCounts& counts) {
+  size_t n = 0;
+  FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    FUSEBOX_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    switch (type) {
+      case cudaGraphNodeTypeKernel:
+        ++counts.kernels;
+        break;
+      case cudaGraphNodeTypeMemset:
+        ++counts.memsets;
+        break;
+      case cudaGraphNodeTypeMemcpy:
+        ++counts.memcpys;
+        break;
+      case cudaGraphNodeTypeGraph: {
+        cudaGraph_t child = nullptr;
+        FUSEBOX_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child));
+        count_nodes(child, counts);
+        break;
+      }
+      case cudaGraphNodeTypeEmpty:
+        break;
+      default:
+        ++counts.others;
+        break;
+    }
+  }
+}
+
+// cuDNN's native population of the plan against a stream capture of its execute, by node
+// counts: the native graph must hold everything execute() issues (a zero-fill memset, say).
+// Run once per plan; on a difference the plan is captured from then on, with a note.
+bool native_matches_capture(Context& ctx, const ConvProblem& p, PlanEntry& e,
+                            std::unordered_map<int64_t, void*>& pack, void* workspace) {
+  NodeCounts captured, native;
+  cudaStream_t side = nullptr;
+  FUSEBOX_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  FUSEBOX_CUDA_CHECK(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal));
+  const fe::error_t status = e.graph->execute(ctx.device.cudnn_handle(side), pack, workspace);
+  const cudaError_t ended = cudaStreamEndCapture(side, &graph);
+  (void)cudaStreamDestroy(side);
+  bool ok = status.is_good() && ended == cudaSuccess && graph != nullptr;
+  if (ok) count_nodes(graph, captured);
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  if (ok) {
+    FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+    ok = e.graph
+             ->populate_cuda_graph(ctx.device.cudnn_handle(ctx.encoder.stream()), pack, workspace,
+                                   graph)
+             .is_good();
+    if (ok) count_nodes(graph, native);
+    (void)cudaGraphDestroy(graph);
+  }
+  if (ok && !(native == captured)) {
+    std::fprintf(stderr,
+                 "fusebox: note: cuDNN plan %s for %s: its native CUDA graph (%s) differs from "
+                 "a capture of its execution (%s); recording it by stream capture\n",
+                 e.plan_name.c_str(), p.describe().c_str(), native.text().c_str(),
+                 captured.text().c_str());
+    ok = false;
+  }
+  return ok;
+}
+
 // Adds the plan as a child graph that cuDNN's native CUDA-graph API populates; false when
 // cuDNN declines to populate it (the caller then captures, and keeps capturing).
 bool record_native(Context& ctx, PlanEntry& e, std::unordered_map<int64_t, void*>& pack,
@@ -525,8 +606,14 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
     }
     ctx.encoder.keep_alive(entry);
     bool native = false;
-    if (entry->native_graph && ctx.encoder.options().use_graphs) {
-      native = record_native(ctx, *entry, pack, workspace.data(), reads, writes);
+    if (entry->native_graph && settings.native_graph && ctx.encoder.options().use_graphs) {
+      if (!entry->native_checked) {
+        entry->native_checked = true;
+        entry->native_graph = native_matches_capture(ctx, p, *entry, pack, workspace.data());
+      }
+      if (entry->native_graph) {
+        native = record_native(ctx, *entry, pack, workspace.data(), reads, writes);
+      }
     }
     if (native) {
       ++c.stats.native_graph_nodes;

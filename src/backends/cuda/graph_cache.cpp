@@ -1,5 +1,8 @@
 #include "backends/cuda/graph_cache.h"
 
+#include <cuda.h>  // driver types only: the entry points are looked up at run time
+
+#include <atomic>
 #include <cstdio>
 #include <vector>
 
@@ -95,6 +98,71 @@ void GraphCache::note_instantiation() {
 
 namespace {
 
+// The driver's node queries, looked up once through the runtime (the project does not
+// link libcuda: test binaries must start on machines without a driver).
+struct DriverGraphApi {
+  CUresult (*get_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*) = nullptr;
+  CUresult (*get_attribute)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue*) = nullptr;
+};
+
+const DriverGraphApi& driver_graph_api() {
+  static const DriverGraphApi api = [] {
+    DriverGraphApi a;
+    cudaDriverEntryPointQueryResult found{};
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      a.get_params = reinterpret_cast<decltype(a.get_params)>(fn);
+    fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetAttribute", &fn, 12000,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      a.get_attribute = reinterpret_cast<decltype(a.get_attribute)>(fn);
+    (void)cudaGetLastError();
+    return a;
+  }();
+  return api;
+}
+
+// A kernel node's part of the key: its function, launch shape and cluster shape. Read
+// through the driver, because kernels a library launched through the driver API (cuDNN)
+// do not map back to a runtime function: keyed by kind only, two graphs differing only in
+// cuDNN's kernels shared a key, and cudaGraphExecUpdate, which does not update cluster
+// dimensions, ran the second with the first's clusters (wrong results on the H100, conv
+// test config 191). A node that cannot be read gets a key no other graph has: it is
+// instantiated, never updated.
+void append_kernel_node(std::string& key, cudaGraphNode_t node) {
+  const DriverGraphApi& api = driver_graph_api();
+  CUDA_KERNEL_NODE_PARAMS params{};
+  const auto driver_node = reinterpret_cast<CUgraphNode>(node);
+  if (api.get_params == nullptr || api.get_params(driver_node, &params) != CUDA_SUCCESS) {
+    static std::atomic<uint64_t> unreadable{0};
+    append_key(key, '?');
+    append_key(key, unreadable.fetch_add(1));
+    return;
+  }
+  append_key(key, reinterpret_cast<uintptr_t>(params.func));
+  append_key(key, reinterpret_cast<uintptr_t>(params.kern));
+  append_key(key, params.gridDimX);
+  append_key(key, params.gridDimY);
+  append_key(key, params.gridDimZ);
+  append_key(key, params.blockDimX);
+  append_key(key, params.blockDimY);
+  append_key(key, params.blockDimZ);
+  append_key(key, params.sharedMemBytes);
+  CUkernelNodeAttrValue cluster{};
+  if (api.get_attribute != nullptr &&
+      api.get_attribute(driver_node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &cluster) ==
+          CUDA_SUCCESS) {
+    append_key(key, cluster.clusterDim.x);
+    append_key(key, cluster.clusterDim.y);
+    append_key(key, cluster.clusterDim.z);
+  } else {
+    append_key(key, '-');
+  }
+}
+
 void append_topology(std::string& key, cudaGraph_t graph) {
   size_t count = 0;
   FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
@@ -109,19 +177,7 @@ void append_topology(std::string& key, cudaGraph_t graph) {
     FUSEBOX_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
     append_key(key, uint8_t(type));
     if (type == cudaGraphNodeTypeKernel) {
-      cudaKernelNodeParams params{};
-      // Kernels launched through the driver API (by a library) may not map back to a
-      // runtime function; then the node is keyed by its kind only, and an update that
-      // cannot follow the change is refused and re-instantiated.
-      if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess) {
-        append_key(key, reinterpret_cast<uintptr_t>(params.func));
-        append_key(key, params.gridDim);
-        append_key(key, params.blockDim);
-        append_key(key, params.sharedMemBytes);
-      } else {
-        (void)cudaGetLastError();
-        append_key(key, '?');
-      }
+      append_kernel_node(key, node);
     } else if (type == cudaGraphNodeTypeMemset) {
       cudaMemsetParams params{};
       FUSEBOX_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &params));

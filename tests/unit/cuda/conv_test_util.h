@@ -158,32 +158,36 @@ inline Tensor permuted_storage(const Tensor& t, const Shape& strides) {
   return Tensor::from_doubles(t.dtype(), {t.numel()}, stored);
 }
 
-// Device tensors of a configuration in its layout.
+// Device tensors of a configuration in its layout, through a kernel Context.
 class ConvDeviceRunner {
  public:
-  explicit ConvDeviceRunner(OpHarness& h) : h_(h) {}
+  explicit ConvDeviceRunner(Context& ctx) : ctx_(ctx) {}
 
   DeviceTensor upload(const Tensor& t, bool channels_last) {
-    if (!channels_last || t.shape().size() < 3) return h_.upload(t);
-    const Shape strides = channels_last_strides(t.shape());
-    DeviceTensor d = h_.upload(permuted_storage(t, strides));
-    d.shape = t.shape();
+    const bool permute = channels_last && t.shape().size() >= 3;
+    const Shape strides =
+        permute ? channels_last_strides(t.shape()) : contiguous_strides(t.shape());
+    const Tensor stored = permute ? permuted_storage(t, strides) : t;
+    DeviceTensor d = DeviceTensor::empty(ctx_.allocator, t.dtype(), t.shape());
+    ctx_.encoder.copy_to_device(d.range(), stored.raw());
     d.strides = strides;
     return d;
   }
+  // A fresh output with every byte 0xFF (NaN), written by a recorded memset.
   DeviceTensor poisoned(DType dtype, const Shape& shape, bool channels_last) {
-    DeviceTensor d = h_.poisoned({dtype, shape});
+    DeviceTensor d = DeviceTensor::empty(ctx_.allocator, dtype, shape);
+    ctx_.encoder.memset(d.range(), 0xFF);
     if (channels_last) d.strides = channels_last_strides(shape);
     return d;
   }
   Tensor download(const DeviceTensor& d) {
     Tensor flat = Tensor::empty(d.dtype, {d.numel()});
-    h_.encoder().copy_to_host(flat.raw(), d.range());
+    ctx_.encoder.copy_to_host(flat.raw(), d.range());
     return gather(flat, d.shape, d.strides, 0);
   }
 
  private:
-  OpHarness& h_;
+  Context& ctx_;
 };
 
 // Inputs of a configuration (host, logical NCHW; an undefined tensor for no bias), in the
@@ -202,14 +206,14 @@ inline std::vector<Tensor> conv_inputs(const ConvConfig& c, uint64_t seed) {
   }
 }
 
-// Runs the op's kernels.h entry on the GPU (inputs and output in c's layout, output
-// poisoned) and returns the output as a contiguous host tensor. Throws what the entry throws.
-inline Tensor run_conv_on_gpu(OpHarness& h, const ConvConfig& c, const std::vector<Tensor>& in) {
+// Runs the op's kernels.h entry on `ctx` (inputs and output in c's layout, output poisoned)
+// and returns the output as a contiguous host tensor. Throws what the entry throws.
+inline Tensor run_conv_on_gpu(Context& ctx, const ConvConfig& c, const std::vector<Tensor>& in) {
   KernelEntry entry = c.op == OpKind::conv                 ? &conv_forward
                       : c.op == OpKind::conv_backward_data ? &conv_backward_data
                                                            : &conv_backward_filter;
   const BuiltNode built = build_node(c.op, c.node_attrs(), in);
-  ConvDeviceRunner runner(h);
+  ConvDeviceRunner runner(ctx);
   std::vector<DeviceTensor> device(in.size());
   std::vector<const DeviceTensor*> pointers;
   for (size_t i = 0; i < in.size(); ++i) {
@@ -219,10 +223,14 @@ inline Tensor run_conv_on_gpu(OpHarness& h, const ConvConfig& c, const std::vect
   }
   std::vector<DeviceTensor> out = {
       runner.poisoned(built.outputs[0].dtype, built.outputs[0].shape, c.channels_last)};
-  entry(h.ctx(), built.node, pointers, out);
-  h.encoder().synchronize();
-  check_error_flags(h.ctx());
+  entry(ctx, built.node, pointers, out);
+  ctx.encoder.synchronize();
+  check_error_flags(ctx);
   return runner.download(out[0]);
+}
+
+inline Tensor run_conv_on_gpu(OpHarness& h, const ConvConfig& c, const std::vector<Tensor>& in) {
+  return run_conv_on_gpu(h.ctx(), c, in);
 }
 
 // Relative L2 error of got against want (inf when got has a non-finite element).

@@ -208,6 +208,107 @@ TEST_F(ConvCudnnTest, ResNetShapesRunOnCudnn) {
   }
 }
 
+// Configurations that failed on the H100 (2026-11-22 run 1), each run in several ways:
+//   after:   on a fresh graph encoder, right after a convolution whose recording has the
+//            same shape of graph (a poison memset of the same byte count, then one cuDNN
+//            child graph with one kernel): the encoder's graph cache may then update the
+//            earlier executable in place instead of instantiating a new one;
+//   fresh:   alone on a fresh graph encoder (nothing to update: instantiated);
+//   capture: the same with FUSEBOX_CUDNN_NATIVE_GRAPH=0 (stream capture, never cuDNN's
+//            native graph);
+//   direct:  on an encoder launching without graphs.
+// The printed lines name the plan and each result's distance from the CPU's, so a failure
+// points at cuDNN's plan (all modes fail), the graph cache's update (only `after` fails)
+// or cuDNN's native graph (only `fresh`).
+TEST_F(ConvCudnnTest, KnownHardConfigurationsInEveryRecordingMode) {
+  OpHarness h;
+  TempDir cache("conv_hard");
+  ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", cache.str());
+  struct Case {
+    ConvConfig config, before;  // before: a convolution with the same output byte count
+    // cudnn_cannot_implement refuses it (a known cuDNN 9.19 fault): run under `auto`, it
+    // must take the direct kernel with that reason and still match.
+    bool refused = false;
+  };
+  std::vector<Case> cases;
+  {
+    ConvConfig c;  // ResNet downsample dgrad: 1x1 stride 2, channels-last
+    c.op = OpKind::conv_backward_data;
+    c.dtype = DType::bf16;
+    c.batch = 2, c.in_channels = 256, c.out_channels = 128;
+    c.spatial = {14, 14}, c.filter = {1, 1};
+    c.strides = {2, 2}, c.dilations = {1, 1}, c.pads_begin = {0, 0}, c.pads_end = {0, 0};
+    c.channels_last = true;
+    ConvConfig b;  // fprop 64 -> 256 on 14x14: y is [2, 256, 14, 14] bf16, as dx above
+    b.op = OpKind::conv;
+    b.dtype = DType::bf16;
+    b.batch = 2, b.in_channels = 64, b.out_channels = 256;
+    b.spatial = {14, 14}, b.filter = {1, 1};
+    b.strides = {1, 1}, b.dilations = {1, 1}, b.pads_begin = {0, 0}, b.pads_end = {0, 0};
+    b.channels_last = true;
+    b.bias = true;
+    cases.push_back({c, b});
+    c.channels_last = b.channels_last = false;
+    cases.push_back({c, b});
+  }
+  {
+    ConvConfig c;  // config 191 of the matrix: grouped 3-D wgrad, NCHW, asymmetric pad
+    c.op = OpKind::conv_backward_filter;
+    c.dtype = DType::bf16;
+    c.batch = 3, c.in_channels = 9, c.out_channels = 6, c.groups = 3;
+    c.spatial = {3, 7, 4}, c.filter = {3, 1, 3};
+    c.strides = {1, 1, 1}, c.dilations = {1, 1, 1}, c.pads_begin = {0, 0, 2},
+    c.pads_end = {0, 0, 0};
+    ConvConfig b = c;  // dw [6, 3, 3, 1, 3] bf16: the same bytes from another wgrad
+    b.spatial = {5, 7, 6}, b.pads_begin = {1, 0, 1}, b.pads_end = {1, 0, 1};
+    cases.push_back({c, b, true});
+  }
+  Device& device = Device::get(0);
+  CachingAllocator& memory = CachingAllocator::for_device(0);
+  CommandEncoder::Options graphs;
+  CommandEncoder::Options direct_options;
+  direct_options.use_graphs = false;
+  for (const Case& k : cases) {
+    const ConvConfig& c = k.config;
+    ScopedEnv backend("FUSEBOX_CONV_BACKEND", k.refused ? "auto" : "cudnn");
+    const std::vector<Tensor> in = conv_inputs(c, 21);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    for (const char* mode : {"after", "fresh", "capture", "direct"}) {
+      SCOPED_TRACE(cat(c.describe(), " [", mode, "]"));
+      const bool direct = std::string(mode) == "direct";
+      ScopedEnv native("FUSEBOX_CUDNN_NATIVE_GRAPH", std::string(mode) == "capture" ? "0" : "1");
+      CommandEncoder encoder(device, direct ? direct_options : graphs, &memory);
+      Context ctx{device, encoder, memory};
+      if (std::string(mode) == "after") {
+        const std::vector<Tensor> before_in = conv_inputs(k.before, 22);
+        const Tensor before_want = run_op(k.before.op, k.before.node_attrs(), before_in)[0];
+        EXPECT_LE(relative_l2_error(run_conv_on_gpu(ctx, k.before, before_in), before_want),
+                  conv_l2_tolerance(k.before.dtype, true))
+            << "the convolution run before";
+      }
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(ctx, c, in);
+      const double err = relative_l2_error(got, want);
+      size_t non_finite = 0;
+      for (double v : got.to_doubles()) non_finite += !std::isfinite(v);
+      const std::vector<ConvDecision> d = conv_decisions();
+      const CommandEncoder::Stats st = encoder.stats();
+      std::printf(
+          "[conv hard] %-7s %s: plan %s, rel. L2 error %.3g, %zu of %lld non-finite; "
+          "graph cache: %llu instantiations, %llu updates\n",
+          mode, c.describe().c_str(), d.empty() ? "?" : d.back().plan.c_str(), err, non_finite,
+          (long long)got.numel(), (unsigned long long)st.graph_cache.instantiations,
+          (unsigned long long)st.graph_cache.updates);
+      EXPECT_LE(err, conv_l2_tolerance(c.dtype, true));
+      if (k.refused) {
+        ASSERT_FALSE(d.empty());
+        EXPECT_EQ(d.back().path, "own");
+        EXPECT_NE(d.back().reason.find("asymmetric"), std::string::npos) << d.back().reason;
+      }
+    }
+  }
+}
+
 TEST_F(ConvCudnnTest, ForcedCudnnOnF64IsAClearError) {
   OpHarness h;
   ScopedEnv backend("FUSEBOX_CONV_BACKEND", "cudnn");

@@ -163,7 +163,7 @@ TEST_F(ConvPlanCacheTest, InMemoryHitSkipsHeuristics) {
   EXPECT_EQ(second.memory_hits, first.memory_hits + 1);
   // The decision record has the node on cuDNN with a named plan, and the report shows it.
   bool found = false;
-  for (const ConvDecision& d : conv_decisions()) {
+  for (const ConvDecision& d : conv_decisions()) {  // only this test's rows (SetUp clears)
     if (d.node == "conv 'node'" && d.problem.find("bf16") != std::string::npos) {
       found = true;
       EXPECT_EQ(d.path.rfind("cudnn", 0), 0u) << d.path;

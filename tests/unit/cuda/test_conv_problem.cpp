@@ -194,6 +194,25 @@ TEST(ConvProblemKey, BroadcastInputIsRefused) {
   EXPECT_NE(why->find("stride 0"), std::string::npos) << *why;
 }
 
+TEST(ConvProblemKey, GroupedAsymmetricWgradIsRefusedOnlyThere) {
+  Problem p;
+  ConvProblem c = p.make();
+  c.op = ConvOp::wgrad;
+  c.groups = 3;
+  c.pad_lo.assign(c.pad_lo.size(), 1);
+  c.pad_hi.assign(c.pad_hi.size(), 1);
+  EXPECT_FALSE(cudnn_cannot_implement(c).has_value());  // symmetric: cuDNN
+  c.pad_hi.back() = 0;
+  const auto why = cudnn_cannot_implement(c);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("asymmetric"), std::string::npos) << *why;
+  c.groups = 1;  // ungrouped: cuDNN
+  EXPECT_FALSE(cudnn_cannot_implement(c).has_value());
+  c.groups = 3;
+  c.op = ConvOp::fprop;  // fprop and dgrad: cuDNN
+  EXPECT_FALSE(cudnn_cannot_implement(c).has_value());
+}
+
 TEST(ConvProblemKey, MismatchedShapesAreAnErrorNamingTheNode) {
   Problem p;
   ConvConfig c = p.config();
