@@ -11,7 +11,8 @@ mkdir -p "$out"
 log="$out/gpu_check.log"
 exec > >(tee "$log") 2>&1
 
-echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# GPU_CHECK_COMMIT names the tree when the copy on the GPU machine has no current .git.
+echo "== $(date -u +%FT%TZ) commit ${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null \
             || python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
