@@ -23,16 +23,6 @@ namespace fusebox::cuda {
 
 namespace {
 
-DeviceTensor view_of(const DeviceTensor& base, int64_t offset, Shape shape, Shape strides) {
-  DeviceTensor v;
-  v.buffer = base.buffer;
-  v.offset = offset;
-  v.dtype = base.dtype;
-  v.shape = std::move(shape);
-  v.strides = std::move(strides);
-  return v;
-}
-
 // One padded dim: g [outer, padded, inner] folds into out [outer, len, inner].
 struct PadFold {
   int64_t outer, padded, len, inner;
@@ -157,8 +147,7 @@ void expand(Context& ctx, const Node& n, Inputs in, Outputs out) {
       x.dtype == y.dtype && broadcast_shapes(x.shape, y.shape, &merged) && merged == y.shape,
       node_label(n), "x ", shape_str(x.shape), " does not broadcast to ", shape_str(y.shape));
   if (y.numel() == 0) return;
-  copy_strided(ctx, view_of(x, x.offset, y.shape, broadcast_strides(x.shape, x.strides, y.shape)),
-               y);
+  copy_strided(ctx, x.view(x.offset, y.shape, broadcast_strides(x.shape, x.strides, y.shape)), y);
 }
 
 // (dy) -> dx of input_shape; the slice attributes are normalised against it.
@@ -180,7 +169,7 @@ void slice_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
     offset += a.starts[i] * dx.strides[d];
     strides[d] *= a.steps[i];
   }
-  copy_strided(ctx, dy, view_of(dx, offset, dy.shape, std::move(strides)));
+  copy_strided(ctx, dy, dx.view(offset, dy.shape, std::move(strides)));
 }
 
 // (dy) -> dx of input_shape.

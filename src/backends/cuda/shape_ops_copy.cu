@@ -93,16 +93,6 @@ bool try_tiled(Context& ctx, const Where& where, const StridedLayout<2>& layout,
   return true;
 }
 
-DeviceTensor view(const DeviceTensor& base, int64_t offset, Shape shape, Shape strides) {
-  DeviceTensor v;
-  v.buffer = base.buffer;
-  v.offset = offset;
-  v.dtype = base.dtype;
-  v.shape = std::move(shape);
-  v.strides = std::move(strides);
-  return v;
-}
-
 void copy_views(Context& ctx, const Where& where, const DeviceTensor& src,
                 const DeviceTensor& dst) {
   FUSEBOX_CHECK(src.shape == dst.shape && src.dtype == dst.dtype, where.str(), "cannot copy ",
@@ -152,7 +142,7 @@ void transpose(Context& ctx, const Node& n, Inputs in, Outputs out) {
     shape[i] = x.shape[size_t(perm[i])];
     strides[i] = x.strides[size_t(perm[i])];
   }
-  copy_views(ctx, n, view(x, x.offset, std::move(shape), std::move(strides)), out[0]);
+  copy_views(ctx, n, x.view(x.offset, std::move(shape), std::move(strides)), out[0]);
 }
 
 // Each input is copied into its slab of y: y's strides, offset along `axis`. The slabs are
@@ -165,7 +155,7 @@ void concat(Context& ctx, const Node& n, Inputs in, Outputs out) {
     FUSEBOX_CHECK(x->rank() == y.rank(), node_label(n), "input ", shape_str(x->shape),
                   " has another rank than the output ", shape_str(y.shape));
     if (x->numel() > 0)
-      copy_views(ctx, n, *x, view(y, y.offset + at * y.strides[size_t(axis)], x->shape, y.strides));
+      copy_views(ctx, n, *x, y.view(y.offset + at * y.strides[size_t(axis)], x->shape, y.strides));
     at += x->shape[size_t(axis)];
   }
   FUSEBOX_CHECK(at == y.shape[size_t(axis)], node_label(n), "inputs cover ", at, " of ",
@@ -187,7 +177,7 @@ void slice(Context& ctx, const Node& n, Inputs in, Outputs out) {
     offset += a.starts[i] * x.strides[d];
     strides[d] *= a.steps[i];
   }
-  copy_views(ctx, n, view(x, offset, y.shape, std::move(strides)), y);
+  copy_views(ctx, n, x.view(offset, y.shape, std::move(strides)), y);
 }
 
 }  // namespace fusebox::cuda

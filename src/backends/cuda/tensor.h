@@ -4,6 +4,8 @@
 // accept them say so.
 #pragma once
 
+#include <utility>
+
 #include "backends/cuda/allocator.h"
 #include "fusebox/core/tensor.h"
 
@@ -17,6 +19,17 @@ struct DeviceTensor {
   Shape strides;  // in elements
 
   static DeviceTensor empty(CachingAllocator& alloc, DType dtype, Shape shape);
+  // A view of the same buffer (and dtype): element `offset` from the buffer's start, with
+  // the given shape and strides.
+  DeviceTensor view(int64_t offset, Shape shape, Shape strides) const {
+    DeviceTensor v;
+    v.buffer = buffer;
+    v.offset = offset;
+    v.dtype = dtype;
+    v.shape = std::move(shape);
+    v.strides = std::move(strides);
+    return v;
+  }
   int64_t numel() const { return fusebox::numel(shape); }
   int64_t rank() const { return int64_t(shape.size()); }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
