@@ -1,5 +1,10 @@
 #include "testing.h"
 
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
 #include <cmath>
 
 namespace fusebox::testing {
@@ -22,11 +27,11 @@ Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo, 
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,
                                      double atol) {
   if (actual.dtype() != expected.dtype())
-    return ::testing::AssertionFailure() << "dtype " << dtype_name(actual.dtype()) << " vs "
-                                         << dtype_name(expected.dtype());
+    return ::testing::AssertionFailure()
+           << "dtype " << dtype_name(actual.dtype()) << " vs " << dtype_name(expected.dtype());
   if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure() << "shape " << shape_str(actual.shape()) << " vs "
-                                         << shape_str(expected.shape());
+    return ::testing::AssertionFailure()
+           << "shape " << shape_str(actual.shape()) << " vs " << shape_str(expected.shape());
   int64_t bad = 0, worst = -1;
   double worst_excess = 0;
   for (int64_t i = 0; i < actual.numel(); ++i) {
@@ -75,6 +80,39 @@ std::vector<Tensor> run_op(OpKind op, Attrs attrs, const std::vector<Tensor>& in
   std::vector<Tensor> out;
   for (ValueId v : outs) out.push_back(result.at(g.value(v).name));
   return out;
+}
+
+TempDir::TempDir(std::string_view tag) {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / ("fusebox_" + std::string(tag) + "_XXXXXX"))
+          .string();
+  if (::mkdtemp(pattern.data()) == nullptr)
+    throw std::runtime_error("TempDir: mkdtemp(" + pattern + ") failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::add, ec);
+  std::filesystem::remove_all(path_, ec);
+}
+
+ScopedEnv::ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+  if (const char* old = std::getenv(name)) old_ = old;
+  if (value) {
+    ::setenv(name, value->c_str(), 1);
+  } else {
+    ::unsetenv(name);
+  }
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (old_) {
+    ::setenv(name_.c_str(), old_->c_str(), 1);
+  } else {
+    ::unsetenv(name_.c_str());
+  }
 }
 
 }  // namespace fusebox::testing

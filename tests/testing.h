@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <random>
+#include <string>
+#include <string_view>
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/runtime/executor.h"
@@ -24,5 +28,34 @@ Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo =
 // Builds a one-node graph over `inputs` (each becomes a graph input, or kNoValue when
 // undefined), runs it on the CPU backend and returns every output.
 std::vector<Tensor> run_op(OpKind op, Attrs attrs, const std::vector<Tensor>& inputs);
+
+// A fresh empty directory under the system's temporary directory ("fusebox_<tag>_XXXXXX"),
+// removed with everything in it at the end of the scope (owner permissions restored first,
+// so a test may make it read-only).
+class TempDir {
+ public:
+  explicit TempDir(std::string_view tag = "test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Sets (or, with std::nullopt, unsets) an environment variable until the end of the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace fusebox::testing

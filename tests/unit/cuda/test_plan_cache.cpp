@@ -23,6 +23,7 @@
 
 #include "backends/cuda/plan_cache.h"
 #include "fusebox/core/error.h"
+#include "testing.h"
 
 extern char** environ;
 
@@ -34,49 +35,9 @@ using Bytes = std::vector<uint8_t>;
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-// A fresh directory, removed with everything in it at the end of the scope.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "fusebox_plan_cache_XXXXXX").string();
-    char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// Sets (or, with nullptr, unsets) an environment variable for one scope.
-class ScopedEnvVar {
- public:
-  ScopedEnvVar(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnvVar() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using fusebox::testing::TempDir;
+// Sets (a value) or unsets (std::nullopt) a variable for one scope.
+using ScopedEnvVar = fusebox::testing::ScopedEnv;
 
 PlanCacheIdentity h100() {
   return {"NVIDIA H100 80GB HBM3", 90, 91000, "1.23.0"};
@@ -330,7 +291,7 @@ TEST(PlanCacheLru, CapacityOneThrashingWarns) {
 
 TEST(PlanCacheLru, CapacityFromEnvironment) {
   {
-    ScopedEnvVar unset("FUSEBOX_TEST_PLAN_CACHE", nullptr);
+    ScopedEnvVar unset("FUSEBOX_TEST_PLAN_CACHE", std::nullopt);
     EXPECT_EQ(plan_cache_capacity("FUSEBOX_TEST_PLAN_CACHE", 256), 256u);
   }
   {
@@ -360,7 +321,7 @@ TEST(DiskPlanCache, DefaultDirectoryFollowsTheEnvironment) {
     ScopedEnvVar xdg("XDG_CACHE_HOME", "/xdg");
     EXPECT_EQ(default_cache_dir(), fs::path("/scratch/plans"));
   }
-  ScopedEnvVar dir("FUSEBOX_CACHE_DIR", nullptr);
+  ScopedEnvVar dir("FUSEBOX_CACHE_DIR", std::nullopt);
   {
     ScopedEnvVar xdg("XDG_CACHE_HOME", "/xdg");
     EXPECT_EQ(default_cache_dir(), fs::path("/xdg/fusebox"));
@@ -369,9 +330,9 @@ TEST(DiskPlanCache, DefaultDirectoryFollowsTheEnvironment) {
     ScopedEnvVar relative_xdg("XDG_CACHE_HOME", "relative");  // ignored, as the spec says
     EXPECT_EQ(default_cache_dir(), fs::path("/home/someone/.cache/fusebox"));
   }
-  ScopedEnvVar xdg("XDG_CACHE_HOME", nullptr);
+  ScopedEnvVar xdg("XDG_CACHE_HOME", std::nullopt);
   EXPECT_EQ(default_cache_dir(), fs::path("/home/someone/.cache/fusebox"));
-  ScopedEnvVar no_home("HOME", nullptr);
+  ScopedEnvVar no_home("HOME", std::nullopt);
   EXPECT_EQ(default_cache_dir(), fs::path());
 }
 
