@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/ir/op_groups.h"
 #include "infer_common.h"
 
 namespace fusebox {
@@ -129,9 +130,7 @@ OpSpec op_spec(OpKind op) {
       return spec<M>(2, 2, kPow, false);
     case OpKind::gemm:
       return spec<GemmAttrs>(2, 3, kGemm, true);
-    case OpKind::reduce_sum:
-    case OpKind::reduce_mean:
-    case OpKind::reduce_max:
+    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return spec<ReduceAttrs>(1, 1, kX, true);
     case OpKind::softmax:
     case OpKind::log_softmax:
@@ -387,37 +386,15 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::layer_norm:
     case OpKind::rms_norm:
       return infer_layer_norm(c);
-    case OpKind::relu:
-    case OpKind::leaky_relu:
-    case OpKind::gelu:
-    case OpKind::silu:
-    case OpKind::sigmoid:
-    case OpKind::tanh:
-    case OpKind::exp:
-    case OpKind::log:
-    case OpKind::sqrt:
-    case OpKind::rsqrt:
-    case OpKind::reciprocal:
-    case OpKind::neg:
-    case OpKind::abs:
-    case OpKind::erf:
-    case OpKind::clip:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return infer_unary(c);
-    case OpKind::add:
-    case OpKind::sub:
-    case OpKind::mul:
-    case OpKind::div:
-    case OpKind::max:
-    case OpKind::min:
-    case OpKind::pow:
+    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return infer_binary(c);
     case OpKind::matmul:
       return infer_matmul(c);
     case OpKind::gemm:
       return infer_gemm(c);
-    case OpKind::reduce_sum:
-    case OpKind::reduce_mean:
-    case OpKind::reduce_max:
+    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return infer_reduce(c);
     case OpKind::softmax:
     case OpKind::log_softmax:

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "infer_common.h"
+#include "fusebox/ir/op_groups.h"
 
 namespace fusebox::infer {
 namespace {
@@ -66,21 +67,7 @@ void expect_scalar(const Context& c, int i, bool floating) {
 
 bool has_unary_derivative(OpKind op) {
   switch (op) {
-    case OpKind::relu:
-    case OpKind::leaky_relu:
-    case OpKind::gelu:
-    case OpKind::silu:
-    case OpKind::sigmoid:
-    case OpKind::tanh:
-    case OpKind::exp:
-    case OpKind::log:
-    case OpKind::sqrt:
-    case OpKind::rsqrt:
-    case OpKind::reciprocal:
-    case OpKind::neg:
-    case OpKind::abs:
-    case OpKind::erf:
-    case OpKind::clip:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return true;
     default:
       return false;

@@ -11,6 +11,7 @@
 //      needed, and record what it returns as contributions to those inputs.
 //   3. Each wrt's gradient is the sum of its contributions, or zeros when it has none.
 #include "fusebox/passes/autodiff.h"
+#include "fusebox/ir/op_groups.h"
 
 #include <set>
 
@@ -51,37 +52,15 @@ Grads vjp(VjpArgs& a) {
       return vjp_softmax(a);
     case OpKind::cross_entropy:
       return vjp_cross_entropy(a);
-    case OpKind::relu:
-    case OpKind::leaky_relu:
-    case OpKind::gelu:
-    case OpKind::silu:
-    case OpKind::sigmoid:
-    case OpKind::tanh:
-    case OpKind::exp:
-    case OpKind::log:
-    case OpKind::sqrt:
-    case OpKind::rsqrt:
-    case OpKind::reciprocal:
-    case OpKind::neg:
-    case OpKind::abs:
-    case OpKind::erf:
-    case OpKind::clip:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return vjp_unary(a);
-    case OpKind::add:
-    case OpKind::sub:
-    case OpKind::mul:
-    case OpKind::div:
-    case OpKind::max:
-    case OpKind::min:
-    case OpKind::pow:
+    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return vjp_binary(a);
     case OpKind::matmul:
       return vjp_matmul(a);
     case OpKind::gemm:
       return vjp_gemm(a);
-    case OpKind::reduce_sum:
-    case OpKind::reduce_mean:
-    case OpKind::reduce_max:
+    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return vjp_reduce(a);
     case OpKind::reshape:
     case OpKind::flatten:

@@ -1,4 +1,5 @@
 #include "fusebox/backends/cpu.h"
+#include "fusebox/ir/op_groups.h"
 
 #include "kernels.h"
 
@@ -14,17 +15,14 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
     case OpKind::batch_norm: return batch_norm(n, inputs, outputs);
     case OpKind::layer_norm: return layer_norm(n, inputs, outputs);
     case OpKind::rms_norm: return rms_norm(n, inputs, outputs);
-    case OpKind::relu: case OpKind::leaky_relu: case OpKind::gelu: case OpKind::silu:
-    case OpKind::sigmoid: case OpKind::tanh: case OpKind::exp: case OpKind::log:
-    case OpKind::sqrt: case OpKind::rsqrt: case OpKind::reciprocal: case OpKind::neg:
-    case OpKind::abs: case OpKind::erf: case OpKind::clip: case OpKind::identity:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::identity:
       return unary(n, inputs, outputs);
-    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::div:
-    case OpKind::max: case OpKind::min: case OpKind::pow:
+    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return binary(n, inputs, outputs);
     case OpKind::matmul: return matmul(n, inputs, outputs);
     case OpKind::gemm: return gemm(n, inputs, outputs);
-    case OpKind::reduce_sum: case OpKind::reduce_mean: case OpKind::reduce_max:
+    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(n, inputs, outputs);
     case OpKind::softmax: case OpKind::log_softmax: return softmax(n, inputs, outputs);
     case OpKind::max_pool: return max_pool(n, inputs, outputs);

@@ -1,4 +1,5 @@
 #include "backends/cuda/kernels.h"
+#include "fusebox/ir/op_groups.h"
 
 namespace fusebox::cuda {
 
@@ -7,13 +8,9 @@ namespace {
 // Which inputs an op accepts strided (views); all others are made contiguous first.
 bool accepts_strided_inputs(OpKind op) {
   switch (op) {
-    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::div:
-    case OpKind::max: case OpKind::min: case OpKind::pow:
-    case OpKind::relu: case OpKind::leaky_relu: case OpKind::gelu: case OpKind::silu:
-    case OpKind::sigmoid: case OpKind::tanh: case OpKind::exp: case OpKind::log:
-    case OpKind::sqrt: case OpKind::rsqrt: case OpKind::reciprocal: case OpKind::neg:
-    case OpKind::abs: case OpKind::erf: case OpKind::clip: case OpKind::identity:
-    case OpKind::expand: case OpKind::unary_backward:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::identity: case OpKind::expand: case OpKind::unary_backward:
       return true;
     default:
       return false;
@@ -28,17 +25,14 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::batch_norm: return batch_norm(ctx, n, in, out);
     case OpKind::layer_norm: return layer_norm(ctx, n, in, out);
     case OpKind::rms_norm: return rms_norm(ctx, n, in, out);
-    case OpKind::relu: case OpKind::leaky_relu: case OpKind::gelu: case OpKind::silu:
-    case OpKind::sigmoid: case OpKind::tanh: case OpKind::exp: case OpKind::log:
-    case OpKind::sqrt: case OpKind::rsqrt: case OpKind::reciprocal: case OpKind::neg:
-    case OpKind::abs: case OpKind::erf: case OpKind::clip: case OpKind::identity:
+    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::identity:
       return unary(ctx, n, in, out);
-    case OpKind::add: case OpKind::sub: case OpKind::mul: case OpKind::div:
-    case OpKind::max: case OpKind::min: case OpKind::pow:
+    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return binary(ctx, n, in, out);
     case OpKind::matmul: return matmul(ctx, n, in, out);
     case OpKind::gemm: return gemm(ctx, n, in, out);
-    case OpKind::reduce_sum: case OpKind::reduce_mean: case OpKind::reduce_max:
+    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(ctx, n, in, out);
     case OpKind::softmax: case OpKind::log_softmax: return softmax(ctx, n, in, out);
     case OpKind::max_pool: return max_pool(ctx, n, in, out);
