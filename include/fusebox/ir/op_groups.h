@@ -12,11 +12,12 @@
 
 #define FUSEBOX_OP_CASE(name) case ::fusebox::OpKind::name:
 
+// clang-format off
 // Elementwise, one input (identity is not one of them: it is a copy everywhere).
-#define FUSEBOX_UNARY_POINTWISE_OPS(X)                                                          \
-  X(relu)                                                                                       \
-  X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) X(reciprocal) \
-      X(neg) X(abs) X(erf) X(clip)
+#define FUSEBOX_UNARY_POINTWISE_OPS(X)                                                      \
+  X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) \
+  X(reciprocal) X(neg) X(abs) X(erf) X(clip)
+// clang-format on
 
 // Elementwise, two inputs broadcast as numpy.
 #define FUSEBOX_BINARY_POINTWISE_OPS(X) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)
