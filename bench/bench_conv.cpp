@@ -4,11 +4,23 @@
 // cold (empty cache dir), with autotuning, and warm (disk cache: in this process with the
 // in-memory cache cleared, and in a fresh process).
 //
-//   bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] [--no-autotune]
+//   bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] [--shapes NAME,...]
+//              [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32] [--knobs] [--no-autotune]
+//              [--no-setup]
 //
 // Shapes: the 23 distinct convolutions of torchvision's ResNet-50 (v1.5: stride on the 3x3)
 // at N = 64, 224x224 input; names as in bench/torch_conv.py (which times PyTorch on the same
-// shapes). --targets keeps the 8 shapes the issue has targets for.
+// shapes). --targets keeps the 8 shapes the issue has targets for; --shapes the named ones
+// (e.g. --shapes l4_1x1s2_c1024k2048_14); --ops and --dtypes narrow further.
+// --knobs: instead of heuristic vs autotuned, every plan-choice setting of the convolution
+// path, each with empty caches (memory cleared, a fresh cache dir), with the plan chosen:
+//   heuristic          FUSEBOX_AUTOTUNE=0 FUSEBOX_CONV_SUBSAMPLE_1X1=0
+//   tuned_a_fb         autotuned over heuristics modes A+FALLBACK (MODE_B=0), SUBSAMPLE=0
+//   tuned_a_b_fb       autotuned over modes A+B+FALLBACK (MODE_B=1), SUBSAMPLE=0
+//   view_heuristic     SUBSAMPLE_1X1=1 (strided 1x1: stride-1 over a strided view), not tuned
+//   view_tuned         SUBSAMPLE_1X1=1, autotuned (A+B+FALLBACK)
+//   auto_tuned         SUBSAMPLE_1X1=auto, autotuned: both lowerings tuned, the faster kept
+//   (the library's default with --autotune).
 // Timing: `iters` calls of one op recorded into one CUDA graph (finish_recording), replayed
 // `repeats` times between CUDA events; the median per call. The same tensors every call
 // (as PyTorch's loop), random values; outputs separate from inputs.
@@ -22,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +55,11 @@ struct Options {
   int iters = 20;
   int repeats = 7;
   bool targets_only = false;
+  std::vector<std::string> shapes;  // --shapes: only these (empty: all, or the targets)
+  std::vector<std::string> ops = {"fprop", "dgrad", "wgrad"};
+  std::vector<std::string> dtypes = {"bf16", "f32"};
+  bool knobs = false;
+  bool setup = true;
   bool autotune = true;
   std::string setup_child_dir;  // internal: measure warm setup in this fresh process
 };
@@ -111,12 +129,67 @@ void set_env(const char* name, const char* value) {
   setenv(name, value, 1);
 }
 
+struct Variant {
+  std::string name;
+  double ms = -1;
+  std::string plan;
+};
+
 struct Result {
   std::string shape, op, dtype;
   double flops = 0;
   double heuristic_ms = -1, tuned_ms = -1;
   std::string heuristic_plan, tuned_plan;
+  std::vector<Variant> variants;  // --knobs
 };
+
+// A plan-choice setting of --knobs: environment values (nullptr: unset).
+struct KnobSetting {
+  const char* name;
+  const char* autotune;
+  const char* mode_b;
+  const char* subsample;
+};
+const KnobSetting kKnobs[] = {
+    {"heuristic", "0", "1", "0"},    {"tuned_a_fb", "1", "0", "0"},
+    {"tuned_a_b_fb", "1", "1", "0"}, {"view_heuristic", "0", "1", "1"},
+    {"view_tuned", "1", "1", "1"},   {"auto_tuned", "1", "1", "auto"},
+};
+
+bool contains(const std::vector<std::string>& list, const std::string& item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) items.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return items;
+}
+
+// "" when every name of --shapes, --ops and --dtypes exists, else what does not.
+std::string unknown_selection(const Options& o) {
+  for (const std::string& name : o.shapes) {
+    bool found = false;
+    for (const ConvShape& s : kShapes) found = found || name == s.name;
+    if (!found) return cat("no shape named '", name, "' (see bench/bench_conv.cpp kShapes)");
+  }
+  for (const std::string& op : o.ops)
+    if (op != "fprop" && op != "dgrad" && op != "wgrad")
+      return cat("--ops takes fprop, dgrad, wgrad, not '", op, "'");
+  for (const std::string& t : o.dtypes)
+    if (t != "bf16" && t != "f32") return cat("--dtypes takes bf16, f32, not '", t, "'");
+  return "";
+}
+
+bool selected(const Options& o, const ConvShape& s) {
+  if (!o.shapes.empty()) return contains(o.shapes, s.name);
+  return !o.targets_only || s.target;
+}
 
 struct SetupPhase {
   std::string name;
@@ -268,7 +341,7 @@ std::string plan_of(const std::string& node_name) {
 SetupPhase setup_phase(Bench& b, const char* name, const Options& o) {
   std::vector<ShapeSetup> setups;
   for (const ConvShape& s : kShapes) {
-    if (o.targets_only && !s.target) continue;
+    if (!selected(o, s)) continue;
     setups.push_back(make_setup(b, s, DType::bf16, true));
   }
   b.encoder().synchronize();
@@ -296,8 +369,11 @@ SetupPhase fresh_process_setup(const std::string& dir, const Options& o) {
   phase.name = "warm_fresh_process";
   phase.seconds = -1;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string shapes;
+  for (const std::string& name : o.shapes) shapes += (shapes.empty() ? "" : ",") + name;
   const std::string command =
-      cat("'", exe, "' --setup-child '", dir, "'", o.targets_only ? " --targets" : "");
+      cat("'", exe, "' --setup-child '", dir, "'", o.targets_only ? " --targets" : "",
+          shapes.empty() ? "" : " --shapes " + shapes);
   std::fflush(nullptr);
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return phase;
@@ -341,6 +417,32 @@ std::string temp_dir(const char* tag) {
   return dir.string();
 }
 
+// Times one op of one shape under every --knobs setting, each with empty caches.
+void time_knobs(Bench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
+  for (const KnobSetting& k : kKnobs) {
+    const std::string dir = temp_dir(k.name);
+    set_env("FUSEBOX_CACHE_DIR", dir.c_str());
+    set_env("FUSEBOX_AUTOTUNE", k.autotune);
+    set_env("FUSEBOX_CONV_AUTOTUNE_MODE_B", k.mode_b);
+    set_env("FUSEBOX_CONV_SUBSAMPLE_1X1", k.subsample);
+    clear_conv_plan_memory_cache();
+    Variant v;
+    v.name = k.name;
+    v.ms = b.time_ms(o, [&] { record_op(b, st, op); });
+    v.plan = plan_of(st.nodes[op].name);
+    std::printf("%-24s %-5s %-4s  %-15s %8.4f ms %7.1f TFLOP/s  %s\n", r.shape.c_str(),
+                r.op.c_str(), r.dtype.c_str(), v.name.c_str(), v.ms, r.flops / v.ms / 1e9,
+                v.plan.c_str());
+    std::fflush(stdout);
+    r.variants.push_back(v);
+    std::filesystem::remove_all(dir);
+  }
+  unsetenv("FUSEBOX_CONV_AUTOTUNE_MODE_B");
+  unsetenv("FUSEBOX_CONV_SUBSAMPLE_1X1");
+  r.heuristic_ms = r.variants.front().ms, r.heuristic_plan = r.variants.front().plan;
+  r.tuned_ms = r.variants.back().ms, r.tuned_plan = r.variants.back().plan;
+}
+
 int run(const Options& o) {
   set_env("FUSEBOX_CONV_BACKEND", "auto");
   Bench b;
@@ -351,15 +453,23 @@ int run(const Options& o) {
   const std::string timing_cache = temp_dir("timing");
   set_env("FUSEBOX_CACHE_DIR", timing_cache.c_str());
   for (DType dtype : {DType::bf16, DType::f32}) {
+    if (!contains(o.dtypes, dtype == DType::f32 ? "f32" : "bf16")) continue;
     for (const ConvShape& s : kShapes) {
-      if (o.targets_only && !s.target) continue;
+      if (!selected(o, s)) continue;
       ShapeSetup st = make_setup(b, s, dtype, true);
       for (int op = 0; op < 3; ++op) {
+        if (!contains(o.ops, op_label(kOps[op]))) continue;
         Result r;
         r.shape = s.name;
         r.op = op_label(kOps[op]);
         r.dtype = dtype == DType::f32 ? "f32" : "bf16";
         r.flops = conv_flops(s);
+        if (o.knobs) {
+          time_knobs(b, o, st, op, r);
+          results.push_back(r);
+          set_env("FUSEBOX_CACHE_DIR", timing_cache.c_str());
+          continue;
+        }
         const std::string node = st.nodes[op].name;
         set_env("FUSEBOX_AUTOTUNE", "0");
         r.heuristic_ms = b.time_ms(o, [&] { record_op(b, st, op); });
@@ -388,18 +498,20 @@ int run(const Options& o) {
   std::vector<SetupPhase> phases;
   const std::string cold_dir = temp_dir("cold"), tune_dir = temp_dir("tune");
   clear_conv_plan_memory_cache();
-  set_env("FUSEBOX_CACHE_DIR", cold_dir.c_str());
-  phases.push_back(setup_phase(b, "cold", o));
-  clear_conv_plan_memory_cache();
-  phases.push_back(setup_phase(b, "warm_memory_cleared", o));
-  phases.push_back(setup_phase(b, "in_memory", o));
-  phases.push_back(fresh_process_setup(cold_dir, o));
-  if (o.autotune) {
+  if (o.setup) {
+    set_env("FUSEBOX_CACHE_DIR", cold_dir.c_str());
+    phases.push_back(setup_phase(b, "cold", o));
     clear_conv_plan_memory_cache();
-    set_env("FUSEBOX_CACHE_DIR", tune_dir.c_str());
-    set_env("FUSEBOX_AUTOTUNE", "1");
-    phases.push_back(setup_phase(b, "cold_autotune", o));
-    set_env("FUSEBOX_AUTOTUNE", "0");
+    phases.push_back(setup_phase(b, "warm_memory_cleared", o));
+    phases.push_back(setup_phase(b, "in_memory", o));
+    phases.push_back(fresh_process_setup(cold_dir, o));
+    if (o.autotune) {
+      clear_conv_plan_memory_cache();
+      set_env("FUSEBOX_CACHE_DIR", tune_dir.c_str());
+      set_env("FUSEBOX_AUTOTUNE", "1");
+      phases.push_back(setup_phase(b, "cold_autotune", o));
+      set_env("FUSEBOX_AUTOTUNE", "0");
+    }
   }
   std::filesystem::remove_all(cold_dir);
   std::filesystem::remove_all(tune_dir);
@@ -422,7 +534,17 @@ int run(const Options& o) {
         << ", \"tuned_ms\": " << r.tuned_ms
         << ", \"tuned_tflops\": " << (r.tuned_ms > 0 ? r.flops / r.tuned_ms / 1e9 : -1)
         << ", \"heuristic_plan\": \"" << r.heuristic_plan << "\", \"tuned_plan\": \""
-        << r.tuned_plan << "\"}" << (i + 1 < results.size() ? ",\n" : "\n");
+        << r.tuned_plan << "\"";
+      if (!r.variants.empty()) {
+        f << ", \"variants\": [";
+        for (size_t k = 0; k < r.variants.size(); ++k) {
+          const Variant& v = r.variants[k];
+          f << (k ? ", " : "") << "{\"name\": \"" << v.name << "\", \"ms\": " << v.ms
+            << ", \"plan\": \"" << v.plan << "\"}";
+        }
+        f << "]";
+      }
+      f << "}" << (i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "  ],\n  \"setup\": [\n";
     for (size_t i = 0; i < phases.size(); ++i) {
@@ -453,6 +575,16 @@ int main(int argc, char** argv) {
       o.repeats = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--targets") {
       o.targets_only = true;
+    } else if (arg == "--shapes" && i + 1 < argc) {
+      o.shapes = fusebox::cuda::split_list(argv[++i]);
+    } else if (arg == "--ops" && i + 1 < argc) {
+      o.ops = fusebox::cuda::split_list(argv[++i]);
+    } else if (arg == "--dtypes" && i + 1 < argc) {
+      o.dtypes = fusebox::cuda::split_list(argv[++i]);
+    } else if (arg == "--knobs") {
+      o.knobs = true;
+    } else if (arg == "--no-setup") {
+      o.setup = false;
     } else if (arg == "--no-autotune") {
       o.autotune = false;
     } else if (arg == "--setup-child" && i + 1 < argc) {
@@ -460,9 +592,14 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] "
-                   "[--no-autotune]\n");
+                   "[--shapes NAME,...] [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32] [--knobs] "
+                   "[--no-autotune] [--no-setup]\n");
       return 2;
     }
+  }
+  if (const std::string bad = fusebox::cuda::unknown_selection(o); !bad.empty()) {
+    std::fprintf(stderr, "bench_conv: %s\n", bad.c_str());
+    return 2;
   }
   try {
     return o.setup_child_dir.empty() ? fusebox::cuda::run(o) : fusebox::cuda::setup_child(o);

@@ -4,6 +4,10 @@ forward, backward-data and backward-filter, bf16 and f32 (TF32 allowed), channel
 cudnn.benchmark=True. Same shape names as bench_conv.
 
     python3 bench/torch_conv.py [--json FILE] [--iters N] [--repeats N] [--targets]
+                                [--shapes NAME,...] [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32]
+
+--shapes keeps the named shapes (e.g. l4_1x1s2_c1024k2048_14, ResNet-50's stage-4
+downsample), --ops and --dtypes narrow further, as in bench_conv.
 
 Timing: CUDA events around `iters` calls after warm-up (which runs cudnn.benchmark's search),
 the median per call over `repeats` runs. dgrad and wgrad through
@@ -67,7 +71,18 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--targets", action="store_true")
+    parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
+    parser.add_argument("--ops", default="fprop,dgrad,wgrad")
+    parser.add_argument("--dtypes", default="bf16,f32")
     args = parser.parse_args()
+    names = {s[0] for s in SHAPES}
+    shapes = set(args.shapes.split(",")) if args.shapes else None
+    if shapes and not shapes <= names:
+        parser.error(f"unknown shapes: {', '.join(sorted(shapes - names))}")
+    ops = set(args.ops.split(","))
+    dtypes = set(args.dtypes.split(","))
+    if not ops <= {"fprop", "dgrad", "wgrad"} or not dtypes <= {"bf16", "f32"}:
+        parser.error("--ops takes fprop, dgrad, wgrad; --dtypes bf16, f32")
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True
@@ -77,8 +92,12 @@ def main():
           f"cudnn {torch.backends.cudnn.version()}")
     results = []
     for dtype_name, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+        if dtype_name not in dtypes:
+            continue
         for name, c, k, hw, r, s, p, target in SHAPES:
-            if args.targets and not target:
+            if shapes is not None and name not in shapes:
+                continue
+            if shapes is None and args.targets and not target:
                 continue
             o = (hw + 2 * p - r) // s + 1
             cl = torch.channels_last
@@ -103,6 +122,8 @@ def main():
                     dy, x, w, None, stride, pad, dil, False, [0, 0], 1, [False, True, False])
 
             for op, fn in (("fprop", fprop), ("dgrad", dgrad), ("wgrad", wgrad)):
+                if op not in ops:
+                    continue
                 ms = time_ms(fn, args.iters, args.repeats)
                 results.append({"shape": name, "op": op, "dtype": dtype_name, "flops": flops,
                                 "ms": ms, "tflops": flops / ms / 1e9})

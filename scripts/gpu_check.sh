@@ -44,6 +44,13 @@ status=0
 # GPU_CHECK_PARTS="tests bench" (default both): a second call on the still-warm machine can
 # run the other part against the same build when one call would pass the device time limit.
 parts=${GPU_CHECK_PARTS:-tests bench}
+# GPU_CHECK_TEST_FILTER=<gtest filter>: instead of the tests part, only those CUDA tests.
+if [ -n "${GPU_CHECK_TEST_FILTER:-}" ]; then
+  echo "== GPU tests matching $GPU_CHECK_TEST_FILTER"
+  build/gpu/tests/fusebox_cuda_tests --gtest_brief=1 --gtest_filter="$GPU_CHECK_TEST_FILTER" \
+    > "$out/cuda_tests.log" 2>&1 || status=1
+  grep -E "FAILED|PASSED|SKIPPED|tests ran" "$out/cuda_tests.log" | tail -30
+fi
 if [[ " $parts " == *" tests "* ]]; then
 echo "== GPU tests"
 build/gpu/tests/fusebox_cuda_tests --gtest_brief=1 > "$out/cuda_tests.log" 2>&1 || status=1
@@ -79,15 +86,32 @@ fi
 
 if [[ " $parts " == *" bench "* ]]; then
 echo "== benchmarks"
+# GPU_CHECK_BENCHES="conv norms" runs only bench_conv/torch_conv.py and bench_norms/
+# torch_norms.py (default: every benchmark).
+selected() { [ -z "${GPU_CHECK_BENCHES:-}" ] || [[ " $GPU_CHECK_BENCHES " == *" $1 "* ]]; }
 for b in build/gpu/bench/bench_*; do
   [ -x "$b" ] || continue
-  echo "-- $(basename "$b")"
-  "$b" --json "$out/$(basename "$b").json" || status=1
+  name=$(basename "$b"); selected "${name#bench_}" || continue
+  echo "-- $name"
+  "$b" --json "$out/$name.json" || status=1
 done
 for p in bench/torch_*.py; do
+  name=$(basename "$p" .py); selected "${name#torch_}" || continue
   echo "-- $p"
-  [ -f "$p" ] && python3 "$p" --json "$out/$(basename "$p" .py).json" || status=1
+  [ -f "$p" ] && python3 "$p" --json "$out/$name.json" || status=1
 done
+# The one ResNet-50 convolution below 0.97x PyTorch in session 2 (stage-4 1x1 stride-2
+# downsample, fprop): every plan-choice setting (--knobs), with fresh caches.
+# GPU_CHECK_BENCHES="conv_knobs" runs this part alone (with PyTorch on the same shape).
+if { selected conv || selected conv_knobs; } && [ -x build/gpu/bench/bench_conv ]; then
+  echo "-- bench_conv --knobs (l4 downsample fprop)"
+  build/gpu/bench/bench_conv --shapes l4_1x1s2_c1024k2048_14 --ops fprop --knobs --no-setup \
+    --json "$out/bench_conv_knobs.json" || status=1
+  if ! selected conv; then
+    python3 bench/torch_conv.py --shapes l4_1x1s2_c1024k2048_14 --ops fprop \
+      --json "$out/torch_conv_l4.json" || status=1
+  fi
+fi
 fi
 
 # The device tool brings back only a few files: merge the JSONs into one, drop the arrays.

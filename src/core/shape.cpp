@@ -20,6 +20,43 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::channels_last ? "channels_last" : "contiguous";
+}
+
+std::vector<int> physical_order(size_t rank, MemoryFormat f) {
+  std::vector<int> order(rank);
+  for (size_t i = 0; i < rank; ++i) order[i] = int(i);
+  if (f == MemoryFormat::channels_last && rank >= 3) {
+    order.erase(order.begin() + 1);
+    order.push_back(1);
+  }
+  return order;
+}
+
+Shape strides_for(const Shape& s, MemoryFormat f) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  const std::vector<int> order = physical_order(s.size(), f);
+  for (size_t i = order.size(); i-- > 0;) {
+    st[size_t(order[i])] = acc;
+    acc *= s[size_t(order[i])];
+  }
+  return st;
+}
+
+bool is_dense_in(const Shape& s, const Shape& strides, MemoryFormat f) {
+  if (strides.size() != s.size()) return false;
+  int64_t expected = 1;
+  const std::vector<int> order = physical_order(s.size(), f);
+  for (size_t i = order.size(); i-- > 0;) {
+    const size_t d = size_t(order[i]);
+    if (s[d] != 1 && strides[d] != expected) return false;
+    expected *= s[d];
+  }
+  return true;
+}
+
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
   os << '[';

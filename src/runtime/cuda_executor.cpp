@@ -42,6 +42,7 @@
 #include "backends/cuda/env.h"
 #include "backends/cuda/error_flags.h"
 #include "backends/cuda/kernels.h"
+#include "fusebox/passes/layout.h"
 
 namespace fusebox {
 
@@ -255,20 +256,38 @@ struct Recording {
 // Uploads the constants and the feeds, then records every node on ctx.encoder (nothing is
 // committed after the uploads unless a node does so itself). Intermediates are dropped
 // after their last reader is recorded: the recording holds them.
+//
+// Layouts (passes/layout.h): every value is allocated in its planned order. A constant
+// planned channels-last is converted once, when it is uploaded (committed before the
+// recording starts, so a replay does not repeat it); a graph input is uploaded into a
+// contiguous buffer (where a replay copies the next feed) and converted by the first
+// recorded operation; outputs are read back through download(), which converts.
 Recording record_run(cuda::Context& ctx, const Graph& g, const NamedTensors& feeds,
-                     const RunOptions& opts) {
+                     const RunOptions& opts, const LayoutPlan& plan) {
   Recording rec;
   std::vector<cuda::DeviceTensor> slots(g.values().size());
   std::vector<int> remaining_reads = count_reads(g);
+  auto in_planned_order = [&](ValueId v, const cuda::DeviceTensor& loaded) {
+    if (plan.of(v) == MemoryFormat::contiguous) return loaded;
+    cuda::DeviceTensor t =
+        cuda::DeviceTensor::empty(ctx.allocator, loaded.dtype, loaded.shape, plan.of(v));
+    cuda::copy_strided(ctx, loaded, t);
+    ctx.encoder.add_temporary(loaded.buffer);
+    return t;
+  };
   for (const auto& [v, t] : g.constants()) {
-    if (remaining_reads[size_t(v)] > 0) slots[size_t(v)] = upload(ctx, t);
+    if (remaining_reads[size_t(v)] > 0) slots[size_t(v)] = in_planned_order(v, upload(ctx, t));
   }
+  ctx.encoder.commit();  // the constants' conversions: not part of the recording
+  std::vector<ValueId> converted_inputs;
   for (ValueId v : g.inputs()) {
     slots[size_t(v)] = upload(ctx, feeds.at(g.value(v).name));
     rec.inputs.push_back(slots[size_t(v)]);
+    if (plan.of(v) != MemoryFormat::contiguous) converted_inputs.push_back(v);
   }
 
   const uint64_t ops_before = ctx.encoder.stats().ops_recorded;
+  for (ValueId v : converted_inputs) slots[size_t(v)] = in_planned_order(v, slots[size_t(v)]);
   std::vector<const cuda::DeviceTensor*> in_ptrs;
   std::vector<cuda::DeviceTensor> outs;
   for (const Node& n : g.nodes()) {
@@ -277,7 +296,7 @@ Recording record_run(cuda::Context& ctx, const Graph& g, const NamedTensors& fee
     outs.clear();
     for (ValueId v : n.outputs) {
       const TensorType& t = g.value(v).type;
-      outs.push_back(cuda::DeviceTensor::empty(ctx.allocator, t.dtype, t.shape));
+      outs.push_back(cuda::DeviceTensor::empty(ctx.allocator, t.dtype, t.shape, plan.of(v)));
       if (opts.poison_outputs) {
         size_t op = ctx.encoder.memset(outs.back().range(), 0xff);
         if (op != cuda::CommandEncoder::kNoOp) rec.poison_ops.push_back(op);
@@ -314,6 +333,7 @@ NamedTensors download_outputs(cuda::Context& ctx, const Graph& g,
 struct CompiledStep {
   Graph graph;  // the graph as recorded: a run replays this step when same_graph holds
   int device = 0;
+  LayoutPolicy layout = LayoutPolicy::channels_last_convs;
   bool poisoned = false;
   std::vector<cuda::DeviceTensor> inputs;
   std::vector<cuda::DeviceTensor> outputs;
@@ -339,10 +359,13 @@ struct StepCache {
     stats.capacity = capacity;
   }
 
-  CompiledStep* find(const Graph& g, int device, bool poison) {
+  CompiledStep* find(const Graph& g, int device, bool poison, LayoutPolicy layout) {
     for (auto it = steps.begin(); it != steps.end(); ++it) {
       const CompiledStep& step = **it;
-      if (step.device != device || step.poisoned != poison || !same_graph(step.graph, g)) continue;
+      if (step.device != device || step.poisoned != poison || step.layout != layout ||
+          !same_graph(step.graph, g)) {
+        continue;
+      }
       steps.splice(steps.begin(), steps, it);  // now most recently used
       return steps.front().get();
     }
@@ -395,13 +418,14 @@ NamedTensors run_graph_cuda(const Graph& g, const NamedTensors& feeds, const Run
                     cuda::CachingAllocator::for_device(0)};
   StepCache& cache = step_cache();
   std::lock_guard lock(cache.mutex);
+  const LayoutPolicy layout = layout_policy_from_env();
   const bool keep_steps = cache.capacity > 0 && ctx.encoder.options().use_graphs;
   if (keep_steps) {
     if (!cache.reclaiming) {
       cache.reclaimer = ctx.allocator.add_reclaimer([&cache](bool wait) { cache.reclaim(wait); });
       cache.reclaiming = true;
     }
-    if (CompiledStep* step = cache.find(g, device.id(), opts.poison_outputs)) {
+    if (CompiledStep* step = cache.find(g, device.id(), opts.poison_outputs, layout)) {
       ++cache.stats.hits;
       cache.replaying = step;
       try {
@@ -419,7 +443,7 @@ NamedTensors run_graph_cuda(const Graph& g, const NamedTensors& feeds, const Run
   ctx.encoder.commit();  // the recording starts empty
   Recording rec;
   try {
-    rec = record_run(ctx, g, feeds, opts);
+    rec = record_run(ctx, g, feeds, opts, plan_layouts(g, layout));
   } catch (...) {
     ctx.encoder.discard_recording();  // half a run: nothing of it may launch later
     throw;
@@ -442,6 +466,7 @@ NamedTensors run_graph_cuda(const Graph& g, const NamedTensors& feeds, const Run
   if (step) {
     step->graph = g;
     step->device = device.id();
+    step->layout = layout;
     step->poisoned = opts.poison_outputs;
     step->inputs = std::move(rec.inputs);
     step->outputs = std::move(rec.outputs);

@@ -1,10 +1,12 @@
 // fusebox inspect: import an ONNX model and describe it: the graph with shapes,
-// nodes per op, constants, and the multiply-adds of its convs and matmuls.
+// nodes per op, constants, the multiply-adds of its convs and matmuls, and the CUDA
+// backend's layout plan (which values it stores channels-last, where it converts).
 #include <iomanip>
 #include <iostream>
 
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
+#include "fusebox/passes/layout.h"
 
 namespace fusebox::cli {
 namespace {
@@ -63,6 +65,7 @@ int inspect(const InspectArgs& args) {
   std::cout << "multiply-adds in conv/gemm/matmul: " << with_commas(total_macs) << " ("
             << std::fixed << std::setprecision(3) << double(total_macs) * 2e-9 << " GFLOP)\n";
   std::cout.unsetf(std::ios::floatfield);
+  std::cout << "CUDA " << plan_layouts(g, layout_policy_from_env()).describe(g);
   return 0;
 }
 

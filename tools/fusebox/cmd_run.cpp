@@ -11,6 +11,7 @@
 
 // The backend's convolution record: a header of standard and public includes only.
 #include "../../src/backends/cuda/conv_report.h"
+#include "fusebox/passes/layout.h"
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -119,6 +120,9 @@ int run(const RunArgs& args) {
             << std::setprecision(1) << ms << " ms (import excluded)\n";
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
+  if (args.report && run_opts.device == Device::cuda) {
+    std::cout << plan_layouts(g, layout_policy_from_env()).describe(g);
+  }
   if (args.report) {
     const std::string table = cuda::format_conv_report();
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
@@ -145,7 +149,8 @@ Command add_run_command(CLI::App& parent) {
       ->type_name("DIR");
   app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
   app->add_flag("--report", args->report,
-                "After the run, list each convolution with the path (cuDNN or the direct "
+                "After the run, list the values stored channels-last and the layout "
+                "conversions, and each convolution with the path (cuDNN or the direct "
                 "kernel), plan, workspace and reason it got");
   app->add_flag("--autotune", args->autotune,
                 "Time cuDNN's candidate plans for each convolution and keep the fastest "

@@ -1,6 +1,12 @@
 // batch_norm (inference and training forward) and batch_norm_backward (norm_backward.h).
 //
-// x [N, C, D...] is N * C contiguous planes of `inner` = prod(D) elements; channel c owns
+// Layouts: the activation operands (x, y; dy, x, dx) are all contiguous [N, C, D...] or all
+// dense channels-last (N, D..., C in memory; the layout pass chooses); anything else is an
+// Error naming the node. The three stages below are the same for both: stages 1 and 3 come
+// in one kernel per layout (the contiguous ones here, the channels-last ones in
+// batch_norm_channels_last.cu), stage 2 is shared (batch_norm_common.cuh).
+//
+// Contiguous x is N * C contiguous planes of `inner` = prod(D) elements; channel c owns
 // planes c, C + c, 2C + c, ... Every pass over x walks it flat and tracks (channel,
 // position in plane) incrementally, so the inner loops do no integer division.
 //
@@ -10,8 +16,8 @@
 //                 N * inner elements to a Welford triple (count, mean, M2): each thread
 //                 updates its own triple per element, then the block merges the threads'
 //                 triples pairwise (Chan et al.) in a fixed tree;
-//              2. finalize: one thread per channel merges its chunks' triples in order, in
-//                 f64: batch mean and population variance, the new running statistics
+//              2. finalize: a warp per channel merges its chunks' triples in a fixed order,
+//                 in f64: batch mean and population variance, the new running statistics
 //                 (running * momentum + batch * (1 - momentum)), the saved mean and
 //                 inverse std, and the (mean, k, bias) coefficients;
 //   3. apply: y from the coefficients, 16-byte vectors when inner is a multiple of the
@@ -27,16 +33,20 @@
 // mean and inv_std as constants: dx = scale * inv_std * dy. The IR op batch_norm_backward
 // (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias) and the direct call of
 // norm_backward.h (always the training form) share this code.
-#include "backends/cuda/device_math.cuh"
+#include <initializer_list>
+#include <utility>
+
+#include "backends/cuda/batch_norm_common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/norm_backward.h"
 #include "backends/cuda/norm_common.h"
 
 namespace fusebox::cuda {
+namespace bn {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kFinalizeWarps = 4;  // channels per block of the stage 2 kernels (a warp each)
 
 // Where flat element e of x sits: its channel and its position in its plane. Advancing by
 // a fixed step costs two compares (the step's own channel and position parts are
@@ -83,34 +93,6 @@ struct RowWalk {
   }
 };
 
-// Welford triple.
-template <class C>
-struct Moments {
-  C count;
-  C mean;
-  C m2;  // sum of squared deviations from mean
-};
-
-template <class C>
-__device__ __forceinline__ Moments<C> merge(const Moments<C>& a, const Moments<C>& b) {
-  const C count = a.count + b.count;
-  if (count == C(0)) return a;
-  const C delta = b.mean - a.mean;
-  const C wb = b.count / count;
-  return {count, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.count * wb};
-}
-
-// Per-channel coefficients of the elementwise passes.
-template <class C>
-struct Coefficients {
-  C mean;
-  C k;     // forward: scale * inv_std; backward: scale * inv_std
-  C bias;  // forward: bias; backward: unused
-  C inv_std;
-  C mean_dy;   // backward: dbias / M
-  C mean_dyx;  // backward: dscale / M
-};
-
 // ---- forward ------------------------------------------------------------------------
 
 // Stage 1 (training): the Welford triple of chunk blockIdx.y of channel blockIdx.x.
@@ -144,8 +126,10 @@ __global__ void bn_stats(const T* x, int64_t channels, int64_t inner, int64_t pe
   if (threadIdx.x == 0) partial[c * gridDim.y + blockIdx.y] = shared[0];
 }
 
-// Stage 2 (training): one thread per channel merges its chunks in order (f64) and writes
-// the statistics outputs and the coefficients.
+// Stage 2 (training): warp w of the grid merges channel w's chunks in f64: lane l merges
+// chunks l, l + 32, ... in order, then the lanes' triples merge down a fixed shuffle tree
+// (lane l takes lane l + s's for s = 16, 8, ..., 1); lane 0 writes the statistics
+// outputs and the coefficients.
 template <class T>
 __global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64_t chunks,
                                      int64_t channels, const T* scale, const T* bias,
@@ -153,13 +137,21 @@ __global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64
                                      double momentum, T* new_mean, T* new_var, T* saved_mean,
                                      T* saved_inv_std, Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (c >= channels) return;  // the whole warp: the shuffles below need every lane
   Moments<double> m{0, 0, 0};
-  for (int64_t j = 0; j < chunks; ++j) {
+  for (int64_t j = lane; j < chunks; j += 32) {
     const Moments<C>& p = partial[c * chunks + j];
     m = merge(m, Moments<double>{double(p.count), double(p.mean), double(p.m2)});
   }
+  for (int s = 16; s > 0; s /= 2) {
+    const Moments<double> other{__shfl_down_sync(0xffffffffu, m.count, s),
+                                __shfl_down_sync(0xffffffffu, m.mean, s),
+                                __shfl_down_sync(0xffffffffu, m.m2, s)};
+    if (lane < s) m = merge(m, other);
+  }
+  if (lane != 0) return;
   const double var = m.count > 0 ? m.m2 / m.count : 0.0;
   const double inv_std = 1.0 / sqrt(var + eps);
   if (new_mean) {
@@ -258,20 +250,31 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
   }
 }
 
-// Stage 2: per channel totals (in order, f64), dscale / dbias, dx coefficients.
+// Stage 2: per channel totals in f64 (a warp per channel, in a fixed order as
+// bn_finalize_training), dscale / dbias, dx coefficients.
 template <class T, class G>
 __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
                                      int64_t count, bool training, const T* scale,
                                      const T* saved_mean, const T* saved_inv_std, G* dscale,
                                      G* dbias, Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (c >= channels) return;  // the whole warp
   double sum_dy = 0, sum_dyx = 0;
-  for (int64_t j = 0; j < chunks; ++j) {
+  for (int64_t j = lane; j < chunks; j += 32) {
     sum_dy += double(partial[(c * chunks + j) * 2]);
     sum_dyx += double(partial[(c * chunks + j) * 2 + 1]);
   }
+  for (int s = 16; s > 0; s /= 2) {
+    const double other_dy = __shfl_down_sync(0xffffffffu, sum_dy, s);
+    const double other_dyx = __shfl_down_sync(0xffffffffu, sum_dyx, s);
+    if (lane < s) {
+      sum_dy += other_dy;
+      sum_dyx += other_dyx;
+    }
+  }
+  if (lane != 0) return;
   if (dscale) dscale[c] = convert<G>(sum_dyx);
   if (dbias) dbias[c] = convert<G>(sum_dy);
   const double inv_std = double(convert<C>(saved_inv_std[c]));
@@ -311,17 +314,62 @@ Geometry geometry_of(const std::string& where, const Shape& x) {
   return {x[0], x[1], numel(Shape(x.begin() + 2, x.end()))};
 }
 
-// Chunks per channel for the reductions: about 4 blocks per SM in all, each chunk at
-// least 4096 elements.
+enum class Layout { contiguous, channels_last };
+
+// The layout the activation operands share (null ones skipped): all contiguous, else all
+// dense channels-last (a tensor with C == 1 or every spatial extent 1 is both). Anything
+// else is an Error naming the node: the kernels index every operand in one layout.
+Layout layout_of(const std::string& where,
+                 std::initializer_list<std::pair<const char*, const DeviceTensor*>> operands) {
+  bool contiguous = true, channels_last = true;
+  std::string found;
+  for (const auto& [name, t] : operands) {
+    if (t == nullptr) continue;
+    contiguous = contiguous && t->is_contiguous();
+    channels_last = channels_last && t->is_channels_last();
+    found += cat(found.empty() ? "" : ", ", name, " ", shape_str(t->shape), " with strides ",
+                 shape_str(t->strides));
+  }
+  if (contiguous) return Layout::contiguous;
+  FUSEBOX_CHECK(channels_last, where,
+                "expects its activation operands all contiguous or all dense channels-last, got ",
+                found);
+  return Layout::channels_last;
+}
+
+// Per-channel operands are contiguous [C]-element vectors of x's dtype.
+void check_per_channel(const std::string& where, const char* what, const DeviceTensor* p,
+                       DType dtype, int64_t channels) {
+  FUSEBOX_CHECK(p && p->numel() == channels && p->dtype == dtype && p->is_contiguous(), where, what,
+                " must be a contiguous ", dtype_name(dtype), " tensor of ", channels, " elements");
+}
+
+// Chunks per channel for the contiguous reductions: about 4 blocks per SM in all, each
+// chunk at least 4096 elements.
 int64_t chunks_for(const Geometry& g, int sms) {
   const int64_t wanted = (4 * int64_t(sms) + g.channels - 1) / std::max<int64_t>(g.channels, 1);
   const int64_t most = std::max<int64_t>(1, (g.per_channel() + 4095) / 4096);
   return std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, 65535));
 }
 
+// Stage 1 of the contiguous training forward.
 template <class T>
-void launch_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, DeviceTensor& y,
-                  const DeviceBuffer& coef) {
+Partials contiguous_stats(Context& ctx, const Geometry& g, const DeviceTensor& x) {
+  using C = compute_t<T>;
+  const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
+  const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks) * sizeof(Moments<C>)), chunks};
+  ctx.encoder.add_temporary(p.buffer);
+  ctx.encoder.launch(&bn_stats<T>, dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
+                     {x.range()}, {p.buffer}, x.as<const T>(), g.channels, g.inner, per_chunk,
+                     g.per_channel(), RowWalk::make(g.inner, kThreads), p.buffer.as<Moments<C>>());
+  return p;
+}
+
+// Stage 3 of the contiguous forward.
+template <class T>
+void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, const DeviceTensor& y,
+                      const DeviceBuffer& coef) {
   using C = compute_t<T>;
   constexpr int W = kVecWidth<T>;
   const BufferList reads = {x.range(), coef};
@@ -341,28 +389,57 @@ void launch_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, Device
   }
 }
 
-}  // namespace
+// Stage 1 of the contiguous backward.
+template <class T>
+Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
+                                  const DeviceTensor& dy, const DeviceTensor& saved_mean,
+                                  const DeviceTensor& saved_inv_std) {
+  using C = compute_t<T>;
+  const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
+  const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C)), chunks};
+  ctx.encoder.add_temporary(p.buffer);
+  ctx.encoder.launch(&bn_backward_sums<T>, dim3(unsigned(g.channels), unsigned(chunks)),
+                     dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
+                     {p.buffer}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
+                     saved_inv_std.as<const T>(), g.channels, g.inner, per_chunk, g.per_channel(),
+                     RowWalk::make(g.inner, kThreads), p.buffer.as<C>());
+  return p;
+}
 
-// x [N, C, D...], scale, bias, running_mean, running_var [C] -> y (inference), or y, new
-// running mean, new running var, saved mean, saved inverse std (training).
-void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+// Stage 3 of the contiguous backward.
+template <class T>
+void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
+                            const DeviceTensor& dy, const DeviceTensor& dx,
+                            const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  const unsigned blocks = launch_blocks(g.total(), kThreads);
+  ctx.encoder.launch(&bn_backward_dx<T>, dim3(blocks), dim3(kThreads), 0,
+                     {x.range(), dy.range(), coef}, {dx.range()}, x.as<const T>(), dy.as<const T>(),
+                     dx.as<T>(), g.total(),
+                     ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
+                     coef.as<const Coefficients<C>>());
+}
+
+unsigned finalize_blocks(int64_t channels) {
+  return unsigned((channels + kFinalizeWarps - 1) / kFinalizeWarps);
+}
+
+void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  FUSEBOX_CHECK(in.size() == 5 && in[0] && !out.empty(), where,
+                "expects (x, scale, bias, running_mean, running_var) -> (y, ...)");
   const DeviceTensor& x = *in[0];
   const Geometry g = geometry_of(where, x.shape);
-  for (size_t i = 1; i <= 4; ++i) {
-    FUSEBOX_CHECK(in.size() > i && in[i] && in[i]->numel() == g.channels && in[i]->dtype == x.dtype,
-                  where, "per-channel input ", i, " must be ", dtype_name(x.dtype), " with ",
-                  g.channels, " elements");
-  }
+  const char* names[] = {"x", "scale", "bias", "running_mean", "running_var"};
+  for (size_t i = 1; i <= 4; ++i) check_per_channel(where, names[i], in[i], x.dtype, g.channels);
   FUSEBOX_CHECK(out[0].dtype == x.dtype && out[0].shape == x.shape, where, "output y must be ",
                 dtype_name(x.dtype), " ", shape_str(x.shape));
-  for (size_t o = 1; o < out.size(); ++o) {
-    FUSEBOX_CHECK(out[o].dtype == x.dtype && out[o].numel() == g.channels, where, "output ", o,
-                  " must be ", dtype_name(x.dtype), " with ", g.channels, " elements");
-  }
+  for (size_t o = 1; o < out.size(); ++o)
+    check_per_channel(where, cat("output ", o).c_str(), &out[o], x.dtype, g.channels);
+  const Layout layout = layout_of(where, {{"x", &x}, {"y", &out[0]}});
   if (g.channels == 0) return;
-  const int sms = ctx.device.properties().sm_count;
   visit_device_float(n, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -370,39 +447,34 @@ void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
     ctx.encoder.add_temporary(coef);
     const T *scale = in[1]->as<const T>(), *bias = in[2]->as<const T>();
     const T *running_mean = in[3]->as<const T>(), *running_var = in[4]->as<const T>();
-    const unsigned channel_blocks = unsigned((g.channels + 127) / 128);
     const BufferList params = norm::ranges({in[1], in[2], in[3], in[4]});
     if (!attrs.training) {
-      ctx.encoder.launch(&bn_coefficients_inference<T>, dim3(channel_blocks), dim3(128), 0, params,
-                         {coef}, g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
-                         coef.as<Coefficients<C>>());
+      ctx.encoder.launch(&bn_coefficients_inference<T>, dim3(unsigned((g.channels + 127) / 128)),
+                         dim3(128), 0, params, {coef}, g.channels, scale, bias, running_mean,
+                         running_var, attrs.epsilon, coef.as<Coefficients<C>>());
     } else {
       FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
                     shape_str(x.shape), " has no elements per channel");
-      const int64_t chunks = chunks_for(g, sms);
-      const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
-      DeviceBuffer partial =
-          ctx.allocator.allocate(size_t(g.channels * chunks) * sizeof(Moments<C>));
-      ctx.encoder.add_temporary(partial);
-      ctx.encoder.launch(&bn_stats<T>, dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads),
-                         0, {x.range()}, {partial}, x.as<const T>(), g.channels, g.inner, per_chunk,
-                         g.per_channel(), RowWalk::make(g.inner, kThreads),
-                         partial.as<Moments<C>>());
+      const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
+                                                               : contiguous_stats<T>(ctx, g, x);
       auto output = [&](size_t o) { return o < out.size() ? out[o].as<T>() : nullptr; };
       BufferList writes = {coef};
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
       BufferList reads = params;
-      reads.push_back(partial);
-      ctx.encoder.launch(&bn_finalize_training<T>, dim3(channel_blocks), dim3(128), 0, reads,
-                         writes, partial.as<const Moments<C>>(), chunks, g.channels, scale, bias,
-                         running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
+      reads.push_back(partial.buffer);
+      ctx.encoder.launch(&bn_finalize_training<T>, dim3(finalize_blocks(g.channels)),
+                         dim3(32 * kFinalizeWarps), 0, reads, writes,
+                         partial.buffer.as<const Moments<C>>(), partial.chunks, g.channels, scale,
+                         bias, running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
                          output(2), output(3), output(4), coef.as<Coefficients<C>>());
     }
-    if (g.total() > 0) launch_apply<T>(ctx, g, x, out[0], coef);
+    if (g.total() == 0) return;
+    if (layout == Layout::channels_last)
+      channels_last_apply<T>(ctx, x, out[0], coef);
+    else
+      contiguous_apply<T>(ctx, g, x, out[0], coef);
   });
 }
-
-namespace {
 
 void run_batch_norm_backward(Context& ctx, const std::string& where, bool training,
                              const DeviceTensor& x, const DeviceTensor& dy,
@@ -410,21 +482,20 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
                              const DeviceTensor& saved_inv_std, DeviceTensor* dx,
                              DeviceTensor* dscale, DeviceTensor* dbias) {
   const Geometry g = geometry_of(where, x.shape);
-  FUSEBOX_CHECK(
-      x.is_contiguous() && dy.is_contiguous() && dy.dtype == x.dtype && dy.shape == x.shape &&
-          (!dx || (dx->dtype == x.dtype && dx->shape == x.shape && dx->is_contiguous())),
-      where, "dy and dx must be contiguous ", dtype_name(x.dtype), " ", shape_str(x.shape));
-  for (const DeviceTensor* p : {&scale, &saved_mean, &saved_inv_std}) {
-    FUSEBOX_CHECK(p->dtype == x.dtype && p->numel() == g.channels, where,
-                  "scale and the saved statistics must be ", dtype_name(x.dtype), " with ",
-                  g.channels, " elements");
-  }
+  FUSEBOX_CHECK(dy.dtype == x.dtype && dy.shape == x.shape &&
+                    (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)),
+                where, "dy and dx must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
+                " like x");
+  const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"dx", dx}});
+  check_per_channel(where, "scale", &scale, x.dtype, g.channels);
+  check_per_channel(where, "saved_mean", &saved_mean, x.dtype, g.channels);
+  check_per_channel(where, "saved_inv_std", &saved_inv_std, x.dtype, g.channels);
   const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : x.dtype;
   for (const DeviceTensor* p : {dscale, dbias}) {
-    FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->dtype == grad_dtype &&
+    FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->is_contiguous() && p->dtype == grad_dtype &&
                          (grad_dtype == x.dtype || grad_dtype == DType::f32)),
-                  where, "dscale and dbias must have ", g.channels, " elements, both in ",
-                  dtype_name(x.dtype), " or both in f32");
+                  where, "dscale and dbias must be contiguous with ", g.channels,
+                  " elements, both in ", dtype_name(x.dtype), " or both in f32");
   }
   if (g.channels == 0) return;
   if (g.per_channel() == 0) {
@@ -432,31 +503,27 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       if (p) ctx.encoder.memset(p->range(), 0);
     return;
   }
-  const int sms = ctx.device.properties().sm_count;
   visit_device_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!is_float_v<T>) {
       throw Error(where, cat("expects a floating-point x, got ", dtype_name(x.dtype)));
     } else {
       using C = compute_t<T>;
-      const int64_t chunks = chunks_for(g, sms);
-      const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
-      DeviceBuffer partial = ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C));
+      const Partials partial =
+          layout == Layout::channels_last
+              ? channels_last_backward_sums<T>(ctx, x, dy, saved_mean, saved_inv_std)
+              : contiguous_backward_sums<T>(ctx, g, x, dy, saved_mean, saved_inv_std);
       DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
-      ctx.encoder.add_temporary(partial);
       ctx.encoder.add_temporary(coef);
-      ctx.encoder.launch(&bn_backward_sums<T>, dim3(unsigned(g.channels), unsigned(chunks)),
-                         dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
-                         {partial}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
-                         saved_inv_std.as<const T>(), g.channels, g.inner, per_chunk,
-                         g.per_channel(), RowWalk::make(g.inner, kThreads), partial.as<C>());
       BufferList writes = norm::ranges({dscale, dbias});
       writes.push_back(coef);
-      const BufferList reads = {partial, scale.range(), saved_mean.range(), saved_inv_std.range()};
+      const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
+                                saved_inv_std.range()};
       auto finalize = [&](auto grad_tag) {
         using G = decltype(grad_tag);
-        ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(unsigned((g.channels + 127) / 128)),
-                           dim3(128), 0, reads, writes, partial.as<const C>(), chunks, g.channels,
+        ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(finalize_blocks(g.channels)),
+                           dim3(32 * kFinalizeWarps), 0, reads, writes,
+                           partial.buffer.as<const C>(), partial.chunks, g.channels,
                            g.per_channel(), training, scale.as<const T>(), saved_mean.as<const T>(),
                            saved_inv_std.as<const T>(), dscale ? dscale->as<G>() : nullptr,
                            dbias ? dbias->as<G>() : nullptr, coef.as<Coefficients<C>>());
@@ -466,34 +533,40 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       else
         finalize(T{});
       if (!dx) return;
-      const unsigned blocks = launch_blocks(g.total(), kThreads);
-      ctx.encoder.launch(&bn_backward_dx<T>, dim3(blocks), dim3(kThreads), 0,
-                         {x.range(), dy.range(), coef}, {dx->range()}, x.as<const T>(),
-                         dy.as<const T>(), dx->as<T>(), g.total(),
-                         ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
-                         coef.as<const Coefficients<C>>());
+      if (layout == Layout::channels_last)
+        channels_last_backward_dx<T>(ctx, x, dy, *dx, coef);
+      else
+        contiguous_backward_dx<T>(ctx, g, x, dy, *dx, coef);
     }
   });
 }
 
 }  // namespace
+}  // namespace bn
+
+// x [N, C, D...], scale, bias, running_mean, running_var [C] -> y (inference), or y, new
+// running mean, new running var, saved mean, saved inverse std (training).
+void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  bn::run_batch_norm(ctx, n, in, out);
+}
 
 void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                          const DeviceTensor& scale, const DeviceTensor& saved_mean,
                          const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
                          DeviceTensor* dbias) {
-  run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, scale, saved_mean, saved_inv_std,
-                          dx, dscale, dbias);
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, scale, saved_mean,
+                              saved_inv_std, dx, dscale, dbias);
 }
 
 // (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias), all in x's dtype.
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  FUSEBOX_CHECK(in.size() == 5 && out.size() == 3, node_label(n),
+  FUSEBOX_CHECK(in.size() == 5 && out.size() == 3 && in[0] && in[1] && in[2] && in[3] && in[4],
+                node_label(n),
                 "expects (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias)");
   FUSEBOX_CHECK(out[1].dtype == in[1]->dtype && out[2].dtype == in[1]->dtype, node_label(n),
                 "dscale and dbias must be ", dtype_name(in[1]->dtype), " like x");
-  run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training, *in[1],
-                          *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
+  bn::run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training,
+                              *in[1], *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
 }
 
 }  // namespace fusebox::cuda

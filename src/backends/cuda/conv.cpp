@@ -96,7 +96,9 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
         }
         d.path = "cudnn + bias kernel";
       }
-      d.plan = r.plan;
+      d.plan = r.lowering == ConvLowering::standard
+                   ? r.plan
+                   : cat(r.plan, " (", conv_lowering_name(r.lowering), ")");
       d.workspace_bytes = r.workspace_bytes;
       d.tuned_ms = r.tuned_ms;
       record_conv_decision(d);

@@ -1,6 +1,7 @@
 // Convolutions through cuDNN's graph API (cudnn-frontend v1), behind a fusebox-typed
-// interface: no cuDNN type appears here, and cudnn_conv.cpp is the one translation unit
-// that includes cudnn_frontend.h.
+// interface: no cuDNN type appears here. conv_plans.cpp implements it (caches, lowering
+// choice, recording) on top of cudnn_plan.h, which cudnn_conv.cpp implements: the one
+// translation unit that includes cudnn_frontend.h.
 //
 //   ConvProblem p = make_conv_problem(node, inputs, output, settings, device);
 //   CudnnConvOutcome r = cudnn_conv_record(ctx, p, {x, w, y, bias}, settings);
@@ -13,9 +14,13 @@
 // it is built: heuristics mode A then FALLBACK, numerical notes filtered (never
 // DOWN_CONVERT_INPUTS; no TENSOR_CORE for f32 when FUSEBOX_ALLOW_TF32=0; no
 // NONDETERMINISTIC when FUSEBOX_DETERMINISTIC=1), then the heuristics' first plan that
-// builds, or with autotuning every candidate timed on the real tensors and the fastest
-// kept. A refusal (no plan supports the graph) is cached the same way, so the fallback
-// decision costs one look-up the next time.
+// builds, or with autotuning the distinct candidates of modes A, FALLBACK and B timed on
+// the real tensors and the fastest kept. A refusal (no plan supports the graph) is cached
+// the same way, so the fallback decision costs one look-up the next time.
+//
+// Lowerings. A strided 1x1 fprop may also run as a stride-1 1x1 over a strided view of x
+// (ConvLowering, FUSEBOX_CONV_SUBSAMPLE_1X1): each lowering has its own key and entries;
+// the outcome names the one that ran.
 //
 // Execution. The plan's workspace comes from ctx.allocator before the recording and is
 // held as a temporary. Where the plan supports cuDNN's native CUDA-graph API (and the
@@ -50,7 +55,8 @@ struct CudnnConvOutcome {
   bool bias_fused = false;  // ... with its bias added in the same cuDNN graph
   bool first_use = false;   // this process had not seen the problem before
   std::string plan;         // the engine's name
-  std::string reason;       // why not (ran == false): cuDNN's message
+  ConvLowering lowering = ConvLowering::standard;  // how the problem was given to cuDNN
+  std::string reason;                              // why not (ran == false): cuDNN's message
   size_t workspace_bytes = 0;
   double tuned_ms = -1;  // autotuned in this call: the chosen plan's time
 };

@@ -88,6 +88,9 @@ void add_tensor(CacheKeyBuilder& key, const char* name, const ConvTensor& t) {
 CacheKeyBuilder key_builder(const ConvProblem& p) {
   CacheKeyBuilder key;
   key.add("op", conv_op_name(p.op));
+  if (p.lowering != ConvLowering::standard) key.add("lowering", conv_lowering_name(p.lowering));
+  if (p.forced_plan_index >= 0) key.add("forced_plan_index", p.forced_plan_index);
+  for (const std::string& engine : barred_engines(p)) key.add("barred_engine", engine);
   key.add("spatial_rank", int64_t(p.spatial_rank));
   add_tensor(key, "x", p.x);
   add_tensor(key, "w", p.w);
@@ -138,6 +141,36 @@ ConvBackend parse_conv_backend(std::string_view text) {
                           "' must be auto (cuDNN, else the direct kernel), cudnn or own"));
 }
 
+const char* conv_lowering_name(ConvLowering l) {
+  switch (l) {
+    case ConvLowering::standard:
+      return "standard";
+    case ConvLowering::subsampled_1x1:
+      return "subsampled_1x1";
+  }
+  return "?";
+}
+
+ConvSubsample parse_conv_subsample(std::string_view text) {
+  if (text == "auto") return ConvSubsample::automatic;
+  if (text == "0") return ConvSubsample::off;
+  if (text == "1") return ConvSubsample::on;
+  throw Error("cuda", cat("FUSEBOX_CONV_SUBSAMPLE_1X1='", text,
+                          "' must be auto (tried under autotuning), 0 (never) or 1 (always)"));
+}
+
+const char* conv_subsample_name(ConvSubsample s) {
+  switch (s) {
+    case ConvSubsample::automatic:
+      return "auto";
+    case ConvSubsample::off:
+      return "0";
+    case ConvSubsample::on:
+      return "1";
+  }
+  return "?";
+}
+
 ConvSettings ConvSettings::from_env() {
   ConvSettings s;
   if (auto text = env_text("FUSEBOX_CONV_BACKEND")) s.backend = parse_conv_backend(*text);
@@ -153,6 +186,16 @@ ConvSettings ConvSettings::from_env() {
     s.native_graph = parse_switch(*text, "FUSEBOX_CUDNN_NATIVE_GRAPH");
   s.plan_cache_capacity =
       cuda::plan_cache_capacity("FUSEBOX_CONV_PLAN_CACHE", s.plan_cache_capacity);
+  if (auto text = env_text("FUSEBOX_CONV_AUTOTUNE_MODE_B"))
+    s.autotune_mode_b = parse_switch(*text, "FUSEBOX_CONV_AUTOTUNE_MODE_B");
+  if (auto text = env_text("FUSEBOX_CONV_AUTOTUNE_CANDIDATES"))
+    s.autotune_candidates = parse_count(*text, "FUSEBOX_CONV_AUTOTUNE_CANDIDATES");
+  if (auto text = env_text("FUSEBOX_CONV_SUBSAMPLE_1X1"))
+    s.subsample_1x1 = parse_conv_subsample(*text);
+  if (auto text = env_text("FUSEBOX_CONV_ALLOW_BARRED_ENGINES"))
+    s.allow_barred_engines = parse_switch(*text, "FUSEBOX_CONV_ALLOW_BARRED_ENGINES");
+  if (auto text = env_text("FUSEBOX_CONV_PLAN_INDEX"))
+    s.forced_plan_index = int64_t(parse_count(*text, "FUSEBOX_CONV_PLAN_INDEX"));
   return s;
 }
 
@@ -188,6 +231,8 @@ std::string ConvProblem::describe() const {
   if (bias.present) s += " +bias";
   s += cat(" pad ", join(pad_lo), "/", join(pad_hi), " s ", join(stride), " d ", join(dilation),
            " g ", groups);
+  if (lowering != ConvLowering::standard) s += cat(" (", conv_lowering_name(lowering), ")");
+  if (forced_plan_index >= 0) s += cat(" (FUSEBOX_CONV_PLAN_INDEX=", forced_plan_index, ")");
   return s;
 }
 
@@ -200,6 +245,8 @@ ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTenso
   p.device = device;
   p.allow_tf32 = settings.allow_tf32;
   p.deterministic = settings.deterministic;
+  p.allow_barred_engines = settings.allow_barred_engines;
+  p.forced_plan_index = settings.forced_plan_index;
   const ConvAttrs* attrs = nullptr;
   const DeviceTensor *x = nullptr, *w = nullptr, *y = nullptr, *bias = nullptr;
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
@@ -280,6 +327,30 @@ ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTenso
   return p;
 }
 
+std::optional<ConvProblem> subsampled_1x1(const ConvProblem& p) {
+  if (p.op != ConvOp::fprop || p.groups != 1 || p.lowering != ConvLowering::standard) {
+    return std::nullopt;
+  }
+  const size_t spatial = p.stride.size();
+  bool strided = false;
+  for (size_t d = 0; d < spatial; ++d) {
+    if (p.w.dims[2 + d] != 1 || p.pad_lo[d] != 0 || p.pad_hi[d] != 0) return std::nullopt;
+    strided = strided || p.stride[d] > 1;
+  }
+  if (!strided) return std::nullopt;
+  // Output pixel o reads input pixel o * s (1x1, no padding): the view's element o is at
+  // o * s * x.stride, and its extent is the output's ((D - 1) / s + 1 <= D, never past x).
+  ConvProblem q = p;
+  q.lowering = ConvLowering::subsampled_1x1;
+  for (size_t d = 0; d < spatial; ++d) {
+    q.x.dims[2 + d] = p.y.dims[2 + d];
+    if (q.x.dims[2 + d] > 1) q.x.strides[2 + d] = p.x.strides[2 + d] * p.stride[d];
+    q.stride[d] = 1;
+    q.dilation[d] = 1;
+  }
+  return q;
+}
+
 std::string conv_problem_key(const ConvProblem& p) {
   return key_builder(p).bytes();
 }
@@ -316,14 +387,15 @@ std::optional<std::string> cudnn_cannot_implement(const ConvProblem& p) {
       return cat(name, " is not aligned to its element size");
     }
   }
-  // Known bad: on the H100 with cuDNN 9.19 a grouped wgrad with asymmetric padding (3-D bf16,
-  // groups 3, pads 2/0: tests' config 191) gave a wrong dw in every recording mode, direct
-  // launches included, while the symmetric and ungrouped cases passed. Until it is narrowed
-  // down (or a later cuDNN fixes it), those run on the direct kernel.
-  if (p.op == ConvOp::wgrad && p.groups > 1 && p.pad_lo != p.pad_hi) {
-    return "grouped wgrad with asymmetric padding (cuDNN 9.19 gave a wrong dw on the H100)";
-  }
   return std::nullopt;
+}
+
+std::vector<std::string> barred_engines(const ConvProblem& p) {
+  if (p.allow_barred_engines) return {};
+  const bool half = p.x.dtype == DType::f16 || p.x.dtype == DType::bf16;
+  if (p.op == ConvOp::wgrad && p.groups > 1 && half && p.lowered_spatial_rank() == 3)
+    return {"eng1", "eng20"};
+  return {};
 }
 
 }  // namespace fusebox::cuda

@@ -40,6 +40,12 @@ const char* conv_op_name(ConvOp op);  // "conv_fprop", "conv_dgrad", "conv_wgrad
 enum class ConvBackend : uint8_t { automatic, cudnn, own };
 const char* conv_backend_name(ConvBackend b);  // "auto", "cudnn", "own"
 
+// FUSEBOX_CONV_SUBSAMPLE_1X1: whether a strided 1x1 fprop is also tried as a stride-1 1x1
+// over a strided view of x (subsampled_1x1 below). auto: under autotuning both lowerings
+// are tuned and the faster runs, else the standard lowering; 1: the view whenever cuDNN
+// takes it (else the standard lowering); 0: never.
+enum class ConvSubsample : uint8_t { automatic, off, on };
+
 // Settings read from the environment at each convolution (cheap; tests change them).
 // A malformed value is an Error naming the variable and the values it takes.
 struct ConvSettings {
@@ -49,10 +55,26 @@ struct ConvSettings {
   bool autotune = false;                         // FUSEBOX_AUTOTUNE, or --autotune
   size_t plan_cache_capacity = 256;              // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
   bool native_graph = true;  // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
+  // Autotuning's candidates: the engine configs of heuristics mode A, then FALLBACK, merged
+  // by rank with mode B's (FUSEBOX_CONV_AUTOTUNE_MODE_B=0: A and FALLBACK only), duplicates
+  // dropped, at most FUSEBOX_CONV_AUTOTUNE_CANDIDATES of them (0: all). Neither is part of
+  // the plan-cache key: a tuned plan found in a cache is reused as it is.
+  bool autotune_mode_b = true;
+  size_t autotune_candidates = 48;
+  ConvSubsample subsample_1x1 = ConvSubsample::off;  // FUSEBOX_CONV_SUBSAMPLE_1X1 (docs/cudnn.md)
+  // FUSEBOX_CONV_ALLOW_BARRED_ENGINES=1, for diagnosis only: lets cuDNN pick the engines
+  // barred_engines() names for a problem (known to compute wrong results;
+  // tests/unit/cuda/test_conv_probe.cpp shows them).
+  bool allow_barred_engines = false;
+  // FUSEBOX_CONV_PLAN_INDEX=i, for diagnosis only: the heuristics' (A, FALLBACK) candidate i
+  // instead of the first that builds, no autotuning (-1: unset). Part of the key when set.
+  int64_t forced_plan_index = -1;
 
   static ConvSettings from_env();
 };
-ConvBackend parse_conv_backend(std::string_view text);  // throws on anything else
+ConvBackend parse_conv_backend(std::string_view text);      // throws on anything else
+ConvSubsample parse_conv_subsample(std::string_view text);  // auto, 0, 1; throws otherwise
+const char* conv_subsample_name(ConvSubsample s);           // "auto", "0", "1"
 
 // One tensor of the problem.
 struct ConvTensor {
@@ -63,8 +85,16 @@ struct ConvTensor {
   bool present = false;          // false: an absent optional bias
 };
 
+// How the node's convolution is described to cuDNN: as it is (standard), or (fprop of a
+// 1x1 filter with zero padding and stride > 1) as a stride-1 1x1 over a strided view of x
+// that picks the pixels the filter visits: dims [N, C, O...], strides [x.N, x.C,
+// s * x.S...], no copy. Same result, different kernels.
+enum class ConvLowering : uint8_t { standard, subsampled_1x1 };
+const char* conv_lowering_name(ConvLowering l);  // "standard", "subsampled_1x1"
+
 struct ConvProblem {
   ConvOp op = ConvOp::fprop;
+  ConvLowering lowering = ConvLowering::standard;
   int spatial_rank = 2;  // of the node (1..3); the tensors have max(2, rank) spatial dims
   ConvTensor x, w, y;    // forward roles (see above)
   ConvTensor bias;       // [K] for fprop, [C] for dgrad; absent for wgrad
@@ -73,6 +103,9 @@ struct ConvProblem {
   int device = 0;
   bool allow_tf32 = true;
   bool deterministic = false;
+  int64_t forced_plan_index = -1;  // ConvSettings::forced_plan_index (in the key when set)
+  // ConvSettings::allow_barred_engines (through barred_engines(), which is in the key).
+  bool allow_barred_engines = false;
   std::string label;  // the node's label, for messages (not part of the key)
 
   int lowered_spatial_rank() const { return int(x.dims.size()) - 2; }
@@ -95,15 +128,29 @@ ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTenso
 int64_t effective_pad_hi(int64_t in, int64_t out, int64_t filter, int64_t stride, int64_t dilation,
                          int64_t pad_lo, int64_t pad_hi);
 
+// The problem with the subsampled-1x1 lowering (see ConvLowering), or nullopt when it does
+// not apply: fprop, groups 1, every filter extent 1, every pad 0, some stride > 1.
+std::optional<ConvProblem> subsampled_1x1(const ConvProblem& p);
+
 // The plan-cache key: every field that can change the plan, each named (no struct bytes).
+// The lowering is a field only when it is not the standard one, so the keys (and the disk
+// cache files) of standard problems are those of the releases before it existed.
 std::string conv_problem_key(const ConvProblem& p);
 // The same, human readable (for warnings and tests).
 std::string conv_problem_key_text(const ConvProblem& p);
 
 // Why cuDNN is not tried for this problem (nullopt: it may be): f64 or integer dtypes,
-// mixed dtypes, a stride-0 or negative-stride tensor, more than 3 spatial dims, tensors
-// whose element offsets do not fit cuDNN's int64 arithmetic. CUTLASS's can_implement.
+// mixed dtypes, a stride-0 or negative-stride tensor, more than 3 spatial dims, an
+// element pointer not aligned to its size. CUTLASS's can_implement.
 std::optional<std::string> cudnn_cannot_implement(const ConvProblem& p);
+
+// cuDNN engines never used for this problem (exact engine names, e.g. "eng20"; empty
+// unless some are known to be wrong for it, or allow_barred_engines). Part of the key, so
+// a plan cached before a bar was added is not reused. Known (H100, cuDNN 9.19,
+// test_conv_probe.cpp): grouped 3-D wgrad in f16/bf16, engines eng1 and eng20 give a wrong
+// dw (rel. error ~1 or overflow) with asymmetric and strided problems; eng0 and the others
+// tried are right.
+std::vector<std::string> barred_engines(const ConvProblem& p);
 
 // The largest power of two, at most 256, dividing `address` (256 for nullptr).
 uint32_t pointer_alignment(const void* address);

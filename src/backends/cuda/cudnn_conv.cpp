@@ -1,84 +1,41 @@
-// cuDNN convolution plans: lowering a ConvProblem to a cudnn-frontend graph, choosing and
-// caching its plan (memory, disk), autotuning, and recording its execution. The one
-// translation unit that includes cudnn_frontend.h (it costs ~30 s to compile).
+// cuDNN convolution plans: lowering a ConvProblem to a cudnn-frontend graph, the heuristics'
+// candidates, the heuristics' choice or autotuning over them, and the plan's serialization
+// and execution. The one translation unit that includes cudnn_frontend.h (it costs ~30 s
+// to compile); the caches and the recording are in conv_plans.cpp (cudnn_plan.h between).
 //
-// Graph per op (tensor uids fixed, so that a plan read back from disk takes the same
-// variant pack): x = 1, w = 2, y = 3, bias = 4 (roles as in conv_problem.h).
+// Graph per op (uids in cudnn_plan.h):
 //   fprop: y = conv_fprop(x, w) [+ bias]      dgrad: x = conv_dgrad(y, w) [+ bias]
 //   wgrad: w = conv_wgrad(y, x)
 // io dtype f32/f16/bf16, intermediate and compute f32. The bias is a [1, C, 1, 1] tensor
 // added by a pointwise ADD on the convolution's f32 result; when no plan supports the
 // fused graph, the plain one is built and the caller adds the bias with its own kernel.
 //
-// Disk payload (inside DiskPlanCache's checked file): six text lines, then the
-// serialized graph: "fusebox-conv-plan 1", "plan" or "refused", the engine name, 1/0 bias
-// fused, the tuned time in ms (-1: none), the refusal reason ("" for plans).
+// Candidates. The heuristics' choice is the first buildable config of modes A then
+// FALLBACK. Autotuning merges that list by rank with mode B's (A0, B0, A1, B1, ...; the
+// graph is built and queried twice), drops duplicate engine configs (same name: engine and
+// knobs), keeps the first settings.autotune_candidates that build, and times each.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
+#include <unordered_set>
 
-#include "backends/cuda/conv_cudnn.h"
-#include "backends/cuda/env.h"
-#include "backends/cuda/plan_cache.h"
+#include "backends/cuda/cudnn_plan.h"
 
 namespace fusebox::cuda {
 
 namespace fe = cudnn_frontend;
 
+struct CudnnGraph {
+  fe::graph::Graph graph;
+};
+
 namespace {
 
-constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4;
-constexpr size_t kMaxAutotunePlans = 32;  // candidates timed per problem, in heuristic order
-constexpr const char* kPayloadMagic = "fusebox-conv-plan 1";
-
-// A problem's cached outcome: a built plan (graph) or the reason cuDNN cannot run it.
-struct PlanEntry {
-  std::shared_ptr<fe::graph::Graph> graph;  // null: refused
-  std::string reason;                       // why refused
-  std::string plan_name;
-  bool bias_fused = false;
-  bool native_graph = false;    // SUPPORTS_CUDA_GRAPH_NATIVE_API (and the check below agrees)
-  bool native_checked = false;  // native population compared with a capture once
-  bool warmed_up = false;       // has run once outside a capture
-  int64_t workspace = 0;
-  double tuned_ms = -1;
-};
-using EntryPtr = std::shared_ptr<PlanEntry>;
-
-// Process-wide caches (never destroyed: plans may be in use until exit).
-struct PlanCaches {
-  std::mutex mutex;
-  std::unique_ptr<LruCache<EntryPtr>> memory;
-  std::unique_ptr<DiskPlanCache> disk;
-  std::filesystem::path disk_dir;
-  ConvPlanStats stats;
-};
-
-PlanCaches& caches() {
-  static PlanCaches* c = new PlanCaches;
-  return *c;
-}
-
-// A refusal from cuDNN (the graph is unsupported): worth caching, also on disk.
-struct Refused : std::exception {
-  explicit Refused(std::string m) : message(std::move(m)) {}
-  const char* what() const noexcept override { return message.c_str(); }
-  std::string message;
-};
-
-std::string one_line(std::string text) {
-  std::replace(text.begin(), text.end(), '\n', ' ');
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\r')) text.pop_back();
-  return text;
-}
-
 void check_fe(fe::error_t status, const char* step) {
-  if (status.is_bad()) throw Refused{cat(step, ": ", one_line(status.get_message()))};
+  if (status.is_bad()) throw CudnnRefused{cat(step, ": ", one_line(status.get_message()))};
 }
 
 fe::DataType_t fe_type(DType t) {
@@ -90,7 +47,7 @@ fe::DataType_t fe_type(DType t) {
     case DType::bf16:
       return fe::DataType_t::BFLOAT16;
     default:
-      throw Refused{cat("no cuDNN type for ", dtype_name(t))};
+      throw CudnnRefused{cat("no cuDNN type for ", dtype_name(t))};
   }
 }
 
@@ -105,11 +62,10 @@ Attributes geometry(const ConvProblem& p) {
   return a;
 }
 
-// The operation graph of the problem (not yet validated or built).
-std::shared_ptr<fe::graph::Graph> make_graph(const ConvProblem& p, bool with_bias) {
-  auto g = std::make_shared<fe::graph::Graph>();
+// Fills `g` with the operation graph of the problem (not yet validated or built).
+void build_graph(fe::graph::Graph& g, const ConvProblem& p, bool with_bias) {
   const fe::DataType_t io = fe_type(p.x.dtype);
-  g->set_io_data_type(io)
+  g.set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto attributes = [&](const char* name, int64_t uid, const ConvTensor& t) {
@@ -136,30 +92,30 @@ std::shared_ptr<fe::graph::Graph> make_graph(const ConvProblem& p, bool with_bia
   int64_t out_uid = 0;
   switch (p.op) {
     case ConvOp::fprop: {
-      auto x = g->tensor(attributes("x", kUidX, p.x));
-      auto w = g->tensor(attributes("w", kUidW, p.w));
-      result = g->conv_fprop(x, w, geometry<fe::graph::Conv_fprop_attributes>(p));
-      out = &p.y, out_uid = kUidY;
+      auto x = g.tensor(attributes("x", kCudnnUidX, p.x));
+      auto w = g.tensor(attributes("w", kCudnnUidW, p.w));
+      result = g.conv_fprop(x, w, geometry<fe::graph::Conv_fprop_attributes>(p));
+      out = &p.y, out_uid = kCudnnUidY;
       break;
     }
     case ConvOp::dgrad: {
-      auto dy = g->tensor(attributes("dy", kUidY, p.y));
-      auto w = g->tensor(attributes("w", kUidW, p.w));
-      result = g->conv_dgrad(dy, w, geometry<fe::graph::Conv_dgrad_attributes>(p));
-      out = &p.x, out_uid = kUidX;
+      auto dy = g.tensor(attributes("dy", kCudnnUidY, p.y));
+      auto w = g.tensor(attributes("w", kCudnnUidW, p.w));
+      result = g.conv_dgrad(dy, w, geometry<fe::graph::Conv_dgrad_attributes>(p));
+      out = &p.x, out_uid = kCudnnUidX;
       break;
     }
     case ConvOp::wgrad: {
-      auto dy = g->tensor(attributes("dy", kUidY, p.y));
-      auto x = g->tensor(attributes("x", kUidX, p.x));
-      result = g->conv_wgrad(dy, x, geometry<fe::graph::Conv_wgrad_attributes>(p));
-      out = &p.w, out_uid = kUidW;
+      auto dy = g.tensor(attributes("dy", kCudnnUidY, p.y));
+      auto x = g.tensor(attributes("x", kCudnnUidX, p.x));
+      result = g.conv_wgrad(dy, x, geometry<fe::graph::Conv_wgrad_attributes>(p));
+      out = &p.w, out_uid = kCudnnUidW;
       break;
     }
   }
   if (!with_bias) {
     make_output(result, "out", out_uid, *out);
-    return g;
+    return;
   }
   // The convolution's f32 result stays virtual; bias [1, C, 1, 1] is added to it.
   result->set_dim(out->dims).set_stride(out->strides).set_data_type(fe::DataType_t::FLOAT);
@@ -172,13 +128,12 @@ std::shared_ptr<fe::graph::Graph> make_graph(const ConvProblem& p, bool with_bia
   ConvTensor bias = p.bias;
   bias.dims = bias_dims;
   bias.strides = bias_strides;
-  auto b = g->tensor(attributes("bias", kUidBias, bias));
-  auto sum = g->pointwise(result, b,
-                          fe::graph::Pointwise_attributes()
-                              .set_mode(fe::PointwiseMode_t::ADD)
-                              .set_compute_data_type(fe::DataType_t::FLOAT));
+  auto b = g.tensor(attributes("bias", kCudnnUidBias, bias));
+  auto sum = g.pointwise(result, b,
+                         fe::graph::Pointwise_attributes()
+                             .set_mode(fe::PointwiseMode_t::ADD)
+                             .set_compute_data_type(fe::DataType_t::FLOAT));
   make_output(sum, "out", out_uid, *out);
-  return g;
 }
 
 std::vector<fe::NumericalNote_t> barred_notes(const ConvProblem& p) {
@@ -188,17 +143,9 @@ std::vector<fe::NumericalNote_t> barred_notes(const ConvProblem& p) {
   return notes;
 }
 
-// Pointers of the variant pack, by uid.
-std::unordered_map<int64_t, void*> variant_pack(const ConvOperands& t, bool with_bias) {
-  std::unordered_map<int64_t, void*> pack = {
-      {kUidX, t.x->data()}, {kUidW, t.w->data()}, {kUidY, t.y->data()}};
-  if (with_bias) pack[kUidBias] = t.bias->data();
-  return pack;
-}
-
 // Times plan `index` on the stream (real tensors, its own workspace); < 0 when it fails.
 double time_plan(Context& ctx, fe::graph::Graph& g, int64_t index, cudnnHandle_t handle,
-                 std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
+                 VariantPack& pack, cudaStream_t stream) {
   const int64_t ws_bytes = g.get_workspace_size_plan_at_index(index);
   DeviceBuffer workspace = ctx.allocator.allocate(size_t(std::max<int64_t>(ws_bytes, 0)));
   if (g.execute_plan_at_index(handle, pack, workspace.data(), index).is_bad()) return -1;
@@ -240,241 +187,87 @@ bool supports_native_graph(fe::graph::Graph& g) {
                    fe::BehaviorNote_t::SUPPORTS_CUDA_GRAPH_NATIVE_API) != notes.end();
 }
 
-// Builds the plan of one graph variant: heuristics (A, FALLBACK), notes filtered, then the
-// heuristics' first buildable plan or, autotuning, the fastest candidate. Throws Refused.
-EntryPtr build_entry(Context& ctx, const ConvProblem& p, const ConvOperands& t, bool with_bias,
-                     bool autotune, ConvPlanStats& stats) {
-  cudaStream_t stream = ctx.encoder.stream();
-  cudnnHandle_t handle = ctx.device.cudnn_handle(stream);
-  auto g = make_graph(p, with_bias);
-  check_fe(g->validate(), "validate");
-  check_fe(g->build_operation_graph(handle), "build_operation_graph");
+// A graph of the problem with its heuristics' candidates (notes filtered); throws
+// CudnnRefused when a step fails.
+std::shared_ptr<CudnnGraph> query_candidates(const ConvProblem& p, bool with_bias,
+                                             cudnnHandle_t handle,
+                                             const std::vector<fe::HeurMode_t>& modes,
+                                             ConvPlanStats& stats) {
+  auto c = std::make_shared<CudnnGraph>();
+  fe::graph::Graph& g = c->graph;
+  build_graph(g, p, with_bias);
+  check_fe(g.validate(), "validate");
+  check_fe(g.build_operation_graph(handle), "build_operation_graph");
   ++stats.heuristics_queries;
-  check_fe(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "heuristics");
-  g->deselect_numeric_notes(barred_notes(p));
-  check_fe(g->check_support(), "check_support");
-  auto entry = std::make_shared<PlanEntry>();
-  entry->bias_fused = with_bias;
-  if (!autotune) {
-    check_fe(g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
-  } else {
-    ++stats.autotune_runs;
-    auto pack = variant_pack(t, with_bias);
-    const auto start = std::chrono::steady_clock::now();
-    const int64_t count = std::min<int64_t>(g->get_execution_plan_count(), kMaxAutotunePlans);
-    int64_t best = -1, first = -1, timed = 0;
-    double best_ms = 0, first_ms = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      if (g->build_plan_at_index(i).is_bad()) continue;
-      const double ms = time_plan(ctx, *g, i, handle, pack, stream);
-      if (ms < 0) continue;
-      ++timed;
-      if (first < 0) first = i, first_ms = ms;
-      if (best < 0 || ms < best_ms) best = i, best_ms = ms;
-    }
-    if (best < 0) throw Refused{"autotune: no candidate plan built and ran"};
-    check_fe(g->build_plan_at_index(best), "build_plan_at_index");
-    entry->tuned_ms = best_ms;
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr,
-                 "fusebox: autotuned %s: %s: %lld of %lld plans timed in %.2f s; best %s "
-                 "%.4f ms (heuristics' first %.4f ms)\n",
-                 p.label.c_str(), p.describe().c_str(), (long long)timed,
-                 (long long)g->get_execution_plan_count(), seconds, plan_name_at(*g, best).c_str(),
-                 best_ms, first_ms);
-    entry->warmed_up = true;
-  }
-  if (g->get_plan_name(entry->plan_name).is_bad()) entry->plan_name = "?";
-  int64_t ws = 0;
-  check_fe(g->get_workspace_size(ws), "get_workspace_size");
-  entry->workspace = ws;
-  entry->native_graph = supports_native_graph(*g);
-  entry->graph = std::move(g);
-  ++stats.plans_built;
-  return entry;
+  check_fe(g.create_execution_plans(modes), "heuristics");
+  g.deselect_numeric_notes(barred_notes(p));
+  check_fe(g.check_support(), "check_support");
+  return c;
 }
 
-// ---- disk payload -------------------------------------------------------------------
-
-std::vector<uint8_t> encode_payload(const PlanEntry& e, const std::vector<uint8_t>& blob) {
-  char tuned[32];
-  std::snprintf(tuned, sizeof tuned, "%.6f", e.tuned_ms);
-  const std::string head =
-      cat(kPayloadMagic, "\n", e.graph ? "plan" : "refused", "\n", one_line(e.plan_name), "\n",
-          e.bias_fused ? 1 : 0, "\n", tuned, "\n", one_line(e.reason), "\n");
-  std::vector<uint8_t> payload(head.begin(), head.end());
-  payload.insert(payload.end(), blob.begin(), blob.end());
-  return payload;
+// Whether plan `name` ("eng20", "eng10_k2=5_...") is one of the engines `barred`: the engine
+// id must match exactly (cudnn-frontend's deselect_engines matches substrings, so "eng1"
+// would bar eng10 too).
+bool is_barred(const std::string& name, const std::vector<std::string>& barred) {
+  for (const std::string& e : barred) {
+    if (name == e || (name.size() > e.size() && name.compare(0, e.size(), e) == 0 &&
+                      name[e.size()] == '_')) {
+      return true;
+    }
+  }
+  return false;
 }
 
-// The entry of a payload (graph deserialized); nullptr with `why` set when unusable.
-EntryPtr decode_payload(const std::vector<uint8_t>& payload, cudnnHandle_t handle,
-                        std::string& why) {
-  std::vector<std::string> lines;
-  size_t pos = 0;
-  while (lines.size() < 6) {
-    auto nl = std::find(payload.begin() + long(pos), payload.end(), uint8_t('\n'));
-    if (nl == payload.end()) {
-      why = "truncated header";
-      return nullptr;
-    }
-    lines.emplace_back(payload.begin() + long(pos), nl);
-    pos = size_t(nl - payload.begin()) + 1;
+// The heuristics' first plan that builds and is not barred (HEURISTICS_CHOICE, with the
+// bar); it becomes the graph's plan.
+void build_first_allowed(fe::graph::Graph& g, const std::vector<std::string>& barred) {
+  if (barred.empty()) {
+    check_fe(g.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+    return;
   }
-  if (lines[0] != kPayloadMagic || (lines[1] != "plan" && lines[1] != "refused")) {
-    why = "not a fusebox convolution plan";
-    return nullptr;
+  for (int64_t i = 0; i < g.get_execution_plan_count(); ++i) {
+    if (is_barred(plan_name_at(g, i), barred)) continue;
+    if (g.build_plan_at_index(i).is_good()) return;
   }
-  auto e = std::make_shared<PlanEntry>();
-  e->plan_name = lines[2];
-  e->bias_fused = lines[3] == "1";
-  e->tuned_ms = std::atof(lines[4].c_str());
-  e->reason = lines[5];
-  if (lines[1] == "refused") return e;
-  std::vector<uint8_t> blob(payload.begin() + long(pos), payload.end());
-  auto g = std::make_shared<fe::graph::Graph>();
-  try {
-    fe::error_t status = g->deserialize(handle, blob);
-    if (status.is_bad()) {
-      why = cat("deserialize: ", one_line(status.get_message()));
-      return nullptr;
-    }
-    int64_t ws = 0;
-    if (g->get_workspace_size(ws).is_bad()) {
-      why = "deserialized plan has no workspace size";
-      return nullptr;
-    }
-    e->workspace = ws;
-    e->native_graph = supports_native_graph(*g);
-  } catch (const std::exception& ex) {
-    why = cat("deserialize: ", one_line(ex.what()));
-    return nullptr;
-  }
-  e->graph = std::move(g);
-  e->warmed_up = true;  // deserialize() ran cuDNN's warm-up
-  return e;
+  std::string names;
+  for (const std::string& e : barred) names += (names.empty() ? "" : ", ") + e;
+  throw CudnnRefused{cat("build_plans: no candidate builds but the engines barred for this "
+                         "problem (", names, ")")};
 }
 
-DiskPlanCache* disk_cache(PlanCaches& c, int device) {
-  const std::filesystem::path dir = default_cache_dir();
-  if (dir.empty()) return nullptr;
-  if (!c.disk || c.disk_dir != dir) {
-    const DeviceProperties& props = Device::get(device).properties();
-    PlanCacheIdentity id;
-    id.gpu_name = props.name;
-    id.sm = props.compute_capability();
-    id.cudnn_version = int64_t(cudnnGetVersion());
-    id.frontend_version = cudnn_frontend_version();
-    c.disk = std::make_unique<DiskPlanCache>(dir / "conv", id);
-    c.disk_dir = dir;
-  }
-  return c.disk.get();
-}
-
-// ---- execution ----------------------------------------------------------------------
-
-// Node counts of a CUDA graph by type, child graphs expanded.
-struct NodeCounts {
-  size_t kernels = 0, memsets = 0, memcpys = 0, others = 0;
-  bool operator==(const NodeCounts&) const = default;
-  std::string text() const {
-    return cat(kernels, " kernels, ", memsets, " memsets, ", memcpys, " memcpys, ", others,
-               " others");
-  }
+// One autotuning candidate: a config of one of the queried graphs.
+struct Candidate {
+  CudnnGraph* graph;
+  int64_t index;
+  bool from_first;  // of the first graph (modes A, FALLBACK): the heuristics' order
 };
 
-void count_nodes(cudaGraph_t graph, NodeCounts& counts) {
-  size_t n = 0;
-  FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) FUSEBOX_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    FUSEBOX_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    switch (type) {
-      case cudaGraphNodeTypeKernel:
-        ++counts.kernels;
-        break;
-      case cudaGraphNodeTypeMemset:
-        ++counts.memsets;
-        break;
-      case cudaGraphNodeTypeMemcpy:
-        ++counts.memcpys;
-        break;
-      case cudaGraphNodeTypeGraph: {
-        cudaGraph_t child = nullptr;
-        FUSEBOX_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child));
-        count_nodes(child, counts);
-        break;
-      }
-      case cudaGraphNodeTypeEmpty:
-        break;
-      default:
-        ++counts.others;
-        break;
+// The candidates of `graphs`, merged by rank, distinct by name, built; at most `cap`
+// (0: all). `configs` counts every config seen, duplicates included.
+std::vector<Candidate> merged_candidates(const std::vector<CudnnGraph*>& graphs, size_t cap,
+                                         const std::vector<std::string>& barred,
+                                         int64_t& configs) {
+  std::vector<Candidate> out;
+  std::unordered_set<std::string> seen;
+  int64_t longest = 0;
+  configs = 0;
+  for (CudnnGraph* g : graphs) {
+    longest = std::max(longest, g->graph.get_execution_plan_count());
+    configs += g->graph.get_execution_plan_count();
+  }
+  for (int64_t rank = 0; rank < longest; ++rank) {
+    for (size_t k = 0; k < graphs.size(); ++k) {
+      fe::graph::Graph& g = graphs[k]->graph;
+      if (rank >= g.get_execution_plan_count()) continue;
+      std::string name;
+      if (g.get_plan_name_at_index(rank, name).is_bad() || !seen.insert(name).second) continue;
+      if (is_barred(name, barred)) continue;
+      if (g.build_plan_at_index(rank).is_bad()) continue;  // deselected or unsupported
+      out.push_back({graphs[k], rank, k == 0});
+      if (cap != 0 && out.size() >= cap) return out;
     }
   }
-}
-
-// cuDNN's native population of the plan against a stream capture of its execute, by node
-// counts: the native graph must hold everything execute() issues (a zero-fill memset, say).
-// Run once per plan; on a difference the plan is captured from then on, with a note.
-bool native_matches_capture(Context& ctx, const ConvProblem& p, PlanEntry& e,
-                            std::unordered_map<int64_t, void*>& pack, void* workspace) {
-  NodeCounts captured, native;
-  cudaStream_t side = nullptr;
-  FUSEBOX_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  FUSEBOX_CUDA_CHECK(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal));
-  const fe::error_t status = e.graph->execute(ctx.device.cudnn_handle(side), pack, workspace);
-  const cudaError_t ended = cudaStreamEndCapture(side, &graph);
-  (void)cudaStreamDestroy(side);
-  bool ok = status.is_good() && ended == cudaSuccess && graph != nullptr;
-  if (ok) count_nodes(graph, captured);
-  if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  (void)cudaGetLastError();
-  if (ok) {
-    FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph, 0));
-    ok = e.graph
-             ->populate_cuda_graph(ctx.device.cudnn_handle(ctx.encoder.stream()), pack, workspace,
-                                   graph)
-             .is_good();
-    if (ok) count_nodes(graph, native);
-    (void)cudaGraphDestroy(graph);
-  }
-  if (ok && !(native == captured)) {
-    std::fprintf(stderr,
-                 "fusebox: note: cuDNN plan %s for %s: its native CUDA graph (%s) differs from "
-                 "a capture of its execution (%s); recording it by stream capture\n",
-                 e.plan_name.c_str(), p.describe().c_str(), native.text().c_str(),
-                 captured.text().c_str());
-    ok = false;
-  }
-  return ok;
-}
-
-// Adds the plan as a child graph that cuDNN's native CUDA-graph API populates; false when
-// cuDNN declines to populate it (the caller then captures, and keeps capturing).
-bool record_native(Context& ctx, PlanEntry& e, std::unordered_map<int64_t, void*>& pack,
-                   void* workspace, const BufferList& reads, const BufferList& writes) {
-  cudaGraph_t graph = nullptr;
-  FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph, 0));
-  cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());
-  fe::error_t status = e.graph->populate_cuda_graph(handle, pack, workspace, graph);
-  if (status.is_bad()) {
-    (void)cudaGraphDestroy(graph);
-    e.native_graph = false;
-    return false;
-  }
-  try {
-    ctx.encoder.add_child_graph(reads, writes, graph);  // adds a copy
-  } catch (...) {
-    (void)cudaGraphDestroy(graph);
-    throw;
-  }
-  (void)cudaGraphDestroy(graph);
-  return true;
+  return out;
 }
 
 }  // namespace
@@ -484,184 +277,117 @@ std::string cudnn_frontend_version() {
              CUDNN_FRONTEND_PATCH_VERSION);
 }
 
-CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const ConvOperands& t,
-                                   const ConvSettings& settings) {
-  PlanCaches& c = caches();
-  std::unique_lock<std::mutex> lock(c.mutex);
-  CudnnConvOutcome outcome;
-  const std::string key = conv_problem_key(p);
-  if (!c.memory || c.memory->capacity() != settings.plan_cache_capacity) {
-    c.memory = std::make_unique<LruCache<EntryPtr>>(settings.plan_cache_capacity, "conv plan cache",
-                                                    "FUSEBOX_CONV_PLAN_CACHE");
-  }
-  EntryPtr entry;
-  if (EntryPtr* hit = c.memory->find(key)) {
-    entry = *hit;
-    ++c.stats.memory_hits;
-  }
-  // A plan chosen by the heuristics is tuned once autotuning is asked for.
-  const auto untuned = [&] { return settings.autotune && entry->graph && entry->tuned_ms < 0; };
-  if (entry && untuned()) entry = nullptr;
-  if (!entry) {
-    outcome.first_use = true;
-    ++c.stats.problems;
-    DiskPlanCache* disk = disk_cache(c, p.device);
-    cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());
-    if (disk) {
-      if (auto payload = disk->load(key)) {
-        std::string why;
-        entry = decode_payload(*payload, handle, why);
-        if (entry && untuned()) {
-          entry = nullptr;  // rebuilt and tuned below, then stored over this one
-        } else if (entry) {
-          ++c.stats.disk_hits;
-        } else {
-          ++c.stats.disk_rejects;
-          plan_cache_warning(cat("conv plan cache entry in ", disk->dir().string(), " for ",
-                                 p.describe(), " is unusable (", why, "); rebuilding it"));
-        }
-      } else {
-        ++c.stats.disk_misses;
+EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t, bool with_bias,
+                          const ConvSettings& settings, ConvPlanStats& stats) {
+  cudaStream_t stream = ctx.encoder.stream();
+  cudnnHandle_t handle = ctx.device.cudnn_handle(stream);
+  std::shared_ptr<CudnnGraph> chosen =
+      query_candidates(p, with_bias, handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}, stats);
+  auto entry = std::make_shared<PlanEntry>();
+  entry->bias_fused = with_bias;
+  if (p.forced_plan_index >= 0) {
+    const int64_t count = chosen->graph.get_execution_plan_count();
+    if (p.forced_plan_index >= count) {
+      throw CudnnRefused{cat("FUSEBOX_CONV_PLAN_INDEX=", p.forced_plan_index,
+                             ": the heuristics have ", count, " candidates")};
+    }
+    check_fe(chosen->graph.build_plan_at_index(p.forced_plan_index), "build_plan_at_index");
+  } else if (!settings.autotune) {
+    build_first_allowed(chosen->graph, barred_engines(p));
+  } else {
+    ++stats.autotune_runs;
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<CudnnGraph*> graphs = {chosen.get()};
+    std::shared_ptr<CudnnGraph> mode_b;
+    if (settings.autotune_mode_b) {
+      try {
+        mode_b = query_candidates(p, with_bias, handle, {fe::HeurMode_t::B}, stats);
+        graphs.push_back(mode_b.get());
+      } catch (const CudnnRefused&) {
+        // Mode B has nothing (or fails) for this graph: modes A and FALLBACK suffice.
       }
     }
-    if (!entry) {
-      // Fused bias first, then the plain graph (the caller adds the bias).
-      // A CUDA failure (fusebox::Error) propagates: it may have broken the context. An
-      // exception of cudnn-frontend is a refusal for this process, not stored on disk.
-      std::string refusal;
-      bool store = true;
-      for (bool with_bias : {true, false}) {
-        if (with_bias && !p.bias.present) continue;
-        try {
-          entry = build_entry(ctx, p, t, with_bias, settings.autotune, c.stats);
-          break;
-        } catch (const Refused& r) {
-          refusal += (refusal.empty() ? "" : "; ") + std::string(with_bias ? "with bias: " : "") +
-                     r.message;
-        } catch (const Error&) {
-          throw;
-        } catch (const std::exception& ex) {
-          refusal += (refusal.empty() ? "" : "; ") + one_line(ex.what());
-          store = false;
-        }
-      }
-      if (!entry) {
-        entry = std::make_shared<PlanEntry>();
-        entry->reason = refusal;
-        ++c.stats.refusals;
-      }
-      if (disk && (entry->graph || store)) {
-        std::vector<uint8_t> blob;
-        bool ok = true;
-        if (entry->graph) {
-          try {
-            ok = entry->graph->serialize(blob).is_good();
-          } catch (const std::exception&) {
-            ok = false;
-          }
-        }
-        static bool warned = false;
-        if (!ok && !warned) {
-          warned = true;
-          plan_cache_warning(cat("a cuDNN plan (", p.describe(),
-                                 ") could not be serialized; such plans stay in memory only"));
-        }
-        if (ok && disk->store(key, encode_payload(*entry, blob))) ++c.stats.disk_writes;
-      }
+    int64_t configs = 0;
+    const std::vector<Candidate> candidates =
+        merged_candidates(graphs, settings.autotune_candidates, barred_engines(p), configs);
+    VariantPack pack = variant_pack(t, with_bias);
+    const Candidate* best = nullptr;
+    double best_ms = 0, first_ms = -1;
+    int64_t timed = 0, from_b = 0;
+    for (const Candidate& c : candidates) {
+      from_b += !c.from_first;
+      const double ms = time_plan(ctx, c.graph->graph, c.index, handle, pack, stream);
+      if (ms < 0) continue;
+      ++timed;
+      if (c.from_first && first_ms < 0) first_ms = ms;
+      if (best == nullptr || ms < best_ms) best = &c, best_ms = ms;
     }
-    c.memory->insert(key, entry);
+    if (best == nullptr) throw CudnnRefused{"autotune: no candidate plan built and ran"};
+    check_fe(best->graph->graph.build_plan_at_index(best->index), "build_plan_at_index");
+    entry->tuned_ms = best_ms;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr,
+                 "fusebox: autotuned %s: %s: %lld of %zu candidates timed (%lld from mode B; "
+                 "distinct and buildable among %lld configs of modes A+FALLBACK%s, cap %zu) in "
+                 "%.2f s; best %s %.4f ms (heuristics' first %.4f ms)\n",
+                 p.label.c_str(), p.describe().c_str(), (long long)timed, candidates.size(),
+                 (long long)from_b, (long long)configs, mode_b ? "+B" : "",
+                 settings.autotune_candidates, seconds,
+                 plan_name_at(best->graph->graph, best->index).c_str(), best_ms, first_ms);
+    chosen = best->graph == chosen.get() ? chosen : mode_b;
+    entry->warmed_up = true;
   }
-  if (!entry->graph) {
-    outcome.reason = entry->reason;
-    return outcome;
-  }
+  fe::graph::Graph& g = chosen->graph;
+  if (g.get_plan_name(entry->plan_name).is_bad()) entry->plan_name = "?";
+  int64_t ws = 0;
+  check_fe(g.get_workspace_size(ws), "get_workspace_size");
+  entry->workspace = ws;
+  entry->native_graph = supports_native_graph(g);
+  entry->graph = std::move(chosen);
+  ++stats.plans_built;
+  return entry;
+}
 
-  // Record the execution.
-  const bool with_bias = entry->bias_fused;
-  auto pack = variant_pack(t, with_bias);
-  DeviceBuffer workspace = ctx.allocator.allocate(size_t(entry->workspace));
-  if (workspace) ctx.encoder.add_temporary(workspace);
-  BufferList reads, writes;
-  switch (p.op) {
-    case ConvOp::fprop:
-      reads = {t.x->range(), t.w->range()}, writes = {t.y->range()};
-      break;
-    case ConvOp::dgrad:
-      reads = {t.y->range(), t.w->range()}, writes = {t.x->range()};
-      break;
-    case ConvOp::wgrad:
-      reads = {t.x->range(), t.y->range()}, writes = {t.w->range()};
-      break;
-  }
-  if (with_bias) reads.push_back(t.bias->range());
-  if (workspace) writes.push_back(workspace);
+bool serialize_cudnn_plan(CudnnGraph& g, std::vector<uint8_t>& blob) {
   try {
-    // This thread's handle exists before any capture (cudnnCreate cannot be captured).
-    cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());
-    if (!entry->warmed_up) {
-      // One run outside any capture: loads the kernels, and a plan that cannot run is
-      // found here rather than inside the recording.
-      check_fe(entry->graph->execute(handle, pack, workspace.data()), "execute");
-      entry->warmed_up = true;
-    }
-    ctx.encoder.keep_alive(entry);
-    bool native = false;
-    if (entry->native_graph && settings.native_graph && ctx.encoder.options().use_graphs) {
-      if (!entry->native_checked) {
-        entry->native_checked = true;
-        entry->native_graph = native_matches_capture(ctx, p, *entry, pack, workspace.data());
-      }
-      if (entry->native_graph) {
-        native = record_native(ctx, *entry, pack, workspace.data(), reads, writes);
-      }
-    }
-    if (native) {
-      ++c.stats.native_graph_nodes;
-    } else {
-      fe::graph::Graph& graph = *entry->graph;
-      ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t s) {
-        fe::error_t status = graph.execute(ctx.device.cudnn_handle(s), pack, workspace.data());
-        if (status.is_bad()) throw Refused{cat("execute: ", one_line(status.get_message()))};
-      });
-      ++c.stats.captured_calls;
-    }
-  } catch (const Error&) {
-    throw;  // CUDA or the encoder failed: not the plan's doing
-  } catch (const std::exception& ex) {
-    // The plan does not run (a Refused, or cudnn-frontend threw): remember the refusal for
-    // this process (not on disk).
-    const Refused* r = dynamic_cast<const Refused*>(&ex);
-    auto refused = std::make_shared<PlanEntry>();
-    refused->reason = r ? r->message : cat("execute: ", one_line(ex.what()));
-    c.memory->insert(key, refused);
-    ++c.stats.refusals;
-    outcome.reason = refused->reason;
-    return outcome;
+    return g.graph.serialize(blob).is_good();
+  } catch (const std::exception&) {
+    return false;
   }
-  outcome.ran = true;
-  outcome.bias_fused = with_bias;
-  outcome.plan = entry->plan_name;
-  outcome.workspace_bytes = size_t(entry->workspace);
-  outcome.tuned_ms = entry->tuned_ms;
-  return outcome;
 }
 
-ConvPlanStats conv_plan_stats() {
-  PlanCaches& c = caches();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return c.stats;
+std::shared_ptr<CudnnGraph> deserialize_cudnn_plan(cudnnHandle_t handle,
+                                                   const std::vector<uint8_t>& blob,
+                                                   int64_t& workspace, bool& native_graph,
+                                                   std::string& why) {
+  auto g = std::make_shared<CudnnGraph>();
+  try {
+    // deserialize() also runs cuDNN's warm-up.
+    fe::error_t status = g->graph.deserialize(handle, blob);
+    if (status.is_bad()) {
+      why = cat("deserialize: ", one_line(status.get_message()));
+      return nullptr;
+    }
+    if (g->graph.get_workspace_size(workspace).is_bad()) {
+      why = "deserialized plan has no workspace size";
+      return nullptr;
+    }
+    native_graph = supports_native_graph(g->graph);
+  } catch (const std::exception& ex) {
+    why = cat("deserialize: ", one_line(ex.what()));
+    return nullptr;
+  }
+  return g;
 }
 
-void reset_conv_plan_stats() {
-  PlanCaches& c = caches();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.stats = ConvPlanStats{};
+void execute_cudnn_plan(CudnnGraph& g, cudnnHandle_t handle, VariantPack& pack, void* workspace) {
+  check_fe(g.graph.execute(handle, pack, workspace), "execute");
 }
 
-void clear_conv_plan_memory_cache() {
-  PlanCaches& c = caches();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  if (c.memory) c.memory->clear();
+bool populate_cudnn_graph(CudnnGraph& g, cudnnHandle_t handle, VariantPack& pack, void* workspace,
+                          cudaGraph_t graph) {
+  return g.graph.populate_cuda_graph(handle, pack, workspace, graph).is_good();
 }
 
 }  // namespace fusebox::cuda

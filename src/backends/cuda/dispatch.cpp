@@ -1,13 +1,16 @@
 #include "backends/cuda/kernels.h"
 #include "fusebox/ir/op_groups.h"
+#include "fusebox/passes/layout.h"
 
 namespace fusebox::cuda {
 
 namespace {
 
-// Which inputs an op accepts strided (views); all others are made contiguous first.
+// clang-format off
+// Which ops accept strided inputs (views); all others get contiguous copies first.
 bool accepts_strided_inputs(OpKind op) {
   switch (op) {
+    case OpKind::conv: case OpKind::conv_backward_data: case OpKind::conv_backward_filter:
     FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
     FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
     case OpKind::identity: case OpKind::expand: case OpKind::unary_backward:
@@ -66,23 +69,129 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }
+// clang-format on
+
+// ---- Layouts -------------------------------------------------------------------------------
+// The executor stores values contiguous or channels-last (passes/layout.h); run_node gives
+// every op what its kernels take, whatever it gets, so any layout plan computes the same:
+//  - convolution ops: as they are (cuDNN takes the strides; the direct kernels copy);
+//  - elementwise ops whose outputs are channels-last: every operand is viewed in the
+//    outputs' physical order (dims permuted; an operand of lower rank, a broadcast one, is
+//    first given leading dims of extent 1), in which the outputs are contiguous, so the
+//    kernels' contiguous-output paths run unchanged;
+//  - channelwise ops (batch_norm, pools and their backward ops) whose outputs are
+//    channels-last: inputs of the outputs' rank are converted to channels-last when they
+//    are not; the kernels take NCHW or channels-last operands, all in one order;
+//  - otherwise, and whenever the outputs are in neither order: strided inputs are made
+//    contiguous (unless the op takes strides), outputs that are not contiguous are computed
+//    into contiguous temporaries and copied into place.
+
+// A dense copy of `t` in `format`, held by the encoder until the work using it completes.
+DeviceTensor converted(Context& ctx, const DeviceTensor& t, MemoryFormat format) {
+  DeviceTensor c = DeviceTensor::empty(ctx.allocator, t.dtype, t.shape, format);
+  copy_strided(ctx, t, c);
+  ctx.encoder.add_temporary(c.buffer);
+  return c;
+}
+
+// Whether an elementwise or channelwise node runs channels-last: every output is dense
+// channels-last, and some output, or (all outputs being both orders, e.g. a pool's
+// [N, C, 1, 1]) some input of the outputs' rank, is channels-last and not contiguous.
+bool runs_channels_last(Inputs in, Outputs out) {
+  if (out.empty() || out[0].rank() < 3) return false;
+  bool differs = false;
+  for (const DeviceTensor& t : out) {
+    if (!t.is_channels_last()) return false;
+    differs = differs || !t.is_contiguous();
+  }
+  if (differs) return true;
+  for (const DeviceTensor* t : in)
+    if (t != nullptr && t->rank() == out[0].rank() && t->is_channels_last() && !t->is_contiguous())
+      return true;
+  return false;
+}
+
+void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  std::vector<DeviceTensor> inputs;  // made contiguous where the op needs it
+  inputs.reserve(in.size());
+  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
+  if (!accepts_strided_inputs(n.op)) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (in[i] == nullptr || in[i]->is_contiguous()) continue;
+      inputs.push_back(converted(ctx, *in[i], MemoryFormat::contiguous));
+      in_ptrs[i] = &inputs.back();
+    }
+  }
+  std::vector<DeviceTensor> outputs(out.begin(), out.end());
+  bool staged = false;
+  for (DeviceTensor& t : outputs) {
+    if (t.is_contiguous()) continue;
+    t = DeviceTensor::empty(ctx.allocator, t.dtype, t.shape);
+    ctx.encoder.add_temporary(t.buffer);
+    staged = true;
+  }
+  run_contiguous(ctx, n, in_ptrs, outputs);
+  if (!staged) return;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (outputs[i].buffer.data() != out[i].buffer.data()) copy_strided(ctx, outputs[i], out[i]);
+}
+
+void run_elementwise_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const size_t rank = out[0].shape.size();
+  const std::vector<int> order = physical_order(rank, MemoryFormat::channels_last);
+  std::vector<DeviceTensor> inputs;
+  inputs.reserve(in.size());
+  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == nullptr || in[i]->rank() == 0 || in[i]->shape.size() > rank) continue;
+    DeviceTensor t = *in[i];
+    if (t.shape.size() < rank) {  // numpy broadcasting: leading dims of extent 1
+      const size_t missing = rank - t.shape.size();
+      t.shape.insert(t.shape.begin(), missing, 1);
+      t.strides.insert(t.strides.begin(), missing, 0);
+    }
+    inputs.push_back(t.permuted(order));
+    in_ptrs[i] = &inputs.back();
+  }
+  std::vector<DeviceTensor> outputs;
+  outputs.reserve(out.size());
+  for (const DeviceTensor& t : out) outputs.push_back(t.permuted(order));
+  run_with_contiguous_outputs(ctx, n, in_ptrs, outputs);  // outputs now contiguous views
+}
+
+void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const size_t rank = out[0].shape.size();
+  std::vector<DeviceTensor> inputs;
+  inputs.reserve(in.size());
+  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == nullptr) continue;
+    const DeviceTensor& t = *in[i];
+    const bool activation = t.shape.size() == rank;
+    if (activation ? t.is_channels_last() : t.is_contiguous()) continue;
+    inputs.push_back(
+        converted(ctx, t, activation ? MemoryFormat::channels_last : MemoryFormat::contiguous));
+    in_ptrs[i] = &inputs.back();
+  }
+  run_contiguous(ctx, n, in_ptrs, out);
+}
 
 }  // namespace
 
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  if (accepts_strided_inputs(n.op)) return run_contiguous(ctx, n, in, out);
-  // Materialise strided views once, here, so that kernels can assume contiguity.
-  std::vector<DeviceTensor> copies;
-  copies.reserve(in.size());
-  std::vector<const DeviceTensor*> ptrs(in.begin(), in.end());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == nullptr || in[i]->is_contiguous()) continue;
-    copies.push_back(DeviceTensor::empty(ctx.allocator, in[i]->dtype, in[i]->shape));
-    copy_strided(ctx, *in[i], copies.back());
-    ctx.encoder.add_temporary(copies.back().buffer);
-    ptrs[i] = &copies.back();
+  switch (layout_role(n)) {
+    case LayoutRole::convolution:
+      return run_contiguous(ctx, n, in, out);
+    case LayoutRole::elementwise:
+      if (runs_channels_last(in, out)) return run_elementwise_channels_last(ctx, n, in, out);
+      break;
+    case LayoutRole::channelwise:
+      if (runs_channels_last(in, out)) return run_channelwise_channels_last(ctx, n, in, out);
+      break;
+    case LayoutRole::contiguous:
+      break;
   }
-  run_contiguous(ctx, n, ptrs, out);
+  run_with_contiguous_outputs(ctx, n, in, out);
 }
 
 }  // namespace fusebox::cuda

@@ -5,8 +5,12 @@
 // Every entry records its work on ctx.encoder (never launches directly) and declares
 // what it reads and writes; temporaries come from ctx.allocator and are handed to
 // ctx.encoder.add_temporary. inputs[i] is nullptr for an absent optional input; outputs
-// are allocated (contiguous) by the caller with the inferred types. Inputs may be
-// non-contiguous only where an entry says so; otherwise run_node makes them contiguous.
+// are allocated by the caller with the inferred types. Layouts (run_node, dispatch.cpp):
+// convolution entries take any strides; batch_norm, the pools and their backward ops get
+// their activation operands (x, y, dy, dx) all contiguous or all dense channels-last
+// (per-channel vectors contiguous; pool indices either); every other entry gets contiguous
+// outputs (elementwise ones through views permuted into the outputs' physical order), and
+// non-contiguous inputs only where it says so.
 //
 // dtypes: f32, f16 and bf16 with f32 accumulation (f64 where the CPU backend allows it
 // is accepted but not tuned); integer dtypes where the op's CPU kernel takes them.

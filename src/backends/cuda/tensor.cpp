@@ -2,14 +2,24 @@
 
 namespace fusebox::cuda {
 
-DeviceTensor DeviceTensor::empty(CachingAllocator& alloc, DType dtype, Shape shape) {
+DeviceTensor DeviceTensor::empty(CachingAllocator& alloc, DType dtype, Shape shape,
+                                 MemoryFormat format) {
   DeviceTensor t;
   t.dtype = dtype;
-  t.strides = contiguous_strides(shape);
+  t.strides = strides_for(shape, format);
   t.shape = std::move(shape);
   // A zero-size tensor still gets a (tiny) buffer so that ranges and pointers are valid.
   t.buffer = alloc.allocate(std::max<size_t>(t.nbytes(), 1));
   return t;
+}
+
+DeviceTensor DeviceTensor::permuted(const std::vector<int>& order) const {
+  Shape s(order.size()), st(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    s[i] = shape.at(size_t(order[i]));
+    st[i] = strides.at(size_t(order[i]));
+  }
+  return view(offset, std::move(s), std::move(st));
 }
 
 bool DeviceTensor::is_contiguous() const {

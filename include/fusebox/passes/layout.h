@@ -1,0 +1,73 @@
+// The layout pass: which values a backend stores channels-last.
+//
+// The IR's dims are logical (N, C, spatial...) everywhere; a value's physical order is the
+// backend's choice. The CUDA backend's convolutions are fastest channels-last (cuDNN's
+// NHWC engines; NCHW plans are slower and need large workspaces), so the activations and
+// filters around convolutions are stored channels-last, and so is everything that flows
+// between convolutions through ops that can run in either order (pointwise ops, batch
+// norm, pools and their backward ops). The conversions that remain are at the edges of
+// such regions: a graph input or constant is converted once when it is loaded, a graph
+// output when it is read back, and an op that needs contiguous data (reshape, matmul,
+// softmax, ...) gets a contiguous copy of a channels-last input.
+//
+// How values are chosen:
+//   1. Each op has a layout role (layout_role): `convolution` ops read and write their
+//      activations and filters in any strides and prefer channels-last; `elementwise` and
+//      `channelwise` ops run in either order, with all their operands of the output's
+//      shape (elementwise) or rank (channelwise) in one order; `contiguous` ops need
+//      contiguous inputs and write contiguous outputs.
+//   2. Values are joined into groups through the elementwise and channelwise ops (the
+//      operands that must share an order). A group that holds an operand of a convolution
+//      is stored channels-last.
+//   3. A value is channels-last only when its group is, its rank is at least 3, the two
+//      orders differ for its shape (not C == 1 or all spatial extents 1), and its producer
+//      can write it so (a convolution, an elementwise or channelwise op, a graph input or
+//      a constant); otherwise contiguous. Every other value is contiguous.
+// The plan only says what is fast; the CUDA dispatcher gives every op what it needs
+// whatever the layouts of its operands (cuda::run_node), so any plan computes the same.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusebox/core/shape.h"
+#include "fusebox/ir/graph.h"
+
+namespace fusebox {
+
+enum class LayoutRole : uint8_t { contiguous, convolution, elementwise, channelwise };
+const char* layout_role_name(LayoutRole r);
+// The role of `n`; by op kind, except that a max_pool that also returns indices is
+// `contiguous` (its indices count in NCHW order).
+LayoutRole layout_role(const Node& n);
+
+struct LayoutPlan {
+  std::vector<MemoryFormat> format;  // per value id
+  // Where a channels-last value meets an op that needs it contiguous (or the reverse: a
+  // contiguous value read by a channels-last op): one copy each at run time.
+  struct Conversion {
+    NodeId node = -1;  // the reader; -1 for a graph output read back to the host
+    ValueId value = kNoValue;
+    MemoryFormat from = MemoryFormat::contiguous;
+    MemoryFormat to = MemoryFormat::contiguous;
+  };
+  std::vector<Conversion> conversions;  // in node order, graph outputs last
+  int64_t channels_last_values = 0;
+  int64_t loads_converted = 0;  // graph inputs and constants stored channels-last
+
+  MemoryFormat of(ValueId v) const { return format.at(size_t(v)); }
+  // One line per conversion and a summary line: for `fusebox inspect` and --report.
+  std::string describe(const Graph& g) const;
+};
+
+enum class LayoutPolicy : uint8_t {
+  channels_last_convs,  // the rules above (CUDA's default)
+  contiguous,           // every value contiguous (FUSEBOX_LAYOUT=contiguous)
+};
+// FUSEBOX_LAYOUT: "auto" (default: channels_last_convs) or "contiguous"; anything else is
+// an Error naming the variable and its values.
+LayoutPolicy layout_policy_from_env();
+
+LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy = LayoutPolicy::channels_last_convs);
+
+}  // namespace fusebox

@@ -1,0 +1,194 @@
+// The layout pass (passes/layout.h): groups of values that must share an order, joined
+// through elementwise and channelwise ops by a union-find; groups that touch a convolution
+// are stored channels-last where the value's shape and producer allow it.
+#include "fusebox/passes/layout.h"
+
+#include <cstdlib>
+#include <numeric>
+#include <sstream>
+
+#include "fusebox/core/error.h"
+#include "fusebox/ir/op_groups.h"
+
+namespace fusebox {
+
+const char* layout_role_name(LayoutRole r) {
+  switch (r) {
+    case LayoutRole::contiguous:
+      return "contiguous";
+    case LayoutRole::convolution:
+      return "convolution";
+    case LayoutRole::elementwise:
+      return "elementwise";
+    case LayoutRole::channelwise:
+      return "channelwise";
+  }
+  return "?";
+}
+
+LayoutRole layout_role(const Node& n) {
+  switch (n.op) {
+    case OpKind::conv:
+    case OpKind::conv_backward_data:
+    case OpKind::conv_backward_filter:
+      return LayoutRole::convolution;
+      // Elementwise: the same function of each element whatever the order; operands of the
+      // output's shape are read in its order, broadcast operands through their strides.
+      FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+      FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::identity:
+    case OpKind::cast:
+    case OpKind::expand:
+    case OpKind::unary_backward:
+    case OpKind::binary_backward:
+    case OpKind::sgd_update:
+    case OpKind::adamw_update:
+      return LayoutRole::elementwise;
+    // Per channel (C = dim 1) over N and the spatial dims: their kernels take both orders.
+    case OpKind::batch_norm:
+    case OpKind::batch_norm_backward:
+    case OpKind::avg_pool:
+    case OpKind::global_avg_pool:
+    case OpKind::max_pool_backward:
+    case OpKind::avg_pool_backward:
+      return LayoutRole::channelwise;
+    case OpKind::max_pool:  // its indices (a second output) count in NCHW order
+      return n.outputs.size() > 1 ? LayoutRole::contiguous : LayoutRole::channelwise;
+    default:
+      return LayoutRole::contiguous;
+  }
+}
+
+namespace {
+
+// Whether channels-last and contiguous order the elements of `s` differently.
+bool orders_differ(const Shape& s) {
+  return s.size() >= 3 && !is_dense_in(s, contiguous_strides(s), MemoryFormat::channels_last);
+}
+
+struct Groups {
+  std::vector<size_t> parent;
+  explicit Groups(size_t n) : parent(n) { std::iota(parent.begin(), parent.end(), size_t(0)); }
+  size_t find(size_t v) {
+    while (parent[v] != v) v = parent[v] = parent[parent[v]];
+    return v;
+  }
+  void join(size_t a, size_t b) { parent[find(a)] = find(b); }
+};
+
+// The operands of `n` that must share output 0's order (elementwise: of its shape;
+// channelwise: of its rank), inputs then outputs.
+std::vector<ValueId> ordered_operands(const Graph& g, const Node& n, LayoutRole role) {
+  std::vector<ValueId> result;
+  if (n.outputs.empty()) return result;
+  const Shape& out = g.value(n.outputs[0]).type.shape;
+  auto joins = [&](ValueId v) {
+    if (v == kNoValue) return false;
+    const Shape& s = g.value(v).type.shape;
+    return role == LayoutRole::elementwise ? s == out : s.size() == out.size();
+  };
+  if (out.size() < 3) return result;
+  for (ValueId v : n.inputs)
+    if (joins(v)) result.push_back(v);
+  for (ValueId v : n.outputs)
+    if (joins(v)) result.push_back(v);
+  return result;
+}
+
+}  // namespace
+
+LayoutPolicy layout_policy_from_env() {
+  const char* text = std::getenv("FUSEBOX_LAYOUT");
+  if (text == nullptr || *text == '\0' || std::string(text) == "auto")
+    return LayoutPolicy::channels_last_convs;
+  if (std::string(text) == "contiguous") return LayoutPolicy::contiguous;
+  throw Error("FUSEBOX_LAYOUT", "'" + std::string(text) +
+                                    "' is not a layout policy: use auto (channels-last around "
+                                    "convolutions) or contiguous");
+}
+
+LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
+  LayoutPlan plan;
+  const size_t count = g.values().size();
+  plan.format.assign(count, MemoryFormat::contiguous);
+  if (policy == LayoutPolicy::contiguous) return plan;
+
+  // 1-2. Groups, and which of them touch a convolution.
+  Groups groups(count);
+  std::vector<bool> conv_operand(count, false);
+  for (const Node& n : g.nodes()) {
+    const LayoutRole role = layout_role(n);
+    if (role == LayoutRole::convolution) {
+      for (ValueId v : n.inputs)
+        if (v != kNoValue && g.value(v).type.shape.size() >= 3) conv_operand[size_t(v)] = true;
+      for (ValueId v : n.outputs) conv_operand[size_t(v)] = true;
+    } else if (role != LayoutRole::contiguous) {
+      const std::vector<ValueId> operands = ordered_operands(g, n, role);
+      for (size_t i = 1; i < operands.size(); ++i)
+        groups.join(size_t(operands[0]), size_t(operands[i]));
+    }
+  }
+  std::vector<bool> group_channels_last(count, false);
+  for (size_t v = 0; v < count; ++v)
+    if (conv_operand[v]) group_channels_last[groups.find(v)] = true;
+
+  // 3. Values.
+  for (const Value& v : g.values()) {
+    if (!group_channels_last[groups.find(size_t(v.id))] || !orders_differ(v.type.shape)) continue;
+    const bool loaded = v.producer < 0;
+    if (!loaded && layout_role(g.node(v.producer)) == LayoutRole::contiguous) continue;
+    plan.format[size_t(v.id)] = MemoryFormat::channels_last;
+    ++plan.channels_last_values;
+    if (loaded) ++plan.loads_converted;
+  }
+
+  // Conversions: what each reader needs against what it gets.
+  for (const Node& n : g.nodes()) {
+    const LayoutRole role = layout_role(n);
+    if (role == LayoutRole::convolution) continue;  // any strides
+    MemoryFormat wanted = MemoryFormat::contiguous;
+    std::vector<ValueId> readers_of_order;
+    if (role == LayoutRole::contiguous) {
+      readers_of_order = n.inputs;
+    } else {
+      // As cuda::run_node decides: channels-last when an output is, or (outputs being
+      // both orders, e.g. a pool's [N, C, 1, 1]) when an input of their rank is.
+      // Broadcast operands of an elementwise op are read through strides either way.
+      bool channels_last = false;
+      for (ValueId v : n.outputs)
+        channels_last = channels_last || plan.of(v) == MemoryFormat::channels_last;
+      for (ValueId v : ordered_operands(g, n, role)) {
+        if (g.value(v).producer == n.id) continue;
+        readers_of_order.push_back(v);
+        if (!orders_differ(g.value(n.outputs[0]).type.shape) &&
+            plan.of(v) == MemoryFormat::channels_last) {
+          channels_last = true;
+        }
+      }
+      if (channels_last) wanted = MemoryFormat::channels_last;
+    }
+    for (ValueId v : readers_of_order) {
+      if (v == kNoValue || !orders_differ(g.value(v).type.shape) || plan.of(v) == wanted) continue;
+      plan.conversions.push_back({n.id, v, plan.of(v), wanted});
+    }
+  }
+  for (ValueId v : g.outputs())
+    if (plan.of(v) == MemoryFormat::channels_last)
+      plan.conversions.push_back({-1, v, MemoryFormat::channels_last, MemoryFormat::contiguous});
+  return plan;
+}
+
+std::string LayoutPlan::describe(const Graph& g) const {
+  std::ostringstream os;
+  os << "layout: " << channels_last_values << " of " << format.size() << " values channels-last ("
+     << loads_converted << " inputs/constants converted at load), " << conversions.size()
+     << " conversions\n";
+  for (const Conversion& c : conversions) {
+    os << "  " << g.value(c.value).name << " " << shape_str(g.value(c.value).type.shape) << ": "
+       << memory_format_name(c.from) << " -> " << memory_format_name(c.to) << " for "
+       << (c.node < 0 ? std::string("the graph output") : node_label(g.node(c.node))) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace fusebox

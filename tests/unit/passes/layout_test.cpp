@@ -1,0 +1,208 @@
+// The layout pass (passes/layout.h): which values are stored channels-last and where the
+// plan converts, on a ResNet-like block, its training graph, and the edge cases.
+#include "fusebox/passes/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "fusebox/ir/builder.h"
+#include "fusebox/passes/autodiff.h"
+#include "testing.h"
+
+namespace fusebox::testing {
+namespace {
+
+constexpr MemoryFormat kCL = MemoryFormat::channels_last;
+constexpr MemoryFormat kContig = MemoryFormat::contiguous;
+
+ValueId param(Graph& g, const std::string& name, Shape shape, uint64_t seed) {
+  return g.add_constant(name, random_tensor(DType::f32, shape, seed));
+}
+
+// x -> conv -> bn -> relu -> max_pool -> conv -> bn -> (+ pool) -> relu -> global_avg_pool
+//   -> flatten -> gemm
+struct Block {
+  Graph g{"block"};
+  ValueId x, w1, c1, b1, r1, p1, w2, c2, b2, sum, r2, gap, flat, logits;
+};
+
+Block make_block() {
+  Block k;
+  Graph& g = k.g;
+  Builder b(g);
+  k.x = g.add_input("x", DType::f32, {2, 8, 16, 16});
+  k.w1 = param(g, "w1", {8, 8, 3, 3}, 1);
+  auto bn = [&](ValueId v, const std::string& p) {
+    return b.batch_norm(v, param(g, p + ".scale", {8}, 2), param(g, p + ".bias", {8}, 3),
+                        param(g, p + ".mean", {8}, 4),
+                        g.add_constant(p + ".var", random_tensor(DType::f32, {8}, 5, 0.5, 1.5)));
+  };
+  k.c1 = b.conv(k.x, k.w1, kNoValue, ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}});
+  k.b1 = bn(k.c1, "bn1");
+  k.r1 = b.relu(k.b1);
+  k.p1 = b.max_pool(k.r1, PoolAttrs{.kernel = {2, 2}, .strides = {2, 2}});
+  k.w2 = param(g, "w2", {8, 8, 3, 3}, 6);
+  k.c2 = b.conv(k.p1, k.w2, kNoValue, ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}});
+  k.b2 = bn(k.c2, "bn2");
+  k.sum = b.add(k.b2, k.p1);
+  k.r2 = b.relu(k.sum);
+  k.gap = b.global_avg_pool(k.r2);
+  k.flat = b.flatten(k.gap);
+  k.logits = b.gemm(k.flat, param(g, "fc.w", {8, 5}, 7));
+  g.mark_output(k.logits);
+  return k;
+}
+
+TEST(LayoutPass, ConvolutionRegionIsChannelsLastWithoutConversions) {
+  Block k = make_block();
+  const LayoutPlan plan = plan_layouts(k.g);
+  for (ValueId v : {k.x, k.w1, k.c1, k.b1, k.r1, k.p1, k.w2, k.c2, k.b2, k.sum, k.r2})
+    EXPECT_EQ(plan.of(v), kCL) << k.g.value(v).name;
+  // [2, 8, 1, 1] is the same memory either way: kept contiguous; so is everything 2-D.
+  for (ValueId v : {k.gap, k.flat, k.logits}) EXPECT_EQ(plan.of(v), kContig) << k.g.value(v).name;
+  // Per-channel vectors are never channels-last.
+  for (const auto& [v, t] : k.g.constants()) {
+    if (t.shape().size() < 3) {
+      EXPECT_EQ(plan.of(v), kContig) << k.g.value(v).name;
+    }
+  }
+  EXPECT_TRUE(plan.conversions.empty()) << plan.describe(k.g);
+  EXPECT_EQ(plan.loads_converted, 3);  // x, w1, w2
+  EXPECT_EQ(plan.channels_last_values, 11);
+}
+
+TEST(LayoutPass, ContiguousPolicyAndEnvironment) {
+  Block k = make_block();
+  const LayoutPlan plan = plan_layouts(k.g, LayoutPolicy::contiguous);
+  for (MemoryFormat f : plan.format) EXPECT_EQ(f, kContig);
+  EXPECT_TRUE(plan.conversions.empty());
+  {
+    ScopedEnv env("FUSEBOX_LAYOUT", "contiguous");
+    EXPECT_EQ(layout_policy_from_env(), LayoutPolicy::contiguous);
+  }
+  {
+    ScopedEnv env("FUSEBOX_LAYOUT", "auto");
+    EXPECT_EQ(layout_policy_from_env(), LayoutPolicy::channels_last_convs);
+  }
+  {
+    ScopedEnv env("FUSEBOX_LAYOUT", "nhwc");
+    try {
+      layout_policy_from_env();
+      FAIL() << "a bad FUSEBOX_LAYOUT was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FUSEBOX_LAYOUT"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("contiguous"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(LayoutPass, NoConvolutionNoChannelsLast) {
+  Graph g("mlp");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 4, 6, 6});
+  ValueId y = b.relu(b.max_pool(b.add(x, x), PoolAttrs{.kernel = {2, 2}}));
+  g.mark_output(y);
+  const LayoutPlan plan = plan_layouts(g);
+  for (MemoryFormat f : plan.format) EXPECT_EQ(f, kContig);
+  EXPECT_TRUE(plan.conversions.empty());
+}
+
+// A reshape inside the region needs contiguous data: one conversion, named; its output
+// (written contiguous by its kernel) stays contiguous even though a conv reads it.
+TEST(LayoutPass, ContiguousOpsInsideTheRegionAreConversions) {
+  Graph g("mixed");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {1, 4, 8, 8});
+  ValueId c = b.conv(x, param(g, "w", {4, 4, 1, 1}, 1));
+  ValueId s = b.softmax(c, 1);  // needs contiguous input
+  ValueId c2 = b.conv(s, param(g, "w2", {4, 4, 1, 1}, 2));
+  ValueId out = b.relu(c2);
+  g.mark_output(out);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(c), kCL);
+  EXPECT_EQ(plan.of(s), kContig);  // softmax writes contiguous
+  EXPECT_EQ(plan.of(c2), kCL);
+  EXPECT_EQ(plan.of(out), kCL);
+  ASSERT_EQ(plan.conversions.size(), 2u) << plan.describe(g);
+  EXPECT_EQ(plan.conversions[0].value, c);
+  EXPECT_EQ(plan.conversions[0].to, kContig);
+  EXPECT_EQ(plan.conversions[1].node, -1);  // the graph output, read back to the host
+  EXPECT_EQ(plan.conversions[1].value, out);
+  const std::string text = plan.describe(g);
+  EXPECT_NE(text.find("softmax"), std::string::npos) << text;
+  EXPECT_NE(text.find("the graph output"), std::string::npos) << text;
+}
+
+// max_pool with indices counts them in NCHW order: it stays contiguous, and so does the
+// region behind it unless a convolution reaches it another way.
+TEST(LayoutPass, MaxPoolWithIndicesIsContiguous) {
+  Graph g("idx");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {1, 4, 8, 8});
+  ValueId c = b.conv(x, param(g, "w", {4, 4, 3, 3}, 1));
+  std::vector<ValueId> pooled =
+      g.add_node(OpKind::max_pool, PoolAttrs{.kernel = {2, 2}, .return_indices = true}, {c});
+  g.mark_output(pooled[0]);
+  g.mark_output(pooled[1]);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(layout_role(g.node(g.value(pooled[0]).producer)), LayoutRole::contiguous);
+  EXPECT_EQ(plan.of(c), kCL);
+  EXPECT_EQ(plan.of(pooled[0]), kContig);
+  EXPECT_EQ(plan.of(pooled[1]), kContig);
+  ASSERT_EQ(plan.conversions.size(), 1u) << plan.describe(g);
+  EXPECT_EQ(plan.conversions[0].value, c);
+}
+
+// The training graph of the block (autodiff): the backward convolutions, batch-norm
+// backward, pool backward and the elementwise gradient ops stay in the region; the filter
+// gradients are channels-last like the filters.
+TEST(LayoutPass, TrainingGraphStaysChannelsLast) {
+  Graph g("train");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 3, 12, 12});
+  ValueId w1 = g.add_input("w1", DType::f32, {8, 3, 3, 3});
+  ValueId w2 = g.add_input("w2", DType::f32, {8, 8, 3, 3});
+  auto bn = [&](ValueId v, const std::string& p) {
+    return b.batch_norm_training(v, param(g, p + ".s", {8}, 2), param(g, p + ".b", {8}, 3),
+                                 param(g, p + ".m", {8}, 4), param(g, p + ".v", {8}, 5),
+                                 BatchNormAttrs{.training = true})[0];
+  };
+  ValueId h = b.relu(
+      bn(b.conv(x, w1, kNoValue, ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}}), "bn1"));
+  h = b.max_pool(h, PoolAttrs{.kernel = {2, 2}, .strides = {2, 2}});
+  ValueId h2 = b.relu(b.add(
+      bn(b.conv(h, w2, kNoValue, ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}}), "bn2"), h));
+  ValueId loss = b.reduce_mean(b.global_avg_pool(h2), {}, false);
+  g.mark_output(loss);
+  GradResult r = grad(g, loss, {w1, w2});
+  g.mark_output(r.of(w1));
+  g.mark_output(r.of(w2));
+
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(r.of(w1)), kCL);
+  EXPECT_EQ(plan.of(r.of(w2)), kCL);
+  int64_t checked = 0;
+  for (const Node& n : g.nodes()) {
+    const LayoutRole role = layout_role(n);
+    if (role == LayoutRole::contiguous) continue;
+    for (ValueId v : n.outputs) {
+      const Shape& s = g.value(v).type.shape;
+      if (s.size() != 4 || s[1] == 1 || s[2] * s[3] == 1) continue;
+      EXPECT_EQ(plan.of(v), kCL) << node_label(n) << " output " << g.value(v).name;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 15);
+  std::cout << plan.describe(g);
+  // What remains: the filter gradients read back to the host, and whatever the gradient
+  // of global_avg_pool / reduce_mean feeds in (an expand of [2, 8, 1, 1], elementwise).
+  for (const LayoutPlan::Conversion& c : plan.conversions) {
+    if (c.node < 0) continue;
+    ADD_FAILURE() << "conversion inside the training graph: " << plan.describe(g);
+    break;
+  }
+}
+
+}  // namespace
+}  // namespace fusebox::testing
