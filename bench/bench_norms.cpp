@@ -16,13 +16,14 @@
 // sums are not counted (they are overhead, not traffic the op must move).
 // Timing: CUDA events around `iters` launches (direct launches, no graph, so the events
 // bracket only GPU work; each launch takes far less host time than the kernel runs), the
-// median per-iteration time over `repeats` runs after a warm-up. Inputs are random and
-// rotate over enough copies that the working set exceeds the 50 MB L2. The copy
+// median per-iteration time over `repeats` runs after a warm-up of at least 50 ms. Inputs are
+// random and rotate over enough copies that the working set exceeds the 50 MB L2. The copy
 // reference is cudaMemcpyAsync device-to-device of half the op's bytes (so equal traffic),
 // timed the same way.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -101,7 +102,14 @@ class Bench {
   // Median microseconds per call of body(i) over `repeats` timed runs of `iters` calls.
   template <class Body>
   double time_us(const Options& o, Body&& body) {
-    for (int i = 0; i < 3; ++i) body(i);  // warm-up: module load, occupancy queries
+    // Warm-up: module load, occupancy queries, and the clocks, which drop while the host
+    // makes a shape's inputs (the first case timed after that once ran 5% slow): calls until
+    // 50 ms have passed, at least 3.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    for (int i = 0; i < 3 || std::chrono::steady_clock::now() < until; ++i) {
+      body(i);
+      if (i % 8 == 7) encoder_.synchronize();
+    }
     encoder_.synchronize();
     std::vector<double> per_iter;
     for (int r = 0; r < o.repeats; ++r) {

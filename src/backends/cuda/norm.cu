@@ -37,30 +37,43 @@ namespace norm {
 namespace {
 
 // Variant 0 is the default; the others are what the benchmark compares it with.
-// The default's choice (H100, 2026-11-22, bench/results/2026-11-22_h100_session2.md): the
-// forward prefetches the next row (best or within 2% on every shape); the backward does not
-// (its prefetch registers halve the blocks per SM: 8192x4096 f32 176 -> 155 us without it)
-// and caps f16/bf16 backward kernels at 80 registers (3 blocks of 256 per SM instead of 2:
-// LayerNorm bf16 8192x4096 95.3 -> 89.3 us; never slower than uncapped on any shape).
+// The default's choice (H100, 2026-11-22, bench/results/2026-11-22_h100_session2.md and
+// session 3): the forward prefetches the next row (best or within 2% on every shape); the
+// backward does not (its prefetch registers halve the blocks per SM: 8192x4096 f32 176 ->
+// 155 us without it) and caps f16/bf16 backward kernels at 80 registers (3 blocks of 256
+// per SM instead of 2: LayerNorm bf16 8192x4096 95.3 -> 89.3 us). Session 3: the partial
+// column sums are dropped from L2 once summed (LayerNorm bf16 8192x4096 88.9 -> 84.7 us,
+// 16384x1024 50.3 -> 48.6; f32 a few % too), and rows whose register-path layout would keep
+// the column sums in shared memory take the staged path (LayerNorm bf16 4096x16384 188.5
+// -> 175.2 us); elsewhere it loses (LayerNorm bf16 8192x4096 87.7 against 84.7 us,
+// RMSNorm bf16 4096x16384 161.1 against 158.2).
+constexpr StagedUse kNoStaged = StagedUse::never, kStagedAlways = StagedUse::always,
+                    kStagedForSharedSums = StagedUse::for_shared_sums;
 constexpr Variant kVariants[] = {
     // name, fwd vecs, fwd prefetch, bwd vecs, bwd prefetch, bwd smem acc, bwd cluster,
-    // cluster min cols, bwd register cap
-    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80},
-    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0},
-    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0},
-    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0},
-    {"v2-plain", 2, false, 2, false, false, false, 0, 0},
-    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0},
-    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0},
+    // cluster min cols, bwd register cap, bwd staged path, discard partials
+    {"r80-discard-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true},
+    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80, kNoStaged, false},
+    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0, kNoStaged, false},
+    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0, kNoStaged, false},
+    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0, kNoStaged, false},
+    {"v2-plain", 2, false, 2, false, false, false, 0, 0, kNoStaged, false},
+    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0, kNoStaged, false},
+    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0, kNoStaged, false},
     // Backward register caps (norm_backward.cu: kCappedLayouts), for f16 / bf16 LayerNorm,
     // whose two column sums per element otherwise take 88 registers at V=2 (2 blocks of 256
     // per SM). 64 registers: 1024-thread blocks of 2 row groups of 512 at 4096 columns
     // (one partial row per block, 32 warps per SM); RMSNorm at V=2: 4 groups of 256.
     // 80 (the default's): blocks of 256, 3 per SM. Layouts without a capped kernel get the
     // ordinary one.
-    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64},
-    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64},
-    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64},
+    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64, kNoStaged, false},
+    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64, kNoStaged, false},
+    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64, kNoStaged, false},
+    // The staged backward (norm_backward_staged.cu), else the default's layouts; the
+    // partial column sums discarded from L2 after the final sum, or kept.
+    {"staged-v2", 2, true, 2, false, false, false, 0, 80, kStagedAlways, true},
+    {"staged-v2-keep", 2, true, 2, false, false, false, 0, 80, kStagedAlways, false},
+    {"v2-fwd-prefetch-r80-discard", 2, true, 2, false, false, false, 0, 80, kNoStaged, true},
 };
 
 int variant_from_env() {

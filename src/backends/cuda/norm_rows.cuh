@@ -69,6 +69,7 @@ struct RowPlan {
   size_t shared_bytes = 0;  // dynamic shared memory per block
   int cluster = 1;          // backward: blocks sharing a row (a thread-block cluster)
   int max_regs = 0;         // backward: the kernel's register cap (0: the default bounds)
+  int stages = 0;           // backward: rows staged in shared memory (0: not the staged path)
   unsigned grid = 0;        // persistent grid (blocks)
   int groups() const { return block / threads_per_row; }
 };
@@ -82,6 +83,9 @@ inline std::string layout_text(const RowPlan& plan, bool backward) {
   if (backward) text += cat(plan.smem_acc ? " acc=smem" : " acc=regs", " smem=", plan.shared_bytes);
   if (plan.cluster > 1) text += cat(" cluster=", plan.cluster);
   if (plan.max_regs > 0) text += cat(" regs<=", plan.max_regs);
+  if (plan.stages > 0)
+    text = cat("staged S=", plan.stages, " R=", plan.threads_per_row, " V=", plan.vecs,
+               " grid=", plan.grid, " block=", plan.block, " smem=", plan.shared_bytes);
   return text;
 }
 
@@ -322,24 +326,64 @@ inline bool aligned16(const void* p) {
   return p == nullptr || is_aligned(p, kVecBytes);
 }
 
-// Sums per-block partial rows: out[j] = sum over p < parts of partial[p * cols + j], in
-// order p = ty, ty + 8, ... per thread row ty, then the 8 thread rows in order: the same
-// result every run. Block (32, 8), grid ceil(cols / 32).
+// Sums per-block partial rows (the backward's column sums, dscale and dbias at once):
+// out[w][j] = sum over p < parts of partial[w][p * cols + j] for w = blockIdx.y (a null
+// partial is skipped). Block (32, kPartialSlices): thread row ty adds p = ty, ty + 16, ...
+// in order (four loads in flight at a time), then the thread rows are added in order: the
+// same result every run. Grid (ceil(cols / 32), 2).
+// discard (f32 partials, cols % 32 == 0, 128-byte aligned rows): every 128-byte line of
+// partials is dropped from L2 once read (discard.global.L2), so that its dirty data is
+// never written back to DRAM: they are temporaries that nothing reads again.
+constexpr int kPartialSlices = 16;
 template <class A, class O>
-__global__ void sum_partial_rows(const A* partial, int64_t parts, int64_t cols, O* out) {
-  __shared__ A part[8][33];
-  const int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  A s = 0;
+struct PartialSums {
+  const A* partial[2];
+  O* out[2];
+  int64_t parts;
+  int64_t cols;
+  bool discard;
+};
+template <class A, class O>
+__global__ void sum_partial_rows(PartialSums<A, O> s) {
+  __shared__ A part[kPartialSlices][33];
+  const A* partial = s.partial[blockIdx.y];
+  if (partial == nullptr) return;  // uniform over the block
+  const int64_t j0 = int64_t(blockIdx.x) * 32, j = j0 + threadIdx.x;
+  const int64_t cols = s.cols, parts = s.parts;
+  A sum = 0;
   if (j < cols) {
-    for (int64_t p = threadIdx.y; p < parts; p += 8) s += partial[p * cols + j];
+    int64_t p = threadIdx.y;
+    for (; p + 3 * kPartialSlices < parts; p += 4 * kPartialSlices) {
+      const A v0 = __ldcg(partial + p * cols + j);
+      const A v1 = __ldcg(partial + (p + kPartialSlices) * cols + j);
+      const A v2 = __ldcg(partial + (p + 2 * kPartialSlices) * cols + j);
+      const A v3 = __ldcg(partial + (p + 3 * kPartialSlices) * cols + j);
+      sum += v0;
+      sum += v1;
+      sum += v2;
+      sum += v3;
+    }
+    for (; p < parts; p += kPartialSlices) sum += __ldcg(partial + p * cols + j);
   }
-  part[threadIdx.y][threadIdx.x] = s;
+  part[threadIdx.y][threadIdx.x] = sum;
+  if constexpr (sizeof(A) == 4) {
+    if (s.discard) {
+      // Lane l drops the line of row threadIdx.y + l * kPartialSlices (and so on): every
+      // line this warp read, after all of its lanes have read it.
+      __syncwarp();
+      for (int64_t p = threadIdx.y + int64_t(threadIdx.x) * kPartialSlices; p < parts;
+           p += 32 * kPartialSlices) {
+        const A* line = partial + p * cols + j0;
+        asm volatile("discard.global.L2 [%0], 128;" ::"l"(line) : "memory");
+      }
+    }
+  }
   __syncthreads();
   if (threadIdx.y == 0 && j < cols) {
     A total = 0;
 #pragma unroll
-    for (int y = 0; y < 8; ++y) total += part[y][threadIdx.x];
-    out[j] = convert<O>(total);
+    for (int y = 0; y < kPartialSlices; ++y) total += part[y][threadIdx.x];
+    s.out[blockIdx.y][j] = convert<O>(total);
   }
 }
 

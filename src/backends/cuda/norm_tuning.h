@@ -1,11 +1,12 @@
-// Tuning variants of the layer_norm / rms_norm register-path kernels (norm.cu,
-// norm_backward.cu), so that one benchmark run can compare a few layouts.
+// Tuning variants of the layer_norm / rms_norm register-path and staged kernels (norm.cu,
+// norm_backward*.cu), so that one benchmark run can compare a few layouts.
 //
 // The variant in use is FUSEBOX_NORM_VARIANT (an index into norm_variants(); default 0)
 // unless select_norm_variant() was called. Every variant computes the same function with
-// the same arithmetic per element; only the layout (threads per row, vectors per thread),
-// the prefetch of the next row and where the backward's column sums live differ, so any
-// variant passes the same tests.
+// the same arithmetic per element; only the layout (threads per row, vectors per thread,
+// the register or staged path), the prefetch of the next row, where the backward's column
+// sums live and whether their partial rows are dropped from L2 differ, so any variant
+// passes the same tests (the sums' order of additions differs between layouts).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,12 @@ struct Context;
 }
 
 namespace fusebox::cuda::norm {
+
+enum class StagedUse {
+  never,
+  always,           // first, for every width it fits
+  for_shared_sums,  // where the register path would keep the column sums in shared memory
+};
 
 struct Variant {
   const char* name;
@@ -36,6 +43,12 @@ struct Variant {
   // block (fewer blocks, so fewer partial rows of column sums); the layouts tried are those
   // of norm_backward.cu's capped_layouts that spill nothing. 0: the default bounds only.
   int backward_max_regs;
+  // When the staged path is tried (norm_backward_staged.cu: x and dy copied into shared
+  // memory rows ahead with cp.async, several row groups per block, column sums in
+  // registers); the layouts above where it does not fit.
+  StagedUse backward_staged;
+  // The backward's partial column sums dropped from L2 once summed (never written back).
+  bool discard_partials;
 };
 
 std::span<const Variant> norm_variants();

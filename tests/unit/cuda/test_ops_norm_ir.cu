@@ -4,8 +4,8 @@
 // 4097 take the long-row path (odd widths), 1024 and 16384 the register path, 65536 the
 // long-row path for f32 and the register path's widest layouts for f16/bf16; rows 1 and
 // many. Every tuning variant (norm_tuning.h) is run over a few shapes as well, so that each
-// register-path layout (prefetch or not, column sums in registers or shared memory) is
-// checked, forward included.
+// register-path layout (prefetch or not, column sums in registers or shared memory) and
+// the staged path are checked, forward included; the staged path also over many rows.
 //
 // Tolerances. dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat)) cancels: for a row of
 // one element it is exactly 0 (layer_norm) or rstd * g * eps / (x^2 + eps) (rms_norm), so
@@ -208,6 +208,39 @@ TEST_F(NormIrTest, EveryVariantMatchesCpu) {
       }
     }
   }
+}
+
+// The staged backward (norm_backward_staged.cu) with several rows per row group, so that
+// its pipeline's stages are filled, reused and drained; rows not a multiple of the groups;
+// one partial row per block (132 on an H100) summed and, for most variants, discarded.
+// Each variant that always takes the staged path, at widths where it applies
+// (bf16 1024, 4096, 16384 columns: 16, 4 and 1 groups per block; f32 1024 and 4096), and
+// at 1032 columns, where the last vectors of a row leave most threads idle.
+TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
+  OpHarness h;
+  uint64_t seed = 9500;
+  const std::span<const norm::Variant> variants = norm::norm_variants();
+  int staged = 0;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    if (variants[v].backward_staged != norm::StagedUse::always) continue;
+    ++staged;
+    norm::select_norm_variant(int(v));
+    for (DType t : {DType::bf16, DType::f32}) {
+      for (const Shape& shape :
+           {Shape{8191, 1024}, Shape{2643, 4096}, Shape{601, 16384}, Shape{1999, 1032}}) {
+        const int64_t rows = shape[0], cols = shape[1];
+        if (t == DType::f32 && cols == 16384) continue;  // no staged layout fits
+        SCOPED_TRACE(cat("variant ", variants[v].name, " ", dtype_name(t), " ", shape_str(shape)));
+        for (bool layer : {true, false}) {
+          const std::string layout = norm::backward_layout(h.ctx(), t, rows, cols, layer);
+          EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
+          expect_backward_matches(h, layer, t, shape, 1, {cols}, seed);
+          seed += 3;
+        }
+      }
+    }
+  }
+  EXPECT_GT(staged, 0) << "no variant takes the staged path";
 }
 
 TEST_F(NormIrTest, BackwardOpsRejectBadStatistics) {

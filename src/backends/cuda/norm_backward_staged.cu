@@ -1,0 +1,313 @@
+// layer_norm / rms_norm backward, staged path (norm_backward.cu has the algorithm and the
+// other paths; a variant's backward_staged asks for this one, norm_tuning.h).
+//
+// The register path's arithmetic, but a row reaches its threads through shared memory.
+// Each thread copies its own 16-byte vectors of x and dy for the row kStages - 1 rows
+// ahead with cp.async (asynchronous global -> shared copies, evict-first in L2), so that
+// loads stay in flight through the row reduction and the writes of dx without holding any
+// registers; it reads back only the slots it copied itself, so the data needs no barrier
+// (cp.async.wait_group orders the thread's own copies). The register path, by contrast,
+// has no load in flight while a row group reduces and writes (or halves its blocks per SM
+// to prefetch). The column sums stay in registers and the scale in shared memory (read
+// every row: it would not fit the L1 space the stages leave).
+//
+// Where it pays (H100, session 3): LayerNorm bf16 4096x16384, where the register path must
+// keep its two column sums per element in shared memory, 188.5 -> 170.5 us (80% of a
+// copy); elsewhere the register path is as fast or faster (bf16 8192x4096: 84.7 against
+// 86.5 us), so the default variant takes this path only where the register path's sums
+// would be in shared memory (norm_backward.cu: plan_backward).
+//
+// A block is G row groups of R threads (R >= 32, G * R = 1024; one block per
+// SM, registers capped at 64) that reduce their row sums together (norm_rows.cuh:
+// group_sum, one block-wide barrier per row: the copies in flight keep the memory busy
+// meanwhile), and the block writes one partial row of column sums for all of them (group
+// order, through shared memory at the end): a third or a quarter of the register path's
+// partial rows at 4,096 columns. The column sums live in registers (2 x V x W floats per
+// thread for layer_norm). Rows are dealt to groups as in the register path (group g of
+// block b takes rows b * G + g, then + G * grid, ...): the result is the same every run.
+#include "backends/cuda/norm_backward_impl.cuh"
+
+namespace fusebox::cuda::norm {
+
+namespace {
+
+constexpr int kStagedBlock = 1024;  // threads per block, at most
+constexpr int kMaxStages = 3;       // 3 x 64 KB at 16,384 bf16 columns: two rows in flight
+
+// 16 bytes global -> shared (a shared-window address), asynchronously, evict-first in L2
+// (x and dy are read once, as the register path's __ldcs); complete after a later
+// wait_copies. The policy is made at each use: cheaper than a register pair held throughout.
+__device__ __forceinline__ void copy_async16(unsigned shared, const void* global) {
+  asm volatile(
+      "{\n .reg .b64 policy;\n"
+      " createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      " cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n}" ::"r"(shared),
+      "l"(global)
+      : "memory");
+}
+// Stores 16 bytes at a shared-window address.
+__device__ __forceinline__ void store_shared16(unsigned shared, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(shared), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// The 16 bytes at a shared-window address.
+__device__ __forceinline__ uint4 load_shared16(unsigned shared) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(shared)
+               : "memory");
+  return v;
+}
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void commit_copies() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+template <class T>
+__device__ __forceinline__ Packed packed(const uint4& u) {
+  return {{u.x, u.y, u.z, u.w}};
+}
+
+// Dynamic shared memory: [G][kStages][x, dy][kVecs][R] vectors (thread t of a group owns
+// column t of its group's slots: consecutive threads, consecutive 16-byte slots), then the
+// scale, [kVecs][G * R] vectors (each thread's own copy of the vectors it uses); reused at
+// the end to stage the block's partial row ([cols] floats; it always fits).
+template <class T, bool kCentre, int kVecs, int kStages>
+__global__ void __launch_bounds__(kStagedBlock, 1)
+    norm_backward_staged_rows(BackwardArgs<T, float> a) {
+  constexpr int W = kVecWidth<T>;
+  constexpr int kAcc = kCentre ? 2 : 1;  // dscale (and dbias) column sums
+  extern __shared__ uint4 stage_smem[];
+  __shared__ SumSlots<2> slots;
+  const int R = a.threads_per_row;
+  const int groups = blockDim.x / R;
+  const int group = threadIdx.x / R, t = threadIdx.x % R;
+  const int64_t cols = a.cols;
+  const int nvec = int(cols / W);
+  const float inv_cols = 1.0f / float(cols);
+  // Row indices fit an int (the host checks): fewer registers than 64-bit ones.
+  const int stride = int(gridDim.x) * groups;
+  const int rows = int(a.rows);
+
+  // This thread's slot of vector k of x (which = 0) or dy (1) in stage s, as a shared-window
+  // address (32 bits: fewer registers than a generic pointer).
+  const unsigned mine = unsigned(__cvta_generic_to_shared(stage_smem)) +
+                        unsigned((group * kStages * 2 * kVecs * R + t) * kVecBytes);
+  auto slot = [&](int s, int which, int k) {
+    return mine + unsigned(((s * 2 + which) * kVecs + k) * R * kVecBytes);
+  };
+  auto issue = [&](int row, int s) {
+    if (row < rows) {
+      const uint4* x = reinterpret_cast<const uint4*>(a.x + int64_t(row) * cols);
+      const uint4* dy = reinterpret_cast<const uint4*>(a.dy + int64_t(row) * cols);
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        const int i = k * R + t;
+        if (i < nvec) {
+          copy_async16(slot(s, 0, k), x + i);
+          copy_async16(slot(s, 1, k), dy + i);
+        }
+      }
+    }
+    commit_copies();  // an empty group past the last row: the wait count stays uniform
+  };
+
+  // The scale vectors this thread uses, in shared memory after the stages (read every row:
+  // from shared memory they cost no L1 space, which the stages leave little of).
+  const unsigned scale_slots = unsigned(__cvta_generic_to_shared(stage_smem)) +
+                               unsigned((groups * kStages * 2 * kVecs * R) * kVecBytes) +
+                               unsigned(threadIdx.x * kVecBytes);
+  auto scale_slot = [&](int k) { return scale_slots + unsigned(k * blockDim.x * kVecBytes); };
+  if (a.scale) {
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = k * R + t;
+      if (i < nvec)
+        store_shared16(scale_slot(k), __ldg(reinterpret_cast<const uint4*>(a.scale) + i));
+    }
+  }
+  auto scale_at = [&](int k) {
+    return a.scale ? packed<T>(load_shared16(scale_slot(k))) : ones_packed<T>();
+  };
+
+  float acc[kAcc][kVecs][W] = {};
+  // The groups of a block step through their rows together (the row reduction is one
+  // block-wide barrier); a group past the last row only takes part in the barriers.
+  const int first_row = int(blockIdx.x) * groups + group;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(first_row + s * stride, s);
+  int parity = 0, s = 0;  // s: the current row's stage
+  for (int base = int(blockIdx.x) * groups; base < rows; base += stride) {
+    const int row = base + group;
+    const bool active = row < rows;
+    // The stage this thread read in the last iteration (its own slots: their values were
+    // used before this point) takes the row kStages - 1 ahead.
+    issue(row + (kStages - 1) * stride, s == 0 ? kStages - 1 : s - 1);
+    const float mean = kCentre && active ? a.mean[row] : 0.0f;
+    const float rstd = active ? a.rstd[row] : 0.0f;
+    wait_copies<kStages - 1>();  // this row's copies have landed
+
+    // Row sums of g and g * x_hat; column sums of dy * x_hat (and dy). g rounded on its
+    // own, as in the register path.
+    float sums[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = k * R + t;
+      if (!active || i >= nvec) continue;
+      const Packed x = packed<T>(load_shared16(slot(s, 0, k))),
+                   dy = packed<T>(load_shared16(slot(s, 1, k)));
+      const Packed scale = scale_at(k);
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float x_hat = (unpack<T>(x, w) - mean) * rstd;
+        const float d = unpack<T>(dy, w);
+        const float g = __fmul_rn(d, unpack<T>(scale, w));
+        sums[0] += g;
+        sums[1] += g * x_hat;
+        acc[0][k][w] += d * x_hat;
+        if constexpr (kCentre) acc[1][k][w] += d;
+      }
+    }
+    group_sum(sums, slots, R, parity);
+    parity ^= 1;
+    const float mean_g = kCentre ? sums[0] * inv_cols : 0.0f;
+    const float mean_gx = sums[1] * inv_cols;
+
+    T* dx = a.dx + int64_t(row) * cols;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = k * R + t;
+      if (!active || i >= nvec) continue;
+      const Packed x = packed<T>(load_shared16(slot(s, 0, k))),
+                   dy = packed<T>(load_shared16(slot(s, 1, k)));
+      const Packed scale = scale_at(k);
+      float out[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float x_hat = (unpack<T>(x, w) - mean) * rstd;
+        const float g = __fmul_rn(unpack<T>(dy, w), unpack<T>(scale, w));
+        out[w] = rstd * (g - mean_g - x_hat * mean_gx);
+      }
+      store_packed_stream(dx, i, pack<T>(out));
+    }
+    if (++s == kStages) s = 0;
+  }
+
+  // This block's partial row: its groups' column sums added in group order.
+  wait_copies<0>();
+  __syncthreads();  // every slot is free: the staging below reuses them
+  float* staging = reinterpret_cast<float*>(stage_smem);
+#pragma unroll
+  for (int which = 0; which < kAcc; ++which) {
+    float* partial = which == 0 ? a.partial_scale : a.partial_bias;
+    if (partial == nullptr) continue;  // uniform over the block
+    float4* out = reinterpret_cast<float4*>(partial + int64_t(blockIdx.x) * cols);
+    if (groups == 1) {
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+        const int i = k * R + t;
+        if (i >= nvec) continue;
+#pragma unroll
+        for (int w = 0; w < W; w += 4) {
+          out[(i * W + w) / 4] = make_float4(acc[which][k][w], acc[which][k][w + 1],
+                                             acc[which][k][w + 2], acc[which][k][w + 3]);
+        }
+      }
+      continue;
+    }
+    float4* stage4 = reinterpret_cast<float4*>(staging);
+    for (int g = 0; g < groups; ++g) {
+      if (group == g) {
+#pragma unroll
+        for (int k = 0; k < kVecs; ++k) {
+          const int i = k * R + t;
+          if (i >= nvec) continue;
+#pragma unroll
+          for (int w = 0; w < W; w += 4) {
+            float4 v = make_float4(acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2],
+                                   acc[which][k][w + 3]);
+            if (g > 0) {
+              const float4 before = stage4[(i * W + w) / 4];
+              v = make_float4(before.x + v.x, before.y + v.y, before.z + v.z, before.w + v.w);
+            }
+            stage4[(i * W + w) / 4] = v;
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) out[j] = stage4[j];
+    __syncthreads();  // the staging is reused for the next sum
+  }
+}
+
+template <class T, bool kCentre, int kVecs, int kStages>
+BackwardKernel<T> bound_staged() {
+  return {&norm_backward_staged_rows<T, kCentre, kVecs, kStages>, kStagedBlock};
+}
+
+// The instantiated layouts: 2 vectors per thread (x and dy each; 4 would need 64
+// registers of bf16 column sums alone), 2 or 3 stages. (1 vector per thread is left out:
+// its kernels stopped with "illegal instruction" on the H100 at bf16 1024 columns, R =
+// 128, 8 groups, for a reason not found; 2 vectors cover every width the path serves.)
+constexpr int kStagedVecs = 2;
+template <class T, bool kCentre>
+BackwardKernel<T> staged_kernel(int stages) {
+  return stages == 2 ? bound_staged<T, kCentre, kStagedVecs, 2>()
+                     : bound_staged<T, kCentre, kStagedVecs, 3>();
+}
+
+}  // namespace
+
+// Two vectors per thread (R >= 32 threads per row), G = 1024 / R groups per block, and the
+// most stages (3, else 2) whose shared memory fits; the first such kernel that launches
+// without spilling wins.
+template <class T, bool kCentre>
+RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardKernel<T>* kernel) {
+  constexpr int W = kVecWidth<T>;
+  RowPlan plan;
+  const Variant& variant = norm_variant();
+  // The kernel's row indices are ints, up to rows + 3 grid strides.
+  if (variant.backward_staged == StagedUse::never || cols % W != 0 || rows > (int64_t(1) << 30)) {
+    return plan;
+  }
+  const DeviceProperties& props = ctx.device.properties();
+  int vecs = kStagedVecs, threads = 0;
+  fit_row(cols / W, vecs, threads);
+  if (vecs != kStagedVecs || threads < 32) return plan;  // rows too short (or too long)
+  const int groups = kStagedBlock / threads;
+  for (int stages = kMaxStages; stages >= 2; --stages) {
+    const size_t shared_bytes =
+        size_t(groups) * (stages * 2 + 1) * vecs * threads * kVecBytes;  // stages, scale
+    const BackwardKernel<T> k = staged_kernel<T, kCentre>(stages);
+    const unsigned grid =
+        persistent_grid(k, kStagedBlock, shared_bytes, props, (rows + groups - 1) / groups);
+    if (grid == 0 || !spill_free(k, props)) continue;
+    plan.fast = true;
+    plan.vecs = vecs;
+    plan.threads_per_row = threads;
+    plan.block = kStagedBlock;
+    plan.shared_bytes = shared_bytes;
+    plan.stages = stages;
+    plan.grid = grid;
+    *kernel = k;
+    return plan;
+  }
+  return plan;
+}
+
+#define FUSEBOX_STAGED_PLAN(T)                                                                    \
+  template RowPlan plan_backward_staged<T, true>(Context&, int64_t, int64_t, BackwardKernel<T>*); \
+  template RowPlan plan_backward_staged<T, false>(Context&, int64_t, int64_t, BackwardKernel<T>*);
+FUSEBOX_STAGED_PLAN(float)
+FUSEBOX_STAGED_PLAN(__half)
+FUSEBOX_STAGED_PLAN(__nv_bfloat16)
+#undef FUSEBOX_STAGED_PLAN
+
+}  // namespace fusebox::cuda::norm
