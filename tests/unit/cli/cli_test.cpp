@@ -130,6 +130,10 @@ TEST_F(Cli, ZooInspectRun) {
   EXPECT_TRUE(contains(inspect.out, "5,562 values")) << inspect.out;
   // MACs: conv1 2*16*8*8*27 + conv2 2*32*4*4*144 + fc 2*10*32.
   EXPECT_TRUE(contains(inspect.out, "multiply-adds in conv/gemm/matmul: 203,392 ")) << inspect.out;
+  // The CUDA layout plan: the input and both filters converted at load, the convolution
+  // region channels-last, no conversion inside (passes/layout.h).
+  EXPECT_TRUE(contains(inspect.out, "(3 inputs/constants converted at load), 0 conversions"))
+      << inspect.out;
 
   const std::string out_dir = path("out");
   ToolResult run = tool(cat("run '", model, "' --device cpu --output-dir '", out_dir, "'"));
