@@ -215,14 +215,17 @@ TEST_F(NormIrTest, EveryVariantMatchesCpu) {
 // one partial row per block (132 on an H100) summed and, for most variants, discarded.
 // Each variant that always takes the staged path, at widths where it applies
 // (bf16 1024, 4096, 16384 columns: 16, 4 and 1 groups per block; f32 1024 and 4096), and
-// at 1032 columns, where the last vectors of a row leave most threads idle.
+// at 1032 columns, where the last vectors of a row leave most threads idle. The variants
+// that take it only where the register path's sums would be in shared memory (the
+// default's) at the one such case here: LayerNorm bf16 16,384 columns.
 TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
   OpHarness h;
   uint64_t seed = 9500;
   const std::span<const norm::Variant> variants = norm::norm_variants();
   int staged = 0;
   for (size_t v = 0; v < variants.size(); ++v) {
-    if (variants[v].backward_staged != norm::StagedUse::always) continue;
+    if (variants[v].backward_staged == norm::StagedUse::never) continue;
+    const bool always = variants[v].backward_staged == norm::StagedUse::always;
     ++staged;
     norm::select_norm_variant(int(v));
     for (DType t : {DType::bf16, DType::f32}) {
@@ -230,8 +233,10 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
            {Shape{8191, 1024}, Shape{2643, 4096}, Shape{601, 16384}, Shape{1999, 1032}}) {
         const int64_t rows = shape[0], cols = shape[1];
         if (t == DType::f32 && cols == 16384) continue;  // no staged layout fits
+        if (!always && !(t == DType::bf16 && cols == 16384)) continue;
         SCOPED_TRACE(cat("variant ", variants[v].name, " ", dtype_name(t), " ", shape_str(shape)));
         for (bool layer : {true, false}) {
+          if (!always && !layer) continue;  // RMSNorm's sums fit the registers
           const std::string layout = norm::backward_layout(h.ctx(), t, rows, cols, layer);
           EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
           expect_backward_matches(h, layer, t, shape, 1, {cols}, seed);
