@@ -56,10 +56,11 @@ struct ConvSettings {
   size_t plan_cache_capacity = 256;              // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
   bool native_graph = true;  // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
   // Autotuning's candidates: the engine configs of heuristics mode A, then FALLBACK, merged
-  // by rank with mode B's (FUSEBOX_CONV_AUTOTUNE_MODE_B=0: A and FALLBACK only), duplicates
-  // dropped, at most FUSEBOX_CONV_AUTOTUNE_CANDIDATES of them (0: all). Neither is part of
-  // the plan-cache key: a tuned plan found in a cache is reused as it is.
-  bool autotune_mode_b = true;
+  // by rank with mode B's when FUSEBOX_CONV_AUTOTUNE_MODE_B=1 (off by default: on the H100
+  // mode B added no distinct config for any ResNet-50 problem and made tuning 4x slower),
+  // duplicates dropped, at most FUSEBOX_CONV_AUTOTUNE_CANDIDATES of them (0: all). Neither
+  // is part of the plan-cache key: a tuned plan found in a cache is reused as it is.
+  bool autotune_mode_b = false;
   size_t autotune_candidates = 48;
   ConvSubsample subsample_1x1 = ConvSubsample::off;  // FUSEBOX_CONV_SUBSAMPLE_1X1 (docs/cudnn.md)
   // FUSEBOX_CONV_ALLOW_BARRED_ENGINES=1, for diagnosis only: lets cuDNN pick the engines

@@ -340,7 +340,7 @@ TEST(ConvSettingsEnv, ParsesEveryVariable) {
     EXPECT_FALSE(s.deterministic);
     EXPECT_FALSE(s.autotune);
     EXPECT_EQ(s.plan_cache_capacity, 256u);
-    EXPECT_TRUE(s.autotune_mode_b);
+    EXPECT_FALSE(s.autotune_mode_b);
     EXPECT_EQ(s.autotune_candidates, 48u);
     EXPECT_EQ(s.subsample_1x1, ConvSubsample::off);
     EXPECT_FALSE(s.allow_barred_engines);
@@ -349,7 +349,7 @@ TEST(ConvSettingsEnv, ParsesEveryVariable) {
   {
     ScopedEnv a("FUSEBOX_CONV_BACKEND", "own"), b("FUSEBOX_ALLOW_TF32", "0"),
         c("FUSEBOX_DETERMINISTIC", "1"), d("FUSEBOX_AUTOTUNE", "1"),
-        e("FUSEBOX_CONV_PLAN_CACHE", "7"), f("FUSEBOX_CONV_AUTOTUNE_MODE_B", "0"),
+        e("FUSEBOX_CONV_PLAN_CACHE", "7"), f("FUSEBOX_CONV_AUTOTUNE_MODE_B", "1"),
         g("FUSEBOX_CONV_AUTOTUNE_CANDIDATES", "0"), h("FUSEBOX_CONV_SUBSAMPLE_1X1", "1"),
         i("FUSEBOX_CONV_ALLOW_BARRED_ENGINES", "1"), j("FUSEBOX_CONV_PLAN_INDEX", "3");
     const ConvSettings s = ConvSettings::from_env();
@@ -358,7 +358,7 @@ TEST(ConvSettingsEnv, ParsesEveryVariable) {
     EXPECT_TRUE(s.deterministic);
     EXPECT_TRUE(s.autotune);
     EXPECT_EQ(s.plan_cache_capacity, 7u);
-    EXPECT_FALSE(s.autotune_mode_b);
+    EXPECT_TRUE(s.autotune_mode_b);
     EXPECT_EQ(s.autotune_candidates, 0u);
     EXPECT_EQ(s.subsample_1x1, ConvSubsample::on);
     EXPECT_TRUE(s.allow_barred_engines);
