@@ -145,10 +145,14 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
   // Conversions: what each reader needs against what it gets.
   for (const Node& n : g.nodes()) {
     const LayoutRole role = layout_role(n);
-    if (role == LayoutRole::convolution) continue;  // any strides
     MemoryFormat wanted = MemoryFormat::contiguous;
     std::vector<ValueId> readers_of_order;
     if (role == LayoutRole::contiguous) {
+      readers_of_order = n.inputs;
+    } else if (role == LayoutRole::convolution) {
+      // Inputs in the output's order when it is channels-last (cuda::run_node).
+      if (plan.of(n.outputs[0]) == MemoryFormat::contiguous) continue;
+      wanted = MemoryFormat::channels_last;
       readers_of_order = n.inputs;
     } else {
       // As cuda::run_node decides: channels-last when an output is, or (outputs being

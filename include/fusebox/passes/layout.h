@@ -11,8 +11,9 @@
 // softmax, ...) gets a contiguous copy of a channels-last input.
 //
 // How values are chosen:
-//   1. Each op has a layout role (layout_role): `convolution` ops read and write their
-//      activations and filters in any strides and prefer channels-last; `elementwise` and
+//   1. Each op has a layout role (layout_role): `convolution` ops prefer channels-last and
+//      read their activations and filters in the output's order (an input written
+//      contiguous, by a pad or a concat, is converted: a conversion); `elementwise` and
 //      `channelwise` ops run in either order, with all their operands of the output's
 //      shape (elementwise) or rank (channelwise) in one order; `contiguous` ops need
 //      contiguous inputs and write contiguous outputs.

@@ -74,7 +74,10 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 // ---- Layouts -------------------------------------------------------------------------------
 // The executor stores values contiguous or channels-last (passes/layout.h); run_node gives
 // every op what its kernels take, whatever it gets, so any layout plan computes the same:
-//  - convolution ops: as they are (cuDNN takes the strides; the direct kernels copy);
+//  - convolution ops: activations and filters in the output's order (cuDNN takes any
+//    strides, but its fast engines and our tests are for one layout throughout: an input
+//    written contiguous by, e.g., a pad or a concat is converted to channels-last when the
+//    output is channels-last);
 //  - elementwise ops whose outputs are channels-last: every operand is viewed in the
 //    outputs' physical order (dims permuted; an operand of lower rank, a broadcast one, is
 //    first given leading dims of extent 1), in which the outputs are contiguous, so the
@@ -159,6 +162,21 @@ void run_elementwise_channels_last(Context& ctx, const Node& n, Inputs in, Outpu
   run_with_contiguous_outputs(ctx, n, in_ptrs, outputs);  // outputs now contiguous views
 }
 
+void run_convolution(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const bool channels_last =
+      out[0].rank() >= 3 && out[0].is_channels_last() && !out[0].is_contiguous();
+  if (!channels_last) return run_contiguous(ctx, n, in, out);
+  std::vector<DeviceTensor> inputs;
+  inputs.reserve(in.size());
+  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == nullptr || in[i]->rank() < 3 || in[i]->is_channels_last()) continue;
+    inputs.push_back(converted(ctx, *in[i], MemoryFormat::channels_last));
+    in_ptrs[i] = &inputs.back();
+  }
+  run_contiguous(ctx, n, in_ptrs, out);
+}
+
 void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const size_t rank = out[0].shape.size();
   std::vector<DeviceTensor> inputs;
@@ -181,7 +199,7 @@ void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outpu
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
   switch (layout_role(n)) {
     case LayoutRole::convolution:
-      return run_contiguous(ctx, n, in, out);
+      return run_convolution(ctx, n, in, out);
     case LayoutRole::elementwise:
       if (runs_channels_last(in, out)) return run_elementwise_channels_last(ctx, n, in, out);
       break;

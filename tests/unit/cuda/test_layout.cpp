@@ -176,6 +176,30 @@ TEST(CudaLayout, ResnetBlockBf16) {
   for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 5e-2, 5e-2)) << name;
 }
 
+// A convolution reading a value that a contiguous-only op wrote (pad, as ONNX exporters
+// emit before convolutions): the dispatcher converts it to the output's channels-last order.
+TEST(CudaLayout, ConvolutionAfterAContiguousOpMatchesCpu) {
+  FUSEBOX_REQUIRE_GPU();
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
+  Graph g("layout_pad_conv");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 8, 9, 9});
+  ValueId h =
+      b.conv(x, g.add_constant("w1", random_tensor(DType::f32, {16, 8, 3, 3}, 1, -0.2, 0.2)));
+  h = b.pad(h, PadAttrs{.pads = {0, 0, 1, 2, 0, 0, 1, 0}});
+  ValueId y = b.relu(
+      b.conv(h, g.add_constant("w2", random_tensor(DType::f32, {8, 16, 3, 3}, 2, -0.2, 0.2))));
+  g.mark_output(y);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(h), MemoryFormat::contiguous);
+  EXPECT_EQ(plan.of(y), MemoryFormat::channels_last);
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 8, 9, 9}, 3)}};
+  const NamedTensors want = run_graph(g, feeds);
+  ScopedEnv layout("FUSEBOX_LAYOUT", "auto");
+  const NamedTensors got = run_graph(g, feeds, {.device = fusebox::Device::cuda});
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 1e-4, 1e-5)) << name;
+}
+
 // The training graph of a small CNN (autodiff): gradients of the filters (channels-last
 // graph inputs and outputs) and of the batch-norm parameters.
 TEST(CudaLayout, TrainingGradientsMatchCpu) {

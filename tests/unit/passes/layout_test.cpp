@@ -108,8 +108,9 @@ TEST(LayoutPass, NoConvolutionNoChannelsLast) {
   EXPECT_TRUE(plan.conversions.empty());
 }
 
-// A reshape inside the region needs contiguous data: one conversion, named; its output
-// (written contiguous by its kernel) stays contiguous even though a conv reads it.
+// A softmax inside the region needs contiguous data: one conversion, named; its output
+// (written contiguous by its kernel) stays contiguous, and the conv reading it gets it
+// converted to channels-last (a second conversion).
 TEST(LayoutPass, ContiguousOpsInsideTheRegionAreConversions) {
   Graph g("mixed");
   Builder b(g);
@@ -124,11 +125,14 @@ TEST(LayoutPass, ContiguousOpsInsideTheRegionAreConversions) {
   EXPECT_EQ(plan.of(s), kContig);  // softmax writes contiguous
   EXPECT_EQ(plan.of(c2), kCL);
   EXPECT_EQ(plan.of(out), kCL);
-  ASSERT_EQ(plan.conversions.size(), 2u) << plan.describe(g);
+  ASSERT_EQ(plan.conversions.size(), 3u) << plan.describe(g);
   EXPECT_EQ(plan.conversions[0].value, c);
   EXPECT_EQ(plan.conversions[0].to, kContig);
-  EXPECT_EQ(plan.conversions[1].node, -1);  // the graph output, read back to the host
-  EXPECT_EQ(plan.conversions[1].value, out);
+  EXPECT_EQ(plan.conversions[1].value, s);
+  EXPECT_EQ(plan.conversions[1].to, kCL);
+  EXPECT_EQ(layout_role(g.node(plan.conversions[1].node)), LayoutRole::convolution);
+  EXPECT_EQ(plan.conversions[2].node, -1);  // the graph output, read back to the host
+  EXPECT_EQ(plan.conversions[2].value, out);
   const std::string text = plan.describe(g);
   EXPECT_NE(text.find("softmax"), std::string::npos) << text;
   EXPECT_NE(text.find("the graph output"), std::string::npos) << text;
