@@ -27,9 +27,13 @@
 #include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
 #include "fusebox/ir/graph.h"
+#include "kernel_bench.h"
 
 namespace fusebox::cuda {
 namespace {
+
+using Bench = bench::KernelBench;
+using bench::random_host;
 
 struct Options {
   std::string json;
@@ -51,103 +55,6 @@ constexpr size_t kRotationBytes = size_t(120) << 20;  // > 2 x the H100's 50 MB 
 const std::pair<int64_t, int64_t> kShapes[] = {{64, 112},  {64, 56},  {256, 56}, {128, 56},
                                                {128, 28},  {512, 28}, {256, 28}, {256, 14},
                                                {1024, 14}, {512, 14}, {512, 7},  {2048, 7}};
-
-// Uniform [lo, hi) values in `dtype`.
-Tensor random_host(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {
-  Tensor host = Tensor::empty(DType::f32, shape);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist{float(lo), float(hi)};
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = dist(rng);
-  return host.cast(dtype);
-}
-
-class Bench {
- public:
-  Bench()
-      : device_(Device::get(0)),
-        allocator_(CachingAllocator::for_device(0)),
-        encoder_(device_, direct_launches(), &allocator_),
-        ctx_{device_, encoder_, allocator_} {
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&start_));
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~Bench() {
-    encoder_.synchronize();
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-
-  Context& ctx() { return ctx_; }
-
-  // `host` in a fresh device tensor of `format`; the values' order in memory does not
-  // matter to the timing, so the host data is uploaded as it lies.
-  DeviceTensor upload(const Tensor& host, MemoryFormat format) {
-    DeviceTensor d = DeviceTensor::empty(allocator_, host.dtype(), host.shape(), format);
-    encoder_.copy_to_device(d.range(), host.raw());
-    return d;
-  }
-  DeviceTensor empty(DType dtype, const Shape& shape, MemoryFormat format) {
-    return DeviceTensor::empty(allocator_, dtype, shape, format);
-  }
-
-  // Median microseconds per call of body(i) over `repeats` timed runs of `iters` calls.
-  template <class Body>
-  double time_us(const Options& o, Body&& body) {
-    for (int i = 0; i < 3; ++i) body(i);
-    encoder_.synchronize();
-    std::vector<double> per_iter;
-    for (int r = 0; r < o.repeats; ++r) {
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(start_, encoder_.stream()));
-      for (int i = 0; i < o.iters; ++i) body(i);
-      encoder_.commit();
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(stop_, encoder_.stream()));
-      FUSEBOX_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float ms = 0;
-      FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-      per_iter.push_back(1000.0 * ms / o.iters);
-      encoder_.synchronize();
-    }
-    std::sort(per_iter.begin(), per_iter.end());
-    return per_iter[per_iter.size() / 2];
-  }
-
-  // Device-to-device copy bandwidth (read + write) for `bytes` of traffic, rotating over
-  // buffers as the op does (measured once per byte count).
-  double copy_gbps(const Options& o, size_t bytes) {
-    auto [it, fresh] = copy_cache_.try_emplace(bytes, 0.0);
-    if (!fresh) return it->second;
-    const size_t half = bytes / 2;
-    const size_t copies = std::max<size_t>(1, kRotationBytes / std::max<size_t>(bytes, 1));
-    std::vector<DeviceBuffer> src, dst;
-    for (size_t i = 0; i < copies; ++i) {
-      src.push_back(allocator_.allocate(half));
-      dst.push_back(allocator_.allocate(half));
-      encoder_.memset(src.back(), 1);
-    }
-    const double us = time_us(o, [&](int i) {
-      const size_t k = size_t(i) % copies;
-      FUSEBOX_CUDA_CHECK(cudaMemcpyAsync(dst[k].data(), src[k].data(), half,
-                                         cudaMemcpyDeviceToDevice, encoder_.stream()));
-    });
-    it->second = double(2 * half) / us / 1e3;
-    return it->second;
-  }
-
- private:
-  static CommandEncoder::Options direct_launches() {
-    CommandEncoder::Options options;
-    options.use_graphs = false;
-    return options;
-  }
-
-  Device& device_;
-  CachingAllocator& allocator_;
-  CommandEncoder encoder_;
-  Context ctx_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  std::map<size_t, double> copy_cache_;
-};
 
 // The normalised node of a one-node graph: batch_norm or batch_norm_backward.
 Node bn_node(OpKind op, DType dtype, const Shape& shape, bool training) {
@@ -193,12 +100,12 @@ void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
     std::vector<DeviceTensor> stats;
     for (int i = 0; i < 4; ++i) stats.push_back(b.empty(t, per_channel, contiguous));
     auto record = [&](const std::string& pass, size_t bytes, double us) {
-      const double copy = b.copy_gbps(o, bytes);
+      const double copy = b.copy_gbps(o.iters, o.repeats, bytes, kRotationBytes);
       results.push_back({layout, pass, channels, size, us, double(bytes) / us / 1e3, copy});
     };
     for (bool training : {true, false}) {
       const Node node = bn_node(OpKind::batch_norm, t, shape, training);
-      const double us = b.time_us(o, [&](int i) {
+      const double us = b.time_us(o.iters, o.repeats, [&](int i) {
         const size_t k = size_t(i) % copies;
         const DeviceTensor* in[] = {&x[k], &scale, &bias, &mean, &var};
         std::vector<DeviceTensor> out = {y[k]};
@@ -208,7 +115,7 @@ void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
       record(training ? "fwd_train" : "fwd_infer", 2 * act_bytes, us);
     }
     const Node node = bn_node(OpKind::batch_norm_backward, t, shape, true);
-    const double us = b.time_us(o, [&](int i) {
+    const double us = b.time_us(o.iters, o.repeats, [&](int i) {
       const size_t k = size_t(i) % copies;
       // dx into y's buffers; dscale / dbias into two of the statistics vectors.
       const DeviceTensor* in[] = {&dy[k], &x[k], &scale, &mean, &var};

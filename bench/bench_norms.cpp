@@ -38,9 +38,13 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/norm_tuning.h"
 #include "fusebox/ir/graph.h"
+#include "kernel_bench.h"
 
 namespace fusebox::cuda {
 namespace {
+
+using Bench = bench::KernelBench;
+using bench::random_host;
 
 struct Options {
   std::string json;
@@ -53,111 +57,6 @@ struct Result {
   std::string variant, layout, op, pass, dtype;
   int64_t rows, cols;
   double us, gbps, copy_gbps;
-};
-
-// Random values in [lo, hi) in `dtype`, generated on the host.
-Tensor random_host(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {
-  Tensor t = Tensor::empty(dtype, shape);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist{float(lo), float(hi)};
-  const int64_t n = t.numel();
-  if (dtype == DType::f32) {
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < n; ++i) p[i] = dist(rng);
-  } else {
-    BFloat16* p = t.data<BFloat16>();
-    for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(dist(rng));
-  }
-  return t;
-}
-
-class Bench {
- public:
-  Bench()
-      : device_(Device::get(0)),
-        allocator_(CachingAllocator::for_device(0)),
-        encoder_(device_, direct_launches(), &allocator_),
-        ctx_{device_, encoder_, allocator_} {
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&start_));
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~Bench() {
-    encoder_.synchronize();
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-
-  Context& ctx() { return ctx_; }
-  const DeviceProperties& properties() const { return device_.properties(); }
-
-  DeviceTensor upload(const Tensor& t) {
-    DeviceTensor d = DeviceTensor::empty(allocator_, t.dtype(), t.shape());
-    encoder_.copy_to_device(d.range(), t.raw());
-    return d;
-  }
-  DeviceTensor empty(DType dtype, const Shape& shape) {
-    return DeviceTensor::empty(allocator_, dtype, shape);
-  }
-
-  // Median microseconds per call of body(i) over `repeats` timed runs of `iters` calls.
-  template <class Body>
-  double time_us(const Options& o, Body&& body) {
-    // Warm-up: module load, occupancy queries, and the clocks, which drop while the host
-    // makes a shape's inputs (the first case timed after that once ran 5% slow): calls until
-    // 50 ms have passed, at least 3.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-    for (int i = 0; i < 3 || std::chrono::steady_clock::now() < until; ++i) {
-      body(i);
-      if (i % 8 == 7) encoder_.synchronize();
-    }
-    encoder_.synchronize();
-    std::vector<double> per_iter;
-    for (int r = 0; r < o.repeats; ++r) {
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(start_, encoder_.stream()));
-      for (int i = 0; i < o.iters; ++i) body(i);
-      encoder_.commit();
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(stop_, encoder_.stream()));
-      FUSEBOX_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float ms = 0;
-      FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-      per_iter.push_back(1000.0 * ms / o.iters);
-      encoder_.synchronize();  // release what the launches held
-    }
-    std::sort(per_iter.begin(), per_iter.end());
-    return per_iter[per_iter.size() / 2];
-  }
-
-  // Device-to-device copy bandwidth (read + write) for `bytes` of traffic (measured once
-  // per byte count).
-  double copy_gbps(const Options& o, size_t bytes) {
-    auto [it, fresh] = copy_cache_.try_emplace(bytes, 0.0);
-    if (fresh) it->second = measure_copy_gbps(o, bytes);
-    return it->second;
-  }
-  double measure_copy_gbps(const Options& o, size_t bytes) {
-    const size_t half = bytes / 2;
-    DeviceBuffer src = allocator_.allocate(half), dst = allocator_.allocate(half);
-    encoder_.memset(src, 1);
-    const double us = time_us(o, [&](int) {
-      FUSEBOX_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice,
-                                         encoder_.stream()));
-    });
-    return double(2 * half) / us / 1e3;
-  }
-
- private:
-  static CommandEncoder::Options direct_launches() {
-    CommandEncoder::Options options;
-    options.use_graphs = false;
-    return options;
-  }
-
-  Device& device_;
-  CachingAllocator& allocator_;
-  CommandEncoder encoder_;
-  Context ctx_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  std::map<size_t, double> copy_cache_;
 };
 
 // The normalised node of a one-node graph: layer_norm(x, scale, bias) or rms_norm(x, scale).
@@ -236,7 +135,7 @@ void run_variant(Bench& b, const Options& o, const std::string& variant, DType d
     const size_t stats = size_t(rows) * 4 * (layer ? 2 : 1);
     // Forward.
     const size_t fwd_bytes = 2 * tensor_bytes + params + stats;
-    const double fwd_us = b.time_us(o, [&](int i) {
+    const double fwd_us = b.time_us(o.iters, o.repeats, [&](int i) {
       const DeviceTensor& x = xs[size_t(i % sets)];
       std::vector<const DeviceTensor*> in = {&x, &scale};
       if (layer) in.push_back(&bias);
@@ -248,14 +147,14 @@ void run_variant(Bench& b, const Options& o, const std::string& variant, DType d
       else
         rms_norm(b.ctx(), node, in, out);
     });
-    const double copy_fwd = b.copy_gbps(o, fwd_bytes);
+    const double copy_fwd = b.copy_gbps(o.iters, o.repeats, fwd_bytes);
     results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, false),
                        op_name(op), "fwd", dtype_name(dtype), rows, cols, fwd_us,
                        double(fwd_bytes) / fwd_us / 1e3, copy_fwd});
     // Backward (statistics from the last forward: any values time the same).
     const size_t grads = size_t(cols) * 4 * (layer ? 2 : 1);
     const size_t bwd_bytes = 3 * tensor_bytes + size_t(cols) * elem + stats + grads;
-    const double bwd_us = b.time_us(o, [&](int i) {
+    const double bwd_us = b.time_us(o.iters, o.repeats, [&](int i) {
       const size_t s = size_t(i % sets);
       if (layer) {
         layer_norm_backward(b.ctx(), xs[s], dys[s], &scale, mean, rstd, dxs[s], &dscale, &dbias);
@@ -263,7 +162,7 @@ void run_variant(Bench& b, const Options& o, const std::string& variant, DType d
         rms_norm_backward(b.ctx(), xs[s], dys[s], &scale, rstd, dxs[s], &dscale);
       }
     });
-    const double copy_bwd = b.copy_gbps(o, bwd_bytes);
+    const double copy_bwd = b.copy_gbps(o.iters, o.repeats, bwd_bytes);
     results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, true),
                        op_name(op), "bwd", dtype_name(dtype), rows, cols, bwd_us,
                        double(bwd_bytes) / bwd_us / 1e3, copy_bwd});
