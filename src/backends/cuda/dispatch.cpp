@@ -1,3 +1,5 @@
+#include <optional>
+
 #include "backends/cuda/kernels.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/passes/layout.h"
@@ -97,6 +99,30 @@ DeviceTensor converted(Context& ctx, const DeviceTensor& t, MemoryFormat format)
   return c;
 }
 
+// A node's inputs, each as given or replaced by a dense copy in the format `want(t)` names
+// (nullopt: as given). The copies live here (and with the encoder until the work is done).
+class ConvertedInputs {
+ public:
+  template <class Want>
+  ConvertedInputs(Context& ctx, Inputs in, Want&& want) : ptrs_(in.begin(), in.end()) {
+    copies_.reserve(in.size());  // ptrs_ point into it
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (in[i] == nullptr) continue;
+      if (const std::optional<MemoryFormat> format = want(*in[i])) {
+        copies_.push_back(converted(ctx, *in[i], *format));
+        ptrs_[i] = &copies_.back();
+      }
+    }
+  }
+  ConvertedInputs(const ConvertedInputs&) = delete;
+  ConvertedInputs& operator=(const ConvertedInputs&) = delete;
+  Inputs get() const { return ptrs_; }
+
+ private:
+  std::vector<DeviceTensor> copies_;
+  std::vector<const DeviceTensor*> ptrs_;
+};
+
 // Whether an elementwise or channelwise node runs channels-last: every output is dense
 // channels-last, and some output, or (all outputs being both orders, e.g. a pool's
 // [N, C, 1, 1]) some input of the outputs' rank, is channels-last and not contiguous.
@@ -115,16 +141,11 @@ bool runs_channels_last(Inputs in, Outputs out) {
 }
 
 void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  std::vector<DeviceTensor> inputs;  // made contiguous where the op needs it
-  inputs.reserve(in.size());
-  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
-  if (!accepts_strided_inputs(n.op)) {
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (in[i] == nullptr || in[i]->is_contiguous()) continue;
-      inputs.push_back(converted(ctx, *in[i], MemoryFormat::contiguous));
-      in_ptrs[i] = &inputs.back();
-    }
-  }
+  const bool strided_ok = accepts_strided_inputs(n.op);
+  const ConvertedInputs inputs(ctx, in, [&](const DeviceTensor& t) -> std::optional<MemoryFormat> {
+    if (strided_ok || t.is_contiguous()) return std::nullopt;
+    return MemoryFormat::contiguous;
+  });
   std::vector<DeviceTensor> outputs(out.begin(), out.end());
   bool staged = false;
   for (DeviceTensor& t : outputs) {
@@ -133,7 +154,7 @@ void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs
     ctx.encoder.add_temporary(t.buffer);
     staged = true;
   }
-  run_contiguous(ctx, n, in_ptrs, outputs);
+  run_contiguous(ctx, n, inputs.get(), outputs);
   if (!staged) return;
   for (size_t i = 0; i < out.size(); ++i)
     if (outputs[i].buffer.data() != out[i].buffer.data()) copy_strided(ctx, outputs[i], out[i]);
@@ -166,32 +187,22 @@ void run_convolution(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const bool channels_last =
       out[0].rank() >= 3 && out[0].is_channels_last() && !out[0].is_contiguous();
   if (!channels_last) return run_contiguous(ctx, n, in, out);
-  std::vector<DeviceTensor> inputs;
-  inputs.reserve(in.size());
-  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == nullptr || in[i]->rank() < 3 || in[i]->is_channels_last()) continue;
-    inputs.push_back(converted(ctx, *in[i], MemoryFormat::channels_last));
-    in_ptrs[i] = &inputs.back();
-  }
-  run_contiguous(ctx, n, in_ptrs, out);
+  const ConvertedInputs inputs(ctx, in, [](const DeviceTensor& t) -> std::optional<MemoryFormat> {
+    if (t.rank() < 3 || t.is_channels_last()) return std::nullopt;
+    return MemoryFormat::channels_last;
+  });
+  run_contiguous(ctx, n, inputs.get(), out);
 }
 
 void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const size_t rank = out[0].shape.size();
-  std::vector<DeviceTensor> inputs;
-  inputs.reserve(in.size());
-  std::vector<const DeviceTensor*> in_ptrs(in.begin(), in.end());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == nullptr) continue;
-    const DeviceTensor& t = *in[i];
-    const bool activation = t.shape.size() == rank;
-    if (activation ? t.is_channels_last() : t.is_contiguous()) continue;
-    inputs.push_back(
-        converted(ctx, t, activation ? MemoryFormat::channels_last : MemoryFormat::contiguous));
-    in_ptrs[i] = &inputs.back();
-  }
-  run_contiguous(ctx, n, in_ptrs, out);
+  // Activation operands (the outputs' rank) channels-last, per-channel vectors contiguous.
+  const ConvertedInputs inputs(ctx, in, [&](const DeviceTensor& t) -> std::optional<MemoryFormat> {
+    if (t.shape.size() == rank)
+      return t.is_channels_last() ? std::nullopt : std::optional(MemoryFormat::channels_last);
+    return t.is_contiguous() ? std::nullopt : std::optional(MemoryFormat::contiguous);
+  });
+  run_contiguous(ctx, n, inputs.get(), out);
 }
 
 }  // namespace
