@@ -2,6 +2,7 @@
 // copy bandwidth measured in the same process.
 //
 //   bench_norms [--json FILE] [--iters N] [--repeats N] [--variants all|I[,J...]]
+//               [--cases DTYPE:ROWSxCOLS[,...]]
 //
 // Every tuning variant of the kernels (norm_tuning.h; default: all of them) runs every
 // case, so that one run tells which layout wins; the table shows each variant's figures
@@ -51,6 +52,7 @@ struct Options {
   int iters = 50;
   int repeats = 5;
   std::vector<int> variants;  // empty: all
+  std::vector<std::string> cases;  // "bf16:4096x16384"; empty: every dtype and shape
 };
 
 struct Result {
@@ -194,8 +196,17 @@ int run(const Options& o) {
   std::vector<Result> results;
   const int64_t shapes[][2] = {{16384, 1024}, {8192, 4096}, {4096, 16384}};
   print_header();
-  for (DType dtype : {DType::bf16, DType::f32})
-    for (const auto& s : shapes) run_shape(b, o, variants, dtype, s[0], s[1], results);
+  auto wanted = [&](DType dtype, int64_t rows, int64_t cols) {
+    const std::string name = std::string(dtype_name(dtype)) + ":" + std::to_string(rows) + "x" +
+                             std::to_string(cols);
+    return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), name) != o.cases.end();
+  };
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (const auto& s : shapes) {
+      if (wanted(dtype, s[0], s[1])) run_shape(b, o, variants, dtype, s[0], s[1], results);
+    }
+  }
+  if (results.empty()) throw std::runtime_error("no case matches --cases");
 
   std::printf("\nAll variants (GB/s = bytes read + written; copy = cudaMemcpy D2D, same bytes):\n");
   print_header();
@@ -269,10 +280,13 @@ int main(int argc, char** argv) {
       o.repeats = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--variants" && i + 1 < argc) {
       variants = argv[++i];
+    } else if (arg == "--cases" && i + 1 < argc) {
+      std::stringstream in(argv[++i]);
+      for (std::string item; std::getline(in, item, ',');) o.cases.push_back(item);
     } else {
       std::fprintf(stderr,
                    "usage: bench_norms [--json FILE] [--iters N] [--repeats N] "
-                   "[--variants all|I[,J...]]\n");
+                   "[--variants all|I[,J...]] [--cases DTYPE:ROWSxCOLS[,...]]\n");
       return 2;
     }
   }

@@ -33,8 +33,11 @@
 // partial-row sum. About half the register path's speed.
 //
 // Every path ends with one kernel summing the partial rows of dscale and dbias in a fixed
-// order (norm_rows.cuh: sum_partial_rows), which may also drop them from L2 unwritten.
+// order (norm_backward_partials.cu), which may also drop them from L2 unwritten.
 // norm_backward_op.cu has the IR ops and the direct-call entry points.
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "backends/cuda/kernels.h"
@@ -269,18 +272,9 @@ norm::RowPlan plan_backward_cluster(Context& ctx, int64_t rows, int64_t cols,
         const size_t shared_bytes =
             smem_acc ? size_t(kCentre ? 2 : 1) * size_t(cols / kClusterBlocks) * sizeof(float) : 0;
         const BackwardKernel<T> k = backward_cluster_kernel<T, kCentre>(vecs, smem_acc);
-        if (!norm::launchable(k, threads, shared_bytes, props)) continue;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(unsigned(kClusterBlocks * props.sm_count));
-        config.blockDim = dim3(unsigned(threads));
-        config.dynamicSmemBytes = shared_bytes;
-        int clusters = 0;
-        const void* fn = reinterpret_cast<const void*>(k.fn);
-        if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
-          (void)cudaGetLastError();  // not launchable this way: try another layout
-          continue;
-        }
-        if (clusters == 0) continue;
+        const unsigned grid = norm::persistent_cluster_grid(k, threads, shared_bytes, props,
+                                                            kClusterBlocks, rows);
+        if (grid == 0) continue;
         plan.fast = true;
         plan.vecs = vecs;
         plan.threads_per_row = threads;
@@ -289,7 +283,7 @@ norm::RowPlan plan_backward_cluster(Context& ctx, int64_t rows, int64_t cols,
         plan.smem_acc = smem_acc;
         plan.shared_bytes = shared_bytes;
         plan.cluster = kClusterBlocks;
-        plan.grid = unsigned(kClusterBlocks * std::clamp<int64_t>(rows, 1, clusters));
+        plan.grid = grid;
         *kernel = k;
         return plan;
       }
@@ -362,8 +356,8 @@ norm::RowPlan plan_backward_registers(Context& ctx, int64_t rows, int64_t cols,
 // variant wants it there (the staged path keeps them in registers); else the register
 // path's.
 template <class T, bool kCentre>
-norm::RowPlan plan_backward(Context& ctx, int64_t rows, int64_t cols, bool aligned,
-                            BackwardKernel<T>* kernel) {
+norm::RowPlan plan_backward_uncached(Context& ctx, int64_t rows, int64_t cols, bool aligned,
+                                     BackwardKernel<T>* kernel) {
   if (!aligned || cols % kVecWidth<T> != 0) return norm::RowPlan();
   const norm::StagedUse use = norm::norm_variant().backward_staged;
   if (use == norm::StagedUse::always) {
@@ -375,6 +369,30 @@ norm::RowPlan plan_backward(Context& ctx, int64_t rows, int64_t cols, bool align
     const norm::RowPlan staged = norm::plan_backward_staged<T, kCentre>(ctx, rows, cols, kernel);
     if (staged.fast) return staged;  // else *kernel is still the register path's
   }
+  return plan;
+}
+
+// plan_backward_uncached, remembered per device, shape, alignment and variant: planning
+// asks the driver for occupancies and attributes (a dozen calls for the staged path's
+// cluster sizes), host time that an eager caller would pay on every call.
+template <class T, bool kCentre>
+norm::RowPlan plan_backward(Context& ctx, int64_t rows, int64_t cols, bool aligned,
+                            BackwardKernel<T>* kernel) {
+  using Key = std::tuple<int, int64_t, int64_t, bool, const norm::Variant*>;
+  static std::mutex mutex;
+  static std::map<Key, std::pair<norm::RowPlan, BackwardKernel<T>>> cache;
+  const Key key{ctx.device.id(), rows, cols, aligned, &norm::norm_variant()};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end()) {
+      *kernel = it->second.second;
+      return it->second.first;
+    }
+  }
+  const norm::RowPlan plan = plan_backward_uncached<T, kCentre>(ctx, rows, cols, aligned, kernel);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= 1024) cache.clear();  // shapes that vary without end: start over
+  cache.insert_or_assign(key, std::make_pair(plan, *kernel));
   return plan;
 }
 

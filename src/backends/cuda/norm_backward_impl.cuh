@@ -101,7 +101,7 @@ BufferList partial_ranges(const PartialRows& p, int64_t cols) {
 }
 
 // Sums the partial rows into dscale and dbias ([cols]; either may be null), in a fixed
-// order (norm_rows.cuh: sum_partial_rows). S is float or double (norm_backward_long.cu).
+// order (norm_backward_partials.cu). S is float or double.
 template <class S>
 void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTensor* dscale,
                      DeviceTensor* dbias);

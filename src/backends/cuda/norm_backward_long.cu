@@ -1,6 +1,6 @@
 // layer_norm / rms_norm backward: the long-row path (norm_backward.cu's file comment:
 // rows too long for the register path, unaligned data, cols not a multiple of the vector
-// width, f64) and the final sum of every path's partial rows of column sums.
+// width, f64); norm_backward_partials.cu sums every path's partial rows.
 #include "backends/cuda/norm_backward_impl.cuh"
 #include "backends/cuda/norm_common.h"
 
@@ -120,53 +120,5 @@ FUSEBOX_LONG_BACKWARD(float)
 FUSEBOX_LONG_BACKWARD(__half)
 FUSEBOX_LONG_BACKWARD(__nv_bfloat16)
 #undef FUSEBOX_LONG_BACKWARD
-
-// One launch when dscale and dbias have the same dtype (else one each). The variant's
-// discard_partials drops the f32 partials from L2 once read.
-template <class A>
-void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTensor* dscale,
-                     DeviceTensor* dbias) {
-  const int64_t parts = p.parts;
-  const size_t bytes = size_t(parts * cols) * sizeof(A);
-  auto sum = [&](DeviceTensor* out0, const DeviceBuffer* part0, DeviceTensor* out1,
-                 const DeviceBuffer* part1) {
-    // Whole 128-byte lines per 32 columns of every partial row.
-    bool discard = norm_variant().discard_partials && std::is_same_v<A, float> && cols % 32 == 0;
-    for (const DeviceBuffer* part : {part0, part1})
-      if (part) discard = discard && is_aligned(part->as<const A>(), 128);
-    BufferList partials, outs;
-    for (const DeviceBuffer* part : {part0, part1})
-      if (part) partials.push_back(BufferRange(*part, 0, bytes));
-    for (DeviceTensor* out : {out0, out1})
-      if (out) outs.push_back(out->range());
-    // Discarding makes the partials' contents undefined: a write as far as ordering goes.
-    if (discard) outs.insert(outs.end(), partials.begin(), partials.end());
-    visit_device_dtype((out0 ? out0 : out1)->dtype, [&](auto tag) {
-      using O = decltype(tag);
-      if constexpr (is_float_v<O>) {
-        PartialSums<A, O> s{
-            {part0 ? part0->as<const A>() : nullptr, part1 ? part1->as<const A>() : nullptr},
-            {out0 ? out0->as<O>() : nullptr, out1 ? out1->as<O>() : nullptr},
-            parts,
-            cols,
-            discard};
-        ctx.encoder.launch(&sum_partial_rows<A, O>,
-                           dim3(unsigned((cols + 31) / 32), out1 ? 2u : 1u),
-                           dim3(32, kPartialSlices), 0, partials, outs, s);
-      }
-    });
-  };
-  if (dscale && dbias && dscale->dtype == dbias->dtype) {
-    sum(dscale, &p.scale, dbias, &p.bias);
-    return;
-  }
-  if (dscale) sum(dscale, &p.scale, nullptr, nullptr);
-  if (dbias) sum(dbias, &p.bias, nullptr, nullptr);
-}
-
-template void finish_partials<float>(Context&, const PartialRows&, int64_t, DeviceTensor*,
-                                     DeviceTensor*);
-template void finish_partials<double>(Context&, const PartialRows&, int64_t, DeviceTensor*,
-                                      DeviceTensor*);
 
 }  // namespace fusebox::cuda::norm

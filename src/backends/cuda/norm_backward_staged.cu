@@ -13,7 +13,8 @@
 //
 // Where it pays (H100, session 3): LayerNorm bf16 4096x16384, where the register path must
 // keep its two column sums per element in shared memory, 188.5 -> 170.5 us (80% of a
-// copy); elsewhere the register path is as fast or faster (bf16 8192x4096: 84.7 against
+// copy; session 4, with one partial row per cluster of blocks, write_cluster_partials:
+// 161.6-168.1 us, 81.0-84.2% over five machines); elsewhere the register path is as fast or faster (bf16 8192x4096: 84.7 against
 // 86.5 us), so the default variant takes this path only where the register path's sums
 // would be in shared memory (norm_backward.cu: plan_backward).
 //
@@ -25,6 +26,10 @@
 // partial rows at 4,096 columns. The column sums live in registers (2 x V x W floats per
 // thread for layer_norm). Rows are dealt to groups as in the register path (group g of
 // block b takes rows b * G + g, then + G * grid, ...): the result is the same every run.
+#include <cooperative_groups.h>
+
+#include <vector>
+
 #include "backends/cuda/norm_backward_impl.cuh"
 
 namespace fusebox::cuda::norm {
@@ -74,13 +79,81 @@ __device__ __forceinline__ Packed packed(const uint4& u) {
   return {{u.x, u.y, u.z, u.w}};
 }
 
+// The cluster's partial row, one per kCluster blocks instead of one per block. Why: at
+// LayerNorm bf16 4096x16384 the partial rows (17 MB, written at the end of the kernel when
+// nothing else is in flight, then summed) cost 22 of 171 us (H100, session 4: 149 us
+// without them). The planner takes the largest cluster that keeps every block of the
+// plain grid: 2 on the H100 (clusters of 4 or 8 fit only 120 of 132 blocks, and the main
+// loop, bound by each SM's rate, slowed in proportion); 66 partial rows instead of 132,
+// 161.6-167.6 against 164.8-169.4 us on the same machines. Here:
+//   1. each block adds its groups' column sums (in group order) into its own shared
+//      memory, [kAcc][cols] floats (the stages' space, free by now);
+//   2. cluster barrier; block `rank` adds slice `rank` (cols / kCluster columns) of every
+//      block's sums, rank 0's first, reading them through distributed shared memory, and
+//      writes the slice of partial row blockIdx.x / kCluster;
+//   3. cluster barrier: no block leaves while another may still read its shared memory.
+// The order of additions is fixed: the same result every run.
+template <class T, int kAcc, int kVecs, int kCluster>
+__device__ __forceinline__ void write_cluster_partials(const BackwardArgs<T, float>& a,
+                                                       const float (&acc)[kAcc][kVecs][kVecWidth<T>],
+                                                       uint4* smem, int group, int groups, int t) {
+  namespace cg = cooperative_groups;
+  constexpr int W = kVecWidth<T>;
+  const int R = a.threads_per_row;
+  const int nvec = int(a.cols / W);
+  const int cols4 = int(a.cols / 4);
+  float4* sums = reinterpret_cast<float4*>(smem);  // [kAcc][cols / 4]
+  for (int g = 0; g < groups; ++g) {
+    if (group == g) {
+#pragma unroll
+      for (int which = 0; which < kAcc; ++which) {
+#pragma unroll
+        for (int k = 0; k < kVecs; ++k) {
+          const int i = k * R + t;
+          if (i >= nvec) continue;
+#pragma unroll
+          for (int w = 0; w < W; w += 4) {
+            float4 v = make_float4(acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2],
+                                   acc[which][k][w + 3]);
+            float4& slot = sums[which * cols4 + (i * W + w) / 4];
+            if (g > 0) v = make_float4(slot.x + v.x, slot.y + v.y, slot.z + v.z, slot.w + v.w);
+            slot = v;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's sums are in place
+  const int rank = int(cluster.block_rank());
+  const int slice = cols4 / kCluster;  // float4s per block (cols % (4 * kCluster) == 0)
+  const int64_t row = blockIdx.x / kCluster;
+#pragma unroll
+  for (int which = 0; which < kAcc; ++which) {
+    float* partial = which == 0 ? a.partial_scale : a.partial_bias;
+    if (partial == nullptr) continue;  // uniform over the cluster
+    float4* out = reinterpret_cast<float4*>(partial + row * a.cols);
+    for (int j = rank * slice + int(threadIdx.x); j < (rank + 1) * slice; j += int(blockDim.x)) {
+      float4 v[kCluster];
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) v[q] = *cluster.map_shared_rank(&sums[which * cols4 + j], q);
+      float4 total = v[0];
+#pragma unroll
+      for (int q = 1; q < kCluster; ++q)
+        total = make_float4(total.x + v[q].x, total.y + v[q].y, total.z + v[q].z, total.w + v[q].w);
+      out[j] = total;
+    }
+  }
+  cluster.sync();  // no block leaves while its sums may still be read
+}
+
 // Dynamic shared memory: [G][kStages][x, dy][kVecs][R] vectors (thread t of a group owns
 // column t of its group's slots: consecutive threads, consecutive 16-byte slots), then the
 // scale, [kVecs][G * R] vectors (each thread's own copy of the vectors it uses); reused at
 // the end to stage the block's partial row ([cols] floats; it always fits).
-template <class T, bool kCentre, int kVecs, int kStages>
-__global__ void __launch_bounds__(kStagedBlock, 1)
-    norm_backward_staged_rows(BackwardArgs<T, float> a) {
+template <class T, bool kCentre, int kVecs, int kStages, int kCluster>
+__device__ __forceinline__ void staged_rows(const BackwardArgs<T, float>& a) {
   constexpr int W = kVecWidth<T>;
   constexpr int kAcc = kCentre ? 2 : 1;  // dscale (and dbias) column sums
   extern __shared__ uint4 stage_smem[];
@@ -199,9 +272,13 @@ __global__ void __launch_bounds__(kStagedBlock, 1)
     if (++s == kStages) s = 0;
   }
 
-  // This block's partial row: its groups' column sums added in group order.
   wait_copies<0>();
   __syncthreads();  // every slot is free: the staging below reuses them
+  if constexpr (kCluster > 1) {
+    write_cluster_partials<T, kAcc, kVecs, kCluster>(a, acc, stage_smem, group, groups, t);
+    return;
+  }
+  // This block's partial row: its groups' column sums added in group order.
   float* staging = reinterpret_cast<float*>(stage_smem);
 #pragma unroll
   for (int which = 0; which < kAcc; ++which) {
@@ -248,8 +325,28 @@ __global__ void __launch_bounds__(kStagedBlock, 1)
 }
 
 template <class T, bool kCentre, int kVecs, int kStages>
-BackwardKernel<T> bound_staged() {
-  return {&norm_backward_staged_rows<T, kCentre, kVecs, kStages>, kStagedBlock};
+__global__ void __launch_bounds__(kStagedBlock, 1)
+    norm_backward_staged_rows(BackwardArgs<T, float> a) {
+  staged_rows<T, kCentre, kVecs, kStages, 1>(a);
+}
+template <class T, bool kCentre, int kVecs, int kStages, int kCluster>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kStagedBlock, 1)
+    norm_backward_staged_cluster_rows(BackwardArgs<T, float> a) {
+  staged_rows<T, kCentre, kVecs, kStages, kCluster>(a);
+}
+
+template <class T, bool kCentre, int kVecs, int kStages>
+BackwardKernel<T> bound_staged(int cluster) {
+  switch (cluster) {
+    case 2:
+      return {&norm_backward_staged_cluster_rows<T, kCentre, kVecs, kStages, 2>, kStagedBlock};
+    case 4:
+      return {&norm_backward_staged_cluster_rows<T, kCentre, kVecs, kStages, 4>, kStagedBlock};
+    case 8:
+      return {&norm_backward_staged_cluster_rows<T, kCentre, kVecs, kStages, 8>, kStagedBlock};
+    default:
+      return {&norm_backward_staged_rows<T, kCentre, kVecs, kStages>, kStagedBlock};
+  }
 }
 
 // The instantiated layouts: 2 vectors per thread (x and dy each; 4 would need 64
@@ -258,16 +355,17 @@ BackwardKernel<T> bound_staged() {
 // 128, 8 groups, for a reason not found; 2 vectors cover every width the path serves.)
 constexpr int kStagedVecs = 2;
 template <class T, bool kCentre>
-BackwardKernel<T> staged_kernel(int stages) {
-  return stages == 2 ? bound_staged<T, kCentre, kStagedVecs, 2>()
-                     : bound_staged<T, kCentre, kStagedVecs, 3>();
+BackwardKernel<T> staged_kernel(int stages, int cluster) {
+  return stages == 2 ? bound_staged<T, kCentre, kStagedVecs, 2>(cluster)
+                     : bound_staged<T, kCentre, kStagedVecs, 3>(cluster);
 }
 
 }  // namespace
 
 // Two vectors per thread (R >= 32 threads per row), G = 1024 / R groups per block, and the
 // most stages (3, else 2) whose shared memory fits; the first such kernel that launches
-// without spilling wins.
+// without spilling wins, in clusters (write_cluster_partials) when the variant allows and
+// a cluster size keeps the whole grid.
 template <class T, bool kCentre>
 RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardKernel<T>* kernel) {
   constexpr int W = kVecWidth<T>;
@@ -282,19 +380,42 @@ RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardK
   fit_row(cols / W, vecs, threads);
   if (vecs != kStagedVecs || threads < 32) return plan;  // rows too short (or too long)
   const int groups = kStagedBlock / threads;
+  const int64_t work = (rows + groups - 1) / groups;  // row groups
+  // Cluster sizes to try, largest first (clusters: the slices of the partial row are whole
+  // float4s, and the block's sums fit the stages' shared memory, which they always do).
+  std::vector<int> clusters;
+  for (int c = variant.staged_cluster; c >= 2; c /= 2) {
+    if (cols % (4 * c) == 0 && size_t(kCentre ? 2 : 1) * cols * sizeof(float) <=
+                                   size_t(groups) * 2 * 2 * vecs * threads * kVecBytes)
+      clusters.push_back(c);
+  }
   for (int stages = kMaxStages; stages >= 2; --stages) {
-    const size_t shared_bytes =
-        size_t(groups) * (stages * 2 + 1) * vecs * threads * kVecBytes;  // stages, scale
-    const BackwardKernel<T> k = staged_kernel<T, kCentre>(stages);
-    const unsigned grid =
-        persistent_grid(k, kStagedBlock, shared_bytes, props, (rows + groups - 1) / groups);
-    if (grid == 0 || !spill_free(k, props)) continue;
+    const size_t stage_bytes = size_t(groups) * stages * 2 * vecs * threads * kVecBytes;
+    const size_t shared_bytes = stage_bytes + size_t(groups) * vecs * threads * kVecBytes;  // scale
+    const BackwardKernel<T> plain = staged_kernel<T, kCentre>(stages, 1);
+    const unsigned plain_grid = persistent_grid(plain, kStagedBlock, shared_bytes, props, work);
+    if (plain_grid == 0 || !spill_free(plain, props)) continue;
+    // The largest cluster whose grid keeps every block of the plain grid (a cluster must
+    // fit in one GPC: 8 blocks of one per SM gave 120 of 132 on the H100, and the main
+    // loop, bound by each SM's rate, slowed in proportion); else no cluster.
+    int cluster = 1;
+    unsigned grid = plain_grid;
+    BackwardKernel<T> k = plain;
+    for (const int c : clusters) {
+      const BackwardKernel<T> ck = staged_kernel<T, kCentre>(stages, c);
+      const unsigned cgrid = persistent_cluster_grid(ck, kStagedBlock, shared_bytes, props, c,
+                                                     (work + c - 1) / c);
+      if (cgrid == 0 || !spill_free(ck, props) || cgrid < plain_grid) continue;
+      cluster = c, grid = cgrid, k = ck;
+      break;
+    }
     plan.fast = true;
     plan.vecs = vecs;
     plan.threads_per_row = threads;
     plan.block = kStagedBlock;
     plan.shared_bytes = shared_bytes;
     plan.stages = stages;
+    plan.cluster = cluster;
     plan.grid = grid;
     *kernel = k;
     return plan;

@@ -67,7 +67,7 @@ struct RowPlan {
   bool prefetch = false;    // the next row is loaded while the current one is reduced
   bool smem_acc = false;    // backward: column accumulators in shared memory
   size_t shared_bytes = 0;  // dynamic shared memory per block
-  int cluster = 1;          // backward: blocks sharing a row (a thread-block cluster)
+  int cluster = 1;          // backward: blocks per thread-block cluster (one partial row each)
   int max_regs = 0;         // backward: the kernel's register cap (0: the default bounds)
   int stages = 0;           // backward: rows staged in shared memory (0: not the staged path)
   unsigned grid = 0;        // persistent grid (blocks)
@@ -85,7 +85,8 @@ inline std::string layout_text(const RowPlan& plan, bool backward) {
   if (plan.max_regs > 0) text += cat(" regs<=", plan.max_regs);
   if (plan.stages > 0)
     text = cat("staged S=", plan.stages, " R=", plan.threads_per_row, " V=", plan.vecs,
-               " grid=", plan.grid, " block=", plan.block, " smem=", plan.shared_bytes);
+               " grid=", plan.grid, " block=", plan.block, " smem=", plan.shared_bytes,
+               plan.cluster > 1 ? cat(" cluster=", plan.cluster) : std::string());
   return text;
 }
 
@@ -320,71 +321,33 @@ unsigned persistent_grid(const BoundKernel<Kernel>& kernel, int block, size_t sh
   return unsigned(std::clamp<int64_t>(work_items, 1, resident));
 }
 
+// The persistent grid of a kernel compiled with __cluster_dims__(cluster): `cluster` times
+// the clusters that can be resident at once (at most cluster_work of them), or 0 when it
+// does not launch (cudaOccupancyMaxActiveClusters: clusters must fit in one GPC).
+template <class Kernel>
+unsigned persistent_cluster_grid(const BoundKernel<Kernel>& kernel, int block,
+                                 size_t shared_bytes, const DeviceProperties& props, int cluster,
+                                 int64_t cluster_work) {
+  if (!launchable(kernel, block, shared_bytes, props)) return 0;
+  const DeviceGuard guard(props.id);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(cluster * props.sm_count));
+  config.blockDim = dim3(unsigned(block));
+  config.dynamicSmemBytes = shared_bytes;
+  int clusters = 0;
+  const void* fn = reinterpret_cast<const void*>(kernel.fn);
+  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a sticky error: this layout is simply not used
+    return 0;
+  }
+  if (clusters == 0) return 0;
+  return unsigned(cluster * std::clamp<int64_t>(cluster_work, 1, clusters));
+}
+
 // The element pointer of vector i (of width W) holds 16-byte aligned data when the base
 // pointer does; the host checks every base pointer.
 inline bool aligned16(const void* p) {
   return p == nullptr || is_aligned(p, kVecBytes);
-}
-
-// Sums per-block partial rows (the backward's column sums, dscale and dbias at once):
-// out[w][j] = sum over p < parts of partial[w][p * cols + j] for w = blockIdx.y (a null
-// partial is skipped). Block (32, kPartialSlices): thread row ty adds p = ty, ty + 16, ...
-// in order (four loads in flight at a time), then the thread rows are added in order: the
-// same result every run. Grid (ceil(cols / 32), 2).
-// discard (f32 partials, cols % 32 == 0, 128-byte aligned rows): every 128-byte line of
-// partials is dropped from L2 once read (discard.global.L2), so that its dirty data is
-// never written back to DRAM: they are temporaries that nothing reads again.
-constexpr int kPartialSlices = 16;
-template <class A, class O>
-struct PartialSums {
-  const A* partial[2];
-  O* out[2];
-  int64_t parts;
-  int64_t cols;
-  bool discard;
-};
-template <class A, class O>
-__global__ void sum_partial_rows(PartialSums<A, O> s) {
-  __shared__ A part[kPartialSlices][33];
-  const A* partial = s.partial[blockIdx.y];
-  if (partial == nullptr) return;  // uniform over the block
-  const int64_t j0 = int64_t(blockIdx.x) * 32, j = j0 + threadIdx.x;
-  const int64_t cols = s.cols, parts = s.parts;
-  A sum = 0;
-  if (j < cols) {
-    int64_t p = threadIdx.y;
-    for (; p + 3 * kPartialSlices < parts; p += 4 * kPartialSlices) {
-      const A v0 = __ldcg(partial + p * cols + j);
-      const A v1 = __ldcg(partial + (p + kPartialSlices) * cols + j);
-      const A v2 = __ldcg(partial + (p + 2 * kPartialSlices) * cols + j);
-      const A v3 = __ldcg(partial + (p + 3 * kPartialSlices) * cols + j);
-      sum += v0;
-      sum += v1;
-      sum += v2;
-      sum += v3;
-    }
-    for (; p < parts; p += kPartialSlices) sum += __ldcg(partial + p * cols + j);
-  }
-  part[threadIdx.y][threadIdx.x] = sum;
-  if constexpr (sizeof(A) == 4) {
-    if (s.discard) {
-      // Lane l drops the line of row threadIdx.y + l * kPartialSlices (and so on): every
-      // line this warp read, after all of its lanes have read it.
-      __syncwarp();
-      for (int64_t p = threadIdx.y + int64_t(threadIdx.x) * kPartialSlices; p < parts;
-           p += 32 * kPartialSlices) {
-        const A* line = partial + p * cols + j0;
-        asm volatile("discard.global.L2 [%0], 128;" ::"l"(line) : "memory");
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    A total = 0;
-#pragma unroll
-    for (int y = 0; y < kPartialSlices; ++y) total += part[y][threadIdx.x];
-    s.out[blockIdx.y][j] = convert<O>(total);
-  }
 }
 
 }  // namespace fusebox::cuda::norm

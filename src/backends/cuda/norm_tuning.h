@@ -49,6 +49,10 @@ struct Variant {
   StagedUse backward_staged;
   // The backward's partial column sums dropped from L2 once summed (never written back).
   bool discard_partials;
+  // The staged path's blocks form thread-block clusters of up to this many (2, 4 or 8; 0:
+  // none) and write one partial row per cluster, summed through distributed shared memory
+  // (norm_backward_staged.cu).
+  int staged_cluster;
 };
 
 std::span<const Variant> norm_variants();

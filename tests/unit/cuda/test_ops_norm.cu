@@ -281,7 +281,9 @@ TEST_F(NormTest, LayerNormAndRmsNormBackwardMatchClosedForm) {
 
 TEST_F(NormTest, BackwardIsDeterministic) {
   OpHarness h;
-  for (int64_t cols : {int64_t(4096), int64_t(65536)}) {
+  // 4096: the register path; 16384: the staged path with clusters (one partial row per
+  // cluster of blocks); 65536: the long-row path.
+  for (int64_t cols : {int64_t(4096), int64_t(16384), int64_t(65536)}) {
     Tensor x = random_tensor(DType::bf16, {129, cols}, 1),
            dy = random_tensor(DType::bf16, {129, cols}, 2);
     Tensor scale = random_tensor(DType::bf16, {cols}, 3), mean, rstd;

@@ -212,7 +212,8 @@ TEST_F(NormIrTest, EveryVariantMatchesCpu) {
 
 // The staged backward (norm_backward_staged.cu) with several rows per row group, so that
 // its pipeline's stages are filled, reused and drained; rows not a multiple of the groups;
-// one partial row per block (132 on an H100) summed and, for most variants, discarded.
+// one partial row per block (132 on an H100), or per cluster of 8 blocks (16), summed
+// and, for most variants, discarded.
 // Each variant that always takes the staged path, at widths where it applies
 // (bf16 1024, 4096, 16384 columns: 16, 4 and 1 groups per block; f32 1024 and 4096), and
 // at 1032 columns, where the last vectors of a row leave most threads idle. The variants
@@ -222,7 +223,7 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
   OpHarness h;
   uint64_t seed = 9500;
   const std::span<const norm::Variant> variants = norm::norm_variants();
-  int staged = 0;
+  int staged = 0, clustered = 0;
   for (size_t v = 0; v < variants.size(); ++v) {
     if (variants[v].backward_staged == norm::StagedUse::never) continue;
     const bool always = variants[v].backward_staged == norm::StagedUse::always;
@@ -239,6 +240,11 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
           if (!always && !layer) continue;  // RMSNorm's sums fit the registers
           const std::string layout = norm::backward_layout(h.ctx(), t, rows, cols, layer);
           EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
+          // Clusters of blocks (one partial row per cluster) wherever the slices of a row
+          // are whole float4s (and the device fits them in full).
+          if (variants[v].staged_cluster == 0)
+            EXPECT_EQ(layout.find("cluster="), std::string::npos) << layout;
+          clustered += layout.find("cluster=") != std::string::npos;
           expect_backward_matches(h, layer, t, shape, 1, {cols}, seed);
           seed += 3;
         }
@@ -246,6 +252,8 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
     }
   }
   EXPECT_GT(staged, 0) << "no variant takes the staged path";
+  // Thread-block clusters exist from sm_90 on: there, some case must have used them.
+  if (h.ctx().device.properties().compute_major >= 9) EXPECT_GT(clustered, 0);
 }
 
 TEST_F(NormIrTest, BackwardOpsRejectBadStatistics) {
