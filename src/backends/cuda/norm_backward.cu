@@ -53,12 +53,11 @@ namespace {
 using norm::RowPlan;
 using norm::stats_t;
 
+using norm::backward_max_block;
+using norm::backward_rows;
 using norm::BackwardArgs;
 using norm::BackwardKernel;
 using norm::BackwardTensors;
-using norm::backward_max_block;
-using norm::backward_rows;
-
 
 template <class T, bool kCentre, int kVecs, bool kPrefetch, bool kSmemAcc>
 __global__ void __launch_bounds__(backward_max_block<T, kCentre, kVecs, kPrefetch, kSmemAcc>())
@@ -74,6 +73,14 @@ template <class T, bool kCentre, int kVecs, bool kPrefetch, bool kSmemAcc, int k
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
     norm_backward_capped_rows(BackwardArgs<T, float> a) {
   backward_rows<T, kCentre, kVecs, kPrefetch, kSmemAcc, 1>(a);
+}
+
+// The same in thread-block clusters of kPartialCluster blocks, one partial row per cluster.
+template <class T, bool kCentre, int kVecs, bool kPrefetch, bool kSmemAcc, int kBlock,
+          int kMinBlocks, int kPartialCluster>
+__global__ void __cluster_dims__(kPartialCluster, 1, 1) __launch_bounds__(kBlock, kMinBlocks)
+    norm_backward_capped_cluster_rows(BackwardArgs<T, float> a) {
+  backward_rows<T, kCentre, kVecs, kPrefetch, kSmemAcc, 1, kPartialCluster>(a);
 }
 
 // Pairs of blocks per row (f32 / f16 / bf16 rows too wide for one block to prefetch).
@@ -167,22 +174,41 @@ constexpr CappedLayout kCappedLayouts[] = {
     {80, 2, false, false, 256},
 };
 
+// The layout that also comes in clusters (the default's at 1,024-4,096 bf16 columns):
+// clusters of 4 or 2 blocks, one partial row per cluster.
+constexpr size_t kClusteredCapped = 3;
+constexpr int kCappedClusters[] = {4, 2};
+
 template <class T, bool kCentre, size_t I>
-BackwardKernel<T> capped_kernel_at() {
+BackwardKernel<T> capped_kernel_at(int cluster) {
   constexpr CappedLayout l = kCappedLayouts[I];
   constexpr int min_blocks = 65536 / (l.block * l.max_regs);
+  if constexpr (I == kClusteredCapped) {
+    static_assert(!l.prefetch && !l.smem_acc);
+    if (cluster == 4) {
+      return {&norm_backward_capped_cluster_rows<T, kCentre, l.vecs, false, false, l.block,
+                                                 min_blocks, 4>,
+              l.block};
+    }
+    if (cluster == 2) {
+      return {&norm_backward_capped_cluster_rows<T, kCentre, l.vecs, false, false, l.block,
+                                                 min_blocks, 2>,
+              l.block};
+    }
+  }
+  if (cluster > 1) return {};
   return {
       &norm_backward_capped_rows<T, kCentre, l.vecs, l.prefetch, l.smem_acc, l.block, min_blocks>,
       l.block};
 }
 
 template <class T, bool kCentre, size_t... I>
-BackwardKernel<T> capped_kernel(size_t index, std::index_sequence<I...>) {
+BackwardKernel<T> capped_kernel(size_t index, int cluster, std::index_sequence<I...>) {
   BackwardKernel<T> k;
   if constexpr (is_half_v<T>) {
-    ((index == I ? (void)(k = capped_kernel_at<T, kCentre, I>()) : void()), ...);
+    ((index == I ? (void)(k = capped_kernel_at<T, kCentre, I>(cluster)) : void()), ...);
   } else {
-    (void)index;
+    (void)index, (void)cluster;
   }
   return k;
 }
@@ -219,14 +245,29 @@ norm::RowPlan plan_backward_capped(int64_t rows, int64_t cols, const DevicePrope
               l.smem_acc != smem_acc || threads > l.block) {
             continue;
           }
-          const BackwardKernel<T> k =
-              capped_kernel<T, kCentre>(i, std::make_index_sequence<std::size(kCappedLayouts)>{});
+          constexpr auto kLayouts = std::make_index_sequence<std::size(kCappedLayouts)>{};
+          BackwardKernel<T> k = capped_kernel<T, kCentre>(i, 1, kLayouts);
           const int groups = l.block / threads;
-          const size_t shared_bytes = backward_shared_bytes<kCentre>(smem_acc, groups, cols);
-          const unsigned grid =
-              norm::persistent_grid(k, l.block, shared_bytes, props, (rows + groups - 1) / groups);
+          size_t shared_bytes = backward_shared_bytes<kCentre>(smem_acc, groups, cols);
+          const int64_t work = (rows + groups - 1) / groups;
+          unsigned grid = norm::persistent_grid(k, l.block, shared_bytes, props, work);
           if (grid == 0 || !norm::spill_free(k, props)) continue;
+          // Clusters (one partial row each) where one keeps the whole grid: the largest
+          // such, its blocks' sums staged in [kAcc][cols] floats of shared memory.
+          int cluster = 1;
+          for (const int c : kCappedClusters) {
+            if (i != kClusteredCapped || c > variant.cluster_partials || cols % (4 * c) != 0)
+              continue;
+            const size_t cluster_bytes = size_t(kCentre ? 2 : 1) * size_t(cols) * sizeof(float);
+            const BackwardKernel<T> ck = capped_kernel<T, kCentre>(i, c, kLayouts);
+            const unsigned cgrid = norm::persistent_cluster_grid(ck, l.block, cluster_bytes, props,
+                                                                 c, (work + c - 1) / c);
+            if (cgrid < grid || !norm::spill_free(ck, props)) continue;
+            k = ck, grid = cgrid, cluster = c, shared_bytes = cluster_bytes;
+            break;
+          }
           plan.fast = true;
+          plan.cluster = cluster;
           plan.vecs = vecs;
           plan.threads_per_row = threads;
           plan.block = l.block;
@@ -272,8 +313,8 @@ norm::RowPlan plan_backward_cluster(Context& ctx, int64_t rows, int64_t cols,
         const size_t shared_bytes =
             smem_acc ? size_t(kCentre ? 2 : 1) * size_t(cols / kClusterBlocks) * sizeof(float) : 0;
         const BackwardKernel<T> k = backward_cluster_kernel<T, kCentre>(vecs, smem_acc);
-        const unsigned grid = norm::persistent_cluster_grid(k, threads, shared_bytes, props,
-                                                            kClusterBlocks, rows);
+        const unsigned grid =
+            norm::persistent_cluster_grid(k, threads, shared_bytes, props, kClusterBlocks, rows);
         if (grid == 0) continue;
         plan.fast = true;
         plan.vecs = vecs;

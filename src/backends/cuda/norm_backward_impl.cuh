@@ -4,6 +4,8 @@
 // Include from .cu files only.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <string>
 
 #include "backends/cuda/kernels.h"
@@ -41,6 +43,76 @@ bool spill_free(const BackwardKernel<T>& k, const DeviceProperties& props) {
   const DeviceGuard guard(props.id);
   const void* fn = reinterpret_cast<const void*>(k.fn);
   return kernel_limits(fn, props.id).local_bytes <= kMaxSpillBytes;
+}
+
+// The cluster's partial row, one per kCluster blocks instead of one per block (the staged
+// path, norm_backward_staged.cu, and the register path's r80 layout, norm_backward.cu).
+// Why: the partial rows are written at the end of the kernel, when nothing else is in
+// flight, then summed: at LayerNorm bf16 4096x16384 (17 MB) they cost 22 of 171 us, at
+// 8192x4096 (13 MB) 8 of 84 (H100, session 4). Block b's column sums are in registers,
+// acc[which][k][w] for column (k * R + t) * W + w of its group's row (every group of a
+// block holds the same columns). Here:
+//   1. each block adds its groups' column sums (in group order) into its own shared
+//      memory, [kAcc][cols] floats (the stages' space, free by now);
+//   2. cluster barrier; block `rank` adds slice `rank` (cols / kCluster columns) of every
+//      block's sums, rank 0's first, reading them through distributed shared memory, and
+//      writes the slice of partial row blockIdx.x / kCluster;
+//   3. cluster barrier: no block leaves while another may still read its shared memory.
+// The order of additions is fixed: the same result every run.
+template <class T, int kAcc, int kVecs, int kCluster>
+__device__ __forceinline__ void write_cluster_partials(
+    const BackwardArgs<T, float>& a, const float (&acc)[kAcc][kVecs][kVecWidth<T>], float4* smem,
+    int group, int groups, int t) {
+  namespace cg = cooperative_groups;
+  constexpr int W = kVecWidth<T>;
+  const int R = a.threads_per_row;
+  const int nvec = int(a.cols / W);
+  const int cols4 = int(a.cols / 4);
+  float4* sums = smem;  // [kAcc][cols / 4]
+  for (int g = 0; g < groups; ++g) {
+    if (group == g) {
+#pragma unroll
+      for (int which = 0; which < kAcc; ++which) {
+#pragma unroll
+        for (int k = 0; k < kVecs; ++k) {
+          const int i = k * R + t;
+          if (i >= nvec) continue;
+#pragma unroll
+          for (int w = 0; w < W; w += 4) {
+            float4 v = make_float4(acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2],
+                                   acc[which][k][w + 3]);
+            float4& slot = sums[which * cols4 + (i * W + w) / 4];
+            if (g > 0) v = make_float4(slot.x + v.x, slot.y + v.y, slot.z + v.z, slot.w + v.w);
+            slot = v;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's sums are in place
+  const int rank = int(cluster.block_rank());
+  const int slice = cols4 / kCluster;  // float4s per block (cols % (4 * kCluster) == 0)
+  const int64_t row = blockIdx.x / kCluster;
+#pragma unroll
+  for (int which = 0; which < kAcc; ++which) {
+    float* partial = which == 0 ? a.partial_scale : a.partial_bias;
+    if (partial == nullptr) continue;  // uniform over the cluster
+    float4* out = reinterpret_cast<float4*>(partial + row * a.cols);
+    for (int j = rank * slice + int(threadIdx.x); j < (rank + 1) * slice; j += int(blockDim.x)) {
+      float4 v[kCluster];
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q)
+        v[q] = *cluster.map_shared_rank(&sums[which * cols4 + j], q);
+      float4 total = v[0];
+#pragma unroll
+      for (int q = 1; q < kCluster; ++q)
+        total = make_float4(total.x + v[q].x, total.y + v[q].y, total.z + v[q].z, total.w + v[q].w);
+      out[j] = total;
+    }
+  }
+  cluster.sync();  // no block leaves while its sums may still be read
 }
 
 // The staged path's layout for aligned rows of `cols` elements (cols % W == 0), when the

@@ -36,8 +36,14 @@ constexpr int backward_max_block() {
 // row, the sums read in rank order by every block: the same result in each). A row's
 // registers are then split over kCluster SMs, which leaves room to prefetch the widest
 // rows. The partial rows are one per cluster, each block writing its slice.
-template <class T, bool kCentre, int kVecs, bool kPrefetch, bool kSmemAcc, int kCluster>
+// kPartialCluster > 1 (kCluster == 1, sums in registers): the blocks form clusters of that
+// many, one partial row per cluster (norm_backward_impl.cuh: write_cluster_partials); the
+// dynamic shared memory then holds [kAcc][cols] floats for it.
+template <class T, bool kCentre, int kVecs, bool kPrefetch, bool kSmemAcc, int kCluster,
+          int kPartialCluster = 1>
 __device__ __forceinline__ void backward_rows(const BackwardArgs<T, float>& a) {
+  static_assert(kPartialCluster == 1 || (kCluster == 1 && !kSmemAcc),
+                "cluster partials take register sums of whole rows");
   using norm::Packed;
   using norm::unpack;
   constexpr int W = kVecWidth<T>;
@@ -195,46 +201,51 @@ __device__ __forceinline__ void backward_rows(const BackwardArgs<T, float>& a) {
     if constexpr (kPrefetch) cur = next;
   }
 
-  // This block's partial row: its groups' column sums added in group order.
+  if constexpr (kPartialCluster > 1) {
+    __syncthreads();  // the shared memory is free (group_sum's slots are static)
+    write_cluster_partials<T, kAcc, kVecs, kPartialCluster>(a, acc, dynamic_smem, group, groups, t);
+  } else {
+    // This block's partial row: its groups' column sums added in group order.
 #pragma unroll
-  for (int which = 0; which < kAcc; ++which) {
-    float* partial = which == 0 ? a.partial_scale : a.partial_bias;
-    if (partial == nullptr) continue;  // uniform over the block
-    float* out = partial + int64_t(unit) * cols + first;
-    if constexpr (kSmemAcc) {
-      __syncthreads();
-      for (int64_t j = threadIdx.x; j < local_cols; j += blockDim.x) {
-        float s = 0.0f;
-        for (int g = 0; g < groups; ++g) s += smem[(int64_t(g) * kAcc + which) * local_cols + j];
-        out[j] = s;
-      }
-    } else if (groups == 1) {
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        const int i = k * R + t;
-        if (i >= nvec) continue;
-#pragma unroll
-        for (int w = 0; w < W; w += 4) {
-          reinterpret_cast<float4*>(out + i * W)[w / 4] = make_float4(
-              acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2], acc[which][k][w + 3]);
+    for (int which = 0; which < kAcc; ++which) {
+      float* partial = which == 0 ? a.partial_scale : a.partial_bias;
+      if (partial == nullptr) continue;  // uniform over the block
+      float* out = partial + int64_t(unit) * cols + first;
+      if constexpr (kSmemAcc) {
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < local_cols; j += blockDim.x) {
+          float s = 0.0f;
+          for (int g = 0; g < groups; ++g) s += smem[(int64_t(g) * kAcc + which) * local_cols + j];
+          out[j] = s;
         }
-      }
-    } else {
-      for (int g = 0; g < groups; ++g) {
-        if (group == g) {
+      } else if (groups == 1) {
 #pragma unroll
-          for (int k = 0; k < kVecs; ++k) {
-            const int i = k * R + t;
-            if (i >= nvec) continue;
+        for (int k = 0; k < kVecs; ++k) {
+          const int i = k * R + t;
+          if (i >= nvec) continue;
 #pragma unroll
-            for (int w = 0; w < W; ++w)
-              smem[i * W + w] = (g == 0 ? 0.0f : smem[i * W + w]) + acc[which][k][w];
+          for (int w = 0; w < W; w += 4) {
+            reinterpret_cast<float4*>(out + i * W)[w / 4] = make_float4(
+                acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2], acc[which][k][w + 3]);
           }
         }
-        __syncthreads();
+      } else {
+        for (int g = 0; g < groups; ++g) {
+          if (group == g) {
+#pragma unroll
+            for (int k = 0; k < kVecs; ++k) {
+              const int i = k * R + t;
+              if (i >= nvec) continue;
+#pragma unroll
+              for (int w = 0; w < W; ++w)
+                smem[i * W + w] = (g == 0 ? 0.0f : smem[i * W + w]) + acc[which][k][w];
+            }
+          }
+          __syncthreads();
+        }
+        for (int64_t j = threadIdx.x; j < local_cols; j += blockDim.x) out[j] = smem[j];
+        __syncthreads();  // the staging is reused for the next sum
       }
-      for (int64_t j = threadIdx.x; j < local_cols; j += blockDim.x) out[j] = smem[j];
-      __syncthreads();  // the staging is reused for the next sum
     }
   }
   // No block may exit while another of its cluster can still read its slots.

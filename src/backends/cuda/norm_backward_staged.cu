@@ -14,9 +14,9 @@
 // Where it pays (H100, session 3): LayerNorm bf16 4096x16384, where the register path must
 // keep its two column sums per element in shared memory, 188.5 -> 170.5 us (80% of a
 // copy; session 4, with one partial row per cluster of blocks, write_cluster_partials:
-// 161.6-168.1 us, 81.0-84.2% over five machines); elsewhere the register path is as fast or faster (bf16 8192x4096: 84.7 against
-// 86.5 us), so the default variant takes this path only where the register path's sums
-// would be in shared memory (norm_backward.cu: plan_backward).
+// 161.6-168.1 us, 81.0-84.2% over five machines); elsewhere the register path is as fast or faster
+// (bf16 8192x4096: 84.7 against 86.5 us), so the default variant takes this path only where the
+// register path's sums would be in shared memory (norm_backward.cu: plan_backward).
 //
 // A block is G row groups of R threads (R >= 32, G * R = 1024; one block per
 // SM, registers capped at 64) that reduce their row sums together (norm_rows.cuh:
@@ -26,8 +26,6 @@
 // partial rows at 4,096 columns. The column sums live in registers (2 x V x W floats per
 // thread for layer_norm). Rows are dealt to groups as in the register path (group g of
 // block b takes rows b * G + g, then + G * grid, ...): the result is the same every run.
-#include <cooperative_groups.h>
-
 #include <vector>
 
 #include "backends/cuda/norm_backward_impl.cuh"
@@ -77,75 +75,6 @@ __device__ __forceinline__ void wait_copies() {
 template <class T>
 __device__ __forceinline__ Packed packed(const uint4& u) {
   return {{u.x, u.y, u.z, u.w}};
-}
-
-// The cluster's partial row, one per kCluster blocks instead of one per block. Why: at
-// LayerNorm bf16 4096x16384 the partial rows (17 MB, written at the end of the kernel when
-// nothing else is in flight, then summed) cost 22 of 171 us (H100, session 4: 149 us
-// without them). The planner takes the largest cluster that keeps every block of the
-// plain grid: 2 on the H100 (clusters of 4 or 8 fit only 120 of 132 blocks, and the main
-// loop, bound by each SM's rate, slowed in proportion); 66 partial rows instead of 132,
-// 161.6-167.6 against 164.8-169.4 us on the same machines. Here:
-//   1. each block adds its groups' column sums (in group order) into its own shared
-//      memory, [kAcc][cols] floats (the stages' space, free by now);
-//   2. cluster barrier; block `rank` adds slice `rank` (cols / kCluster columns) of every
-//      block's sums, rank 0's first, reading them through distributed shared memory, and
-//      writes the slice of partial row blockIdx.x / kCluster;
-//   3. cluster barrier: no block leaves while another may still read its shared memory.
-// The order of additions is fixed: the same result every run.
-template <class T, int kAcc, int kVecs, int kCluster>
-__device__ __forceinline__ void write_cluster_partials(const BackwardArgs<T, float>& a,
-                                                       const float (&acc)[kAcc][kVecs][kVecWidth<T>],
-                                                       uint4* smem, int group, int groups, int t) {
-  namespace cg = cooperative_groups;
-  constexpr int W = kVecWidth<T>;
-  const int R = a.threads_per_row;
-  const int nvec = int(a.cols / W);
-  const int cols4 = int(a.cols / 4);
-  float4* sums = reinterpret_cast<float4*>(smem);  // [kAcc][cols / 4]
-  for (int g = 0; g < groups; ++g) {
-    if (group == g) {
-#pragma unroll
-      for (int which = 0; which < kAcc; ++which) {
-#pragma unroll
-        for (int k = 0; k < kVecs; ++k) {
-          const int i = k * R + t;
-          if (i >= nvec) continue;
-#pragma unroll
-          for (int w = 0; w < W; w += 4) {
-            float4 v = make_float4(acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2],
-                                   acc[which][k][w + 3]);
-            float4& slot = sums[which * cols4 + (i * W + w) / 4];
-            if (g > 0) v = make_float4(slot.x + v.x, slot.y + v.y, slot.z + v.z, slot.w + v.w);
-            slot = v;
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  const cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every block's sums are in place
-  const int rank = int(cluster.block_rank());
-  const int slice = cols4 / kCluster;  // float4s per block (cols % (4 * kCluster) == 0)
-  const int64_t row = blockIdx.x / kCluster;
-#pragma unroll
-  for (int which = 0; which < kAcc; ++which) {
-    float* partial = which == 0 ? a.partial_scale : a.partial_bias;
-    if (partial == nullptr) continue;  // uniform over the cluster
-    float4* out = reinterpret_cast<float4*>(partial + row * a.cols);
-    for (int j = rank * slice + int(threadIdx.x); j < (rank + 1) * slice; j += int(blockDim.x)) {
-      float4 v[kCluster];
-#pragma unroll
-      for (int q = 0; q < kCluster; ++q) v[q] = *cluster.map_shared_rank(&sums[which * cols4 + j], q);
-      float4 total = v[0];
-#pragma unroll
-      for (int q = 1; q < kCluster; ++q)
-        total = make_float4(total.x + v[q].x, total.y + v[q].y, total.z + v[q].z, total.w + v[q].w);
-      out[j] = total;
-    }
-  }
-  cluster.sync();  // no block leaves while its sums may still be read
 }
 
 // Dynamic shared memory: [G][kStages][x, dy][kVecs][R] vectors (thread t of a group owns
@@ -275,7 +204,8 @@ __device__ __forceinline__ void staged_rows(const BackwardArgs<T, float>& a) {
   wait_copies<0>();
   __syncthreads();  // every slot is free: the staging below reuses them
   if constexpr (kCluster > 1) {
-    write_cluster_partials<T, kAcc, kVecs, kCluster>(a, acc, stage_smem, group, groups, t);
+    write_cluster_partials<T, kAcc, kVecs, kCluster>(a, acc, reinterpret_cast<float4*>(stage_smem),
+                                                     group, groups, t);
     return;
   }
   // This block's partial row: its groups' column sums added in group order.
@@ -384,7 +314,7 @@ RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardK
   // Cluster sizes to try, largest first (clusters: the slices of the partial row are whole
   // float4s, and the block's sums fit the stages' shared memory, which they always do).
   std::vector<int> clusters;
-  for (int c = variant.staged_cluster; c >= 2; c /= 2) {
+  for (int c = variant.cluster_partials; c >= 2; c /= 2) {
     if (cols % (4 * c) == 0 && size_t(kCentre ? 2 : 1) * cols * sizeof(float) <=
                                    size_t(groups) * 2 * 2 * vecs * threads * kVecBytes)
       clusters.push_back(c);
@@ -403,8 +333,8 @@ RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardK
     BackwardKernel<T> k = plain;
     for (const int c : clusters) {
       const BackwardKernel<T> ck = staged_kernel<T, kCentre>(stages, c);
-      const unsigned cgrid = persistent_cluster_grid(ck, kStagedBlock, shared_bytes, props, c,
-                                                     (work + c - 1) / c);
+      const unsigned cgrid =
+          persistent_cluster_grid(ck, kStagedBlock, shared_bytes, props, c, (work + c - 1) / c);
       if (cgrid == 0 || !spill_free(ck, props) || cgrid < plain_grid) continue;
       cluster = c, grid = cgrid, k = ck;
       break;

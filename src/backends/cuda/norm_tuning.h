@@ -49,10 +49,11 @@ struct Variant {
   StagedUse backward_staged;
   // The backward's partial column sums dropped from L2 once summed (never written back).
   bool discard_partials;
-  // The staged path's blocks form thread-block clusters of up to this many (2, 4 or 8; 0:
-  // none) and write one partial row per cluster, summed through distributed shared memory
-  // (norm_backward_staged.cu).
-  int staged_cluster;
+  // Blocks form thread-block clusters of up to this many (2, 4 or 8; 0: none) and write
+  // one partial row per cluster, summed through distributed shared memory
+  // (norm_backward_impl.cuh: write_cluster_partials): on the staged path and the register
+  // path's 80-register layout, where a cluster size keeps the whole grid.
+  int cluster_partials;
 };
 
 std::span<const Variant> norm_variants();

@@ -242,7 +242,7 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
           EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
           // Clusters of blocks (one partial row per cluster) wherever the slices of a row
           // are whole float4s (and the device fits them in full).
-          if (variants[v].staged_cluster == 0)
+          if (variants[v].cluster_partials == 0)
             EXPECT_EQ(layout.find("cluster="), std::string::npos) << layout;
           clustered += layout.find("cluster=") != std::string::npos;
           expect_backward_matches(h, layer, t, shape, 1, {cols}, seed);
@@ -254,6 +254,36 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
   EXPECT_GT(staged, 0) << "no variant takes the staged path";
   // Thread-block clusters exist from sm_90 on: there, some case must have used them.
   if (h.ctx().device.properties().compute_major >= 9) EXPECT_GT(clustered, 0);
+}
+
+// The register path's 80-register layout (f16 / bf16, 1,024 and 4,096 columns: 4 and 1
+// row groups per block) in thread-block clusters, one partial row per cluster
+// (write_cluster_partials), against the CPU over many rows; and the same variant without
+// clusters. On sm_90 and later the default variant must pick clusters here.
+TEST_F(NormIrTest, RegisterPathClusterPartialsMatchCpu) {
+  OpHarness h;
+  uint64_t seed = 9700;
+  const std::span<const norm::Variant> variants = norm::norm_variants();
+  const bool clusters = h.ctx().device.properties().compute_major >= 9;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const std::string name = variants[v].name;
+    if (name != "r80-discard-staged" && name != "r80-discard-staged-noclu") continue;
+    norm::select_norm_variant(int(v));
+    for (DType t : {DType::bf16, DType::f16}) {
+      for (const Shape& shape : {Shape{8191, 1024}, Shape{2643, 4096}, Shape{37, 4096}}) {
+        for (bool layer : {true, false}) {
+          SCOPED_TRACE(
+              cat(name, " ", dtype_name(t), " ", shape_str(shape), layer ? " LN" : " RMS"));
+          const std::string layout = norm::backward_layout(h.ctx(), t, shape[0], shape[1], layer);
+          EXPECT_NE(layout.find("regs<=80"), std::string::npos) << layout;
+          const bool want = clusters && variants[v].cluster_partials > 0;
+          EXPECT_EQ(layout.find("cluster=") != std::string::npos, want) << layout;
+          expect_backward_matches(h, layer, t, shape, 1, {shape[1]}, seed);
+          seed += 3;
+        }
+      }
+    }
+  }
 }
 
 TEST_F(NormIrTest, BackwardOpsRejectBadStatistics) {
