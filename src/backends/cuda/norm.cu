@@ -28,6 +28,7 @@
 #include "backends/cuda/env.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/norm_common.h"
+#include "backends/cuda/norm_forward_impl.cuh"
 #include "backends/cuda/norm_rows.cuh"
 
 namespace fusebox::cuda {
@@ -50,35 +51,42 @@ namespace {
 // partial row per thread-block cluster (up to 8 blocks; 2 on the H100, the largest that
 // keeps all 132 blocks): LayerNorm bf16 4096x16384 164.8 -> 161.8 us on one machine.
 constexpr StagedUse kNoStaged = StagedUse::never, kStagedAlways = StagedUse::always,
-                    kStagedForSharedSums = StagedUse::for_shared_sums;
+                    kStagedForSharedSums = StagedUse::for_shared_sums,
+                    kStagedForLongRows = StagedUse::for_long_rows;
 constexpr Variant kVariants[] = {
     // name, fwd vecs, fwd prefetch, bwd vecs, bwd prefetch, bwd smem acc, bwd cluster,
-    // cluster min cols, bwd register cap, bwd staged path, discard partials, staged cluster
-    {"r80-discard-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8},
-    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80, kNoStaged, false, 0},
-    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0, kNoStaged, false, 0},
-    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0, kNoStaged, false, 0},
-    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0, kNoStaged, false, 0},
-    {"v2-plain", 2, false, 2, false, false, false, 0, 0, kNoStaged, false, 0},
-    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0, kNoStaged, false, 0},
-    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0, kNoStaged, false, 0},
+    // cluster min cols, bwd register cap, bwd staged path, discard partials, cluster
+    // partials, fwd staged path
+    {"r80-discard-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8,
+     kStagedForLongRows},
+    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80, kNoStaged, false, 0, kNoStaged},
+    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
+    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
+    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
+    {"v2-plain", 2, false, 2, false, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
+    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0, kNoStaged, false, 0, kNoStaged},
+    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0, kNoStaged, false, 0, kNoStaged},
     // Backward register caps (norm_backward.cu: kCappedLayouts), for f16 / bf16 LayerNorm,
     // whose two column sums per element otherwise take 88 registers at V=2 (2 blocks of 256
     // per SM). 64 registers: 1024-thread blocks of 2 row groups of 512 at 4096 columns
     // (one partial row per block, 32 warps per SM); RMSNorm at V=2: 4 groups of 256.
     // 80 (the default's): blocks of 256, 3 per SM. Layouts without a capped kernel get the
     // ordinary one.
-    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64, kNoStaged, false, 0},
-    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64, kNoStaged, false, 0},
-    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64, kNoStaged, false, 0},
+    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
+    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
+    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
     // The staged backward (norm_backward_staged.cu), else the default's layouts; the
     // partial column sums discarded from L2 after the final sum, or kept.
-    {"staged-v2", 2, true, 2, false, false, false, 0, 80, kStagedAlways, true, 8},
-    {"staged-v2-keep", 2, true, 2, false, false, false, 0, 80, kStagedAlways, false, 8},
-    {"v2-fwd-prefetch-r80-discard", 2, true, 2, false, false, false, 0, 80, kNoStaged, true, 0},
+    {"staged-v2", 2, true, 2, false, false, false, 0, 80, kStagedAlways, true, 8, kNoStaged},
+    {"staged-v2-keep", 2, true, 2, false, false, false, 0, 80, kStagedAlways, false, 8, kNoStaged},
+    {"v2-fwd-prefetch-r80-discard", 2, true, 2, false, false, false, 0, 80, kNoStaged, true, 0,
+     kNoStaged},
     // The default without clusters on the staged path (one partial row per block).
     {"r80-discard-staged-noclu", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true,
-     0},
+     0, kStagedForLongRows},
+    // The forward's staged path for every width it fits.
+    {"fwd-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8,
+     kStagedAlways},
 };
 
 int variant_from_env() {
@@ -120,19 +128,8 @@ namespace {
 using norm::RowPlan;
 using norm::stats_t;
 
-template <class T, class S>
-struct ForwardArgs {
-  const T* x;
-  const T* scale;  // [cols] or null
-  const T* bias;   // [cols] or null
-  T* y;
-  S* mean;  // [rows] or null
-  S* rstd;  // [rows] or null
-  int64_t rows;
-  int64_t cols;
-  S eps;
-  int threads_per_row;  // register path only
-};
+using norm::ForwardArgs;
+using norm::ForwardKernel;
 
 // Register path: see norm_rows.cuh for the layout (row groups of R threads, V vectors
 // of W elements per thread, persistent grid over rows). Per row:
@@ -279,9 +276,6 @@ __global__ void norm_forward_long(ForwardArgs<T, stats_t<T>> a) {
   }
 }
 
-template <class T>
-using ForwardKernel = norm::BoundKernel<void (*)(ForwardArgs<T, float>)>;
-
 template <class T, bool kCentre, int kVecs, bool kPrefetch>
 ForwardKernel<T> bound_forward_rows() {
   return {&norm_forward_rows<T, kCentre, kVecs, kPrefetch>, forward_max_block<kVecs, kPrefetch>()};
@@ -314,6 +308,12 @@ norm::RowPlan plan_forward(int64_t rows, int64_t cols, bool aligned, const Devic
   norm::RowPlan plan;
   if (!aligned || cols % W != 0) return plan;
   const norm::Variant& variant = norm::norm_variant();
+  const norm::StagedUse staged = variant.forward_staged;
+  if (staged == norm::StagedUse::always ||
+      (staged == norm::StagedUse::for_long_rows && cols / W >= norm::kStagedForwardMinVecs)) {
+    plan = norm::plan_forward_staged<T, kCentre>(rows, cols, props, kernel);
+    if (plan.fast) return plan;
+  }
   for (bool prefetch : {true, false}) {
     if (prefetch && !variant.forward_prefetch) continue;
     for (int preferred = variant.forward_vecs; preferred <= norm::kMaxVecs; preferred *= 2) {

@@ -24,8 +24,13 @@ namespace fusebox::cuda::norm {
 enum class StagedUse {
   never,
   always,           // first, for every width it fits
-  for_shared_sums,  // where the register path would keep the column sums in shared memory
+  for_shared_sums,  // backward: where the register path would keep the column sums in
+                    // shared memory
+  for_long_rows,    // forward: rows of kStagedForwardMinVecs 16-byte vectors or more
 };
+// Forward rows this long (f32 16,384 columns) would hold 32 registers of row data per
+// thread on the register path with its prefetch, one block of 1024 per SM.
+constexpr int64_t kStagedForwardMinVecs = 4096;
 
 struct Variant {
   const char* name;
@@ -51,9 +56,12 @@ struct Variant {
   bool discard_partials;
   // Blocks form thread-block clusters of up to this many (2, 4 or 8; 0: none) and write
   // one partial row per cluster, summed through distributed shared memory
-  // (norm_backward_impl.cuh: write_cluster_partials): on the staged path and the register
-  // path's 80-register layout, where a cluster size keeps the whole grid.
+  // (norm_backward_impl.cuh: write_cluster_partials): on the staged path and LayerNorm's
+  // 80-register layout of the register path, where a cluster size keeps the whole grid.
   int cluster_partials;
+  // When the forward's staged path is tried (norm_forward_staged.cu: x copied into shared
+  // memory rows ahead with cp.async); the register path where it does not fit.
+  StagedUse forward_staged;
 };
 
 std::span<const Variant> norm_variants();

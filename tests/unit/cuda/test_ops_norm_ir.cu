@@ -259,7 +259,8 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
 // The register path's 80-register layout (f16 / bf16, 1,024 and 4,096 columns: 4 and 1
 // row groups per block) in thread-block clusters, one partial row per cluster
 // (write_cluster_partials), against the CPU over many rows; and the same variant without
-// clusters. On sm_90 and later the default variant must pick clusters here.
+// clusters. On sm_90 and later the default variant must pick clusters here for LayerNorm
+// (RMSNorm, one partial row per block, does not gain from them and keeps the plain grid).
 TEST_F(NormIrTest, RegisterPathClusterPartialsMatchCpu) {
   OpHarness h;
   uint64_t seed = 9700;
@@ -276,7 +277,7 @@ TEST_F(NormIrTest, RegisterPathClusterPartialsMatchCpu) {
               cat(name, " ", dtype_name(t), " ", shape_str(shape), layer ? " LN" : " RMS"));
           const std::string layout = norm::backward_layout(h.ctx(), t, shape[0], shape[1], layer);
           EXPECT_NE(layout.find("regs<=80"), std::string::npos) << layout;
-          const bool want = clusters && variants[v].cluster_partials > 0;
+          const bool want = clusters && layer && variants[v].cluster_partials > 0;
           EXPECT_EQ(layout.find("cluster=") != std::string::npos, want) << layout;
           expect_backward_matches(h, layer, t, shape, 1, {shape[1]}, seed);
           seed += 3;
@@ -284,6 +285,52 @@ TEST_F(NormIrTest, RegisterPathClusterPartialsMatchCpu) {
       }
     }
   }
+}
+
+// The staged forward (norm_forward_staged.cu) over many rows, so that its stages are
+// filled, reused and drained, rows not a multiple of the groups: the default variant where
+// it takes it (f32 16,384 columns) and the variant that always does (bf16 and f32 at 1024,
+// 4096 and 16,384 columns: 4 vectors per thread, 32 to 1024 threads per row).
+TEST_F(NormIrTest, StagedForwardMatchesCpuOverManyRows) {
+  OpHarness h;
+  uint64_t seed = 9900;
+  const std::span<const norm::Variant> variants = norm::norm_variants();
+  int staged = 0;
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const norm::StagedUse use = variants[v].forward_staged;
+    if (use == norm::StagedUse::never) continue;
+    norm::select_norm_variant(int(v));
+    for (DType t : {DType::f32, DType::bf16}) {
+      for (const Shape& shape : {Shape{8191, 1024}, Shape{2643, 4096}, Shape{601, 16384}}) {
+        const int64_t rows = shape[0], cols = shape[1];
+        const bool wanted = use == norm::StagedUse::always ||
+                            cols / (16 / int64_t(dtype_size(t))) >= norm::kStagedForwardMinVecs;
+        if (!wanted) continue;
+        for (bool layer : {true, false}) {
+          SCOPED_TRACE(cat("variant ", variants[v].name, " ", dtype_name(t), " ",
+                           shape_str(shape), layer ? " layer_norm" : " rms_norm"));
+          const std::string layout = norm::forward_layout(h.ctx(), t, rows, cols, layer);
+          EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
+          ++staged;
+          Tensor x = random_tensor(t, shape, seed, 2.0, 4.0);
+          Tensor scale = random_tensor(t, {cols}, seed + 1, 0.5, 1.5);
+          Tensor bias = random_tensor(t, {cols}, seed + 2);
+          seed += 3;
+          const OpKind op = layer ? OpKind::layer_norm : OpKind::rms_norm;
+          std::vector<Tensor> in = {x, scale};
+          if (layer) in.push_back(bias);
+          const std::vector<Tensor> want = run_op(op, NormAttrs{1, 1e-5}, in);
+          const std::vector<Tensor> got =
+              h.run(layer ? &layer_norm : &rms_norm, op, NormAttrs{1, 1e-5}, in);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_TRUE(close_to(got[0], want[0], 0.0, norm_tolerance(t), ulps(t))) << "y";
+          for (size_t o = 1; o < got.size(); ++o)
+            EXPECT_TRUE(close_to(got[o], want[o], 0.0, 1e-5, 1e-5)) << "statistic " << o;
+        }
+      }
+    }
+  }
+  EXPECT_GT(staged, 0) << "no case took the staged forward";
 }
 
 TEST_F(NormIrTest, BackwardOpsRejectBadStatistics) {
