@@ -352,7 +352,8 @@ void launch_forward(Context& ctx, const ForwardArgs<T, stats_t<T>>& args, const 
     if (plan.fast) {
       ForwardArgs<T, float> a = args;
       a.threads_per_row = plan.threads_per_row;
-      ctx.encoder.launch(kernel.fn, dim3(plan.grid), dim3(plan.block), 0, reads, writes, a);
+      ctx.encoder.launch(kernel.fn, dim3(plan.grid), dim3(plan.block), plan.shared_bytes, reads,
+                         writes, a);
       return;
     }
   }
