@@ -149,14 +149,12 @@ template <class T, bool kCentre, int kVecs, bool kPrefetch>
 __global__ void __launch_bounds__(forward_max_block<kVecs, kPrefetch>())
     norm_forward_rows(ForwardArgs<T, float> a) {
   using norm::Packed;
-  using norm::unpack;
   constexpr int W = kVecWidth<T>;
   __shared__ norm::SumSlots<1> slots;
   const int R = a.threads_per_row;
   const int groups = blockDim.x / R;
   const int group = threadIdx.x / R, t = threadIdx.x % R;
   const int nvec = int(a.cols / W);
-  const float inv_cols = 1.0f / float(a.cols);
   const int64_t stride = int64_t(gridDim.x) * groups;
   // The row stays in registers in its own type, packed (half the registers of f32 for
   // 2-byte types, so more rows are in flight per SM); each pass converts on the fly.
@@ -186,56 +184,7 @@ __global__ void __launch_bounds__(forward_max_block<kVecs, kPrefetch>())
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) valid[k] = active && k * R + t < nvec;
 
-    float mean = 0.0f;
-    if constexpr (kCentre) {
-      float s[1] = {0.0f};
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        if (!valid[k]) continue;
-#pragma unroll
-        for (int w = 0; w < W; ++w) s[0] += unpack<T>(v[k], w);
-      }
-      norm::group_sum(s, slots, R, parity);
-      parity ^= 1;
-      mean = s[0] * inv_cols;
-    }
-    float sq[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      if (!valid[k]) continue;
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float d = unpack<T>(v[k], w) - mean;
-        sq[0] += d * d;
-      }
-    }
-    norm::group_sum(sq, slots, R, parity);
-    parity ^= 1;
-    const float rstd = rsqrtf(sq[0] * inv_cols + a.eps);
-    if (active) {
-      if (t == 0) {
-        if (a.mean) a.mean[row] = mean;
-        if (a.rstd) a.rstd[row] = rstd;
-      }
-      T* yr = a.y + row * a.cols;
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        if (!valid[k]) continue;
-        const int i = k * R + t;
-        Packed scale{}, bias{};
-        if (a.scale) scale = norm::load_packed_ro(a.scale, i);
-        if (a.bias) bias = norm::load_packed_ro(a.bias, i);
-        float out[W];
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          float r = (unpack<T>(v[k], w) - mean) * rstd;
-          if (a.scale) r *= unpack<T>(scale, w);
-          if (a.bias) r += unpack<T>(bias, w);
-          out[w] = r;
-        }
-        norm::store_packed_stream(yr, i, norm::pack<T>(out));
-      }
-    }
+    norm::normalize_row<T, kCentre, kVecs>(a, v, valid, row, active, R, t, slots, parity);
     if constexpr (kPrefetch) {
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) v[k] = next[k];

@@ -10,8 +10,7 @@
 // 89-90% of a copy (H100, sessions 3 and 4). Per row, after the wait:
 //   1. the thread's vectors move from its stage slots to registers (the slots are then
 //      free: the next issue reuses them);
-//   2. mean = group sum / cols (layer_norm); var = group sum of (x - mean)^2 / cols;
-//   3. y = (x - mean) * rstd * scale + bias, 16-byte streaming stores.
+//   2. the register path's normalize_row (norm_forward_impl.cuh): statistics, then y.
 // A block is G row groups of R threads (G * R = 1024), rows dealt as in the register path
 // (group g of block b takes rows b * G + g, then + G * grid, ...).
 #include "backends/cuda/norm_forward_impl.cuh"
@@ -36,7 +35,6 @@ __global__ void __launch_bounds__(kStagedBlock, 1)
   const int group = threadIdx.x / R, t = threadIdx.x % R;
   const int64_t cols = a.cols;
   const int nvec = int(cols / W);
-  const float inv_cols = 1.0f / float(cols);
   // Row indices fit an int (the host checks): fewer registers than 64-bit ones.
   const int stride = int(gridDim.x) * groups;
   const int rows = int(a.rows);
@@ -80,56 +78,7 @@ __global__ void __launch_bounds__(kStagedBlock, 1)
       }
     }
 
-    float mean = 0.0f;
-    if constexpr (kCentre) {
-      float sum[1] = {0.0f};
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        if (!valid[k]) continue;
-#pragma unroll
-        for (int w = 0; w < W; ++w) sum[0] += unpack<T>(v[k], w);
-      }
-      group_sum(sum, slots, R, parity);
-      parity ^= 1;
-      mean = sum[0] * inv_cols;
-    }
-    float sq[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      if (!valid[k]) continue;
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float d = unpack<T>(v[k], w) - mean;
-        sq[0] += d * d;
-      }
-    }
-    group_sum(sq, slots, R, parity);
-    parity ^= 1;
-    const float rstd = rsqrtf(sq[0] * inv_cols + a.eps);
-    if (active) {
-      if (t == 0) {
-        if (a.mean) a.mean[row] = mean;
-        if (a.rstd) a.rstd[row] = rstd;
-      }
-      T* y = a.y + int64_t(row) * cols;
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        if (!valid[k]) continue;
-        const int i = k * R + t;
-        Packed scale{}, bias{};
-        if (a.scale) scale = load_packed_ro(a.scale, i);
-        if (a.bias) bias = load_packed_ro(a.bias, i);
-        float out[W];
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          float r = (unpack<T>(v[k], w) - mean) * rstd;
-          if (a.scale) r *= unpack<T>(scale, w);
-          if (a.bias) r += unpack<T>(bias, w);
-          out[w] = r;
-        }
-        store_packed_stream(y, i, pack<T>(out));
-      }
-    }
+    normalize_row<T, kCentre, kVecs>(a, v, valid, row, active, R, t, slots, parity);
     if (++s == kStages) s = 0;
   }
   wait_copies<0>();  // no copy outlives the block

@@ -128,6 +128,23 @@ void expect_backward_matches(OpHarness& h, bool layer, DType t, const Shape& sha
     EXPECT_TRUE(close_to(got[o], want[o], 0.0, 4 * tol, 4 * ulps(t))) << "output " << o;
 }
 
+// One forward case: layer_norm (x, scale, bias) or rms_norm (x, scale) over the last dim
+// of x [shape] against the CPU backend, y and the saved statistics.
+void expect_forward_matches(OpHarness& h, bool layer, DType t, const Shape& shape, uint64_t seed) {
+  const int64_t cols = shape.back();
+  const OpKind op = layer ? OpKind::layer_norm : OpKind::rms_norm;
+  const NormAttrs attrs{int64_t(shape.size()) - 1, 1e-5};
+  std::vector<Tensor> in = {random_tensor(t, shape, seed, 2.0, 4.0),
+                            random_tensor(t, {cols}, seed + 1, 0.5, 1.5)};
+  if (layer) in.push_back(random_tensor(t, {cols}, seed + 2));
+  const std::vector<Tensor> want = run_op(op, attrs, in);
+  const std::vector<Tensor> got = h.run(layer ? &layer_norm : &rms_norm, op, attrs, in);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(close_to(got[0], want[0], 0.0, norm_tolerance(t), ulps(t))) << "y";
+  for (size_t o = 1; o < got.size(); ++o)
+    EXPECT_TRUE(close_to(got[o], want[o], 0.0, 1e-5, 1e-5)) << "statistic " << o;
+}
+
 TEST_F(NormIrTest, BackwardOpsMatchCpuOnEveryWidth) {
   OpHarness h;
   uint64_t seed = 7000;
@@ -188,21 +205,9 @@ TEST_F(NormIrTest, EveryVariantMatchesCpu) {
         expect_backward_matches(h, true, t, shape, 1, {cols}, seed);
         expect_backward_matches(h, false, t, shape, 1, {cols}, seed + 3);
         // Forward against the CPU backend as well.
-        Tensor x = random_tensor(t, shape, seed + 6, 2.0, 4.0);
-        Tensor scale = random_tensor(t, {cols}, seed + 7, 0.5, 1.5);
-        Tensor bias = random_tensor(t, {cols}, seed + 8);
         for (bool layer : {true, false}) {
-          const OpKind op = layer ? OpKind::layer_norm : OpKind::rms_norm;
-          std::vector<Tensor> in = {x, scale};
-          if (layer) in.push_back(bias);
-          const std::vector<Tensor> want = run_op(op, NormAttrs{1, 1e-5}, in);
-          const std::vector<Tensor> got =
-              h.run(layer ? &layer_norm : &rms_norm, op, NormAttrs{1, 1e-5}, in);
-          ASSERT_EQ(got.size(), want.size());
-          EXPECT_TRUE(close_to(got[0], want[0], 0.0, norm_tolerance(t), ulps(t)))
-              << (layer ? "layer_norm" : "rms_norm") << " y";
-          for (size_t o = 1; o < got.size(); ++o)
-            EXPECT_TRUE(close_to(got[o], want[o], 0.0, 1e-5, 1e-5)) << "statistic " << o;
+          SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+          expect_forward_matches(h, layer, t, shape, seed + 6);
         }
         seed += 9;
       }
@@ -307,25 +312,13 @@ TEST_F(NormIrTest, StagedForwardMatchesCpuOverManyRows) {
                             cols / (16 / int64_t(dtype_size(t))) >= norm::kStagedForwardMinVecs;
         if (!wanted) continue;
         for (bool layer : {true, false}) {
-          SCOPED_TRACE(cat("variant ", variants[v].name, " ", dtype_name(t), " ",
-                           shape_str(shape), layer ? " layer_norm" : " rms_norm"));
+          SCOPED_TRACE(cat("variant ", variants[v].name, " ", dtype_name(t), " ", shape_str(shape),
+                           layer ? " layer_norm" : " rms_norm"));
           const std::string layout = norm::forward_layout(h.ctx(), t, rows, cols, layer);
           EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
           ++staged;
-          Tensor x = random_tensor(t, shape, seed, 2.0, 4.0);
-          Tensor scale = random_tensor(t, {cols}, seed + 1, 0.5, 1.5);
-          Tensor bias = random_tensor(t, {cols}, seed + 2);
+          expect_forward_matches(h, layer, t, shape, seed);
           seed += 3;
-          const OpKind op = layer ? OpKind::layer_norm : OpKind::rms_norm;
-          std::vector<Tensor> in = {x, scale};
-          if (layer) in.push_back(bias);
-          const std::vector<Tensor> want = run_op(op, NormAttrs{1, 1e-5}, in);
-          const std::vector<Tensor> got =
-              h.run(layer ? &layer_norm : &rms_norm, op, NormAttrs{1, 1e-5}, in);
-          ASSERT_EQ(got.size(), want.size());
-          EXPECT_TRUE(close_to(got[0], want[0], 0.0, norm_tolerance(t), ulps(t))) << "y";
-          for (size_t o = 1; o < got.size(); ++o)
-            EXPECT_TRUE(close_to(got[o], want[o], 0.0, 1e-5, 1e-5)) << "statistic " << o;
         }
       }
     }
