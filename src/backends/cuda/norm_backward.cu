@@ -15,8 +15,10 @@
 // dy * x_hat and dy into per-column f32 accumulators (a thread owns the same columns in
 // every row: in registers when they fit, else in shared memory), reduces the row sums
 // over the group and writes dx from the same registers. At the end each block sums its
-// groups' accumulators (in group order) into one partial row per block; a second small
-// kernel sums the partial rows in a fixed order into dscale and dbias. So x and dy come
+// groups' accumulators (in group order) into one partial row per block (per cluster of
+// blocks where the layout runs in thread-block clusters: norm_backward_impl.cuh,
+// write_cluster_partials); a second small kernel sums the partial rows in a fixed order
+// into dscale and dbias. So x and dy come
 // from DRAM once and dx is written once, plus 2 x (blocks x cols) f32 partials written
 // and read (about 2-8% more bytes at 1K-16K columns): target 80% of the device's copy
 // bandwidth or more, counting x, dy and dx. No atomics: the result is the same every run.

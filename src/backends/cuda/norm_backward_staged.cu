@@ -3,29 +3,30 @@
 //
 // The register path's arithmetic, but a row reaches its threads through shared memory.
 // Each thread copies its own 16-byte vectors of x and dy for the row kStages - 1 rows
-// ahead with cp.async (asynchronous global -> shared copies, evict-first in L2), so that
-// loads stay in flight through the row reduction and the writes of dx without holding any
-// registers; it reads back only the slots it copied itself, so the data needs no barrier
-// (cp.async.wait_group orders the thread's own copies). The register path, by contrast,
+// ahead with cp.async (norm_staging.cuh), so that loads stay in flight through the row
+// reduction and the writes of dx without holding any registers. The register path, by
+// contrast,
 // has no load in flight while a row group reduces and writes (or halves its blocks per SM
 // to prefetch). The column sums stay in registers and the scale in shared memory (read
 // every row: it would not fit the L1 space the stages leave).
 //
 // Where it pays (H100, session 3): LayerNorm bf16 4096x16384, where the register path must
 // keep its two column sums per element in shared memory, 188.5 -> 170.5 us (80% of a
-// copy; session 4, with one partial row per cluster of blocks, write_cluster_partials:
-// 161.6-168.1 us, 81.0-84.2% over five machines); elsewhere the register path is as fast or faster
-// (bf16 8192x4096: 84.7 against 86.5 us), so the default variant takes this path only where the
+// copy; session 4, one partial row per cluster of blocks: 161.3-168.1 us, 81.0-84.4% over
+// the session's machines); elsewhere the register path is as fast or faster (bf16
+// 8192x4096: 84.7 against 86.5 us), so the default variant takes this path only where the
 // register path's sums would be in shared memory (norm_backward.cu: plan_backward).
 //
 // A block is G row groups of R threads (R >= 32, G * R = 1024; one block per
 // SM, registers capped at 64) that reduce their row sums together (norm_rows.cuh:
 // group_sum, one block-wide barrier per row: the copies in flight keep the memory busy
 // meanwhile), and the block writes one partial row of column sums for all of them (group
-// order, through shared memory at the end): a third or a quarter of the register path's
-// partial rows at 4,096 columns. The column sums live in registers (2 x V x W floats per
-// thread for layer_norm). Rows are dealt to groups as in the register path (group g of
-// block b takes rows b * G + g, then + G * grid, ...): the result is the same every run.
+// order, through shared memory at the end), or its slice of its cluster's partial row
+// (write_cluster_partials, when the planner forms clusters): a third or a quarter of the
+// register path's partial rows at 4,096 columns, half that again in clusters of 2. The column sums
+// live in registers (2 x V x W floats per thread for layer_norm). Rows are dealt to groups as in
+// the register path (group g of block b takes rows b * G + g, then + G * grid, ...): the result is
+// the same every run.
 #include <vector>
 
 #include "backends/cuda/norm_backward_impl.cuh"
