@@ -46,14 +46,16 @@ bool spill_free(const BackwardKernel<T>& k, const DeviceProperties& props) {
 }
 
 // The cluster's partial row, one per kCluster blocks instead of one per block (the staged
-// path, norm_backward_staged.cu, and the register path's r80 layout, norm_backward.cu).
+// path, norm_backward_staged.cu, and LayerNorm's 80-register layout of the register path,
+// norm_backward.cu).
 // Why: the partial rows are written at the end of the kernel, when nothing else is in
 // flight, then summed: at LayerNorm bf16 4096x16384 (17 MB) they cost 22 of 171 us, at
 // 8192x4096 (13 MB) 8 of 84 (H100, session 4). Block b's column sums are in registers,
 // acc[which][k][w] for column (k * R + t) * W + w of its group's row (every group of a
 // block holds the same columns). Here:
 //   1. each block adds its groups' column sums (in group order) into its own shared
-//      memory, [kAcc][cols] floats (the stages' space, free by now);
+//      memory, [kAcc][cols] floats (the staged path's stages, free by now; the register
+//      path's dynamic shared memory, sized for it);
 //   2. cluster barrier; block `rank` adds slice `rank` (cols / kCluster columns) of every
 //      block's sums, rank 0's first, reading them through distributed shared memory, and
 //      writes the slice of partial row blockIdx.x / kCluster;
