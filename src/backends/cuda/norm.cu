@@ -47,45 +47,50 @@ namespace {
 // 16384x1024 50.3 -> 48.6; f32 a few % too), and rows whose register-path layout would keep
 // the column sums in shared memory take the staged path (LayerNorm bf16 4096x16384 188.5
 // -> 175.2 us); elsewhere it loses (LayerNorm bf16 8192x4096 87.7 against 84.7 us,
-// RMSNorm bf16 4096x16384 161.1 against 158.2). Session 4: the staged path writes one
-// partial row per thread-block cluster (up to 8 blocks; 2 on the H100, the largest that
-// keeps all 132 blocks): LayerNorm bf16 4096x16384 164.8 -> 161.8 us on one machine.
+// RMSNorm bf16 4096x16384 161.1 against 158.2). Session 4: LayerNorm's 80-register
+// backward layout writes one partial row per thread-block cluster of 2 (16384x1024 50.4 ->
+// 47.7 us); the staged path does not: once its per-block partial rows were written
+// coalesced (stage_block_sums), clusters of 2 ran 161.6 against 160.3 us without
+// (LayerNorm bf16 4096x16384, same machine, three runs each).
 constexpr StagedUse kNoStaged = StagedUse::never, kStagedAlways = StagedUse::always,
                     kStagedForSharedSums = StagedUse::for_shared_sums,
                     kStagedForLongRows = StagedUse::for_long_rows;
 constexpr Variant kVariants[] = {
     // name, fwd vecs, fwd prefetch, bwd vecs, bwd prefetch, bwd smem acc, bwd cluster,
     // cluster min cols, bwd register cap, bwd staged path, discard partials, cluster
-    // partials, fwd staged path
-    {"r80-discard-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8,
+    // partials (register path, staged path), fwd staged path
+    {"r80-discard-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8, 0,
      kStagedForLongRows},
-    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80, kNoStaged, false, 0, kNoStaged},
-    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
-    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
-    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
-    {"v2-plain", 2, false, 2, false, false, false, 0, 0, kNoStaged, false, 0, kNoStaged},
-    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0, kNoStaged, false, 0, kNoStaged},
-    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0, kNoStaged, false, 0, kNoStaged},
+    {"v2-fwd-prefetch-r80", 2, true, 2, false, false, false, 0, 80, kNoStaged, false, 0, 0,
+     kNoStaged},
+    {"v2-fwd-prefetch", 2, true, 2, false, false, false, 0, 0, kNoStaged, false, 0, 0, kNoStaged},
+    {"v2-prefetch", 2, true, 2, true, false, false, 0, 0, kNoStaged, false, 0, 0, kNoStaged},
+    {"v4-prefetch", 4, true, 1, true, false, false, 0, 0, kNoStaged, false, 0, 0, kNoStaged},
+    {"v2-plain", 2, false, 2, false, false, false, 0, 0, kNoStaged, false, 0, 0, kNoStaged},
+    {"v1-smem-acc", 1, true, 2, true, true, false, 0, 0, kNoStaged, false, 0, 0, kNoStaged},
+    {"v2-cluster", 2, true, 2, true, false, true, 8192, 0, kNoStaged, false, 0, 0, kNoStaged},
     // Backward register caps (norm_backward.cu: kCappedLayouts), for f16 / bf16 LayerNorm,
     // whose two column sums per element otherwise take 88 registers at V=2 (2 blocks of 256
     // per SM). 64 registers: 1024-thread blocks of 2 row groups of 512 at 4096 columns
     // (one partial row per block, 32 warps per SM); RMSNorm at V=2: 4 groups of 256.
     // 80 (the default's): blocks of 256, 3 per SM. Layouts without a capped kernel get the
     // ordinary one.
-    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
-    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
-    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64, kNoStaged, false, 0, kNoStaged},
+    {"v1-plain-r64", 2, true, 1, false, false, false, 0, 64, kNoStaged, false, 0, 0, kNoStaged},
+    {"v1-prefetch-r64", 2, true, 1, true, false, false, 0, 64, kNoStaged, false, 0, 0, kNoStaged},
+    {"v2-plain-r64", 2, true, 2, false, false, false, 0, 64, kNoStaged, false, 0, 0, kNoStaged},
     // The staged backward (norm_backward_staged.cu), else the default's layouts; the
-    // partial column sums discarded from L2 after the final sum, or kept.
-    {"staged-v2", 2, true, 2, false, false, false, 0, 80, kStagedAlways, true, 8, kNoStaged},
-    {"staged-v2-keep", 2, true, 2, false, false, false, 0, 80, kStagedAlways, false, 8, kNoStaged},
-    {"v2-fwd-prefetch-r80-discard", 2, true, 2, false, false, false, 0, 80, kNoStaged, true, 0,
+    // partial column sums discarded from L2 after the final sum, or kept; both in clusters
+    // of up to 8 blocks where one keeps the grid (2 on the H100).
+    {"staged-v2", 2, true, 2, false, false, false, 0, 80, kStagedAlways, true, 8, 8, kNoStaged},
+    {"staged-v2-keep", 2, true, 2, false, false, false, 0, 80, kStagedAlways, false, 8, 8,
      kNoStaged},
-    // The default without clusters on the staged path (one partial row per block).
+    {"v2-fwd-prefetch-r80-discard", 2, true, 2, false, false, false, 0, 80, kNoStaged, true, 0, 0,
+     kNoStaged},
+    // The default without clusters (one partial row per block).
     {"r80-discard-staged-noclu", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true,
-     0, kStagedForLongRows},
+     0, 0, kStagedForLongRows},
     // The forward's staged path for every width it fits.
-    {"fwd-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8,
+    {"fwd-staged", 2, true, 2, false, false, false, 0, 80, kStagedForSharedSums, true, 8, 0,
      kStagedAlways},
 };
 

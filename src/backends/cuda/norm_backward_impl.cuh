@@ -32,45 +32,32 @@ struct BackwardArgs {
 template <class T>
 using BackwardKernel = BoundKernel<void (*)(BackwardArgs<T, float>)>;
 
-// Register spills up to this many bytes per thread are accepted (a word or two saved once);
-// more are not: such a layout is skipped.
-constexpr size_t kMaxSpillBytes = 16;
-
-// Whether the loaded kernel keeps (nearly) everything in registers: local memory of at
-// most kMaxSpillBytes per thread.
-template <class T>
-bool spill_free(const BackwardKernel<T>& k, const DeviceProperties& props) {
-  const DeviceGuard guard(props.id);
-  const void* fn = reinterpret_cast<const void*>(k.fn);
-  return kernel_limits(fn, props.id).local_bytes <= kMaxSpillBytes;
-}
-
 // The cluster's partial row, one per kCluster blocks instead of one per block (the staged
 // path, norm_backward_staged.cu, and LayerNorm's 80-register layout of the register path,
 // norm_backward.cu).
 // Why: the partial rows are written at the end of the kernel, when nothing else is in
 // flight, then summed: at LayerNorm bf16 4096x16384 (17 MB) they cost 22 of 171 us, at
-// 8192x4096 (13 MB) 8 of 84 (H100, session 4). Block b's column sums are in registers,
-// acc[which][k][w] for column (k * R + t) * W + w of its group's row (every group of a
-// block holds the same columns). Here:
+// 8192x4096 (13 MB) 8 of 84 (H100, session 4). Here:
 //   1. each block adds its groups' column sums (in group order) into its own shared
-//      memory, [kAcc][cols] floats (the staged path's stages, free by now; the register
-//      path's dynamic shared memory, sized for it);
+//      memory (stage_block_sums), [kAcc][cols] floats (the staged path's stages, free by now; the
+//      register path's dynamic shared memory, sized for it);
 //   2. cluster barrier; block `rank` adds slice `rank` (cols / kCluster columns) of every
 //      block's sums, rank 0's first, reading them through distributed shared memory, and
 //      writes the slice of partial row blockIdx.x / kCluster;
 //   3. cluster barrier: no block leaves while another may still read its shared memory.
 // The order of additions is fixed: the same result every run.
-template <class T, int kAcc, int kVecs, int kCluster>
-__device__ __forceinline__ void write_cluster_partials(
-    const BackwardArgs<T, float>& a, const float (&acc)[kAcc][kVecs][kVecWidth<T>], float4* smem,
-    int group, int groups, int t) {
-  namespace cg = cooperative_groups;
+// This block's column sums, its groups' added in group order, into shared memory as
+// [kAcc][cols] floats (`sums`): block b's sums are in registers, acc[which][k][w] for column
+// (k * R + t) * W + w of its group's row (every group of a block holds the same columns).
+// Every thread of the block calls; the sums are complete for all of them on return.
+template <class T, int kAcc, int kVecs>
+__device__ __forceinline__ void stage_block_sums(const BackwardArgs<T, float>& a,
+                                                 const float (&acc)[kAcc][kVecs][kVecWidth<T>],
+                                                 float4* sums, int group, int groups, int t) {
   constexpr int W = kVecWidth<T>;
   const int R = a.threads_per_row;
   const int nvec = int(a.cols / W);
   const int cols4 = int(a.cols / 4);
-  float4* sums = smem;  // [kAcc][cols / 4]
   for (int g = 0; g < groups; ++g) {
     if (group == g) {
 #pragma unroll
@@ -92,6 +79,16 @@ __device__ __forceinline__ void write_cluster_partials(
     }
     __syncthreads();
   }
+}
+
+template <class T, int kAcc, int kVecs, int kCluster>
+__device__ __forceinline__ void write_cluster_partials(
+    const BackwardArgs<T, float>& a, const float (&acc)[kAcc][kVecs][kVecWidth<T>], float4* smem,
+    int group, int groups, int t) {
+  namespace cg = cooperative_groups;
+  const int cols4 = int(a.cols / 4);
+  float4* sums = smem;  // [kAcc][cols / 4]
+  stage_block_sums<T, kAcc, kVecs>(a, acc, sums, group, groups, t);
   const cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every block's sums are in place
   const int rank = int(cluster.block_rank());

@@ -12,10 +12,11 @@
 //
 // Where it pays (H100, session 3): LayerNorm bf16 4096x16384, where the register path must
 // keep its two column sums per element in shared memory, 188.5 -> 170.5 us (80% of a
-// copy; session 4, one partial row per cluster of blocks: 161.3-168.1 us, 81.0-84.4% over
-// the session's machines); elsewhere the register path is as fast or faster (bf16
-// 8192x4096: 84.7 against 86.5 us), so the default variant takes this path only where the
-// register path's sums would be in shared memory (norm_backward.cu: plan_backward).
+// copy; session 4, with the new partial-row sum and the block's partial row written
+// coalesced through shared memory: 159.5-160.3 us, 85% on one machine); elsewhere the
+// register path is as fast or faster (bf16 8192x4096: 84.7 against 86.5 us), so the
+// default variant takes this path only where the register path's sums would be in shared
+// memory (norm_backward.cu: plan_backward).
 //
 // A block is G row groups of R threads (R >= 32, G * R = 1024; one block per
 // SM, registers capped at 64) that reduce their row sums together (norm_rows.cuh:
@@ -40,8 +41,8 @@ constexpr int kMaxStages = 3;  // 3 x 64 KB at 16,384 bf16 columns: two rows in 
 
 // Dynamic shared memory: [G][kStages][x, dy][kVecs][R] vectors (thread t of a group owns
 // column t of its group's slots: consecutive threads, consecutive 16-byte slots), then the
-// scale, [kVecs][G * R] vectors (each thread's own copy of the vectors it uses); reused at
-// the end to stage the block's partial row ([cols] floats; it always fits).
+// scale, [kVecs][G * R] vectors (each thread's own copy of the vectors it uses); the stages
+// are reused at the end to stage the block's column sums ([kAcc][cols] floats).
 template <class T, bool kCentre, int kVecs, int kStages, int kCluster>
 __device__ __forceinline__ void staged_rows(const BackwardArgs<T, float>& a) {
   constexpr int W = kVecWidth<T>;
@@ -169,49 +170,17 @@ __device__ __forceinline__ void staged_rows(const BackwardArgs<T, float>& a) {
                                                      group, groups, t);
     return;
   }
-  // This block's partial row: its groups' column sums added in group order.
-  float* staging = reinterpret_cast<float*>(stage_smem);
+  // This block's partial row: its groups' column sums added in group order (in the stages'
+  // space, free by now), then copied out whole.
+  float4* sums = reinterpret_cast<float4*>(stage_smem);  // [kAcc][cols / 4]
+  stage_block_sums<T, kAcc, kVecs>(a, acc, sums, group, groups, t);
+  const int64_t cols4 = cols / 4;
 #pragma unroll
   for (int which = 0; which < kAcc; ++which) {
     float* partial = which == 0 ? a.partial_scale : a.partial_bias;
     if (partial == nullptr) continue;  // uniform over the block
     float4* out = reinterpret_cast<float4*>(partial + int64_t(blockIdx.x) * cols);
-    if (groups == 1) {
-#pragma unroll
-      for (int k = 0; k < kVecs; ++k) {
-        const int i = k * R + t;
-        if (i >= nvec) continue;
-#pragma unroll
-        for (int w = 0; w < W; w += 4) {
-          out[(i * W + w) / 4] = make_float4(acc[which][k][w], acc[which][k][w + 1],
-                                             acc[which][k][w + 2], acc[which][k][w + 3]);
-        }
-      }
-      continue;
-    }
-    float4* stage4 = reinterpret_cast<float4*>(staging);
-    for (int g = 0; g < groups; ++g) {
-      if (group == g) {
-#pragma unroll
-        for (int k = 0; k < kVecs; ++k) {
-          const int i = k * R + t;
-          if (i >= nvec) continue;
-#pragma unroll
-          for (int w = 0; w < W; w += 4) {
-            float4 v = make_float4(acc[which][k][w], acc[which][k][w + 1], acc[which][k][w + 2],
-                                   acc[which][k][w + 3]);
-            if (g > 0) {
-              const float4 before = stage4[(i * W + w) / 4];
-              v = make_float4(before.x + v.x, before.y + v.y, before.z + v.z, before.w + v.w);
-            }
-            stage4[(i * W + w) / 4] = v;
-          }
-        }
-      }
-      __syncthreads();
-    }
-    for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) out[j] = stage4[j];
-    __syncthreads();  // the staging is reused for the next sum
+    for (int64_t j = threadIdx.x; j < cols4; j += blockDim.x) out[j] = sums[which * cols4 + j];
   }
 }
 
@@ -272,14 +241,16 @@ RowPlan plan_backward_staged(Context& ctx, int64_t rows, int64_t cols, BackwardK
   if (vecs != kStagedVecs || threads < 32) return plan;  // rows too short (or too long)
   const int groups = kStagedBlock / threads;
   const int64_t work = (rows + groups - 1) / groups;  // row groups
-  // Cluster sizes to try, largest first (clusters: the slices of the partial row are whole
-  // float4s, and the block's sums fit the stages' shared memory, which they always do).
+  // The block's sums ([kAcc][cols] floats) are staged at the end in the space of two stages
+  // (8 x W bytes per vector against 64: they always fit; checked all the same).
+  if (size_t(kCentre ? 2 : 1) * cols * sizeof(float) >
+      size_t(groups) * 2 * 2 * vecs * threads * kVecBytes)
+    return plan;
+  // Cluster sizes to try, largest first: those whose slices of the partial row are whole
+  // float4s.
   std::vector<int> clusters;
-  for (int c = variant.cluster_partials; c >= 2; c /= 2) {
-    if (cols % (4 * c) == 0 && size_t(kCentre ? 2 : 1) * cols * sizeof(float) <=
-                                   size_t(groups) * 2 * 2 * vecs * threads * kVecBytes)
-      clusters.push_back(c);
-  }
+  for (int c = variant.staged_cluster_partials; c >= 2; c /= 2)
+    if (cols % (4 * c) == 0) clusters.push_back(c);
   for (int stages = kMaxStages; stages >= 2; --stages) {
     const size_t stage_bytes = size_t(groups) * stages * 2 * vecs * threads * kVecBytes;
     const size_t shared_bytes = stage_bytes + size_t(groups) * vecs * threads * kVecBytes;  // scale

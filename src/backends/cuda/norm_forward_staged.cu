@@ -114,9 +114,7 @@ RowPlan plan_forward_staged(int64_t rows, int64_t cols, const DeviceProperties& 
     const ForwardKernel<T> k = staged_kernel<T, kCentre>(stages);
     const unsigned grid =
         persistent_grid(k, kStagedBlock, shared_bytes, props, (rows + groups - 1) / groups);
-    if (grid == 0) continue;
-    const DeviceGuard guard(props.id);
-    if (kernel_limits(reinterpret_cast<const void*>(k.fn), props.id).local_bytes > 0) continue;
+    if (grid == 0 || !spill_free(k, props)) continue;
     plan.fast = true;
     plan.vecs = vecs;
     plan.threads_per_row = threads;

@@ -321,6 +321,19 @@ unsigned persistent_grid(const BoundKernel<Kernel>& kernel, int block, size_t sh
   return unsigned(std::clamp<int64_t>(work_items, 1, resident));
 }
 
+// Register spills up to this many bytes per thread are accepted (a word or two saved once);
+// more are not: such a layout is skipped.
+constexpr size_t kMaxSpillBytes = 16;
+
+// Whether the loaded kernel keeps (nearly) everything in registers: local memory of at
+// most kMaxSpillBytes per thread.
+template <class Kernel>
+bool spill_free(const BoundKernel<Kernel>& k, const DeviceProperties& props) {
+  const DeviceGuard guard(props.id);
+  const void* fn = reinterpret_cast<const void*>(k.fn);
+  return kernel_limits(fn, props.id).local_bytes <= kMaxSpillBytes;
+}
+
 // The persistent grid of a kernel compiled with __cluster_dims__(cluster): `cluster` times
 // the clusters that can be resident at once (at most cluster_work of them), or 0 when it
 // does not launch (cudaOccupancyMaxActiveClusters: clusters must fit in one GPC).

@@ -56,9 +56,11 @@ struct Variant {
   bool discard_partials;
   // Blocks form thread-block clusters of up to this many (2, 4 or 8; 0: none) and write
   // one partial row per cluster, summed through distributed shared memory
-  // (norm_backward_impl.cuh: write_cluster_partials): on the staged path and LayerNorm's
-  // 80-register layout of the register path, where a cluster size keeps the whole grid.
+  // (norm_backward_impl.cuh: write_cluster_partials), where a cluster size keeps the whole
+  // grid: on LayerNorm's 80-register layout of the register path (cluster_partials), on
+  // the staged path (staged_cluster_partials).
   int cluster_partials;
+  int staged_cluster_partials;
   // When the forward's staged path is tried (norm_forward_staged.cu: x copied into shared
   // memory rows ahead with cp.async); the register path where it does not fit.
   StagedUse forward_staged;

@@ -247,7 +247,7 @@ TEST_F(NormIrTest, StagedBackwardMatchesCpuOverManyRows) {
           EXPECT_EQ(layout.rfind("staged", 0), 0u) << layout;
           // Clusters of blocks (one partial row per cluster) wherever the slices of a row
           // are whole float4s (and the device fits them in full).
-          if (variants[v].cluster_partials == 0)
+          if (variants[v].staged_cluster_partials == 0)
             EXPECT_EQ(layout.find("cluster="), std::string::npos) << layout;
           clustered += layout.find("cluster=") != std::string::npos;
           expect_backward_matches(h, layer, t, shape, 1, {cols}, seed);
