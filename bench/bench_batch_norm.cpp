@@ -14,38 +14,33 @@
 // time over `repeats` runs after a warm-up; inputs random, rotating over enough copies that
 // the working set exceeds twice the 50 MB L2. The copy reference is cudaMemcpyAsync
 // device-to-device of half the op's bytes (equal traffic), timed the same way.
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
-#include <map>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
+#include "common/cli.h"
+#include "common/kernel_bench.h"
+#include "common/report.h"
 #include "fusebox/ir/graph.h"
-#include "kernel_bench.h"
 
 namespace fusebox::cuda {
 namespace {
 
-using Bench = bench::KernelBench;
+using bench::Bandwidth;
+using bench::KernelBench;
 using bench::random_host;
 
 struct Options {
   std::string json;
-  int iters = 20;
-  int repeats = 5;
+  bench::TimingOptions timing{.iters = 20, .repeats = 5};
   DType dtype = DType::bf16;
 };
 
 struct Result {
   std::string layout, pass;
   int64_t channels, size;
-  double us, gbps, copy_gbps;
+  Bandwidth bandwidth;
 };
 
 constexpr int64_t kBatch = 64;
@@ -74,7 +69,7 @@ Node bn_node(OpKind op, DType dtype, const Shape& shape, bool training) {
   return g.nodes().back();
 }
 
-void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
+void run_shape(KernelBench& b, const Options& o, int64_t channels, int64_t size,
                std::vector<Result>& results) {
   const Shape shape = {kBatch, channels, size, size};
   const Shape per_channel = {channels};
@@ -100,12 +95,12 @@ void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
     std::vector<DeviceTensor> stats;
     for (int i = 0; i < 4; ++i) stats.push_back(b.empty(t, per_channel, contiguous));
     auto record = [&](const std::string& pass, size_t bytes, double us) {
-      const double copy = b.copy_gbps(o.iters, o.repeats, bytes, kRotationBytes);
-      results.push_back({layout, pass, channels, size, us, double(bytes) / us / 1e3, copy});
+      results.push_back(
+          {layout, pass, channels, size, b.bandwidth(o.timing, bytes, us, kRotationBytes)});
     };
     for (bool training : {true, false}) {
       const Node node = bn_node(OpKind::batch_norm, t, shape, training);
-      const double us = b.time_us(o.iters, o.repeats, [&](int i) {
+      const double us = b.time_us(o.timing, [&](int i) {
         const size_t k = size_t(i) % copies;
         const DeviceTensor* in[] = {&x[k], &scale, &bias, &mean, &var};
         std::vector<DeviceTensor> out = {y[k]};
@@ -115,7 +110,7 @@ void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
       record(training ? "fwd_train" : "fwd_infer", 2 * act_bytes, us);
     }
     const Node node = bn_node(OpKind::batch_norm_backward, t, shape, true);
-    const double us = b.time_us(o.iters, o.repeats, [&](int i) {
+    const double us = b.time_us(o.timing, [&](int i) {
       const size_t k = size_t(i) % copies;
       // dx into y's buffers; dscale / dbias into two of the statistics vectors.
       const DeviceTensor* in[] = {&dy[k], &x[k], &scale, &mean, &var};
@@ -127,41 +122,26 @@ void run_shape(Bench& b, const Options& o, int64_t channels, int64_t size,
 }
 
 int run(const Options& o) {
-  Bench b;
+  KernelBench b;
   std::vector<Result> results;
-  for (const auto& [channels, size] : kShapes) {
-    run_shape(b, o, channels, size, results);
-    std::fflush(stdout);
-  }
+  for (const auto& [channels, size] : kShapes) run_shape(b, o, channels, size, results);
   std::printf(
       "batch_norm %s, N = %lld (GB/s = bytes read + written, activations once; copy = "
       "cudaMemcpy D2D, same bytes)\n",
       dtype_name(o.dtype), (long long)kBatch);
-  std::printf("%-16s %-6s %-10s %10s %10s %10s %8s\n", "shape", "layout", "pass", "us", "GB/s",
-              "copy", "% copy");
+  const bench::Table table(bench::joined(
+      {{"shape", 16, true}, {"layout", 6, true}, {"pass", 10, true}}, Bandwidth::columns()));
+  table.print_header();
+  bench::Json rows = bench::Json::array();
   for (const Result& r : results) {
     const std::string shape = cat("[", kBatch, ",", r.channels, ",", r.size, ",", r.size, "]");
-    std::printf("%-16s %-6s %-10s %10.1f %10.0f %10.0f %7.1f%%\n", shape.c_str(), r.layout.c_str(),
-                r.pass.c_str(), r.us, r.gbps, r.copy_gbps, 100.0 * r.gbps / r.copy_gbps);
+    table.print_row(bench::joined({shape, r.layout, r.pass}, r.bandwidth.cells()));
+    rows.push(r.bandwidth.appended_to(bench::Json::object(
+        {{"channels", r.channels}, {"size", r.size}, {"layout", r.layout}, {"pass", r.pass}})));
   }
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) {
-      std::fprintf(stderr, "bench_batch_norm: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
-    f << "{\"bench\": \"batch_norm\", \"dtype\": \"" << dtype_name(o.dtype)
-      << "\", \"batch\": " << kBatch << ", \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      f << "  {\"channels\": " << r.channels << ", \"size\": " << r.size << ", \"layout\": \""
-        << r.layout << "\", \"pass\": \"" << r.pass << "\", \"us\": " << r.us
-        << ", \"gbps\": " << r.gbps << ", \"copy_gbps\": " << r.copy_gbps
-        << ", \"pct_copy\": " << 100.0 * r.gbps / r.copy_gbps << "}"
-        << (i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "]}\n";
-  }
+  bench::Json report = bench::report("batch_norm");
+  report.set("dtype", dtype_name(o.dtype)).set("batch", kBatch).set("results", std::move(rows));
+  bench::write_report(o.json, report);
   return 0;
 }
 
@@ -170,30 +150,14 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   fusebox::cuda::Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      o.json = argv[++i];
-    } else if (arg == "--iters" && i + 1 < argc) {
-      o.iters = std::max(1, std::stoi(argv[++i]));
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      o.repeats = std::max(1, std::stoi(argv[++i]));
-    } else if (arg == "--dtype" && i + 1 < argc) {
-      const std::string d = argv[++i];
-      o.dtype = d == "f32"   ? fusebox::DType::f32
-                : d == "f16" ? fusebox::DType::f16
-                             : fusebox::DType::bf16;
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_batch_norm [--json FILE] [--iters N] [--repeats N] "
-                   "[--dtype bf16|f16|f32]\n");
-      return 2;
-    }
-  }
-  try {
-    return fusebox::cuda::run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_batch_norm: %s\n", e.what());
-    return 1;
-  }
+  fusebox::bench::Cli cli("bench_batch_norm",
+                          "batch_norm, NCHW and channels-last, against the copy bandwidth", o.json);
+  cli.add_timing(o.timing);
+  cli.app()
+      .add_option_function<std::string>(
+          "--dtype", [&](const std::string& name) { fusebox::parse_dtype(name, &o.dtype); },
+          "Activation dtype")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}))
+      ->default_str("bf16");
+  return cli.run(argc, argv, [&] { return fusebox::cuda::run(o); });
 }

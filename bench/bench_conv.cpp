@@ -28,32 +28,31 @@
 // Setup: the wall time to record one call of each of the 69 problems (23 shapes x 3 ops,
 // bf16), after synchronising: heuristics, plan builds, disk reads, warm-up runs. Counts of
 // heuristics queries, autotuned problems and disk hits are printed with each phase.
-#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "backends/cuda/check.h"
-#include "backends/cuda/conv_report.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/conv/report.h"
+#include "backends/cuda/runtime/settings.h"
+#include "common/cli.h"
+#include "common/kernel_bench.h"
+#include "common/report.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
 namespace {
 
+using bench::KernelBench;
+
 struct Options {
   std::string json;
-  int iters = 20;
-  int repeats = 7;
+  bench::TimingOptions timing{.iters = 20, .repeats = 7};
   bool targets_only = false;
   std::vector<std::string> shapes;  // --shapes: only these (empty: all, or the targets)
   std::vector<std::string> ops = {"fprop", "dgrad", "wgrad"};
@@ -98,11 +97,7 @@ const ConvShape kShapes[] = {
     {"l4_3x3_c512k512_7", 512, 512, 7, 3, 1, 1, true},
 };
 constexpr int64_t kBatch = 64;
-const OpKind kOps[] = {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter};
-
-const char* op_label(OpKind op) {
-  return op == OpKind::conv ? "fprop" : op == OpKind::conv_backward_data ? "dgrad" : "wgrad";
-}
+const char* const kOpLabels[] = {"fprop", "dgrad", "wgrad"};  // the ops, in record_op's order
 
 int64_t out_extent(const ConvShape& s) {
   return (s.hw + 2 * s.pad - s.r) / s.stride + 1;
@@ -113,20 +108,10 @@ double conv_flops(const ConvShape& s) {
   return 2.0 * kBatch * double(s.k) * o * o * double(s.c) * double(s.r * s.r);
 }
 
-Shape channels_last_strides(const Shape& shape) {
-  Shape strides(shape.size());
-  int64_t stride = shape[1];
-  strides[1] = 1;
-  for (size_t i = shape.size(); i-- > 2;) {
-    strides[i] = stride;
-    stride *= shape[i];
-  }
-  strides[0] = stride;
-  return strides;
-}
-
+// Settings are read once per process: a knob changed between runs asks for a re-read.
 void set_env(const char* name, const char* value) {
   setenv(name, value, 1);
+  reread_settings();
 }
 
 struct Variant {
@@ -138,9 +123,12 @@ struct Variant {
 struct Result {
   std::string shape, op, dtype;
   double flops = 0;
-  double heuristic_ms = -1, tuned_ms = -1;
+  double heuristic_ms = -1, tuned_ms = -1;  // -1: not timed
   std::string heuristic_plan, tuned_plan;
   std::vector<Variant> variants;  // --knobs
+
+  // TFLOP/s of a time in ms (-1 when not timed).
+  double tflops(double ms) const { return ms > 0 ? flops / ms / 1e9 : -1; }
 };
 
 // A plan-choice setting of --knobs: environment values (nullptr: unset).
@@ -160,111 +148,28 @@ bool contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    if (comma > start) items.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return items;
-}
-
-// "" when every name of --shapes, --ops and --dtypes exists, else what does not.
-std::string unknown_selection(const Options& o) {
-  for (const std::string& name : o.shapes) {
-    bool found = false;
-    for (const ConvShape& s : kShapes) found = found || name == s.name;
-    if (!found) return cat("no shape named '", name, "' (see bench/bench_conv.cpp kShapes)");
-  }
-  for (const std::string& op : o.ops)
-    if (op != "fprop" && op != "dgrad" && op != "wgrad")
-      return cat("--ops takes fprop, dgrad, wgrad, not '", op, "'");
-  for (const std::string& t : o.dtypes)
-    if (t != "bf16" && t != "f32") return cat("--dtypes takes bf16, f32, not '", t, "'");
-  return "";
-}
-
 bool selected(const Options& o, const ConvShape& s) {
   if (!o.shapes.empty()) return contains(o.shapes, s.name);
   return !o.targets_only || s.target;
 }
 
+const bench::Table::Columns kCaseColumns = {
+    {"shape", 24, true}, {"op", 5, true}, {"dtype", 5, true}};
+
+// The kernel-time tables: heuristic against autotuned, or every --knobs setting.
+const bench::Table kTimesTable(bench::joined(kCaseColumns,
+                                             {{"heuristic ms", 12},
+                                              {"TFLOP/s", 8},
+                                              {"tuned ms", 9},
+                                              {"TFLOP/s", 8},
+                                              {"plans: heuristic | tuned", 0, true}}));
+const bench::Table kKnobsTable(bench::joined(
+    kCaseColumns, {{"setting", 15, true}, {"ms", 9}, {"TFLOP/s", 8}, {"plan", 0, true}}));
+
 struct SetupPhase {
   std::string name;
   double seconds = 0;
   ConvPlanStats stats;
-};
-
-class Bench {
- public:
-  Bench()
-      : device_(Device::get(0)),
-        allocator_(CachingAllocator::for_device(0)),
-        encoder_(device_, CommandEncoder::Options::from_env(), &allocator_),
-        ctx_{device_, encoder_, allocator_} {
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&start_));
-    FUSEBOX_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~Bench() {
-    encoder_.synchronize();
-    (void)cudaEventDestroy(start_);
-    (void)cudaEventDestroy(stop_);
-  }
-  Context& ctx() { return ctx_; }
-  CommandEncoder& encoder() { return encoder_; }
-  const DeviceProperties& properties() const { return device_.properties(); }
-
-  // A channels-last tensor of random values in [-1, 1).
-  DeviceTensor random(DType dtype, const Shape& shape, uint64_t seed) {
-    DeviceTensor t = DeviceTensor::empty(allocator_, dtype, shape);
-    t.strides = channels_last_strides(shape);
-    const int64_t n = t.numel();
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-1.f, 1.f);
-    if (dtype == DType::f32) {
-      std::vector<float> host(static_cast<size_t>(n));
-      for (float& v : host) v = dist(rng);
-      encoder_.copy_to_device(t.buffer, host.data());
-    } else {
-      std::vector<BFloat16> host(static_cast<size_t>(n));
-      for (BFloat16& v : host) v = BFloat16(dist(rng));
-      encoder_.copy_to_device(t.buffer, host.data());
-    }
-    return t;
-  }
-
-  // Median ms per call of `record` (one call of the op) over repeats of a replayed graph
-  // holding `iters` calls.
-  template <class Record>
-  double time_ms(const Options& o, Record&& record) {
-    encoder_.synchronize();
-    for (int i = 0; i < o.iters; ++i) record();
-    RecordedGraph graph = encoder_.finish_recording();
-    encoder_.replay(graph);  // warm-up
-    encoder_.synchronize();
-    std::vector<double> per_call;
-    for (int r = 0; r < o.repeats; ++r) {
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(start_, encoder_.stream()));
-      encoder_.replay(graph);
-      FUSEBOX_CUDA_CHECK(cudaEventRecord(stop_, encoder_.stream()));
-      FUSEBOX_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float ms = 0;
-      FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-      per_call.push_back(double(ms) / o.iters);
-    }
-    encoder_.synchronize();
-    std::sort(per_call.begin(), per_call.end());
-    return per_call[per_call.size() / 2];
-  }
-
- private:
-  Device& device_;
-  CachingAllocator& allocator_;
-  CommandEncoder encoder_;
-  Context ctx_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
 // The tensors and nodes of one shape in one dtype.
@@ -273,7 +178,7 @@ struct ShapeSetup {
   Node nodes[3];
 };
 
-ShapeSetup make_setup(Bench& b, const ConvShape& s, DType dtype, bool with_tensors) {
+ShapeSetup make_setup(KernelBench& b, const ConvShape& s, DType dtype) {
   ShapeSetup st;
   const int64_t o = out_extent(s);
   const Shape xs = {kBatch, s.c, s.hw, s.hw}, ws = {s.k, s.c, s.r, s.r}, ys = {kBatch, s.k, o, o};
@@ -293,18 +198,20 @@ ShapeSetup make_setup(Bench& b, const ConvShape& s, DType dtype, bool with_tenso
   g.add_node(OpKind::conv_backward_filter, ConvBackwardFilterAttrs{a, {s.r, s.r}}, {x, dy},
              cat(s.name, ".wgrad"));
   st.nodes[2] = g.nodes().back();
-  if (with_tensors) {
-    st.x = b.random(dtype, xs, 1);
-    st.w = b.random(dtype, ws, 2);
-    st.dy = b.random(dtype, ys, 3);
-    st.y = b.random(dtype, ys, 4);
-    st.dx = b.random(dtype, xs, 5);
-    st.dw = b.random(dtype, ws, 6);
-  }
+  // Channels-last tensors of random values in [-1, 1).
+  auto random = [&](const Shape& shape, uint64_t seed) {
+    return b.upload(bench::random_host(dtype, shape, seed, -1, 1), MemoryFormat::channels_last);
+  };
+  st.x = random(xs, 1);
+  st.w = random(ws, 2);
+  st.dy = random(ys, 3);
+  st.y = random(ys, 4);
+  st.dx = random(xs, 5);
+  st.dw = random(ws, 6);
   return st;
 }
 
-void record_op(Bench& b, ShapeSetup& st, int op) {
+void record_op(KernelBench& b, ShapeSetup& st, int op) {
   switch (op) {
     case 0: {
       std::vector<DeviceTensor> out = {st.y};
@@ -326,6 +233,11 @@ void record_op(Bench& b, ShapeSetup& st, int op) {
   }
 }
 
+// Median ms per call of one op, recorded `iters` times into a replayed graph.
+double time_op_ms(KernelBench& b, const Options& o, ShapeSetup& st, int op) {
+  return b.replay_us(o.timing, [&] { record_op(b, st, op); }) / 1e3;
+}
+
 // The plan (or path) the last call of `node_name` got.
 std::string plan_of(const std::string& node_name) {
   std::string plan = "?";
@@ -338,21 +250,21 @@ std::string plan_of(const std::string& node_name) {
 }
 
 // Records one call of every problem (all shapes x 3 ops, bf16), timing the plan setup.
-SetupPhase setup_phase(Bench& b, const char* name, const Options& o) {
+SetupPhase setup_phase(KernelBench& b, const char* name, const Options& o) {
   std::vector<ShapeSetup> setups;
   for (const ConvShape& s : kShapes) {
     if (!selected(o, s)) continue;
-    setups.push_back(make_setup(b, s, DType::bf16, true));
+    setups.push_back(make_setup(b, s, DType::bf16));
   }
   b.encoder().synchronize();
   reset_conv_plan_stats();
-  const auto start = std::chrono::steady_clock::now();
+  const bench::Stopwatch watch;
   for (ShapeSetup& st : setups)
     for (int op = 0; op < 3; ++op) record_op(b, st, op);
   b.encoder().synchronize();
   SetupPhase phase;
   phase.name = name;
-  phase.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  phase.seconds = watch.seconds();
   phase.stats = conv_plan_stats();
   std::printf(
       "setup %-22s %8.3f s  (%llu heuristics queries, %llu autotuned, %llu disk hits, "
@@ -400,7 +312,7 @@ SetupPhase fresh_process_setup(const std::string& dir, const Options& o) {
 int setup_child(const Options& o) {
   set_env("FUSEBOX_CACHE_DIR", o.setup_child_dir.c_str());
   set_env("FUSEBOX_AUTOTUNE", "0");
-  Bench b;
+  KernelBench b(CommandEncoder::Options::from_env());       // graphs, as run()'s
   (void)b.ctx().device.cudnn_handle(b.encoder().stream());  // cuDNN initialised first
   const SetupPhase p = setup_phase(b, "warm_child", o);
   std::printf("SETUP_CHILD %.6f %llu %llu %llu\n", p.seconds,
@@ -418,7 +330,7 @@ std::string temp_dir(const char* tag) {
 }
 
 // Times one op of one shape under every --knobs setting, each with empty caches.
-void time_knobs(Bench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
+void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
   for (const KnobSetting& k : kKnobs) {
     const std::string dir = temp_dir(k.name);
     set_env("FUSEBOX_CACHE_DIR", dir.c_str());
@@ -428,41 +340,71 @@ void time_knobs(Bench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
     clear_conv_plan_memory_cache();
     Variant v;
     v.name = k.name;
-    v.ms = b.time_ms(o, [&] { record_op(b, st, op); });
+    v.ms = time_op_ms(b, o, st, op);
     v.plan = plan_of(st.nodes[op].name);
-    std::printf("%-24s %-5s %-4s  %-15s %8.4f ms %7.1f TFLOP/s  %s\n", r.shape.c_str(),
-                r.op.c_str(), r.dtype.c_str(), v.name.c_str(), v.ms, r.flops / v.ms / 1e9,
-                v.plan.c_str());
-    std::fflush(stdout);
+    kKnobsTable.print_row({r.shape, r.op, r.dtype, v.name, bench::fixed(v.ms, 4),
+                           bench::fixed(r.tflops(v.ms), 1), v.plan});
     r.variants.push_back(v);
     std::filesystem::remove_all(dir);
   }
   unsetenv("FUSEBOX_CONV_AUTOTUNE_MODE_B");
   unsetenv("FUSEBOX_CONV_SUBSAMPLE_1X1");
+  reread_settings();
   r.heuristic_ms = r.variants.front().ms, r.heuristic_plan = r.variants.front().plan;
   r.tuned_ms = r.variants.back().ms, r.tuned_plan = r.variants.back().plan;
 }
 
+bench::Json result_json(const Result& r) {
+  bench::Json row = bench::Json::object({{"shape", r.shape},
+                                         {"op", r.op},
+                                         {"dtype", r.dtype},
+                                         {"flops", r.flops},
+                                         {"heuristic_ms", r.heuristic_ms},
+                                         {"heuristic_tflops", r.tflops(r.heuristic_ms)},
+                                         {"tuned_ms", r.tuned_ms},
+                                         {"tuned_tflops", r.tflops(r.tuned_ms)},
+                                         {"heuristic_plan", r.heuristic_plan},
+                                         {"tuned_plan", r.tuned_plan}});
+  if (!r.variants.empty()) {
+    bench::Json variants = bench::Json::array();
+    for (const Variant& v : r.variants)
+      variants.push(bench::Json::object({{"name", v.name}, {"ms", v.ms}, {"plan", v.plan}}));
+    row.set("variants", std::move(variants));
+  }
+  return row;
+}
+
+bench::Json setup_json(const SetupPhase& p) {
+  return bench::Json::object({{"phase", p.name},
+                              {"seconds", p.seconds},
+                              {"heuristics_queries", p.stats.heuristics_queries},
+                              {"autotune_runs", p.stats.autotune_runs},
+                              {"disk_hits", p.stats.disk_hits},
+                              {"memory_hits", p.stats.memory_hits}});
+}
+
 int run(const Options& o) {
   set_env("FUSEBOX_CONV_BACKEND", "auto");
-  Bench b;
+  // Graphs (the executor's encoder settings): the ops are timed as recorded, replayed graphs.
+  KernelBench b(CommandEncoder::Options::from_env());
   std::printf("device: %s, cudnn %zu\n", b.properties().describe().c_str(), cudnnGetVersion());
   std::vector<Result> results;
 
   // ---- kernel times -----------------------------------------------------------------
   const std::string timing_cache = temp_dir("timing");
   set_env("FUSEBOX_CACHE_DIR", timing_cache.c_str());
+  (o.knobs ? kKnobsTable : kTimesTable).print_header();
   for (DType dtype : {DType::bf16, DType::f32}) {
-    if (!contains(o.dtypes, dtype == DType::f32 ? "f32" : "bf16")) continue;
+    if (!contains(o.dtypes, dtype_name(dtype))) continue;
     for (const ConvShape& s : kShapes) {
       if (!selected(o, s)) continue;
-      ShapeSetup st = make_setup(b, s, dtype, true);
+      ShapeSetup st = make_setup(b, s, dtype);
       for (int op = 0; op < 3; ++op) {
-        if (!contains(o.ops, op_label(kOps[op]))) continue;
+        if (!contains(o.ops, kOpLabels[op])) continue;
         Result r;
         r.shape = s.name;
-        r.op = op_label(kOps[op]);
-        r.dtype = dtype == DType::f32 ? "f32" : "bf16";
+        r.op = kOpLabels[op];
+        r.dtype = dtype_name(dtype);
         r.flops = conv_flops(s);
         if (o.knobs) {
           time_knobs(b, o, st, op, r);
@@ -472,21 +414,17 @@ int run(const Options& o) {
         }
         const std::string node = st.nodes[op].name;
         set_env("FUSEBOX_AUTOTUNE", "0");
-        r.heuristic_ms = b.time_ms(o, [&] { record_op(b, st, op); });
+        r.heuristic_ms = time_op_ms(b, o, st, op);
         r.heuristic_plan = plan_of(node);
         if (o.autotune) {
           set_env("FUSEBOX_AUTOTUNE", "1");
-          r.tuned_ms = b.time_ms(o, [&] { record_op(b, st, op); });
+          r.tuned_ms = time_op_ms(b, o, st, op);
           r.tuned_plan = plan_of(node);
         }
-        std::printf(
-            "%-24s %-5s %-4s  heuristic %8.4f ms %7.1f TFLOP/s  tuned %8.4f ms %7.1f "
-            "TFLOP/s  %s | %s\n",
-            r.shape.c_str(), r.op.c_str(), r.dtype.c_str(), r.heuristic_ms,
-            r.flops / r.heuristic_ms / 1e9, r.tuned_ms,
-            r.tuned_ms > 0 ? r.flops / r.tuned_ms / 1e9 : 0.0, r.heuristic_plan.c_str(),
-            r.tuned_plan.c_str());
-        std::fflush(stdout);
+        kTimesTable.print_row({r.shape, r.op, r.dtype, bench::fixed(r.heuristic_ms, 4),
+                               bench::fixed(r.tflops(r.heuristic_ms), 1),
+                               bench::fixed(r.tuned_ms, 4), bench::fixed(r.tflops(r.tuned_ms), 1),
+                               r.heuristic_plan + " | " + r.tuned_plan});
         results.push_back(r);
       }
     }
@@ -516,47 +454,16 @@ int run(const Options& o) {
   std::filesystem::remove_all(cold_dir);
   std::filesystem::remove_all(tune_dir);
 
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) {
-      std::fprintf(stderr, "bench_conv: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
-    f << "{\n  \"device\": \"" << b.properties().name
-      << "\",\n  \"cudnn_version\": " << cudnnGetVersion() << ",\n  \"batch\": " << kBatch
-      << ",\n  \"layout\": \"channels_last\""
-      << ",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      f << "    {\"shape\": \"" << r.shape << "\", \"op\": \"" << r.op << "\", \"dtype\": \""
-        << r.dtype << "\", \"flops\": " << r.flops << ", \"heuristic_ms\": " << r.heuristic_ms
-        << ", \"heuristic_tflops\": " << r.flops / r.heuristic_ms / 1e9
-        << ", \"tuned_ms\": " << r.tuned_ms
-        << ", \"tuned_tflops\": " << (r.tuned_ms > 0 ? r.flops / r.tuned_ms / 1e9 : -1)
-        << ", \"heuristic_plan\": \"" << r.heuristic_plan << "\", \"tuned_plan\": \""
-        << r.tuned_plan << "\"";
-      if (!r.variants.empty()) {
-        f << ", \"variants\": [";
-        for (size_t k = 0; k < r.variants.size(); ++k) {
-          const Variant& v = r.variants[k];
-          f << (k ? ", " : "") << "{\"name\": \"" << v.name << "\", \"ms\": " << v.ms
-            << ", \"plan\": \"" << v.plan << "\"}";
-        }
-        f << "]";
-      }
-      f << "}" << (i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "  ],\n  \"setup\": [\n";
-    for (size_t i = 0; i < phases.size(); ++i) {
-      const SetupPhase& p = phases[i];
-      f << "    {\"phase\": \"" << p.name << "\", \"seconds\": " << p.seconds
-        << ", \"heuristics_queries\": " << p.stats.heuristics_queries
-        << ", \"autotune_runs\": " << p.stats.autotune_runs
-        << ", \"disk_hits\": " << p.stats.disk_hits << ", \"memory_hits\": " << p.stats.memory_hits
-        << "}" << (i + 1 < phases.size() ? ",\n" : "\n");
-    }
-    f << "  ]\n}\n";
-  }
+  bench::Json result_rows = bench::Json::array(), setup_rows = bench::Json::array();
+  for (const Result& r : results) result_rows.push(result_json(r));
+  for (const SetupPhase& p : phases) setup_rows.push(setup_json(p));
+  bench::Json report = bench::report("conv");
+  report.set("cudnn_version", cudnnGetVersion())
+      .set("batch", kBatch)
+      .set("layout", "channels_last")
+      .set("results", std::move(result_rows))
+      .set("setup", std::move(setup_rows));
+  bench::write_report(o.json, report);
   return 0;
 }
 
@@ -564,47 +471,36 @@ int run(const Options& o) {
 }  // namespace fusebox::cuda
 
 int main(int argc, char** argv) {
-  fusebox::cuda::Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      o.json = argv[++i];
-    } else if (arg == "--iters" && i + 1 < argc) {
-      o.iters = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      o.repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--targets") {
-      o.targets_only = true;
-    } else if (arg == "--shapes" && i + 1 < argc) {
-      o.shapes = fusebox::cuda::split_list(argv[++i]);
-    } else if (arg == "--ops" && i + 1 < argc) {
-      o.ops = fusebox::cuda::split_list(argv[++i]);
-    } else if (arg == "--dtypes" && i + 1 < argc) {
-      o.dtypes = fusebox::cuda::split_list(argv[++i]);
-    } else if (arg == "--knobs") {
-      o.knobs = true;
-    } else if (arg == "--no-setup") {
-      o.setup = false;
-    } else if (arg == "--no-autotune") {
-      o.autotune = false;
-    } else if (arg == "--setup-child" && i + 1 < argc) {
-      o.setup_child_dir = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] "
-                   "[--shapes NAME,...] [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32] [--knobs] "
-                   "[--no-autotune] [--no-setup]\n");
-      return 2;
-    }
-  }
-  if (const std::string bad = fusebox::cuda::unknown_selection(o); !bad.empty()) {
-    std::fprintf(stderr, "bench_conv: %s\n", bad.c_str());
-    return 2;
-  }
-  try {
-    return o.setup_child_dir.empty() ? fusebox::cuda::run(o) : fusebox::cuda::setup_child(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_conv: %s\n", e.what());
-    return 1;
-  }
+  namespace fc = fusebox::cuda;
+  fc::Options o;
+  fusebox::bench::Cli cli("bench_conv",
+                          "ResNet-50's convolutions on the CUDA backend (cuDNN): kernel times "
+                          "with the heuristics' and the autotuned plan, then plan-setup times",
+                          o.json);
+  cli.add_timing(o.timing);
+  CLI::App& app = cli.app();
+  std::vector<std::string> shape_names;
+  for (const fc::ConvShape& s : fc::kShapes) shape_names.push_back(s.name);
+  app.add_flag("--targets", o.targets_only, "Only the 8 shapes the issue has PyTorch targets for");
+  app.add_option("--shapes", o.shapes, "Only these shapes (names as in bench/torch_conv.py)")
+      ->type_name("NAME,...")
+      ->delimiter(',')
+      ->check(CLI::IsMember(shape_names));
+  app.add_option("--ops", o.ops, "Only these ops")
+      ->type_name("fprop,dgrad,wgrad")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fprop", "dgrad", "wgrad"}));
+  app.add_option("--dtypes", o.dtypes, "Only these dtypes")
+      ->type_name("bf16,f32")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_flag("--knobs", o.knobs, "Every plan-choice setting, each with empty caches");
+  app.add_flag_callback(
+      "--no-autotune", [&] { o.autotune = false; }, "Only the heuristics' plans");
+  app.add_flag_callback(
+      "--no-setup", [&] { o.setup = false; }, "Skip the plan-setup phases");
+  // Internal: the warm setup phase of a fresh process (fresh_process_setup runs it).
+  app.add_option("--setup-child", o.setup_child_dir)->group("");
+  return cli.run(argc, argv,
+                 [&] { return o.setup_child_dir.empty() ? fc::run(o) : fc::setup_child(o); });
 }

@@ -4,7 +4,7 @@
 //   bench_norms [--json FILE] [--iters N] [--repeats N] [--variants all|I[,J...]]
 //               [--cases DTYPE:ROWSxCOLS[,...]]
 //
-// Every tuning variant of the kernels (norm_tuning.h; default: all of them) runs every
+// Every tuning variant of the kernels (kernels/norm/tuning.h; default: all of them) runs every
 // case, so that one run tells which layout wins; the table shows each variant's figures
 // and the layout it chose, then the best variant per case. FUSEBOX_NORM_VARIANT picks the
 // default variant for the library (0 unless set).
@@ -24,42 +24,57 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <map>
-#include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
-#include "backends/cuda/norm_tuning.h"
+#include "backends/cuda/kernels/norm/tuning.h"
+#include "common/cli.h"
+#include "common/kernel_bench.h"
+#include "common/report.h"
 #include "fusebox/ir/graph.h"
-#include "kernel_bench.h"
 
 namespace fusebox::cuda {
 namespace {
 
-using Bench = bench::KernelBench;
+using bench::KernelBench;
 using bench::random_host;
 
 struct Options {
   std::string json;
-  int iters = 50;
-  int repeats = 5;
-  std::vector<int> variants;  // empty: all
+  bench::TimingOptions timing{.iters = 50, .repeats = 5};
+  std::vector<std::string> variants = {"all"};  // or variant indices
+
   std::vector<std::string> cases;  // "bf16:4096x16384"; empty: every dtype and shape
 };
 
 struct Result {
   std::string variant, layout, op, pass, dtype;
   int64_t rows, cols;
-  double us, gbps, copy_gbps;
+  bench::Bandwidth bandwidth;
+
+  std::string shape() const { return cat(rows, "x", cols); }
+  // What the variants compete on.
+  std::string case_key() const { return cat(op, " ", pass, " ", dtype, " ", shape()); }
 };
+
+const bench::Table& result_table() {
+  static const bench::Table table(
+      bench::joined({{"variant", 12, true},
+                     {"op", 11, true},
+                     {"pass", 4, true},
+                     {"dtype", 5, true},
+                     {"shape", 11}},
+                    bench::joined(bench::Bandwidth::columns(), {{"layout", 0, true}})));
+  return table;
+}
+
+void print_row(const Result& r) {
+  result_table().print_row(bench::joined({r.variant, r.op, r.pass, r.dtype, r.shape()},
+                                         bench::joined(r.bandwidth.cells(), {r.layout})));
+}
 
 // The normalised node of a one-node graph: layer_norm(x, scale, bias) or rms_norm(x, scale).
 Node norm_node(OpKind op, DType dtype, int64_t rows, int64_t cols) {
@@ -71,46 +86,90 @@ Node norm_node(OpKind op, DType dtype, int64_t rows, int64_t cols) {
   return g.nodes().back();
 }
 
-void print_row(const Result& r);
-void run_variant(Bench& b, const Options& o, const std::string& variant, DType dtype, int64_t rows,
-                 int64_t cols, int sets, const std::vector<DeviceTensor>& xs,
-                 const std::vector<DeviceTensor>& dys, const DeviceTensor& scale,
-                 const DeviceTensor& bias, std::vector<DeviceTensor>& ys,
-                 std::vector<DeviceTensor>& dxs, DeviceTensor& mean, DeviceTensor& rstd,
-                 DeviceTensor& dscale, DeviceTensor& dbias, std::vector<Result>& results);
+// One shape and dtype's device tensors, made once for every variant: `sets` copies of the
+// inputs and outputs, rotated so that the working set exceeds L2 several times over.
+struct Operands {
+  DType dtype;
+  int64_t rows, cols;
+  int sets;
+  std::vector<DeviceTensor> xs, dys, ys, dxs;
+  DeviceTensor scale, bias, mean, rstd, dscale, dbias;
+
+  Operands(KernelBench& b, DType dtype, int64_t rows, int64_t cols)
+      : dtype(dtype), rows(rows), cols(cols) {
+    const size_t tensor_bytes = size_t(rows * cols) * dtype_size(dtype);
+    sets = int(std::clamp<size_t>((size_t(256) << 20) / (3 * tensor_bytes) + 1, 2, 8));
+    for (int s = 0; s < sets; ++s) {
+      xs.push_back(b.upload(random_host(dtype, {rows, cols}, 10 + s, -1.0, 3.0)));
+      dys.push_back(b.upload(random_host(dtype, {rows, cols}, 100 + s, -1.0, 1.0)));
+      ys.push_back(b.empty(dtype, {rows, cols}));
+      dxs.push_back(b.empty(dtype, {rows, cols}));
+    }
+    scale = b.upload(random_host(dtype, {cols}, 1, 0.5, 1.5));
+    bias = b.upload(random_host(dtype, {cols}, 2, -1.0, 1.0));
+    mean = b.empty(DType::f32, {rows, 1});
+    rstd = b.empty(DType::f32, {rows, 1});
+    dscale = b.empty(DType::f32, {cols});
+    dbias = b.empty(DType::f32, {cols});
+  }
+};
+
+void run_variant(KernelBench& b, const Options& o, const std::string& variant, Operands& d,
+                 std::vector<Result>& results) {
+  const size_t elem = dtype_size(d.dtype);
+  const size_t tensor_bytes = size_t(d.rows * d.cols) * elem;
+  for (OpKind op : {OpKind::layer_norm, OpKind::rms_norm}) {
+    const bool layer = op == OpKind::layer_norm;
+    const Node node = norm_node(op, d.dtype, d.rows, d.cols);
+    const size_t params = size_t(d.cols) * elem * (layer ? 2 : 1);
+    const size_t stats = size_t(d.rows) * 4 * (layer ? 2 : 1);
+    auto add = [&](const char* pass, bool backward, size_t bytes, double us) {
+      results.push_back({variant,
+                         norm::norm_layout(b.ctx(), d.dtype, d.rows, d.cols, layer, backward),
+                         op_name(op), pass, dtype_name(d.dtype), d.rows, d.cols,
+                         b.bandwidth(o.timing, bytes, us)});
+    };
+    const double fwd_us = b.time_us(o.timing, [&](int i) {
+      const size_t s = size_t(i % d.sets);
+      std::vector<const DeviceTensor*> in = {&d.xs[s], &d.scale};
+      if (layer) in.push_back(&d.bias);
+      std::vector<DeviceTensor> out = {d.ys[s]};
+      if (layer) out.push_back(d.mean);
+      out.push_back(d.rstd);
+      if (layer)
+        layer_norm(b.ctx(), node, in, out);
+      else
+        rms_norm(b.ctx(), node, in, out);
+    });
+    add("fwd", false, 2 * tensor_bytes + params + stats, fwd_us);
+    // Backward (statistics from the last forward: any values time the same).
+    const size_t grads = size_t(d.cols) * 4 * (layer ? 2 : 1);
+    const double bwd_us = b.time_us(o.timing, [&](int i) {
+      const size_t s = size_t(i % d.sets);
+      if (layer) {
+        layer_norm_backward(b.ctx(), d.xs[s], d.dys[s], &d.scale, d.mean, d.rstd, d.dxs[s],
+                            &d.dscale, &d.dbias);
+      } else {
+        rms_norm_backward(b.ctx(), d.xs[s], d.dys[s], &d.scale, d.rstd, d.dxs[s], &d.dscale);
+      }
+    });
+    add("bwd", true, 3 * tensor_bytes + size_t(d.cols) * elem + stats + grads, bwd_us);
+  }
+}
 
 // Every variant in `variants` on one shape and dtype (inputs made once); each result row is
 // printed as it completes, so that a variant that fails leaves the others' figures behind.
 // (The cluster variant's layout says "cluster unavailable" while the encoder cannot launch
 // thread-block clusters: it then runs the ordinary layout.)
-void run_shape(Bench& b, const Options& o, const std::vector<int>& variants, DType dtype,
+void run_shape(KernelBench& b, const Options& o, const std::vector<int>& variants, DType dtype,
                int64_t rows, int64_t cols, std::vector<Result>& results) {
-  const size_t elem = dtype_size(dtype);
-  const size_t tensor_bytes = size_t(rows * cols) * elem;
-  // Enough input sets that the rotation's working set exceeds L2 several times over.
-  const int sets = int(std::clamp<size_t>((size_t(256) << 20) / (3 * tensor_bytes) + 1, 2, 8));
-  std::vector<DeviceTensor> xs, dys;
-  for (int s = 0; s < sets; ++s) {
-    xs.push_back(b.upload(random_host(dtype, {rows, cols}, 10 + s, -1.0, 3.0)));
-    dys.push_back(b.upload(random_host(dtype, {rows, cols}, 100 + s, -1.0, 1.0)));
-  }
-  const DeviceTensor scale = b.upload(random_host(dtype, {cols}, 1, 0.5, 1.5));
-  const DeviceTensor bias = b.upload(random_host(dtype, {cols}, 2, -1.0, 1.0));
-  std::vector<DeviceTensor> ys, dxs;
-  for (int s = 0; s < sets; ++s) {
-    ys.push_back(b.empty(dtype, {rows, cols}));
-    dxs.push_back(b.empty(dtype, {rows, cols}));
-  }
-  DeviceTensor mean = b.empty(DType::f32, {rows, 1}), rstd = b.empty(DType::f32, {rows, 1});
-  DeviceTensor dscale = b.empty(DType::f32, {cols}), dbias = b.empty(DType::f32, {cols});
-
+  Operands operands(b, dtype, rows, cols);
   for (int v : variants) {
     norm::select_norm_variant(v);
     const std::string variant = norm::norm_variants()[size_t(v)].name;
     const size_t before = results.size();
     try {
-      run_variant(b, o, variant, dtype, rows, cols, sets, xs, dys, scale, bias, ys, dxs, mean, rstd,
-                  dscale, dbias, results);
+      run_variant(b, o, variant, operands, results);
     } catch (const std::exception& e) {
       std::printf("variant %s failed: %s\n", variant.c_str(), e.what());
       if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
@@ -118,87 +177,37 @@ void run_shape(Bench& b, const Options& o, const std::vector<int>& variants, DTy
       }
     }
     for (size_t i = before; i < results.size(); ++i) print_row(results[i]);
-    std::fflush(stdout);
   }
 }
 
-void run_variant(Bench& b, const Options& o, const std::string& variant, DType dtype, int64_t rows,
-                 int64_t cols, int sets, const std::vector<DeviceTensor>& xs,
-                 const std::vector<DeviceTensor>& dys, const DeviceTensor& scale,
-                 const DeviceTensor& bias, std::vector<DeviceTensor>& ys,
-                 std::vector<DeviceTensor>& dxs, DeviceTensor& mean, DeviceTensor& rstd,
-                 DeviceTensor& dscale, DeviceTensor& dbias, std::vector<Result>& results) {
-  const size_t elem = dtype_size(dtype);
-  const size_t tensor_bytes = size_t(rows * cols) * elem;
-  for (OpKind op : {OpKind::layer_norm, OpKind::rms_norm}) {
-    const bool layer = op == OpKind::layer_norm;
-    const Node node = norm_node(op, dtype, rows, cols);
-    const size_t params = size_t(cols) * elem * (layer ? 2 : 1);
-    const size_t stats = size_t(rows) * 4 * (layer ? 2 : 1);
-    // Forward.
-    const size_t fwd_bytes = 2 * tensor_bytes + params + stats;
-    const double fwd_us = b.time_us(o.iters, o.repeats, [&](int i) {
-      const DeviceTensor& x = xs[size_t(i % sets)];
-      std::vector<const DeviceTensor*> in = {&x, &scale};
-      if (layer) in.push_back(&bias);
-      std::vector<DeviceTensor> out = {ys[size_t(i % sets)]};
-      if (layer) out.push_back(mean);
-      out.push_back(rstd);
-      if (layer)
-        layer_norm(b.ctx(), node, in, out);
-      else
-        rms_norm(b.ctx(), node, in, out);
-    });
-    const double copy_fwd = b.copy_gbps(o.iters, o.repeats, fwd_bytes);
-    results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, false),
-                       op_name(op), "fwd", dtype_name(dtype), rows, cols, fwd_us,
-                       double(fwd_bytes) / fwd_us / 1e3, copy_fwd});
-    // Backward (statistics from the last forward: any values time the same).
-    const size_t grads = size_t(cols) * 4 * (layer ? 2 : 1);
-    const size_t bwd_bytes = 3 * tensor_bytes + size_t(cols) * elem + stats + grads;
-    const double bwd_us = b.time_us(o.iters, o.repeats, [&](int i) {
-      const size_t s = size_t(i % sets);
-      if (layer) {
-        layer_norm_backward(b.ctx(), xs[s], dys[s], &scale, mean, rstd, dxs[s], &dscale, &dbias);
-      } else {
-        rms_norm_backward(b.ctx(), xs[s], dys[s], &scale, rstd, dxs[s], &dscale);
-      }
-    });
-    const double copy_bwd = b.copy_gbps(o.iters, o.repeats, bwd_bytes);
-    results.push_back({variant, norm::norm_layout(b.ctx(), dtype, rows, cols, layer, true),
-                       op_name(op), "bwd", dtype_name(dtype), rows, cols, bwd_us,
-                       double(bwd_bytes) / bwd_us / 1e3, copy_bwd});
+// The variant indices --variants names ("all": every variant).
+std::vector<int> variant_indices(const std::vector<std::string>& names) {
+  const size_t count = norm::norm_variants().size();
+  std::vector<int> list;
+  if (names == std::vector<std::string>{"all"}) {
+    for (size_t v = 0; v < count; ++v) list.push_back(int(v));
+    return list;
   }
-}
-
-std::string shape_text(const Result& r) {
-  return std::to_string(r.rows) + "x" + std::to_string(r.cols);
-}
-
-void print_row(const Result& r) {
-  std::printf("%-12s %-11s %-4s %-5s %11s %9.1f %7.0f %7.0f %6.1f%%  %s\n", r.variant.c_str(),
-              r.op.c_str(), r.pass.c_str(), r.dtype.c_str(), shape_text(r).c_str(), r.us, r.gbps,
-              r.copy_gbps, 100.0 * r.gbps / r.copy_gbps, r.layout.c_str());
-}
-
-void print_header() {
-  std::printf("%-12s %-11s %-4s %-5s %11s %9s %7s %7s %7s  %s\n", "variant", "op", "pass", "dtype",
-              "shape", "us", "GB/s", "copy", "% copy", "layout");
+  for (const std::string& name : names) {
+    const int v = std::atoi(name.c_str());
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos ||
+        size_t(v) >= count) {
+      throw std::runtime_error("bad --variants entry '" + name + "'");
+    }
+    list.push_back(v);
+  }
+  return list;
 }
 
 int run(const Options& o) {
-  Bench b;
+  const std::vector<int> variants = variant_indices(o.variants);
+  KernelBench b;
   std::printf("device: %s\n", b.properties().describe().c_str());
-  std::vector<int> variants = o.variants;
-  if (variants.empty()) {
-    for (size_t v = 0; v < norm::norm_variants().size(); ++v) variants.push_back(int(v));
-  }
   std::vector<Result> results;
   const int64_t shapes[][2] = {{16384, 1024}, {8192, 4096}, {4096, 16384}};
-  print_header();
+  result_table().print_header();
   auto wanted = [&](DType dtype, int64_t rows, int64_t cols) {
-    const std::string name = std::string(dtype_name(dtype)) + ":" + std::to_string(rows) + "x" +
-                             std::to_string(cols);
+    const std::string name = cat(dtype_name(dtype), ":", rows, "x", cols);
     return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), name) != o.cases.end();
   };
   for (DType dtype : {DType::bf16, DType::f32}) {
@@ -209,59 +218,35 @@ int run(const Options& o) {
   if (results.empty()) throw std::runtime_error("no case matches --cases");
 
   std::printf("\nAll variants (GB/s = bytes read + written; copy = cudaMemcpy D2D, same bytes):\n");
-  print_header();
+  result_table().print_header();
   for (const Result& r : results) print_row(r);
   // The best variant per case, in the order of the first variant's rows.
   std::map<std::string, const Result*> best;
   std::vector<std::string> order;
   for (const Result& r : results) {
-    const std::string key = r.op + " " + r.pass + " " + r.dtype + " " + shape_text(r);
-    auto [it, fresh] = best.try_emplace(key, &r);
-    if (fresh) order.push_back(key);
-    if (r.us < it->second->us) it->second = &r;
+    auto [it, fresh] = best.try_emplace(r.case_key(), &r);
+    if (fresh) order.push_back(r.case_key());
+    if (r.bandwidth.us < it->second->bandwidth.us) it->second = &r;
   }
   std::printf("\nBest variant per case:\n");
-  print_header();
+  result_table().print_header();
   for (const std::string& key : order) print_row(*best[key]);
 
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) {
-      std::fprintf(stderr, "bench_norms: cannot write %s\n", o.json.c_str());
-      return 1;
-    }
-    f << "{\n  \"device\": \"" << b.properties().name << "\",\n  \"default_variant\": \""
-      << norm::norm_variants()[0].name << "\",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      const std::string key = r.op + " " + r.pass + " " + r.dtype + " " + shape_text(r);
-      f << "    {\"variant\": \"" << r.variant << "\", \"layout\": \"" << r.layout
-        << "\", \"best\": " << (best[key] == &r ? "true" : "false") << ", \"op\": \"" << r.op
-        << "\", \"pass\": \"" << r.pass << "\", \"dtype\": \"" << r.dtype
-        << "\", \"rows\": " << r.rows << ", \"cols\": " << r.cols << ", \"us\": " << r.us
-        << ", \"gbps\": " << r.gbps << ", \"copy_gbps\": " << r.copy_gbps
-        << ", \"pct_copy\": " << 100.0 * r.gbps / r.copy_gbps << "}"
-        << (i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "  ]\n}\n";
+  bench::Json rows = bench::Json::array();
+  for (const Result& r : results) {
+    rows.push(r.bandwidth.appended_to(bench::Json::object({{"variant", r.variant},
+                                                           {"layout", r.layout},
+                                                           {"best", best[r.case_key()] == &r},
+                                                           {"op", r.op},
+                                                           {"pass", r.pass},
+                                                           {"dtype", r.dtype},
+                                                           {"rows", r.rows},
+                                                           {"cols", r.cols}})));
   }
+  bench::Json report = bench::report("norms");
+  report.set("default_variant", norm::norm_variants()[0].name).set("results", std::move(rows));
+  bench::write_report(o.json, report);
   return 0;
-}
-
-// "all" or a comma-separated list of variant indices.
-std::vector<int> parse_variants(const std::string& text) {
-  std::vector<int> list;
-  if (text == "all") return list;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const int v = std::atoi(item.c_str());
-    if (v < 0 || size_t(v) >= norm::norm_variants().size() || item.empty()) {
-      throw std::runtime_error("bad --variants entry '" + item + "'");
-    }
-    list.push_back(v);
-  }
-  return list;
 }
 
 }  // namespace
@@ -269,32 +254,16 @@ std::vector<int> parse_variants(const std::string& text) {
 
 int main(int argc, char** argv) {
   fusebox::cuda::Options o;
-  std::string variants = "all";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      o.json = argv[++i];
-    } else if (arg == "--iters" && i + 1 < argc) {
-      o.iters = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      o.repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--variants" && i + 1 < argc) {
-      variants = argv[++i];
-    } else if (arg == "--cases" && i + 1 < argc) {
-      std::stringstream in(argv[++i]);
-      for (std::string item; std::getline(in, item, ',');) o.cases.push_back(item);
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_norms [--json FILE] [--iters N] [--repeats N] "
-                   "[--variants all|I[,J...]] [--cases DTYPE:ROWSxCOLS[,...]]\n");
-      return 2;
-    }
-  }
-  try {
-    o.variants = fusebox::cuda::parse_variants(variants);
-    return fusebox::cuda::run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_norms: %s\n", e.what());
-    return 1;
-  }
+  fusebox::bench::Cli cli(
+      "bench_norms", "LayerNorm and RMSNorm, every variant, against the copy bandwidth", o.json);
+  cli.add_timing(o.timing);
+  cli.app()
+      .add_option("--variants", o.variants, "all, or variant indices I[,J...]")
+      ->type_name("all|I[,J...]")
+      ->delimiter(',');
+  cli.app()
+      .add_option("--cases", o.cases, "Only these cases (default: every dtype and shape)")
+      ->type_name("DTYPE:ROWSxCOLS[,...]")
+      ->delimiter(',');
+  return cli.run(argc, argv, [&] { return fusebox::cuda::run(o); });
 }

@@ -18,16 +18,17 @@
 //
 //   bench_pointwise_chain [--nodes 400] [--elements 1024] [--iters 200] [--json FILE]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
+#include "common/cli.h"
+#include "common/report.h"
+#include "common/table.h"
+#include "common/timing.h"
 #include "fusebox/runtime/executor.h"
 
 namespace fb = fusebox;
@@ -42,6 +43,8 @@ struct Config {
   std::string json;
 };
 
+constexpr double kTargetUsPerNode = 1.5;  // replay, on an H100
+
 struct Result {
   std::string mode;
   double us_per_node = 0;          // wall, steady state
@@ -51,12 +54,11 @@ struct Result {
   double gpu_us_per_node = 0;      // CUDA events around one iteration's launch; 0: not taken
   uint64_t instantiations = 0, updates = 0, nodes_recorded = 0, replays = 0;
   bool correct = false;
-};
 
-using Clock = std::chrono::steady_clock;
-double us_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
-}
+  double host_us_per_node() const {
+    return record_us_per_node + prepare_us_per_node + launch_us_per_node;
+  }
+};
 
 const float kAdd = 0.5f, kMul = 0.75f;  // x -> (x + 0.5) * 0.75 converges to 1.5
 
@@ -96,25 +98,14 @@ bool chain_correct(const std::vector<float>& x, const std::vector<float>& got, i
 // Median GPU time of `launch` (which puts one iteration's work on the stream), per node.
 double gpu_us_per_node(fc::CommandEncoder& encoder, int nodes, const std::function<void()>& before,
                        const std::function<void()>& launch) {
-  cudaEvent_t begin, end;
-  FUSEBOX_CUDA_CHECK(cudaEventCreate(&begin));
-  FUSEBOX_CUDA_CHECK(cudaEventCreate(&end));
-  std::vector<float> ms;
+  fb::bench::EventTimer timer;
+  std::vector<double> ms;
   for (int it = 0; it < 20; ++it) {
     encoder.synchronize();
     before();
-    FUSEBOX_CUDA_CHECK(cudaEventRecord(begin, encoder.stream()));
-    launch();
-    FUSEBOX_CUDA_CHECK(cudaEventRecord(end, encoder.stream()));
-    FUSEBOX_CUDA_CHECK(cudaEventSynchronize(end));
-    float t = 0;
-    FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&t, begin, end));
-    ms.push_back(t);
+    ms.push_back(timer.ms(encoder.stream(), launch));
   }
-  FUSEBOX_CUDA_CHECK(cudaEventDestroy(begin));
-  FUSEBOX_CUDA_CHECK(cudaEventDestroy(end));
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1000.0 / nodes;
+  return fb::bench::median(ms) * 1000.0 / nodes;
 }
 
 enum class Mode { eager, first, update, replay };
@@ -154,30 +145,27 @@ Result run_encoder_mode(const Config& cfg, Mode mode) {
   fc::RecordedGraph step;
   // One iteration, with the host time of each part added up.
   auto iteration = [&] {
-    Clock::time_point t = Clock::now();
+    fb::bench::Stopwatch watch;
     switch (mode) {
       case Mode::eager:  // the encoders differ: direct launches, or graphs
       case Mode::update:
         record();
-        record_us += us_since(t);
-        t = Clock::now();
+        record_us += watch.lap_us();
         encoder.commit();
-        prepare_us += us_since(t);
+        prepare_us += watch.lap_us();
         break;
       case Mode::first: {
         record();
-        record_us += us_since(t);
-        t = Clock::now();
+        record_us += watch.lap_us();
         fc::RecordedGraph fresh = encoder.finish_recording();
-        prepare_us += us_since(t);
-        t = Clock::now();
+        prepare_us += watch.lap_us();
         encoder.replay(fresh);  // `fresh` may go: the launch holds it
-        launch_us += us_since(t);
+        launch_us += watch.lap_us();
         break;
       }
       case Mode::replay:
         encoder.replay(step);
-        launch_us += us_since(t);
+        launch_us += watch.lap_us();
         break;
     }
   };
@@ -193,11 +181,11 @@ Result run_encoder_mode(const Config& cfg, Mode mode) {
 
   // Instantiating every iteration is slow: fewer of them.
   const int iters = mode == Mode::first ? std::max(1, cfg.iters / 10) : cfg.iters;
-  const Clock::time_point start = Clock::now();
+  const fb::bench::Stopwatch wall;
   for (int it = 0; it < iters; ++it) iteration();
   encoder.synchronize();
   const double nodes_run = double(iters) * cfg.nodes;
-  r.us_per_node = us_since(start) / nodes_run;
+  r.us_per_node = wall.us() / nodes_run;
   r.record_us_per_node = record_us / nodes_run;
   r.prepare_us_per_node = prepare_us / nodes_run;
   r.launch_us_per_node = launch_us / nodes_run;
@@ -260,11 +248,11 @@ Result run_executor(const Config& cfg) {
   fb::NamedTensors out;
   for (int i = 0; i < 3; ++i) out = fb::run_graph(chain.graph, feeds, options);
   const int iters = std::max(1, cfg.iters / 4);
-  const Clock::time_point start = Clock::now();
+  const fb::bench::Stopwatch wall;
   for (int it = 0; it < iters; ++it) out = fb::run_graph(chain.graph, feeds, options);
   Result r;
   r.mode = "run";
-  r.us_per_node = us_since(start) / (double(iters) * cfg.nodes);
+  r.us_per_node = wall.us() / (double(iters) * cfg.nodes);
   const fb::Tensor& y = out.begin()->second;
   r.correct = chain_correct(
       x_host, std::vector<float>(y.values<float>().begin(), y.values<float>().end()), cfg.nodes);
@@ -277,93 +265,85 @@ Result run_executor(const Config& cfg) {
   return r;
 }
 
-Config parse(int argc, char** argv) {
-  Config c;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw fb::Error("bench_pointwise_chain", arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--nodes")
-      c.nodes = std::stoi(next());
-    else if (arg == "--elements")
-      c.elements = std::stoll(next());
-    else if (arg == "--iters")
-      c.iters = std::stoi(next());
-    else if (arg == "--json")
-      c.json = next();
-    else
-      throw fb::Error("bench_pointwise_chain", "unknown argument " + arg);
+void write_json(const Config& cfg, const std::vector<Result>& results, bool target_met) {
+  fb::bench::Json rows = fb::bench::Json::array();
+  for (const Result& r : results) {
+    rows.push(fb::bench::Json::object({{"mode", r.mode},
+                                       {"us_per_node", r.us_per_node},
+                                       {"host_us_per_node", r.host_us_per_node()},
+                                       {"record_us_per_node", r.record_us_per_node},
+                                       {"prepare_us_per_node", r.prepare_us_per_node},
+                                       {"launch_us_per_node", r.launch_us_per_node},
+                                       {"gpu_us_per_node", r.gpu_us_per_node},
+                                       {"instantiations", r.instantiations},
+                                       {"updates", r.updates},
+                                       {"nodes_recorded", r.nodes_recorded},
+                                       {"replays", r.replays},
+                                       {"correct", r.correct}}));
   }
-  FUSEBOX_CHECK(c.nodes >= 1 && c.elements >= 1 && c.iters >= 1, "bench_pointwise_chain",
-                "--nodes, --elements and --iters must be at least 1");
-  return c;
+  fb::bench::Json report = fb::bench::report("pointwise_chain");
+  report.set("benchmark", "pointwise_chain")
+      .set("nodes", cfg.nodes)
+      .set("elements", cfg.elements)
+      .set("iters", cfg.iters)
+      .set("target_us_per_node", kTargetUsPerNode)
+      .set("target_met", target_met)
+      .set("results", std::move(rows));
+  fb::bench::write_report(cfg.json, report);
 }
 
-void write_json(const Config& cfg, const std::vector<Result>& results, bool target_met) {
-  std::ofstream out(cfg.json);
-  out << "{\n  \"benchmark\": \"pointwise_chain\",\n  \"device\": \""
-      << fc::Device::get(0).properties().name << "\",\n  \"nodes\": " << cfg.nodes
-      << ",\n  \"elements\": " << cfg.elements << ",\n  \"iters\": " << cfg.iters
-      << ",\n  \"target_us_per_node\": 1.5,\n  \"target_met\": " << (target_met ? "true" : "false")
-      << ",\n  \"results\": [\n";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    out << "    {\"mode\": \"" << r.mode << "\", \"us_per_node\": " << r.us_per_node
-        << ", \"host_us_per_node\": "
-        << r.record_us_per_node + r.prepare_us_per_node + r.launch_us_per_node
-        << ", \"record_us_per_node\": " << r.record_us_per_node
-        << ", \"prepare_us_per_node\": " << r.prepare_us_per_node
-        << ", \"launch_us_per_node\": " << r.launch_us_per_node
-        << ", \"gpu_us_per_node\": " << r.gpu_us_per_node
-        << ", \"instantiations\": " << r.instantiations << ", \"updates\": " << r.updates
-        << ", \"nodes_recorded\": " << r.nodes_recorded << ", \"replays\": " << r.replays
-        << ", \"correct\": " << (r.correct ? "true" : "false") << "}"
-        << (i + 1 < results.size() ? "," : "") << "\n";
+int run(const Config& cfg) {
+  if (fc::device_count() == 0) {
+    std::printf("bench_pointwise_chain: no CUDA device\n");
+    return 1;
   }
-  out << "  ]\n}\n";
+  std::vector<Result> results;
+  for (Mode mode : {Mode::eager, Mode::first, Mode::update, Mode::replay})
+    results.push_back(run_encoder_mode(cfg, mode));
+  results.push_back(run_executor(cfg));
+
+  std::printf(
+      "pointwise chain: %d nodes (add/mul scalar), %lld f32 elements, %d iterations on %s\n",
+      cfg.nodes, static_cast<long long>(cfg.elements), cfg.iters,
+      fc::Device::get(0).properties().name.c_str());
+  const fb::bench::Table table({{"mode", 8, true},
+                                {"us/node", 9},
+                                {"host", 9},
+                                {"record", 9},
+                                {"prepare", 9},
+                                {"launch", 9},
+                                {"gpu", 9},
+                                {"inst", 8},
+                                {"updates", 8},
+                                {"replays", 8},
+                                {"correct", 8}});
+  table.print_header();
+  for (const Result& r : results) {
+    using fb::bench::fixed;
+    table.print_row({r.mode, fixed(r.us_per_node, 3), fixed(r.host_us_per_node(), 3),
+                     fixed(r.record_us_per_node, 3), fixed(r.prepare_us_per_node, 3),
+                     fixed(r.launch_us_per_node, 3), fixed(r.gpu_us_per_node, 3),
+                     std::to_string(r.instantiations), std::to_string(r.updates),
+                     std::to_string(r.replays), r.correct ? "yes" : "NO"});
+  }
+  std::printf("(run: the executor end to end, host and GPU not split; gpu 0: not taken)\n");
+  const bool target_met = results[3].us_per_node <= kTargetUsPerNode;
+  std::printf("target: replay <= %.1f us/node: %s (%.3f)\n", kTargetUsPerNode,
+              target_met ? "met" : "NOT met", results[3].us_per_node);
+  write_json(cfg, results, target_met);
+  bool ok = true;
+  for (const Result& r : results) ok = ok && r.correct;
+  return ok ? 0 : 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Config cfg = parse(argc, argv);
-    if (fc::device_count() == 0) {
-      std::printf("bench_pointwise_chain: no CUDA device\n");
-      return 1;
-    }
-    std::vector<Result> results;
-    for (Mode mode : {Mode::eager, Mode::first, Mode::update, Mode::replay})
-      results.push_back(run_encoder_mode(cfg, mode));
-    results.push_back(run_executor(cfg));
-
-    std::printf(
-        "pointwise chain: %d nodes (add/mul scalar), %lld f32 elements, %d iterations on %s\n",
-        cfg.nodes, static_cast<long long>(cfg.elements), cfg.iters,
-        fc::Device::get(0).properties().name.c_str());
-    std::printf("%-8s %9s | %9s %9s %9s %9s | %9s %8s %8s %8s %8s\n", "mode", "us/node", "host",
-                "record", "prepare", "launch", "gpu", "inst", "updates", "replays", "correct");
-    for (const Result& r : results) {
-      std::printf("%-8s %9.3f | %9.3f %9.3f %9.3f %9.3f | %9.3f %8llu %8llu %8llu %8s\n",
-                  r.mode.c_str(), r.us_per_node,
-                  r.record_us_per_node + r.prepare_us_per_node + r.launch_us_per_node,
-                  r.record_us_per_node, r.prepare_us_per_node, r.launch_us_per_node,
-                  r.gpu_us_per_node, static_cast<unsigned long long>(r.instantiations),
-                  static_cast<unsigned long long>(r.updates),
-                  static_cast<unsigned long long>(r.replays), r.correct ? "yes" : "NO");
-    }
-    std::printf("(run: the executor end to end, host and GPU not split; gpu 0: not taken)\n");
-    const bool target_met = results[3].us_per_node <= 1.5;
-    std::printf("target: replay <= 1.5 us/node: %s (%.3f)\n", target_met ? "met" : "NOT met",
-                results[3].us_per_node);
-    if (!cfg.json.empty()) write_json(cfg, results, target_met);
-    bool ok = true;
-    for (const Result& r : results) ok = ok && r.correct;
-    return ok ? 0 : 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_pointwise_chain: %s\n", e.what());
-    return 1;
-  }
+  Config cfg;
+  fb::bench::Cli cli("bench_pointwise_chain",
+                     "Launch overhead of a long chain of tiny pointwise kernels", cfg.json);
+  cli.add_count("--nodes", cfg.nodes, "Nodes in the chain");
+  cli.add_count("--elements", cfg.elements, "f32 elements of each tensor");
+  cli.add_iters(cfg.iters, "Timed iterations of the chain (first: a tenth of them)");
+  return cli.run(argc, argv, [&] { return run(cfg); });
 }

@@ -17,47 +17,18 @@ Timing: CUDA events around `iters` calls, median over `repeats` after a warm-up;
 random, rotated over enough copies that the working set exceeds twice the 50 MB L2.
 """
 import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from common.torch_bench import (BANDWIDTH_TITLES, bandwidth, bandwidth_cells, report, time_us,
+                                write_report)
 
 BATCH = 64
 SHAPES = [(64, 112), (64, 56), (256, 56), (128, 56), (128, 28), (512, 28),
           (256, 28), (256, 14), (1024, 14), (512, 14), (512, 7), (2048, 7)]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROTATION_BYTES = 120 << 20
-
-
-def time_us(fn, iters, repeats):
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for i in range(iters):
-            fn(i)
-        stop.record()
-        stop.synchronize()
-        samples.append(1000.0 * start.elapsed_time(stop) / iters)
-    return statistics.median(samples)
-
-
-_copy_cache = {}
-
-
-def copy_gbps(nbytes, iters, repeats):
-    if nbytes not in _copy_cache:
-        half = nbytes // 2
-        copies = max(1, ROTATION_BYTES // nbytes)
-        src = [torch.ones(half, dtype=torch.uint8, device="cuda") for _ in range(copies)]
-        dst = [torch.empty_like(s) for s in src]
-        us = time_us(lambda i: dst[i % copies].copy_(src[i % copies]), iters, repeats)
-        _copy_cache[nbytes] = 2 * half / us / 1e3
-    return _copy_cache[nbytes]
 
 
 def run_shape(dtype_name, dtype, channels, size, iters, repeats, results):
@@ -80,11 +51,10 @@ def run_shape(dtype_name, dtype, channels, size, iters, repeats, results):
                 us = time_us(lambda i: F.batch_norm(xs[i % copies], running_mean, running_var,
                                                     weight, bias, training, 0.1, 1e-5),
                              iters, repeats)
-            nbytes = 2 * act_bytes
             results.append(dict(channels=channels, size=size, layout=layout,
                                 **{"pass": "fwd_train" if training else "fwd_infer"},
-                                dtype=dtype_name, us=us, gbps=nbytes / us / 1e3,
-                                copy_gbps=copy_gbps(nbytes, iters, repeats)))
+                                dtype=dtype_name,
+                                **bandwidth(2 * act_bytes, us, iters, repeats, ROTATION_BYTES)))
         graphs = []
         for s in range(copies):
             x = xs[s].detach().requires_grad_(True)
@@ -98,10 +68,9 @@ def run_shape(dtype_name, dtype, channels, size, iters, repeats, results):
             torch.autograd.grad(y, wrt, dy, retain_graph=True)
 
         us = time_us(backward, iters, repeats)
-        nbytes = 3 * act_bytes
         results.append(dict(channels=channels, size=size, layout=layout, **{"pass": "backward"},
-                            dtype=dtype_name, us=us, gbps=nbytes / us / 1e3,
-                            copy_gbps=copy_gbps(nbytes, iters, repeats)))
+                            dtype=dtype_name,
+                            **bandwidth(3 * act_bytes, us, iters, repeats, ROTATION_BYTES)))
         del graphs, xs, dys
 
 
@@ -117,17 +86,12 @@ def main():
         run_shape(args.dtype, DTYPES[args.dtype], channels, size, args.iters, args.repeats, results)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}, batch_norm {args.dtype}, "
           f"N = {BATCH}")
-    print(f"{'shape':<16} {'layout':<6} {'pass':<10} {'us':>10} {'GB/s':>10} {'copy':>10} {'% copy':>8}")
+    print(f"{'shape':<16} {'layout':<6} {'pass':<10} {BANDWIDTH_TITLES}")
     for r in results:
         shape = f"[{BATCH},{r['channels']},{r['size']},{r['size']}]"
-        print(f"{shape:<16} {r['layout']:<6} {r['pass']:<10} {r['us']:>10.1f} {r['gbps']:>10.0f} "
-              f"{r['copy_gbps']:>10.0f} {100 * r['gbps'] / r['copy_gbps']:>7.1f}%")
-    if args.json:
-        for r in results:
-            r["pct_copy"] = 100 * r["gbps"] / r["copy_gbps"]
-        with open(args.json, "w") as f:
-            json.dump({"bench": "torch_batch_norm", "torch": torch.__version__,
-                       "dtype": args.dtype, "batch": BATCH, "results": results}, f, indent=1)
+        print(f"{shape:<16} {r['layout']:<6} {r['pass']:<10} {bandwidth_cells(r)}")
+    write_report(args.json, report("torch_batch_norm", dtype=args.dtype, batch=BATCH,
+                                   results=results))
 
 
 if __name__ == "__main__":

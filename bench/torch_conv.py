@@ -14,9 +14,10 @@ the median per call over `repeats` runs. dgrad and wgrad through
 torch.ops.aten.convolution_backward with output_mask selecting one gradient. Random inputs.
 """
 import argparse
-import json
 
 import torch
+
+from common.torch_bench import report, time_us, write_report
 
 BATCH = 64
 # name, C, K, input H=W, R=S, stride, pad, has an issue target
@@ -45,24 +46,6 @@ SHAPES = [
     ("l4_1x1_c2048k512_7", 2048, 512, 7, 1, 1, 0, False),
     ("l4_3x3_c512k512_7", 512, 512, 7, 3, 1, 1, True),
 ]
-
-
-def time_ms(fn, iters, repeats):
-    for _ in range(5):  # warm-up: cudnn.benchmark picks its algorithm here
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    per_call = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(iters):
-            fn()
-        stop.record()
-        stop.synchronize()
-        per_call.append(start.elapsed_time(stop) / iters)
-    per_call.sort()
-    return per_call[len(per_call) // 2]
 
 
 def main():
@@ -124,16 +107,14 @@ def main():
             for op, fn in (("fprop", fprop), ("dgrad", dgrad), ("wgrad", wgrad)):
                 if op not in ops:
                     continue
-                ms = time_ms(fn, args.iters, args.repeats)
+                # Warm-up: cudnn.benchmark picks its algorithm there.
+                ms = time_us(lambda i: fn(), args.iters, args.repeats, warmup=5) / 1e3
                 results.append({"shape": name, "op": op, "dtype": dtype_name, "flops": flops,
                                 "ms": ms, "tflops": flops / ms / 1e9})
                 print(f"{name:24s} {op:5s} {dtype_name:4s} {ms:8.4f} ms "
                       f"{flops / ms / 1e9:7.1f} TFLOP/s", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "cudnn_version": torch.backends.cudnn.version(), "batch": BATCH,
-                       "layout": "channels_last", "results": results}, f, indent=1)
+    write_report(args.json, report("torch_conv", cudnn_version=torch.backends.cudnn.version(),
+                                   batch=BATCH, layout="channels_last", results=results))
 
 
 if __name__ == "__main__":

@@ -17,38 +17,15 @@ Timing: CUDA events around `iters` calls, median over `repeats` after a warm-up;
 random, rotated over enough copies that the working set exceeds the 50 MB L2.
 """
 import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from common.torch_bench import (BANDWIDTH_TITLES, bandwidth, bandwidth_cells, report, time_us,
+                                write_report)
+
 SHAPES = [(16384, 1024), (8192, 4096), (4096, 16384)]
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-
-
-def time_us(fn, iters, repeats):
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for i in range(iters):
-            fn(i)
-        stop.record()
-        stop.synchronize()
-        samples.append(1000.0 * start.elapsed_time(stop) / iters)
-    return statistics.median(samples)
-
-
-def copy_gbps(nbytes, iters, repeats):
-    half = nbytes // 2
-    src = torch.ones(half, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = time_us(lambda i: dst.copy_(src), iters, repeats)
-    return 2 * half / us / 1e3
 
 
 def run_shape(name, dtype, rows, cols, iters, repeats, results):
@@ -73,9 +50,8 @@ def run_shape(name, dtype, rows, cols, iters, repeats, results):
         fwd_bytes = 2 * tensor_bytes + params + stats
         with torch.no_grad():
             fwd_us = time_us(lambda i: forward(xs[i % sets], weight, bias), iters, repeats)
-        results.append(dict(op=op, **{"pass": "fwd"}, dtype=name, rows=rows, cols=cols, us=fwd_us,
-                            gbps=fwd_bytes / fwd_us / 1e3,
-                            copy_gbps=copy_gbps(fwd_bytes, iters, repeats)))
+        results.append(dict(op=op, **{"pass": "fwd"}, dtype=name, rows=rows, cols=cols,
+                            **bandwidth(fwd_bytes, fwd_us, iters, repeats)))
 
         # Backward: one forward graph per input set, replayed.
         graphs = []
@@ -93,9 +69,8 @@ def run_shape(name, dtype, rows, cols, iters, repeats, results):
         grads = cols * 4 * (2 if layer else 1)
         bwd_bytes = 3 * tensor_bytes + cols * elem + stats + grads
         bwd_us = time_us(backward, iters, repeats)
-        results.append(dict(op=op, **{"pass": "bwd"}, dtype=name, rows=rows, cols=cols, us=bwd_us,
-                            gbps=bwd_bytes / bwd_us / 1e3,
-                            copy_gbps=copy_gbps(bwd_bytes, iters, repeats)))
+        results.append(dict(op=op, **{"pass": "bwd"}, dtype=name, rows=rows, cols=cols,
+                            **bandwidth(bwd_bytes, bwd_us, iters, repeats)))
         del graphs
 
 
@@ -111,17 +86,11 @@ def main():
         for rows, cols in SHAPES:
             run_shape(name, dtype, rows, cols, args.iters, args.repeats, results)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
-    print(f"{'op':<11} {'pass':<4} {'dtype':<5} {'shape':>13} {'us':>10} {'GB/s':>9} {'copy GB/s':>10} {'% copy':>7}")
+    print(f"{'op':<11} {'pass':<4} {'dtype':<5} {'shape':>13} {BANDWIDTH_TITLES}")
     for r in results:
         shape = f"{r['rows']}x{r['cols']}"
-        print(f"{r['op']:<11} {r['pass']:<4} {r['dtype']:<5} {shape:>13} {r['us']:>10.1f} "
-              f"{r['gbps']:>9.0f} {r['copy_gbps']:>10.0f} {100 * r['gbps'] / r['copy_gbps']:>6.1f}%")
-    if args.json:
-        for r in results:
-            r["pct_copy"] = 100 * r["gbps"] / r["copy_gbps"]
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                       "results": results}, f, indent=2)
+        print(f"{r['op']:<11} {r['pass']:<4} {r['dtype']:<5} {shape:>13} {bandwidth_cells(r)}")
+    write_report(args.json, report("torch_norms", results=results))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ gc.collect, empty_cache): part of what a first captured run costs there.
                                          [--json FILE]
 """
 import argparse
-import json
 import math
 import statistics
 import time
 
 import torch
+
+from common.torch_bench import report, write_report
 
 ADD, MUL = 0.5, 0.75
 
@@ -181,12 +182,9 @@ def main():
               f"{r['record_us_per_node']:>9.3f} {r['prepare_us_per_node']:>9.3f} "
               f"{r['launch_us_per_node']:>9.3f} | {r['gpu_us_per_node']:>9.3f} "
               f"{'yes' if r['correct'] else 'NO':>8}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "torch_pointwise_chain", "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name(0), "nodes": nodes,
-                       "elements": args.elements, "iters": iters, "results": results},
-                      f, indent=2)
+    write_report(args.json, report("torch_pointwise_chain", benchmark="torch_pointwise_chain",
+                                   nodes=nodes, elements=args.elements, iters=iters,
+                                   results=results))
     return 0 if all(r["correct"] for r in results) else 2
 
 

@@ -6,10 +6,11 @@ replay. Without torchvision there it writes a JSON naming why and exits 0.
     python3 bench/torch_resnet.py [--json FILE] [--batch N] [--iters N]
 """
 import argparse
-import json
 import time
 
 import torch
+
+from common.torch_bench import report, write_report
 
 
 def main():
@@ -18,14 +19,13 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
+    result = report("torch_resnet", rows=[])
     try:
         import torchvision
     except ImportError as e:
         result["error"] = f"torchvision not available: {e}"
         print(result["error"])
-        if args.json:
-            json.dump(result, open(args.json, "w"), indent=1)
+        write_report(args.json, result)
         return
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True
@@ -64,8 +64,7 @@ def main():
                 print(f"{name:6} {mode:8} {ms:10.3f} {args.batch * 1000 / ms:10.0f}")
                 result["rows"].append({"dtype": name, "mode": mode, "batch": args.batch,
                                        "ms_per_step": ms})
-    if args.json:
-        json.dump(result, open(args.json, "w"), indent=1)
+    write_report(args.json, result)
 
 
 if __name__ == "__main__":

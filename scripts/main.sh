@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh release
+scripts/build.sh release fusebox   # the CLI and the libraries it links: no tests, no benchmarks
 bin=build/release/tools/fusebox
 mkdir -p out
 $bin zoo resnet50 --out out/resnet50.onnx --seed 0

@@ -7,7 +7,20 @@
 
 #include <cmath>
 
+#include "backends/cuda/runtime/settings.h"
+#include "fusebox/passes/layout.h"
+
 namespace fusebox::testing {
+namespace {
+
+// The settings each layer reads once per process are read again at their next use, so a
+// changed variable takes effect as it would in a new process.
+void reread_settings() {
+  cuda::reread_settings();
+  reread_layout_policy();
+}
+
+}  // namespace
 
 Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {
   std::mt19937_64 rng(seed);
@@ -105,6 +118,7 @@ ScopedEnv::ScopedEnv(const char* name, std::optional<std::string> value) : name_
   } else {
     ::unsetenv(name);
   }
+  reread_settings();
 }
 
 ScopedEnv::~ScopedEnv() {
@@ -113,6 +127,7 @@ ScopedEnv::~ScopedEnv() {
   } else {
     ::unsetenv(name_.c_str());
   }
+  reread_settings();
 }
 
 }  // namespace fusebox::testing

@@ -46,6 +46,8 @@ class TempDir {
 };
 
 // Sets (or, with std::nullopt, unsets) an environment variable until the end of the scope.
+// Settings read once per process (the CUDA backend's, FUSEBOX_LAYOUT) are read again at their
+// next use, on entry and on exit; FUSEBOX_NUM_THREADS is not (the pool has started).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, std::optional<std::string> value);

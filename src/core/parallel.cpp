@@ -3,13 +3,17 @@
 #include "fusebox/core/parallel.h"
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "fusebox/core/error.h"
 
 namespace fusebox {
 
@@ -68,12 +72,18 @@ Pool& pool() {
 }  // namespace
 
 int num_threads() {
+  // Read once: the pool's size is fixed when it starts.
   static const int n = [] {
-    if (const char* e = std::getenv("FUSEBOX_NUM_THREADS")) {
-      int v = std::atoi(e);
-      if (v >= 1) return std::min(v, 256);
+    const char* text = std::getenv("FUSEBOX_NUM_THREADS");
+    if (text == nullptr || *text == '\0') {
+      return std::max(1, int(std::thread::hardware_concurrency()));
     }
-    return std::max(1, int(std::thread::hardware_concurrency()));
+    const char* end = text + std::strlen(text);
+    int threads = 0;
+    const auto [last, error] = std::from_chars(text, end, threads);
+    FUSEBOX_CHECK(error == std::errc() && last == end && threads >= 1, "FUSEBOX_NUM_THREADS", "'",
+                  text, "' must be a positive number of threads (at most 256 are used)");
+    return std::min(threads, 256);
   }();
   return n;
 }

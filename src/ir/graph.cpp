@@ -4,31 +4,27 @@
 #include <set>
 #include <sstream>
 
+#include "fusebox/ir/op_info.h"
+
 namespace fusebox {
 
 const char* op_name(OpKind k) {
-  switch (k) {
-#define FUSEBOX_NAME(name) \
-  case OpKind::name:       \
-    return #name;
-    FUSEBOX_OP_KINDS(FUSEBOX_NAME)
-#undef FUSEBOX_NAME
-  }
-  return "?";
+  return op_info(k).name;
 }
 
 bool parse_op_name(const std::string& name, OpKind* out) {
-#define FUSEBOX_PARSE(n) \
-  if (name == #n) {      \
-    *out = OpKind::n;    \
-    return true;         \
+  for (const OpInfo& info : kOpTable) {
+    if (name == info.name) {
+      *out = info.op;
+      return true;
+    }
   }
-  FUSEBOX_OP_KINDS(FUSEBOX_PARSE)
-#undef FUSEBOX_PARSE
   return false;
 }
 
-std::string node_label(const Node& n) { return cat(op_name(n.op), " '", n.name, "'"); }
+std::string node_label(const Node& n) {
+  return cat(op_name(n.op), " '", n.name, "'");
+}
 
 std::string Graph::unique_name(const std::string& base) {
   std::string b = base.empty() ? "v" : base;
@@ -119,8 +115,8 @@ void Graph::rename_value(ValueId v, const std::string& name) {
                 " does not exist");
   Value& val = values_[size_t(v)];
   if (val.name == name) return;
-  FUSEBOX_CHECK(!name.empty() && !value_names_.count(name), "graph " + name_,
-                "cannot rename '", val.name, "' to '", name, "': name empty or taken");
+  FUSEBOX_CHECK(!name.empty() && !value_names_.count(name), "graph " + name_, "cannot rename '",
+                val.name, "' to '", name, "': name empty or taken");
   value_names_.erase(val.name);
   val.name = name;
   value_names_[name] = v;
@@ -162,8 +158,8 @@ void Graph::verify() const {
                     "' has no producer and is neither an input nor a constant");
     }
     if (const Tensor* c = constant(v.id)) {
-      FUSEBOX_CHECK(c->dtype() == v.type.dtype && c->shape() == v.type.shape, where,
-                    "constant '", v.name, "' data does not match its declared type");
+      FUSEBOX_CHECK(c->dtype() == v.type.dtype && c->shape() == v.type.shape, where, "constant '",
+                    v.name, "' data does not match its declared type");
     }
   }
   std::set<std::string> node_names;
@@ -177,8 +173,8 @@ void Graph::verify() const {
         in_types.push_back(std::nullopt);
         continue;
       }
-      FUSEBOX_CHECK(v >= 0 && size_t(v) < values_.size(), where, node_label(n),
-                    " reads value id ", v, " which does not exist");
+      FUSEBOX_CHECK(v >= 0 && size_t(v) < values_.size(), where, node_label(n), " reads value id ",
+                    v, " which does not exist");
       const Value& val = values_[size_t(v)];
       FUSEBOX_CHECK(val.producer < n.id, where, node_label(n), " reads '", val.name,
                     "' before it is produced");
@@ -186,16 +182,15 @@ void Graph::verify() const {
     }
     Node copy = n;
     std::vector<TensorType> types = infer_and_normalize(copy, in_types);
-    FUSEBOX_CHECK(types.size() == n.outputs.size(), where, node_label(n), " has ",
-                  n.outputs.size(), " outputs, inference gives ", types.size());
+    FUSEBOX_CHECK(types.size() == n.outputs.size(), where, node_label(n), " has ", n.outputs.size(),
+                  " outputs, inference gives ", types.size());
     for (size_t o = 0; o < types.size(); ++o) {
       const Value& out = value(n.outputs[o]);
       FUSEBOX_CHECK(out.producer == n.id, where, node_label(n), " output '", out.name,
                     "' names another producer");
-      FUSEBOX_CHECK(out.type == types[o], where, node_label(n), " output '", out.name,
-                    "' is ", dtype_name(out.type.dtype), shape_str(out.type.shape),
-                    " but inference gives ", dtype_name(types[o].dtype),
-                    shape_str(types[o].shape));
+      FUSEBOX_CHECK(out.type == types[o], where, node_label(n), " output '", out.name, "' is ",
+                    dtype_name(out.type.dtype), shape_str(out.type.shape), " but inference gives ",
+                    dtype_name(types[o].dtype), shape_str(types[o].shape));
     }
   }
   for (ValueId v : outputs_) value(v);
@@ -203,9 +198,13 @@ void Graph::verify() const {
 
 namespace {
 
-std::string type_str(const TensorType& t) { return cat(dtype_name(t.dtype), shape_str(t.shape)); }
+std::string type_str(const TensorType& t) {
+  return cat(dtype_name(t.dtype), shape_str(t.shape));
+}
 
-std::string ints(const std::vector<int64_t>& v) { return shape_str(v); }
+std::string ints(const std::vector<int64_t>& v) {
+  return shape_str(v);
+}
 
 std::string conv_attr_str(const ConvAttrs& a) {
   return cat("strides=", ints(a.strides), " dilations=", ints(a.dilations),
@@ -218,54 +217,67 @@ std::string attr_str(const Attrs& attrs) {
   return std::visit(
       [](const auto& a) -> std::string {
         using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, std::monostate>) return "";
-        else if constexpr (std::is_same_v<A, ConvAttrs>) return conv_attr_str(a);
+        if constexpr (std::is_same_v<A, std::monostate>)
+          return "";
+        else if constexpr (std::is_same_v<A, ConvAttrs>)
+          return conv_attr_str(a);
         else if constexpr (std::is_same_v<A, ConvBackwardDataAttrs>)
           return cat(conv_attr_str(a.conv), " input_spatial=", ints(a.input_spatial));
         else if constexpr (std::is_same_v<A, ConvBackwardFilterAttrs>)
           return cat(conv_attr_str(a.conv), " filter_spatial=", ints(a.filter_spatial));
         else if constexpr (std::is_same_v<A, BatchNormAttrs>)
-          return cat("epsilon=", a.epsilon, " momentum=", a.momentum,
-                     " training=", a.training);
+          return cat("epsilon=", a.epsilon, " momentum=", a.momentum, " training=", a.training);
         else if constexpr (std::is_same_v<A, NormAttrs>)
           return cat("axis=", a.axis, " epsilon=", a.epsilon);
-        else if constexpr (std::is_same_v<A, LeakyReluAttrs>) return cat("alpha=", a.alpha);
+        else if constexpr (std::is_same_v<A, LeakyReluAttrs>)
+          return cat("alpha=", a.alpha);
         else if constexpr (std::is_same_v<A, GeluAttrs>)
           return a.tanh_approximation ? "approximate=tanh" : "approximate=none";
-        else if constexpr (std::is_same_v<A, ClipAttrs>) return cat("min=", a.min, " max=", a.max);
+        else if constexpr (std::is_same_v<A, ClipAttrs>)
+          return cat("min=", a.min, " max=", a.max);
         else if constexpr (std::is_same_v<A, GemmAttrs>)
           return cat("trans_a=", a.trans_a, " trans_b=", a.trans_b, " alpha=", a.alpha,
                      " beta=", a.beta);
         else if constexpr (std::is_same_v<A, ReduceAttrs>)
           return cat("axes=", ints(a.axes), " keepdims=", a.keepdims);
-        else if constexpr (std::is_same_v<A, SoftmaxAttrs>) return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, SoftmaxAttrs>)
+          return cat("axis=", a.axis);
         else if constexpr (std::is_same_v<A, PoolAttrs>)
           return cat("kernel=", ints(a.kernel), " strides=", ints(a.strides),
                      " dilations=", ints(a.dilations), " pads_begin=", ints(a.pads_begin),
                      " pads_end=", ints(a.pads_end), " ceil_mode=", a.ceil_mode,
                      " count_include_pad=", a.count_include_pad);
-        else if constexpr (std::is_same_v<A, ReshapeAttrs>) return cat("shape=", ints(a.shape));
-        else if constexpr (std::is_same_v<A, FlattenAttrs>) return cat("axis=", a.axis);
-        else if constexpr (std::is_same_v<A, TransposeAttrs>) return cat("perm=", ints(a.perm));
-        else if constexpr (std::is_same_v<A, ConcatAttrs>) return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, ReshapeAttrs>)
+          return cat("shape=", ints(a.shape));
+        else if constexpr (std::is_same_v<A, FlattenAttrs>)
+          return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, TransposeAttrs>)
+          return cat("perm=", ints(a.perm));
+        else if constexpr (std::is_same_v<A, ConcatAttrs>)
+          return cat("axis=", a.axis);
         else if constexpr (std::is_same_v<A, SliceAttrs>)
           return cat("starts=", ints(a.starts), " ends=", ints(a.ends), " axes=", ints(a.axes),
                      " steps=", ints(a.steps));
         else if constexpr (std::is_same_v<A, PadAttrs>)
           return cat("pads=", ints(a.pads), " mode=",
-                     a.mode == PadMode::constant ? "constant"
-                     : a.mode == PadMode::reflect ? "reflect" : "edge",
+                     a.mode == PadMode::constant  ? "constant"
+                     : a.mode == PadMode::reflect ? "reflect"
+                                                  : "edge",
                      " value=", a.value);
-        else if constexpr (std::is_same_v<A, AxesAttrs>) return cat("axes=", ints(a.axes));
-        else if constexpr (std::is_same_v<A, CastAttrs>) return cat("to=", dtype_name(a.to));
+        else if constexpr (std::is_same_v<A, AxesAttrs>)
+          return cat("axes=", ints(a.axes));
+        else if constexpr (std::is_same_v<A, CastAttrs>)
+          return cat("to=", dtype_name(a.to));
         else if constexpr (std::is_same_v<A, ConstantAttrs>)
           return cat("value=", dtype_name(a.value.dtype()), shape_str(a.value.shape()));
         else if constexpr (std::is_same_v<A, CrossEntropyAttrs>)
           return cat("reduction=",
-                     a.reduction == Reduction::mean ? "mean"
-                     : a.reduction == Reduction::sum ? "sum" : "none",
+                     a.reduction == Reduction::mean  ? "mean"
+                     : a.reduction == Reduction::sum ? "sum"
+                                                     : "none",
                      a.ignore_index ? cat(" ignore_index=", *a.ignore_index) : std::string());
-        else if constexpr (std::is_same_v<A, ExpandAttrs>) return cat("shape=", ints(a.shape));
+        else if constexpr (std::is_same_v<A, ExpandAttrs>)
+          return cat("shape=", ints(a.shape));
         else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>) {
           std::string s = cat("op=", op_name(a.op));
           if (a.op == OpKind::leaky_relu) s += cat(" alpha=", a.alpha);
@@ -273,8 +285,8 @@ std::string attr_str(const Attrs& attrs) {
             s += a.tanh_approximation ? " approximate=tanh" : " approximate=none";
           if (a.op == OpKind::clip) s += cat(" min=", a.min, " max=", a.max);
           return s;
-        }
-        else if constexpr (std::is_same_v<A, BinaryBackwardAttrs>) return cat("op=", op_name(a.op));
+        } else if constexpr (std::is_same_v<A, BinaryBackwardAttrs>)
+          return cat("op=", op_name(a.op));
         else if constexpr (std::is_same_v<A, PoolBackwardAttrs>)
           return cat(attr_str(a.pool), " input_shape=", ints(a.input_shape));
         else if constexpr (std::is_same_v<A, SliceBackwardAttrs>)
@@ -287,7 +299,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, AdamWAttrs>)
           return cat("beta1=", a.beta1, " beta2=", a.beta2, " epsilon=", a.epsilon,
                      " weight_decay=", a.weight_decay);
-        else return "";
+        else
+          return "";
       },
       attrs);
 }
@@ -298,7 +311,8 @@ std::string Graph::dump() const {
   std::ostringstream os;
   os << "graph " << name_ << " (" << nodes_.size() << " nodes, " << constants_.size()
      << " constants)\n";
-  for (ValueId v : inputs_) os << "  input  %" << value(v).name << ": " << type_str(value(v).type) << "\n";
+  for (ValueId v : inputs_)
+    os << "  input  %" << value(v).name << ": " << type_str(value(v).type) << "\n";
   int64_t const_bytes = 0;
   for (const auto& [v, t] : constants_) const_bytes += int64_t(t.nbytes());
   if (!constants_.empty())
@@ -311,15 +325,18 @@ std::string Graph::dump() const {
     os << " = " << op_name(n.op) << "(";
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       os << (i ? ", " : "");
-      if (n.inputs[i] == kNoValue) os << "_";
-      else os << (is_constant(n.inputs[i]) ? "$" : "%") << value(n.inputs[i]).name;
+      if (n.inputs[i] == kNoValue)
+        os << "_";
+      else
+        os << (is_constant(n.inputs[i]) ? "$" : "%") << value(n.inputs[i]).name;
     }
     os << ")";
     std::string a = attr_str(n.attrs);
     if (!a.empty()) os << " {" << a << "}";
     os << "  # " << n.name << "\n";
   }
-  for (ValueId v : outputs_) os << "  output %" << value(v).name << ": " << type_str(value(v).type) << "\n";
+  for (ValueId v : outputs_)
+    os << "  output %" << value(v).name << ": " << type_str(value(v).type) << "\n";
   return os.str();
 }
 

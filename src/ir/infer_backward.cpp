@@ -8,8 +8,8 @@
 #include <cmath>
 #include <limits>
 
+#include "fusebox/ir/op_info.h"
 #include "infer_common.h"
-#include "fusebox/ir/op_groups.h"
 
 namespace fusebox::infer {
 namespace {
@@ -65,19 +65,12 @@ void expect_scalar(const Context& c, int i, bool floating) {
           shape_str(c.shape(i)));
 }
 
-bool has_unary_derivative(OpKind op) {
-  switch (op) {
-    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
-      return true;
-    default:
-      return false;
-  }
-}
+}  // namespace
 
 // unary_backward: (dy, x) -> dx, all of x's type.
 Types infer_unary_backward(Context& c) {
   const UnaryBackwardAttrs& a = c.attrs<UnaryBackwardAttrs>();
-  c.check(has_unary_derivative(a.op), "op ", op_name(a.op),
+  c.check(op_info(a.op).family == OpFamily::unary, "op ", op_name(a.op),
           " is not a unary op with a derivative (relu .. clip)");
   c.expect_float(1);
   expect_type(c, 0, c.type(1), "output (x's type)");
@@ -219,8 +212,6 @@ Types infer_pad_backward(Context& c) {
   return {x};
 }
 
-}  // namespace
-
 // expand: numpy broadcast_to(x, shape): x's dims, aligned at the back, are 1 or equal
 // to shape's.
 Types infer_expand(Context& c) {
@@ -235,36 +226,6 @@ Types infer_expand(Context& c) {
             shape_str(a.shape), " (dim ", d, " of x: ", x[d], " vs ", a.shape[lead + d], ")");
   }
   return {{c.dtype(0), a.shape}};
-}
-
-Types infer_backward(Context& c) {
-  switch (c.op()) {
-    case OpKind::unary_backward:
-      return infer_unary_backward(c);
-    case OpKind::binary_backward:
-      return infer_binary_backward(c);
-    case OpKind::batch_norm_backward:
-      return infer_batch_norm_backward(c);
-    case OpKind::layer_norm_backward:
-    case OpKind::rms_norm_backward:
-      return infer_norm_backward(c);
-    case OpKind::softmax_backward:
-    case OpKind::log_softmax_backward:
-      return infer_softmax_backward(c);
-    case OpKind::cross_entropy_backward:
-      return infer_cross_entropy_backward(c);
-    case OpKind::reduce_max_backward:
-      return infer_reduce_max_backward(c);
-    case OpKind::max_pool_backward:
-    case OpKind::avg_pool_backward:
-      return infer_pool_backward(c);
-    case OpKind::slice_backward:
-      return infer_slice_backward(c);
-    case OpKind::pad_backward:
-      return infer_pad_backward(c);
-    default:
-      c.fail("is not a backward op");
-  }
 }
 
 // sgd_update: (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf);

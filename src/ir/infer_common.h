@@ -74,9 +74,6 @@ class Context {
   std::span<const std::optional<TensorType>> inputs_;
 };
 
-// Role names of an op's inputs, e.g. {"x", "w", "bias"}; empty for concat.
-std::span<const char* const> input_roles(OpKind op);
-
 // The dtype of layer_norm / rms_norm statistics (ONNX stash_type 1): f64 for f64
 // input, else f32.
 DType stash_dtype(DType x);
@@ -117,8 +114,18 @@ Types infer_constant(Context& c);
 Types infer_identity(Context& c);
 Types infer_expand(Context& c);
 
-// infer_backward.cpp: every *_backward op; optimizer updates.
-Types infer_backward(Context& c);
-Types infer_optimizer(Context& c);
+// infer_backward.cpp: the backward ops, each checked against its forward op; optimizer
+// updates.
+Types infer_unary_backward(Context& c);
+Types infer_binary_backward(Context& c);
+Types infer_batch_norm_backward(Context& c);
+Types infer_norm_backward(Context& c);     // layer_norm_backward, rms_norm_backward
+Types infer_softmax_backward(Context& c);  // softmax_backward, log_softmax_backward
+Types infer_cross_entropy_backward(Context& c);
+Types infer_reduce_max_backward(Context& c);
+Types infer_pool_backward(Context& c);  // max_pool_backward, avg_pool_backward
+Types infer_slice_backward(Context& c);
+Types infer_pad_backward(Context& c);
+Types infer_optimizer(Context& c);  // sgd_update, adamw_update
 
 }  // namespace fusebox::infer

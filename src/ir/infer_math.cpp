@@ -22,22 +22,16 @@ std::string broadcast_clash(const Shape& a, const Shape& b) {
 // Unary pointwise ops keep x's type. Transcendental ops need floats; relu, neg,
 // abs and clip also take integers.
 Types infer_unary(Context& c) {
-  switch (c.op()) {
-    case OpKind::relu:
-    case OpKind::neg:
-    case OpKind::abs:
-    case OpKind::clip:
-      c.expect_numeric(0);
-      break;
-    default:
-      c.expect_float(0);
-      break;
-  }
-  if (c.op() == OpKind::leaky_relu) {
+  const OpKind op = c.op();
+  if (op == OpKind::relu || op == OpKind::neg || op == OpKind::abs || op == OpKind::clip)
+    c.expect_numeric(0);
+  else
+    c.expect_float(0);
+  if (op == OpKind::leaky_relu) {
     const double alpha = c.attrs<LeakyReluAttrs>().alpha;
     c.check(std::isfinite(alpha), "alpha ", alpha, " must be finite");
   }
-  if (c.op() == OpKind::clip) {
+  if (op == OpKind::clip) {
     const ClipAttrs& a = c.attrs<ClipAttrs>();
     c.check(!std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ", a.max,
             " must not be NaN (use +-infinity for no bound)");

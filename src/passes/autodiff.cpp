@@ -52,45 +52,40 @@ Grads vjp(VjpArgs& a) {
       return vjp_softmax(a);
     case OpKind::cross_entropy:
       return vjp_cross_entropy(a);
-    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+      FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return vjp_unary(a);
-    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+      FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return vjp_binary(a);
     case OpKind::matmul:
       return vjp_matmul(a);
     case OpKind::gemm:
       return vjp_gemm(a);
-    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
+      FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return vjp_reduce(a);
     case OpKind::reshape:
     case OpKind::flatten:
     case OpKind::squeeze:
     case OpKind::unsqueeze:
+      return vjp_reshape(a);
     case OpKind::transpose:
+      return vjp_transpose(a);
     case OpKind::concat:
+      return vjp_concat(a);
     case OpKind::slice:
+      return vjp_slice(a);
     case OpKind::pad:
+      return vjp_pad(a);
     case OpKind::cast:
+      return vjp_cast(a);
     case OpKind::expand:
-      return vjp_shape(a);
+      return vjp_expand(a);
     case OpKind::identity:
       return pass_through(a);
     case OpKind::constant:
       return {};
+    // Not differentiable (OpInfo::differentiable; tests/unit/ops checks that they agree).
     case OpKind::conv_backward_filter:
-    case OpKind::unary_backward:
-    case OpKind::binary_backward:
-    case OpKind::batch_norm_backward:
-    case OpKind::layer_norm_backward:
-    case OpKind::rms_norm_backward:
-    case OpKind::softmax_backward:
-    case OpKind::log_softmax_backward:
-    case OpKind::cross_entropy_backward:
-    case OpKind::reduce_max_backward:
-    case OpKind::max_pool_backward:
-    case OpKind::avg_pool_backward:
-    case OpKind::slice_backward:
-    case OpKind::pad_backward:
+      FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_CASE)
     case OpKind::sgd_update:
     case OpKind::adamw_update:
       return no_gradient_second_order(a);

@@ -3,12 +3,12 @@
 // are stored channels-last where the value's shape and producer allow it.
 #include "fusebox/passes/layout.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
 
 #include "fusebox/core/error.h"
-#include "fusebox/ir/op_groups.h"
 
 namespace fusebox {
 
@@ -27,36 +27,9 @@ const char* layout_role_name(LayoutRole r) {
 }
 
 LayoutRole layout_role(const Node& n) {
-  switch (n.op) {
-    case OpKind::conv:
-    case OpKind::conv_backward_data:
-    case OpKind::conv_backward_filter:
-      return LayoutRole::convolution;
-      // Elementwise: the same function of each element whatever the order; operands of the
-      // output's shape are read in its order, broadcast operands through their strides.
-      FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
-      FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
-    case OpKind::identity:
-    case OpKind::cast:
-    case OpKind::expand:
-    case OpKind::unary_backward:
-    case OpKind::binary_backward:
-    case OpKind::sgd_update:
-    case OpKind::adamw_update:
-      return LayoutRole::elementwise;
-    // Per channel (C = dim 1) over N and the spatial dims: their kernels take both orders.
-    case OpKind::batch_norm:
-    case OpKind::batch_norm_backward:
-    case OpKind::avg_pool:
-    case OpKind::global_avg_pool:
-    case OpKind::max_pool_backward:
-    case OpKind::avg_pool_backward:
-      return LayoutRole::channelwise;
-    case OpKind::max_pool:  // its indices (a second output) count in NCHW order
-      return n.outputs.size() > 1 ? LayoutRole::contiguous : LayoutRole::channelwise;
-    default:
-      return LayoutRole::contiguous;
-  }
+  // max_pool's indices (a second output) count in NCHW order.
+  if (n.op == OpKind::max_pool && n.outputs.size() > 1) return LayoutRole::contiguous;
+  return op_info(n.op).layout;
 }
 
 namespace {
@@ -95,9 +68,10 @@ std::vector<ValueId> ordered_operands(const Graph& g, const Node& n, LayoutRole 
   return result;
 }
 
-}  // namespace
+// FUSEBOX_LAYOUT as parsed; -1 until the first layout_policy_from_env() (or a test's re-read).
+std::atomic<int> g_layout_policy{-1};
 
-LayoutPolicy layout_policy_from_env() {
+LayoutPolicy parse_layout_env() {
   const char* text = std::getenv("FUSEBOX_LAYOUT");
   if (text == nullptr || *text == '\0' || std::string(text) == "auto")
     return LayoutPolicy::channels_last_convs;
@@ -105,6 +79,21 @@ LayoutPolicy layout_policy_from_env() {
   throw Error("FUSEBOX_LAYOUT", "'" + std::string(text) +
                                     "' is not a layout policy: use auto (channels-last around "
                                     "convolutions) or contiguous");
+}
+
+}  // namespace
+
+LayoutPolicy layout_policy_from_env() {
+  int policy = g_layout_policy.load(std::memory_order_relaxed);
+  if (policy < 0) {
+    policy = int(parse_layout_env());
+    g_layout_policy.store(policy, std::memory_order_relaxed);
+  }
+  return LayoutPolicy(policy);
+}
+
+void reread_layout_policy() {
+  g_layout_policy.store(-1, std::memory_order_relaxed);
 }
 
 LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {

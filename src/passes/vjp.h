@@ -104,8 +104,13 @@ Grads vjp_binary(VjpArgs& a);
 Grads vjp_matmul(VjpArgs& a);
 Grads vjp_gemm(VjpArgs& a);
 Grads vjp_reduce(VjpArgs& a);
-// vjp_shape.cpp: reshape flatten squeeze unsqueeze transpose concat slice pad cast
-// identity expand.
-Grads vjp_shape(VjpArgs& a);
+// vjp_shape.cpp: the shape and data-movement ops.
+Grads vjp_reshape(VjpArgs& a);  // reshape, flatten, squeeze, unsqueeze
+Grads vjp_transpose(VjpArgs& a);
+Grads vjp_concat(VjpArgs& a);
+Grads vjp_slice(VjpArgs& a);
+Grads vjp_pad(VjpArgs& a);
+Grads vjp_cast(VjpArgs& a);
+Grads vjp_expand(VjpArgs& a);
 
 }  // namespace fusebox::autodiff

@@ -46,25 +46,21 @@ Grads vjp_binary(VjpArgs& a) {
   Emitter& e = a.e;
   const ValueId dy = a.dy[0], x0 = a.input(0), x1 = a.input(1);
   ValueId d0 = kNoValue, d1 = kNoValue;  // at the output's shape
-  switch (a.node.op) {
-    case OpKind::add:
-      d0 = d1 = dy;
-      break;
-    case OpKind::sub:
-      d0 = dy;
-      if (a.needs_input(1)) d1 = e.neg(dy);
-      break;
-    case OpKind::mul:
-      if (a.needs_input(0)) d0 = e.mul(dy, x1);
-      if (a.needs_input(1)) d1 = x0 == x1 ? d0 : e.mul(dy, x0);  // x * x: one product, twice
-      break;
-    default: {
-      const std::vector<ValueId> both =
-          e.op(OpKind::binary_backward, BinaryBackwardAttrs{a.node.op}, {dy, x0, x1}, "da_db");
-      d0 = both.at(0);
-      d1 = both.at(1);
-      break;
-    }
+  const OpKind op = a.node.op;
+  if (op == OpKind::add) {
+    d0 = d1 = dy;
+  } else if (op == OpKind::sub) {
+    d0 = dy;
+    if (a.needs_input(1)) d1 = e.neg(dy);
+  } else if (op == OpKind::mul) {
+    if (a.needs_input(0)) d0 = e.mul(dy, x1);
+    if (a.needs_input(1)) d1 = x0 == x1 ? d0 : e.mul(dy, x0);  // x * x: one product, twice
+  } else {
+    // div, max, min, pow
+    const std::vector<ValueId> both =
+        e.op(OpKind::binary_backward, BinaryBackwardAttrs{op}, {dy, x0, x1}, "da_db");
+    d0 = both.at(0);
+    d1 = both.at(1);
   }
   Grads out(2, kNoValue);
   if (a.needs_input(0)) out[0] = e.sum_to_shape(d0, e.shape(x0));

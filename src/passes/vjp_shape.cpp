@@ -3,7 +3,19 @@
 #include "vjp.h"
 
 namespace fusebox::autodiff {
-namespace {
+
+// reshape, flatten, squeeze, unsqueeze: the same elements in the same order.
+Grads vjp_reshape(VjpArgs& a) {
+  return {a.e.reshape(a.dy[0], a.e.shape(a.input(0)))};
+}
+
+Grads vjp_transpose(VjpArgs& a) {
+  // Output dim i is input dim perm[i], so input dim perm[i] comes back from dim i.
+  const std::vector<int64_t>& perm = std::get<TransposeAttrs>(a.node.attrs).perm;
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int64_t(i);
+  return {a.e.transpose(a.dy[0], inverse)};
+}
 
 // concat: input i's gradient is dy's slab [offset, offset + extent) along the axis.
 Grads vjp_concat(VjpArgs& a) {
@@ -26,56 +38,35 @@ Grads vjp_concat(VjpArgs& a) {
   return out;
 }
 
+Grads vjp_slice(VjpArgs& a) {
+  SliceBackwardAttrs s{std::get<SliceAttrs>(a.node.attrs), a.e.shape(a.input(0))};
+  return {a.e.op1(OpKind::slice_backward, s, {a.dy[0]}, "dx")};
+}
+
 // pad: constant mode copies x into the interior, so dx is dy cropped by the same pads
 // (a pad by the negated pads: what was padded is cropped and what was cropped comes
 // back as zeros). reflect and edge also copy x's elements into the border, which
 // pad_backward adds back.
-ValueId pad_gradient(VjpArgs& a) {
+Grads vjp_pad(VjpArgs& a) {
   Emitter& e = a.e;
   const PadAttrs& p = std::get<PadAttrs>(a.node.attrs);
   if (p.mode == PadMode::constant) {
     PadAttrs crop{p.pads, PadMode::constant, 0.0};
     for (int64_t& v : crop.pads) v = -v;
-    return e.op1(OpKind::pad, crop, {a.dy[0]}, "dx");
+    return {e.op1(OpKind::pad, crop, {a.dy[0]}, "dx")};
   }
-  return e.op1(OpKind::pad_backward, PadBackwardAttrs{p, e.shape(a.input(0))}, {a.dy[0]}, "dx");
+  return {e.op1(OpKind::pad_backward, PadBackwardAttrs{p, e.shape(a.input(0))}, {a.dy[0]}, "dx")};
 }
 
-}  // namespace
+// Only float -> float casts carry a gradient (integers are never differentiated).
+Grads vjp_cast(VjpArgs& a) {
+  const ValueId dy = a.dy[0], x = a.input(0);
+  if (a.e.dtype(dy) == a.e.dtype(x)) return {dy};
+  return {a.e.op1(OpKind::cast, CastAttrs{a.e.dtype(x)}, {dy}, "dx")};
+}
 
-Grads vjp_shape(VjpArgs& a) {
-  Emitter& e = a.e;
-  const ValueId dy = a.dy[0], x = a.node.inputs.at(0);
-  switch (a.node.op) {
-    case OpKind::reshape:
-    case OpKind::flatten:
-    case OpKind::squeeze:
-    case OpKind::unsqueeze:
-      return {e.reshape(dy, e.shape(x))};
-    case OpKind::transpose: {
-      // Output dim i is input dim perm[i], so input dim perm[i] comes back from dim i.
-      const std::vector<int64_t>& perm = std::get<TransposeAttrs>(a.node.attrs).perm;
-      std::vector<int64_t> inverse(perm.size());
-      for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int64_t(i);
-      return {e.transpose(dy, inverse)};
-    }
-    case OpKind::concat:
-      return vjp_concat(a);
-    case OpKind::slice: {
-      SliceBackwardAttrs s{std::get<SliceAttrs>(a.node.attrs), e.shape(x)};
-      return {e.op1(OpKind::slice_backward, s, {dy}, "dx")};
-    }
-    case OpKind::pad:
-      return {pad_gradient(a)};
-    case OpKind::cast:
-      // Only float -> float casts carry a gradient (integers are never differentiated).
-      if (e.dtype(dy) == e.dtype(x)) return {dy};
-      return {e.op1(OpKind::cast, CastAttrs{e.dtype(x)}, {dy}, "dx")};
-    case OpKind::expand:
-      return {e.sum_to_shape(dy, e.shape(x))};
-    default:
-      a.no_gradient("not a shape op (internal dispatch error)");
-  }
+Grads vjp_expand(VjpArgs& a) {
+  return {a.e.sum_to_shape(a.dy[0], a.e.shape(a.input(0)))};
 }
 
 }  // namespace fusebox::autodiff

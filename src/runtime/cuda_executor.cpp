@@ -39,9 +39,9 @@
 #include <mutex>
 #include <variant>
 
-#include "backends/cuda/env.h"
-#include "backends/cuda/error_flags.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/runtime/error_flags.h"
+#include "backends/cuda/runtime/settings.h"
 #include "fusebox/passes/layout.h"
 
 namespace fusebox {
@@ -344,20 +344,14 @@ struct StepCache {
   // Held for a whole run (runs share the device's encoder); recursive because the
   // allocator's reclaimer may run on the thread that allocates inside a run.
   std::recursive_mutex mutex;
-  size_t capacity = 0;
+  const size_t capacity = cuda::settings().step_cache_capacity;
   std::list<std::unique_ptr<CompiledStep>> steps;  // most recently used first
   const CompiledStep* replaying = nullptr;         // the step a run is replaying
   cuda::CachingAllocator::Registration reclaimer;  // see reclaim()
   bool reclaiming = false;                         // the reclaimer is registered
   CudaStepCacheStats stats;
 
-  StepCache() {
-    capacity = 4;
-    if (auto text = cuda::env_text("FUSEBOX_CUDA_STEP_CACHE")) {
-      capacity = cuda::parse_count(*text, "FUSEBOX_CUDA_STEP_CACHE");
-    }
-    stats.capacity = capacity;
-  }
+  StepCache() { stats.capacity = capacity; }
 
   CompiledStep* find(const Graph& g, int device, bool poison, LayoutPolicy layout) {
     for (auto it = steps.begin(); it != steps.end(); ++it) {

@@ -4,16 +4,15 @@
 
 #include <algorithm>
 
+#include "backends/cuda/runtime/device.h"
 #include "fusebox/backends/cpu.h"
 #include "runtime/cuda_executor.h"
 
 namespace fusebox {
 
-namespace cuda {
-bool device_present();  // backends/cuda/device_query.cu
+const char* device_name(Device d) {
+  return d == Device::cuda ? "cuda" : "cpu";
 }
-
-const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 
 bool cuda_available() {
   static const bool present = cuda::device_present();
@@ -82,7 +81,8 @@ NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptio
     cpu::run_node(g, n, in_ptrs, outs);
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       // An output nobody reads (e.g. batch_norm's saved statistics) is dropped at once.
-      if (remaining_reads[size_t(n.outputs[i])] > 0) slots[size_t(n.outputs[i])] = std::move(outs[i]);
+      if (remaining_reads[size_t(n.outputs[i])] > 0)
+        slots[size_t(n.outputs[i])] = std::move(outs[i]);
     }
     for (ValueId v : n.inputs)
       if (v != kNoValue && --remaining_reads[size_t(v)] == 0) slots[size_t(v)] = Tensor();

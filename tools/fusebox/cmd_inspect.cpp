@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
+#include "fusebox/ir/op_info.h"
 #include "fusebox/passes/layout.h"
 
 namespace fusebox::cli {
@@ -16,28 +17,25 @@ struct InspectArgs {
   std::vector<std::string> shapes;
 };
 
-// Multiply-accumulates of one node: numel(out) * reduction length for matmul/gemm,
-// numel(y) * (C/groups) * prod(R) for a conv (likewise for its backward ops, which
-// do the same arithmetic). 0 for every other op.
+// Multiply-accumulates of one node: numel(out) * reduction length for the matmul family,
+// numel(y) * (C/groups) * prod(R) for the conv family (conv's backward ops do the same
+// arithmetic: y is their dy, w their filter or filter gradient). 0 for every other op.
 int64_t macs(const Graph& g, const Node& n) {
   auto shape = [&](ValueId v) -> const Shape& { return g.value(v).type.shape; };
-  switch (n.op) {
-    case OpKind::conv:
-      return numel(shape(n.outputs[0])) * numel(shape(n.inputs[1])) / shape(n.inputs[1])[0];
-    case OpKind::conv_backward_data:
-      return numel(shape(n.inputs[0])) * numel(shape(n.inputs[1])) / shape(n.inputs[1])[0];
-    case OpKind::conv_backward_filter:
-      return numel(shape(n.inputs[1])) * numel(shape(n.outputs[0])) / shape(n.outputs[0])[0];
-    case OpKind::matmul:
-      return numel(shape(n.outputs[0])) * shape(n.inputs[0]).back();
-    case OpKind::gemm: {
-      const auto& a = std::get<GemmAttrs>(n.attrs);
-      const Shape& s = shape(n.inputs[0]);
-      return numel(shape(n.outputs[0])) * (a.trans_a ? s[0] : s[1]);
-    }
-    default:
-      return 0;
+  const OpFamily family = op_info(n.op).family;
+  if (family == OpFamily::conv) {
+    const Shape& y = shape(n.op == OpKind::conv                 ? n.outputs[0]
+                           : n.op == OpKind::conv_backward_data ? n.inputs[0]
+                                                                : n.inputs[1]);
+    const Shape& w = shape(n.op == OpKind::conv_backward_filter ? n.outputs[0] : n.inputs[1]);
+    return numel(y) * numel(w) / w[0];
   }
+  if (family == OpFamily::matmul) {
+    const Shape& a = shape(n.inputs[0]);
+    const bool trans_a = n.op == OpKind::gemm && std::get<GemmAttrs>(n.attrs).trans_a;
+    return numel(shape(n.outputs[0])) * (trans_a ? a[0] : a.back());
+  }
+  return 0;
 }
 
 int inspect(const InspectArgs& args) {

@@ -10,11 +10,11 @@
 #include <set>
 
 // The backend's convolution record: a header of standard and public includes only.
-#include "../../src/backends/cuda/conv_report.h"
-#include "fusebox/passes/layout.h"
+#include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
+#include "fusebox/passes/layout.h"
 #include "fusebox/runtime/executor.h"
 
 namespace fusebox::cli {

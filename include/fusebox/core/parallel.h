@@ -6,7 +6,8 @@
 
 namespace fusebox {
 
-// Number of threads parallel_for uses: FUSEBOX_NUM_THREADS, else the hardware count.
+// Number of threads parallel_for uses: FUSEBOX_NUM_THREADS (at most 256), else the hardware
+// count; read at the first call. A value that is not a positive integer is an Error.
 int num_threads();
 
 // Runs body(begin, end) over [0, n) split into contiguous chunks of at least

@@ -59,8 +59,7 @@ class Graph {
   // `name` may be empty: a unique one is made. Output names likewise
   // ("<node>:<i>") unless given.
   std::vector<ValueId> add_node(OpKind op, Attrs attrs, std::vector<ValueId> inputs,
-                                std::string name = {},
-                                std::vector<std::string> output_names = {});
+                                std::string name = {}, std::vector<std::string> output_names = {});
   void mark_output(ValueId v);
   // Renames a value (names must stay unique).
   void rename_value(ValueId v, const std::string& name);
@@ -111,12 +110,5 @@ class Graph {
 // reshape's shape holds the final extents (no 0 or -1).
 std::vector<TensorType> infer_and_normalize(Node& node,
                                             std::span<const std::optional<TensorType>> inputs);
-
-// How many inputs an op takes (min..max).
-struct OpArity {
-  int min_inputs;
-  int max_inputs;
-};
-OpArity op_arity(OpKind op);
 
 }  // namespace fusebox

@@ -5,10 +5,13 @@
 //     FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE) return unary(...);
 //     ...
 //   }
-// Adding an op to a family here adds it to every such switch.
+// Adding an op to a family here adds it to every such switch. Each list is exactly its
+// family in the op table (op_info.h), checked below.
 #pragma once
 
-#include "fusebox/ir/ops.h"
+#include <initializer_list>
+
+#include "fusebox/ir/op_info.h"
 
 #define FUSEBOX_OP_CASE(name) case ::fusebox::OpKind::name:
 
@@ -17,9 +20,36 @@
 #define FUSEBOX_UNARY_POINTWISE_OPS(X)                                                      \
   X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) \
   X(reciprocal) X(neg) X(abs) X(erf) X(clip)
+
+// The gradients autodiff emits; none of them is differentiated again.
+#define FUSEBOX_BACKWARD_OPS(X)                                                             \
+  X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)      \
+  X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
+  X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                   \
+  X(avg_pool_backward) X(slice_backward) X(pad_backward)
 // clang-format on
 
 // Elementwise, two inputs broadcast as numpy.
 #define FUSEBOX_BINARY_POINTWISE_OPS(X) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)
 
 #define FUSEBOX_REDUCE_OPS(X) X(reduce_sum) X(reduce_mean) X(reduce_max)
+
+namespace fusebox::op_info_checks {
+
+// `ops` are exactly the ops of `family` in the table.
+constexpr bool is_family(OpFamily family, std::initializer_list<OpKind> ops) {
+  size_t in_family = 0;
+  for (const OpInfo& r : kOpTable) in_family += r.family == family;
+  for (OpKind op : ops)
+    if (op_info(op).family != family) return false;
+  return ops.size() == in_family;
+}
+
+#define FUSEBOX_OP_LIST_ITEM(name) ::fusebox::OpKind::name,
+static_assert(is_family(OpFamily::unary, {FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_LIST_ITEM)}));
+static_assert(is_family(OpFamily::binary, {FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_LIST_ITEM)}));
+static_assert(is_family(OpFamily::reduce, {FUSEBOX_REDUCE_OPS(FUSEBOX_OP_LIST_ITEM)}));
+static_assert(is_family(OpFamily::backward, {FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_LIST_ITEM)}));
+#undef FUSEBOX_OP_LIST_ITEM
+
+}  // namespace fusebox::op_info_checks

@@ -11,12 +11,12 @@
 // softmax, ...) gets a contiguous copy of a channels-last input.
 //
 // How values are chosen:
-//   1. Each op has a layout role (layout_role): `convolution` ops prefer channels-last and
-//      read their activations and filters in the output's order (an input written
-//      contiguous, by a pad or a concat, is converted: a conversion); `elementwise` and
-//      `channelwise` ops run in either order, with all their operands of the output's
-//      shape (elementwise) or rank (channelwise) in one order; `contiguous` ops need
-//      contiguous inputs and write contiguous outputs.
+//   1. Each op has a layout role (layout_role, from the op table in ir/op_info.h):
+//      `convolution` ops prefer channels-last and read their activations and filters in
+//      the output's order (an input written contiguous, by a pad or a concat, is
+//      converted: a conversion); `elementwise` and `channelwise` ops run in either order,
+//      with all their operands of the output's shape (elementwise) or rank (channelwise)
+//      in one order; `contiguous` ops need contiguous inputs and write contiguous outputs.
 //   2. Values are joined into groups through the elementwise and channelwise ops (the
 //      operands that must share an order). A group that holds an operand of a convolution
 //      is stored channels-last.
@@ -33,13 +33,13 @@
 
 #include "fusebox/core/shape.h"
 #include "fusebox/ir/graph.h"
+#include "fusebox/ir/op_info.h"
 
 namespace fusebox {
 
-enum class LayoutRole : uint8_t { contiguous, convolution, elementwise, channelwise };
 const char* layout_role_name(LayoutRole r);
-// The role of `n`; by op kind, except that a max_pool that also returns indices is
-// `contiguous` (its indices count in NCHW order).
+// The role of `n`: its op's (OpInfo::layout), except that a max_pool that also returns
+// indices is `contiguous` (its indices count in NCHW order).
 LayoutRole layout_role(const Node& n);
 
 struct LayoutPlan {
@@ -66,8 +66,11 @@ enum class LayoutPolicy : uint8_t {
   contiguous,           // every value contiguous (FUSEBOX_LAYOUT=contiguous)
 };
 // FUSEBOX_LAYOUT: "auto" (default: channels_last_convs) or "contiguous"; anything else is
-// an Error naming the variable and its values.
+// an Error naming the variable and its values. Read at the first call, then kept.
 LayoutPolicy layout_policy_from_env();
+// For tests and benchmarks that change FUSEBOX_LAYOUT in one process (testing::ScopedEnv,
+// bench_resnet): the next call reads it again.
+void reread_layout_policy();
 
 LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy = LayoutPolicy::channels_last_convs);
 

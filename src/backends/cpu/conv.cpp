@@ -191,8 +191,8 @@ void conv_forward(const Node& n, Inputs in, Outputs out) {
   Tensor& y = out[0];
   check_same_dtype(x, y, "input", "output", where);
   check_same_dtype(w, y, "weight", "output", where);
-  const ConvProblem p =
-      make_conv_problem(std::get<ConvAttrs>(n.attrs), x.shape(), w.shape(), y.shape(), where);
+  const ConvProblem p{
+      make_conv_geometry(std::get<ConvAttrs>(n.attrs), x.shape(), w.shape(), y.shape(), where)};
   check_bias(bias, y, p.out_channels, where);
   visit_float_compute(n, y.dtype(), [&](auto tag) {
     using C = decltype(tag);
@@ -212,7 +212,7 @@ void conv_backward_data(const Node& n, Inputs in, Outputs out) {
   check_same_dtype(dy, dx, "dy", "dx", where);
   check_same_dtype(w, dx, "weight", "dx", where);
   const auto& attrs = std::get<ConvBackwardDataAttrs>(n.attrs);
-  const ConvProblem p = make_conv_problem(attrs.conv, dx.shape(), w.shape(), dy.shape(), where);
+  const ConvProblem p{make_conv_geometry(attrs.conv, dx.shape(), w.shape(), dy.shape(), where)};
   check_bias(bias, dx, p.in_channels, where);
   visit_float_compute(n, dx.dtype(), [&](auto tag) {
     using C = decltype(tag);
@@ -231,7 +231,7 @@ void conv_backward_filter(const Node& n, Inputs in, Outputs out) {
   check_same_dtype(x, dw, "x", "dw", where);
   check_same_dtype(dy, dw, "dy", "dw", where);
   const auto& attrs = std::get<ConvBackwardFilterAttrs>(n.attrs);
-  const ConvProblem p = make_conv_problem(attrs.conv, x.shape(), dw.shape(), dy.shape(), where);
+  const ConvProblem p{make_conv_geometry(attrs.conv, x.shape(), dw.shape(), dy.shape(), where)};
   visit_float_compute(n, dw.dtype(), [&](auto tag) {
     using C = decltype(tag);
     ComputeInput<C> xc(&x), dyc(&dy);

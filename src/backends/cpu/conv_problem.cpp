@@ -1,15 +1,14 @@
 #include "conv_problem.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 namespace fusebox::cpu {
 
 namespace {
 
-int64_t floor_div(int64_t a, int64_t b) {  // b > 0
-  return a >= 0 ? a / b : -((-a + b - 1) / b);
-}
+using Dims3 = std::array<int64_t, 3>;
 
 // For one filter tap r, walks the output positions [o_begin, o_end) in runs along the
 // innermost dim and calls
@@ -58,53 +57,6 @@ bool ConvProblem::is_pointwise() const {
   for (int d = 0; d < 3; ++d)
     if (filter[d] != 1 || stride[d] != 1 || pad_lo[d] != 0 || in[d] != out[d]) return false;
   return true;
-}
-
-ConvProblem make_conv_problem(const ConvAttrs& attrs, const Shape& x, const Shape& w,
-                              const Shape& y, const std::string& where) {
-  const int64_t rank = int64_t(w.size()) - 2;
-  FUSEBOX_CHECK(rank >= 1 && rank <= 3, where, "weight ", shape_str(w),
-                ": expected 1 to 3 spatial dims");
-  FUSEBOX_CHECK(int64_t(x.size()) == rank + 2 && int64_t(y.size()) == rank + 2, where, "input ",
-                shape_str(x), ", weight ", shape_str(w), " and output ", shape_str(y),
-                " must have the same rank");
-  FUSEBOX_CHECK(int64_t(attrs.strides.size()) == rank && int64_t(attrs.dilations.size()) == rank &&
-                    int64_t(attrs.pads_begin.size()) == rank &&
-                    int64_t(attrs.pads_end.size()) == rank,
-                where, "attributes are not normalised to ", rank, " spatial dims");
-  ConvProblem p;
-  p.batch = x[0];
-  p.in_channels = x[1];
-  p.out_channels = w[0];
-  p.groups = attrs.groups;
-  FUSEBOX_CHECK(p.groups >= 1 && p.in_channels % p.groups == 0 && p.out_channels % p.groups == 0 &&
-                    w[1] * p.groups == p.in_channels,
-                where, "channels do not match groups=", p.groups, ": input ", shape_str(x),
-                ", weight ", shape_str(w));
-  FUSEBOX_CHECK(y[0] == p.batch && y[1] == p.out_channels, where, "output ", shape_str(y),
-                " does not match input ", shape_str(x), " and weight ", shape_str(w));
-  const int64_t lead = 3 - rank;  // leading dims of extent 1
-  for (int64_t d = 0; d < rank; ++d) {
-    int64_t i = lead + d;
-    p.in[i] = x[2 + d];
-    p.out[i] = y[2 + d];
-    p.filter[i] = w[2 + d];
-    p.stride[i] = attrs.strides[d];
-    p.dilation[i] = attrs.dilations[d];
-    p.pad_lo[i] = attrs.pads_begin[d];
-    FUSEBOX_CHECK(
-        p.stride[i] >= 1 && p.dilation[i] >= 1 && p.filter[i] >= 1 && p.in[i] >= 1 && p.out[i] >= 1,
-        where, "bad spatial dim ", d, ": input ", shape_str(x), ", weight ", shape_str(w),
-        ", output ", shape_str(y), ", stride ", p.stride[i], ", dilation ", p.dilation[i]);
-    const int64_t full = floor_div(p.in[i] + attrs.pads_begin[d] + attrs.pads_end[d] -
-                                       p.dilation[i] * (p.filter[i] - 1) - 1,
-                                   p.stride[i]) +
-                         1;
-    FUSEBOX_CHECK(p.out[i] == full, where, "spatial dim ", d, ": output extent ", p.out[i],
-                  " does not match input extent ", p.in[i], " (a convolution of it gives ", full,
-                  ")");
-  }
-  return p;
 }
 
 template <class T>

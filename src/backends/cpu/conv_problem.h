@@ -1,53 +1,26 @@
-// The convolution problem shared by the forward, backward-data and backward-filter
-// kernels (CUTLASS style: one struct describes all three), im2col / col2im over it,
-// and the compute-type views of whole tensors that the GEMM-based kernels work on.
-//
-// Rank-agnostic: 1-D and 2-D problems are stored as 3-D ones with leading spatial
-// extents of 1 (filter 1, stride 1, dilation 1, pad 0), so one code path serves all.
+// The convolution problem of the CPU kernels: the backends' shared geometry
+// (backends/common/conv_geometry.h: one struct for the forward, backward-data and
+// backward-filter ops, 1-D and 2-D stored as 3-D), what the GEMM-based kernels derive from
+// it, im2col / col2im over it, and the compute-type views of whole tensors they work on.
 #pragma once
 
-#include <array>
 #include <string>
 #include <vector>
 
+#include "backends/common/conv_geometry.h"
 #include "fusebox/core/parallel.h"
 #include "fusebox/ir/graph.h"
 #include "kernel_util.h"
 
 namespace fusebox::cpu {
 
-using Dims3 = std::array<int64_t, 3>;
-
-struct ConvProblem {
-  int64_t batch = 0;         // N
-  int64_t in_channels = 0;   // C
-  int64_t out_channels = 0;  // K
-  int64_t groups = 1;        // g
-  Dims3 in{1, 1, 1};         // D: x / dx spatial extents
-  Dims3 out{1, 1, 1};        // O: y / dy spatial extents
-  Dims3 filter{1, 1, 1};     // R: w / dw spatial extents
-  Dims3 stride{1, 1, 1};
-  Dims3 dilation{1, 1, 1};
-  Dims3 pad_lo{0, 0, 0};  // the high pads are implied by O; taps past D read zero
-
-  int64_t in_size() const { return in[0] * in[1] * in[2]; }
-  int64_t out_size() const { return out[0] * out[1] * out[2]; }
-  int64_t filter_size() const { return filter[0] * filter[1] * filter[2]; }
-  int64_t in_per_group() const { return in_channels / groups; }    // C/g
-  int64_t out_per_group() const { return out_channels / groups; }  // K/g
+// Built as ConvProblem{make_conv_geometry(...)}: the checks are the shared ones.
+struct ConvProblem : ConvGeometry {
   // Rows of the im2col matrix: one per (input channel of a group, filter tap).
   int64_t col_rows() const { return in_per_group() * filter_size(); }
   // A 1x1 filter with stride 1 and no padding: the im2col matrix is x itself.
   bool is_pointwise() const;
 };
-
-// Builds the problem from x [N, C, D...], w [K, C/g, R...] and y [N, K, O...] shapes
-// (for the backward ops: dx, w / dw and dy), checking that they agree with each other
-// and with the attributes (O is what a convolution of D gives); `where` names the node
-// in errors. Shape inference has checked all this; the kernels check again because
-// they index memory by it.
-ConvProblem make_conv_problem(const ConvAttrs& attrs, const Shape& x, const Shape& w,
-                              const Shape& y, const std::string& where);
 
 // im2col for one image and one group: col[row][o - o_begin] = x[c][input position of
 // tap r at output position o] (0 in the padding), row = c * filter_size + r, for

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/common/dtype_dispatch.h"
+#include "backends/common/strided_walk.h"
 #include "fusebox/core/parallel.h"
 #include "fusebox/ir/graph.h"
 
@@ -73,41 +75,6 @@ compute_t<T> to_compute(T v) {
   return convert<compute_t<T>>(v);
 }
 
-// Calls f(T{}) for a floating dtype (and instantiates f for those only); any
-// other dtype is an Error naming the node.
-template <class F>
-decltype(auto) visit_float(const Node& n, DType t, F&& f) {
-  switch (t) {
-    case DType::f64:
-      return f(double{});
-    case DType::f32:
-      return f(float{});
-    case DType::f16:
-      return f(Half{});
-    case DType::bf16:
-      return f(BFloat16{});
-    default:
-      break;
-  }
-  throw Error(node_label(n), cat("expects a floating-point tensor, got ", dtype_name(t)));
-}
-
-// Calls f(T{}) with T an unsigned integer type of `bytes` bytes: for kernels that
-// only move elements and never look at their values.
-template <class F>
-decltype(auto) visit_bytes(size_t bytes, F&& f) {
-  switch (bytes) {
-    case 1:
-      return f(uint8_t{});
-    case 2:
-      return f(uint16_t{});
-    case 4:
-      return f(uint32_t{});
-    default:
-      return f(uint64_t{});
-  }
-}
-
 // ---- strided loop nest -------------------------------------------------------
 // A row-major walk over `shape` carrying, for each of N operands, the element
 // offset sum(coord[d] * strides[k][d]). A stride of 0 broadcasts; a negative
@@ -122,30 +89,9 @@ struct StridedNest {
   int64_t inner_stride(size_t k) const { return strides[k].back(); }
 
   // Drops extent-1 dims and merges neighbours that every operand walks as one
-  // dim, so that e.g. a same-shape elementwise op becomes a single flat run.
-  // Leaves at least one dim.
-  void simplify() {
-    Shape s;
-    std::array<Shape, N> st;
-    for (size_t d = 0; d < shape.size(); ++d) {
-      if (shape[d] == 1) continue;
-      bool merge = !s.empty();
-      for (size_t k = 0; k < N && merge; ++k) merge = st[k].back() == strides[k][d] * shape[d];
-      if (merge) {
-        s.back() *= shape[d];
-        for (size_t k = 0; k < N; ++k) st[k].back() = strides[k][d];
-      } else {
-        s.push_back(shape[d]);
-        for (size_t k = 0; k < N; ++k) st[k].push_back(strides[k][d]);
-      }
-    }
-    if (s.empty()) {
-      s.push_back(1);
-      for (size_t k = 0; k < N; ++k) st[k].push_back(0);
-    }
-    shape = std::move(s);
-    strides = std::move(st);
-  }
+  // dim, so that e.g. a same-shape elementwise op becomes a single flat run
+  // (backends/common/strided_walk.h, as the CUDA layouts do). Leaves at least one dim.
+  void simplify() { simplify_strided_walk(shape, strides); }
 
   // Calls body(offsets, count) over the runs covering flat elements [begin, end).
   template <class F>

@@ -12,7 +12,7 @@
 //     counts, but the positions past the end padding that ceil_mode's last window
 //     may reach do not (ONNX / PyTorch).
 // Rank-agnostic like conv: 1-D and 2-D pools are 3-D ones with leading extents of 1.
-// The window geometry (shared with the gradients) is in pool_window.h.
+// The window geometry (shared with the gradients and the CUDA kernels) is in pool_window.h.
 // Values are compared / summed in the compute type (f32 for f16/bf16) and rounded once.
 #include <algorithm>
 #include <array>
@@ -26,51 +26,13 @@
 
 namespace fusebox::cpu {
 
-namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) {  // b > 0
-  return a >= 0 ? (a + b - 1) / b : -(-a / b);
-}
-
-}  // namespace
-
 PoolGeometry make_pool_geometry(const PoolAttrs& a, const Shape& x, const Shape& y,
                                 const std::string& where) {
-  const int64_t rank = int64_t(x.size()) - 2;
-  FUSEBOX_CHECK(rank >= 1 && rank <= 3 && y.size() == x.size() && y[0] == x[0] && y[1] == x[1],
-                where, "input ", shape_str(x), " and output ", shape_str(y),
-                " must be [N, C, D...] with 1 to 3 spatial dims");
-  FUSEBOX_CHECK(int64_t(a.kernel.size()) == rank && int64_t(a.strides.size()) == rank &&
-                    int64_t(a.dilations.size()) == rank && int64_t(a.pads_begin.size()) == rank &&
-                    int64_t(a.pads_end.size()) == rank,
-                where, "attributes are not normalised to ", rank, " spatial dims");
-  PoolGeometry g;
-  g.planes = x[0] * x[1];
-  for (int64_t d = 0; d < rank; ++d) {
-    const int64_t i = 3 - rank + d;
-    const int64_t extent = x[2 + d], kernel = a.kernel[d], stride = a.strides[d];
-    const int64_t dil = a.dilations[d], pad_lo = a.pads_begin[d], pad_hi = a.pads_end[d];
-    FUSEBOX_CHECK(kernel >= 1 && stride >= 1 && dil >= 1 && pad_lo >= 0 && pad_hi >= 0, where,
-                  "bad window in spatial dim ", d, ": kernel ", kernel, ", stride ", stride,
-                  ", dilation ", dil, ", pads ", pad_lo, " and ", pad_hi);
-    g.in[i] = extent;
-    g.out[i] = y[2 + d];
-    g.dilation[i] = dil;
-    g.taps[i].resize(size_t(y[2 + d]));
-    for (int64_t o = 0; o < y[2 + d]; ++o) {
-      const int64_t start = o * stride - pad_lo;
-      // Taps j with lo <= start + j*dil < hi: j in [ceil((lo-start)/dil), ceil((hi-start)/dil)).
-      auto taps_below = [&](int64_t hi) {
-        return std::clamp<int64_t>(ceil_div(hi - start, dil), 0, kernel);
-      };
-      const int64_t j_first = taps_below(0);
-      TapRange& t = g.taps[i][size_t(o)];
-      t.first = start + j_first * dil;
-      t.count = std::max<int64_t>(0, taps_below(extent) - j_first);
-      t.padded = taps_below(extent + pad_hi) - taps_below(-pad_lo);
-    }
+  PoolGeometry g{make_pool_window(a, x, y, where)};
+  for (int d = 0; d < 3; ++d) {
+    g.taps[size_t(d)].resize(size_t(g.out[d]));
+    for (int64_t o = 0; o < g.out[d]; ++o) g.taps[size_t(d)][size_t(o)] = window_taps(g, d, o);
   }
-  for (int d = 0; d < 3 - rank; ++d) g.taps[size_t(d)] = {TapRange{0, 1, 1}};
   return g;
 }
 
@@ -81,7 +43,7 @@ template <class F>
 void for_each_output_row(const PoolGeometry& g, F&& body) {
   const int64_t rows_per_plane = g.out[0] * g.out[1];
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(g.out[2], 1));
-  parallel_for(g.planes * rows_per_plane, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(g.planes() * rows_per_plane, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       body(r / rows_per_plane, r % rows_per_plane / g.out[1], r % g.out[1]);
   });

@@ -25,7 +25,7 @@ template <class T, class F>
 void for_each_plane_scatter(const PoolGeometry& g, Tensor& dx, F&& scatter) {
   T* pdx = dx.data<T>();
   const int64_t in_size = g.in_size();
-  parallel_for(g.planes, 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(g.planes(), 1, [&](int64_t p0, int64_t p1) {
     std::vector<double> plane(static_cast<size_t>(in_size));
     for (int64_t p = p0; p < p1; ++p) {
       std::fill(plane.begin(), plane.end(), 0.0);

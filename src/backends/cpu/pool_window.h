@@ -1,51 +1,33 @@
 // The window geometry of the windowed pools, shared by the forward kernels (pool.cpp)
-// and their gradients (pool_backward.cpp), so both walk exactly the same taps.
-//
-// For each (n, c) plane and output position o:
-//   window along each spatial dim d: taps j < kernel[d] at input position
-//     o[d] * stride[d] - pad_begin[d] + j * dilation[d]
-// The in-bounds taps of one output along one dim are consecutive in j, so a TapRange
-// holds them as (first position, count); `padded` counts the taps inside
-// [-pad_begin, D + pad_end), avg_pool's divisor with count_include_pad (the positions
-// past the end padding that ceil_mode's last window may reach do not count).
+// and their gradients (pool_backward.cpp), so both walk exactly the same taps: the
+// backends' window arithmetic (backends/common/pool_window.h, which defines the windows
+// and avg_pool's divisor) with each output's taps tabulated once per dim.
 // Rank-agnostic like conv: 1-D and 2-D pools are 3-D ones with leading extents of 1.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "backends/common/pool_window.h"
 #include "kernel_util.h"
 
 namespace fusebox::cpu {
 
-// The taps of one output position along one dim.
-struct TapRange {
-  int64_t first = 0;   // input position of the first in-bounds tap
-  int64_t count = 0;   // in-bounds taps (consecutive in j, so positions first + i*dilation)
-  int64_t padded = 0;  // taps inside [-pad_begin, D + pad_end)
-};
-
-struct PoolGeometry {
-  int64_t planes = 0;  // N * C
-  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, dilation{1, 1, 1};
+struct PoolGeometry : PoolWindow {
   std::array<std::vector<TapRange>, 3> taps;  // taps[d][o]
 
-  int64_t in_size() const { return in[0] * in[1] * in[2]; }
-  int64_t out_size() const { return out[0] * out[1] * out[2]; }
   // avg_pool's divisor for output (o0, o1, o2).
   int64_t divisor(int64_t o0, int64_t o1, int64_t o2, bool count_include_pad) const {
-    const TapRange &t0 = taps[0][size_t(o0)], &t1 = taps[1][size_t(o1)], &t2 = taps[2][size_t(o2)];
-    return count_include_pad ? t0.padded * t1.padded * t2.padded : t0.count * t1.count * t2.count;
+    return window_divisor(taps[0][size_t(o0)], taps[1][size_t(o1)], taps[2][size_t(o2)],
+                          count_include_pad);
   }
 };
 
 // The geometry of a pool from x [N, C, D...] to y [N, C, O...] (for the backward ops:
-// dx and dy), checking that the shapes and the normalised attributes agree; `where`
-// names the node in errors.
+// dx and dy), checked by make_pool_window; `where` names the node in errors.
 PoolGeometry make_pool_geometry(const PoolAttrs& a, const Shape& x, const Shape& y,
                                 const std::string& where);
 

@@ -2,6 +2,7 @@
 
 #include "backends/cuda/kernels.h"
 #include "fusebox/ir/op_groups.h"
+#include "fusebox/ir/op_info.h"
 #include "fusebox/passes/layout.h"
 
 namespace fusebox::cuda {
@@ -9,19 +10,6 @@ namespace fusebox::cuda {
 namespace {
 
 // clang-format off
-// Which ops accept strided inputs (views); all others get contiguous copies first.
-bool accepts_strided_inputs(OpKind op) {
-  switch (op) {
-    case OpKind::conv: case OpKind::conv_backward_data: case OpKind::conv_backward_filter:
-    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
-    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
-    case OpKind::identity: case OpKind::expand: case OpKind::unary_backward:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
   switch (n.op) {
     case OpKind::conv: return conv_forward(ctx, n, in, out);
@@ -141,7 +129,7 @@ bool runs_channels_last(Inputs in, Outputs out) {
 }
 
 void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  const bool strided_ok = accepts_strided_inputs(n.op);
+  const bool strided_ok = op_info(n.op).cuda_strided_inputs;
   const ConvertedInputs inputs(ctx, in, [&](const DeviceTensor& t) -> std::optional<MemoryFormat> {
     if (strided_ok || t.is_contiguous()) return std::nullopt;
     return MemoryFormat::contiguous;

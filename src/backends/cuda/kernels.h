@@ -18,24 +18,18 @@
 
 #include <span>
 
-#include "backends/cuda/encoder.h"
-#include "backends/cuda/tensor.h"
+#include "backends/cuda/runtime/context.h"
+#include "backends/cuda/runtime/tensor.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
-
-struct Context {
-  Device& device;
-  CommandEncoder& encoder;
-  CachingAllocator& allocator;
-};
 
 using Inputs = std::span<const DeviceTensor* const>;
 using Outputs = std::span<DeviceTensor>;
 
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out);
 
-// ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, cross_entropy.cu (helper A) ----------
+// ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, kernels/reduce/cross_entropy.cu ----------
 void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided inputs OK
 void binary(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
 void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
@@ -53,30 +47,32 @@ void constant(Context& ctx, const Node& n, Inputs in, Outputs out);
 void copy_strided(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst);
 
 // ---- backward ops and optimizer updates (ops.h), the CPU kernels' semantics -----------
-// pointwise_backward.cu
+// kernels/pointwise/backward.cu
 void unary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided inputs OK
 void binary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// shape_ops_backward.cu
+// kernels/shape/backward.cu
 void expand(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided input OK
 void slice_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void pad_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// reduce_backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
+// kernels/reduce/backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
 void softmax_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce_max_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// cross_entropy.cu
+// kernels/reduce/cross_entropy.cu
 void cross_entropy_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// batch_norm.cu, pool.cu
+// kernels/batch_norm/batch_norm.cu, kernels/pool/pool.cu
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void avg_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// norm_backward.cu (helper B): the IR forms of the direct calls declared below
+// kernels/norm/backward.cu: the IR forms of the direct calls declared below
 void layer_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void rms_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// optimizer.cu: one fused pass each; lr and step are read on the device (no host sync)
+// kernels/optimizer/optimizer.cu: one fused pass each; lr and step are read on the device (no host
+// sync)
 void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 
-// ---- norm_*.cu, batch_norm.cu, pool.cu, conv_direct.cu, matmul.cpp (helper B) -------
+// ---- norm_*.cu, kernels/batch_norm/batch_norm.cu, kernels/pool/pool.cu, kernels/conv/direct.cu,
+// kernels/matmul/matmul.cpp -------
 void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -13,6 +13,7 @@
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
+#include "fusebox/ir/op_info.h"
 #include "io/tensor_proto.h"
 
 namespace fusebox {
@@ -201,55 +202,8 @@ class Exporter {
   std::set<std::string> used_node_names_;
 };
 
-const char* onnx_op_type(OpKind op) {
-  switch (op) {
-    case OpKind::relu:
-      return "Relu";
-    case OpKind::sigmoid:
-      return "Sigmoid";
-    case OpKind::tanh:
-      return "Tanh";
-    case OpKind::exp:
-      return "Exp";
-    case OpKind::log:
-      return "Log";
-    case OpKind::sqrt:
-      return "Sqrt";
-    case OpKind::reciprocal:
-      return "Reciprocal";
-    case OpKind::neg:
-      return "Neg";
-    case OpKind::abs:
-      return "Abs";
-    case OpKind::erf:
-      return "Erf";
-    case OpKind::identity:
-      return "Identity";
-    case OpKind::add:
-      return "Add";
-    case OpKind::sub:
-      return "Sub";
-    case OpKind::mul:
-      return "Mul";
-    case OpKind::div:
-      return "Div";
-    case OpKind::max:
-      return "Max";
-    case OpKind::min:
-      return "Min";
-    case OpKind::pow:
-      return "Pow";
-    case OpKind::matmul:
-      return "MatMul";
-    case OpKind::global_avg_pool:
-      return "GlobalAveragePool";
-    default:
-      return nullptr;
-  }
-}
-
 void Exporter::export_node(const Node& n) {
-  if (const char* simple = onnx_op_type(n.op)) {
+  if (const char* simple = op_info(n.op).onnx_type) {
     add(simple, n.name, ins(n), outs(n));
     return;
   }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/conv_report.h"
+#include "backends/cuda/kernels/conv/report.h"
 #include "gpu_vs_cpu.h"
 
 namespace fusebox::cuda::testing {

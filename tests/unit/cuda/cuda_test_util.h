@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/check.h"
-#include "backends/cuda/encoder.h"
+#include "backends/cuda/runtime/check.h"
+#include "backends/cuda/runtime/encoder.h"
 #include "test_kernels.h"
 
 namespace fusebox::cuda::testing {

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/error_flags.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/runtime/error_flags.h"
 #include "cuda_test_util.h"
 #include "testing.h"
 

@@ -3,6 +3,7 @@
 // accepted exactly for ops whose attribute struct is entirely defaultable.
 #include <set>
 
+#include "fusebox/ir/op_info.h"
 #include "infer_testing.h"
 
 // Designated initialisers (ConvAttrs{.strides = ...}) leave the other fields defaulted.
@@ -183,36 +184,36 @@ TEST(InferGeneric, EveryOpHasAValidSample) {
     ASSERT_TRUE(s.has_value()) << "no sample for " << op_name(op);
     Inferred r = infer(op, s->attrs, s->inputs);
     EXPECT_EQ(r.types.size(), s->outputs);
-    OpArity arity = op_arity(op);
-    EXPECT_LE(arity.min_inputs, int(s->inputs.size()));
-    EXPECT_GE(arity.max_inputs, int(s->inputs.size()));
+    const OpInfo& info = op_info(op);
+    EXPECT_LE(info.min_inputs, int(s->inputs.size()));
+    EXPECT_GE(info.max_inputs, int(s->inputs.size()));
   }
 }
 
-TEST(InferGeneric, OpArity) {
-  EXPECT_EQ(op_arity(OpKind::conv).min_inputs, 2);
-  EXPECT_EQ(op_arity(OpKind::conv).max_inputs, 3);
-  EXPECT_EQ(op_arity(OpKind::batch_norm).min_inputs, 5);
-  EXPECT_EQ(op_arity(OpKind::batch_norm).max_inputs, 5);
-  EXPECT_EQ(op_arity(OpKind::layer_norm).max_inputs, 3);
-  EXPECT_EQ(op_arity(OpKind::cross_entropy).min_inputs, 2);
-  EXPECT_EQ(op_arity(OpKind::constant).max_inputs, 0);
-  EXPECT_EQ(op_arity(OpKind::concat).min_inputs, 1);
-  EXPECT_GE(op_arity(OpKind::concat).max_inputs, 1 << 20);
+TEST(InferGeneric, InputCountsInTheOpTable) {
+  EXPECT_EQ(op_info(OpKind::conv).min_inputs, 2);
+  EXPECT_EQ(op_info(OpKind::conv).max_inputs, 3);
+  EXPECT_EQ(op_info(OpKind::batch_norm).min_inputs, 5);
+  EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 5);
+  EXPECT_EQ(op_info(OpKind::layer_norm).max_inputs, 3);
+  EXPECT_EQ(op_info(OpKind::cross_entropy).min_inputs, 2);
+  EXPECT_EQ(op_info(OpKind::constant).max_inputs, 0);
+  EXPECT_EQ(op_info(OpKind::concat).min_inputs, 1);
+  EXPECT_GE(op_info(OpKind::concat).max_inputs, 1 << 20);
 }
 
 TEST(InferGeneric, InputCountIsEnforced) {
   for (OpKind op : kAllOps) {
     SCOPED_TRACE(op_name(op));
     Sample s = *sample(op);
-    OpArity arity = op_arity(op);
-    if (arity.min_inputs > 0) {
-      std::vector<In> fewer(s.inputs.begin(), s.inputs.begin() + (arity.min_inputs - 1));
+    const OpInfo& info = op_info(op);
+    if (info.min_inputs > 0) {
+      std::vector<In> fewer(s.inputs.begin(), s.inputs.begin() + (info.min_inputs - 1));
       EXPECT_TRUE(fails_with(op, s.attrs, fewer, {"input", cat("but got ", fewer.size())}));
     }
-    if (arity.max_inputs < (1 << 20)) {
+    if (info.max_inputs < (1 << 20)) {
       std::vector<In> more = s.inputs;
-      while (int(more.size()) <= arity.max_inputs) more.push_back(f32({3}));
+      while (int(more.size()) <= info.max_inputs) more.push_back(f32({3}));
       EXPECT_TRUE(fails_with(op, s.attrs, more, {"input", cat("but got ", more.size())}));
     }
   }

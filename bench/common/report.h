@@ -1,0 +1,27 @@
+// Every benchmark's JSON report starts with the same header, so that results from different
+// runs and machines can be told apart and read by one set of scripts.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "json.h"
+
+namespace fusebox::bench {
+
+// Raised when a report's layout changes in a way its readers must know about.
+inline constexpr int kReportSchemaVersion = 1;
+
+// The commit the benchmark is run from: $GPU_CHECK_COMMIT (scripts/gpu_check.sh sets it where
+// the copy's .git is stale), else the checkout's commit when CMake configured the build, else
+// "unknown".
+std::string source_commit();
+
+// An object holding the header: schema_version, bench, device (CUDA device 0's name) and
+// commit. The benchmark adds its own fields after them.
+Json report(std::string_view bench);
+
+// Writes `report` to `path`; nothing when `path` is empty (no --json given).
+void write_report(const std::string& path, const Json& report);
+
+}  // namespace fusebox::bench

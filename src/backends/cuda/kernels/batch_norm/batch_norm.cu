@@ -1,0 +1,573 @@
+// batch_norm (inference and training forward) and batch_norm_backward
+// (kernels/batch_norm/direct.h).
+//
+// Layouts: the activation operands (x, y; dy, x, dx) are all contiguous [N, C, D...] or all
+// dense channels-last (N, D..., C in memory; the layout pass chooses); anything else is an
+// Error naming the node. The three stages below are the same for both: stages 1 and 3 come
+// in one kernel per layout (the contiguous ones here, the channels-last ones in
+// kernels/batch_norm/channels_last.cu), stage 2 is shared (kernels/batch_norm/common.cuh).
+//
+// Contiguous x is N * C contiguous planes of `inner` = prod(D) elements; channel c owns
+// planes c, C + c, 2C + c, ... Every pass over x walks it flat and tracks (channel,
+// position in plane) incrementally, so the inner loops do no integer division.
+//
+// Forward, per channel c: y = (x - mean_c) * k_c + bias_c with k_c = scale_c * inv_std_c.
+//   inference: mean and var are the running statistics;
+//   training:  1. stats: grid (C, chunks); each block reduces its chunk of the channel's
+//                 N * inner elements to a Welford triple (count, mean, M2): each thread
+//                 updates its own triple per element, then the block merges the threads'
+//                 triples pairwise (Chan et al.) in a fixed tree;
+//              2. finalize: a warp per channel merges its chunks' triples in a fixed order,
+//                 in f64: batch mean and population variance, the new running statistics
+//                 (running * momentum + batch * (1 - momentum)), the saved mean and
+//                 inverse std, and the (mean, k, bias) coefficients;
+//   3. apply: y from the coefficients, 16-byte vectors when inner is a multiple of the
+//      vector width and the pointers are aligned.
+// Training reads x twice and writes y once (plus per-channel work): expect about 2/3 of
+// the copy bandwidth; the stats pass runs a division per element (Welford), which keeps
+// it near, not at, the bandwidth limit. Deterministic (no atomics).
+//
+// Backward: the same three stages: per-chunk partial sums of dy and dy * x_hat (f32, f64
+// for f64), per-channel totals (dbias, dscale) and dx coefficients, then dx elementwise.
+// The training form subtracts the batch statistics' dependence on x (mean(dy) and
+// x_hat * mean(dy * x_hat)); the inference form (the IR op's training = false) treats
+// mean and inv_std as constants: dx = scale * inv_std * dy. The IR op batch_norm_backward
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias) and the direct call of
+// kernels/batch_norm/direct.h (always the training form) share this code.
+#include <initializer_list>
+#include <utility>
+
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/batch_norm/common.cuh"
+#include "backends/cuda/kernels/batch_norm/direct.h"
+#include "backends/cuda/kernels/norm/common.h"
+
+namespace fusebox::cuda {
+namespace bn {
+
+namespace {
+
+constexpr int kFinalizeWarps = 4;  // channels per block of the stage 2 kernels (a warp each)
+
+// Where flat element e of x sits: its channel and its position in its plane. Advancing by
+// a fixed step costs two compares (the step's own channel and position parts are
+// precomputed on the host).
+struct ChannelWalk {
+  int64_t inner = 1;      // elements per plane (in units of the walk: elements or vectors)
+  int64_t channels = 1;   // C
+  int64_t step_pos = 0;   // step % inner
+  int64_t step_chan = 0;  // (step / inner) % C
+
+  static ChannelWalk make(int64_t inner, int64_t channels, int64_t step) {
+    return {inner, channels, step % inner, (step / inner) % channels};
+  }
+  __device__ void start(int64_t e, int64_t& chan, int64_t& pos) const {
+    pos = e % inner;
+    chan = (e / inner) % channels;
+  }
+  __device__ void advance(int64_t& chan, int64_t& pos) const {
+    pos += step_pos;
+    chan += step_chan;
+    if (pos >= inner) {
+      pos -= inner;
+      ++chan;
+    }
+    if (chan >= channels) chan -= channels;
+  }
+};
+
+// A channel's elements seen as N rows of `inner`: element f of channel c is at
+// (f / inner * C + c) * inner + f % inner. Stepping by a fixed stride, as ChannelWalk.
+struct RowWalk {
+  int64_t inner = 1;
+  int64_t step_pos = 0;  // step % inner
+  int64_t step_row = 0;  // step / inner
+
+  static RowWalk make(int64_t inner, int64_t step) { return {inner, step % inner, step / inner}; }
+  __device__ void advance(int64_t& row, int64_t& pos) const {
+    pos += step_pos;
+    row += step_row;
+    if (pos >= inner) {
+      pos -= inner;
+      ++row;
+    }
+  }
+};
+
+// ---- forward ------------------------------------------------------------------------
+
+// Stage 1 (training): the Welford triple of chunk blockIdx.y of channel blockIdx.x.
+// Chunk j covers the channel's flat elements [j * per_chunk, min((j+1) * per_chunk, M)).
+template <class T>
+__global__ void bn_stats(const T* x, int64_t channels, int64_t inner, int64_t per_chunk,
+                         int64_t count, RowWalk walk, Moments<compute_t<T>>* partial) {
+  using C = compute_t<T>;
+  __shared__ Moments<C> shared[kThreads];
+  const int64_t c = blockIdx.x;
+  const int64_t first = int64_t(blockIdx.y) * per_chunk;
+  const int64_t last = min(count, first + per_chunk);
+  Moments<C> m{0, 0, 0};
+  int64_t f = first + threadIdx.x;
+  int64_t row = f / inner, pos = f % inner;
+  for (; f < last; f += blockDim.x) {
+    const C v = load_compute(x, (row * channels + c) * inner + pos);
+    m.count += C(1);
+    const C d = v - m.mean;
+    m.mean += d / m.count;
+    m.m2 += d * (v - m.mean);
+    walk.advance(row, pos);
+  }
+  shared[threadIdx.x] = m;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half)
+      shared[threadIdx.x] = merge(shared[threadIdx.x], shared[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[c * gridDim.y + blockIdx.y] = shared[0];
+}
+
+// Stage 2 (training): warp w of the grid merges channel w's chunks in f64: lane l merges
+// chunks l, l + 32, ... in order, then the lanes' triples merge down a fixed shuffle tree
+// (lane l takes lane l + s's for s = 16, 8, ..., 1); lane 0 writes the statistics
+// outputs and the coefficients.
+template <class T>
+__global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64_t chunks,
+                                     int64_t channels, const T* scale, const T* bias,
+                                     const T* running_mean, const T* running_var, double eps,
+                                     double momentum, T* new_mean, T* new_var, T* saved_mean,
+                                     T* saved_inv_std, Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (c >= channels) return;  // the whole warp: the shuffles below need every lane
+  Moments<double> m{0, 0, 0};
+  for (int64_t j = lane; j < chunks; j += 32) {
+    const Moments<C>& p = partial[c * chunks + j];
+    m = merge(m, Moments<double>{double(p.count), double(p.mean), double(p.m2)});
+  }
+  for (int s = 16; s > 0; s /= 2) {
+    const Moments<double> other{__shfl_down_sync(0xffffffffu, m.count, s),
+                                __shfl_down_sync(0xffffffffu, m.mean, s),
+                                __shfl_down_sync(0xffffffffu, m.m2, s)};
+    if (lane < s) m = merge(m, other);
+  }
+  if (lane != 0) return;
+  const double var = m.count > 0 ? m.m2 / m.count : 0.0;
+  const double inv_std = 1.0 / sqrt(var + eps);
+  if (new_mean) {
+    new_mean[c] =
+        convert<T>(double(convert<C>(running_mean[c])) * momentum + m.mean * (1 - momentum));
+  }
+  if (new_var) {
+    new_var[c] = convert<T>(double(convert<C>(running_var[c])) * momentum + var * (1 - momentum));
+  }
+  if (saved_mean) saved_mean[c] = convert<T>(m.mean);
+  if (saved_inv_std) saved_inv_std[c] = convert<T>(inv_std);
+  coef[c] = {
+      C(m.mean), C(inv_std * double(convert<C>(scale[c]))), convert<C>(bias[c]), C(inv_std), C(0),
+      C(0)};
+}
+
+// Inference: the coefficients from the running statistics.
+template <class T>
+__global__ void bn_coefficients_inference(int64_t channels, const T* scale, const T* bias,
+                                          const T* running_mean, const T* running_var, double eps,
+                                          Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double inv_std = 1.0 / sqrt(double(convert<C>(running_var[c])) + eps);
+  coef[c] = {convert<C>(running_mean[c]),
+             C(inv_std * double(convert<C>(scale[c]))),
+             convert<C>(bias[c]),
+             C(inv_std),
+             C(0),
+             C(0)};
+}
+
+// Stage 3: y = (x - mean) * k + bias over a grid-stride walk of `units` units of kWidth
+// elements (kWidth = the vector width, or 1).
+template <class T, int kWidth>
+__global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
+                         const Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  int64_t u = global_thread_index(), chan, pos;
+  walk.start(u, chan, pos);
+  for (; u < units; u += grid_stride()) {
+    const Coefficients<C> k = coef[chan];
+    if constexpr (kWidth == 1) {
+      store_compute(y, u, (load_compute(x, u) - k.mean) * k.k + k.bias);
+    } else {
+      const Vec<T> in = load_vec(x, u);
+      Vec<T> out;
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w)
+        out.v[w] = convert<T>((convert<C>(in.v[w]) - k.mean) * k.k + k.bias);
+      store_vec(y, u, out);
+    }
+    walk.advance(chan, pos);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------
+
+// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block).
+template <class T>
+__global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
+                                 const T* saved_inv_std, int64_t channels, int64_t inner,
+                                 int64_t per_chunk, int64_t count, RowWalk walk,
+                                 compute_t<T>* partial /* [C][chunks][2] */) {
+  using C = compute_t<T>;
+  __shared__ C shared[2][kThreads];
+  const int64_t c = blockIdx.x;
+  const C mean = convert<C>(saved_mean[c]), inv_std = convert<C>(saved_inv_std[c]);
+  const int64_t first = int64_t(blockIdx.y) * per_chunk;
+  const int64_t last = min(count, first + per_chunk);
+  C sum_dy = 0, sum_dyx = 0;
+  int64_t f = first + threadIdx.x;
+  int64_t row = f / inner, pos = f % inner;
+  for (; f < last; f += blockDim.x) {
+    const int64_t at = (row * channels + c) * inner + pos;
+    const C g = load_compute(dy, at);
+    sum_dy += g;
+    sum_dyx += g * (load_compute(x, at) - mean) * inv_std;
+    walk.advance(row, pos);
+  }
+  shared[0][threadIdx.x] = sum_dy;
+  shared[1][threadIdx.x] = sum_dyx;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      shared[0][threadIdx.x] += shared[0][threadIdx.x + half];
+      shared[1][threadIdx.x] += shared[1][threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    C* out = partial + (c * gridDim.y + blockIdx.y) * 2;
+    out[0] = shared[0][0];
+    out[1] = shared[1][0];
+  }
+}
+
+// Stage 2: per channel totals in f64 (a warp per channel, in a fixed order as
+// bn_finalize_training), dscale / dbias, dx coefficients.
+template <class T, class G>
+__global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
+                                     int64_t count, bool training, const T* scale,
+                                     const T* saved_mean, const T* saved_inv_std, G* dscale,
+                                     G* dbias, Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (c >= channels) return;  // the whole warp
+  double sum_dy = 0, sum_dyx = 0;
+  for (int64_t j = lane; j < chunks; j += 32) {
+    sum_dy += double(partial[(c * chunks + j) * 2]);
+    sum_dyx += double(partial[(c * chunks + j) * 2 + 1]);
+  }
+  for (int s = 16; s > 0; s /= 2) {
+    const double other_dy = __shfl_down_sync(0xffffffffu, sum_dy, s);
+    const double other_dyx = __shfl_down_sync(0xffffffffu, sum_dyx, s);
+    if (lane < s) {
+      sum_dy += other_dy;
+      sum_dyx += other_dyx;
+    }
+  }
+  if (lane != 0) return;
+  if (dscale) dscale[c] = convert<G>(sum_dyx);
+  if (dbias) dbias[c] = convert<G>(sum_dy);
+  const double inv_std = double(convert<C>(saved_inv_std[c]));
+  coef[c] = {convert<C>(saved_mean[c]),
+             C(double(convert<C>(scale[c])) * inv_std),
+             C(0),
+             C(inv_std),
+             C(training ? sum_dy / double(count) : 0.0),
+             C(training ? sum_dyx / double(count) : 0.0)};
+}
+
+// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements.
+template <class T>
+__global__ void bn_backward_dx(const T* x, const T* dy, T* dx, int64_t total, ChannelWalk walk,
+                               const Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  int64_t e = global_thread_index(), chan, pos;
+  walk.start(e, chan, pos);
+  for (; e < total; e += grid_stride()) {
+    const Coefficients<C> k = coef[chan];
+    const C x_hat = (load_compute(x, e) - k.mean) * k.inv_std;
+    store_compute(dx, e, k.k * (load_compute(dy, e) - k.mean_dy - x_hat * k.mean_dyx));
+    walk.advance(chan, pos);
+  }
+}
+
+// ---- host -----------------------------------------------------------------------------
+
+struct Geometry {
+  int64_t batch = 0, channels = 0, inner = 1;
+  int64_t per_channel() const { return batch * inner; }
+  int64_t total() const { return batch * channels * inner; }
+};
+
+Geometry geometry_of(const std::string& where, const Shape& x) {
+  FUSEBOX_CHECK(x.size() >= 2, where, "expects x of rank >= 2, got ", shape_str(x));
+  return {x[0], x[1], numel(Shape(x.begin() + 2, x.end()))};
+}
+
+enum class Layout { contiguous, channels_last };
+
+// The layout the activation operands share (null ones skipped): all contiguous, else all
+// dense channels-last (a tensor with C == 1 or every spatial extent 1 is both). Anything
+// else is an Error naming the node: the kernels index every operand in one layout.
+Layout layout_of(const std::string& where,
+                 std::initializer_list<std::pair<const char*, const DeviceTensor*>> operands) {
+  bool contiguous = true, channels_last = true;
+  std::string found;
+  for (const auto& [name, t] : operands) {
+    if (t == nullptr) continue;
+    contiguous = contiguous && t->is_contiguous();
+    channels_last = channels_last && t->is_channels_last();
+    found += cat(found.empty() ? "" : ", ", name, " ", shape_str(t->shape), " with strides ",
+                 shape_str(t->strides));
+  }
+  if (contiguous) return Layout::contiguous;
+  FUSEBOX_CHECK(channels_last, where,
+                "expects its activation operands all contiguous or all dense channels-last, got ",
+                found);
+  return Layout::channels_last;
+}
+
+// Per-channel operands are contiguous [C]-element vectors of x's dtype.
+void check_per_channel(const std::string& where, const char* what, const DeviceTensor* p,
+                       DType dtype, int64_t channels) {
+  FUSEBOX_CHECK(p && p->numel() == channels && p->dtype == dtype && p->is_contiguous(), where, what,
+                " must be a contiguous ", dtype_name(dtype), " tensor of ", channels, " elements");
+}
+
+// Chunks per channel for the contiguous reductions: about 4 blocks per SM in all, each
+// chunk at least 4096 elements.
+int64_t chunks_for(const Geometry& g, int sms) {
+  const int64_t wanted = (4 * int64_t(sms) + g.channels - 1) / std::max<int64_t>(g.channels, 1);
+  const int64_t most = std::max<int64_t>(1, (g.per_channel() + 4095) / 4096);
+  return std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, 65535));
+}
+
+// Stage 1 of the contiguous training forward.
+template <class T>
+Partials contiguous_stats(Context& ctx, const Geometry& g, const DeviceTensor& x) {
+  using C = compute_t<T>;
+  const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
+  const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks) * sizeof(Moments<C>)), chunks};
+  ctx.encoder.add_temporary(p.buffer);
+  ctx.encoder.launch(&bn_stats<T>, dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
+                     {x.range()}, {p.buffer}, x.as<const T>(), g.channels, g.inner, per_chunk,
+                     g.per_channel(), RowWalk::make(g.inner, kThreads), p.buffer.as<Moments<C>>());
+  return p;
+}
+
+// Stage 3 of the contiguous forward.
+template <class T>
+void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, const DeviceTensor& y,
+                      const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  constexpr int W = kVecWidth<T>;
+  const BufferList reads = {x.range(), coef};
+  const bool vector = W > 1 && g.inner % W == 0 && is_aligned(x.data(), kVecBytes) &&
+                      is_aligned(y.data(), kVecBytes);
+  const int width = vector ? W : 1;
+  const int64_t units = g.total() / width;
+  const unsigned blocks = launch_blocks(units, kThreads);
+  const ChannelWalk walk =
+      ChannelWalk::make(g.inner / width, g.channels, int64_t(blocks) * kThreads);
+  if (vector) {
+    ctx.encoder.launch(&bn_apply<T, W>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
+                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
+  } else {
+    ctx.encoder.launch(&bn_apply<T, 1>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
+                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
+  }
+}
+
+// Stage 1 of the contiguous backward.
+template <class T>
+Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
+                                  const DeviceTensor& dy, const DeviceTensor& saved_mean,
+                                  const DeviceTensor& saved_inv_std) {
+  using C = compute_t<T>;
+  const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
+  const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
+  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C)), chunks};
+  ctx.encoder.add_temporary(p.buffer);
+  ctx.encoder.launch(&bn_backward_sums<T>, dim3(unsigned(g.channels), unsigned(chunks)),
+                     dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
+                     {p.buffer}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
+                     saved_inv_std.as<const T>(), g.channels, g.inner, per_chunk, g.per_channel(),
+                     RowWalk::make(g.inner, kThreads), p.buffer.as<C>());
+  return p;
+}
+
+// Stage 3 of the contiguous backward.
+template <class T>
+void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
+                            const DeviceTensor& dy, const DeviceTensor& dx,
+                            const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  const unsigned blocks = launch_blocks(g.total(), kThreads);
+  ctx.encoder.launch(&bn_backward_dx<T>, dim3(blocks), dim3(kThreads), 0,
+                     {x.range(), dy.range(), coef}, {dx.range()}, x.as<const T>(), dy.as<const T>(),
+                     dx.as<T>(), g.total(),
+                     ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
+                     coef.as<const Coefficients<C>>());
+}
+
+unsigned finalize_blocks(int64_t channels) {
+  return unsigned((channels + kFinalizeWarps - 1) / kFinalizeWarps);
+}
+
+void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  FUSEBOX_CHECK(in.size() == 5 && in[0] && !out.empty(), where,
+                "expects (x, scale, bias, running_mean, running_var) -> (y, ...)");
+  const DeviceTensor& x = *in[0];
+  const Geometry g = geometry_of(where, x.shape);
+  const char* names[] = {"x", "scale", "bias", "running_mean", "running_var"};
+  for (size_t i = 1; i <= 4; ++i) check_per_channel(where, names[i], in[i], x.dtype, g.channels);
+  FUSEBOX_CHECK(out[0].dtype == x.dtype && out[0].shape == x.shape, where, "output y must be ",
+                dtype_name(x.dtype), " ", shape_str(x.shape));
+  for (size_t o = 1; o < out.size(); ++o)
+    check_per_channel(where, cat("output ", o).c_str(), &out[o], x.dtype, g.channels);
+  const Layout layout = layout_of(where, {{"x", &x}, {"y", &out[0]}});
+  if (g.channels == 0) return;
+  visit_device_float(n, x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
+    ctx.encoder.add_temporary(coef);
+    const T *scale = in[1]->as<const T>(), *bias = in[2]->as<const T>();
+    const T *running_mean = in[3]->as<const T>(), *running_var = in[4]->as<const T>();
+    const BufferList params = norm::ranges({in[1], in[2], in[3], in[4]});
+    if (!attrs.training) {
+      ctx.encoder.launch(&bn_coefficients_inference<T>, dim3(unsigned((g.channels + 127) / 128)),
+                         dim3(128), 0, params, {coef}, g.channels, scale, bias, running_mean,
+                         running_var, attrs.epsilon, coef.as<Coefficients<C>>());
+    } else {
+      FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
+                    shape_str(x.shape), " has no elements per channel");
+      const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
+                                                               : contiguous_stats<T>(ctx, g, x);
+      auto output = [&](size_t o) { return o < out.size() ? out[o].as<T>() : nullptr; };
+      BufferList writes = {coef};
+      for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
+      BufferList reads = params;
+      reads.push_back(partial.buffer);
+      ctx.encoder.launch(&bn_finalize_training<T>, dim3(finalize_blocks(g.channels)),
+                         dim3(32 * kFinalizeWarps), 0, reads, writes,
+                         partial.buffer.as<const Moments<C>>(), partial.chunks, g.channels, scale,
+                         bias, running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
+                         output(2), output(3), output(4), coef.as<Coefficients<C>>());
+    }
+    if (g.total() == 0) return;
+    if (layout == Layout::channels_last)
+      channels_last_apply<T>(ctx, x, out[0], coef);
+    else
+      contiguous_apply<T>(ctx, g, x, out[0], coef);
+  });
+}
+
+void run_batch_norm_backward(Context& ctx, const std::string& where, bool training,
+                             const DeviceTensor& x, const DeviceTensor& dy,
+                             const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                             const DeviceTensor& saved_inv_std, DeviceTensor* dx,
+                             DeviceTensor* dscale, DeviceTensor* dbias) {
+  const Geometry g = geometry_of(where, x.shape);
+  FUSEBOX_CHECK(dy.dtype == x.dtype && dy.shape == x.shape &&
+                    (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)),
+                where, "dy and dx must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
+                " like x");
+  const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"dx", dx}});
+  check_per_channel(where, "scale", &scale, x.dtype, g.channels);
+  check_per_channel(where, "saved_mean", &saved_mean, x.dtype, g.channels);
+  check_per_channel(where, "saved_inv_std", &saved_inv_std, x.dtype, g.channels);
+  const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : x.dtype;
+  for (const DeviceTensor* p : {dscale, dbias}) {
+    FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->is_contiguous() && p->dtype == grad_dtype &&
+                         (grad_dtype == x.dtype || grad_dtype == DType::f32)),
+                  where, "dscale and dbias must be contiguous with ", g.channels,
+                  " elements, both in ", dtype_name(x.dtype), " or both in f32");
+  }
+  if (g.channels == 0) return;
+  if (g.per_channel() == 0) {
+    for (DeviceTensor* p : {dscale, dbias})
+      if (p) ctx.encoder.memset(p->range(), 0);
+    return;
+  }
+  visit_device_dtype(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_float_v<T>) {
+      throw Error(where, cat("expects a floating-point x, got ", dtype_name(x.dtype)));
+    } else {
+      using C = compute_t<T>;
+      const Partials partial =
+          layout == Layout::channels_last
+              ? channels_last_backward_sums<T>(ctx, x, dy, saved_mean, saved_inv_std)
+              : contiguous_backward_sums<T>(ctx, g, x, dy, saved_mean, saved_inv_std);
+      DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
+      ctx.encoder.add_temporary(coef);
+      BufferList writes = norm::ranges({dscale, dbias});
+      writes.push_back(coef);
+      const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
+                                saved_inv_std.range()};
+      auto finalize = [&](auto grad_tag) {
+        using G = decltype(grad_tag);
+        ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(finalize_blocks(g.channels)),
+                           dim3(32 * kFinalizeWarps), 0, reads, writes,
+                           partial.buffer.as<const C>(), partial.chunks, g.channels,
+                           g.per_channel(), training, scale.as<const T>(), saved_mean.as<const T>(),
+                           saved_inv_std.as<const T>(), dscale ? dscale->as<G>() : nullptr,
+                           dbias ? dbias->as<G>() : nullptr, coef.as<Coefficients<C>>());
+      };
+      if (grad_dtype == DType::f32)
+        finalize(float{});
+      else
+        finalize(T{});
+      if (!dx) return;
+      if (layout == Layout::channels_last)
+        channels_last_backward_dx<T>(ctx, x, dy, *dx, coef);
+      else
+        contiguous_backward_dx<T>(ctx, g, x, dy, *dx, coef);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace bn
+
+// x [N, C, D...], scale, bias, running_mean, running_var [C] -> y (inference), or y, new
+// running mean, new running var, saved mean, saved inverse std (training).
+void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  bn::run_batch_norm(ctx, n, in, out);
+}
+
+void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                         const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                         const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
+                         DeviceTensor* dbias) {
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, scale, saved_mean,
+                              saved_inv_std, dx, dscale, dbias);
+}
+
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias), all in x's dtype.
+void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  FUSEBOX_CHECK(in.size() == 5 && out.size() == 3 && in[0] && in[1] && in[2] && in[3] && in[4],
+                node_label(n),
+                "expects (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias)");
+  FUSEBOX_CHECK(out[1].dtype == in[1]->dtype && out[2].dtype == in[1]->dtype, node_label(n),
+                "dscale and dbias must be ", dtype_name(in[1]->dtype), " like x");
+  bn::run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training,
+                              *in[1], *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
+}
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,444 @@
+// batch_norm's channels-last stages 1 and 3 (kernels/batch_norm/common.cuh has the whole scheme;
+// kernels/batch_norm/batch_norm.cu the entry points and stage 2).
+//
+// A dense channels-last x [N, C, D...] is, in memory, a row-major [rows, C] matrix with
+// rows = N * prod(D): a channel is a column, its statistics are column reductions, and
+// the elementwise passes see channel = element % C. Every kernel here tiles that matrix
+// the same way. The columns are cut into *units* of W adjacent channels (W = the 16-byte
+// vector width when C is a multiple of it and every pointer is aligned, else 1). A block
+// is blockDim.x units wide (at most 32) and blockDim.y rows tall (blockDim.x * blockDim.y
+// <= 256); thread (tx, ty) owns unit blockIdx.x * blockDim.x + tx, i.e. the same W
+// channels, on every row it visits: rows ty, ty + blockDim.y, ... of its block's rows.
+// With x fastest, a warp reads consecutive units of a row (and, when the tile spans the
+// whole row, of the next rows too): one contiguous span, 16-byte accesses. Per-channel
+// state (Welford triples, sums, coefficients) stays in the thread's registers.
+//   stats (training forward): block (i, j) reduces row chunk j of its W * blockDim.x
+//     channels: a Welford update per element (the W channels of a thread share one count,
+//     so one reciprocal per row), then its blockDim.y triples per channel merge in a fixed
+//     tree through shared memory; row ty = 0 writes chunk j's triple of each channel;
+//   backward sums: the same shape with sums of dy and dy * x_hat;
+//   apply (y) and dx: a grid-stride walk over rows, elementwise from the channel's
+//     coefficients, loaded once per thread.
+// Loops load kUnroll rows before using any, to keep enough bytes in flight per thread.
+// Deterministic: fixed chunks, fixed trees, no atomics.
+#include <algorithm>
+#include <initializer_list>
+#include <type_traits>
+
+#include "backends/cuda/kernels/batch_norm/common.cuh"
+#include "backends/cuda/kernels/norm/common.h"
+
+namespace fusebox::cuda::bn {
+
+namespace {
+
+constexpr int kMaxTileUnits = 32;     // units per block row (one warp's worth)
+constexpr int kUnroll = 4;            // rows loaded at once (one tensor read)
+constexpr int kUnrollBackward = 2;    // rows loaded at once (two tensors read)
+constexpr int kMinRowsPerThread = 8;  // stage 1: each thread reduces at least this many rows
+constexpr int kStatsBlocksPerSm =
+    4;  // stage 1: blocks in all, per SM (as kernels/batch_norm/batch_norm.cu)
+
+// Unit i of p as W compute values (one 16-byte vector, or one element when W == 1).
+template <int W, class T>
+__device__ __forceinline__ void load_unit(const T* p, int64_t i, compute_t<T> (&out)[W]) {
+  if constexpr (W == 1) {
+    out[0] = load_compute(p, i);
+  } else {
+    const Vec<T> v = load_vec(p, i);
+#pragma unroll
+    for (int w = 0; w < W; ++w) out[w] = convert<compute_t<T>>(v.v[w]);
+  }
+}
+template <int W, class T>
+__device__ __forceinline__ void store_unit(T* p, int64_t i, const compute_t<T> (&in)[W]) {
+  if constexpr (W == 1) {
+    store_compute(p, i, in[0]);
+  } else {
+    Vec<T> v;
+#pragma unroll
+    for (int w = 0; w < W; ++w) v.v[w] = convert<T>(in[w]);
+    store_vec(p, i, v);
+  }
+}
+
+// The smallest power of two >= n: the span of the blockDim.y-way merge trees.
+__device__ __forceinline__ int tree_span(int n) {
+  int span = 1;
+  while (span < n) span *= 2;
+  return span;
+}
+
+// ---- stage 1 ----------------------------------------------------------------------------
+
+// Training forward: partial[c * chunks + j] = the Welford triple of channel c over row
+// chunk j = blockIdx.y (rows [j * rows_per_chunk, min(rows, (j + 1) * rows_per_chunk))).
+template <class T, int W>
+__global__ void __launch_bounds__(kThreads)
+    bn_cl_stats(const T* __restrict__ x, int64_t rows, int64_t units, int64_t rows_per_chunk,
+                Moments<compute_t<T>>* __restrict__ partial) {
+  using C = compute_t<T>;
+  __shared__ C shared_count[kThreads];
+  __shared__ C shared_mean[W][kThreads];
+  __shared__ C shared_m2[W][kThreads];
+  const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t first = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t last = min(rows, first + rows_per_chunk);
+  C count = 0, mean[W], m2[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) mean[w] = m2[w] = C(0);
+  auto update = [&](const C(&v)[W]) {
+    count += C(1);
+    const C inv_count = C(1) / count;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const C d = v[w] - mean[w];
+      mean[w] += d * inv_count;
+      m2[w] += d * (v[w] - mean[w]);
+    }
+  };
+  if (unit < units) {
+    const int64_t step = blockDim.y;
+    int64_t r = first + threadIdx.y;
+    for (; r + (kUnroll - 1) * step < last; r += kUnroll * step) {
+      C v[kUnroll][W];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_unit<W>(x, (r + u * step) * units + unit, v[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) update(v[u]);
+    }
+    for (; r < last; r += step) {
+      C v[W];
+      load_unit<W>(x, r * units + unit, v);
+      update(v);
+    }
+  }
+  // Merge the column's blockDim.y triples: at each step, row ty < s takes row ty + s's.
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  shared_count[t] = count;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    shared_mean[w][t] = mean[w];
+    shared_m2[w][t] = m2[w];
+  }
+  const int ty = int(threadIdx.y), tile_rows = int(blockDim.y);
+  for (int s = tree_span(tile_rows) / 2; s > 0; s /= 2) {
+    __syncthreads();
+    if (ty < s && ty + s < tile_rows) {
+      const int o = t + s * blockDim.x;
+      const C other = shared_count[o];
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const Moments<C> m = merge(Moments<C>{count, mean[w], m2[w]},
+                                   Moments<C>{other, shared_mean[w][o], shared_m2[w][o]});
+        mean[w] = m.mean;
+        m2[w] = m.m2;
+        shared_mean[w][t] = m.mean;
+        shared_m2[w][t] = m.m2;
+      }
+      count += other;
+      shared_count[t] = count;
+    }
+  }
+  if (threadIdx.y == 0 && unit < units) {
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+      partial[(unit * W + w) * gridDim.y + blockIdx.y] = Moments<C>{count, mean[w], m2[w]};
+  }
+}
+
+// Backward: partial[2 (c * chunks + j)] = sum of dy, [.. + 1] = sum of dy * x_hat, over
+// row chunk j = blockIdx.y of channel c (as bn_cl_stats).
+template <class T, int W>
+__global__ void __launch_bounds__(kThreads)
+    bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy,
+                        const T* __restrict__ saved_mean, const T* __restrict__ saved_inv_std,
+                        int64_t rows, int64_t units, int64_t rows_per_chunk,
+                        compute_t<T>* __restrict__ partial) {
+  using C = compute_t<T>;
+  __shared__ C shared_dy[W][kThreads];
+  __shared__ C shared_dyx[W][kThreads];
+  const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t first = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t last = min(rows, first + rows_per_chunk);
+  C sum_dy[W], sum_dyx[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) sum_dy[w] = sum_dyx[w] = C(0);
+  if (unit < units) {
+    C mean[W], inv_std[W];
+    load_unit<W>(saved_mean, unit, mean);
+    load_unit<W>(saved_inv_std, unit, inv_std);
+    auto update = [&](const C(&xv)[W], const C(&g)[W]) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        sum_dy[w] += g[w];
+        sum_dyx[w] += g[w] * (xv[w] - mean[w]) * inv_std[w];
+      }
+    };
+    const int64_t step = blockDim.y;
+    int64_t r = first + threadIdx.y;
+    for (; r + (kUnrollBackward - 1) * step < last; r += kUnrollBackward * step) {
+      C xv[kUnrollBackward][W], g[kUnrollBackward][W];
+#pragma unroll
+      for (int u = 0; u < kUnrollBackward; ++u) {
+        load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
+        load_unit<W>(dy, (r + u * step) * units + unit, g[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnrollBackward; ++u) update(xv[u], g[u]);
+    }
+    for (; r < last; r += step) {
+      C xv[W], g[W];
+      load_unit<W>(x, r * units + unit, xv);
+      load_unit<W>(dy, r * units + unit, g);
+      update(xv, g);
+    }
+  }
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    shared_dy[w][t] = sum_dy[w];
+    shared_dyx[w][t] = sum_dyx[w];
+  }
+  const int ty = int(threadIdx.y), tile_rows = int(blockDim.y);
+  for (int s = tree_span(tile_rows) / 2; s > 0; s /= 2) {
+    __syncthreads();
+    if (ty < s && ty + s < tile_rows) {
+      const int o = t + s * blockDim.x;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        sum_dy[w] += shared_dy[w][o];
+        sum_dyx[w] += shared_dyx[w][o];
+        shared_dy[w][t] = sum_dy[w];
+        shared_dyx[w][t] = sum_dyx[w];
+      }
+    }
+  }
+  if (threadIdx.y == 0 && unit < units) {
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      C* out = partial + ((unit * W + w) * gridDim.y + blockIdx.y) * 2;
+      out[0] = sum_dy[w];
+      out[1] = sum_dyx[w];
+    }
+  }
+}
+
+// ---- stage 3 ----------------------------------------------------------------------------
+
+// y = (x - mean) * k + bias, rows walked grid-stride.
+template <class T, int W>
+__global__ void __launch_bounds__(kThreads)
+    bn_cl_apply(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t units,
+                const Coefficients<compute_t<T>>* __restrict__ coef) {
+  using C = compute_t<T>;
+  const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (unit >= units) return;
+  C mean[W], k[W], bias[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const Coefficients<C> c = coef[unit * W + w];
+    mean[w] = c.mean;
+    k[w] = c.k;
+    bias[w] = c.bias;
+  }
+  auto apply = [&](int64_t row, C(&v)[W]) {
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] = (v[w] - mean[w]) * k[w] + bias[w];
+    store_unit<W>(y, row * units + unit, v);
+  };
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  for (; r + (kUnroll - 1) * step < rows; r += kUnroll * step) {
+    C v[kUnroll][W];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_unit<W>(x, (r + u * step) * units + unit, v[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) apply(r + u * step, v[u]);
+  }
+  for (; r < rows; r += step) {
+    C v[W];
+    load_unit<W>(x, r * units + unit, v);
+    apply(r, v);
+  }
+}
+
+// dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std.
+template <class T, int W>
+__global__ void __launch_bounds__(kThreads)
+    bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                      int64_t rows, int64_t units,
+                      const Coefficients<compute_t<T>>* __restrict__ coef) {
+  using C = compute_t<T>;
+  const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (unit >= units) return;
+  Coefficients<C> c[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) c[w] = coef[unit * W + w];
+  auto gradient = [&](int64_t row, const C(&xv)[W], const C(&g)[W]) {
+    C out[W];
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const C x_hat = (xv[w] - c[w].mean) * c[w].inv_std;
+      out[w] = c[w].k * (g[w] - c[w].mean_dy - x_hat * c[w].mean_dyx);
+    }
+    store_unit<W>(dx, row * units + unit, out);
+  };
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  for (; r + (kUnrollBackward - 1) * step < rows; r += kUnrollBackward * step) {
+    C xv[kUnrollBackward][W], g[kUnrollBackward][W];
+#pragma unroll
+    for (int u = 0; u < kUnrollBackward; ++u) {
+      load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
+      load_unit<W>(dy, (r + u * step) * units + unit, g[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollBackward; ++u) gradient(r + u * step, xv[u], g[u]);
+  }
+  for (; r < rows; r += step) {
+    C xv[W], g[W];
+    load_unit<W>(x, r * units + unit, xv);
+    load_unit<W>(dy, r * units + unit, g);
+    gradient(r, xv, g);
+  }
+}
+
+// ---- host -------------------------------------------------------------------------------
+
+// The [rows, channels] matrix cut into units and block tiles (see the top of the file).
+struct Tiling {
+  int64_t channels = 0;
+  int64_t rows = 0;
+  int64_t units = 0;  // units per row
+  bool vector = false;
+  dim3 block;  // (units, rows) of a tile
+  unsigned col_tiles = 1;
+};
+
+// W is the vector width when every operand allows it (channels % W == 0, 16-byte aligned).
+template <class T>
+Tiling tiling_for(const DeviceTensor& x, std::initializer_list<const DeviceTensor*> operands) {
+  constexpr int W = kVecWidth<T>;
+  Tiling t;
+  t.channels = x.shape.at(1);
+  t.rows = x.numel() / t.channels;
+  t.vector = W > 1 && t.channels % W == 0;
+  for (const DeviceTensor* p : operands) t.vector = t.vector && is_aligned(p->data(), kVecBytes);
+  t.units = t.channels / (t.vector ? W : 1);
+  const int tile_units = int(std::min<int64_t>(t.units, kMaxTileUnits));
+  t.block = dim3(unsigned(tile_units), unsigned(kThreads / tile_units));
+  t.col_tiles = unsigned((t.units + tile_units - 1) / tile_units);
+  return t;
+}
+
+// Stage 1's grid: row chunks of at least kMinRowsPerThread rows per thread, about
+// kStatsBlocksPerSm blocks per SM in all.
+dim3 chunk_grid(Context& ctx, const Tiling& t, int64_t& rows_per_chunk) {
+  const int64_t sms = ctx.device.properties().sm_count;
+  const int64_t wanted = (kStatsBlocksPerSm * sms + t.col_tiles - 1) / t.col_tiles;
+  const int64_t most = std::max<int64_t>(1, t.rows / (int64_t(t.block.y) * kMinRowsPerThread));
+  const int64_t chunks = std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, 65535));
+  rows_per_chunk = (t.rows + chunks - 1) / chunks;
+  return dim3(t.col_tiles, unsigned((t.rows + rows_per_chunk - 1) / rows_per_chunk));
+}
+
+// Stage 3's grid: enough row blocks for about kMaxGridStrideBlocks blocks in all, each
+// thread walking at least kUnroll rows.
+dim3 walk_grid(const Tiling& t) {
+  const int64_t per_block = int64_t(t.block.y) * kUnroll;
+  const int64_t wanted = std::max<int64_t>(1, kMaxGridStrideBlocks / t.col_tiles);
+  const int64_t row_blocks = std::clamp<int64_t>((t.rows + per_block - 1) / per_block, 1,
+                                                 std::min<int64_t>(wanted, 65535));
+  return dim3(t.col_tiles, unsigned(row_blocks));
+}
+
+// Calls f(std::integral_constant<int, W>{}) with the tiling's unit width.
+template <class T, class F>
+void with_width(const Tiling& t, F&& f) {
+  if (t.vector)
+    f(std::integral_constant<int, kVecWidth<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
+}  // namespace
+
+template <class T>
+Partials channels_last_stats(Context& ctx, const DeviceTensor& x) {
+  using C = compute_t<T>;
+  const Tiling t = tiling_for<T>(x, {&x});
+  int64_t rows_per_chunk = 0;
+  const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
+  Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * sizeof(Moments<C>)), grid.y};
+  ctx.encoder.add_temporary(p.buffer);
+  with_width<T>(t, [&](auto width) {
+    ctx.encoder.launch(&bn_cl_stats<T, decltype(width)::value>, grid, t.block, 0, {x.range()},
+                       {p.buffer}, x.as<const T>(), t.rows, t.units, rows_per_chunk,
+                       p.buffer.as<Moments<C>>());
+  });
+  return p;
+}
+
+template <class T>
+void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
+                         const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  const Tiling t = tiling_for<T>(x, {&x, &y});
+  with_width<T>(t, [&](auto width) {
+    ctx.encoder.launch(&bn_cl_apply<T, decltype(width)::value>, walk_grid(t), t.block, 0,
+                       {x.range(), coef}, {y.range()}, x.as<const T>(), y.as<T>(), t.rows, t.units,
+                       coef.as<const Coefficients<C>>());
+  });
+}
+
+template <class T>
+Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                                     const DeviceTensor& saved_mean,
+                                     const DeviceTensor& saved_inv_std) {
+  using C = compute_t<T>;
+  // The saved statistics are read a unit at a time too: they must be aligned for vectors.
+  const Tiling t = tiling_for<T>(x, {&x, &dy, &saved_mean, &saved_inv_std});
+  int64_t rows_per_chunk = 0;
+  const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
+  Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * 2 * sizeof(C)), grid.y};
+  ctx.encoder.add_temporary(p.buffer);
+  with_width<T>(t, [&](auto width) {
+    ctx.encoder.launch(&bn_cl_backward_sums<T, decltype(width)::value>, grid, t.block, 0,
+                       norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}), {p.buffer},
+                       x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
+                       saved_inv_std.as<const T>(), t.rows, t.units, rows_per_chunk,
+                       p.buffer.as<C>());
+  });
+  return p;
+}
+
+template <class T>
+void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+                               const DeviceTensor& dx, const DeviceBuffer& coef) {
+  using C = compute_t<T>;
+  const Tiling t = tiling_for<T>(x, {&x, &dy, &dx});
+  with_width<T>(t, [&](auto width) {
+    ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value>, walk_grid(t), t.block, 0,
+                       {x.range(), dy.range(), coef}, {dx.range()}, x.as<const T>(),
+                       dy.as<const T>(), dx.as<T>(), t.rows, t.units,
+                       coef.as<const Coefficients<C>>());
+  });
+}
+
+#define FUSEBOX_BN_CHANNELS_LAST(T)                                                              \
+  template Partials channels_last_stats<T>(Context&, const DeviceTensor&);                       \
+  template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
+                                       const DeviceBuffer&);                                     \
+  template Partials channels_last_backward_sums<T>(Context&, const DeviceTensor&,                \
+                                                   const DeviceTensor&, const DeviceTensor&,     \
+                                                   const DeviceTensor&);                         \
+  template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
+                                             const DeviceTensor&, const DeviceBuffer&);
+FUSEBOX_BN_CHANNELS_LAST(double)
+FUSEBOX_BN_CHANNELS_LAST(float)
+FUSEBOX_BN_CHANNELS_LAST(__half)
+FUSEBOX_BN_CHANNELS_LAST(__nv_bfloat16)
+#undef FUSEBOX_BN_CHANNELS_LAST
+
+}  // namespace fusebox::cuda::bn

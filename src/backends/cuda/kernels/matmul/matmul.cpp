@@ -1,0 +1,439 @@
+// matmul and gemm through cuBLASLt.
+//
+// Row-major to column-major. cuBLASLt is column-major, and a row-major matrix [r, c] with
+// row stride ld is the column-major matrix [c, r] with the same ld (its transpose). So a
+// row-major Y[M, N] = op(A) op(B) is computed as the column-major Y^T[N, M] =
+// op(B)^T op(A)^T: cuBLASLt's first operand is our B, its second our A, each with its
+// transpose flag as given (a stored [K, N] B is column-major [N, K]: no transpose; a
+// stored [N, K] B (trans_b) is column-major [K, N]: transposed).
+//
+// matmul: numpy semantics. A 1-D a is [1, K], a 1-D b [K, 1] (the output's shape, from
+// inference, already drops the added dim; the bytes agree). Batch dims broadcast: the
+// batch is a strided nest over the output's batch dims in which each operand has a
+// matrix stride (0 where it broadcasts). Neighbouring dims that every operand walks as
+// one merge; the innermost remaining dim becomes one strided-batched call (cuBLASLt
+// takes a batch stride of 0 for a broadcast operand) and any outer dims a loop of calls
+// inside one captured library call. When b has no batch and a is contiguous, the batch
+// folds into M: one plain GEMM of [batch * M, K] x [K, N].
+// gemm: y = alpha * op(A) op(B) + beta * C. C (broadcast to [M, N]) is first copied into
+// y (copy_strided), then the product is accumulated onto y with beta.
+// K = 0: the product is empty: matmul writes zeros; gemm runs a K = 1 product of zeros so
+// that y = beta * C still holds.
+//
+// Precision: f32 runs in f32 (CUBLAS_COMPUTE_32F), as PyTorch's default; TF32 tensor-core
+// math only with FUSEBOX_ALLOW_TF32_MATMUL=1 (FUSEBOX_ALLOW_TF32 is the convolutions'
+// switch, default on, as PyTorch's cudnn.allow_tf32). f16 and bf16 multiply on the
+// tensor cores with f32 accumulation and f32 alpha/beta; f64 in f64.
+//
+// Plans (descriptors, layouts and the heuristic's algorithm) are cached per full problem
+// (dtype, transposes, sizes, leading dims, batch and strides, pointer alignments), so a
+// repeated shape costs a map look-up. The workspace the algorithm asks for is allocated
+// before the capture and held as a temporary.
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/runtime/settings.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+constexpr size_t kMaxWorkspace = size_t(32) << 20;  // cuBLAS's advice for Hopper
+constexpr size_t kMaxCachedPlans = 1024;
+
+// One (batched) GEMM in row-major terms: Y = alpha * op(A) op(B) + beta * Y for each of
+// `batch` matrices, operand X's matrices stride_x elements apart.
+struct GemmProblem {
+  DType dtype = DType::f32;
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldy = 0;  // row strides of the stored matrices
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_y = 0;
+};
+
+// The largest power of two (at most 256) dividing the address and the byte sizes of the
+// leading dim and batch stride: what cuBLASLt may assume about every matrix of an operand.
+uint32_t alignment(const void* p, int64_t ld, int64_t stride, size_t elem) {
+  uint64_t bits =
+      reinterpret_cast<uintptr_t>(p) | uint64_t(ld) * elem | uint64_t(stride) * elem | 256;
+  return uint32_t(bits & (~bits + 1));
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  bool scale_is_double = false;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (out) cublasLtMatrixLayoutDestroy(out);
+    if (second) cublasLtMatrixLayoutDestroy(second);
+    if (first) cublasLtMatrixLayoutDestroy(first);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+cudaDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      break;
+  }
+  throw Error("matmul", cat("cuBLASLt takes no ", dtype_name(t)));
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  FUSEBOX_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    FUSEBOX_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    FUSEBOX_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+// Builds the descriptors and asks the heuristic for an algorithm; null when it finds none.
+std::shared_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProblem& p,
+                                const std::array<uint32_t, 3>& align) {
+  auto plan = std::make_shared<Plan>();
+  const cudaDataType_t type = data_type(p.dtype);
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+  if (p.dtype == DType::f64) {
+    compute = CUBLAS_COMPUTE_64F;
+    scale = CUDA_R_64F;
+    plan->scale_is_double = true;
+  } else if (p.dtype == DType::f32 && settings().allow_tf32_matmul) {
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, scale));
+  const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                      &op_first, sizeof op_first));
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                      &op_second, sizeof op_second));
+  // Stored column-major shapes: B is [N, K] (or [K, N] with trans_b), A is [K, M] (or
+  // [M, K] with trans_a), Y is [N, M].
+  plan->first = p.trans_b ? make_layout(type, p.k, p.n, p.ldb, p.batch, p.stride_b)
+                          : make_layout(type, p.n, p.k, p.ldb, p.batch, p.stride_b);
+  plan->second = p.trans_a ? make_layout(type, p.m, p.k, p.lda, p.batch, p.stride_a)
+                           : make_layout(type, p.k, p.m, p.lda, p.batch, p.stride_a);
+  plan->out = make_layout(type, p.n, p.m, p.ldy, p.batch, p.stride_y);
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  cublasStatus_t (*)(cublasLtMatmulPreference_t)>
+      preference_owner(preference, cublasLtMatmulPreferenceDestroy);
+  const uint64_t workspace = kMaxWorkspace;
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  const cublasLtMatmulPreferenceAttributes_t align_attrs[] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,  // our A is cuBLASLt's B
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,  // our B is cuBLASLt's A
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES};
+  for (int i = 0; i < 3; ++i) {
+    FUSEBOX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, align_attrs[i],
+                                                              &align[size_t(i)], sizeof(uint32_t)));
+  }
+  FUSEBOX_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof(uint32_t)));
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->first, plan->second, plan->out,
+                                     plan->out, preference, 1, &plan->heuristic, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) return nullptr;
+  FUSEBOX_CUBLAS_CHECK(status);
+  return plan;
+}
+
+// The plan of a problem, from the cache or made now; null when cuBLASLt has no algorithm.
+std::shared_ptr<Plan> find_plan(Device& device, const GemmProblem& p,
+                                const std::array<uint32_t, 3>& align) {
+  using Key = std::array<int64_t, 18>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<Plan>> cache;
+  const Key key = {device.id(), int64_t(p.dtype),
+                   p.trans_a,   p.trans_b,
+                   p.m,         p.n,
+                   p.k,         p.lda,
+                   p.ldb,       p.ldy,
+                   p.batch,     p.stride_a,
+                   p.stride_b,  p.stride_y,
+                   align[0],    align[1],
+                   align[2],    p.dtype == DType::f32 && settings().allow_tf32_matmul};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  std::shared_ptr<Plan> plan = make_plan(device.cublaslt_handle(), p, align);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kMaxCachedPlans) cache.clear();  // plans in use stay alive (shared)
+  cache.emplace(key, plan);
+  return plan;
+}
+
+// The operands of a GEMM call sequence: `offsets` lists each call's element offsets
+// (a, b, y) from the tensors' data pointers.
+struct GemmOperands {
+  const DeviceTensor* a;
+  const DeviceTensor* b;
+  DeviceTensor* y;
+  std::vector<std::array<int64_t, 3>> offsets = {{0, 0, 0}};
+};
+
+// Records the GEMMs (one per offset triple) as one library call.
+void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
+                 double alpha, double beta, const BufferList& reads) {
+  const size_t elem = dtype_size(p.dtype);
+  const char* pa = static_cast<const char*>(ops.a->data());
+  const char* pb = static_cast<const char*>(ops.b->data());
+  char* py = static_cast<char*>(ops.y->data());
+  std::array<uint32_t, 3> align = {alignment(pa, p.lda, p.stride_a, elem),
+                                   alignment(pb, p.ldb, p.stride_b, elem),
+                                   alignment(py, p.ldy, p.stride_y, elem)};
+  for (const auto& off : ops.offsets) {
+    align[0] = std::min(align[0], alignment(pa + off[0] * int64_t(elem), 0, 0, elem));
+    align[1] = std::min(align[1], alignment(pb + off[1] * int64_t(elem), 0, 0, elem));
+    align[2] = std::min(align[2], alignment(py + off[2] * int64_t(elem), 0, 0, elem));
+  }
+  std::vector<std::array<int64_t, 3>> offsets = ops.offsets;
+  std::shared_ptr<Plan> plan = find_plan(ctx.device, p, align);
+  if (!plan && p.batch > 1) {
+    // No strided-batched algorithm (e.g. for a broadcast stride): one call per matrix.
+    std::vector<std::array<int64_t, 3>> each;
+    for (const auto& off : offsets) {
+      for (int64_t i = 0; i < p.batch; ++i) {
+        each.push_back({off[0] + i * p.stride_a, off[1] + i * p.stride_b, off[2] + i * p.stride_y});
+      }
+    }
+    offsets = std::move(each);
+    p.batch = 1;
+    p.stride_a = p.stride_b = p.stride_y = 0;
+    for (auto& a : align) a = std::min<uint32_t>(a, uint32_t(elem));
+    plan = find_plan(ctx.device, p, align);
+  }
+  FUSEBOX_CHECK(plan != nullptr, where, "cuBLASLt has no algorithm for a ", dtype_name(p.dtype),
+                " GEMM of M ", p.m, ", N ", p.n, ", K ", p.k, " (batch ", p.batch, ")");
+
+  DeviceBuffer workspace;
+  const size_t workspace_bytes = plan->heuristic.workspaceSize;
+  if (workspace_bytes > 0) {
+    workspace = ctx.allocator.allocate(workspace_bytes);
+    ctx.encoder.add_temporary(workspace);
+  }
+  BufferList writes = {ops.y->range()};
+  if (workspace) writes.push_back(workspace);
+  cublasLtHandle_t handle = ctx.device.cublaslt_handle();  // created before the capture
+  const float alpha_f = float(alpha), beta_f = float(beta);
+  const void* alpha_p = plan->scale_is_double ? static_cast<const void*>(&alpha) : &alpha_f;
+  const void* beta_p = plan->scale_is_double ? static_cast<const void*>(&beta) : &beta_f;
+  ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t stream) {
+    for (const auto& off : offsets) {
+      void* y = py + off[2] * int64_t(elem);
+      FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(
+          handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem), plan->first,
+          pa + off[0] * int64_t(elem), plan->second, beta_p, y, plan->out, y, plan->out,
+          &plan->heuristic.algo, workspace ? workspace.data() : nullptr, workspace_bytes, stream));
+    }
+  });
+  ctx.encoder.keep_alive(plan);
+}
+
+void check_float(const std::string& where, DType t) {
+  FUSEBOX_CHECK(t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64, where,
+                "expects f32, f16, bf16 or f64 operands, got ", dtype_name(t));
+}
+
+// Zero-filled contiguous [rows, cols] temporary of `dtype`.
+DeviceTensor zeros(Context& ctx, DType dtype, int64_t rows, int64_t cols) {
+  DeviceTensor t = DeviceTensor::empty(ctx.allocator, dtype, {rows, cols});
+  ctx.encoder.memset(t.range(), 0);
+  ctx.encoder.add_temporary(t.buffer);
+  return t;
+}
+
+}  // namespace
+
+void matmul(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const DeviceTensor& a = *in[0];
+  const DeviceTensor& b = *in[1];
+  DeviceTensor& y = out[0];
+  check_float(where, a.dtype);
+  FUSEBOX_CHECK(b.dtype == a.dtype && y.dtype == a.dtype, where,
+                "operands and output must share a dtype");
+  Shape sa = a.shape, sb = b.shape;
+  FUSEBOX_CHECK(!sa.empty() && !sb.empty(), where, "operands must have rank >= 1, got ",
+                shape_str(sa), " and ", shape_str(sb));
+  if (sa.size() == 1) sa.insert(sa.begin(), 1);
+  if (sb.size() == 1) sb.push_back(1);
+  const int64_t m = sa[sa.size() - 2], k = sa.back(), cols = sb.back();
+  FUSEBOX_CHECK(sb[sb.size() - 2] == k, where, "inner dims differ: ", shape_str(a.shape), " x ",
+                shape_str(b.shape));
+  const Shape batch_a(sa.begin(), sa.end() - 2), batch_b(sb.begin(), sb.end() - 2);
+  Shape batch;
+  FUSEBOX_CHECK(broadcast_shapes(batch_a, batch_b, &batch), where,
+                "batch dims do not broadcast: ", shape_str(a.shape), " x ", shape_str(b.shape));
+  const int64_t count = numel(batch);
+  FUSEBOX_CHECK(y.numel() == count * m * cols, where, "output ", shape_str(y.shape),
+                " does not match the product's size");
+  if (y.numel() == 0) return;
+  if (k == 0) {
+    ctx.encoder.memset(y.range(), 0);
+    return;
+  }
+
+  GemmProblem p;
+  p.dtype = a.dtype;
+  p.m = m;
+  p.n = cols;
+  p.k = k;
+  p.lda = k;
+  p.ldb = cols;
+  p.ldy = cols;
+  GemmOperands ops{&a, &b, &y};
+  if (numel(batch_b) == 1 && numel(batch_a) == count) {
+    p.m = count * m;  // the batch folds into M: a is contiguous [count * M, K]
+  } else {
+    // Each batch dim's matrix stride per operand (0 where it broadcasts), merged where
+    // every operand walks two neighbouring dims as one.
+    Shape dims;
+    std::array<Shape, 3> strides;  // a, b, y
+    const size_t rank = batch.size();
+    int64_t sa_stride = m * k, sb_stride = k * cols, sy_stride = m * cols;
+    std::array<Shape, 3> full = {Shape(rank, 0), Shape(rank, 0), Shape(rank, 0)};
+    for (size_t d = rank; d-- > 0;) {
+      const size_t da = d + batch_a.size() - rank, db = d + batch_b.size() - rank;
+      const bool has_a = d >= rank - batch_a.size(), has_b = d >= rank - batch_b.size();
+      full[0][d] = has_a && batch_a[da] != 1 ? sa_stride : 0;
+      full[1][d] = has_b && batch_b[db] != 1 ? sb_stride : 0;
+      full[2][d] = sy_stride;
+      if (has_a) sa_stride *= batch_a[da];
+      if (has_b) sb_stride *= batch_b[db];
+      sy_stride *= batch[d];
+    }
+    for (size_t d = 0; d < rank; ++d) {
+      if (batch[d] == 1) continue;
+      bool merge = !dims.empty();
+      for (int o = 0; o < 3 && merge; ++o) merge = strides[o].back() == full[o][d] * batch[d];
+      if (merge) {
+        dims.back() *= batch[d];
+        for (int o = 0; o < 3; ++o) strides[o].back() = full[o][d];
+      } else {
+        dims.push_back(batch[d]);
+        for (int o = 0; o < 3; ++o) strides[o].push_back(full[o][d]);
+      }
+    }
+    if (!dims.empty()) {
+      p.batch = dims.back();
+      p.stride_a = strides[0].back();
+      p.stride_b = strides[1].back();
+      p.stride_y = strides[2].back();
+      // One call per entry of the outer dims.
+      ops.offsets.clear();
+      const int64_t outer = count / p.batch;
+      for (int64_t j = 0; j < outer; ++j) {
+        std::array<int64_t, 3> off = {0, 0, 0};
+        int64_t rem = j;
+        for (size_t d = dims.size() - 1; d-- > 0;) {
+          const int64_t coord = rem % dims[d];
+          rem /= dims[d];
+          for (int o = 0; o < 3; ++o) off[size_t(o)] += coord * strides[o][d];
+        }
+        ops.offsets.push_back(off);
+      }
+    }
+  }
+  record_gemm(ctx, where, p, ops, 1.0, 0.0, {a.range(), b.range()});
+}
+
+void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const auto& attrs = std::get<GemmAttrs>(n.attrs);
+  const DeviceTensor& a = *in[0];
+  const DeviceTensor& b = *in[1];
+  const DeviceTensor* c = in.size() > 2 ? in[2] : nullptr;
+  DeviceTensor& y = out[0];
+  check_float(where, a.dtype);
+  FUSEBOX_CHECK(b.dtype == a.dtype && y.dtype == a.dtype && (!c || c->dtype == a.dtype), where,
+                "operands and output must share a dtype");
+  FUSEBOX_CHECK(a.rank() == 2 && b.rank() == 2, where, "expects 2-D operands, got ",
+                shape_str(a.shape), " and ", shape_str(b.shape));
+  const int64_t m = attrs.trans_a ? a.shape[1] : a.shape[0];
+  const int64_t k = attrs.trans_a ? a.shape[0] : a.shape[1];
+  const int64_t cols = attrs.trans_b ? b.shape[0] : b.shape[1];
+  FUSEBOX_CHECK((attrs.trans_b ? b.shape[1] : b.shape[0]) == k, where,
+                "inner dims differ: ", shape_str(a.shape), " x ", shape_str(b.shape));
+  FUSEBOX_CHECK(y.shape == Shape({m, cols}), where, "output ", shape_str(y.shape), " should be [",
+                m, ", ", cols, "]");
+  Shape c_shape;
+  FUSEBOX_CHECK(
+      !c || (broadcast_shapes(c->shape, {m, cols}, &c_shape) && c_shape == Shape{m, cols}), where,
+      "C ", shape_str(c ? c->shape : Shape{}), " does not broadcast to [", m, ", ", cols, "]");
+  if (y.numel() == 0) return;
+  const bool add_c = c != nullptr && attrs.beta != 0.0;
+  if (add_c) {
+    DeviceTensor broadcast = *c;
+    broadcast.shape = {m, cols};
+    broadcast.strides = Shape(2, 0);
+    const Shape own = c->strides;
+    for (size_t d = 0; d < c->shape.size(); ++d) {
+      const size_t to = 2 - c->shape.size() + d;
+      broadcast.strides[to] = c->shape[d] == 1 ? 0 : own[d];
+    }
+    copy_strided(ctx, broadcast, y);
+  }
+  GemmProblem p;
+  p.dtype = a.dtype;
+  p.trans_a = attrs.trans_a;
+  p.trans_b = attrs.trans_b;
+  p.m = m;
+  p.n = cols;
+  p.k = k;
+  p.lda = a.shape[1];
+  p.ldb = b.shape[1];
+  p.ldy = cols;
+  BufferList reads = {a.range(), b.range()};
+  if (add_c) reads.push_back(y.range());
+  if (k > 0) {
+    GemmOperands ops{&a, &b, &y};
+    record_gemm(ctx, where, p, ops, attrs.alpha, add_c ? attrs.beta : 0.0, reads);
+    return;
+  }
+  // K = 0: y = beta * C (or 0), through a K = 1 product of zeros.
+  const DeviceTensor za = zeros(ctx, a.dtype, m, 1), zb = zeros(ctx, a.dtype, 1, cols);
+  p.trans_a = p.trans_b = false;
+  p.k = 1;
+  p.lda = 1;
+  p.ldb = cols;
+  GemmOperands ops{&za, &zb, &y};
+  reads = {za.range(), zb.range()};
+  if (add_c) reads.push_back(y.range());
+  record_gemm(ctx, where, p, ops, 1.0, add_c ? attrs.beta : 0.0, reads);
+}
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,160 @@
+// Backward passes of the windowed pools (the direct calls of kernels/pool/direct.h and the IR ops
+// max_pool_backward, avg_pool_backward). Semantics are the CPU kernel's
+// (backends/cpu/pool_backward.cpp):
+//   max_pool: each output's dy goes to its window's max (the forward's choice among ties
+//     and NaNs; a window with no in-bounds tap sends nowhere);
+//   avg_pool: each output's dy / divisor goes to every in-bounds tap of its window.
+//
+// Gather instead of scatter (no atomics, deterministic): one thread per dx element, or per
+// V consecutive channels of one dx position in channels-last (kernels/pool/window.cuh), visits
+// the outputs whose windows contain it, in row-major window order, summing in f32 (f64
+// for f64) and rounding once. max_pool's takes the forward's indices; the IR op
+// max_pool_backward (dy, x) first recomputes them into a temporary (in dy's layout) with
+// the forward kernel, so the choice among ties and NaNs is exactly the forward's, then
+// gathers. avg_pool_backward's IR op (dy) is the direct call with the node's attributes.
+#include "backends/cuda/kernels/pool/direct.h"
+#include "backends/cuda/kernels/pool/window.cuh"
+
+namespace fusebox::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// kMax: dx[i] = sum of dy[o] over the windows o containing i whose index names i.
+// Otherwise (avg): dx[i] = sum of dy[o] / divisor(o) over the windows o containing i.
+template <class T, int V, bool kCL, bool kMax>
+__global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_include_pad, const T* dy,
+                                     const int64_t* indices, bool indices_cl, T* dx) {
+  using C = compute_t<T>;
+  const int64_t units = g.channels / V, in_size = g.in_size(), out_size = g.out_size();
+  const int64_t total = g.batch * units * in_size;
+  for (int64_t w = global_thread_index(); w < total; w += grid_stride()) {
+    const Site s = locate<kCL>(w, units, g.in, narrow);
+    const int64_t c0 = s.unit * V;
+    const int64_t sp = spatial_offset(g.in, s.p[0], s.p[1], s.p[2]);
+    OutputSpan span[3];
+    for (int d = 0; d < 3; ++d) span[d] = windows_holding(g, d, s.p[d]);
+    C sum[V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) sum[l] = 0;
+    for (int64_t o0 = span[0].first; o0 <= span[0].last; ++o0) {
+      if (!is_window_tap(g, 0, s.p[0], o0)) continue;
+      for (int64_t o1 = span[1].first; o1 <= span[1].last; ++o1) {
+        if (!is_window_tap(g, 1, s.p[1], o1)) continue;
+        for (int64_t o2 = span[2].first; o2 <= span[2].last; ++o2) {
+          if (!is_window_tap(g, 2, s.p[2], o2)) continue;
+          const int64_t out_sp = spatial_offset(g.out, o0, o1, o2);
+          const int64_t at = element_at<kCL>(s.n, c0, g.channels, out_size, out_sp);
+          if constexpr (kMax) {
+            // Which lanes' windows chose this element; dy is read only when one did.
+            bool chosen[V], any = false;
+#pragma unroll
+            for (int l = 0; l < V; ++l) {
+              const int64_t c = c0 + l;
+              const int64_t idx_at = indices_cl
+                                         ? element_at<true>(s.n, c, g.channels, out_size, out_sp)
+                                         : element_at<false>(s.n, c, g.channels, out_size, out_sp);
+              chosen[l] = indices[idx_at] == (s.n * g.channels + c) * in_size + sp;
+              any = any || chosen[l];
+            }
+            if (any) {
+              C v[V];
+              load_lanes<V>(dy, at, v);
+#pragma unroll
+              for (int l = 0; l < V; ++l)
+                if (chosen[l]) sum[l] += v[l];
+            }
+          } else {
+            C v[V];
+            load_lanes<V>(dy, at, v);
+            const C divisor = C(window_divisor(window_taps(g, 0, o0), window_taps(g, 1, o1),
+                                               window_taps(g, 2, o2), count_include_pad));
+#pragma unroll
+            for (int l = 0; l < V; ++l) sum[l] += v[l] / divisor;
+          }
+        }
+      }
+    }
+    store_lanes<V>(dx, element_at<kCL>(s.n, c0, g.channels, in_size, sp), sum);
+  }
+}
+
+template <bool kMax>
+void launch_pool_backward(Context& ctx, const std::string& where, const PoolWindow& g,
+                          bool count_include_pad, const DeviceTensor& dy,
+                          const DeviceTensor* indices, const DeviceTensor& dx) {
+  const PoolLayout layout = pool_layout(where, {{"dy", &dy}, {"dx", &dx}});
+  const bool idx_cl = indices && indices_channels_last(where, *indices);
+  if (dx.numel() == 0) return;
+  BufferList reads = {dy.range()};
+  if (indices) reads.push_back(indices->range());
+  visit_device_float(where, dx.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
+      constexpr int V = decltype(vec)::value;
+      const int64_t work = dx.numel() / V;
+      ctx.encoder.launch(&pool_backward_kernel<T, V, decltype(cl)::value, kMax>,
+                         dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, reads,
+                         {dx.range()}, g, fits_u32(work), count_include_pad, dy.as<const T>(),
+                         indices ? indices->as<const int64_t>() : nullptr, idx_cl, dx.as<T>());
+    });
+  });
+}
+
+void run_max_pool_backward(Context& ctx, const std::string& where, const PoolAttrs& attrs,
+                           const DeviceTensor& dy, const DeviceTensor& indices,
+                           const DeviceTensor& dx) {
+  check_same_dtype(dy, dx, where);
+  FUSEBOX_CHECK(indices.dtype == DType::i64 && indices.shape == dy.shape, where,
+                "indices must be i64 ", shape_str(dy.shape));
+  const PoolWindow g = make_pool_window(attrs, dx.shape, dy.shape, where);
+  launch_pool_backward<true>(ctx, where, g, false, dy, &indices, dx);
+}
+
+void run_avg_pool_backward(Context& ctx, const std::string& where, const PoolAttrs& attrs,
+                           const DeviceTensor& dy, const DeviceTensor& dx) {
+  check_same_dtype(dy, dx, where);
+  const PoolWindow g = make_pool_window(attrs, dx.shape, dy.shape, where);
+  launch_pool_backward<false>(ctx, where, g, attrs.count_include_pad, dy, nullptr, dx);
+}
+
+}  // namespace
+
+void max_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
+                       const DeviceTensor& indices, DeviceTensor& dx) {
+  run_max_pool_backward(ctx, "max_pool_backward", attrs, dy, indices, dx);
+}
+
+void avg_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor& dy,
+                       DeviceTensor& dx) {
+  run_avg_pool_backward(ctx, "avg_pool_backward", attrs, dy, dx);
+}
+
+// (dy, x) -> dx: the forward's indices recomputed from x, then the gather.
+void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const std::string where = node_label(n);
+  const PoolAttrs& attrs = std::get<PoolBackwardAttrs>(n.attrs).pool;
+  const DeviceTensor &dy = *in[0], &x = *in[1];
+  const DeviceTensor& dx = out[0];
+  FUSEBOX_CHECK(x.shape == dx.shape && x.dtype == dx.dtype, where, "x ", shape_str(x.shape),
+                " and dx ", shape_str(dx.shape), " differ");
+  check_same_dtype(dy, dx, where);
+  const PoolWindow g = make_pool_window(attrs, x.shape, dy.shape, where);
+  const PoolLayout layout = pool_layout(where, {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  if (dx.numel() == 0) return;
+  DeviceTensor indices = DeviceTensor::empty(
+      ctx.allocator, DType::i64, dy.shape,
+      layout.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous);
+  ctx.encoder.add_temporary(indices.buffer);
+  if (dy.numel() > 0) launch_max_pool(ctx, where, g, x, nullptr, &indices);
+  run_max_pool_backward(ctx, where, attrs, dy, indices, dx);
+}
+
+// (dy) -> dx of input_shape.
+void avg_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_avg_pool_backward(ctx, node_label(n), std::get<PoolBackwardAttrs>(n.attrs).pool, *in[0],
+                        out[0]);
+}
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,413 @@
+// cross_entropy on the GPU (ops.h semantics, the CPU backend's formulas).
+//
+// logits [N, C, D...] are viewed as [outer = N, len = C, inner = D...]; row p = (n, d) is
+// also the label's flat position. Pass 1, per row (a warp, a block or a thread, as softmax:
+// kernels/reduce/softmax_rows.cuh), with m and lse of the row:
+//   log_prob[n, :, d] = x - m - lse                               (second output)
+//   label l = labels[p]: ignore_index -> weight 0, loss 0
+//                        outside [0, C) -> raises the node's ErrorRecord with (p, l):
+//                        the run fails at check_error_flags with "label l at position
+//                        [n, d...] is outside [0, C)", as the CPU's message
+//                        else weight w = weight[l] (1 without weights),
+//                             loss = -w * (x[n, l, d] - m - lse)
+//   reduction none: loss[p] is the output; sum/mean: loss[p] and w go to f64 temporaries.
+// Pass 2 (sum/mean): a deterministic two-level sum in f64: up to kSumBlocks blocks each
+// sum a contiguous range of rows into (loss, weight) partials, then one block adds the
+// partials in order and writes sum, or sum / total weight for the mean (all ignored:
+// 0 / 0 = NaN, as PyTorch).
+//
+// cross_entropy_backward (dloss, log_prob, labels, weight?) -> dlogits, in f64 as the CPU:
+// per position p with label l and weight w (weight[l], 1 without weights, 0 when ignored),
+//   k = w * dloss[p] (none), w * dloss (sum), w * dloss / total weight (mean; 0 where
+//   w == 0, so all zeros when every label is ignored, as PyTorch)
+//   dlogits[n, j, d] = k * (exp(log_prob[n, j, d]) - [j == l]), 0 where k == 0.
+// One thread per element of dlogits (each finds its position and label); the mean's total
+// weight comes first from a two-level f64 sum over the positions (as the forward's).
+// Bad labels raise the node's ErrorRecord as the forward's.
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/reduce/softmax_rows.cuh"
+#include "backends/cuda/runtime/error_flags.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+constexpr int kRowsPerWarpBlock = 8;
+constexpr int kBlockRowThreads = 512;
+constexpr int kSumThreads = 512;
+constexpr int kSumBlocks = 264;
+
+struct LossArgs {
+  int64_t outer, len, inner;
+  bool has_ignore;
+  int64_t ignore_index;
+  ErrorRecord* error;
+};
+
+// The loss of row p (given its statistics) and its weight; every thread of the walk may
+// call it, `leader` is the one that stores.
+template <class C, class T, class L, class Out>
+__device__ __forceinline__ void row_loss(const T* row, int64_t stride, RowStats<C> s,
+                                         const L* labels, const T* weight, Out* loss,
+                                         double* label_weight, int64_t p, const LossArgs& a,
+                                         bool leader) {
+  if (!leader) return;
+  const int64_t l = int64_t(labels[p]);
+  C w = C(0), value = C(0);
+  if (a.has_ignore && l == a.ignore_index) {
+    // ignored: weight 0, loss 0
+  } else if (l < 0 || l >= a.len) {
+    raise_error(a.error, p, l);
+  } else {
+    w = weight ? convert<C>(weight[l]) : C(1);
+    if (w != C(0)) value = -w * (convert<C>(row[l * stride]) - s.max - s.lse);
+  }
+  loss[p] = convert<Out>(value);
+  if (label_weight) label_weight[p] = double(w);
+}
+
+// Out is T (reduction none: loss is the output) or double (a temporary: f64 keeps an f64
+// loss exact before the sum).
+template <RowWalk kWalk, class T, class L, class Out>
+__global__ void cross_entropy_rows(const T* x, const L* labels, const T* weight, T* log_prob,
+                                   Out* loss, double* label_weight, LossArgs a) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  auto write = [&](const T* row, T* out_row, int64_t stride, RowStats<C> s, int first, int step) {
+    for (int64_t j = first; j < a.len; j += step)
+      out_row[j * stride] = convert<T>(convert<C>(row[j * stride]) - s.max - s.lse);
+  };
+  if constexpr (kWalk == RowWalk::warp) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32; r < a.outer;
+         r += int64_t(gridDim.x) * kRowsPerWarpBlock) {
+      const RowStats<C> s = warp_row_stats<C>(x + r * a.len, a.len, 1);
+      write(x + r * a.len, log_prob + r * a.len, 1, s, lane, 32);
+      row_loss(x + r * a.len, 1, s, labels, weight, loss, label_weight, r, a, lane == 0);
+    }
+  } else if constexpr (kWalk == RowWalk::block) {
+    for (int64_t r = blockIdx.x; r < a.outer; r += gridDim.x) {
+      const RowStats<C> s = block_row_stats<C>(x + r * a.len, a.len, 1);
+      write(x + r * a.len, log_prob + r * a.len, 1, s, threadIdx.x, blockDim.x);
+      row_loss(x + r * a.len, 1, s, labels, weight, loss, label_weight, r, a, threadIdx.x == 0);
+    }
+  } else {
+    for (int64_t t = global_thread_index(); t < a.outer * a.inner; t += grid_stride()) {
+      const int64_t base = (t / a.inner) * a.len * a.inner + t % a.inner;
+      const RowStats<C> s = thread_row_stats<C>(x + base, a.len, a.inner);
+      write(x + base, log_prob + base, a.inner, s, 0, 1);
+      row_loss(x + base, a.inner, s, labels, weight, loss, label_weight, t, a, true);
+    }
+  }
+}
+
+// Block b sums rows [b * per_block, (b + 1) * per_block) of loss and weight (f64, a fixed
+// order) into partials[2b], partials[2b + 1].
+__global__ void sum_loss_partials(const double* loss, const double* weight, int64_t rows,
+                                  int64_t per_block, double* partials) {
+  const int64_t begin = int64_t(blockIdx.x) * per_block;
+  const int64_t end = begin + per_block < rows ? begin + per_block : rows;
+  double l = 0.0, w = 0.0;
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    l += double(loss[p]);
+    w += double(weight[p]);
+  }
+  l = block_reduce(l, SumOp{}, 0.0);
+  w = block_reduce(w, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = l;
+    partials[2 * blockIdx.x + 1] = w;
+  }
+}
+
+// One block: adds the partials in order and writes the loss.
+template <class T>
+__global__ void finish_loss(const double* partials, int blocks, bool mean, T* y) {
+  double l = 0.0, w = 0.0;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+    l += partials[2 * b];
+    w += partials[2 * b + 1];
+  }
+  l = block_reduce(l, SumOp{}, 0.0);
+  w = block_reduce(w, SumOp{}, 0.0);
+  if (threadIdx.x == 0) y[0] = convert<T>(mean ? l / w : l);
+}
+
+template <class T>
+__global__ void fill_scalar(T* y, double value) {
+  y[0] = convert<T>(value);
+}
+
+// "[1, 0, 2]": the position of flat index i in `shape`.
+std::string position(int64_t i, const Shape& shape) {
+  Shape coord(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    coord[d] = shape[d] > 0 ? i % shape[d] : 0;
+    i = shape[d] > 0 ? i / shape[d] : 0;
+  }
+  return shape_str(coord);
+}
+
+// The node's ErrorRecord for labels outside [0, classes), with the forward's message.
+ErrorSlot reserve_label_error(Context& ctx, const Node& n, const Shape& label_shape,
+                              int64_t classes) {
+  return ErrorFlags::of(ctx.encoder)
+      .reserve(node_label(n), [label_shape, classes](int64_t p, int64_t l) {
+        return cat("label ", l, " at position ", position(p, label_shape), " is outside [0, ",
+                   classes, ")");
+      });
+}
+
+template <class T, class L>
+void run_cross_entropy(Context& ctx, const Node& n, const DeviceTensor& logits,
+                       const DeviceTensor& labels, const DeviceTensor* weight,
+                       const DeviceTensor& loss, const DeviceTensor& log_prob, LossArgs a) {
+  const CrossEntropyAttrs& attrs = std::get<CrossEntropyAttrs>(n.attrs);
+  const int64_t rows = a.outer * a.inner;
+  const ErrorSlot slot = reserve_label_error(ctx, n, labels.shape, a.len);
+  a.error = slot.record;
+
+  BufferList reads{logits.range(), labels.range()};
+  if (weight) reads.push_back(weight->range());
+  const T* pw = weight ? weight->as<T>() : nullptr;
+  const RowWalk walk = pick_row_walk(a.len, a.inner);
+  dim3 grid, block;
+  switch (walk) {
+    case RowWalk::warp:
+      grid = unsigned(
+          std::min((a.outer + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock, kMaxGridStrideBlocks));
+      block = kRowsPerWarpBlock * 32;
+      break;
+    case RowWalk::block:
+      grid = unsigned(std::min(a.outer, kMaxGridStrideBlocks));
+      block = kBlockRowThreads;
+      break;
+    case RowWalk::thread:
+      grid = launch_blocks(rows);
+      block = kDefaultThreads;
+      break;
+  }
+  auto launch_rows = [&](auto* loss_out, double* label_weight, BufferList writes) {
+    using Out = std::remove_pointer_t<decltype(loss_out)>;
+    writes.push_back(log_prob.range());
+    writes.push_back(slot.range);
+    auto kernel = walk == RowWalk::warp    ? cross_entropy_rows<RowWalk::warp, T, L, Out>
+                  : walk == RowWalk::block ? cross_entropy_rows<RowWalk::block, T, L, Out>
+                                           : cross_entropy_rows<RowWalk::thread, T, L, Out>;
+    ctx.encoder.launch(kernel, grid, block, 0, reads, writes, logits.as<T>(), labels.as<L>(), pw,
+                       log_prob.as<T>(), loss_out, label_weight, a);
+  };
+
+  if (attrs.reduction == Reduction::none) {
+    launch_rows(loss.as<T>(), static_cast<double*>(nullptr), BufferList{loss.range()});
+    return;
+  }
+  DeviceBuffer row_loss = ctx.allocator.allocate(size_t(rows) * sizeof(double));
+  DeviceBuffer row_weight = ctx.allocator.allocate(size_t(rows) * sizeof(double));
+  const int64_t per_block = std::max<int64_t>(kSumThreads, (rows + kSumBlocks - 1) / kSumBlocks);
+  const int blocks = int(std::max<int64_t>(1, (rows + per_block - 1) / per_block));
+  DeviceBuffer partials = ctx.allocator.allocate(size_t(blocks) * 2 * sizeof(double));
+  ctx.encoder.add_temporary(row_loss);
+  ctx.encoder.add_temporary(row_weight);
+  ctx.encoder.add_temporary(partials);
+  launch_rows(row_loss.as<double>(), row_weight.as<double>(), BufferList{row_loss, row_weight});
+  ctx.encoder.launch(sum_loss_partials, unsigned(blocks), kSumThreads, 0,
+                     BufferList{row_loss, row_weight}, BufferList{partials}, row_loss.as<double>(),
+                     row_weight.as<double>(), rows, per_block, partials.as<double>());
+  ctx.encoder.launch(finish_loss<T>, 1u, kSumThreads, 0, BufferList{partials},
+                     BufferList{loss.range()}, partials.as<double>(), blocks,
+                     attrs.reduction == Reduction::mean, loss.as<T>());
+}
+
+// ---- backward ----------------------------------------------------------------------------
+
+struct GradArgs {
+  int64_t classes, inner, total;  // total = N * classes * inner
+  Reduction reduction;
+  bool has_ignore;
+  int64_t ignore_index;
+  ErrorRecord* error;
+};
+
+// Position p's weight: 0 when ignored (or a bad label, which raises), else weight[l] or 1.
+template <class T, class L>
+__device__ __forceinline__ double label_weight(const L* labels, const T* weight, int64_t p,
+                                               const GradArgs& a, int64_t* label) {
+  const int64_t l = int64_t(labels[p]);
+  *label = l;
+  if (a.has_ignore && l == a.ignore_index) return 0.0;
+  if (l < 0 || l >= a.classes) {
+    raise_error(a.error, p, l);
+    return 0.0;
+  }
+  return weight ? double(convert<compute_t<T>>(weight[l])) : 1.0;
+}
+
+// The mean's denominator, stage 1: block b sums the weights of positions
+// [b * per_block, (b + 1) * per_block) into partials[b] (f64, a fixed order).
+template <class T, class L>
+__global__ void weight_partials(const L* labels, const T* weight, int64_t positions,
+                                int64_t per_block, GradArgs a, double* partials) {
+  const int64_t begin = int64_t(blockIdx.x) * per_block;
+  const int64_t end = begin + per_block < positions ? begin + per_block : positions;
+  double w = 0.0;
+  int64_t label;
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x)
+    w += label_weight(labels, weight, p, a, &label);
+  w = block_reduce(w, SumOp{}, 0.0);
+  if (threadIdx.x == 0) partials[blockIdx.x] = w;
+}
+
+// Stage 2: one block adds the partials in order.
+__global__ void weight_total(const double* partials, int blocks, double* total) {
+  double w = 0.0;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) w += partials[b];
+  w = block_reduce(w, SumOp{}, 0.0);
+  if (threadIdx.x == 0) total[0] = w;
+}
+
+// dlogits, one thread per element; total_weight is read for the mean only.
+template <class T, class L>
+__global__ void cross_entropy_grad(const T* dloss, const T* log_prob, const L* labels,
+                                   const T* weight, const double* total_weight, T* dlogits,
+                                   GradArgs a) {
+  using C = compute_t<T>;
+  for (int64_t idx = global_thread_index(); idx < a.total; idx += grid_stride()) {
+    const int64_t d = idx % a.inner, rest = idx / a.inner;
+    const int64_t j = rest % a.classes, p = rest / a.classes * a.inner + d;
+    int64_t l;
+    const double w = label_weight(labels, weight, p, a, &l);
+    double k = 0.0;
+    switch (a.reduction) {
+      case Reduction::none:
+        k = w * double(convert<C>(dloss[p]));
+        break;
+      case Reduction::sum:
+        k = w * double(convert<C>(dloss[0]));
+        break;
+      case Reduction::mean:
+        k = w == 0.0 ? 0.0 : w * double(convert<C>(dloss[0])) / total_weight[0];
+        break;
+    }
+    // An ignored position (k = 0) gives 0 even where its log_prob is not finite.
+    const double onehot = j == l ? 1.0 : 0.0;
+    dlogits[idx] =
+        convert<T>(k == 0.0 ? 0.0 : k * (::exp(double(convert<C>(log_prob[idx]))) - onehot));
+  }
+}
+
+template <class T, class L>
+void run_cross_entropy_backward(Context& ctx, const Node& n, const DeviceTensor& dloss,
+                                const DeviceTensor& log_prob, const DeviceTensor& labels,
+                                const DeviceTensor* weight, const DeviceTensor& dlogits,
+                                GradArgs a) {
+  const ErrorSlot slot = reserve_label_error(ctx, n, labels.shape, a.classes);
+  a.error = slot.record;
+  const T* pw = weight ? weight->as<T>() : nullptr;
+  BufferList label_reads{labels.range()};
+  if (weight) label_reads.push_back(weight->range());
+  BufferList reads = label_reads;
+  reads.push_back(dloss.range());
+  reads.push_back(log_prob.range());
+  const double* total_weight = nullptr;
+  if (a.reduction == Reduction::mean) {
+    const int64_t positions = labels.numel();
+    const int64_t per_block =
+        std::max<int64_t>(kSumThreads, (positions + kSumBlocks - 1) / kSumBlocks);
+    const int blocks = int(std::max<int64_t>(1, (positions + per_block - 1) / per_block));
+    DeviceBuffer partials = ctx.allocator.allocate(size_t(blocks) * sizeof(double));
+    DeviceBuffer total = ctx.allocator.allocate(sizeof(double));
+    ctx.encoder.add_temporary(partials);
+    ctx.encoder.add_temporary(total);
+    ctx.encoder.launch(weight_partials<T, L>, unsigned(blocks), kSumThreads, 0, label_reads,
+                       BufferList{partials, slot.range}, labels.as<L>(), pw, positions, per_block,
+                       a, partials.as<double>());
+    ctx.encoder.launch(weight_total, 1u, kSumThreads, 0, BufferList{partials}, BufferList{total},
+                       partials.as<double>(), blocks, total.as<double>());
+    reads.push_back(total);
+    total_weight = total.as<double>();
+  }
+  ctx.encoder.launch(cross_entropy_grad<T, L>, launch_blocks(a.total), kDefaultThreads, 0, reads,
+                     BufferList{dlogits.range(), slot.range}, dloss.as<T>(), log_prob.as<T>(),
+                     labels.as<L>(), pw, total_weight, dlogits.as<T>(), a);
+}
+
+}  // namespace
+
+void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const auto& attrs = std::get<CrossEntropyAttrs>(n.attrs);
+  const DeviceTensor& logits = *in[0];
+  const DeviceTensor& labels = *in[1];
+  const DeviceTensor* weight = in.size() > 2 ? in[2] : nullptr;
+  const std::string where = node_label(n);
+  FUSEBOX_CHECK(logits.rank() >= 2, where, "expects logits [N, C, D...], got ",
+                shape_str(logits.shape));
+  const Shape& s = logits.shape;
+  LossArgs a{s[0],
+             s[1],
+             numel(Shape(s.begin() + 2, s.end())),
+             attrs.ignore_index.has_value(),
+             attrs.ignore_index.value_or(0),
+             nullptr};
+  FUSEBOX_CHECK(labels.numel() == a.outer * a.inner, where, "labels ", shape_str(labels.shape),
+                " do not match logits ", shape_str(logits.shape));
+  FUSEBOX_CHECK(is_integer(labels.dtype), where, "labels must be i64 or i32, got ",
+                dtype_name(labels.dtype));
+  FUSEBOX_CHECK(!weight || (weight->numel() == a.len && weight->dtype == logits.dtype), where,
+                "weight must be ", dtype_name(logits.dtype), " [", a.len, "]");
+  FUSEBOX_CHECK(out.size() == 2 && out[1].shape == logits.shape, where,
+                "expects the outputs loss and log_prob");
+  visit_device_float(n, logits.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (a.outer * a.inner == 0) {  // no rows: log_prob is empty; sum 0, mean 0 / 0 = NaN
+      if (attrs.reduction != Reduction::none)
+        ctx.encoder.launch(fill_scalar<T>, 1u, 1u, 0, BufferList{}, BufferList{out[0].range()},
+                           out[0].as<T>(), attrs.reduction == Reduction::sum ? 0.0 : NAN);
+      return;
+    }
+    if (labels.dtype == DType::i64)
+      run_cross_entropy<T, int64_t>(ctx, n, logits, labels, weight, out[0], out[1], a);
+    else
+      run_cross_entropy<T, int32_t>(ctx, n, logits, labels, weight, out[0], out[1], a);
+  });
+}
+
+// (dloss, log_prob, labels, weight?) -> dlogits
+void cross_entropy_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const auto& attrs = std::get<CrossEntropyAttrs>(n.attrs);
+  const DeviceTensor &dloss = *in[0], &log_prob = *in[1], &labels = *in[2];
+  const DeviceTensor* weight = in.size() > 3 ? in[3] : nullptr;
+  const DeviceTensor& dlogits = out[0];
+  const std::string where = node_label(n);
+  FUSEBOX_CHECK(log_prob.rank() >= 2, where, "expects log_prob [N, C, D...], got ",
+                shape_str(log_prob.shape));
+  const Shape& s = log_prob.shape;
+  const int64_t classes = s[1], inner = numel(Shape(s.begin() + 2, s.end()));
+  const int64_t positions = s[0] * inner;
+  FUSEBOX_CHECK(labels.numel() == positions && (!weight || weight->numel() == classes) &&
+                    dloss.numel() == (attrs.reduction == Reduction::none ? positions : 1),
+                where, "labels ", shape_str(labels.shape), ", dloss ", shape_str(dloss.shape),
+                " and weight do not fit log_prob ", shape_str(log_prob.shape));
+  FUSEBOX_CHECK(is_integer(labels.dtype), where, "labels must be i64 or i32, got ",
+                dtype_name(labels.dtype));
+  FUSEBOX_CHECK(dloss.dtype == log_prob.dtype && dlogits.dtype == log_prob.dtype &&
+                    dlogits.shape == log_prob.shape && (!weight || weight->dtype == log_prob.dtype),
+                where, "dloss, weight and dlogits must be ", dtype_name(log_prob.dtype),
+                " like log_prob");
+  if (dlogits.numel() == 0) return;
+  const GradArgs a{classes,
+                   inner,
+                   dlogits.numel(),
+                   attrs.reduction,
+                   attrs.ignore_index.has_value(),
+                   attrs.ignore_index.value_or(0),
+                   nullptr};
+  visit_device_float(n, log_prob.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (labels.dtype == DType::i64)
+      run_cross_entropy_backward<T, int64_t>(ctx, n, dloss, log_prob, labels, weight, dlogits, a);
+    else
+      run_cross_entropy_backward<T, int32_t>(ctx, n, dloss, log_prob, labels, weight, dlogits, a);
+  });
+}
+
+}  // namespace fusebox::cuda

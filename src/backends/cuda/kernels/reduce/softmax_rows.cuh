@@ -1,0 +1,79 @@
+// Row statistics for softmax, log_softmax and cross_entropy (include from .cu files only).
+//
+// A row is `len` elements of x at stride `stride` (1 for the last axis, `inner` for
+// another axis). For a row, in the compute type C (f32, or f64 for f64 tensors):
+//   m   = max(row), NaN if any element is NaN; an infinite m (all -inf, or a +inf) is
+//         replaced by 0, which keeps row - m free of inf - inf (the CPU backend's rule)
+//   lse = log(sum(exp(row - m)))
+// so that log_softmax = row - m - lse and softmax = exp(row - m - lse). Three variants,
+// by who walks the row: a whole warp (lanes strided by 32), a whole block (threads
+// strided by blockDim.x; every thread of the block must call it) or one thread.
+#pragma once
+
+#include "backends/cuda/device/block_reduce.cuh"
+#include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+
+namespace fusebox::cuda {
+
+template <class C>
+struct RowStats {
+  C max;
+  C lse;
+};
+
+template <class C>
+__device__ __forceinline__ C softmax_shift(C m) {
+  return (m == C(INFINITY) || m == C(-INFINITY)) ? C(0) : m;
+}
+
+// Elements first, first + step, ... of the row, folded with `step` lanes/threads.
+template <class C, class T>
+__device__ __forceinline__ C partial_max(const T* row, int64_t len, int64_t stride, int first,
+                                         int step) {
+  C m = C(-INFINITY);
+  for (int64_t j = first; j < len; j += step) m = MaxOp{}(m, convert<C>(row[j * stride]));
+  return m;
+}
+template <class C, class T>
+__device__ __forceinline__ C partial_sum_exp(const T* row, int64_t len, int64_t stride, C m,
+                                             int first, int step) {
+  C s = C(0);
+  for (int64_t j = first; j < len; j += step) s += dm::exp(convert<C>(row[j * stride]) - m);
+  return s;
+}
+
+template <class C, class T>
+__device__ __forceinline__ RowStats<C> warp_row_stats(const T* row, int64_t len, int64_t stride) {
+  const int lane = threadIdx.x % 32;
+  const C m = softmax_shift(warp_reduce(partial_max<C>(row, len, stride, lane, 32), MaxOp{}));
+  const C s = warp_reduce(partial_sum_exp<C>(row, len, stride, m, lane, 32), SumOp{});
+  return {m, dm::log(s)};
+}
+
+template <class C, class T>
+__device__ __forceinline__ RowStats<C> block_row_stats(const T* row, int64_t len, int64_t stride) {
+  const C m = softmax_shift(block_reduce(partial_max<C>(row, len, stride, threadIdx.x, blockDim.x),
+                                         MaxOp{}, C(-INFINITY)));
+  const C s =
+      block_reduce(partial_sum_exp<C>(row, len, stride, m, threadIdx.x, blockDim.x), SumOp{}, C(0));
+  return {m, dm::log(s)};
+}
+
+template <class C, class T>
+__device__ __forceinline__ RowStats<C> thread_row_stats(const T* row, int64_t len, int64_t stride) {
+  const C m = softmax_shift(partial_max<C>(row, len, stride, 0, 1));
+  return {m, dm::log(partial_sum_exp<C>(row, len, stride, m, 0, 1))};
+}
+
+// How a softmax-like kernel walks x viewed as [outer, len, inner]: the row of (o, i) starts
+// at o * len * inner + i with stride inner.
+enum class RowWalk { warp, block, thread };
+
+// Warp per row for the last axis up to 1024 elements, block per row beyond; one thread per
+// row when the axis is not the last (threads of a warp then read adjacent columns).
+inline RowWalk pick_row_walk(int64_t len, int64_t inner) {
+  if (inner > 1) return RowWalk::thread;
+  return len <= 1024 ? RowWalk::warp : RowWalk::block;
+}
+
+}  // namespace fusebox::cuda

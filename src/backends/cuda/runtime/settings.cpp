@@ -1,0 +1,136 @@
+#include "backends/cuda/runtime/settings.h"
+
+#include <atomic>
+#include <forward_list>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/runtime/env.h"
+#include "fusebox/core/error.h"
+
+namespace fusebox::cuda {
+namespace {
+
+// Each reader leaves `value` (its default) as it is when the variable is unset or empty.
+void read_switch(const char* name, bool& value) {
+  if (auto text = env_text(name)) value = parse_switch(*text, name);
+}
+
+void read_count(const char* name, size_t& value) {
+  if (auto text = env_text(name)) value = parse_count(*text, name);
+}
+
+std::filesystem::path cache_dir_from_env() {
+  if (std::optional<std::string> dir = env_text("FUSEBOX_CACHE_DIR")) return *dir;
+  // The XDG base-directory spec says to ignore a relative XDG_CACHE_HOME.
+  std::optional<std::string> xdg = env_text("XDG_CACHE_HOME");
+  if (xdg && std::filesystem::path(*xdg).is_absolute()) {
+    return std::filesystem::path(*xdg) / "fusebox";
+  }
+  if (std::optional<std::string> home = env_text("HOME")) {
+    return std::filesystem::path(*home) / ".cache" / "fusebox";
+  }
+  return {};
+}
+
+ConvSettings conv_settings_from_env() {
+  ConvSettings s;
+  if (auto text = env_text("FUSEBOX_CONV_BACKEND")) s.backend = parse_conv_backend(*text);
+  read_switch("FUSEBOX_ALLOW_TF32", s.allow_tf32);
+  read_switch("FUSEBOX_DETERMINISTIC", s.deterministic);
+  read_switch("FUSEBOX_AUTOTUNE", s.autotune);
+  read_count("FUSEBOX_CONV_PLAN_CACHE", s.plan_cache_capacity);
+  read_switch("FUSEBOX_CUDNN_NATIVE_GRAPH", s.native_graph);
+  read_switch("FUSEBOX_CONV_AUTOTUNE_MODE_B", s.autotune_mode_b);
+  read_count("FUSEBOX_CONV_AUTOTUNE_CANDIDATES", s.autotune_candidates);
+  if (auto text = env_text("FUSEBOX_CONV_SUBSAMPLE_1X1"))
+    s.subsample_1x1 = parse_conv_subsample(*text);
+  read_switch("FUSEBOX_CONV_ALLOW_BARRED_ENGINES", s.allow_barred_engines);
+  if (auto text = env_text("FUSEBOX_CONV_PLAN_INDEX"))
+    s.forced_plan_index = int64_t(parse_count(*text, "FUSEBOX_CONV_PLAN_INDEX"));
+  return s;
+}
+
+std::mutex g_read_mutex;
+// The settings in force; null until the first settings() (or after a test's re-read).
+std::atomic<const BackendSettings*> g_current{nullptr};
+
+// Every parse ever made stays here, so that a reference from settings() never dangles when
+// a test makes the environment be read again. Outside tests this holds one entry.
+std::forward_list<BackendSettings>& parsed_settings() {
+  // Never destroyed: code that runs at exit may still read its settings.
+  static auto* parsed = new std::forward_list<BackendSettings>();
+  return *parsed;
+}
+
+}  // namespace
+
+const char* conv_backend_name(ConvBackend b) {
+  switch (b) {
+    case ConvBackend::automatic:
+      return "auto";
+    case ConvBackend::cudnn:
+      return "cudnn";
+    case ConvBackend::own:
+      return "own";
+  }
+  return "?";
+}
+
+ConvBackend parse_conv_backend(std::string_view text) {
+  if (text == "auto") return ConvBackend::automatic;
+  if (text == "cudnn") return ConvBackend::cudnn;
+  if (text == "own") return ConvBackend::own;
+  throw Error("cuda", cat("FUSEBOX_CONV_BACKEND='", text,
+                          "' must be auto (cuDNN, else the direct kernel), cudnn or own"));
+}
+
+ConvSubsample parse_conv_subsample(std::string_view text) {
+  if (text == "auto") return ConvSubsample::automatic;
+  if (text == "0") return ConvSubsample::off;
+  if (text == "1") return ConvSubsample::on;
+  throw Error("cuda", cat("FUSEBOX_CONV_SUBSAMPLE_1X1='", text,
+                          "' must be auto (tried under autotuning), 0 (never) or 1 (always)"));
+}
+
+const char* conv_subsample_name(ConvSubsample s) {
+  switch (s) {
+    case ConvSubsample::automatic:
+      return "auto";
+    case ConvSubsample::off:
+      return "0";
+    case ConvSubsample::on:
+      return "1";
+  }
+  return "?";
+}
+
+BackendSettings BackendSettings::from_env() {
+  BackendSettings s;
+  if (auto text = env_text("FUSEBOX_CUDA_MEMORY_LIMIT"))
+    s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT");
+  read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
+  read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
+  read_count("FUSEBOX_CUDA_STEP_CACHE", s.step_cache_capacity);
+  s.cache_dir = cache_dir_from_env();
+  read_switch("FUSEBOX_ALLOW_TF32_MATMUL", s.allow_tf32_matmul);
+  read_count("FUSEBOX_NORM_VARIANT", s.norm_variant);
+  s.conv = conv_settings_from_env();
+  return s;
+}
+
+const BackendSettings& settings() {
+  if (const BackendSettings* current = g_current.load(std::memory_order_acquire)) return *current;
+  std::lock_guard lock(g_read_mutex);
+  if (const BackendSettings* current = g_current.load(std::memory_order_relaxed)) return *current;
+  const BackendSettings& parsed = parsed_settings().emplace_front(BackendSettings::from_env());
+  g_current.store(&parsed, std::memory_order_release);
+  return parsed;
+}
+
+void reread_settings() {
+  std::lock_guard lock(g_read_mutex);
+  g_current.store(nullptr, std::memory_order_release);
+}
+
+}  // namespace fusebox::cuda

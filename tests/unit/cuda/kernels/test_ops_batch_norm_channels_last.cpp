@@ -1,0 +1,333 @@
+// CUDA batch_norm and batch_norm_backward on channels-last operands (x, y; dy, x, dx stored
+// N, D..., C) against the CPU backend run on the same values in NCHW. A channels-last
+// device tensor is the NCHW data uploaded and copy_strided into DeviceTensor::empty(...,
+// channels_last) (or into a view one element past a buffer's start, for the unaligned
+// scalar fallback); channels-last outputs are poisoned (memset 0xFF: NaN) before each run
+// and copied back to contiguous to compare. Shapes: ResNet-like, odd and small C (1, 3, 5,
+// 7), C not a multiple of the vector width, C wider than one block tile, rank 3 and 5,
+// N = 1, [N, C, 1, 1] and C == 1 (both layouts at once: either path may take them).
+//
+// Tolerances: as the NCHW tests. Forward (test_ops_norm.cu): elementwise 5e-5 (f32), 4e-3
+// (f16), 2e-2 (bf16), 1e-10 (f64), for y and the statistics outputs. Backward
+// (test_ops_backward_pool_norm.cpp): dx tolerance_for(dtype) x 4; dscale / dbias an
+// absolute tolerance growing with sqrt(count) (per-chunk f32 sums).
+//
+// Mixed layouts (say x channels-last and y contiguous, or a transposed view that is
+// neither) are rejected with an Error naming the node; this file checks that.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/kernels/batch_norm/direct.h"
+#include "gpu_vs_cpu.h"
+
+namespace fusebox::cuda::testing {
+namespace {
+
+using fusebox::testing::all_close;
+using fusebox::testing::random_tensor;
+using fusebox::testing::run_op;
+
+class BatchNormChannelsLastTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FUSEBOX_REQUIRE_GPU(); }
+};
+
+Tolerance forward_tolerance(DType t) {
+  switch (t) {
+    case DType::f64:
+      return {1e-10, 1e-10};
+    case DType::f32:
+      return {5e-5, 5e-5};
+    case DType::f16:
+      return {4e-3, 4e-3};
+    default:
+      return {2e-2, 2e-2};
+  }
+}
+
+// A channels-last tensor of `shape` on the device: a fresh one, or (offset > 0) a view
+// `offset` elements into a larger buffer, so that its data is not 16-byte aligned.
+DeviceTensor empty_channels_last(OpHarness& h, DType dtype, const Shape& shape, int64_t offset) {
+  const Shape strides = strides_for(shape, MemoryFormat::channels_last);
+  if (offset == 0) {
+    DeviceTensor d =
+        DeviceTensor::empty(h.ctx().allocator, dtype, shape, MemoryFormat::channels_last);
+    EXPECT_EQ(d.strides, strides);
+    return d;
+  }
+  DeviceTensor base = DeviceTensor::empty(h.ctx().allocator, dtype, {numel(shape) + offset});
+  return base.view(offset, shape, strides);
+}
+
+DeviceTensor upload_channels_last(OpHarness& h, const Tensor& t, int64_t offset = 0) {
+  DeviceTensor contiguous = h.upload(t);
+  DeviceTensor d = empty_channels_last(h, t.dtype(), t.shape(), offset);
+  copy_strided(h.ctx(), contiguous, d);
+  return d;
+}
+
+DeviceTensor poisoned_channels_last(OpHarness& h, const TensorType& type, int64_t offset = 0) {
+  DeviceTensor d = empty_channels_last(h, type.dtype, type.shape, offset);
+  h.encoder().memset(d.range(), 0xFF);
+  return d;
+}
+
+Tensor download_channels_last(OpHarness& h, const DeviceTensor& d) {
+  DeviceTensor contiguous = DeviceTensor::empty(h.ctx().allocator, d.dtype, d.shape);
+  copy_strided(h.ctx(), d, contiguous);
+  h.encoder().synchronize();
+  return h.download(contiguous);
+}
+
+// Whether a dense tensor of this shape is contiguous and channels-last at once (C == 1 or
+// every spatial extent 1), so that the layout cannot be told apart.
+bool both_layouts(const Shape& shape) {
+  return is_dense_in(shape, strides_for(shape, MemoryFormat::channels_last),
+                     MemoryFormat::contiguous);
+}
+
+// Runs `entry` for op on `inputs`, the inputs at `activation_inputs` uploaded
+// channels-last (the rest contiguous), output 0 channels-last and the others contiguous,
+// all poisoned; returns the outputs as contiguous host tensors.
+std::vector<Tensor> run_channels_last(OpHarness& h, KernelEntry entry, OpKind op, Attrs attrs,
+                                      const std::vector<Tensor>& inputs,
+                                      const std::vector<size_t>& activation_inputs,
+                                      int64_t offset = 0) {
+  const BuiltNode built = build_node(op, std::move(attrs), inputs);
+  std::vector<DeviceTensor> device(inputs.size());
+  std::vector<const DeviceTensor*> pointers;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool activation =
+        std::find(activation_inputs.begin(), activation_inputs.end(), i) != activation_inputs.end();
+    device[i] = activation ? upload_channels_last(h, inputs[i], offset) : h.upload(inputs[i]);
+    if (activation && !both_layouts(inputs[i].shape())) {
+      EXPECT_FALSE(device[i].is_contiguous());
+    }
+    pointers.push_back(&device[i]);
+  }
+  std::vector<DeviceTensor> outputs;
+  for (size_t o = 0; o < built.outputs.size(); ++o)
+    outputs.push_back(o == 0 ? poisoned_channels_last(h, built.outputs[o], offset)
+                             : h.poisoned(built.outputs[o]));
+  entry(h.ctx(), built.node, pointers, outputs);
+  h.encoder().synchronize();
+  check_error_flags(h.ctx());
+  std::vector<Tensor> result;
+  for (size_t o = 0; o < outputs.size(); ++o)
+    result.push_back(o == 0 ? download_channels_last(h, outputs[o]) : h.download(outputs[o]));
+  return result;
+}
+
+// ResNet-like, odd / small C, C = 1, rank 3 and 5, N = 1, [N, C, 1, 1], C past one block
+// tile (f32: 520 / 4 = 130 vector units = 5 tiles of 32, the last partial), C a multiple of
+// 4 but not of 8 (vectors for f32, scalars for f16 / bf16), many rows (many row chunks).
+const Shape kShapes[] = {{8, 256, 14, 14}, {2, 3, 5, 7},     {4, 1, 6, 6},  {3, 7, 10},
+                         {2, 5, 3, 4, 6},  {4, 2048, 1, 1},  {1, 64, 9, 9}, {2, 520, 3, 3},
+                         {3, 12, 17, 19},  {16, 64, 28, 28}, {2, 40, 9, 9}, {1, 2048, 2, 2}};
+
+std::vector<Tensor> forward_inputs(DType t, const Shape& shape, uint64_t seed) {
+  const int64_t channels = shape[1];
+  return {random_tensor(t, shape, seed, 1.0, 5.0), random_tensor(t, {channels}, seed + 1, 0.5, 1.5),
+          random_tensor(t, {channels}, seed + 2), random_tensor(t, {channels}, seed + 3, 2.0, 4.0),
+          random_tensor(t, {channels}, seed + 4, 0.5, 2.0)};
+}
+
+void expect_forward_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                          DType t) {
+  ASSERT_EQ(got.size(), want.size());
+  const Tolerance tol = forward_tolerance(t);
+  for (size_t o = 0; o < got.size(); ++o)
+    EXPECT_TRUE(all_close(got[o], want[o], tol.rtol, tol.atol)) << "output " << o;
+}
+
+TEST_F(BatchNormChannelsLastTest, ForwardMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 5000;
+  for (DType t : kFloatTypes) {
+    for (const Shape& shape : kShapes) {
+      for (bool training : {false, true}) {
+        SCOPED_TRACE(
+            cat(dtype_name(t), " ", shape_str(shape), training ? " training" : " inference"));
+        const std::vector<Tensor> inputs = forward_inputs(t, shape, seed);
+        seed += 5;
+        const BatchNormAttrs attrs{1e-5, 0.9, training};
+        const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+        expect_forward_close(
+            run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}), want, t);
+      }
+    }
+  }
+}
+
+// One element per channel (N = 1, spatial 1: both layouts; variance 0) and data that is
+// not 16-byte aligned (the scalar fallback even where C allows vectors).
+TEST_F(BatchNormChannelsLastTest, ForwardSingleElementAndUnaligned) {
+  OpHarness h;
+  uint64_t seed = 6000;
+  for (DType t : kFloatTypes) {
+    for (const Shape& shape : {Shape{1, 16, 1, 1}, Shape{4, 64, 5, 5}, Shape{2, 8, 3}}) {
+      for (int64_t offset : {0, 1}) {
+        SCOPED_TRACE(cat(dtype_name(t), " ", shape_str(shape), " offset ", offset));
+        const std::vector<Tensor> inputs = forward_inputs(t, shape, seed);
+        seed += 5;
+        const BatchNormAttrs attrs{1e-5, 0.9, true};
+        const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+        expect_forward_close(
+            run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset), want,
+            t);
+      }
+    }
+  }
+}
+
+// (dy, x, scale, saved_mean, saved_inv_std): the statistics from the CPU's training forward
+// (training form) or made-up ones (inference form), as test_ops_backward_pool_norm.cpp.
+std::vector<Tensor> backward_inputs(DType t, const Shape& shape, bool training, uint64_t seed) {
+  const int64_t channels = shape[1];
+  Tensor x = random_tensor(t, shape, seed, -2, 3);
+  Tensor scale = random_tensor(t, {channels}, seed + 1, 0.5, 1.5);
+  Tensor dy = random_tensor(t, shape, seed + 2, -1, 1);
+  if (!training) {
+    return {dy, x, scale, random_tensor(t, {channels}, seed + 3, -0.5, 0.5),
+            random_tensor(t, {channels}, seed + 4, 0.5, 2)};
+  }
+  std::vector<Tensor> forward = run_op(OpKind::batch_norm, BatchNormAttrs{1e-5, 0.9, true},
+                                       {x, scale, random_tensor(t, {channels}, seed + 5, -1, 1),
+                                        random_tensor(t, {channels}, seed + 6, -1, 1),
+                                        random_tensor(t, {channels}, seed + 7, 0.5, 2)});
+  return {dy, x, scale, forward[3], forward[4]};
+}
+
+void expect_backward_close(const Tensor& dx, const Tensor& dscale, const Tensor& dbias,
+                           const std::vector<Tensor>& want, const Shape& shape, DType t) {
+  const double count = double(numel(shape) / shape[1]);
+  const Tolerance tol = tolerance_for(t);
+  const double sum_atol =
+      t == DType::f64 ? 1e-10 : (t == DType::f32 ? 1e-6 : tol.atol) * 8 * std::sqrt(count);
+  EXPECT_TRUE(all_close(dx, want[0], tol.rtol * 4, tol.atol * 4 + (t == DType::f32 ? 1e-6 : 0.0)))
+      << "dx";
+  EXPECT_TRUE(all_close(dscale, want[1], tol.rtol * 4, sum_atol)) << "dscale";
+  EXPECT_TRUE(all_close(dbias, want[2], tol.rtol * 4, sum_atol)) << "dbias";
+}
+
+TEST_F(BatchNormChannelsLastTest, BackwardMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 7000;
+  for (bool training : {true, false}) {
+    for (DType t : kFloatTypes) {
+      for (const Shape& shape : kShapes) {
+        for (int64_t offset : {0, 1}) {
+          if (offset == 1 && numel(shape) > 100000) continue;  // the scalar path, smaller shapes
+          SCOPED_TRACE(cat(training ? "training " : "inference ", dtype_name(t), " ",
+                           shape_str(shape), " offset ", offset));
+          const std::vector<Tensor> inputs = backward_inputs(t, shape, training, seed);
+          seed += 8;
+          BatchNormAttrs attrs;
+          attrs.training = training;
+          const std::vector<Tensor> want = run_op(OpKind::batch_norm_backward, attrs, inputs);
+          const std::vector<Tensor> got = run_channels_last(
+              h, &batch_norm_backward, OpKind::batch_norm_backward, attrs, inputs, {0, 1}, offset);
+          ASSERT_EQ(got.size(), 3u);
+          expect_backward_close(got[0], got[1], got[2], want, shape, t);
+        }
+      }
+    }
+  }
+}
+
+// The direct call of kernels/batch_norm/direct.h (training form; dscale / dbias in f32 here).
+TEST_F(BatchNormChannelsLastTest, DirectBackwardMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 8000;
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const Shape& shape : {Shape{8, 256, 14, 14}, Shape{2, 3, 5, 7}, Shape{2, 5, 3, 4, 6}}) {
+      SCOPED_TRACE(cat(dtype_name(t), " ", shape_str(shape)));
+      const std::vector<Tensor> inputs = backward_inputs(t, shape, true, seed);
+      seed += 8;
+      BatchNormAttrs attrs;
+      attrs.training = true;
+      const std::vector<Tensor> want = run_op(OpKind::batch_norm_backward, attrs, inputs);
+      DeviceTensor dy = upload_channels_last(h, inputs[0]), x = upload_channels_last(h, inputs[1]);
+      DeviceTensor scale = h.upload(inputs[2]), mean = h.upload(inputs[3]),
+                   inv_std = h.upload(inputs[4]);
+      DeviceTensor dx = poisoned_channels_last(h, {t, shape});
+      DeviceTensor dscale = h.poisoned({DType::f32, {shape[1]}}),
+                   dbias = h.poisoned({DType::f32, {shape[1]}});
+      batch_norm_backward(h.ctx(), x, dy, scale, mean, inv_std, &dx, &dscale, &dbias);
+      // The CPU's dscale / dbias are in x's dtype: compare the f32 ones rounded the same way.
+      const Tensor got_dscale = h.download(dscale).cast(t), got_dbias = h.download(dbias).cast(t);
+      expect_backward_close(download_channels_last(h, dx), got_dscale, got_dbias, want, shape, t);
+    }
+  }
+}
+
+// Same inputs, same bits: fixed chunks and merge trees, no atomics.
+TEST_F(BatchNormChannelsLastTest, Deterministic) {
+  OpHarness h;
+  const Shape shape = {16, 64, 28, 28};
+  const std::vector<Tensor> inputs = forward_inputs(DType::bf16, shape, 9000);
+  const BatchNormAttrs attrs{1e-5, 0.9, true};
+  const std::vector<Tensor> first =
+      run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs, {0});
+  const std::vector<Tensor> second =
+      run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs, {0});
+  for (size_t o = 0; o < first.size(); ++o)
+    EXPECT_TRUE(all_close(first[o], second[o], 0, 0)) << "output " << o;
+  const std::vector<Tensor> back_inputs = backward_inputs(DType::f32, shape, true, 9100);
+  BatchNormAttrs back_attrs;
+  back_attrs.training = true;
+  const std::vector<Tensor> b1 = run_channels_last(
+      h, &batch_norm_backward, OpKind::batch_norm_backward, back_attrs, back_inputs, {0, 1});
+  const std::vector<Tensor> b2 = run_channels_last(
+      h, &batch_norm_backward, OpKind::batch_norm_backward, back_attrs, back_inputs, {0, 1});
+  for (size_t o = 0; o < b1.size(); ++o)
+    EXPECT_TRUE(all_close(b1[o], b2[o], 0, 0)) << "backward output " << o;
+}
+
+// Operands in different layouts (or in neither) are an Error naming the node, never a
+// silently wrong answer.
+TEST_F(BatchNormChannelsLastTest, MixedLayoutsAreRejected) {
+  OpHarness h;
+  const Shape shape = {2, 8, 3, 3};
+  const std::vector<Tensor> inputs = forward_inputs(DType::f32, shape, 9500);
+  const BuiltNode built = build_node(OpKind::batch_norm, BatchNormAttrs{1e-5, 0.9, true}, inputs);
+  const std::string label = node_label(built.node);
+  DeviceTensor x_cl = upload_channels_last(h, inputs[0]), x = h.upload(inputs[0]);
+  DeviceTensor scale = h.upload(inputs[1]), bias = h.upload(inputs[2]), mean = h.upload(inputs[3]),
+               var = h.upload(inputs[4]);
+  // A transposed view (N and C swapped in the strides): neither layout.
+  DeviceTensor x_neither = x;
+  x_neither.shape = shape;
+  x_neither.strides = {3 * 3, 2 * 3 * 3, 3, 1};
+  auto expect_rejected = [&](const DeviceTensor& in, bool y_channels_last) {
+    std::vector<DeviceTensor> outputs;
+    for (size_t o = 0; o < built.outputs.size(); ++o) {
+      outputs.push_back(o == 0 && y_channels_last ? poisoned_channels_last(h, built.outputs[o])
+                                                  : h.poisoned(built.outputs[o]));
+    }
+    const std::vector<const DeviceTensor*> pointers = {&in, &scale, &bias, &mean, &var};
+    try {
+      batch_norm(h.ctx(), built.node, pointers, outputs);
+      ADD_FAILURE() << "mixed layouts were accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(label), std::string::npos) << what;
+      EXPECT_NE(what.find("channels-last"), std::string::npos) << what;
+    }
+  };
+  expect_rejected(x_cl, false);
+  expect_rejected(x, true);
+  expect_rejected(x_neither, false);
+  expect_rejected(x_neither, true);
+
+  // Backward: dy channels-last, x contiguous.
+  DeviceTensor dy_cl = upload_channels_last(h, inputs[0]);
+  DeviceTensor dx = h.poisoned({DType::f32, shape});
+  EXPECT_THROW(batch_norm_backward(h.ctx(), x, dy_cl, scale, mean, var, &dx, nullptr, nullptr),
+               Error);
+  h.encoder().synchronize();
+}
+
+}  // namespace
+}  // namespace fusebox::cuda::testing
