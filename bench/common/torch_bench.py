@@ -15,35 +15,35 @@ def source_commit():
     if os.environ.get("GPU_CHECK_COMMIT"):
         return os.environ["GPU_CHECK_COMMIT"]
     try:
-        git
-  = subprocess
-        .run([ "git", "rev-parse", "--short", "HEAD" ], cwd = Path(__file__).parent,
-             capture_output = True, text = True, check = True) return git.stdout.strip() or
-    "unknown" except(OSError, subprocess.CalledProcessError)
-      : return "unknown"
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, check=True)
+        return git.stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
-        def report(bench, **fields)
-      : ""
-        "The header (schema_version, bench, device, commit, torch), then `fields`."
-        "" return {
-          "schema_version" : SCHEMA_VERSION,
-          "bench" : bench,
-          "device" : torch.cuda.get_device_name(0),
-          "commit" : source_commit(),
-          "torch" : torch.__version__,
-          **fields
-        }
 
-        def write_report(path, result)
-      : ""
-        "Writes `result` to `path`; nothing when `path` is empty (no --json given)."
-        "" if path : with open(path, "w") as f : json.dump(result, f, indent = 1)
+def report(bench, **fields):
+    """The header (schema_version, bench, device, commit, torch), then `fields`."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "bench": bench,
+        "device": torch.cuda.get_device_name(0),
+        "commit": source_commit(),
+        "torch": torch.__version__,
+        **fields,
+    }
 
-                                                     def time_us(fn, iters, repeats, warmup = 3)
-      : ""
-        "Median microseconds per call of fn(i) over `repeats` runs of `iters` calls between CUDA
-        events,
-  after `warmup` calls; the upper median, as the C++ benchmarks report."""
+
+def write_report(path, result):
+    """Writes `result` to `path`; nothing when `path` is empty (no --json given)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def time_us(fn, iters, repeats, warmup=3):
+    """Median microseconds per call of fn(i) over `repeats` runs of `iters` calls between CUDA
+    events, after `warmup` calls; the upper median, as the C++ benchmarks report."""
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
@@ -82,7 +82,7 @@ def bandwidth(nbytes, us, iters, repeats, rotation_bytes=0):
     gbps = nbytes / us / 1e3
     return {"us": us, "gbps": gbps, "copy_gbps": copy, "pct_copy": 100 * gbps / copy}
 
-#The columns bench / common's Bandwidth prints: us, GB/s, copy and % copy.
+# The columns bench/common's Bandwidth prints: us, GB/s, copy and % copy.
 BANDWIDTH_TITLES = f"{'us':>10} {'GB/s':>8} {'copy':>8} {'% copy':>8}"
 
 
