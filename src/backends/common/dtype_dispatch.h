@@ -6,27 +6,18 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
+#include "backends/common/where.h"
 #include "fusebox/core/dtype.h"
 #include "fusebox/core/error.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox {
 
-// What a dispatch error is about: a node (labelled only when an error is thrown) or a name
-// such as "max_pool_backward" for a kernel called directly.
-inline std::string error_origin(const Node& n) {
-  return node_label(n);
-}
-inline const std::string& error_origin(const std::string& name) {
-  return name;
-}
-
 // Calls f(T{}) for a floating dtype (double, float, Half, BFloat16); any other dtype is an
-// Error naming `where` (a Node or a name, see error_origin).
-template <class Origin, class F>
-decltype(auto) visit_float(const Origin& where, DType t, F&& f) {
+// Error naming `where`.
+template <class F>
+decltype(auto) visit_float(const Where& where, DType t, F&& f) {
   switch (t) {
     case DType::f64:
       return f(double{});
@@ -39,7 +30,7 @@ decltype(auto) visit_float(const Origin& where, DType t, F&& f) {
     default:
       break;
   }
-  throw Error(error_origin(where), cat("expects a floating-point tensor, got ", dtype_name(t)));
+  throw Error(where.str(), cat("expects a floating-point tensor, got ", dtype_name(t)));
 }
 
 // Calls f(T{}) with T an unsigned integer of `bytes` bytes: for kernels that only move

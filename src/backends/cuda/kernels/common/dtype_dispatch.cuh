@@ -40,8 +40,8 @@ decltype(auto) visit_device_dtype(DType t, F&& f) {
 
 // The same for floating dtypes only (instantiates f for those only); any other dtype is
 // an Error naming `where` (a Node, or a name for a kernel called directly).
-template <class Origin, class F>
-decltype(auto) visit_device_float(const Origin& where, DType t, F&& f) {
+template <class F>
+decltype(auto) visit_device_float(const Where& where, DType t, F&& f) {
   return visit_float(where, t, [&](auto host_tag) { return f(device_t<decltype(host_tag)>{}); });
 }
 

@@ -21,26 +21,13 @@
 #include <string>
 
 #include "backends/common/strided_walk.h"
+#include "backends/common/where.h"
 #include "backends/cuda/device/strided_layout.cuh"
 #include "fusebox/core/error.h"
 #include "fusebox/core/shape.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
-
-// Names what an error is about (a node, or a component such as "copy_strided"); the text
-// is built only when an error is thrown: node_label formats a string, a cost not worth
-// paying on every launch of a replayed step.
-class Where {
- public:
-  Where(const Node& node) : node_(&node) {}                // NOLINT: implicit on purpose
-  Where(const char* component) : component_(component) {}  // NOLINT: implicit on purpose
-  std::string str() const { return node_ ? node_label(*node_) : std::string(component_); }
-
- private:
-  const Node* node_ = nullptr;
-  const char* component_ = "cuda";
-};
 
 // Builds the layout of a walk over `shape` (outermost first, as Shape is) where operand k
 // has `strides[k]` (outermost first, same rank as shape). Throws an Error naming `where`
