@@ -9,7 +9,7 @@
 //            finds the exec and updates it in place (cudaGraphExecUpdate), then launches
 //   replay   the chain recorded once; every iteration is replay(): one cudaGraphLaunch,
 //            nothing recorded (the target: <= 1.5 us per node on an H100)
-//   run      the whole executor: run_graph(--device cuda) on the chain as an IR graph,
+//   run      the whole executor: the chain as an IR graph, compiled once (Executable),
 //            feeds uploaded and the output downloaded every run (its compiled step replays)
 // us/node is the wall time of many iterations (synchronised once at the end) over their
 // node count: host and GPU overlap as they would in a loop of steps. The host columns split
@@ -29,7 +29,7 @@
 #include "common/report.h"
 #include "common/table.h"
 #include "common/timing.h"
-#include "fusebox/runtime/executor.h"
+#include "fusebox/runtime/executable.h"
 
 namespace fb = fusebox;
 namespace fc = fusebox::cuda;
@@ -242,14 +242,14 @@ Result run_executor(const Config& cfg) {
   fb::NamedTensors feeds = {{"x", fb::Tensor::from_vector<float>({cfg.elements}, x_host)},
                             {"a", fb::Tensor::scalar(fb::DType::f32, kAdd)},
                             {"b", fb::Tensor::scalar(fb::DType::f32, kMul)}};
-  const fb::RunOptions options{.device = fb::Device::cuda};
   fc::CommandEncoder& encoder = fc::CommandEncoder::for_device(0);
   const fc::CommandEncoder::Stats before = encoder.stats();
+  auto exe = fb::Executable::compile(chain.graph, {.device = fb::Device::cuda});
   fb::NamedTensors out;
-  for (int i = 0; i < 3; ++i) out = fb::run_graph(chain.graph, feeds, options);
+  for (int i = 0; i < 3; ++i) out = exe->run(feeds);
   const int iters = std::max(1, cfg.iters / 4);
   const fb::bench::Stopwatch wall;
-  for (int it = 0; it < iters; ++it) out = fb::run_graph(chain.graph, feeds, options);
+  for (int it = 0; it < iters; ++it) out = exe->run(feeds);
   Result r;
   r.mode = "run";
   r.us_per_node = wall.us() / (double(iters) * cfg.nodes);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/cuda/kernels.h"
-#include "json.h"
+#include "report.h"
 #include "table.h"
 #include "timing.h"
 

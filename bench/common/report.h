@@ -5,9 +5,11 @@
 #include <string>
 #include <string_view>
 
-#include "json.h"
+#include "fusebox/io/json.h"
 
 namespace fusebox::bench {
+
+using Json = fusebox::Json;
 
 // Raised when a report's layout changes in a way its readers must know about.
 inline constexpr int kReportSchemaVersion = 1;

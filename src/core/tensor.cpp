@@ -10,8 +10,10 @@ namespace {
 template <class T>
 double load(const void* p, int64_t i) {
   const T v = static_cast<const T*>(p)[i];
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return double(float(v));
-  else return double(v);
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return double(float(v));
+  else
+    return double(v);
 }
 
 // Saturating-free conversion of a double into an integer type: truncates toward
@@ -27,13 +29,27 @@ I to_integer(double v) {
 template <class T>
 void store(void* p, int64_t i, double v) {
   T* d = static_cast<T*>(p);
-  if constexpr (std::is_same_v<T, bool>) d[i] = v != 0.0;
-  else if constexpr (std::is_integral_v<T>) d[i] = to_integer<T>(v);
-  else if constexpr (std::is_same_v<T, float>) d[i] = float(v);
-  else d[i] = T(v);
+  if constexpr (std::is_same_v<T, bool>)
+    d[i] = v != 0.0;
+  else if constexpr (std::is_integral_v<T>)
+    d[i] = to_integer<T>(v);
+  else if constexpr (std::is_same_v<T, float>)
+    d[i] = float(v);
+  else
+    d[i] = T(v);
 }
 
 }  // namespace
+
+Tensor Tensor::adopt(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage) {
+  FUSEBOX_CHECK(storage != nullptr, "tensor", "adopt: no storage");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.numel_ = fusebox::numel(shape);
+  t.shape_ = std::move(shape);
+  t.buffer_ = std::move(storage);
+  return t;
+}
 
 Tensor Tensor::empty(DType dtype, Shape shape) {
   for (int64_t d : shape) {

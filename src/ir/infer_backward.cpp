@@ -101,20 +101,21 @@ Types infer_binary_backward(Context& c) {
   return {grad, grad};
 }
 
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias).
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias):
+// dx in x's type, dscale and dbias in the per-channel inputs' dtype (x's, or f32 for f16
+// or bf16 x, as the forward).
 Types infer_batch_norm_backward(Context& c) {
   c.expect_float(1);
   c.expect_rank_between(1, 2, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
   expect_type(c, 0, c.type(1), "output (x's type)");
   const int64_t C = c.shape(1)[1];
-  for (int i = 2; i <= 4; ++i) {
-    c.expect_same_dtype(i, 1);
+  for (int i = 2; i <= 4; ++i)
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(c.shape(1)), ")"));
-  }
+  const DType param = expect_channel_params(c, 1, 2, 4);
   const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
   c.check(!a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
           "training needs batch statistics but ", c.shaped(1), " has no elements per channel");
-  const TensorType per_channel{c.dtype(1), {C}};
+  const TensorType per_channel{param, {C}};
   return {c.type(1), per_channel, per_channel};
 }
 

@@ -78,6 +78,12 @@ class Context {
 // input, else f32.
 DType stash_dtype(DType x);
 
+// batch_norm's and batch_norm_backward's per-channel inputs [first, last] (scale, bias,
+// statistics) share one dtype: x's, or f32 when x is f16 or bf16 (mixed precision: PyTorch
+// autocast and cuDNN keep the weights and running statistics f32 for low-precision
+// activations). Returns that dtype; the errors name both inputs and their dtypes.
+DType expect_channel_params(const Context& c, int x, int first, int last);
+
 using Types = std::vector<TensorType>;
 
 // infer_conv.cpp

@@ -16,26 +16,41 @@ void expect_epsilon(const Context& c, double epsilon) {
 
 }  // namespace
 
-// batch_norm: x [N, C, D...] with scale, bias, mean, var all [C] and x's dtype.
-// Inference: y. Training: y, new running mean, new running var, saved mean and
-// saved inverse std ([C] each).
+DType expect_channel_params(const Context& c, int x, int first, int last) {
+  const DType xt = c.dtype(x);
+  const bool low = xt == DType::f16 || xt == DType::bf16;
+  for (int i = first; i <= last; ++i) {
+    c.check(c.dtype(i) == xt || (low && c.dtype(i) == DType::f32), c.input(i), " is ",
+            dtype_name(c.dtype(i)), " but ", c.input(x), " is ", dtype_name(xt),
+            ": the per-channel inputs must have x's dtype, or f32 when x is f16 or bf16");
+  }
+  for (int i = first + 1; i <= last; ++i) {
+    c.check(c.dtype(i) == c.dtype(first), c.input(i), " is ", dtype_name(c.dtype(i)), " but ",
+            c.input(first), " is ", dtype_name(c.dtype(first)),
+            ": the per-channel inputs must share one dtype");
+  }
+  return c.dtype(first);
+}
+
+// batch_norm: x [N, C, D...] with scale, bias, mean, var all [C], of x's dtype or (x f16 or
+// bf16) all f32. Inference: y (x's type). Training: y, new running mean, new running var,
+// saved mean and saved inverse std ([C] each, the per-channel inputs' dtype).
 Types infer_batch_norm(Context& c) {
   const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
   c.expect_float(0);
   c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
   const Shape& x = c.shape(0);
   const int64_t C = x[1];
-  for (int i = 1; i <= 4; ++i) {
-    c.expect_same_dtype(i, 0);
+  for (int i = 1; i <= 4; ++i)
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(x), ")"));
-  }
+  const DType param = expect_channel_params(c, 0, 1, 4);
   expect_epsilon(c, a.epsilon);
   c.check(std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
   if (!a.training) return {c.type(0)};
   // Batch statistics need at least one element per channel.
   c.check(C == 0 || c.product(x, 0, x.size()) > 0, "training needs batch statistics but ",
           c.shaped(0), " has no elements per channel");
-  const TensorType per_channel{c.dtype(0), {C}};
+  const TensorType per_channel{param, {C}};
   return {c.type(0), per_channel, per_channel, per_channel, per_channel};
 }
 

@@ -13,26 +13,31 @@ namespace {
 //   dscale = sum(dy * xhat)              dmean = -dbias * s
 //   dvar = dscale * scale * (-1/2) * inv_std^2     (d inv_std / d var = -inv_std^3 / 2)
 // where sum runs over every dim but the channel's and [C] vectors are reshaped to
-// [C, 1...] to broadcast against x.
+// [C, 1...] to broadcast against x. With mixed precision (f16 / bf16 x, f32 parameters) dy
+// and x are cast up to the parameters' dtype first, so that the per-channel sums accumulate
+// and round in f32, and dx is cast back to x's dtype once at the end.
 Grads batch_norm_inference(VjpArgs& a) {
   Emitter& e = a.e;
   const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
-  const ValueId dy = a.dy[0], x = a.input(0), scale = a.input(1), mean = a.input(3),
-                var = a.input(4);
-  const DType t = e.dtype(x);
-  Shape per_channel(size_t(e.rank(x) - 1), 1);
-  per_channel[0] = e.shape(x)[1];
+  const ValueId scale = a.input(1), mean = a.input(3), var = a.input(4);
+  const DType xt = e.dtype(a.input(0)), t = e.dtype(scale);
+  const auto to = [&](ValueId v, DType d) {
+    return e.dtype(v) == d ? v : e.op1(OpKind::cast, CastAttrs{d}, {v}, "cast");
+  };
+  const ValueId dy = to(a.dy[0], t);
+  Shape per_channel(size_t(e.rank(dy) - 1), 1);
+  per_channel[0] = e.shape(dy)[1];
   const auto channel = [&](ValueId v) { return e.reshape(v, per_channel); };
 
   const ValueId inv_std =
       e.op1(OpKind::rsqrt, {}, {e.add(var, e.scalar(t, bn.epsilon))}, "inv_std");
   const ValueId s = e.mul(scale, inv_std);
   Grads out(5, kNoValue);
-  if (a.needs_input(0)) out[0] = e.mul(dy, channel(s));
+  if (a.needs_input(0)) out[0] = to(e.mul(dy, channel(s)), xt);
   ValueId dbias = kNoValue, dscale = kNoValue;
   if (a.needs_input(2) || a.needs_input(3)) dbias = e.sum_per_channel(dy);
   if (a.needs_input(1) || a.needs_input(4)) {
-    const ValueId xhat = e.mul(e.sub(x, channel(mean)), channel(inv_std));
+    const ValueId xhat = e.mul(e.sub(to(a.input(0), t), channel(mean)), channel(inv_std));
     dscale = e.sum_per_channel(e.mul(dy, xhat));
   }
   if (a.needs_input(1)) out[1] = dscale;

@@ -1,12 +1,10 @@
-// Runs a graph node by node in its stored (topological) order, releasing each
-// intermediate tensor after its last reader.
+// Executable::compile, Executable::run, and run_graph: compile, run once.
 #include "fusebox/runtime/executor.h"
 
-#include <algorithm>
-
+#include "backends/cuda/runtime/allocator.h"
 #include "backends/cuda/runtime/device.h"
-#include "fusebox/backends/cpu.h"
-#include "runtime/cuda_executor.h"
+#include "fusebox/runtime/executable.h"
+#include "runtime/executables.h"
 
 namespace fusebox {
 
@@ -26,71 +24,46 @@ Device parse_device(const std::string& s) {
   throw Error("device", cat("unknown device '", s, "' (expected cpu, cuda or auto)"));
 }
 
-std::vector<int> count_reads(const Graph& g) {
-  std::vector<int> reads(g.values().size(), 0);
-  for (const Node& n : g.nodes())
-    for (ValueId v : n.inputs)
-      if (v != kNoValue) ++reads[size_t(v)];
-  for (ValueId v : g.outputs()) reads[size_t(v)] += 1 << 20;  // outputs are never released
-  return reads;
+std::unique_ptr<Executable> Executable::compile(const Graph& graph, const CompileOptions& options) {
+  if (options.device == Device::cuda) {
+    FUSEBOX_CHECK(cuda_available(), "run " + graph.name(),
+                  "no CUDA device is available on this machine; use --device cpu");
+    return runtime::compile_cuda(graph, options);
+  }
+  return runtime::compile_cpu(graph, options);
 }
 
-void check_feeds(const Graph& g, const NamedTensors& feeds, const std::string& where) {
-  for (ValueId v : g.inputs()) {
-    const Value& val = g.value(v);
-    auto it = feeds.find(val.name);
-    FUSEBOX_CHECK(it != feeds.end(), where, "no tensor given for input '", val.name, "' (",
-                  dtype_name(val.type.dtype), shape_str(val.type.shape), ")");
-    FUSEBOX_CHECK(it->second.dtype() == val.type.dtype && it->second.shape() == val.type.shape,
-                  where, "input '", val.name, "' expects ", dtype_name(val.type.dtype),
-                  shape_str(val.type.shape), " but was given ", dtype_name(it->second.dtype()),
-                  shape_str(it->second.shape()));
-  }
-  for (const auto& [name, t] : feeds) {
-    auto v = g.find_value(name);
-    bool is_input = v && std::find(g.inputs().begin(), g.inputs().end(), *v) != g.inputs().end();
-    FUSEBOX_CHECK(is_input, where, "a tensor was given for '", name,
-                  "', which is not an input of the graph");
-  }
+NamedTensors Executable::run(const NamedTensors& feeds) {
+  Feeds in;
+  for (const auto& [name, t] : feeds) in.emplace(name, t);
+  std::set<std::string> all;
+  for (ValueId v : graph().outputs()) all.insert(graph().value(v).name);
+  StepResult r = run_async(in, all);
+  check_errors();  // this run's (and any earlier run's) kernel errors, as an Error
+  NamedTensors out;
+  for (auto& [name, pending] : r.host) out[name] = pending.get();
+  return out;
+}
+
+DeviceMemoryStats device_memory_stats(Device device) {
+  if (device != Device::cuda || !cuda_available()) return {};
+  const cuda::AllocatorStats s = cuda::CachingAllocator::for_device(0).stats();
+  return {.in_use = s.bytes_in_use, .peak = s.peak_bytes_in_use, .cached = s.bytes_cached};
+}
+
+void reset_peak_device_memory(Device device) {
+  if (device == Device::cuda && cuda_available())
+    cuda::CachingAllocator::for_device(0).reset_peak();
 }
 
 NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts) {
-  const std::string where = "run " + g.name();
-  check_feeds(g, feeds, where);
-  if (opts.device == Device::cuda) {
-    FUSEBOX_CHECK(cuda_available(), where,
-                  "no CUDA device is available on this machine; use --device cpu");
-    return run_graph_cuda(g, feeds, opts);
+  // Every input must be fed: the executable would otherwise run on uninitialised buffers.
+  for (ValueId v : g.inputs()) {
+    const Value& val = g.value(v);
+    FUSEBOX_CHECK(feeds.count(val.name), "run " + g.name(), "no tensor given for input '", val.name,
+                  "' (", dtype_name(val.type.dtype), shape_str(val.type.shape), ")");
   }
-  std::vector<Tensor> slots(g.values().size());
-  std::vector<int> remaining_reads = count_reads(g);
-  for (const auto& [v, t] : g.constants()) slots[size_t(v)] = t;
-  for (ValueId v : g.inputs()) slots[size_t(v)] = feeds.at(g.value(v).name);
-
-  std::vector<const Tensor*> in_ptrs;
-  std::vector<Tensor> outs;
-  for (const Node& n : g.nodes()) {
-    in_ptrs.clear();
-    for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
-    outs.clear();
-    for (ValueId v : n.outputs) {
-      const TensorType& t = g.value(v).type;
-      outs.push_back(Tensor::empty(t.dtype, t.shape));
-      if (opts.poison_outputs) outs.back().poison();
-    }
-    cpu::run_node(g, n, in_ptrs, outs);
-    for (size_t i = 0; i < n.outputs.size(); ++i) {
-      // An output nobody reads (e.g. batch_norm's saved statistics) is dropped at once.
-      if (remaining_reads[size_t(n.outputs[i])] > 0)
-        slots[size_t(n.outputs[i])] = std::move(outs[i]);
-    }
-    for (ValueId v : n.inputs)
-      if (v != kNoValue && --remaining_reads[size_t(v)] == 0) slots[size_t(v)] = Tensor();
-  }
-
-  NamedTensors result;
-  for (ValueId v : g.outputs()) result[g.value(v).name] = slots[size_t(v)];
-  return result;
+  return Executable::compile(g, {.device = opts.device, .poison = opts.poison_outputs})->run(feeds);
 }
 
 }  // namespace fusebox

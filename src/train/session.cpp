@@ -2,6 +2,7 @@
 #include "fusebox/train/session.h"
 
 #include <algorithm>
+#include <map>
 
 #include "train/step_graph.h"
 
@@ -20,15 +21,26 @@ struct TrainingSession::Impl {
   Graph eval;
   std::vector<std::string> batch_inputs;
 
-  // The training state (see session.h on where it lives).
-  NamedTensors parameters, buffers, optimizer_state;
+  // The compiled step holds the training state (see session.h); the others read it.
+  std::unique_ptr<Executable> step_exe;
+  std::unique_ptr<Executable> first_step_exe;    // until step 1 has run
+  mutable std::unique_ptr<Executable> eval_exe;  // made at the first predict()
   int64_t steps = 0;
 
-  // Checks that `batch` holds exactly `names`.
-  void check_batch(const NamedTensors& batch, const std::vector<std::string>& names,
+  // State names (step-graph inputs) by kind; optimizer state by checkpoint name.
+  std::vector<std::string> buffer_names;
+  std::map<std::string, std::string> optimizer_inputs;  // checkpoint name -> step input
+  // Host copies, taken at step `copied_at` (-1: none yet).
+  mutable NamedTensors parameters, buffers, optimizer_state;
+  mutable int64_t copied_at = -1;
+
+  template <class Batch>
+  void check_batch(const Batch& batch, const std::vector<std::string>& names,
                    const std::string& where) const;
-  // Runs `g` on the batch plus the state; the one place that hands state to a backend.
-  NamedTensors run_with_state(const Graph& g, NamedTensors feeds, bool with_optimizer) const;
+  DeviceArray state(const std::string& step_input) const { return step_exe->input(step_input); }
+  void copy_state_to_host() const;
+  // An executable of `g` whose state inputs are bound to the step's arrays.
+  std::unique_ptr<Executable> compile_bound(const Graph& g, const train::StepGraph* updates) const;
 };
 
 namespace {
@@ -62,8 +74,8 @@ NamedTensors cloned(const NamedTensors& tensors) {
 
 }  // namespace
 
-void TrainingSession::Impl::check_batch(const NamedTensors& batch,
-                                        const std::vector<std::string>& names,
+template <class Batch>
+void TrainingSession::Impl::check_batch(const Batch& batch, const std::vector<std::string>& names,
                                         const std::string& where) const {
   for (const std::string& name : names)
     FUSEBOX_CHECK(batch.count(name), where, "the batch has no '", name, "'");
@@ -74,17 +86,29 @@ void TrainingSession::Impl::check_batch(const NamedTensors& batch,
   }
 }
 
-NamedTensors TrainingSession::Impl::run_with_state(const Graph& g, NamedTensors feeds,
-                                                   bool with_optimizer) const {
-  feeds.insert(parameters.begin(), parameters.end());
-  feeds.insert(buffers.begin(), buffers.end());
-  if (with_optimizer) {
-    for (const auto& [name, t] : optimizer_state) feeds[train::kOptimPrefix + name] = t;
-    feeds[train::kLrInput] = Tensor::scalar(DType::f32, optimizer_lr(optimizer));
-    if (std::holds_alternative<AdamWOptions>(optimizer))
-      feeds[train::kStepInput] = Tensor::from_vector<int64_t>({}, {steps + 1});
+void TrainingSession::Impl::copy_state_to_host() const {
+  if (copied_at == steps) return;
+  for (const std::string& p : layout.parameters) parameters[p] = state(p).to_host();
+  for (const std::string& b : buffer_names) buffers[b] = state(b).to_host();
+  for (const auto& [name, input] : optimizer_inputs) optimizer_state[name] = state(input).to_host();
+  copied_at = steps;
+}
+
+std::unique_ptr<Executable> TrainingSession::Impl::compile_bound(
+    const Graph& g, const train::StepGraph* updates) const {
+  CompileOptions co{.device = opts.device};
+  for (ValueId v : g.inputs()) {
+    const std::string& name = g.value(v).name;
+    if (std::find(batch_inputs.begin(), batch_inputs.end(), name) != batch_inputs.end() ||
+        name == train::kLrInput || name == train::kStepInput)
+      continue;
+    co.bound[name] = state(name);
   }
-  return run_graph(g, feeds, RunOptions{.device = opts.device});
+  if (updates) {
+    for (const auto& [input, output] : updates->state_updates)
+      co.aliases.emplace_back(output, input);
+  }
+  return Executable::compile(g, co);
 }
 
 TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
@@ -97,55 +121,76 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
   s.loss = loss;
   s.optimizer = optimizer;
   s.opts = opts;
-  // The model's constants are never written, so the state can start as handles to them.
-  for (const std::string& p : s.layout.parameters)
-    s.parameters[p] = *model.constant(*model.find_value(p));
-  for (const std::string& b : s.layout.buffers)
-    s.buffers[b] = *model.constant(*model.find_value(b));
-  s.optimizer_state = train::initial_optimizer_state(s.layout, s.parameters, optimizer);
-
-  s.step = train::build_step_graph(model, s.layout, loss, optimizer);
+  s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision);
   if (const auto* sgd = std::get_if<SgdOptions>(&optimizer);
       sgd && sgd->momentum != 0 && sgd->dampening != 0) {
     SgdOptions undamped = *sgd;
     undamped.dampening = 0;
-    s.first_step = train::build_step_graph(model, s.layout, loss, undamped);
+    s.first_step = train::build_step_graph(model, s.layout, loss, undamped, opts.precision);
   }
-  s.eval = train::build_eval_graph(model, s.layout);
+  s.eval = train::build_eval_graph(model, s.layout, opts.precision);
   s.batch_inputs = s.layout.data_inputs;
   s.batch_inputs.push_back(loss.labels);
+
+  // Compile the step with every state input aliased to its next value, then upload the
+  // initial state (the model's constants, zero optimizer state) into its arrays, once.
+  CompileOptions co{.device = opts.device};
+  for (const auto& [input, output] : s.step.state_updates) co.aliases.emplace_back(output, input);
+  s.step_exe = Executable::compile(s.step.graph, co);
+  NamedTensors initial;
+  for (const std::string& p : s.layout.parameters)
+    initial[p] = *model.constant(*model.find_value(p));
+  for (const auto& [name, t] : train::initial_optimizer_state(s.layout, initial, optimizer)) {
+    s.optimizer_inputs[name] = train::kOptimPrefix + name;
+    s.state(train::kOptimPrefix + name).copy_from(t);
+  }
+  for (const std::string& b : s.layout.buffers) {
+    s.buffer_names.push_back(b);
+    initial[b] = *model.constant(*model.find_value(b));
+  }
+  for (const auto& [name, t] : initial) s.state(name).copy_from(t);
 }
 
 TrainingSession::~TrainingSession() = default;
 TrainingSession::TrainingSession(TrainingSession&&) noexcept = default;
 TrainingSession& TrainingSession::operator=(TrainingSession&&) noexcept = default;
 
-float TrainingSession::step(const NamedTensors& batch) {
-  Impl& s = *impl_;
-  const train::StepGraph& sg = s.first_step && s.steps == 0 ? *s.first_step : s.step;
-  s.check_batch(batch, s.batch_inputs, "train step " + sg.graph.name());
-  NamedTensors out = s.run_with_state(sg.graph, batch, true);
+PendingTensor TrainingSession::step_async(const NamedTensors& batch) {
+  return step_async(Feeds(batch.begin(), batch.end()));
+}
 
-  // The run succeeded: swap every state tensor for its next value.
-  const size_t prefix = std::string(train::kOptimPrefix).size();
-  for (const auto& [input, output] : sg.state_updates) {
-    Tensor next = out.at(output);
-    if (input.starts_with(train::kOptimPrefix)) {
-      s.optimizer_state[input.substr(prefix)] = std::move(next);
-    } else if (s.parameters.count(input)) {
-      s.parameters[input] = std::move(next);
-    } else {
-      s.buffers.at(input) = std::move(next);
-    }
-  }
+PendingTensor TrainingSession::step_async(const Feeds& batch) {
+  Impl& s = *impl_;
+  const bool first = s.first_step && s.steps == 0;
+  const train::StepGraph& sg = first ? *s.first_step : s.step;
+  s.check_batch(batch, s.batch_inputs, "train step " + sg.graph.name());
+  if (first && !s.first_step_exe) s.first_step_exe = s.compile_bound(sg.graph, &sg);
+  Executable& exe = first ? *s.first_step_exe : *s.step_exe;
+
+  Feeds feeds = batch;
+  feeds[train::kLrInput] = Tensor::scalar(DType::f32, optimizer_lr(s.optimizer));
+  if (std::holds_alternative<AdamWOptions>(s.optimizer))
+    feeds[train::kStepInput] = Tensor::from_vector<int64_t>({}, {s.steps + 1});
+  StepResult r = exe.run_async(feeds, {train::kLossOutput}, cat("step ", s.steps + 1));
   ++s.steps;
-  return float(out.at(train::kLossOutput).get(0));
+  if (!first) s.first_step_exe.reset();  // its memory, once step 1 is behind
+  return r.host.at(train::kLossOutput);
+}
+
+float TrainingSession::step(const NamedTensors& batch) {
+  return float(step_async(batch).get().get(0));
+}
+
+void TrainingSession::synchronize() {
+  impl_->step_exe->check_errors();
+  if (impl_->first_step_exe) impl_->first_step_exe->check_errors();
 }
 
 NamedTensors TrainingSession::predict(const NamedTensors& batch) const {
   const Impl& s = *impl_;
   s.check_batch(batch, s.layout.data_inputs, "predict " + s.eval.name());
-  return s.run_with_state(s.eval, batch, false);
+  if (!s.eval_exe) s.eval_exe = s.compile_bound(s.eval, nullptr);
+  return s.eval_exe->run(batch);
 }
 
 void TrainingSession::set_lr(double lr) {
@@ -170,13 +215,19 @@ const std::vector<std::string>& TrainingSession::parameter_names() const {
   return impl_->layout.parameters;
 }
 const NamedTensors& TrainingSession::parameters() const {
+  impl_->copy_state_to_host();
   return impl_->parameters;
 }
 const NamedTensors& TrainingSession::buffers() const {
+  impl_->copy_state_to_host();
   return impl_->buffers;
 }
 const NamedTensors& TrainingSession::optimizer_state() const {
+  impl_->copy_state_to_host();
   return impl_->optimizer_state;
+}
+const Executable& TrainingSession::step_executable() const {
+  return *impl_->step_exe;
 }
 const Graph& TrainingSession::step_graph() const {
   return impl_->step.graph;
@@ -190,7 +241,7 @@ const std::vector<std::pair<std::string, std::string>>& TrainingSession::state_u
 
 Checkpoint TrainingSession::checkpoint() const {
   const Impl& s = *impl_;
-  // State tensors are replaced, never written, so handles are a consistent snapshot.
+  s.copy_state_to_host();  // a snapshot: later steps replace the copies, never write them
   return Checkpoint{.step = s.steps,
                     .optimizer = s.optimizer,
                     .parameters = s.parameters,
@@ -211,14 +262,21 @@ void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) 
                   expected[i].second);
   }
   FUSEBOX_CHECK(ckpt.step >= 0, where, "negative step count ", ckpt.step);
+  s.copy_state_to_host();
   check_same_tensors(s.parameters, ckpt.parameters, "parameter", where);
   check_same_tensors(s.buffers, ckpt.buffers, "buffer", where);
   check_same_tensors(s.optimizer_state, ckpt.optimizer_state, "optimizer state", where);
 
+  // Uploaded once, into the arrays the step updates in place.
+  for (const auto& [name, t] : ckpt.parameters) s.state(name).copy_from(t);
+  for (const auto& [name, t] : ckpt.buffers) s.state(name).copy_from(t);
+  for (const auto& [name, t] : ckpt.optimizer_state)
+    s.state(s.optimizer_inputs.at(name)).copy_from(t);
   s.parameters = cloned(ckpt.parameters);
   s.buffers = cloned(ckpt.buffers);
   s.optimizer_state = cloned(ckpt.optimizer_state);
   s.steps = ckpt.step;
+  s.copied_at = s.steps;
   s.optimizer = ckpt.optimizer;
 }
 

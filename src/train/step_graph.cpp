@@ -8,6 +8,7 @@
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/autodiff.h"
+#include "fusebox/passes/mixed_precision.h"
 #include "train/graph_rewrite.h"
 
 namespace fusebox::train {
@@ -126,14 +127,16 @@ std::map<std::string, Tensor> initial_optimizer_state(const ModelLayout& layout,
 }
 
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
-                           const OptimizerSpec& optimizer) {
+                           const OptimizerSpec& optimizer, Precision precision) {
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
   RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
                                             .batch_norm = BatchNormForm::training});
-  StepGraph step{std::move(rw.graph), {}};
+  // Mixed precision on the forward pass, parameters being inputs by now (so they stay f32,
+  // read through casts); values keep their names, so they are found by name from here on.
+  StepGraph step{apply_mixed_precision(rw.graph, precision), {}};
   Graph& g = step.graph;
-  auto mapped = [&](const std::string& name) { return rw.value_map[size_t(find(model, name))]; };
+  auto mapped = [&](const std::string& name) { return find(g, name); };
 
   // Batch-norm running statistics: the training form's outputs 1 and 2.
   const std::set<std::string> buffers(layout.buffers.begin(), layout.buffers.end());
@@ -217,10 +220,11 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   return step;
 }
 
-Graph build_eval_graph(const Graph& model, const ModelLayout& layout) {
-  return rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
-                               .batch_norm = BatchNormForm::inference})
-      .graph;
+Graph build_eval_graph(const Graph& model, const ModelLayout& layout, Precision precision) {
+  return apply_mixed_precision(rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
+                                                     .batch_norm = BatchNormForm::inference})
+                                   .graph,
+                               precision);
 }
 
 }  // namespace fusebox::train

@@ -42,9 +42,11 @@ struct StepGraph {
   std::vector<std::pair<std::string, std::string>> state_updates;
 };
 // `optimizer`'s lr is not used (it is the kLrInput input).
+// `precision`: passes/mixed_precision.h on the forward pass (parameters stay f32).
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
-                           const OptimizerSpec& optimizer);
+                           const OptimizerSpec& optimizer, Precision precision = Precision::f32);
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
-Graph build_eval_graph(const Graph& model, const ModelLayout& layout);
+Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
+                       Precision precision = Precision::f32);
 
 }  // namespace fusebox::train

@@ -1,12 +1,13 @@
 // fusebox train: train a zoo model or an ONNX model on an .npz data set or a synthetic
 // one, with checkpoints and resume.
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <iomanip>
 #include <iostream>
+#include <numeric>
 
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
@@ -27,6 +28,7 @@ struct TrainArgs {
   int64_t batch_size = 16;
   int64_t steps = 100;
   std::string device = "cpu";
+  std::string precision = "tf32";
   uint64_t seed = 0;
   std::string checkpoint;
   int64_t checkpoint_every = 0;
@@ -44,10 +46,6 @@ struct TrainArgs {
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
 };
-
-bool is_onnx_path(const std::string& model) {
-  return model.ends_with(".onnx") || model.find('/') != std::string::npos;
-}
 
 // The optimizer: the checkpoint's when resuming, else the defaults of --optimizer; then
 // the hyper-parameters given on the command line. (A resumed run whose options differ
@@ -110,36 +108,30 @@ Model load_model(const TrainArgs& args, const Dataset* data) {
                             opts.num_classes, " classes, seed ", args.seed, ")")};
 }
 
-// Prints progress: one updating line on a terminal, else a line every `every` steps.
-class Progress {
+// The batches of an unshuffled set repeat: batch i starts at sample i*B mod N, so there are
+// N / gcd(N, B) different ones. On the GPU they are uploaded once and fed from device
+// memory (a device copy per step instead of a host gather and a PCIe copy), when they
+// are few; otherwise (shuffled, many, or on the CPU) batches come from the host.
+class DeviceBatches {
  public:
-  Progress(int64_t first, int64_t last, int64_t every)
-      : first_(first), last_(last), every_(every), tty_(::isatty(STDOUT_FILENO) != 0) {}
-
-  void update(int64_t step, float loss, double images_per_s) {
-    const bool final_step = step == last_;
-    if (!tty_ && !final_step && (step - first_ + 1) % every_ != 0) return;
-    std::ostringstream line;
-    const int width = int(std::to_string(last_).size());
-    line << "step " << std::setw(width) << step << "/" << last_;
-    if (tty_) {
-      constexpr int kBar = 24;
-      const int done = int(kBar * double(step - first_ + 1) / double(last_ - first_ + 1));
-      line << " [" << std::string(size_t(done), '#') << std::string(size_t(kBar - done), '.')
-           << "]";
-    }
-    line << "  loss " << std::fixed << std::setprecision(4) << loss << "  " << std::setprecision(1)
-         << images_per_s << " images/s";
-    if (tty_) {
-      std::cout << "\r" << line.str() << "\033[K" << (final_step ? "\n" : "") << std::flush;
-    } else {
-      std::cout << line.str() << "\n";
+  DeviceBatches(const BatchSampler& batches, const Value& input, Device device, bool shuffle) {
+    if (device != Device::cuda || shuffle) return;
+    const int64_t n = batches.dataset_size(), b = batches.batch_size();
+    const int64_t distinct = n / std::gcd(n, b);
+    if (distinct > kMaxDistinct) return;
+    for (int64_t i = 0; i < distinct; ++i) {
+      auto [x, y] = batches.batch(i);
+      if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
+      batches_.push_back({{input.name, DeviceArray::upload(x, device)},
+                          {"labels", DeviceArray::upload(y, device)}});
     }
   }
+  bool active() const { return !batches_.empty(); }
+  const Feeds& batch(int64_t index) const { return batches_[size_t(index) % batches_.size()]; }
 
  private:
-  int64_t first_, last_, every_;
-  bool tty_;
+  static constexpr int64_t kMaxDistinct = 8;
+  std::vector<Feeds> batches_;
 };
 
 int train(const TrainArgs& args) {
@@ -186,8 +178,11 @@ int train(const TrainArgs& args) {
   }
   BatchSampler batches(*data, batch, args.shuffle, args.seed);
 
+  const Precision precision = parse_precision(args.precision);
+  check_trainable(precision);
+  set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
-  TrainingSession session(g, LossSpec{}, optimizer, {.device = device});
+  TrainingSession session(g, LossSpec{}, optimizer, {.device = device, .precision = precision});
   if (resume) {
     session.restore(*resume, "checkpoint: " + args.resume);
     if (args.given("--lr")) session.set_lr(args.lr);
@@ -195,7 +190,8 @@ int train(const TrainArgs& args) {
 
   int64_t values = 0;
   for (const auto& [name, t] : session.parameters()) values += t.numel();
-  std::cout << "training " << model.description << " on " << device_name(device) << "\n"
+  std::cout << "training " << model.description << " on " << device_name(device) << ", "
+            << precision_name(precision) << "\n"
             << "  " << session.parameter_names().size() << " parameter tensors ("
             << with_commas(values) << " values), " << describe(session.optimizer()) << "\n"
             << "  batch " << batch << " from " << data->size()
@@ -207,22 +203,45 @@ int train(const TrainArgs& args) {
   const int64_t first = session.step_count() + 1, last = session.step_count() + args.steps;
   Progress progress(first, last,
                     args.log_every > 0 ? args.log_every : std::max<int64_t>(1, args.steps / 10));
+  DeviceBatches device_batches(batches, input, device, args.shuffle);
   const auto start = std::chrono::steady_clock::now();
   float first_loss = 0, loss = 0;
+  // Steps are queued (the device runs behind the host); each loss is reported once it has
+  // arrived, so the host never waits for a step it does not need to.
+  std::deque<std::pair<int64_t, PendingTensor>> losses;
+  auto report = [&](bool wait) {
+    while (!losses.empty() && (wait || losses.front().second.ready())) {
+      const auto [step, pending] = losses.front();
+      losses.pop_front();
+      loss = float(pending.get().get(0));
+      if (step == first) first_loss = loss;
+      FUSEBOX_CHECK(std::isfinite(loss), "fusebox train", "the loss is ", loss, " at step ", step,
+                    " (is the learning rate too high?)");
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      progress.update(step,
+                      cat("loss ", fixed(loss, 4), "  ",
+                          fixed(double((step - first + 1) * batch) / seconds, 1), " images/s"));
+    }
+  };
   while (session.step_count() < last) {
-    auto [x, y] = batches.batch(session.step_count());
-    if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
-    loss = session.step({{input.name, x}, {"labels", y}});
+    const int64_t index = session.step_count();
+    if (device_batches.active()) {
+      losses.emplace_back(index + 1, session.step_async(device_batches.batch(index)));
+    } else {
+      auto [x, y] = batches.batch(index);
+      if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
+      losses.emplace_back(index + 1,
+                          session.step_async(NamedTensors{{input.name, x}, {"labels", y}}));
+    }
     const int64_t step = session.step_count();
-    if (step == first) first_loss = loss;
-    FUSEBOX_CHECK(std::isfinite(loss), "fusebox train", "the loss is ", loss, " at step ", step,
-                  " (is the learning rate too high?)");
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    progress.update(step, loss, double((step - first + 1) * batch) / seconds);
-    if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0 && step != last)
+    report(false);
+    if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0 && step != last) {
+      report(true);  // a checkpoint only of steps known to be good
       session.save(args.checkpoint);
+    }
   }
+  report(true);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -264,6 +283,10 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--device", args->device,
                   "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app->add_option("--precision", args->precision,
+                  "f32, tf32 (default: TF32 convolutions and matmuls), or bf16 (mixed "
+                  "precision: docs/mixed_precision.md)")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   app->add_option("--seed", args->seed,
                   "Seed for zoo weights, synthetic data and shuffling; "
                   "default 0");

@@ -1,11 +1,21 @@
 #include "common.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "fusebox/io/tensor_file.h"
 
 namespace fusebox::cli {
+
+bool is_onnx_path(const std::string& model) {
+  return model.ends_with(".onnx") || model.find('/') != std::string::npos;
+}
 
 void add_shape_option(CLI::App& app, std::vector<std::string>* specs) {
   app.add_option("--shape", *specs,
@@ -138,6 +148,54 @@ std::string summarize(const Tensor& t) {
   for (int64_t i = 0; i < shown; ++i) os << (i ? ", " : "") << t.get(i);
   os << (t.numel() > shown ? ", ...]" : "]");
   return os.str();
+}
+
+}  // namespace fusebox::cli
+
+namespace fusebox::cli {
+
+void set_float_math(Precision p) {
+  const char* tf32 = p == Precision::f32 ? "0" : "1";
+  setenv("FUSEBOX_ALLOW_TF32", tf32, 1);
+  setenv("FUSEBOX_ALLOW_TF32_MATMUL", tf32, 1);
+}
+
+void check_trainable(Precision p) {
+  if (p == Precision::f16)
+    throw UsageError(
+        "--precision f16 training needs dynamic loss scaling, which fusebox does not "
+        "have yet; use bf16 (same speed, f32's range)");
+}
+
+std::string fixed(double value, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << value;
+  return os.str();
+}
+
+Progress::Progress(int64_t first, int64_t last, int64_t every)
+    : first_(first),
+      last_(last),
+      every_(std::max<int64_t>(every, 1)),
+      tty_(::isatty(STDOUT_FILENO) != 0) {}
+
+void Progress::update(int64_t step, const std::string& text) {
+  const bool final_step = step == last_;
+  if (!tty_ && !final_step && (step - first_ + 1) % every_ != 0) return;
+  std::ostringstream line;
+  const int width = int(std::to_string(last_).size());
+  line << "step " << std::setw(width) << step << "/" << last_;
+  if (tty_) {
+    constexpr int kBar = 24;
+    const int done = int(kBar * double(step - first_ + 1) / double(last_ - first_ + 1));
+    line << " [" << std::string(size_t(done), '#') << std::string(size_t(kBar - done), '.') << "]";
+  }
+  line << "  " << text;
+  if (tty_) {
+    std::cout << "\r" << line.str() << "\033[K" << (final_step ? "\n" : "") << std::flush;
+  } else {
+    std::cout << line.str() << "\n";
+  }
 }
 
 }  // namespace fusebox::cli

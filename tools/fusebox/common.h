@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fusebox/core/tensor.h"
+#include "fusebox/passes/mixed_precision.h"
 
 namespace fusebox::cli {
 
@@ -25,12 +26,16 @@ Command add_run_command(CLI::App& parent);
 Command add_inspect_command(CLI::App& parent);
 Command add_zoo_command(CLI::App& parent);
 Command add_train_command(CLI::App& parent);  // cmd_train.cpp
+Command add_bench_command(CLI::App& parent);  // cmd_bench.cpp
 
 // A usage mistake found after parsing (e.g. a missing NAME=VALUE '='): reported
 // like CLI11's own parse errors, exit status 2.
 struct UsageError : CLI::ParseError {
   explicit UsageError(const std::string& message) : CLI::ParseError("UsageError", message, 2) {}
 };
+
+// Whether a MODEL argument names an ONNX file (".onnx", or a path) rather than a zoo model.
+bool is_onnx_path(const std::string& model);
 
 // Adds the repeatable "--shape NAME=D0,D1,..." option (concrete shapes for inputs
 // whose ONNX shapes have symbolic dims).
@@ -61,5 +66,28 @@ std::string summarize(const Tensor& t);
 std::string type_str(const Tensor& t);
 // 25557032 -> "25,557,032"
 std::string with_commas(int64_t n);
+
+// --precision's float math: f32 turns TF32 off for the CUDA backend's f32 convolutions and
+// matmuls, tf32 (and bf16/f16, for what stays f32) turns it on (FUSEBOX_ALLOW_TF32 and
+// FUSEBOX_ALLOW_TF32_MATMUL, read once per process: call before anything runs).
+void set_float_math(Precision p);
+// f16 training needs dynamic loss scaling, which is not built yet: a clear error.
+void check_trainable(Precision p);
+
+// "3.1416" for fixed(3.14159, 4)
+std::string fixed(double value, int digits);
+
+// Progress over steps first..last: one updating line with a bar on a terminal, else a line
+// every `every` steps (and the last).
+class Progress {
+ public:
+  Progress(int64_t first, int64_t last, int64_t every);
+  // "step  12/100 [#####.....]  <text>"
+  void update(int64_t step, const std::string& text);
+
+ private:
+  int64_t first_, last_, every_;
+  bool tty_;
+};
 
 }  // namespace fusebox::cli

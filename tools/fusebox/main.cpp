@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("fusebox ") + kVersion);
   app.require_subcommand(1);
   std::vector<Command> commands = {add_run_command(app), add_inspect_command(app),
-                                   add_zoo_command(app), add_train_command(app)};
+                                   add_zoo_command(app), add_train_command(app),
+                                   add_bench_command(app)};
   try {
     app.parse(argc, argv);
     for (const Command& c : commands)

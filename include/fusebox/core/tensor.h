@@ -20,7 +20,7 @@ class Tensor {
  public:
   Tensor() = default;  // an empty handle: defined() is false
 
-  static Tensor empty(DType dtype, Shape shape);   // uninitialised contents
+  static Tensor empty(DType dtype, Shape shape);  // uninitialised contents
   static Tensor zeros(DType dtype, Shape shape);
   static Tensor full(DType dtype, Shape shape, double value);
   template <class T>
@@ -34,6 +34,9 @@ class Tensor {
   // Values given as doubles, converted (rounding to nearest even) to `dtype`.
   static Tensor from_doubles(DType dtype, Shape shape, const std::vector<double>& values);
   static Tensor scalar(DType dtype, double value) { return full(dtype, {}, value); }
+  // A tensor over bytes allocated elsewhere (page-locked host memory, say: at least
+  // nbytes()), freed by `storage`'s deleter with the last handle.
+  static Tensor adopt(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage);
 
   bool defined() const { return buffer_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -56,7 +59,9 @@ class Tensor {
     return static_cast<const T*>(raw());
   }
   template <class T>
-  std::span<const T> values() const { return {data<T>(), size_t(numel_)}; }
+  std::span<const T> values() const {
+    return {data<T>(), size_t(numel_)};
+  }
 
   // Element i (flat, row-major) converted to/from double, whatever the dtype.
   double get(int64_t i) const;

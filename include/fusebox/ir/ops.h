@@ -78,6 +78,9 @@ struct ConvBackwardFilterAttrs {
 
 // ---- normalisation ---------------------------------------------------------
 // batch_norm: x [N, C, D...], scale [C], bias [C], running_mean [C], running_var [C].
+//   The four per-channel inputs share one dtype: x's, or f32 when x is f16 or bf16 (mixed
+//   precision, as PyTorch autocast and cuDNN: low-precision activations, f32 weights and
+//   running statistics). y has x's type; the per-channel outputs have the inputs' dtype.
 //   inference (training=false): 1 output, y = (x - mean) / sqrt(var + eps) * scale + bias
 //     with the running statistics.
 //   training: 5 outputs: y (normalised with the batch statistics), new running mean,
@@ -223,10 +226,11 @@ struct UnaryBackwardAttrs {
 //   exponent b may have any numeric dtype, as the forward's; db is still in a's dtype.
 struct BinaryBackwardAttrs { OpKind op = OpKind::div; };
 // batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale [C],
-//   dbias [C]), all in x's dtype. With training = true (the training form, what autodiff
-//   of a training batch_norm emits) the batch statistics' dependence on x is included;
-//   with training = false (the default, so a node without attributes gets this form!)
-//   mean and inv_std are constants (the running statistics of an inference forward:
+//   dbias [C]): dx in x's dtype, dscale and dbias in the per-channel inputs' dtype (x's, or
+//   f32 with f16 / bf16 x, as the forward's). With training = true (the training form,
+//   what autodiff of a training batch_norm emits) the batch statistics' dependence on x is
+//   included; with training = false (the default, so a node without attributes gets this
+//   form!) mean and inv_std are constants (the running statistics of an inference forward:
 //   dx = dy * scale * inv_std). epsilon and momentum play no part.
 // layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias), dscale
 //   and dbias shaped like x's dims [axis, rank) (or like scale when given, summed over

@@ -1,4 +1,5 @@
-// Runs a whole graph on a backend.
+// Runs a whole graph on a backend, once (see executable.h for compiling it once and running
+// it many times).
 #pragma once
 
 #include <map>
@@ -21,9 +22,10 @@ struct RunOptions {
   bool poison_outputs = true;  // fill each node's outputs with NaN bytes before it runs
 };
 
-// Feeds every graph input by name (dtype and shape must match exactly; a missing,
-// extra or mismatched feed is an Error naming the input). Returns the graph
-// outputs by name. Intermediate tensors are released after their last use.
+// Compiles `g` (fusebox/runtime/executable.h) and runs it once: feeds every graph input
+// by name (dtype and shape must match exactly; a missing, extra or mismatched feed is an
+// Error naming the input) and returns the graph outputs by name. A graph run many times
+// should be compiled once instead.
 NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts = {});
 
 }  // namespace fusebox

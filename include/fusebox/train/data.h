@@ -44,6 +44,8 @@ class BatchSampler {
   BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
   // {images [B, C, H, W], labels [B]}
   std::pair<Tensor, Tensor> batch(int64_t index) const;
+  int64_t batch_size() const { return batch_size_; }
+  int64_t dataset_size() const { return data_.size(); }
 
  private:
   int64_t sample_index(int64_t position) const;  // position in the stream -> sample

@@ -19,16 +19,21 @@
 //     running statistics, and no loss: predict() runs it on the same parameters.
 //
 // Training state: the parameters, the optimizer state (SGD momentum buffers, AdamW m and
-// v), the batch-norm running statistics and the step counter live in the session. Each
-// state tensor is a step-graph input and has a "next" output; step() feeds the current
-// tensors and replaces them with the outputs. On the CPU backend these are host Tensors
-// fed by reference (no copies). The state_updates() pairs are exactly the aliasing a
-// device backend needs to keep the state resident: a CUDA executor that accepts
-// device-resident feeds keeps each state tensor on the GPU and swaps (or updates in
-// place: the update ops are elementwise) the buffer of each pair, so only the batch, lr,
-// step and the scalar loss cross the bus. Nothing outside the session's run_with_state
-// (session.cpp) touches the state's storage, so that change stays local. The step
-// counter is a host integer, fed (like lr) as a scalar input each step.
+// v) and the batch-norm running statistics live in the step's compiled executable
+// (runtime/executable.h), each a step-graph input whose "next" output is aliased to it:
+// on CUDA they stay on the GPU, updated in place by the step (the optimizer updates and
+// the batch norms write them where they are), and only the batch, lr, step count and
+// the loss cross the bus. On the CPU the executable swaps tensor handles instead. The
+// whole step, forward to optimizer, is one executable run (one CUDA graph replay).
+// Host copies are made only for parameters(), buffers(), optimizer_state() and
+// checkpoint() (and only when a step has run since the last copy); restore() uploads once.
+// The eval graph's executable reads the same arrays. The step counter is a host integer,
+// fed (like lr) as a scalar input each step.
+//
+// Asynchronous steps: step_async() queues a step and returns its loss on its way; the
+// next step does not wait for it. A kernel that finds bad data (a label outside [0, C))
+// is reported as an Error naming the step, when that step's loss is read or at a later
+// step (whichever comes first).
 //
 // Determinism: on the CPU backend a step is a pure function of the state and the batch,
 // and the kernels' summation order does not depend on FUSEBOX_NUM_THREADS (checked by a
@@ -51,6 +56,8 @@
 #include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/passes/mixed_precision.h"
+#include "fusebox/runtime/executable.h"
 #include "fusebox/runtime/executor.h"
 #include "fusebox/train/checkpoint.h"
 #include "fusebox/train/optimizer.h"
@@ -72,6 +79,11 @@ struct LossSpec {
 
 struct SessionOptions {
   Device device = Device::cpu;
+  // bf16 / f16: the model's forward pass rewritten with PyTorch autocast's rules
+  // (passes/mixed_precision.h) before the loss and the gradients are built; parameters,
+  // optimizer state and batch-norm statistics stay f32. f32 / tf32 change no dtype (TF32 is
+  // the CUDA backend's math setting, FUSEBOX_ALLOW_TF32*).
+  Precision precision = Precision::f32;
   // Constants (by name) that are not trained and stay constants.
   std::set<std::string> frozen;
 };
@@ -88,8 +100,14 @@ class TrainingSession {
 
   // One optimizer step on a batch: the model's data inputs and the labels, by name.
   // Returns the loss (computed before the update, on the batch, batch_norm in training
-  // form). The state is replaced only when the whole step succeeded.
+  // form). On the CPU the state is replaced only when the whole step succeeded.
   float step(const NamedTensors& batch);
+  // The same, queued: returns at once with the loss on its way (see "Asynchronous steps").
+  PendingTensor step_async(const NamedTensors& batch);
+  // ... with any part of the batch already on the device (fed by a device copy).
+  PendingTensor step_async(const Feeds& batch);
+  // Waits for every queued step; throws the Error of a step whose kernels found bad data.
+  void synchronize();
   // Eval mode: runs the eval graph on the model's data inputs; returns the model's outputs.
   NamedTensors predict(const NamedTensors& batch) const;
 
@@ -102,8 +120,8 @@ class TrainingSession {
   const std::vector<std::string>& batch_inputs() const;
   // Trained parameters, in the model's constant order.
   const std::vector<std::string>& parameter_names() const;
-  // Current values (shared handles: treat as read-only; they are replaced, never
-  // written, by the next step).
+  // Current values, as host copies taken after the steps queued so far (shared handles:
+  // treat as read-only).
   const NamedTensors& parameters() const;
   const NamedTensors& buffers() const;          // batch-norm running statistics
   const NamedTensors& optimizer_state() const;  // see checkpoint.h for the names
@@ -121,6 +139,8 @@ class TrainingSession {
   void load(const std::string& path);
 
   const Graph& step_graph() const;
+  // The compiled step (stats: memory plan, compile time).
+  const Executable& step_executable() const;
   const Graph& eval_graph() const;
   // (state name, step-graph output holding its next value), for every state tensor.
   const std::vector<std::pair<std::string, std::string>>& state_updates() const;

@@ -70,6 +70,40 @@ TEST(BatchNormBackward, InferenceFormMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_numeric(g[2], OpKind::batch_norm, attrs, in.list(), 2, dy)) << "dbias";
 }
 
+// Mixed precision: bf16 / f16 dy and x with f32 scale and saved statistics (the forward's
+// f32 outputs) give dx in x's dtype and dscale / dbias in f32; against the f64 kernel on the
+// same values: dx to x's dtype's tolerance, dscale / dbias to f32's (they are computed in
+// f64 and rounded once, to f32 instead of to x's dtype).
+TEST(BatchNormBackward, LowPrecisionXWithF32Params) {
+  uint64_t seed = 60;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (bool training : {true, false}) {
+      SCOPED_TRACE(cat(dtype_name(t), training ? " training" : " inference"));
+      const Shape shape = {3, 4, 5};
+      const BatchNormAttrs attrs{.epsilon = 1e-3, .training = training};
+      const BatchNormInputs in64 = batch_norm_inputs(shape, seed += 10);
+      const Tensor x = in64.x.cast(t), dy = random_tensor(t, shape, seed + 5);
+      auto f32 = [](const Tensor& v) { return v.cast(DType::f32); };
+      const std::vector<Tensor> fwd = run_op(
+          OpKind::batch_norm, BatchNormAttrs{.epsilon = 1e-3, .training = true},
+          {x, f32(in64.scale), f32(in64.bias), f32(in64.running_mean), f32(in64.running_var)});
+      ASSERT_EQ(fwd[3].dtype(), DType::f32);
+      const std::vector<Tensor> in = {dy, x, f32(in64.scale), fwd[3], fwd[4]};
+      const std::vector<Tensor> got = run_op(OpKind::batch_norm_backward, attrs, in);
+      std::vector<Tensor> wide;
+      for (const Tensor& v : in) wide.push_back(v.cast(DType::f64));
+      const std::vector<Tensor> want = run_op(OpKind::batch_norm_backward, attrs, wide);
+      ASSERT_EQ(got.size(), 3u);
+      EXPECT_EQ(got[0].dtype(), t);
+      EXPECT_TRUE(close_to(got[0], t, shape, want[0].to_doubles(), 2)) << "dx";
+      for (size_t k = 1; k < 3; ++k) {
+        EXPECT_EQ(got[k].dtype(), DType::f32) << k;
+        EXPECT_TRUE(close_to(got[k], DType::f32, {4}, want[k].to_doubles(), 2)) << k;
+      }
+    }
+  }
+}
+
 // ---- layer_norm / rms_norm ---------------------------------------------------------------
 
 struct NormCase {

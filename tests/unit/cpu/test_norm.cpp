@@ -197,5 +197,33 @@ TEST(CpuBatchNorm, TrainingUsesBatchStatisticsAndUpdatesRunningOnes) {
   }
 }
 
+// Mixed precision: f16 / bf16 x with f32 scale, bias and running statistics against the
+// all-f32 op on the same (rounded) x. The kernel computes in f64 either way and rounds once,
+// so the per-channel outputs (f32) agree to f32's tolerance and y to x's dtype's.
+TEST(CpuBatchNorm, LowPrecisionXWithF32ParamsMatchesF32) {
+  uint64_t seed = 400;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (bool training : {false, true}) {
+      for (const Shape& shape : {Shape{2, 3, 4, 5}, Shape{6, 4}}) {
+        SCOPED_TRACE(cat(dtype_name(t), training ? " training " : " inference ", shape_str(shape)));
+        BatchNormInputs in = batch_norm_inputs(DType::f32, shape, seed += 10);
+        const Tensor x = in.x.cast(t);
+        const BatchNormAttrs attrs{1e-5, 0.9, training};
+        const std::vector<Tensor> got =
+            run_op(OpKind::batch_norm, attrs, {x, in.scale, in.bias, in.mean, in.var});
+        const std::vector<Tensor> want = run_op(
+            OpKind::batch_norm, attrs, {x.cast(DType::f32), in.scale, in.bias, in.mean, in.var});
+        ASSERT_EQ(got.size(), training ? 5u : 1u);
+        EXPECT_EQ(got[0].dtype(), t);
+        EXPECT_TRUE(close_to(got[0], t, shape, want[0].to_doubles()));
+        for (size_t o = 1; o < got.size(); ++o) {
+          EXPECT_EQ(got[o].dtype(), DType::f32) << "output " << o;
+          EXPECT_TRUE(close_to(got[o], DType::f32, {shape[1]}, want[o].to_doubles())) << o;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusebox::testing

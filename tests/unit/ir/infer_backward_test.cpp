@@ -111,6 +111,27 @@ TEST(InferBatchNormBackward, PerChannelGradients) {
   EXPECT_EQ(r.out(2), f64({2}));
 }
 
+// Mixed precision: bf16 / f16 dy and x with f32 scale and saved statistics give dx in x's
+// dtype and dscale / dbias in f32.
+TEST(InferBatchNormBackward, LowPrecisionXWithF32Params) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const Inferred r =
+        infer(OpKind::batch_norm_backward, BatchNormAttrs{.training = true},
+              {typed(low, {2, 3, 4}), typed(low, {2, 3, 4}), f32({3}), f32({3}), f32({3})});
+    EXPECT_EQ(r.types, (Types{typed(low, {2, 3, 4}), f32({3}), f32({3})}));
+  }
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, {},
+                         {f32({2, 3}), f32({2, 3}), typed(DType::bf16, {3}),
+                          typed(DType::bf16, {3}), typed(DType::bf16, {3})},
+                         {"input 2 (scale) is bf16 but input 1 (x) is f32"}));
+  EXPECT_TRUE(fails_with(
+      OpKind::batch_norm_backward, {},
+      {typed(DType::bf16, {2, 3}), typed(DType::bf16, {2, 3}), f32({3}), f32({3}),
+       typed(DType::bf16, {3})},
+      {"input 4 (saved_inv_std) is bf16 but input 2 (scale) is f32", "must share one dtype"}));
+}
+
 TEST(InferBatchNormBackwardErrors, Shapes) {
   EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, {},
                          {f32({2, 3, 4}), f32({2, 3, 4}), f32({3}), f32({4}), f32({3})},

@@ -27,6 +27,43 @@ TEST(InferBatchNorm, TrainingHasFiveOutputs) {
             (std::vector<TensorType>{f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({3})}));
 }
 
+// Mixed precision (PyTorch AMP, cuDNN): f16 / bf16 x with f32 scale, bias and running
+// statistics. y keeps x's dtype; the per-channel outputs take the parameters' (f32).
+TEST(InferBatchNorm, LowPrecisionXWithF32Params) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    std::vector<In> in = bn_inputs({2, 3, 4, 4});
+    in[0] = typed(low, {2, 3, 4, 4});
+    Inferred r = infer(OpKind::batch_norm, BatchNormAttrs{}, in);
+    EXPECT_EQ(r.types, (std::vector<TensorType>{typed(low, {2, 3, 4, 4})}));
+    r = infer(OpKind::batch_norm, BatchNormAttrs{.training = true}, in);
+    EXPECT_EQ(r.types, (std::vector<TensorType>{typed(low, {2, 3, 4, 4}), f32({3}), f32({3}),
+                                                f32({3}), f32({3})}));
+  }
+}
+
+TEST(InferBatchNormErrors, MixedPrecisionCombinations) {
+  // f32 x with bf16 parameters: only low-precision x may have wider parameters.
+  std::vector<In> in = {f32({2, 3, 4}), typed(DType::bf16, {3}), typed(DType::bf16, {3}),
+                        typed(DType::bf16, {3}), typed(DType::bf16, {3})};
+  EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in,
+                         {"input 1 (scale) is bf16 but input 0 (x) is f32",
+                          "x's dtype, or f32 when x is f16 or bf16"}));
+  // f64 parameters for bf16 x: f32 is the one wider dtype allowed.
+  in = bn_inputs({2, 3, 4});
+  in[0] = typed(DType::bf16, {2, 3, 4});
+  in[2] = typed(DType::f64, {3});
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm, {}, in, {"input 2 (bias) is f64 but input 0 (x) is bf16"}));
+  // Parameters of mixed dtypes among themselves (each alone would be fine).
+  in = bn_inputs({2, 3, 4});
+  in[0] = typed(DType::bf16, {2, 3, 4});
+  in[3] = typed(DType::bf16, {3});
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm, BatchNormAttrs{.training = true}, in,
+                 {"input 3 (mean) is bf16 but input 1 (scale) is f32", "must share one dtype"}));
+}
+
 TEST(InferBatchNormErrors, Params) {
   std::vector<In> in = bn_inputs({2, 3, 4, 4});
   in[3] = f32({4});

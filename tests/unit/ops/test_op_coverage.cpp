@@ -307,5 +307,45 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, OpCoverage, ::testing::ValuesIn(every_op()),
                            return std::string(op_name(p.param));
                          });
 
+// batch_norm's mixed-precision form (bf16 x, f32 parameters and statistics), which the
+// every-op examples (all f32) do not reach: infers, runs on the CPU with the declared
+// dtypes, differentiates (the training form through batch_norm_backward, the inference form
+// through plain ops and casts), and CUDA matches the CPU.
+TEST(OpCoverageMixedPrecision, BatchNormBf16WithF32Params) {
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "inference");
+    Example example{
+        BatchNormAttrs{.training = training},
+        {random_tensor(DType::bf16, {2, 3, 4}, 51, -2, 2),
+         random_tensor(DType::f32, {3}, 52, 0.5, 1.5), random_tensor(DType::f32, {3}, 53),
+         random_tensor(DType::f32, {3}, 54), random_tensor(DType::f32, {3}, 55, 0.5, 1.5)}};
+    OneNodeGraph g = build(OpKind::batch_norm, example);
+    EXPECT_NO_THROW(g.graph.verify());
+    ASSERT_EQ(g.outputs.size(), training ? 5u : 1u);
+    EXPECT_EQ(g.graph.value(g.outputs[0]).type.dtype, DType::bf16);
+    for (size_t o = 1; o < g.outputs.size(); ++o)
+      EXPECT_EQ(g.graph.value(g.outputs[o]).type.dtype, DType::f32);
+    const GradResult r = grad(g.graph, g.outputs[0], {g.inputs[0], g.inputs[1], g.inputs[2]},
+                              {.mark_outputs = true});
+    const NamedTensors got = run_graph(g.graph, g.feeds);
+    for (ValueId v : g.graph.outputs()) {
+      const Value& value = g.graph.value(v);
+      SCOPED_TRACE(value.name);
+      EXPECT_EQ(got.at(value.name).dtype(), value.type.dtype);
+      EXPECT_TRUE(all_finite(got.at(value.name)));
+    }
+    EXPECT_EQ(got.at(g.graph.value(r.of(g.inputs[0])).name).dtype(), DType::bf16);
+    EXPECT_EQ(got.at(g.graph.value(r.of(g.inputs[1])).name).dtype(), DType::f32);
+    if (!cuda_available()) continue;
+    const NamedTensors on_gpu = run_graph(g.graph, g.feeds, {.device = Device::cuda});
+    for (ValueId v : g.graph.outputs()) {
+      const std::string& name = g.graph.value(v).name;
+      const bool low = g.graph.value(v).type.dtype == DType::bf16;
+      EXPECT_TRUE(all_close(on_gpu.at(name), got.at(name), low ? 2e-2 : 1e-4, low ? 2e-2 : 1e-4))
+          << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusebox::testing

@@ -1,6 +1,7 @@
 // Gradient checks for the normalisations (batch_norm training and inference,
 // layer_norm over several axes with broadcast scale / bias, rms_norm), softmax,
 // log_softmax and cross_entropy.
+#include "fusebox/passes/autodiff.h"
 #include "gradcheck.h"
 
 namespace fusebox::testing::gradcheck {
@@ -62,6 +63,60 @@ TEST(GradCheckNorm, BatchNormInference) {
       return std::vector<ValueId>{b.batch_norm(v[0], v[1], v[2], v[3], v[4], a)};
     };
     EXPECT_TRUE(check_gradients(leaves, f, {"batch_norm (inference)", config, {}, 48, seed}));
+  }
+}
+
+// Mixed precision (bf16 x, f32 parameters and statistics), training and inference forms:
+// autodiff's gradients against those of the same graph in f64 on the same values (which
+// BatchNormTraining / BatchNormInference check against finite differences; differences
+// through bf16 would be noise). The loss weights are bf16 values, so dy is exact in both.
+// dx is bf16: 2 bf16 ulps (rtol 1.6e-2); the f32 parameter gradients are sums computed in
+// f64 (CPU) from the same values and rounded once: rtol 1e-4 covers the f32 saved statistics.
+TEST(GradCheckNorm, BatchNormMixedPrecisionMatchesF64) {
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "inference");
+    const Shape x_shape = {3, 4, 5};
+    const uint64_t seed = training ? 6200 : 6210;
+    const Tensor x = random_tensor(DType::bf16, x_shape, seed, -2, 2);
+    const Tensor w = random_tensor(DType::bf16, x_shape, seed + 1);
+    const std::vector<Tensor> params = {random_tensor(DType::f32, {4}, seed + 2, 0.5, 1.5),
+                                        random_tensor(DType::f32, {4}, seed + 3),
+                                        random_tensor(DType::f32, {4}, seed + 4),
+                                        random_tensor(DType::f32, {4}, seed + 5, 0.5, 2)};
+    // x and the parameters as inputs of `low` / f32 (or all f64); loss = sum(f64-or-f32(y) * w).
+    auto run = [&](DType low, DType param) {
+      Graph g("bn_mixed");
+      Builder b(g);
+      NamedTensors feeds = {{"x", x.cast(low)}};
+      std::vector<ValueId> in = {g.add_input("x", low, x_shape)};
+      const char* names[] = {"scale", "bias", "mean", "var"};
+      for (size_t i = 0; i < 4; ++i) {
+        in.push_back(g.add_input(names[i], param, {4}));
+        feeds[names[i]] = params[i].cast(param);
+      }
+      const BatchNormAttrs a{.epsilon = 1e-3, .training = training};
+      const ValueId y = training ? b.batch_norm_training(in[0], in[1], in[2], in[3], in[4], a)[0]
+                                 : b.batch_norm(in[0], in[1], in[2], in[3], in[4], a);
+      const ValueId loss =
+          b.reduce_sum(b.mul(b.cast(y, param), b.constant(w.cast(param))), {}, false);
+      std::vector<ValueId> wrt = {in[0], in[1], in[2]};
+      if (!training) wrt.insert(wrt.end(), {in[3], in[4]});
+      const GradResult r = grad(g, loss, wrt, {.mark_outputs = true});
+      for (ValueId v : wrt) EXPECT_EQ(g.value(r.of(v)).type, g.value(v).type);
+      const NamedTensors out = run_graph(g, feeds);
+      std::vector<Tensor> grads;
+      for (ValueId v : wrt) grads.push_back(out.at(g.value(r.of(v)).name));
+      return grads;
+    };
+    const std::vector<Tensor> got = run(DType::bf16, DType::f32);
+    const std::vector<Tensor> want = run(DType::f64, DType::f64);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(got[0].dtype(), DType::bf16);
+    EXPECT_TRUE(all_close(got[0].cast(DType::f64), want[0], 1.6e-2, 1e-3)) << "dx";
+    for (size_t k = 1; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].dtype(), DType::f32) << k;
+      EXPECT_TRUE(all_close(got[k].cast(DType::f64), want[k], 1e-4, 1e-5)) << "parameter " << k;
+    }
   }
 }
 

@@ -36,9 +36,12 @@ class CliTrain : public ::testing::Test {
   // Runs `[env] fusebox train <args>`; stdout is a file, so progress comes one line per
   // --log-every steps.
   ToolResult train(const std::string& args, const std::string& env = "") const {
+    return tool("train " + args, env);
+  }
+  ToolResult tool(const std::string& args, const std::string& env = "") const {
     const std::string out = path("stdout.txt"), err = path("stderr.txt");
     const std::string command =
-        cat(env, " '", FUSEBOX_TOOL_PATH, "' train ", args, " > '", out, "' 2> '", err, "'");
+        cat(env, " '", FUSEBOX_TOOL_PATH, "' ", args, " > '", out, "' 2> '", err, "'");
     const int status = std::system(command.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
   }
@@ -194,6 +197,35 @@ TEST_F(CliTrain, CudaDeviceGivesTheExecutorsError) {
   ToolResult r = train(cat(kSmall, " --steps 1 --device cuda"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.err, "CUDA")) << r.err;
+}
+
+// `fusebox bench`: both modes on the CPU print every figure and write them as JSON.
+TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
+  for (const char* mode : {"train", "infer"}) {
+    const std::string json = path(cat(mode, ".json"));
+    ToolResult r = tool(cat("bench small_cnn --mode ", mode,
+                            " --batch 4 --image-size 16 "
+                            "--num-classes 10 --device cpu --steps 2 --warmup 1 --json '",
+                            json, "'"));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    for (const char* figure : {"compile (first step)", "images/s", "ms/step", "host time per step",
+                               "peak device memory"})
+      EXPECT_TRUE(contains(r.out, figure)) << mode << ": " << r.out;
+    const std::string text = slurp(json);
+    for (const char* key : {"\"compile_s\"", "\"images_per_s\"", "\"step_ms_median\"",
+                            "\"host_us_per_step\"", "\"peak_device_bytes\""})
+      EXPECT_TRUE(contains(text, key)) << mode << ": " << text;
+    EXPECT_EQ(contains(text, "\"final_loss\""), std::string(mode) == "train") << text;
+  }
+}
+
+TEST_F(CliTrain, BenchRefusesWhatItCannotDo) {
+  ToolResult r = tool("bench small_cnn --mode train --precision f16 --device cpu --steps 1");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "loss scaling")) << r.err;
+  r = tool("bench no_such_model --device cpu --steps 1");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "no_such_model")) << r.err;
 }
 
 }  // namespace

@@ -305,8 +305,7 @@ bool record_entry(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::
                   std::string& reason) {
   const bool with_bias = entry->bias_fused;
   VariantPack pack = variant_pack(t, with_bias);
-  DeviceBuffer workspace = ctx.allocator.allocate(size_t(entry->workspace));
-  if (workspace) ctx.encoder.add_temporary(workspace);
+  DeviceBuffer workspace = ctx.encoder.scratch(ctx.allocator, size_t(entry->workspace));
   BufferList reads, writes;
   switch (p.op) {
     case ConvOp::fprop:

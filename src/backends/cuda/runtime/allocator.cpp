@@ -230,6 +230,11 @@ AllocatorStats CachingAllocator::stats() const {
   return pool_->stats;
 }
 
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(pool_->mutex);
+  pool_->stats.peak_bytes_in_use = pool_->stats.bytes_in_use;
+}
+
 int CachingAllocator::device() const {
   return pool_->device;
 }

@@ -115,6 +115,8 @@ class CachingAllocator {
   void release_cache();
 
   AllocatorStats stats() const;
+  // Starts a new high-water mark at the bytes in use now.
+  void reset_peak();
   int device() const;
   size_t limit() const;
 

@@ -98,6 +98,14 @@ void RecordedGraph::set_enabled(size_t op, bool enabled) {
   FUSEBOX_CUDA_CHECK(cudaGraphNodeSetEnabled(state_->exec, state_->nodes[op], enabled ? 1 : 0));
 }
 
+void RecordedGraph::set_memcpy(size_t op, void* dst, const void* src, size_t bytes) {
+  FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_memcpy: no operation ", op,
+                " in a recorded graph of ", ops(), " operations");
+  DeviceGuard guard(state_->device);
+  FUSEBOX_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(state_->exec, state_->nodes[op], dst, src,
+                                                        bytes, cudaMemcpyDeviceToDevice));
+}
+
 // ---- Recording ---------------------------------------------------------------------------
 
 void CommandEncoder::check_buffers(const BufferList& list) const {
@@ -432,7 +440,17 @@ void CommandEncoder::reset_recording() {
   blocks_.clear();
   objects_.clear();
   temporaries_.clear();
+  scratch_ = DeviceBuffer();
   pending_ops_ = 0;
+}
+
+DeviceBuffer CommandEncoder::scratch(CachingAllocator& allocator, size_t bytes) {
+  if (bytes == 0) return {};
+  if (scratch_.size() < bytes) {
+    scratch_ = allocator.allocate(bytes);
+    add_temporary(scratch_);  // held with the recording, like any temporary
+  }
+  return scratch_;
 }
 
 CommandEncoder::InFlight CommandEncoder::take_held() {
@@ -589,6 +607,86 @@ void CommandEncoder::copy_to_host(void* host, const BufferRange& src) {
       cat("cudaMemcpyAsync(", src.bytes, " bytes, device to host)"));
   FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
   release_completed(true);
+}
+
+void CommandEncoder::copy_to_device_async(const BufferRange& dst, const void* pinned_host) {
+  commit();
+  if (dst.bytes == 0) return;
+  DeviceGuard guard(device_.id());
+  FUSEBOX_CUDA_CHECK_AS(
+      cudaMemcpyAsync(dst.data(), pinned_host, dst.bytes, cudaMemcpyHostToDevice, stream_),
+      cat("cudaMemcpyAsync(", dst.bytes, " bytes, pinned host to device)"));
+}
+
+void CommandEncoder::copy_to_host_async(void* pinned_host, const BufferRange& src) {
+  commit();
+  if (src.bytes == 0) return;
+  DeviceGuard guard(device_.id());
+  FUSEBOX_CUDA_CHECK_AS(
+      cudaMemcpyAsync(pinned_host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
+      cat("cudaMemcpyAsync(", src.bytes, " bytes, device to pinned host)"));
+}
+
+void CommandEncoder::copy_now(const BufferRange& dst, const BufferRange& src) {
+  commit();
+  FUSEBOX_CHECK(dst.bytes == src.bytes, "cuda", "copy_now: ", src.bytes, " bytes into ", dst.bytes);
+  if (dst.bytes == 0) return;
+  DeviceGuard guard(device_.id());
+  FUSEBOX_CUDA_CHECK_AS(
+      cudaMemcpyAsync(dst.data(), src.data(), dst.bytes, cudaMemcpyDeviceToDevice, stream_),
+      cat("cudaMemcpyAsync(", dst.bytes, " bytes, device to device)"));
+}
+
+// An event of its own (not one of the completion events, which are recycled).
+struct Fence::State {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+  ~State() {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
+};
+
+bool Fence::done() const {
+  if (!state_) return true;
+  DeviceGuard guard(state_->device);
+  const cudaError_t status = cudaEventQuery(state_->event);
+  if (status == cudaErrorNotReady) return false;
+  FUSEBOX_CUDA_CHECK_AS(status, "cudaEventQuery(fence)");
+  return true;
+}
+
+void Fence::wait() const {
+  if (!state_) return;
+  DeviceGuard guard(state_->device);
+  FUSEBOX_CUDA_CHECK_AS(cudaEventSynchronize(state_->event), "cudaEventSynchronize(fence)");
+}
+
+Fence Fence::record(cudaStream_t stream, int device) {
+  DeviceGuard guard(device);
+  auto state = std::make_shared<Fence::State>();
+  state->device = device;
+  FUSEBOX_CUDA_CHECK(cudaEventCreateWithFlags(&state->event, cudaEventDisableTiming));
+  FUSEBOX_CUDA_CHECK_AS(cudaEventRecord(state->event, stream), "cudaEventRecord(fence)");
+  Fence f;
+  f.state_ = std::move(state);
+  return f;
+}
+
+Fence CommandEncoder::fence() {
+  commit();
+  return Fence::record(stream_, device_.id());
+}
+
+void Fence::wait_on(cudaStream_t stream) const {
+  if (!state_) return;
+  FUSEBOX_CUDA_CHECK_AS(cudaStreamWaitEvent(stream, state_->event, 0),
+                        "cudaStreamWaitEvent(fence)");
+}
+
+void CommandEncoder::wait(const Fence& fence) {
+  commit();
+  DeviceGuard guard(device_.id());
+  fence.wait_on(stream_);
 }
 
 // ---- Introspection -----------------------------------------------------------------------

@@ -95,6 +95,29 @@ class RecordedGraph {
   // memcpy nodes: cudaGraphNodeSetEnabled). E.g. the executor poisons a step's outputs in
   // its first launch only. Not while a launch of this graph is being issued elsewhere.
   void set_enabled(size_t op, bool enabled);
+  // Points memcpy operation `op` at other bytes for later launches (the same size and
+  // device; cudaGraphExecMemcpyNodeSetParams1D), e.g. the executable's input copy from the
+  // staging buffer the next batch arrived in. Not while a launch is being issued elsewhere.
+  void set_memcpy(size_t op, void* dst, const void* src, size_t bytes);
+
+ private:
+  friend class CommandEncoder;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// A point in an encoder's stream: done once the work launched before it has completed.
+// A shared handle; empty (default) counts as done.
+class Fence {
+ public:
+  Fence() = default;
+  bool done() const;  // without waiting
+  void wait() const;  // blocks until done
+  explicit operator bool() const { return state_ != nullptr; }
+  // A fence after the work issued so far on `stream` (of `device`).
+  static Fence record(cudaStream_t stream, int device);
+  // Makes later work on `stream` wait for this fence.
+  void wait_on(cudaStream_t stream) const;
 
  private:
   friend class CommandEncoder;
@@ -168,6 +191,12 @@ class CommandEncoder {
   // Device-to-device copy; the ranges must have equal sizes. kNoOp for empty ranges.
   size_t memcpy(const BufferRange& dst, const BufferRange& src);
 
+  // A workspace for one operation of this recording (a library call's scratch memory):
+  // the recording's shared scratch buffer, replaced by a larger one from `allocator` when
+  // too small. Declare it as written: the hazard rules then order the operations that share
+  // it, so a step holds one workspace (the largest) instead of one per operation.
+  DeviceBuffer scratch(CachingAllocator& allocator, size_t bytes);
+
   // Holds `buffer` (or any object) until the work recorded so far has completed.
   void add_temporary(DeviceBuffer buffer);
   void keep_alive(std::shared_ptr<const void> object);
@@ -194,6 +223,20 @@ class CommandEncoder {
   // recorded so far (they commit first). For tests and the edges of a run.
   void copy_to_device(const BufferRange& dst, const void* host);
   void copy_to_host(void* host, const BufferRange& src);
+  // The same, stream-ordered and returning at once, for page-locked (pinned) host memory:
+  // the host bytes must stay unchanged (to the device), or unread (to the host), and the
+  // device buffer alive (these copies hold nothing: an executable's buffers outlive its
+  // runs), until a fence taken after the copy is done.
+  void copy_to_device_async(const BufferRange& dst, const void* pinned_host);
+  void copy_to_host_async(void* pinned_host, const BufferRange& src);
+  // A device-to-device copy issued on the stream now (committing first), not recorded: for
+  // the edges of a run, where recording a one-node graph would cost more than the copy.
+  // Holds nothing, as the copies above.
+  void copy_now(const BufferRange& dst, const BufferRange& src);
+  // Commits, and marks the point in the stream after everything launched so far.
+  Fence fence();
+  // Commits; what is launched later waits for `fence` (work on another stream).
+  void wait(const Fence& fence);
 
   // Introspection for tests: the graph being recorded (null before the first node and
   // when launching directly), an operation's node, and the edges as (from, to) operation
@@ -275,6 +318,7 @@ class CommandEncoder {
   std::vector<cudaGraphNode_t> dep_nodes_;
   std::vector<std::shared_ptr<const void>> objects_;
   std::vector<DeviceBuffer> temporaries_;
+  DeviceBuffer scratch_;  // see scratch()
   size_t pending_ops_ = 0;
   std::unordered_map<const void*, size_t> shared_opt_in_;  // kernel -> bytes granted
 

@@ -69,6 +69,25 @@ void ErrorFlags::check() {
   }
 }
 
+ErrorFlags::Reserved ErrorFlags::take() {
+  Reserved r;
+  r.chunks = std::move(chunks_);
+  r.pending = std::move(pending_);
+  chunks_.clear();
+  pending_.clear();
+  return r;
+}
+
+void ErrorFlags::throw_first_raised(const Reserved& reserved, const ErrorRecord* records,
+                                    const std::string& prefix) {
+  for (size_t i = 0; i < reserved.pending.size(); ++i) {
+    if (records[i].raised == 0) continue;
+    const Pending& p = reserved.pending[i];
+    const std::string message = p.describe(records[i].index, records[i].value);
+    throw Error(p.where, prefix.empty() ? message : prefix + ": " + message);
+  }
+}
+
 void check_error_flags(Context& ctx) {
   ErrorFlags::of(ctx.encoder).check();
 }

@@ -89,11 +89,25 @@ class ErrorFlags {
 
   size_t pending() const { return pending_.size(); }
 
- private:
   struct Pending {
     std::string where;
     Describe describe;
   };
+  // Records reserved by a recording that is kept for replay (runtime/executable): their
+  // memsets and kernels run again in every replay, so their owner checks them after each.
+  struct Reserved {
+    std::vector<DeviceBuffer> chunks;
+    std::vector<Pending> pending;
+    size_t bytes() const { return pending.size() * sizeof(ErrorRecord); }
+  };
+  // Hands the reserved records over (the flags start afresh with new chunks).
+  Reserved take();
+  // Throws the Error of the first raised record of `records` (copies of reserved.chunks'
+  // records, in order), its message prefixed by `prefix` when not empty.
+  static void throw_first_raised(const Reserved& reserved, const ErrorRecord* records,
+                                 const std::string& prefix);
+
+ private:
   CommandEncoder& encoder_;
   std::vector<DeviceBuffer> chunks_;  // kRecordsPerChunk records each, reused after check()
   std::vector<Pending> pending_;      // by record number: chunk = i / kRecordsPerChunk

@@ -111,7 +111,6 @@ BackendSettings BackendSettings::from_env() {
     s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT");
   read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
   read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
-  read_count("FUSEBOX_CUDA_STEP_CACHE", s.step_cache_capacity);
   s.cache_dir = cache_dir_from_env();
   read_switch("FUSEBOX_ALLOW_TF32_MATMUL", s.allow_tf32_matmul);
   read_count("FUSEBOX_NORM_VARIANT", s.norm_variant);

@@ -60,9 +60,6 @@ struct BackendSettings {
   bool use_graphs = true;
   // FUSEBOX_CUDA_GRAPH_CACHE: instantiated graphs each command encoder keeps (0: none).
   size_t graph_cache_capacity = 64;
-  // FUSEBOX_CUDA_STEP_CACHE: compiled steps the executor keeps for replay (0: none, every
-  // run records anew).
-  size_t step_cache_capacity = 4;
   // The root of the disk plan caches: FUSEBOX_CACHE_DIR, else $XDG_CACHE_HOME/fusebox (an
   // absolute XDG_CACHE_HOME only, as the XDG spec says), else $HOME/.cache/fusebox; empty
   // when none is set: no disk cache.

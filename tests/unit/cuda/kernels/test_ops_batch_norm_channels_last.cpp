@@ -262,6 +262,60 @@ TEST_F(BatchNormChannelsLastTest, DirectBackwardMatchesCpu) {
   }
 }
 
+// Mixed precision (f16 / bf16 activations, f32 scale, bias and statistics; f32 dscale /
+// dbias), both layouts, forward (inference and training) and backward (both forms), against
+// the CPU on the same mixed inputs. Shapes: vector units (C a multiple of 8) and scalars, one
+// channels-last shape with an unaligned offset. Tolerances: y and dx as the single-dtype
+// tests of x's dtype; the f32 per-channel outputs: the forward's as f32 (5e-5; they are
+// statistics of the same values), dscale / dbias as x's dtype's sums (f32 partial sums).
+TEST_F(BatchNormChannelsLastTest, MixedPrecisionMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 8500;
+  auto widen = [](std::vector<Tensor> in, std::initializer_list<size_t> params) {
+    for (size_t i : params) in[i] = in[i].cast(DType::f32);
+    return in;
+  };
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (const Shape& shape : {Shape{8, 64, 14, 14}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+        for (bool training : {false, true}) {
+          SCOPED_TRACE(cat(dtype_name(t), " ", shape_str(shape), channels_last ? " NHWC" : " NCHW",
+                           training ? " training" : " inference"));
+          const std::vector<Tensor> inputs =
+              widen(forward_inputs(t, shape, seed += 5), {1, 2, 3, 4});
+          const BatchNormAttrs attrs{1e-5, 0.9, training};
+          const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+          const std::vector<Tensor> got =
+              channels_last ? run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs,
+                                                {0}, offset)
+                            : h.run(&batch_norm, OpKind::batch_norm, attrs, inputs);
+          ASSERT_EQ(got.size(), want.size());
+          const Tolerance y_tol = forward_tolerance(t), stat_tol = forward_tolerance(DType::f32);
+          EXPECT_TRUE(all_close(got[0], want[0], y_tol.rtol, y_tol.atol)) << "y";
+          for (size_t o = 1; o < got.size(); ++o)
+            EXPECT_TRUE(all_close(got[o], want[o], stat_tol.rtol, stat_tol.atol)) << "output " << o;
+
+          const std::vector<Tensor> back =
+              widen(backward_inputs(t, shape, training, seed += 8), {2, 3, 4});
+          BatchNormAttrs back_attrs;
+          back_attrs.training = training;
+          const std::vector<Tensor> back_want =
+              run_op(OpKind::batch_norm_backward, back_attrs, back);
+          const std::vector<Tensor> back_got =
+              channels_last
+                  ? run_channels_last(h, &batch_norm_backward, OpKind::batch_norm_backward,
+                                      back_attrs, back, {0, 1}, offset)
+                  : h.run(&batch_norm_backward, OpKind::batch_norm_backward, back_attrs, back);
+          ASSERT_EQ(back_got.size(), 3u);
+          EXPECT_EQ(back_got[1].dtype(), DType::f32);
+          expect_backward_close(back_got[0], back_got[1], back_got[2], back_want, shape, t);
+        }
+      }
+    }
+  }
+}
+
 // Same inputs, same bits: fixed chunks and merge trees, no atomics.
 TEST_F(BatchNormChannelsLastTest, Deterministic) {
   OpHarness h;

@@ -27,6 +27,13 @@
 // the copy bandwidth; the stats pass runs a division per element (Welford), which keeps
 // it near, not at, the bandwidth limit. Deterministic (no atomics).
 //
+// Mixed precision: with f16 / bf16 activations the per-channel operands (scale, bias,
+// running and saved statistics, dscale, dbias) may be f32 (the IR's rule, as PyTorch AMP and
+// cuDNN). Their device type P is a template parameter of the kernels that read or write
+// them: stage 2, and the backward stage 1, which reads saved_mean and saved_inv_std once per
+// thread. Stage 3 reads only the coefficients, in the compute type, so it does not depend
+// on P: the activation passes run exactly as without mixed precision.
+//
 // Backward: the same three stages: per-chunk partial sums of dy and dy * x_hat (f32, f64
 // for f64), per-channel totals (dbias, dscale) and dx coefficients, then dx elementwise.
 // The training form subtracts the batch statistics' dependence on x (mean(dy) and
@@ -131,12 +138,12 @@ __global__ void bn_stats(const T* x, int64_t channels, int64_t inner, int64_t pe
 // chunks l, l + 32, ... in order, then the lanes' triples merge down a fixed shuffle tree
 // (lane l takes lane l + s's for s = 16, 8, ..., 1); lane 0 writes the statistics
 // outputs and the coefficients.
-template <class T>
+template <class T, class P>
 __global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64_t chunks,
-                                     int64_t channels, const T* scale, const T* bias,
-                                     const T* running_mean, const T* running_var, double eps,
-                                     double momentum, T* new_mean, T* new_var, T* saved_mean,
-                                     T* saved_inv_std, Coefficients<compute_t<T>>* coef) {
+                                     int64_t channels, const P* scale, const P* bias,
+                                     const P* running_mean, const P* running_var, double eps,
+                                     double momentum, P* new_mean, P* new_var, P* saved_mean,
+                                     P* saved_inv_std, Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x % 32);
@@ -155,31 +162,28 @@ __global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64
   if (lane != 0) return;
   const double var = m.count > 0 ? m.m2 / m.count : 0.0;
   const double inv_std = 1.0 / sqrt(var + eps);
-  if (new_mean) {
-    new_mean[c] =
-        convert<T>(double(convert<C>(running_mean[c])) * momentum + m.mean * (1 - momentum));
-  }
-  if (new_var) {
-    new_var[c] = convert<T>(double(convert<C>(running_var[c])) * momentum + var * (1 - momentum));
-  }
-  if (saved_mean) saved_mean[c] = convert<T>(m.mean);
-  if (saved_inv_std) saved_inv_std[c] = convert<T>(inv_std);
+  if (new_mean)
+    new_mean[c] = convert<P>(convert<double>(running_mean[c]) * momentum + m.mean * (1 - momentum));
+  if (new_var)
+    new_var[c] = convert<P>(convert<double>(running_var[c]) * momentum + var * (1 - momentum));
+  if (saved_mean) saved_mean[c] = convert<P>(m.mean);
+  if (saved_inv_std) saved_inv_std[c] = convert<P>(inv_std);
   coef[c] = {
-      C(m.mean), C(inv_std * double(convert<C>(scale[c]))), convert<C>(bias[c]), C(inv_std), C(0),
+      C(m.mean), C(inv_std * convert<double>(scale[c])), convert<C>(bias[c]), C(inv_std), C(0),
       C(0)};
 }
 
 // Inference: the coefficients from the running statistics.
-template <class T>
-__global__ void bn_coefficients_inference(int64_t channels, const T* scale, const T* bias,
-                                          const T* running_mean, const T* running_var, double eps,
+template <class T, class P>
+__global__ void bn_coefficients_inference(int64_t channels, const P* scale, const P* bias,
+                                          const P* running_mean, const P* running_var, double eps,
                                           Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
-  const double inv_std = 1.0 / sqrt(double(convert<C>(running_var[c])) + eps);
+  const double inv_std = 1.0 / sqrt(convert<double>(running_var[c]) + eps);
   coef[c] = {convert<C>(running_mean[c]),
-             C(inv_std * double(convert<C>(scale[c]))),
+             C(inv_std * convert<double>(scale[c])),
              convert<C>(bias[c]),
              C(inv_std),
              C(0),
@@ -213,9 +217,9 @@ __global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
 // ---- backward -----------------------------------------------------------------------
 
 // Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block).
-template <class T>
-__global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
-                                 const T* saved_inv_std, int64_t channels, int64_t inner,
+template <class T, class P>
+__global__ void bn_backward_sums(const T* x, const T* dy, const P* saved_mean,
+                                 const P* saved_inv_std, int64_t channels, int64_t inner,
                                  int64_t per_chunk, int64_t count, RowWalk walk,
                                  compute_t<T>* partial /* [C][chunks][2] */) {
   using C = compute_t<T>;
@@ -253,10 +257,10 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* saved_mean,
 
 // Stage 2: per channel totals in f64 (a warp per channel, in a fixed order as
 // bn_finalize_training), dscale / dbias, dx coefficients.
-template <class T, class G>
+template <class T, class P, class G>
 __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
-                                     int64_t count, bool training, const T* scale,
-                                     const T* saved_mean, const T* saved_inv_std, G* dscale,
+                                     int64_t count, bool training, const P* scale,
+                                     const P* saved_mean, const P* saved_inv_std, G* dscale,
                                      G* dbias, Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
@@ -278,9 +282,9 @@ __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks
   if (lane != 0) return;
   if (dscale) dscale[c] = convert<G>(sum_dyx);
   if (dbias) dbias[c] = convert<G>(sum_dy);
-  const double inv_std = double(convert<C>(saved_inv_std[c]));
+  const double inv_std = convert<double>(saved_inv_std[c]);
   coef[c] = {convert<C>(saved_mean[c]),
-             C(double(convert<C>(scale[c])) * inv_std),
+             C(convert<double>(scale[c]) * inv_std),
              C(0),
              C(inv_std),
              C(training ? sum_dy / double(count) : 0.0),
@@ -338,11 +342,29 @@ Layout layout_of(const std::string& where,
   return Layout::channels_last;
 }
 
-// Per-channel operands are contiguous [C]-element vectors of x's dtype.
+// Per-channel operands are contiguous [C]-element vectors of one dtype (param_dtype).
 void check_per_channel(const std::string& where, const char* what, const DeviceTensor* p,
                        DType dtype, int64_t channels) {
   FUSEBOX_CHECK(p && p->numel() == channels && p->dtype == dtype && p->is_contiguous(), where, what,
                 " must be a contiguous ", dtype_name(dtype), " tensor of ", channels, " elements");
+}
+
+// The per-channel operands' dtype, given the first one's: x's, or f32 for f16 / bf16 x.
+DType param_dtype(const std::string& where, DType x, DType first) {
+  FUSEBOX_CHECK(first == x || ((x == DType::f16 || x == DType::bf16) && first == DType::f32), where,
+                "per-channel operands are ", dtype_name(first), " but x is ", dtype_name(x),
+                ": they must have x's dtype, or f32 when x is f16 or bf16");
+  return first;
+}
+
+// Calls f(P{}) with P the device type of the per-channel operands for activations of device
+// type T: T itself, or float (only instantiated for __half / __nv_bfloat16 activations).
+template <class T, class F>
+void visit_param_type(DType x, DType param, F&& f) {
+  if constexpr (is_half_v<T>) {
+    if (param != x) return f(float{});
+  }
+  f(T{});
 }
 
 // Chunks per channel for the contiguous reductions: about 4 blocks per SM in all, each
@@ -391,7 +413,7 @@ void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, co
 }
 
 // Stage 1 of the contiguous backward.
-template <class T>
+template <class T, class P>
 Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
                                   const DeviceTensor& dy, const DeviceTensor& saved_mean,
                                   const DeviceTensor& saved_inv_std) {
@@ -400,10 +422,10 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
   Partials p{ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C)), chunks};
   ctx.encoder.add_temporary(p.buffer);
-  ctx.encoder.launch(&bn_backward_sums<T>, dim3(unsigned(g.channels), unsigned(chunks)),
+  ctx.encoder.launch(&bn_backward_sums<T, P>, dim3(unsigned(g.channels), unsigned(chunks)),
                      dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
-                     {p.buffer}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
-                     saved_inv_std.as<const T>(), g.channels, g.inner, per_chunk, g.per_channel(),
+                     {p.buffer}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const P>(),
+                     saved_inv_std.as<const P>(), g.channels, g.inner, per_chunk, g.per_channel(),
                      RowWalk::make(g.inner, kThreads), p.buffer.as<C>());
   return p;
 }
@@ -433,12 +455,14 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
                 "expects (x, scale, bias, running_mean, running_var) -> (y, ...)");
   const DeviceTensor& x = *in[0];
   const Geometry g = geometry_of(where, x.shape);
+  FUSEBOX_CHECK(in[1], where, "scale is absent");
+  const DType param = param_dtype(where, x.dtype, in[1]->dtype);
   const char* names[] = {"x", "scale", "bias", "running_mean", "running_var"};
-  for (size_t i = 1; i <= 4; ++i) check_per_channel(where, names[i], in[i], x.dtype, g.channels);
+  for (size_t i = 1; i <= 4; ++i) check_per_channel(where, names[i], in[i], param, g.channels);
   FUSEBOX_CHECK(out[0].dtype == x.dtype && out[0].shape == x.shape, where, "output y must be ",
                 dtype_name(x.dtype), " ", shape_str(x.shape));
   for (size_t o = 1; o < out.size(); ++o)
-    check_per_channel(where, cat("output ", o).c_str(), &out[o], x.dtype, g.channels);
+    check_per_channel(where, cat("output ", o).c_str(), &out[o], param, g.channels);
   const Layout layout = layout_of(where, {{"x", &x}, {"y", &out[0]}});
   if (g.channels == 0) return;
   visit_device_float(n, x.dtype, [&](auto tag) {
@@ -446,29 +470,35 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
     using C = compute_t<T>;
     DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
     ctx.encoder.add_temporary(coef);
-    const T *scale = in[1]->as<const T>(), *bias = in[2]->as<const T>();
-    const T *running_mean = in[3]->as<const T>(), *running_var = in[4]->as<const T>();
     const BufferList params = norm::ranges({in[1], in[2], in[3], in[4]});
-    if (!attrs.training) {
-      ctx.encoder.launch(&bn_coefficients_inference<T>, dim3(unsigned((g.channels + 127) / 128)),
-                         dim3(128), 0, params, {coef}, g.channels, scale, bias, running_mean,
-                         running_var, attrs.epsilon, coef.as<Coefficients<C>>());
-    } else {
+    // Stage 2 (or the inference coefficients) is the only forward kernel that reads or
+    // writes the per-channel tensors.
+    visit_param_type<T>(x.dtype, param, [&](auto param_tag) {
+      using P = decltype(param_tag);
+      const P *scale = in[1]->as<const P>(), *bias = in[2]->as<const P>();
+      const P *running_mean = in[3]->as<const P>(), *running_var = in[4]->as<const P>();
+      if (!attrs.training) {
+        ctx.encoder.launch(&bn_coefficients_inference<T, P>,
+                           dim3(unsigned((g.channels + 127) / 128)), dim3(128), 0, params, {coef},
+                           g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
+                           coef.as<Coefficients<C>>());
+        return;
+      }
       FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
                     shape_str(x.shape), " has no elements per channel");
       const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
                                                                : contiguous_stats<T>(ctx, g, x);
-      auto output = [&](size_t o) { return o < out.size() ? out[o].as<T>() : nullptr; };
+      auto output = [&](size_t o) { return o < out.size() ? out[o].as<P>() : nullptr; };
       BufferList writes = {coef};
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
       BufferList reads = params;
       reads.push_back(partial.buffer);
-      ctx.encoder.launch(&bn_finalize_training<T>, dim3(finalize_blocks(g.channels)),
+      ctx.encoder.launch(&bn_finalize_training<T, P>, dim3(finalize_blocks(g.channels)),
                          dim3(32 * kFinalizeWarps), 0, reads, writes,
                          partial.buffer.as<const Moments<C>>(), partial.chunks, g.channels, scale,
                          bias, running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
                          output(2), output(3), output(4), coef.as<Coefficients<C>>());
-    }
+    });
     if (g.total() == 0) return;
     if (layout == Layout::channels_last)
       channels_last_apply<T>(ctx, x, out[0], coef);
@@ -488,10 +518,11 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
                 where, "dy and dx must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
                 " like x");
   const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"dx", dx}});
-  check_per_channel(where, "scale", &scale, x.dtype, g.channels);
-  check_per_channel(where, "saved_mean", &saved_mean, x.dtype, g.channels);
-  check_per_channel(where, "saved_inv_std", &saved_inv_std, x.dtype, g.channels);
-  const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : x.dtype;
+  const DType param = param_dtype(where, x.dtype, scale.dtype);
+  check_per_channel(where, "scale", &scale, param, g.channels);
+  check_per_channel(where, "saved_mean", &saved_mean, param, g.channels);
+  check_per_channel(where, "saved_inv_std", &saved_inv_std, param, g.channels);
+  const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : param;
   for (const DeviceTensor* p : {dscale, dbias}) {
     FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->is_contiguous() && p->dtype == grad_dtype &&
                          (grad_dtype == x.dtype || grad_dtype == DType::f32)),
@@ -510,29 +541,34 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       throw Error(where, cat("expects a floating-point x, got ", dtype_name(x.dtype)));
     } else {
       using C = compute_t<T>;
-      const Partials partial =
-          layout == Layout::channels_last
-              ? channels_last_backward_sums<T>(ctx, x, dy, saved_mean, saved_inv_std)
-              : contiguous_backward_sums<T>(ctx, g, x, dy, saved_mean, saved_inv_std);
       DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
       ctx.encoder.add_temporary(coef);
-      BufferList writes = norm::ranges({dscale, dbias});
-      writes.push_back(coef);
-      const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
-                                saved_inv_std.range()};
-      auto finalize = [&](auto grad_tag) {
-        using G = decltype(grad_tag);
-        ctx.encoder.launch(&bn_backward_finalize<T, G>, dim3(finalize_blocks(g.channels)),
-                           dim3(32 * kFinalizeWarps), 0, reads, writes,
-                           partial.buffer.as<const C>(), partial.chunks, g.channels,
-                           g.per_channel(), training, scale.as<const T>(), saved_mean.as<const T>(),
-                           saved_inv_std.as<const T>(), dscale ? dscale->as<G>() : nullptr,
-                           dbias ? dbias->as<G>() : nullptr, coef.as<Coefficients<C>>());
-      };
-      if (grad_dtype == DType::f32)
-        finalize(float{});
-      else
-        finalize(T{});
+      // Stages 1 and 2 read the per-channel tensors; stage 3 only the coefficients.
+      visit_param_type<T>(x.dtype, param, [&](auto param_tag) {
+        using P = decltype(param_tag);
+        const Partials partial =
+            layout == Layout::channels_last
+                ? channels_last_backward_sums<T, P>(ctx, x, dy, saved_mean, saved_inv_std)
+                : contiguous_backward_sums<T, P>(ctx, g, x, dy, saved_mean, saved_inv_std);
+        BufferList writes = norm::ranges({dscale, dbias});
+        writes.push_back(coef);
+        const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
+                                  saved_inv_std.range()};
+        auto finalize = [&](auto grad_tag) {
+          using G = decltype(grad_tag);
+          ctx.encoder.launch(&bn_backward_finalize<T, P, G>, dim3(finalize_blocks(g.channels)),
+                             dim3(32 * kFinalizeWarps), 0, reads, writes,
+                             partial.buffer.as<const C>(), partial.chunks, g.channels,
+                             g.per_channel(), training, scale.as<const P>(),
+                             saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+                             dscale ? dscale->as<G>() : nullptr, dbias ? dbias->as<G>() : nullptr,
+                             coef.as<Coefficients<C>>());
+        };
+        if (grad_dtype == DType::f32)
+          finalize(float{});
+        else
+          finalize(T{});
+      });
       if (!dx) return;
       if (layout == Layout::channels_last)
         channels_last_backward_dx<T>(ctx, x, dy, *dx, coef);
@@ -559,13 +595,14 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                               saved_inv_std, dx, dscale, dbias);
 }
 
-// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias), all in x's dtype.
+// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias): dx in x's dtype, dscale
+// and dbias in scale's (x's, or f32 for f16 / bf16 x).
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   FUSEBOX_CHECK(in.size() == 5 && out.size() == 3 && in[0] && in[1] && in[2] && in[3] && in[4],
                 node_label(n),
                 "expects (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias)");
-  FUSEBOX_CHECK(out[1].dtype == in[1]->dtype && out[2].dtype == in[1]->dtype, node_label(n),
-                "dscale and dbias must be ", dtype_name(in[1]->dtype), " like x");
+  FUSEBOX_CHECK(out[1].dtype == in[2]->dtype && out[2].dtype == in[2]->dtype, node_label(n),
+                "dscale and dbias must be ", dtype_name(in[2]->dtype), " like scale");
   bn::run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training,
                               *in[1], *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
 }

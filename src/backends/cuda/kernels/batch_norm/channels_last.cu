@@ -148,11 +148,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Backward: partial[2 (c * chunks + j)] = sum of dy, [.. + 1] = sum of dy * x_hat, over
-// row chunk j = blockIdx.y of channel c (as bn_cl_stats).
-template <class T, int W>
+// row chunk j = blockIdx.y of channel c (as bn_cl_stats). The saved statistics (P: T, or
+// f32 for mixed precision) are read element by element, once per thread: a unit of W
+// activations is not a unit of W statistics when P is wider than T.
+template <class T, class P, int W>
 __global__ void __launch_bounds__(kThreads)
     bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy,
-                        const T* __restrict__ saved_mean, const T* __restrict__ saved_inv_std,
+                        const P* __restrict__ saved_mean, const P* __restrict__ saved_inv_std,
                         int64_t rows, int64_t units, int64_t rows_per_chunk,
                         compute_t<T>* __restrict__ partial) {
   using C = compute_t<T>;
@@ -166,8 +168,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 0; w < W; ++w) sum_dy[w] = sum_dyx[w] = C(0);
   if (unit < units) {
     C mean[W], inv_std[W];
-    load_unit<W>(saved_mean, unit, mean);
-    load_unit<W>(saved_inv_std, unit, inv_std);
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      mean[w] = convert<C>(saved_mean[unit * W + w]);
+      inv_std[w] = convert<C>(saved_inv_std[unit * W + w]);
+    }
     auto update = [&](const C(&xv)[W], const C(&g)[W]) {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
@@ -392,22 +397,21 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
   });
 }
 
-template <class T>
+template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                                      const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
-  // The saved statistics are read a unit at a time too: they must be aligned for vectors.
-  const Tiling t = tiling_for<T>(x, {&x, &dy, &saved_mean, &saved_inv_std});
+  const Tiling t = tiling_for<T>(x, {&x, &dy});
   int64_t rows_per_chunk = 0;
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
   Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * 2 * sizeof(C)), grid.y};
   ctx.encoder.add_temporary(p.buffer);
   with_width<T>(t, [&](auto width) {
-    ctx.encoder.launch(&bn_cl_backward_sums<T, decltype(width)::value>, grid, t.block, 0,
+    ctx.encoder.launch(&bn_cl_backward_sums<T, P, decltype(width)::value>, grid, t.block, 0,
                        norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}), {p.buffer},
-                       x.as<const T>(), dy.as<const T>(), saved_mean.as<const T>(),
-                       saved_inv_std.as<const T>(), t.rows, t.units, rows_per_chunk,
+                       x.as<const T>(), dy.as<const T>(), saved_mean.as<const P>(),
+                       saved_inv_std.as<const P>(), t.rows, t.units, rows_per_chunk,
                        p.buffer.as<C>());
   });
   return p;
@@ -430,9 +434,9 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
   template Partials channels_last_stats<T>(Context&, const DeviceTensor&);                       \
   template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
                                        const DeviceBuffer&);                                     \
-  template Partials channels_last_backward_sums<T>(Context&, const DeviceTensor&,                \
-                                                   const DeviceTensor&, const DeviceTensor&,     \
-                                                   const DeviceTensor&);                         \
+  template Partials channels_last_backward_sums<T, T>(Context&, const DeviceTensor&,             \
+                                                      const DeviceTensor&, const DeviceTensor&,  \
+                                                      const DeviceTensor&);                      \
   template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
                                              const DeviceTensor&, const DeviceBuffer&);
 FUSEBOX_BN_CHANNELS_LAST(double)
@@ -440,5 +444,14 @@ FUSEBOX_BN_CHANNELS_LAST(float)
 FUSEBOX_BN_CHANNELS_LAST(__half)
 FUSEBOX_BN_CHANNELS_LAST(__nv_bfloat16)
 #undef FUSEBOX_BN_CHANNELS_LAST
+// Mixed precision: f16 / bf16 activations with f32 saved statistics.
+template Partials channels_last_backward_sums<__half, float>(Context&, const DeviceTensor&,
+                                                             const DeviceTensor&,
+                                                             const DeviceTensor&,
+                                                             const DeviceTensor&);
+template Partials channels_last_backward_sums<__nv_bfloat16, float>(Context&, const DeviceTensor&,
+                                                                    const DeviceTensor&,
+                                                                    const DeviceTensor&,
+                                                                    const DeviceTensor&);
 
 }  // namespace fusebox::cuda::bn

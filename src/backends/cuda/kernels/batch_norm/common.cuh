@@ -59,15 +59,16 @@ struct Partials {
 
 // ---- channels-last stages 1 and 3 (kernels/batch_norm/channels_last.cu) ------------------------
 // x, y, dy, dx: dense channels-last [N, C, D...] (rank >= 3), at least one element per
-// channel; T a device float type (double, float, __half, __nv_bfloat16). Buffers are
-// allocated as the encoder's temporaries.
+// channel; T a device float type (double, float, __half, __nv_bfloat16); P the device type of
+// the per-channel tensors (T, or float for __half / __nv_bfloat16 T: mixed precision).
+// Buffers are allocated as the encoder's temporaries.
 
 template <class T>
 Partials channels_last_stats(Context& ctx, const DeviceTensor& x);
 template <class T>
 void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
                          const DeviceBuffer& coef);
-template <class T>
+template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                                      const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std);

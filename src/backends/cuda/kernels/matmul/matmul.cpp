@@ -241,10 +241,7 @@ void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
 
   DeviceBuffer workspace;
   const size_t workspace_bytes = plan->heuristic.workspaceSize;
-  if (workspace_bytes > 0) {
-    workspace = ctx.allocator.allocate(workspace_bytes);
-    ctx.encoder.add_temporary(workspace);
-  }
+  if (workspace_bytes > 0) workspace = ctx.encoder.scratch(ctx.allocator, workspace_bytes);
   BufferList writes = {ops.y->range()};
   if (workspace) writes.push_back(workspace);
   cublasLtHandle_t handle = ctx.device.cublaslt_handle();  // created before the capture

@@ -1,6 +1,6 @@
-// A small JSON value for the benchmarks' reports: null, bool, integers, doubles, strings,
-// arrays and objects, written with indentation. Objects keep their keys in insertion order,
-// so that a report reads top down as the benchmark ran.
+// A small JSON value for reports (the benchmarks', `fusebox bench --json`): null, bool, integers,
+// doubles, strings, arrays and objects, written with indentation. Objects keep their keys in
+// insertion order, so that a report reads top down as the benchmark ran.
 #pragma once
 
 #include <concepts>
@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-namespace fusebox::bench {
+namespace fusebox {
 
 class Json {
  public:
@@ -54,4 +54,4 @@ class Json {
   std::variant<std::nullptr_t, bool, int64_t, uint64_t, double, std::string, Array, Object> value_;
 };
 
-}  // namespace fusebox::bench
+}  // namespace fusebox

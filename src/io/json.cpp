@@ -1,4 +1,4 @@
-#include "json.h"
+#include "fusebox/io/json.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,7 +7,7 @@
 
 #include "fusebox/core/error.h"
 
-namespace fusebox::bench {
+namespace fusebox {
 namespace {
 
 void append_string(std::string& out, std::string_view text) {
@@ -142,4 +142,4 @@ bool Json::holds_only_scalars() const {
                       [](const auto& member) { return member.second.is_container(); });
 }
 
-}  // namespace fusebox::bench
+}  // namespace fusebox

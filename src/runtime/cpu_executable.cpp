@@ -1,0 +1,143 @@
+// The CPU executable: the reference backend runs node by node, in the graph's order,
+// releasing each intermediate after its last reader. Inputs and outputs are host tensors
+// held by DeviceArrays; an aliased output replaces its input's tensor handle (tensors are
+// never written once made, so a handle taken earlier, a checkpoint's say, keeps its values).
+#include <chrono>
+
+#include "fusebox/backends/cpu.h"
+#include "runtime/device_array.h"
+#include "runtime/executables.h"
+#include "runtime/io_plan.h"
+#include "runtime/memory_plan.h"
+
+namespace fusebox::runtime {
+
+namespace {
+
+class CpuExecutable final : public Executable {
+ public:
+  CpuExecutable(const Graph& g, const CompileOptions& options)
+      : graph_(g), options_(options), where_("run " + g.name()) {
+    const auto start = std::chrono::steady_clock::now();
+    io_ = plan_io(graph_, options_, where_);
+    life_ = liveness(graph_);
+    for (size_t i = 0; i < io_.input_names.size(); ++i) {
+      const std::string& name = io_.input_names[i];
+      const TensorType& t = graph_.value(graph_.inputs()[i]).type;
+      inputs_.push_back(io_.bound[i] ? options_.bound.at(name)
+                                     : DeviceArray(cpu_storage(t.dtype, t.shape)));
+    }
+    for (size_t i = 0; i < io_.output_names.size(); ++i) {
+      const int alias = io_.alias_of_output[i];
+      const TensorType& t = graph_.value(graph_.outputs()[i]).type;
+      outputs_.push_back(alias >= 0 ? inputs_[size_t(alias)]
+                                    : DeviceArray(cpu_storage(t.dtype, t.shape)));
+    }
+    stats_.nodes = graph_.nodes().size();
+    for (const auto& [v, t] : graph_.constants()) stats_.constant_bytes += t.nbytes();
+    stats_.compile_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  StepResult run_async(const Feeds& feeds, const std::set<std::string>& to_host,
+                       const std::string& label) override {
+    try {
+      return run_now(feeds, to_host);
+    } catch (const Error& e) {
+      if (label.empty()) throw;
+      throw Error(e.where(), label + ": " + error_message(e));
+    }
+  }
+
+  StepResult run_now(const Feeds& feeds, const std::set<std::string>& to_host) {
+    check_feed_names(io_, feeds, where_);
+    std::vector<Tensor> slots(graph_.values().size());
+    for (const auto& [v, t] : graph_.constants()) slots[size_t(v)] = t;
+    for (size_t i = 0; i < io_.input_names.size(); ++i) {
+      const ValueId v = graph_.inputs()[i];
+      const std::string& name = io_.input_names[i];
+      auto it = feeds.find(name);
+      Tensor t = it == feeds.end() ? inputs_[i].storage()->host
+                 : std::holds_alternative<Tensor>(it->second)
+                     ? std::get<Tensor>(it->second)
+                     : std::get<DeviceArray>(it->second).to_host();
+      FUSEBOX_CHECK(t.defined(), where_, "no tensor given for input '", name, "' (",
+                    dtype_name(graph_.value(v).type.dtype), shape_str(graph_.value(v).type.shape),
+                    ")");
+      check_feed(graph_.value(v).type, name, t.dtype(), t.shape(), where_);
+      slots[size_t(v)] = t;
+    }
+
+    std::vector<const Tensor*> in_ptrs;
+    std::vector<Tensor> outs;
+    for (size_t k = 0; k < graph_.nodes().size(); ++k) {
+      const Node& n = graph_.nodes()[k];
+      in_ptrs.clear();
+      for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
+      outs.clear();
+      for (ValueId v : n.outputs) {
+        const TensorType& t = graph_.value(v).type;
+        outs.push_back(Tensor::empty(t.dtype, t.shape));
+        if (options_.poison) outs.back().poison();
+      }
+      cpu::run_node(graph_, n, in_ptrs, outs);
+      // An output nobody reads (e.g. batch_norm's saved statistics) is dropped at once.
+      for (size_t i = 0; i < n.outputs.size(); ++i)
+        if (life_.last[size_t(n.outputs[i])] >= 0) slots[size_t(n.outputs[i])] = std::move(outs[i]);
+      for (ValueId v : n.inputs)
+        if (v != kNoValue && life_.last[size_t(v)] == int(k) && !graph_.is_constant(v))
+          slots[size_t(v)] = Tensor();
+    }
+
+    // Only now, the whole run having succeeded, do inputs and outputs change.
+    for (size_t i = 0; i < io_.input_names.size(); ++i) {
+      auto it = feeds.find(io_.input_names[i]);
+      if (it != feeds.end())
+        inputs_[i].storage()->host = std::holds_alternative<Tensor>(it->second)
+                                         ? std::get<Tensor>(it->second)
+                                         : std::get<DeviceArray>(it->second).to_host();
+    }
+    StepResult result;
+    for (size_t i = 0; i < io_.output_names.size(); ++i) {
+      const std::string& name = io_.output_names[i];
+      outputs_[i].storage()->host = slots[size_t(graph_.outputs()[i])];
+      result.outputs[name] = outputs_[i];
+      if (to_host.count(name)) {
+        auto state = std::make_shared<PendingTensor::State>();
+        state->value = outputs_[i].storage()->host;
+        result.host[name] = PendingTensor(std::move(state));
+      }
+    }
+    for (const std::string& name : to_host)
+      FUSEBOX_CHECK(io_.output_index.count(name), where_, "'", name,
+                    "' was asked for on the host but is not an output of the graph");
+    return result;
+  }
+
+  void check_errors() override {}  // kernels throw where they find bad data
+  DeviceArray input(const std::string& name) const override {
+    auto it = io_.input_index.find(name);
+    FUSEBOX_CHECK(it != io_.input_index.end(), where_, "'", name, "' is not an input");
+    return inputs_[it->second];
+  }
+  const Graph& graph() const override { return graph_; }
+  const ExecutableStats& stats() const override { return stats_; }
+  Device device() const override { return Device::cpu; }
+
+ private:
+  Graph graph_;
+  CompileOptions options_;
+  std::string where_;
+  IoPlan io_;
+  Liveness life_;
+  std::vector<DeviceArray> inputs_, outputs_;
+  ExecutableStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executable> compile_cpu(const Graph& g, const CompileOptions& options) {
+  return std::make_unique<CpuExecutable>(g, options);
+}
+
+}  // namespace fusebox::runtime

@@ -1,0 +1,584 @@
+// The CUDA executable: a graph compiled once into one recorded CUDA graph, replayed by
+// every run (fusebox/runtime/executable.h).
+//
+// Compile:
+//   1. plan the layouts (passes/layout.h) and the memory (runtime/memory_plan.h);
+//   2. give every input a buffer: the bound array; an aliased (resident) input's own, in
+//      the order the step computes it; else a contiguous one that feeds are copied into;
+//      an input the step reads in another order is converted by the step's first
+//      operations into a buffer of its own;
+//   3. upload the constants, converted once to their planned order (committed before the
+//      recording: replays do not repeat it);
+//   4. record every node on the device's command encoder with its outputs in the arena (or
+//      in the executable's output buffers, or in place: an aliased output), then the copies
+//      of aliased outputs that could not be computed in place; finish the recording.
+// The recording resolves the convolution plans (memory and disk caches, autotuning) and
+// holds the kernels' workspaces and temporaries for the executable's life.
+//
+// Run: feeds are copied into the input buffers (from the host through double-buffered
+// pinned staging, stream-ordered; from device arrays by a device copy), the recording is
+// replayed, the requested outputs and the kernels' error records are copied back into
+// pinned memory, and a fence marks the run's end; nothing waits unless asked to.
+//
+// FUSEBOX_CUDA_GRAPHS=0 (launching directly, for debugging): every run records (runs) the
+// node walk again on the same buffers; errors are checked at the end of each run.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include "backends/cuda/kernels.h"
+#include "fusebox/passes/layout.h"
+#include "runtime/device_array.h"
+#include "runtime/executables.h"
+#include "runtime/io_plan.h"
+#include "runtime/memory_plan.h"
+
+namespace fusebox::runtime {
+
+namespace {
+
+using cuda::DeviceTensor;
+
+bool in_format(const DeviceTensor& t, MemoryFormat f) {
+  return f == MemoryFormat::contiguous ? t.is_contiguous() : t.is_channels_last();
+}
+
+// Which input of a node an output may be computed in place of: the optimizer updates
+// (each output is its state input's next value, elementwise) and batch_norm's running
+// statistics (per channel, read and written by the same thread). -1: none.
+int in_place_input(const Node& n, size_t output) {
+  switch (n.op) {
+    case OpKind::sgd_update:  // (param, grad, buf, lr) -> (param', buf')
+      return output == 0 ? 0 : output == 1 ? 2 : -1;
+    case OpKind::adamw_update:  // (param, grad, m, v, lr, step) -> (param', m', v')
+      return output == 0 ? 0 : output == 1 ? 2 : output == 2 ? 3 : -1;
+    case OpKind::batch_norm:  // training: (y, running mean', running var', saved...)
+      return output == 1 ? 3 : output == 2 ? 4 : -1;
+    default:
+      return -1;
+  }
+}
+
+std::string bytes_str(size_t bytes) {
+  return cat(bytes, " bytes (", (bytes + (1 << 20) - 1) >> 20, " MiB)");
+}
+
+class CudaExecutable final : public Executable {
+ public:
+  CudaExecutable(const Graph& g, const CompileOptions& options)
+      : graph_(g), options_(options), where_("run " + g.name()), ctx_(cuda_context()) {
+    const auto start = std::chrono::steady_clock::now();
+    const size_t in_use_before = ctx_.allocator.stats().bytes_in_use;
+    direct_ = !ctx_.encoder.options().use_graphs;
+    if (!direct_) copy_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
+    io_ = plan_io(graph_, options_, where_);
+    life_ = liveness(graph_);
+    layout_ = plan_layouts(graph_, layout_policy_from_env());
+    plan_memory_and_buffers();
+    upload_constants();
+    if (!direct_) {
+      FUSEBOX_CHECK(cuda::ErrorFlags::of(ctx_.encoder).pending() == 0, where_,
+                    "kernel error records of an earlier run were left unchecked");
+      ctx_.encoder.commit();  // the recording starts empty
+      try {
+        record_step();
+      } catch (...) {
+        ctx_.encoder.discard_recording();
+        cuda::ErrorFlags::of(ctx_.encoder).take();
+        throw;
+      }
+      step_ = ctx_.encoder.finish_recording();
+      for (Input& in : inputs_)
+        if (in.stage_op != cuda::CommandEncoder::kNoOp) set_stage_enabled(in, false);
+      errors_ = std::make_shared<const cuda::ErrorFlags::Reserved>(
+          cuda::ErrorFlags::of(ctx_.encoder).take());
+      stats_.operations = step_ ? step_.ops() : 0;
+    }
+    const size_t in_use = ctx_.allocator.stats().bytes_in_use - in_use_before;
+    const size_t known = stats_.arena_bytes + stats_.io_bytes + stats_.constant_bytes;
+    stats_.temporary_bytes = in_use > known ? in_use - known : 0;
+    stats_.nodes = graph_.nodes().size();
+    stats_.compile_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // Runs issue copies that hold nothing (the executable's buffers outlive them): wait for
+  // them before the buffers go.
+  ~CudaExecutable() override {
+    try {
+      ctx_.encoder.synchronize();
+    } catch (...) {  // a destructor must not throw; the device's error shows at its next use
+    }
+  }
+
+  StepResult run_async(const Feeds& feeds, const std::set<std::string>& to_host,
+                       const std::string& label) override {
+    check_feed_names(io_, feeds, where_);
+    for (const std::string& name : to_host)
+      FUSEBOX_CHECK(io_.output_index.count(name), where_, "'", name,
+                    "' was asked for on the host but is not an output of the graph");
+    check_finished_runs();
+    // Back-pressure: the host queues at most a few runs ahead of the device, which bounds
+    // the pinned slots and error records in flight (and the launch queue).
+    while (!in_flight_.empty() &&
+           (in_flight_.size() >= kMaxRunsInFlight || in_flight_.front().done())) {
+      in_flight_.front().wait();
+      in_flight_.pop_front();
+    }
+    feed_inputs(feeds);
+    if (direct_) {
+      record_step();
+      ctx_.encoder.commit();
+      try {
+        cuda::check_error_flags(ctx_);
+      } catch (const Error& e) {
+        if (label.empty()) throw;
+        throw Error(e.where(), label + ": " + error_message(e));
+      }
+    } else {
+      ctx_.encoder.replay(step_);
+    }
+
+    auto run = std::make_shared<RunCheck>();
+    run->label = label;
+    if (errors_ && !errors_->pending.empty()) {
+      run->reserved = errors_;
+      run->records = error_staging_.acquire(errors_->bytes());
+      size_t at = 0;
+      for (const cuda::DeviceBuffer& chunk : errors_->chunks) {
+        const size_t n = std::min(cuda::ErrorFlags::kRecordsPerChunk, errors_->pending.size() - at);
+        ctx_.encoder.copy_to_host_async(run->records->bytes.get() + at * sizeof(cuda::ErrorRecord),
+                                        cuda::BufferRange(chunk, 0, n * sizeof(cuda::ErrorRecord)));
+        at += n;
+      }
+    }
+    StepResult result;
+    std::vector<std::shared_ptr<cuda::PinnedSlot>> slots;
+    for (size_t i = 0; i < io_.output_names.size(); ++i) {
+      const std::string& name = io_.output_names[i];
+      result.outputs[name] = outputs_[i];
+      if (!to_host.count(name)) continue;
+      auto state = std::make_shared<PendingTensor::State>();
+      const DeviceTensor& t = outputs_[i].storage()->tensor;
+      state->dtype = t.dtype;
+      state->shape = t.shape;
+      state->slot = output_staging_[i].acquire(t.nbytes());
+      DeviceTensor src = t;
+      if (!t.is_contiguous()) {  // read back through a contiguous copy of its own
+        if (!readback_[i].buffer)
+          readback_[i] = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape);
+        src = readback_[i];
+        cuda::copy_strided(ctx_, t, src);
+      }
+      ctx_.encoder.copy_to_host_async(state->slot->bytes.get(), src.range());
+      state->run = run;
+      slots.push_back(state->slot);
+      result.host[name] = PendingTensor(std::move(state));
+    }
+    run->fence = ctx_.encoder.fence();
+    for (auto& slot : slots) slot->last_use = run->fence;
+    if (run->records) run->records->last_use = run->fence;
+    for (auto& slot : fed_slots_) slot->last_use = run->fence;
+    fed_slots_.clear();
+    for (auto& [in, k] : staged_now_) in->stage_free[k] = run->fence;
+    staged_now_.clear();
+    for (Tensor& t : pinned_feeds_) held_feeds_.push_back({std::move(t), run->fence});
+    pinned_feeds_.clear();
+    while (!held_feeds_.empty() && held_feeds_.front().second.done()) held_feeds_.pop_front();
+    for (DeviceArray& a : held_arrays_) held_array_feeds_.push_back({std::move(a), run->fence});
+    held_arrays_.clear();
+    while (!held_array_feeds_.empty() && held_array_feeds_.front().second.done())
+      held_array_feeds_.pop_front();
+    if (run->reserved) unchecked_.push_back(run);
+    in_flight_.push_back(run->fence);
+    return result;
+  }
+
+  void check_errors() override {
+    ctx_.encoder.synchronize();
+    while (!unchecked_.empty()) {
+      std::shared_ptr<RunCheck> run = std::move(unchecked_.front());
+      unchecked_.pop_front();
+      run->check();
+    }
+  }
+
+  DeviceArray input(const std::string& name) const override {
+    auto it = io_.input_index.find(name);
+    FUSEBOX_CHECK(it != io_.input_index.end(), where_, "'", name, "' is not an input");
+    return inputs_[it->second].array;
+  }
+  const Graph& graph() const override { return graph_; }
+  const ExecutableStats& stats() const override { return stats_; }
+  Device device() const override { return Device::cuda; }
+
+ private:
+  struct Input {
+    ValueId value = kNoValue;
+    DeviceArray array;          // what feeds are copied into (and input() returns)
+    bool convert = false;       // the step reads a converted copy (value_tensor)
+    DeviceTensor value_tensor;  // what the step reads
+    bool has_contents = false;
+    // Double-buffered staging (recorded steps, inputs fed from the host): a batch is copied
+    // on the copy stream into stage[k] while the device still runs the step before, and
+    // the step's first operation (memcpy op `stage_op`, pointed at stage[k]) copies it in.
+    cuda::DeviceBuffer stage[2];
+    cuda::Fence stage_free[2];  // after the last step that read stage[k]
+    bool staged = false;  // fed from the host through stage[] (large inputs, recorded steps)
+    size_t stage_op = cuda::CommandEncoder::kNoOp;
+    int next_stage = 0;
+    bool stage_enabled = true;
+  };
+
+  // Steps 1-2: the arena, the inputs' and outputs' buffers, which aliases run in place.
+  void plan_memory_and_buffers() {
+    const size_t values = graph_.values().size();
+    std::vector<size_t> bytes(values, 0);
+    std::vector<bool> outside(values, false);  // inputs, constants, outputs
+    for (ValueId v : graph_.inputs()) outside[size_t(v)] = true;
+    for (ValueId v : graph_.outputs()) outside[size_t(v)] = true;
+    for (const auto& [v, t] : graph_.constants()) outside[size_t(v)] = true;
+    for (size_t v = 0; v < values; ++v) {
+      const TensorType& t = graph_.values()[v].type;
+      if (!outside[v]) bytes[v] = size_t(numel(t.shape)) * dtype_size(t.dtype);
+    }
+    const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory);
+    offsets_ = plan.offset;
+    stats_.arena_bytes = plan.arena_bytes;
+    stats_.unshared_bytes = plan.unshared_bytes;
+    if (plan.largest != kNoValue) {
+      stats_.largest_value = graph_.value(plan.largest).name;
+      stats_.largest_value_bytes = bytes[size_t(plan.largest)];
+    }
+    try {
+      if (plan.arena_bytes > 0) arena_ = ctx_.allocator.allocate(plan.arena_bytes);
+    } catch (const Error& e) {
+      throw Error(where_, cat("out of device memory for the step's intermediates: ",
+                              bytes_str(plan.arena_bytes), ", the largest '", stats_.largest_value,
+                              "' ", bytes_str(stats_.largest_value_bytes), " (", error_message(e),
+                              "); try a smaller batch"));
+    }
+
+    auto allocate = [&](const TensorType& t, MemoryFormat f, const std::string& what) {
+      try {
+        DeviceTensor d = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, f);
+        stats_.io_bytes += d.buffer.size();
+        return d;
+      } catch (const Error& e) {
+        throw Error(where_, cat("out of device memory for ", what, " (",
+                                bytes_str(size_t(numel(t.shape)) * dtype_size(t.dtype)),
+                                "): ", error_message(e), "; try a smaller batch"));
+      }
+    };
+    auto own_array = [&](const DeviceTensor& d) { return DeviceArray(cuda_storage(d)); };
+
+    inputs_.resize(io_.input_names.size());
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      Input& in = inputs_[i];
+      in.value = graph_.inputs()[i];
+      const TensorType& t = graph_.value(in.value).type;
+      const MemoryFormat planned = layout_.of(in.value);
+      const std::string& name = io_.input_names[i];
+      if (io_.bound[i]) {
+        in.array = options_.bound.at(name);
+        in.has_contents = true;
+      } else if (io_.aliased_by_input[i] >= 0) {
+        in.array = own_array(allocate(t, planned, "input '" + name + "'"));
+        in.has_contents = true;  // resident: the caller fills it (executable.h)
+      } else {
+        in.array = own_array(allocate(t, MemoryFormat::contiguous, "input '" + name + "'"));
+        in.staged = !direct_ && in.array.nbytes() > kSmallFeedBytes;
+      }
+      in.value_tensor = in.array.storage()->tensor;
+      in.convert = !in_format(in.value_tensor, planned);
+      if (in.convert) {
+        in.value_tensor = allocate(t, planned, "input '" + name + "' in its planned order");
+      }
+    }
+    output_staging_.resize(io_.output_names.size());
+    readback_.resize(io_.output_names.size());
+    input_staging_.resize(io_.input_names.size());
+    outputs_.resize(io_.output_names.size());
+    in_place_.assign(values, -1);
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const ValueId v = graph_.outputs()[i];
+      const int alias = io_.alias_of_output[i];
+      if (alias >= 0) {
+        outputs_[i] = inputs_[size_t(alias)].array;
+        if (can_compute_in_place(v, size_t(alias))) {
+          in_place_[size_t(v)] = alias;
+          ++stats_.aliases_in_place;
+        } else {
+          ++stats_.aliases_copied;
+          copied_alias_outputs_.push_back(i);
+          alias_buffers_.push_back(allocate(graph_.value(v).type, layout_.of(v),
+                                            "output '" + io_.output_names[i] + "'"));
+        }
+        continue;
+      }
+      outputs_[i] = own_array(
+          allocate(graph_.value(v).type, layout_.of(v), "output '" + io_.output_names[i] + "'"));
+    }
+  }
+
+  // An aliased output may be written straight into its input's buffer when its producer
+  // updates that very input elementwise, nothing reads the input after the producer, and
+  // the buffer is in the order the producer writes.
+  bool can_compute_in_place(ValueId out, size_t input) const {
+    const Input& in = inputs_[input];
+    const int k = life_.first[size_t(out)];
+    if (k < 0 || in.convert) return false;
+    const Node& n = graph_.nodes()[size_t(k)];
+    size_t which = 0;
+    while (n.outputs[which] != out) ++which;
+    const int m = in_place_input(n, which);
+    if (m < 0 || n.inputs[size_t(m)] != in.value || life_.last[size_t(in.value)] != k) return false;
+    if (std::count(n.inputs.begin(), n.inputs.end(), in.value) != 1) return false;
+    if (std::count(graph_.outputs().begin(), graph_.outputs().end(), out) != 1) return false;
+    return in_format(in.array.storage()->tensor, layout_.of(out));
+  }
+
+  // Step 3: constants, each once, in its planned order.
+  void upload_constants() {
+    constants_.assign(graph_.values().size(), DeviceTensor{});
+    for (const auto& [v, t] : graph_.constants()) {
+      if (life_.last[size_t(v)] < 0) continue;  // nobody reads it
+      DeviceTensor d = upload(ctx_, t);
+      if (!in_format(d, layout_.of(v))) {
+        DeviceTensor c = DeviceTensor::empty(ctx_.allocator, d.dtype, d.shape, layout_.of(v));
+        cuda::copy_strided(ctx_, d, c);
+        ctx_.encoder.add_temporary(d.buffer);
+        d = c;
+      }
+      stats_.constant_bytes += d.buffer.size();
+      constants_[size_t(v)] = d;
+    }
+    ctx_.encoder.commit();
+  }
+
+  DeviceTensor arena_tensor(ValueId v) const {
+    const TensorType& t = graph_.value(v).type;
+    DeviceTensor d;
+    d.buffer = arena_;
+    d.offset = int64_t(offsets_[size_t(v)] / dtype_size(t.dtype));
+    d.dtype = t.dtype;
+    d.shape = t.shape;
+    d.strides = strides_for(t.shape, layout_.of(v));
+    return d;
+  }
+
+  // Step 4: the node walk (recorded once; launching directly, run by every run).
+  void record_step() {
+    std::vector<DeviceTensor> slots(graph_.values().size());
+    for (const auto& [v, t] : graph_.constants()) slots[size_t(v)] = constants_[size_t(v)];
+    for (Input& in : inputs_) {
+      if (in.staged) {
+        // The staging buffers come with the first feed from the host (a loop fed from device
+        // arrays never needs them); until then the copy reads the arena (never runs: off).
+        const cuda::DeviceTensor& dst = in.array.storage()->tensor;
+        const cuda::DeviceBuffer& src = arena_.size() >= dst.nbytes() ? arena_ : stage_buffer(in, 0);
+        in.stage_op = ctx_.encoder.memcpy(dst.range(), cuda::BufferRange(src, 0, dst.nbytes()));
+      }
+      if (in.convert) cuda::copy_strided(ctx_, in.array.storage()->tensor, in.value_tensor);
+      slots[size_t(in.value)] = in.value_tensor;
+    }
+    std::vector<DeviceTensor> output_tensor(graph_.values().size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const ValueId v = graph_.outputs()[i];
+      if (in_place_[size_t(v)] >= 0) {
+        output_tensor[size_t(v)] = inputs_[size_t(in_place_[size_t(v)])].value_tensor;
+      } else if (io_.alias_of_output[i] >= 0) {
+        const size_t j =
+            size_t(std::find(copied_alias_outputs_.begin(), copied_alias_outputs_.end(), i) -
+                   copied_alias_outputs_.begin());
+        output_tensor[size_t(v)] = alias_buffers_[j];
+      } else {
+        output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
+      }
+    }
+
+    std::vector<const DeviceTensor*> in_ptrs;
+    std::vector<DeviceTensor> outs;
+    for (const Node& n : graph_.nodes()) {
+      in_ptrs.clear();
+      for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
+      outs.clear();
+      for (ValueId v : n.outputs) {
+        if (output_tensor[size_t(v)].buffer) {
+          outs.push_back(output_tensor[size_t(v)]);
+        } else if (offsets_[size_t(v)] != MemoryPlan::kNotPlanned) {
+          outs.push_back(arena_tensor(v));
+        } else {  // no bytes: a buffer of its own keeps pointers valid
+          const TensorType& t = graph_.value(v).type;
+          outs.push_back(DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, layout_.of(v)));
+        }
+        // Poison all but state updated in place (the poison would be its only value).
+        if (options_.poison && in_place_[size_t(v)] < 0)
+          ctx_.encoder.memset(outs.back().range(), 0xff);
+      }
+      cuda::run_node(ctx_, n, in_ptrs, outs);
+      for (size_t i = 0; i < n.outputs.size(); ++i)
+        slots[size_t(n.outputs[i])] = std::move(outs[i]);
+    }
+    // Outputs not written where they are returned (an input or a constant marked as an
+    // output), then aliased outputs that could not be computed in place.
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const ValueId v = graph_.outputs()[i];
+      const DeviceTensor& want = output_tensor[size_t(v)];
+      if (slots[size_t(v)].data() != want.data()) cuda::copy_strided(ctx_, slots[size_t(v)], want);
+    }
+    for (size_t j = 0; j < copied_alias_outputs_.size(); ++j) {
+      const size_t i = copied_alias_outputs_[j];
+      cuda::copy_strided(ctx_, alias_buffers_[j],
+                         inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor);
+    }
+  }
+
+  void feed_inputs(const Feeds& feeds) {
+    // Every feed checked before any is copied: a bad one leaves all inputs as they were.
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      const std::string& name = io_.input_names[i];
+      const TensorType& type = graph_.value(inputs_[i].value).type;
+      auto it = feeds.find(name);
+      if (it == feeds.end()) {
+        FUSEBOX_CHECK(inputs_[i].has_contents, where_, "no tensor given for input '", name, "' (",
+                      dtype_name(type.dtype), shape_str(type.shape), ")");
+      } else if (const Tensor* t = std::get_if<Tensor>(&it->second)) {
+        check_feed(type, name, t->dtype(), t->shape(), where_);
+      } else {
+        const DeviceArray& a = std::get<DeviceArray>(it->second);
+        FUSEBOX_CHECK(a.defined() && a.device() == Device::cuda, where_, "input '", name,
+                      "' was fed an array that is not on the GPU");
+        check_feed(type, name, a.dtype(), a.shape(), where_);
+      }
+    }
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      Input& in = inputs_[i];
+      const std::string& name = io_.input_names[i];
+      auto it = feeds.find(name);
+      if (it == feeds.end()) continue;
+      const DeviceTensor& dst = in.array.storage()->tensor;
+      if (const Tensor* t = std::get_if<Tensor>(&it->second)) {
+        if (!dst.is_contiguous()) {
+          in.array.copy_from(*t);  // resident state in another order: converted (blocking)
+        } else if (in.stage_op != cuda::CommandEncoder::kNoOp && t->nbytes() > kSmallFeedBytes) {
+          const int k = in.next_stage;
+          in.next_stage ^= 1;
+          const void* source = t->raw();
+          if (is_pinned(source)) {
+            pinned_feeds_.push_back(*t);  // held until this run's fence (not written: executable.h)
+          } else {
+            std::shared_ptr<cuda::PinnedSlot> slot = input_staging_[i].acquire(t->nbytes(), 2);
+            std::memcpy(slot->bytes.get(), t->raw(), t->nbytes());
+            source = slot->bytes.get();
+            fed_slots_.push_back(std::move(slot));
+          }
+          ctx_.encoder.wait(copy_stream_->copy_to_device(
+              cuda::BufferRange(stage_buffer(in, k), 0, t->nbytes()), source, in.stage_free[k]));
+          step_.set_memcpy(in.stage_op, dst.data(), in.stage[k].data(), t->nbytes());
+          set_stage_enabled(in, true);
+          staged_now_.push_back({&in, k});
+          in.has_contents = true;
+          continue;
+        } else if (t->nbytes() > 0) {
+          std::shared_ptr<cuda::PinnedSlot> slot = input_staging_[i].acquire(t->nbytes(), 2);
+          std::memcpy(slot->bytes.get(), t->raw(), t->nbytes());
+          ctx_.encoder.copy_to_device_async(dst.range(), slot->bytes.get());
+          fed_slots_.push_back(std::move(slot));
+        }
+      } else {
+        const DeviceArray& a = std::get<DeviceArray>(it->second);
+        const DeviceTensor& src = a.storage()->tensor;
+        if (a.same_storage(in.array)) {
+          // already there
+        } else if (src.strides == dst.strides) {
+          ctx_.encoder.copy_now(dst.range(), src.range());  // same order: a plain copy
+          held_arrays_.push_back(a);  // the caller's array, until the copy is done
+        } else {
+          cuda::copy_strided(ctx_, src, dst);
+        }
+      }
+      in.has_contents = true;
+    }
+    // An input not fed from the host this run keeps its buffer: its staging copy is off.
+    for (Input& in : inputs_) {
+      const bool staged = std::any_of(staged_now_.begin(), staged_now_.end(),
+                                      [&](const auto& s) { return s.first == &in; });
+      if (in.stage_op != cuda::CommandEncoder::kNoOp && !staged) set_stage_enabled(in, false);
+    }
+  }
+
+  const cuda::DeviceBuffer& stage_buffer(Input& in, int k) {
+    if (!in.stage[k]) {
+      const size_t bytes = in.array.nbytes();
+      try {
+        in.stage[k] = ctx_.allocator.allocate(bytes);
+      } catch (const Error& e) {
+        throw Error(where_, cat("out of device memory for the staging buffer of input '",
+                                io_.input_names[size_t(&in - inputs_.data())], "' (",
+                                bytes_str(bytes), "): ", error_message(e)));
+      }
+    }
+    return in.stage[k];
+  }
+
+  void set_stage_enabled(Input& in, bool enabled) {
+    if (in.stage_enabled == enabled) return;
+    step_.set_enabled(in.stage_op, enabled);
+    in.stage_enabled = enabled;
+  }
+
+  // Runs that have completed are checked without waiting: an error surfaces at the next run.
+  void check_finished_runs() {
+    while (!unchecked_.empty() && unchecked_.front()->fence.done()) {
+      std::shared_ptr<RunCheck> run = std::move(unchecked_.front());
+      unchecked_.pop_front();
+      run->check();
+    }
+  }
+
+  Graph graph_;
+  CompileOptions options_;
+  std::string where_;
+  cuda::Context ctx_;
+  bool direct_ = false;
+  IoPlan io_;
+  Liveness life_;
+  LayoutPlan layout_;
+  std::vector<size_t> offsets_;
+  cuda::DeviceBuffer arena_;
+  std::vector<DeviceTensor> constants_;  // by ValueId
+  std::vector<Input> inputs_;
+  std::vector<DeviceArray> outputs_;
+  std::vector<int> in_place_;                 // by ValueId: the input an output is computed in
+  std::vector<size_t> copied_alias_outputs_;  // outputs copied into their input at the end
+  std::vector<DeviceTensor> alias_buffers_;   // ... and where they are computed first
+  cuda::RecordedGraph step_;
+  std::shared_ptr<const cuda::ErrorFlags::Reserved> errors_;
+  std::vector<cuda::PinnedPool> input_staging_, output_staging_;
+  std::vector<DeviceTensor> readback_;  // by output: contiguous copies of non-contiguous ones
+  cuda::PinnedPool error_staging_;
+  std::vector<std::shared_ptr<cuda::PinnedSlot>> fed_slots_;
+  std::vector<std::pair<Input*, int>> staged_now_;  // inputs staged this run, and their stage
+  std::vector<Tensor> pinned_feeds_;                // fed from pinned memory this run
+  std::deque<std::pair<Tensor, cuda::Fence>> held_feeds_;  // ... held until copied
+  std::vector<DeviceArray> held_arrays_;                   // fed from device arrays this run
+  std::deque<std::pair<DeviceArray, cuda::Fence>> held_array_feeds_;
+  std::unique_ptr<cuda::CopyStream> copy_stream_;
+  std::deque<std::shared_ptr<RunCheck>> unchecked_;
+  static constexpr size_t kMaxRunsInFlight = 3;
+  // Feeds up to this size (a learning rate, labels) go straight from pinned staging into
+  // the input on the device stream: the copy stream's events cost more than they hide.
+  static constexpr size_t kSmallFeedBytes = 64 << 10;
+  std::deque<cuda::Fence> in_flight_;
+  ExecutableStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executable> compile_cuda(const Graph& g, const CompileOptions& options) {
+  return std::make_unique<CudaExecutable>(g, options);
+}
+
+}  // namespace fusebox::runtime

@@ -1,0 +1,177 @@
+#include "runtime/device_array.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "backends/cuda/kernels.h"
+
+namespace fusebox {
+namespace runtime {
+
+cuda::Context cuda_context() {
+  return cuda::Context{cuda::Device::get(0), cuda::CommandEncoder::for_device(0),
+                       cuda::CachingAllocator::for_device(0)};
+}
+
+cuda::DeviceTensor upload(cuda::Context& ctx, const Tensor& t) {
+  cuda::DeviceTensor d = cuda::DeviceTensor::empty(ctx.allocator, t.dtype(), t.shape());
+  if (t.nbytes() > 0) ctx.encoder.copy_to_device(d.buffer, t.raw());
+  return d;
+}
+
+Tensor download(cuda::Context& ctx, const cuda::DeviceTensor& d) {
+  Tensor t = Tensor::empty(d.dtype, d.shape);
+  if (t.nbytes() == 0) return t;
+  if (d.is_contiguous()) {
+    ctx.encoder.copy_to_host(
+        t.raw(), cuda::BufferRange(d.buffer, size_t(d.offset) * dtype_size(d.dtype), t.nbytes()));
+    return t;
+  }
+  cuda::DeviceTensor c = cuda::DeviceTensor::empty(ctx.allocator, d.dtype, d.shape);
+  cuda::copy_strided(ctx, d, c);
+  ctx.encoder.copy_to_host(t.raw(), c.buffer);
+  return t;
+}
+
+std::shared_ptr<DeviceArray::Storage> cuda_storage(cuda::DeviceTensor t) {
+  auto s = std::make_shared<DeviceArray::Storage>();
+  s->device = Device::cuda;
+  s->dtype = t.dtype;
+  s->shape = t.shape;
+  s->tensor = std::move(t);
+  return s;
+}
+
+std::shared_ptr<DeviceArray::Storage> cpu_storage(DType dtype, Shape shape) {
+  auto s = std::make_shared<DeviceArray::Storage>();
+  s->device = Device::cpu;
+  s->dtype = dtype;
+  s->shape = std::move(shape);
+  return s;
+}
+
+bool is_pinned(const void* p) {
+  if (p == nullptr || !cuda_available()) return false;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a pointer CUDA knows: pageable
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+}  // namespace runtime
+
+Tensor pinned_host_tensor(DType dtype, const Shape& shape) {
+  if (!cuda_available()) return Tensor::empty(dtype, shape);
+  return Tensor::adopt(dtype, shape,
+                       cuda::allocate_pinned(size_t(numel(shape)) * dtype_size(dtype)));
+}
+
+namespace {
+
+std::string type_str(DType dtype, const Shape& shape) {
+  return cat(dtype_name(dtype), shape_str(shape));
+}
+
+void check_cuda_present(const char* what) {
+  FUSEBOX_CHECK(cuda_available(), what, "no CUDA device is available on this machine");
+}
+
+}  // namespace
+
+DeviceArray DeviceArray::empty(DType dtype, const Shape& shape, Device device) {
+  if (device == Device::cpu) {
+    auto s = runtime::cpu_storage(dtype, shape);
+    s->host = Tensor::empty(dtype, shape);
+    return DeviceArray(std::move(s));
+  }
+  check_cuda_present("device array");
+  cuda::Context ctx = runtime::cuda_context();
+  return DeviceArray(runtime::cuda_storage(cuda::DeviceTensor::empty(ctx.allocator, dtype, shape)));
+}
+
+DeviceArray DeviceArray::upload(const Tensor& t, Device device) {
+  DeviceArray a = empty(t.dtype(), t.shape(), device);
+  a.copy_from(t);
+  return a;
+}
+
+Device DeviceArray::device() const {
+  return storage_->device;
+}
+DType DeviceArray::dtype() const {
+  return storage_->dtype;
+}
+const Shape& DeviceArray::shape() const {
+  return storage_->shape;
+}
+size_t DeviceArray::nbytes() const {
+  return size_t(numel(shape())) * dtype_size(dtype());
+}
+
+Tensor DeviceArray::to_host() const {
+  FUSEBOX_CHECK(defined(), "device array", "to_host of an empty array");
+  if (storage_->device == Device::cpu) {
+    FUSEBOX_CHECK(storage_->host.defined(), "device array", "to_host of an array never filled");
+    return storage_->host;  // never written in place
+  }
+  cuda::Context ctx = runtime::cuda_context();
+  return runtime::download(ctx, storage_->tensor);
+}
+
+void DeviceArray::copy_from(const Tensor& t) const {
+  FUSEBOX_CHECK(defined(), "device array", "copy_from into an empty array");
+  FUSEBOX_CHECK(t.dtype() == dtype() && t.shape() == shape(), "device array", "cannot copy ",
+                type_str(t.dtype(), t.shape()), " into an array of ", type_str(dtype(), shape()));
+  if (storage_->device == Device::cpu) {
+    storage_->host = t.clone();
+    return;
+  }
+  cuda::Context ctx = runtime::cuda_context();
+  const cuda::DeviceTensor& d = storage_->tensor;
+  if (d.is_contiguous()) {
+    if (t.nbytes() > 0) ctx.encoder.copy_to_device(d.range(), t.raw());
+    return;
+  }
+  cuda::copy_strided(ctx, runtime::upload(ctx, t), d);
+  ctx.encoder.commit();
+}
+
+DeviceArray DeviceArray::clone() const {
+  if (storage_->device == Device::cpu) return DeviceArray::upload(storage_->host, Device::cpu);
+  cuda::Context ctx = runtime::cuda_context();
+  auto s = runtime::cuda_storage(cuda::DeviceTensor::empty(ctx.allocator, dtype(), shape()));
+  cuda::copy_strided(ctx, storage_->tensor, s->tensor);
+  ctx.encoder.commit();
+  return DeviceArray(std::move(s));
+}
+
+void RunCheck::check() {
+  if (checked) return;
+  fence.wait();
+  checked = true;
+  if (reserved && !reserved->pending.empty()) {
+    cuda::ErrorFlags::throw_first_raised(
+        *reserved, reinterpret_cast<const cuda::ErrorRecord*>(records->bytes.get()), label);
+  }
+}
+
+bool PendingTensor::ready() const {
+  if (state_->value) return true;
+  return state_->run->fence.done();
+}
+
+Tensor PendingTensor::get() const {
+  FUSEBOX_CHECK(defined(), "pending tensor", "get() of an empty handle");
+  if (state_->value) return *state_->value;
+  state_->run->check();
+  Tensor t = Tensor::empty(state_->dtype, state_->shape);
+  if (t.nbytes() > 0) std::memcpy(t.raw(), state_->slot->bytes.get(), t.nbytes());
+  state_->value = t;
+  state_->slot.reset();  // back to the pool
+  return t;
+}
+
+}  // namespace fusebox

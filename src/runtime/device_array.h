@@ -1,0 +1,63 @@
+// What a DeviceArray and a PendingTensor hold, for the executables (runtime/*.cpp).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backends/cuda/runtime/context.h"
+#include "backends/cuda/runtime/error_flags.h"
+#include "backends/cuda/runtime/pinned.h"
+#include "backends/cuda/runtime/tensor.h"
+#include "fusebox/runtime/executable.h"
+
+namespace fusebox {
+
+struct DeviceArray::Storage {
+  Device device = Device::cpu;
+  DType dtype = DType::f32;
+  Shape shape;
+  // CPU: the tensor (replaced, never written, when an executable updates it).
+  Tensor host;
+  // CUDA: dense, contiguous or channels-last (an executable keeps state in the order its
+  // step computes it in); DeviceArray converts on the way to and from the host.
+  cuda::DeviceTensor tensor;
+};
+
+// The checks of one run's kernel error records: its pinned copy of them and the fence
+// after the copy. Shared by the run's pending outputs and the executable.
+struct RunCheck {
+  std::shared_ptr<const cuda::ErrorFlags::Reserved> reserved;  // null: nothing to check
+  std::shared_ptr<cuda::PinnedSlot> records;
+  cuda::Fence fence;
+  std::string label;  // prefixes an error's message ("step 12")
+  bool checked = false;
+  // Waits for the run and throws the first raised record's Error (once).
+  void check();
+};
+
+struct PendingTensor::State {
+  // CPU: the value, already there.
+  std::optional<Tensor> value;
+  // CUDA: the pinned copy, the run's check, and the type to rebuild.
+  std::shared_ptr<cuda::PinnedSlot> slot;
+  std::shared_ptr<RunCheck> run;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+namespace runtime {
+
+// The process's GPU 0: its encoder and allocator (what every CUDA executable records on).
+cuda::Context cuda_context();
+cuda::DeviceTensor upload(cuda::Context& ctx, const Tensor& t);
+// A host copy in the logical (row-major) order, whatever the tensor's strides (blocking).
+Tensor download(cuda::Context& ctx, const cuda::DeviceTensor& t);
+// Storage for a CUDA tensor / a CPU tensor of this type (not yet filled: host undefined).
+std::shared_ptr<DeviceArray::Storage> cuda_storage(cuda::DeviceTensor t);
+std::shared_ptr<DeviceArray::Storage> cpu_storage(DType dtype, Shape shape);
+// Whether `p` is page-locked host memory (cudaMallocHost / cudaHostRegister).
+bool is_pinned(const void* p);
+
+}  // namespace runtime
+}  // namespace fusebox

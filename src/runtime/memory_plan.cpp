@@ -1,0 +1,95 @@
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace fusebox::runtime {
+
+Liveness liveness(const Graph& g) {
+  Liveness life;
+  life.first.assign(g.values().size(), -1);
+  life.last.assign(g.values().size(), -1);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) life.last[size_t(v)] = int(i);
+    for (ValueId v : n.outputs) life.first[size_t(v)] = int(i);
+  }
+  for (ValueId v : g.outputs()) life.last[size_t(v)] = Liveness::kAfterLastNode;
+  return life;
+}
+
+namespace {
+
+size_t aligned(size_t bytes) {
+  return (bytes + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+}
+
+// [begin, end] in node indices; a value nobody reads lives at its writer only.
+struct Interval {
+  int begin, end;
+  bool overlaps(const Interval& o) const { return begin <= o.end && o.begin <= end; }
+};
+
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+                       bool reuse) {
+  const size_t count = g.values().size();
+  MemoryPlan plan;
+  plan.offset.assign(count, MemoryPlan::kNotPlanned);
+  std::vector<ValueId> values;
+  std::vector<Interval> when(count);
+  for (size_t v = 0; v < count; ++v) {
+    if (bytes[v] == 0) continue;
+    values.push_back(ValueId(v));
+    when[v] = {life.first[v], std::max(life.first[v], life.last[v])};
+    plan.unshared_bytes += aligned(bytes[v]);
+  }
+  if (values.empty()) return plan;
+
+  // Largest first; ties in node order, so the plan does not depend on the sort's whims.
+  std::stable_sort(values.begin(), values.end(),
+                   [&](ValueId a, ValueId b) { return bytes[size_t(a)] > bytes[size_t(b)]; });
+  plan.largest = values.front();
+
+  if (!reuse) {
+    for (ValueId v : values) {
+      plan.offset[size_t(v)] = plan.arena_bytes;
+      plan.arena_bytes += aligned(bytes[size_t(v)]);
+    }
+  } else {
+    std::vector<ValueId> placed;
+    std::vector<std::pair<size_t, size_t>> taken;  // [begin, end) of overlapping placed values
+    for (ValueId v : values) {
+      const size_t size = aligned(bytes[size_t(v)]);
+      taken.clear();
+      for (ValueId p : placed) {
+        if (!when[size_t(v)].overlaps(when[size_t(p)])) continue;
+        taken.emplace_back(plan.offset[size_t(p)],
+                           plan.offset[size_t(p)] + aligned(bytes[size_t(p)]));
+      }
+      std::sort(taken.begin(), taken.end());
+      size_t offset = 0;  // the lowest gap that fits
+      for (const auto& [begin, end] : taken) {
+        if (begin >= offset + size) break;
+        offset = std::max(offset, end);
+      }
+      plan.offset[size_t(v)] = offset;
+      plan.arena_bytes = std::max(plan.arena_bytes, offset + size);
+      placed.push_back(v);
+    }
+  }
+
+  // The lower bound: bytes live at each node.
+  std::vector<size_t> live(g.nodes().size() + 1, 0);
+  for (ValueId v : values) {
+    const Interval& t = when[size_t(v)];
+    const int end = std::min<int>(t.end, int(g.nodes().size()));
+    for (int i = std::max(t.begin, 0); i <= end; ++i) live[size_t(i)] += aligned(bytes[size_t(v)]);
+  }
+  plan.peak_live_bytes = *std::max_element(live.begin(), live.end());
+  return plan;
+}
+
+}  // namespace fusebox::runtime

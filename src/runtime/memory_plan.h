@@ -1,0 +1,52 @@
+// Where a compiled step keeps its intermediate values: one arena, shared by liveness.
+//
+// A value lives from the node that writes it to the last node that reads it (both
+// included), in the graph's node order, which is the order the step is recorded in. Two
+// values whose lives overlap get disjoint bytes; others may share. A node's outputs never
+// share with its inputs (both live at that node), so no kernel reads and writes the same
+// bytes unless an alias asks for it (executable.h).
+//
+// Sharing is safe on the GPU because the command encoder orders operations by the bytes
+// they declare: a write into bytes an earlier operation reads waits for that reader (a
+// write-after-read edge), and any reuse is such a write. So the plan needs no knowledge
+// of the streams or of the graph's concurrency.
+//
+// Placement: values largest first, each at the lowest aligned offset free of every placed
+// value it overlaps in time (the greedy-by-size plan of TFLite's arena planner, among
+// others). It is within a few percent of the lower bound (the most bytes live at any one
+// node) on the networks we run (tests/unit/runtime print both).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::runtime {
+
+// For each value: the node that writes it (-1 for inputs and constants) and the last node
+// that reads it (-1 when none does); graph outputs are read "after the last node".
+struct Liveness {
+  std::vector<int> first;
+  std::vector<int> last;
+  static constexpr int kAfterLastNode = 1 << 30;
+};
+Liveness liveness(const Graph& g);
+
+struct MemoryPlan {
+  static constexpr size_t kAlignment = 256;  // every offset; enough for any vector access
+  static constexpr size_t kNotPlanned = SIZE_MAX;
+  std::vector<size_t> offset;  // by ValueId; kNotPlanned for values not in the arena
+  size_t arena_bytes = 0;      // the arena's size
+  size_t unshared_bytes = 0;   // the planned values each in its own (aligned) buffer
+  size_t peak_live_bytes = 0;  // the most (aligned) bytes live at one node: a lower bound
+  ValueId largest = kNoValue;  // the largest planned value
+};
+
+// Plans the values with bytes[v] > 0 (the caller gives 0 for inputs, constants, outputs and
+// anything else kept outside the arena). With reuse false, every value gets bytes of its own.
+MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+                       bool reuse);
+
+}  // namespace fusebox::runtime

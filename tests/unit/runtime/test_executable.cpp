@@ -1,0 +1,186 @@
+// The compiled executable's contract on both backends: runs with new feeds, aliased
+// (in-place) state, bound arrays, and clear errors for bad options and feeds. The CUDA
+// tests skip without a GPU.
+#include <gtest/gtest.h>
+
+#include "backends/cuda/runtime/encoder.h"
+#include "fusebox/train/session.h"
+#include "fusebox/zoo.h"
+#include "runtime_test_util.h"
+
+namespace fusebox::testing {
+namespace {
+
+class Executables : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Device::cuda) FUSEBOX_RUNTIME_REQUIRE_GPU();
+  }
+  Device device() const { return GetParam(); }
+};
+
+TEST_P(Executables, RunsAgainWithNewFeedsAsTheCpuOracle) {
+  const Graph g = chain_graph(40, 3000);
+  auto exe = Executable::compile(g, {.device = device(), .poison = true});
+  for (uint64_t seed = 1; seed < 5; ++seed) {
+    const NamedTensors feeds = chain_feeds(3000, seed);
+    const NamedTensors want = run_graph(g, feeds, {.device = Device::cpu});
+    EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want.at("y"), 1e-5, 1e-6)) << seed;
+  }
+}
+
+TEST_P(Executables, AnAliasedInputKeepsItsStateAcrossRuns) {
+  const int64_t n = 1000;
+  auto exe = Executable::compile(
+      accumulate_graph(n), {.device = device(), .poison = true, .aliases = {{"next_w", "w"}}});
+  const Tensor w0 = random_tensor(DType::f32, {n}, 1);
+  const Tensor x = random_tensor(DType::f32, {n}, 2);
+  exe->input("w").copy_from(w0);
+  std::vector<double> w = w0.to_doubles();
+  const std::vector<double> xs = x.to_doubles();
+  for (int run = 0; run < 3; ++run) {
+    double dot = 0;
+    for (int64_t i = 0; i < n; ++i) dot += w[size_t(i)] * xs[size_t(i)];
+    StepResult r = exe->run_async({{"x", x}}, {"dot"});
+    EXPECT_NEAR(r.host.at("dot").get().get(0), dot, 1e-3) << "run " << run;
+    EXPECT_TRUE(r.outputs.at("next_w").same_storage(exe->input("w")));
+    for (int64_t i = 0; i < n; ++i) w[size_t(i)] += xs[size_t(i)];
+  }
+  EXPECT_TRUE(
+      all_close(exe->input("w").to_host(), Tensor::from_doubles(DType::f32, {n}, w), 1e-5, 1e-5));
+}
+
+TEST_P(Executables, BoundArraysAreReadWhereTheyAre) {
+  const int64_t n = 512;
+  DeviceArray w = DeviceArray::upload(random_tensor(DType::f32, {n}, 3), device());
+  auto exe = Executable::compile(accumulate_graph(n), {.device = device(), .bound = {{"w", w}}});
+  const Tensor x = random_tensor(DType::f32, {n}, 4);
+  const Tensor first = exe->run({{"x", x}}).at("dot");
+  const Tensor w2 = random_tensor(DType::f32, {n}, 5);
+  w.copy_from(w2);  // the next run reads the new contents
+  const Tensor second = exe->run({{"x", x}}).at("dot");
+  const NamedTensors want = run_graph(accumulate_graph(n), {{"w", w2}, {"x", x}});
+  EXPECT_TRUE(all_close(second, want.at("dot"), 1e-4, 1e-4));
+  EXPECT_FALSE(all_close(first, second, 1e-4, 1e-4));
+}
+
+TEST_P(Executables, BadOptionsAndFeedsAreErrorsNamingWhat) {
+  const Graph g = accumulate_graph(8);
+  expect_error(
+      [&] {
+        Executable::compile(g, {.device = device(), .aliases = {{"nope", "w"}}});
+      },
+      {"'nope' is not an output"});
+  expect_error(
+      [&] {
+        Executable::compile(g, {.device = device(), .aliases = {{"next_w", "z"}}});
+      },
+      {"'z' is not an input"});
+  expect_error(
+      [&] {
+        Executable::compile(g, {.device = device(), .aliases = {{"dot", "w"}}});
+      },
+      {"'dot'", "f32[]", "f32[8]"});
+  DeviceArray wrong = DeviceArray::upload(Tensor::zeros(DType::f32, {9}), device());
+  expect_error(
+      [&] {
+        Executable::compile(g, {.device = device(), .bound = {{"w", wrong}}});
+      },
+      {"'w'", "f32[8]", "f32[9]"});
+  DeviceArray right = DeviceArray::upload(Tensor::zeros(DType::f32, {8}), device());
+  auto exe = Executable::compile(g, {.device = device(), .bound = {{"w", right}}});
+  expect_error([&] { exe->run({{"w", Tensor::zeros(DType::f32, {8})}}); }, {"'w'", "bound"});
+  expect_error([&] { exe->run({}); }, {"no tensor given for input 'x'"});
+  expect_error(
+      [&] {
+        exe->run({{"x", Tensor::zeros(DType::f32, {7})}});
+      },
+      {"'x'", "f32[8]", "f32[7]"});
+  expect_error([&] { exe->run({{"y", Tensor::zeros(DType::f32, {8})}}); }, {"'y'", "not an input"});
+}
+
+// A label outside [0, C): the run that met it reports it, naming the label; the next run
+// with good labels is clean (the error records are zeroed by every run).
+TEST_P(Executables, KernelErrorsAreReportedByTheirRun) {
+  Graph g("loss");
+  Builder b(g);
+  ValueId logits = g.add_input("logits", DType::f32, {4, 5});
+  ValueId labels = g.add_input("labels", DType::i64, {4});
+  ValueId loss = b.cross_entropy(logits, labels, kNoValue, {}).at(0);
+  g.rename_value(loss, "loss");
+  g.mark_output(loss);
+  auto exe = Executable::compile(g, {.device = device()});
+  const Tensor x = random_tensor(DType::f32, {4, 5}, 6);
+  const Tensor good = Tensor::from_vector<int64_t>({4}, {0, 1, 2, 3});
+  const Tensor bad = Tensor::from_vector<int64_t>({4}, {0, 1, 7, 3});
+  const Tensor want = run_graph(g, {{"logits", x}, {"labels", good}}).at("loss");
+  EXPECT_TRUE(all_close(exe->run({{"logits", x}, {"labels", good}}).at("loss"), want, 1e-5, 1e-6));
+  expect_error([&] { exe->run({{"logits", x}, {"labels", bad}}); }, {"7"});
+  // Queued: the CPU finds it at once, the GPU when the loss is read; both name the run.
+  expect_error(
+      [&] {
+        exe->run_async({{"logits", x}, {"labels", bad}}, {"loss"}, "step 9").host.at("loss").get();
+      },
+      {"step 9", "7"});
+  EXPECT_TRUE(all_close(exe->run({{"logits", x}, {"labels", good}}).at("loss"), want, 1e-5, 1e-6));
+}
+
+// Poisoned outputs in every run, shared arena against a buffer per value: the same
+// results, and both match the CPU (a buffer reused while still read would differ).
+TEST_P(Executables, ResNet18StepSharesMemoryWithoutChangingResults) {
+  const Graph model = build_zoo_model(
+      "resnet18", {.batch = 4, .image_size = 32, .num_classes = 10, .training = true});
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+  const Graph& g = session.step_graph();
+  NamedTensors feeds;
+  for (ValueId v : g.inputs()) {
+    const Value& in = g.value(v);
+    feeds[in.name] = in.type.dtype == DType::i64
+                         ? random_tensor(DType::i64, in.type.shape, 7, 0, 10)
+                         : random_tensor(in.type.dtype, in.type.shape, 8 + uint64_t(v), -0.5, 0.5);
+  }
+  feeds["__lr__"] = Tensor::scalar(DType::f32, 0.1);
+  auto shared = Executable::compile(g, {.device = device(), .poison = true});
+  auto unshared =
+      Executable::compile(g, {.device = device(), .poison = true, .reuse_memory = false});
+  if (device() == Device::cuda)  // (the CPU executable has no arena)
+    EXPECT_LT(shared->stats().arena_bytes, unshared->stats().arena_bytes);
+  const NamedTensors a = shared->run(feeds), b = unshared->run(feeds);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : b) EXPECT_TRUE(all_close(a.at(name), t, 1e-4, 1e-5)) << name;
+  // Against the CPU, the loss (the gradients of layer4, whose batch norms see 1x1 maps of 4
+  // images, amplify the backends' rounding differences: test_session_cuda.cpp).
+  const NamedTensors cpu = run_graph(g, feeds, {.device = Device::cpu});
+  EXPECT_TRUE(all_close(a.at("__loss__"), cpu.at("__loss__"), 1e-3, 1e-4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),
+                         [](const auto& info) { return std::string(device_name(info.param)); });
+
+TEST(CudaExecutable, ARunRecordsNothing) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  cuda::CommandEncoder& encoder = cuda::CommandEncoder::for_device(0);
+  if (!encoder.options().use_graphs) GTEST_SKIP() << "FUSEBOX_CUDA_GRAPHS=0: every run records";
+  auto exe = Executable::compile(chain_graph(40, 3000), {.device = Device::cuda});
+  exe->run(chain_feeds(3000, 1));
+  const cuda::CommandEncoder::Stats first = encoder.stats();
+  for (uint64_t seed = 2; seed < 5; ++seed) exe->run(chain_feeds(3000, seed));
+  const cuda::CommandEncoder::Stats later = encoder.stats();
+  EXPECT_EQ(later.ops_recorded, first.ops_recorded);
+  EXPECT_EQ(later.graph_cache.lookups, first.graph_cache.lookups);
+  EXPECT_EQ(later.replays, first.replays + 3);
+}
+
+TEST(CudaExecutable, DeviceArraysRoundTrip) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  const Tensor t = random_tensor(DType::bf16, {2, 3, 4, 5}, 9);
+  DeviceArray a = DeviceArray::upload(t, Device::cuda);
+  EXPECT_TRUE(all_close(a.to_host(), t, 0, 0));
+  DeviceArray c = a.clone();
+  a.copy_from(random_tensor(DType::bf16, {2, 3, 4, 5}, 10));
+  EXPECT_TRUE(all_close(c.to_host(), t, 0, 0));
+  expect_error([&] { a.copy_from(Tensor::zeros(DType::f32, {2, 3, 4, 5})); }, {"bf16", "f32"});
+}
+
+}  // namespace
+}  // namespace fusebox::testing

@@ -1,0 +1,286 @@
+// fusebox bench: how fast a whole model trains or runs, as a user sees it.
+//
+//   fusebox bench resnet50 --mode train --batch 256 --precision bf16 --device cuda
+//
+// Method (every figure is in the table and the JSON):
+//   compile   the first step, from nothing to its result on the host: building the
+//             training session or the executable (layouts, memory plan, convolution plans,
+//             the CUDA graph) and running it once;
+//   warm-up   --warmup steps, not timed;
+//   timed     --steps steps queued back to back as a training loop or a serving loop
+//             would (the host never waits for a step), one wait at the end: images/s is
+//             steps x batch / that wall time;
+//   per step  --steps more steps, each waited for (its result on the host): ms/step
+//             median, min and max (a step's whole latency, host included), and host time
+//             per step: the median time the call takes to issue a step onto an idle GPU;
+//   memory    the peak of the device memory fusebox held, compile included (CUDA).
+// Data: synthetic, seeded, never zeros: images U(-1, 1) and labels 0..classes-1. Training
+// feeds them from device memory (uploaded once: the input pipeline is not measured);
+// inference copies the images in from pinned host memory and the outputs back every step,
+// as serving does.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "common.h"
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/io/json.h"
+#include "fusebox/passes/mixed_precision.h"
+#include "fusebox/runtime/executable.h"
+#include "fusebox/train/session.h"
+#include "fusebox/zoo.h"
+
+namespace fusebox::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  std::string mode = "infer";
+  int64_t batch = 32;
+  std::string precision = "tf32";
+  std::string device = "auto";
+  int64_t steps = 30;
+  int64_t warmup = 5;
+  int64_t image_size = 224;
+  int64_t num_classes = 1000;
+  std::vector<std::string> shapes;
+  std::string json;
+  CLI::App* app = nullptr;
+  bool given(const std::string& option) const { return app->count(option) > 0; }
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Figures {
+  double compile_s = 0;
+  double images_per_s = 0;
+  double host_us_per_step = 0;
+  double ms_median = 0, ms_min = 0, ms_max = 0;
+  size_t peak_bytes = 0;
+  double final_loss = 0;  // training
+  ExecutableStats exe;
+};
+
+// The per-step latencies' median, min and max.
+void summarise(std::vector<double> ms, Figures& f) {
+  std::sort(ms.begin(), ms.end());
+  f.ms_median = ms[ms.size() / 2];
+  f.ms_min = ms.front();
+  f.ms_max = ms.back();
+}
+
+Graph load_model(const BenchArgs& args, bool training) {
+  if (is_onnx_path(args.model)) {
+    if (args.given("--image-size") || args.given("--num-classes"))
+      throw UsageError("--image-size and --num-classes apply to zoo models only");
+    OnnxImportOptions opts;
+    opts.input_shapes = parse_shape_specs(args.shapes);
+    return import_onnx_file(args.model, opts);
+  }
+  if (!args.shapes.empty()) throw UsageError("--shape applies to ONNX models only");
+  return build_zoo_model(args.model, {.batch = args.batch,
+                                      .image_size = args.image_size,
+                                      .num_classes = args.num_classes,
+                                      .training = training});
+}
+
+// Runs `steps` steps through `step` (which queues one and returns its result's handle).
+template <class Step>
+void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, Step&& step,
+                Figures& f) {
+  Progress progress(1, args.steps * 2, std::max<int64_t>(1, args.steps / 5));
+  const auto start = Clock::now();
+  PendingTensor last;
+  for (int64_t i = 0; i < args.steps; ++i) {
+    last = step();
+    if (last.ready()) progress.update(i + 1, what + " (queued)");
+  }
+  const Tensor result = last.get();
+  const double wall = seconds_since(start);
+  f.images_per_s = double(args.steps * batch) / wall;
+  if (result.numel() == 1) f.final_loss = result.get(0);
+  progress.update(args.steps, cat(what, " (queued)  ", fixed(f.images_per_s, 1), " images/s"));
+
+  // Each step waited for: its latency, and the host's time to issue it onto an idle GPU
+  // (no wait for an earlier step inside the call).
+  std::vector<double> ms, host_us;
+  for (int64_t i = 0; i < args.steps; ++i) {
+    const auto t = Clock::now();
+    PendingTensor result = step();
+    host_us.push_back(seconds_since(t) * 1e6);
+    result.get();
+    ms.push_back(seconds_since(t) * 1e3);
+    progress.update(args.steps + i + 1,
+                    cat(what, " (each waited for)  ", fixed(ms.back(), 3), " ms"));
+  }
+  summarise(std::move(ms), f);
+  std::sort(host_us.begin(), host_us.end());
+  f.host_us_per_step = host_us[host_us.size() / 2];
+}
+
+Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
+  Figures f;
+  reset_peak_device_memory(device);
+  const auto start = Clock::now();
+  const Graph g = load_model(args, true);
+  FUSEBOX_CHECK(g.inputs().size() == 1 && g.outputs().size() == 1, "fusebox bench",
+                "training needs a model with one input and one output (logits), got ",
+                g.inputs().size(), " and ", g.outputs().size());
+  const Value& input = g.value(g.inputs()[0]);
+  const Value& logits = g.value(g.outputs()[0]);
+  const int64_t classes = logits.type.shape.at(1);
+  TrainingSession session(g, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9},
+                          {.device = device, .precision = precision});
+  Tensor labels = Tensor::empty(DType::i64, {input.type.shape[0]});
+  for (int64_t i = 0; i < labels.numel(); ++i) labels.set(i, double((i * 7 + 3) % classes));
+  const Tensor images = random_input(input.type.dtype, input.type.shape, 0, input.name);
+  Feeds batch;
+  batch[input.name] = DeviceArray::upload(images, device);
+  batch["labels"] = DeviceArray::upload(labels, device);
+  session.step_async(batch).get();
+  f.compile_s = seconds_since(start);
+  f.exe = session.step_executable().stats();
+  for (int64_t i = 0; i < args.warmup; ++i) session.step_async(batch);
+  session.synchronize();
+  time_steps(
+      args, input.type.shape[0], "train", [&] { return session.step_async(batch); }, f);
+  f.peak_bytes = device_memory_stats(device).peak;
+  return f;
+}
+
+Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
+  Figures f;
+  reset_peak_device_memory(device);
+  const auto start = Clock::now();
+  const Graph g =
+      apply_mixed_precision(load_model(args, false), precision, nullptr, {.fold_constants = true});
+  auto exe = Executable::compile(g, {.device = device});
+  // Inputs in pinned host memory, as a data loader hands them over (copied to the GPU
+  // asynchronously, straight from there: executable.h).
+  Feeds feeds;
+  for (ValueId v : g.inputs()) {
+    const Value& in = g.value(v);
+    const Tensor data = random_input(in.type.dtype, in.type.shape, 0, in.name);
+    Tensor pinned = pinned_host_tensor(in.type.dtype, in.type.shape);
+    if (data.nbytes() > 0) std::memcpy(pinned.raw(), data.raw(), data.nbytes());
+    feeds[in.name] = pinned;
+  }
+  std::set<std::string> outputs;
+  for (ValueId v : g.outputs()) outputs.insert(g.value(v).name);
+  const std::string first_output = *outputs.begin();
+  exe->run_async(feeds, outputs).host.at(first_output).get();
+  f.compile_s = seconds_since(start);
+  f.exe = exe->stats();
+  for (int64_t i = 0; i < args.warmup; ++i) exe->run_async(feeds, outputs);
+  exe->check_errors();
+  time_steps(
+      args, g.value(g.inputs().at(0)).type.shape.at(0), "infer",
+      [&] { return exe->run_async(feeds, outputs).host.at(first_output); }, f);
+  f.peak_bytes = device_memory_stats(device).peak;
+  return f;
+}
+
+std::string mib(size_t bytes) {
+  return fixed(double(bytes) / double(1 << 20), 1) + " MiB";
+}
+
+int bench(const BenchArgs& args) {
+  const bool train = args.mode == "train";
+  const Precision precision = parse_precision(args.precision);
+  set_float_math(precision);  // before the backend reads its settings
+  const Device device = parse_device(args.device);
+  if (train) check_trainable(precision);
+  std::cout << "bench " << args.model << ": " << args.mode << ", batch " << args.batch << ", "
+            << precision_name(precision) << ", " << device_name(device) << ", " << args.warmup
+            << " warm-up + " << args.steps << " queued + " << args.steps << " waited steps\n";
+  const Figures f =
+      train ? bench_train(args, device, precision) : bench_infer(args, device, precision);
+
+  std::cout << "compile (first step)  " << fixed(f.compile_s, 2) << " s\n"
+            << "images/s              " << fixed(f.images_per_s, 1) << "\n"
+            << "ms/step               median " << fixed(f.ms_median, 3) << "  min "
+            << fixed(f.ms_min, 3) << "  max " << fixed(f.ms_max, 3) << "\n"
+            << "host time per step    " << fixed(f.host_us_per_step, 1) << " us\n"
+            << "peak device memory    "
+            << (device == Device::cuda ? mib(f.peak_bytes) : std::string("n/a (cpu)")) << "\n"
+            << "memory plan           arena " << mib(f.exe.arena_bytes) << " (unshared "
+            << mib(f.exe.unshared_bytes) << "), inputs/outputs " << mib(f.exe.io_bytes)
+            << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
+            << mib(f.exe.temporary_bytes) << "\n";
+  if (train) std::cout << "final loss            " << fixed(f.final_loss, 4) << "\n";
+
+  if (!args.json.empty()) {
+    Json j = Json::object({{"schema_version", 1},
+                           {"bench", "fusebox_bench"},
+                           {"model", args.model},
+                           {"mode", args.mode},
+                           {"batch", args.batch},
+                           {"precision", precision_name(precision)},
+                           {"device", device_name(device)},
+                           {"steps", args.steps},
+                           {"warmup", args.warmup},
+                           {"compile_s", f.compile_s},
+                           {"images_per_s", f.images_per_s},
+                           {"step_ms_median", f.ms_median},
+                           {"step_ms_min", f.ms_min},
+                           {"step_ms_max", f.ms_max},
+                           {"host_us_per_step", f.host_us_per_step},
+                           {"peak_device_bytes", f.peak_bytes},
+                           {"arena_bytes", f.exe.arena_bytes},
+                           {"unshared_bytes", f.exe.unshared_bytes},
+                           {"io_bytes", f.exe.io_bytes},
+                           {"constant_bytes", f.exe.constant_bytes},
+                           {"workspace_bytes", f.exe.temporary_bytes},
+                           {"operations", f.exe.operations}});
+    if (train) j.set("final_loss", f.final_loss);
+    std::ofstream out(args.json);
+    FUSEBOX_CHECK(out.good(), "fusebox bench", "cannot write --json ", args.json);
+    out << j.dump() << "\n";
+    FUSEBOX_CHECK(out.good(), "fusebox bench", "writing --json ", args.json, " failed");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& parent) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* app = parent.add_subcommand(
+      "bench",
+      "Time a whole model's training or inference steps (compile, images/s, latency, "
+      "host time, peak memory)");
+  args->app = app;
+  app->add_option("model", args->model,
+                  "A zoo model name (see `fusebox zoo --list`) or an .onnx file")
+      ->required()
+      ->type_name("MODEL.onnx|ZOO_NAME");
+  app->add_option("--mode", args->mode, "infer (default) or train")
+      ->check(CLI::IsMember({"infer", "train"}));
+  app->add_option("--batch", args->batch, "Images per step (zoo models); default 32")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--precision", args->precision,
+                  "f32, tf32 (default), bf16 or f16 (see docs/mixed_precision.md)")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
+  app->add_option("--device", args->device, "cpu, cuda, or auto (default)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app->add_option("--steps", args->steps, "Timed steps (each of the two passes); default 30")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--warmup", args->warmup, "Untimed steps after the first; default 5")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--image-size", args->image_size, "Zoo models; default 224")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--num-classes", args->num_classes, "Zoo models; default 1000")
+      ->check(CLI::PositiveNumber);
+  add_shape_option(*app, &args->shapes);
+  app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
+  return {app, [args] { return bench(*args); }};
+}
+
+}  // namespace fusebox::cli
