@@ -225,7 +225,7 @@ class CudaExecutable final : public Executable {
     // the step's first operation (memcpy op `stage_op`, pointed at stage[k]) copies it in.
     cuda::DeviceBuffer stage[2];
     cuda::Fence stage_free[2];  // after the last step that read stage[k]
-    bool staged = false;  // fed from the host through stage[] (large inputs, recorded steps)
+    bool staged = false;        // fed from the host through stage[] (large inputs, recorded steps)
     size_t stage_op = cuda::CommandEncoder::kNoOp;
     int next_stage = 0;
     bool stage_enabled = true;
@@ -377,7 +377,8 @@ class CudaExecutable final : public Executable {
         // The staging buffers come with the first feed from the host (a loop fed from device
         // arrays never needs them); until then the copy reads the arena (never runs: off).
         const cuda::DeviceTensor& dst = in.array.storage()->tensor;
-        const cuda::DeviceBuffer& src = arena_.size() >= dst.nbytes() ? arena_ : stage_buffer(in, 0);
+        const cuda::DeviceBuffer& src =
+            arena_.size() >= dst.nbytes() ? arena_ : stage_buffer(in, 0);
         in.stage_op = ctx_.encoder.memcpy(dst.range(), cuda::BufferRange(src, 0, dst.nbytes()));
       }
       if (in.convert) cuda::copy_strided(ctx_, in.array.storage()->tensor, in.value_tensor);

@@ -136,7 +136,12 @@ TEST(AutodiffGraph, BuildsOnlyNeededGradients) {
   EXPECT_FALSE(reads(added, u));
   EXPECT_FALSE(reads(added, side));
   EXPECT_FALSE(reads(added, w1));  // x's gradient is dy * w1: not built
-  EXPECT_FALSE(reads(added, y1));  // w2's gradient is dy * y1: not built
+  // w2's gradient, dy * y1, is not built: only relu's own backward reads y1 (its output,
+  // which tells where x * w1 > 0).
+  std::vector<Node> muls;
+  for (const Node& n : added)
+    if (n.op == OpKind::mul) muls.push_back(n);
+  EXPECT_FALSE(reads(muls, y1));
   g.verify();
 
   // The gradient itself: d/dw1 = x * w2 * (x * w1 > 0).
