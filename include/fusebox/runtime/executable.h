@@ -18,9 +18,10 @@
 // CUDA, records the whole step as one CUDA graph. A run copies the feeds in, replays the
 // graph and hands the outputs back: it records nothing and compares nothing.
 //
-// Feeds from the host: a pinned tensor (pinned_host_tensor) is copied straight to the GPU on
-// a copy stream while the previous run still computes; any other host tensor is first
-// copied into pinned staging (double-buffered) by the host. Inputs bound or aliased
+// Feeds from the host: a large one (over 64 KiB) is copied to the GPU on a copy stream while
+// the previous run still computes, straight from a pinned tensor (pinned_host_tensor), from
+// any other host tensor through pinned staging (double-buffered) the host copies it into;
+// small ones (a learning rate, labels) go through pinned staging on the device's stream. Inputs bound or aliased
 // (resident) keep what their array holds: fill it (input(name).copy_from) before the first
 // run.
 //
@@ -39,8 +40,9 @@
 // the input's.
 //
 // Errors found by kernels at run time (a label outside [0, C)) are reported by the run
-// that made them, as an Error naming the node: run() checks at its end; run_async() when
-// a host output of that run is read (PendingTensor::get), or at check_errors().
+// that made them, as an Error naming the node: run() checks at its end; after run_async(),
+// when a host output of that run is read (PendingTensor::get), at check_errors(), or at the
+// first run_async() after the run has completed, whichever comes first.
 //
 // Threads: one thread at a time uses an executable (runs share the device's stream).
 #pragma once
