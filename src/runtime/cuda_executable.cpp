@@ -114,18 +114,13 @@ class CudaExecutable final : public Executable {
 
   StepResult run_async(const Feeds& feeds, const std::set<std::string>& to_host,
                        const std::string& label) override {
-    check_feed_names(io_, feeds, where_);
-    for (const std::string& name : to_host)
-      FUSEBOX_CHECK(io_.output_index.count(name), where_, "'", name,
-                    "' was asked for on the host but is not an output of the graph");
-    check_finished_runs();
-    // Back-pressure: the host queues at most a few runs ahead of the device, which bounds
-    // the pinned slots and error records in flight (and the launch queue).
+    check_request(io_, feeds, to_host, where_);
+    // Runs that have completed are checked (an error surfaces at the next run), and the host
+    // queues at most a few runs ahead of the device, which bounds the pinned slots and
+    // error records in flight (and the launch queue).
     while (!in_flight_.empty() &&
-           (in_flight_.size() >= kMaxRunsInFlight || in_flight_.front().done())) {
-      in_flight_.front().wait();
-      in_flight_.pop_front();
-    }
+           (in_flight_.size() >= kMaxRunsInFlight || in_flight_.front().run->fence.done()))
+      retire_oldest_run();
     feed_inputs(feeds);
     if (direct_) {
       record_step();
@@ -183,25 +178,15 @@ class CudaExecutable final : public Executable {
     fed_slots_.clear();
     for (auto& [in, k] : staged_now_) in->stage_free[k] = run->fence;
     staged_now_.clear();
-    for (Tensor& t : pinned_feeds_) held_feeds_.push_back({std::move(t), run->fence});
-    pinned_feeds_.clear();
-    while (!held_feeds_.empty() && held_feeds_.front().second.done()) held_feeds_.pop_front();
-    for (DeviceArray& a : held_arrays_) held_array_feeds_.push_back({std::move(a), run->fence});
-    held_arrays_.clear();
-    while (!held_array_feeds_.empty() && held_array_feeds_.front().second.done())
-      held_array_feeds_.pop_front();
-    if (run->reserved) unchecked_.push_back(run);
-    in_flight_.push_back(run->fence);
+    next_run_.run = run;
+    in_flight_.push_back(std::move(next_run_));
+    next_run_ = {};
     return result;
   }
 
   void check_errors() override {
     ctx_.encoder.synchronize();
-    while (!unchecked_.empty()) {
-      std::shared_ptr<RunCheck> run = std::move(unchecked_.front());
-      unchecked_.pop_front();
-      run->check();
-    }
+    while (!in_flight_.empty()) retire_oldest_run();
   }
 
   DeviceArray input(const std::string& name) const override {
@@ -298,6 +283,7 @@ class CudaExecutable final : public Executable {
     }
     output_staging_.resize(io_.output_names.size());
     readback_.resize(io_.output_names.size());
+    alias_buffer_.resize(io_.output_names.size());
     input_staging_.resize(io_.input_names.size());
     outputs_.resize(io_.output_names.size());
     in_place_.assign(values, -1);
@@ -311,9 +297,8 @@ class CudaExecutable final : public Executable {
           ++stats_.aliases_in_place;
         } else {
           ++stats_.aliases_copied;
-          copied_alias_outputs_.push_back(i);
-          alias_buffers_.push_back(allocate(graph_.value(v).type, layout_.of(v),
-                                            "output '" + io_.output_names[i] + "'"));
+          alias_buffer_[i] =
+              allocate(graph_.value(v).type, layout_.of(v), "output '" + io_.output_names[i] + "'");
         }
         continue;
       }
@@ -389,11 +374,8 @@ class CudaExecutable final : public Executable {
       const ValueId v = graph_.outputs()[i];
       if (in_place_[size_t(v)] >= 0) {
         output_tensor[size_t(v)] = inputs_[size_t(in_place_[size_t(v)])].value_tensor;
-      } else if (io_.alias_of_output[i] >= 0) {
-        const size_t j =
-            size_t(std::find(copied_alias_outputs_.begin(), copied_alias_outputs_.end(), i) -
-                   copied_alias_outputs_.begin());
-        output_tensor[size_t(v)] = alias_buffers_[j];
+      } else if (alias_buffer_[i].buffer) {
+        output_tensor[size_t(v)] = alias_buffer_[i];
       } else {
         output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
       }
@@ -429,10 +411,10 @@ class CudaExecutable final : public Executable {
       const DeviceTensor& want = output_tensor[size_t(v)];
       if (slots[size_t(v)].data() != want.data()) cuda::copy_strided(ctx_, slots[size_t(v)], want);
     }
-    for (size_t j = 0; j < copied_alias_outputs_.size(); ++j) {
-      const size_t i = copied_alias_outputs_[j];
-      cuda::copy_strided(ctx_, alias_buffers_[j],
-                         inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor);
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      if (alias_buffer_[i].buffer)
+        cuda::copy_strided(ctx_, alias_buffer_[i],
+                           inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor);
     }
   }
 
@@ -468,7 +450,7 @@ class CudaExecutable final : public Executable {
           in.next_stage ^= 1;
           const void* source = t->raw();
           if (is_pinned(source)) {
-            pinned_feeds_.push_back(*t);  // held until this run's fence (not written: executable.h)
+            next_run_.pinned_feeds.push_back(*t);  // not written until copied: executable.h
           } else {
             std::shared_ptr<cuda::PinnedSlot> slot = input_staging_[i].acquire(t->nbytes(), 2);
             std::memcpy(slot->bytes.get(), t->raw(), t->nbytes());
@@ -495,7 +477,7 @@ class CudaExecutable final : public Executable {
           // already there
         } else if (src.strides == dst.strides) {
           ctx_.encoder.copy_now(dst.range(), src.range());  // same order: a plain copy
-          held_arrays_.push_back(a);  // the caller's array, until the copy is done
+          next_run_.array_feeds.push_back(a);  // the caller's array, until the copy is done
         } else {
           cuda::copy_strided(ctx_, src, dst);
         }
@@ -530,13 +512,11 @@ class CudaExecutable final : public Executable {
     in.stage_enabled = enabled;
   }
 
-  // Runs that have completed are checked without waiting: an error surfaces at the next run.
-  void check_finished_runs() {
-    while (!unchecked_.empty() && unchecked_.front()->fence.done()) {
-      std::shared_ptr<RunCheck> run = std::move(unchecked_.front());
-      unchecked_.pop_front();
-      run->check();
-    }
+  // Waits for the oldest run in flight, lets go of what it held, checks its error records.
+  void retire_oldest_run() {
+    const std::shared_ptr<RunCheck> run = std::move(in_flight_.front().run);
+    in_flight_.pop_front();
+    run->check();
   }
 
   Graph graph_;
@@ -552,9 +532,10 @@ class CudaExecutable final : public Executable {
   std::vector<DeviceTensor> constants_;  // by ValueId
   std::vector<Input> inputs_;
   std::vector<DeviceArray> outputs_;
-  std::vector<int> in_place_;                 // by ValueId: the input an output is computed in
-  std::vector<size_t> copied_alias_outputs_;  // outputs copied into their input at the end
-  std::vector<DeviceTensor> alias_buffers_;   // ... and where they are computed first
+  std::vector<int> in_place_;  // by ValueId: the input an output is computed in
+  // By output: where an aliased output that cannot be computed in place is computed, to be
+  // copied into its input at the end (empty for every other output).
+  std::vector<DeviceTensor> alias_buffer_;
   cuda::RecordedGraph step_;
   std::shared_ptr<const cuda::ErrorFlags::Reserved> errors_;
   std::vector<cuda::PinnedPool> input_staging_, output_staging_;
@@ -562,17 +543,20 @@ class CudaExecutable final : public Executable {
   cuda::PinnedPool error_staging_;
   std::vector<std::shared_ptr<cuda::PinnedSlot>> fed_slots_;
   std::vector<std::pair<Input*, int>> staged_now_;  // inputs staged this run, and their stage
-  std::vector<Tensor> pinned_feeds_;                // fed from pinned memory this run
-  std::deque<std::pair<Tensor, cuda::Fence>> held_feeds_;  // ... held until copied
-  std::vector<DeviceArray> held_arrays_;                   // fed from device arrays this run
-  std::deque<std::pair<DeviceArray, cuda::Fence>> held_array_feeds_;
   std::unique_ptr<cuda::CopyStream> copy_stream_;
-  std::deque<std::shared_ptr<RunCheck>> unchecked_;
+  // A run queued on the device: its error check (and fence), and the feeds it copies
+  // straight from the caller's memory, held until it has completed.
+  struct RunInFlight {
+    std::shared_ptr<RunCheck> run;
+    std::vector<Tensor> pinned_feeds;
+    std::vector<DeviceArray> array_feeds;
+  };
+  RunInFlight next_run_;  // filled while a run is issued
+  std::deque<RunInFlight> in_flight_;
   static constexpr size_t kMaxRunsInFlight = 3;
   // Feeds up to this size (a learning rate, labels) go straight from pinned staging into
   // the input on the device stream: the copy stream's events cost more than they hide.
   static constexpr size_t kSmallFeedBytes = 64 << 10;
-  std::deque<cuda::Fence> in_flight_;
   ExecutableStats stats_;
 };
 

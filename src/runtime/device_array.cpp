@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backends/cuda/kernels.h"
+#include "runtime/io_plan.h"
 
 namespace fusebox {
 namespace runtime {
@@ -71,10 +72,6 @@ Tensor pinned_host_tensor(DType dtype, const Shape& shape) {
 
 namespace {
 
-std::string type_str(DType dtype, const Shape& shape) {
-  return cat(dtype_name(dtype), shape_str(shape));
-}
-
 void check_cuda_present(const char* what) {
   FUSEBOX_CHECK(cuda_available(), what, "no CUDA device is available on this machine");
 }
@@ -124,7 +121,8 @@ Tensor DeviceArray::to_host() const {
 void DeviceArray::copy_from(const Tensor& t) const {
   FUSEBOX_CHECK(defined(), "device array", "copy_from into an empty array");
   FUSEBOX_CHECK(t.dtype() == dtype() && t.shape() == shape(), "device array", "cannot copy ",
-                type_str(t.dtype(), t.shape()), " into an array of ", type_str(dtype(), shape()));
+                runtime::type_str(t.dtype(), t.shape()), " into an array of ",
+                runtime::type_str(dtype(), shape()));
   if (storage_->device == Device::cpu) {
     storage_->host = t.clone();
     return;

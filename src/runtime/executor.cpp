@@ -57,7 +57,7 @@ void reset_peak_device_memory(Device device) {
 }
 
 NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts) {
-  // Every input must be fed: the executable would otherwise run on uninitialised buffers.
+  // Missing feeds are found before the (expensive) compile; the run checks the rest.
   for (ValueId v : g.inputs()) {
     const Value& val = g.value(v);
     FUSEBOX_CHECK(feeds.count(val.name), "run " + g.name(), "no tensor given for input '", val.name,

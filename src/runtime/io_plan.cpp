@@ -4,13 +4,9 @@
 
 namespace fusebox::runtime {
 
-namespace {
-
 std::string type_str(DType dtype, const Shape& shape) {
   return cat(dtype_name(dtype), shape_str(shape));
 }
-
-}  // namespace
 
 void check_feed(const TensorType& want, const std::string& input, DType dtype, const Shape& shape,
                 const std::string& where) {
@@ -66,7 +62,8 @@ IoPlan plan_io(const Graph& g, const CompileOptions& options, const std::string&
   return io;
 }
 
-void check_feed_names(const IoPlan& io, const Feeds& feeds, const std::string& where) {
+void check_request(const IoPlan& io, const Feeds& feeds, const std::set<std::string>& to_host,
+                   const std::string& where) {
   for (const auto& [name, feed] : feeds) {
     auto it = io.input_index.find(name);
     FUSEBOX_CHECK(it != io.input_index.end(), where, "a tensor was given for '", name,
@@ -74,6 +71,9 @@ void check_feed_names(const IoPlan& io, const Feeds& feeds, const std::string& w
     FUSEBOX_CHECK(!io.bound[it->second], where, "input '", name,
                   "' is bound to a device array; it cannot be fed");
   }
+  for (const std::string& name : to_host)
+    FUSEBOX_CHECK(io.output_index.count(name), where, "'", name,
+                  "' was asked for on the host but is not an output of the graph");
 }
 
 std::string error_message(const Error& e) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,13 @@ IoPlan plan_io(const Graph& g, const CompileOptions& options, const std::string&
 void check_feed(const TensorType& want, const std::string& input, DType dtype, const Shape& shape,
                 const std::string& where);
 
-// Every name of `feeds` is an input that may be fed (not bound), else an Error.
-void check_feed_names(const IoPlan& io, const Feeds& feeds, const std::string& where);
+// Every name of `feeds` is an input that may be fed (not bound), and every name of
+// `to_host` an output, else an Error.
+void check_request(const IoPlan& io, const Feeds& feeds, const std::set<std::string>& to_host,
+                   const std::string& where);
+
+// "f32[16, 3, 3, 3]"
+std::string type_str(DType dtype, const Shape& shape);
 
 // An Error's message without its "[where] " prefix.
 std::string error_message(const Error& e);

@@ -27,9 +27,9 @@ struct TrainingSession::Impl {
   mutable std::unique_ptr<Executable> eval_exe;  // made at the first predict()
   int64_t steps = 0;
 
-  // State names (step-graph inputs) by kind; optimizer state by checkpoint name.
-  std::vector<std::string> buffer_names;
-  std::map<std::string, std::string> optimizer_inputs;  // checkpoint name -> step input
+  // The optimizer state's step-graph inputs, by checkpoint name (parameters and buffers are
+  // inputs under their own names: layout).
+  std::map<std::string, std::string> optimizer_inputs;
   // Host copies, taken at step `copied_at` (-1: none yet).
   mutable NamedTensors parameters, buffers, optimizer_state;
   mutable int64_t copied_at = -1;
@@ -46,30 +46,27 @@ struct TrainingSession::Impl {
 namespace {
 
 // "f32[16, 3, 3, 3]"
-std::string type_str(const Tensor& t) {
-  return cat(dtype_name(t.dtype()), shape_str(t.shape()));
+std::string type_str(DType dtype, const Shape& shape) {
+  return cat(dtype_name(dtype), shape_str(shape));
 }
 
-// Every name of `expected` is in `got` with the same dtype and shape, and nothing else.
-void check_same_tensors(const NamedTensors& expected, const NamedTensors& got,
+// Every name of `expected` (the session's arrays, by checkpoint name) is in `got` with the
+// same dtype and shape, and nothing else.
+void check_same_tensors(const std::map<std::string, DeviceArray>& expected, const NamedTensors& got,
                         const std::string& kind, const std::string& where) {
-  for (const auto& [name, t] : expected) {
+  for (const auto& [name, a] : expected) {
     auto it = got.find(name);
-    FUSEBOX_CHECK(it != got.end(), where, "no ", kind, " '", name, "' (", type_str(t),
+    FUSEBOX_CHECK(it != got.end(), where, "no ", kind, " '", name, "' (",
+                  type_str(a.dtype(), a.shape()),
                   ") in the checkpoint: is it from another model or optimizer?");
-    FUSEBOX_CHECK(it->second.dtype() == t.dtype() && it->second.shape() == t.shape(), where, kind,
-                  " '", name, "' is ", type_str(it->second), " in the checkpoint but ", type_str(t),
-                  " in this session: is it from another model?");
+    const Tensor& t = it->second;
+    FUSEBOX_CHECK(t.dtype() == a.dtype() && t.shape() == a.shape(), where, kind, " '", name,
+                  "' is ", type_str(t.dtype(), t.shape()), " in the checkpoint but ",
+                  type_str(a.dtype(), a.shape()), " in this session: is it from another model?");
   }
   for (const auto& [name, t] : got)
     FUSEBOX_CHECK(expected.count(name), where, "the checkpoint holds ", kind, " '", name,
                   "', which this session does not have: is it from another model or optimizer?");
-}
-
-NamedTensors cloned(const NamedTensors& tensors) {
-  NamedTensors out;
-  for (const auto& [name, t] : tensors) out[name] = t.clone();
-  return out;
 }
 
 }  // namespace
@@ -89,7 +86,7 @@ void TrainingSession::Impl::check_batch(const Batch& batch, const std::vector<st
 void TrainingSession::Impl::copy_state_to_host() const {
   if (copied_at == steps) return;
   for (const std::string& p : layout.parameters) parameters[p] = state(p).to_host();
-  for (const std::string& b : buffer_names) buffers[b] = state(b).to_host();
+  for (const std::string& b : layout.buffers) buffers[b] = state(b).to_host();
   for (const auto& [name, input] : optimizer_inputs) optimizer_state[name] = state(input).to_host();
   copied_at = steps;
 }
@@ -144,10 +141,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     s.optimizer_inputs[name] = train::kOptimPrefix + name;
     s.state(train::kOptimPrefix + name).copy_from(t);
   }
-  for (const std::string& b : s.layout.buffers) {
-    s.buffer_names.push_back(b);
-    initial[b] = *model.constant(*model.find_value(b));
-  }
+  for (const std::string& b : s.layout.buffers) initial[b] = *model.constant(*model.find_value(b));
   for (const auto& [name, t] : initial) s.state(name).copy_from(t);
 }
 
@@ -262,21 +256,20 @@ void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) 
                   expected[i].second);
   }
   FUSEBOX_CHECK(ckpt.step >= 0, where, "negative step count ", ckpt.step);
-  s.copy_state_to_host();
-  check_same_tensors(s.parameters, ckpt.parameters, "parameter", where);
-  check_same_tensors(s.buffers, ckpt.buffers, "buffer", where);
-  check_same_tensors(s.optimizer_state, ckpt.optimizer_state, "optimizer state", where);
-
-  // Uploaded once, into the arrays the step updates in place.
-  for (const auto& [name, t] : ckpt.parameters) s.state(name).copy_from(t);
-  for (const auto& [name, t] : ckpt.buffers) s.state(name).copy_from(t);
-  for (const auto& [name, t] : ckpt.optimizer_state)
-    s.state(s.optimizer_inputs.at(name)).copy_from(t);
-  s.parameters = cloned(ckpt.parameters);
-  s.buffers = cloned(ckpt.buffers);
-  s.optimizer_state = cloned(ckpt.optimizer_state);
+  // Checked against the arrays' types (nothing is downloaded), then uploaded once into
+  // the arrays the step updates in place.
+  std::map<std::string, DeviceArray> parameters, buffers, optimizer_state;
+  for (const std::string& p : s.layout.parameters) parameters[p] = s.state(p);
+  for (const std::string& b : s.layout.buffers) buffers[b] = s.state(b);
+  for (const auto& [name, input] : s.optimizer_inputs) optimizer_state[name] = s.state(input);
+  check_same_tensors(parameters, ckpt.parameters, "parameter", where);
+  check_same_tensors(buffers, ckpt.buffers, "buffer", where);
+  check_same_tensors(optimizer_state, ckpt.optimizer_state, "optimizer state", where);
+  for (const auto& [name, t] : ckpt.parameters) parameters.at(name).copy_from(t);
+  for (const auto& [name, t] : ckpt.buffers) buffers.at(name).copy_from(t);
+  for (const auto& [name, t] : ckpt.optimizer_state) optimizer_state.at(name).copy_from(t);
   s.steps = ckpt.step;
-  s.copied_at = s.steps;
+  s.copied_at = -1;  // the host copies are taken again when asked for
   s.optimizer = ckpt.optimizer;
 }
 

@@ -27,12 +27,10 @@
 #include <iostream>
 
 #include "common.h"
-#include "fusebox/frontends/onnx.h"
 #include "fusebox/io/json.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/session.h"
-#include "fusebox/zoo.h"
 
 namespace fusebox::cli {
 namespace {
@@ -77,18 +75,12 @@ void summarise(std::vector<double> ms, Figures& f) {
 }
 
 Graph load_model(const BenchArgs& args, bool training) {
-  if (is_onnx_path(args.model)) {
-    if (args.given("--image-size") || args.given("--num-classes"))
-      throw UsageError("--image-size and --num-classes apply to zoo models only");
-    OnnxImportOptions opts;
-    opts.input_shapes = parse_shape_specs(args.shapes);
-    return import_onnx_file(args.model, opts);
-  }
-  if (!args.shapes.empty()) throw UsageError("--shape applies to ONNX models only");
-  return build_zoo_model(args.model, {.batch = args.batch,
-                                      .image_size = args.image_size,
-                                      .num_classes = args.num_classes,
-                                      .training = training});
+  return load_model_argument(args.model, args.shapes,
+                             {.batch = args.batch,
+                              .image_size = args.image_size,
+                              .num_classes = args.num_classes,
+                              .training = training},
+                             args.given("--image-size") || args.given("--num-classes"));
 }
 
 // Runs `steps` steps through `step` (which queues one and returns its result's handle).

@@ -10,7 +10,6 @@
 #include <numeric>
 
 #include "common.h"
-#include "fusebox/frontends/onnx.h"
 #include "fusebox/train/data.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
@@ -89,21 +88,15 @@ struct Model {
 // A zoo model in training form, or an imported ONNX model. The image size of a zoo model
 // follows --data when --image-size is not given.
 Model load_model(const TrainArgs& args, const Dataset* data) {
-  if (is_onnx_path(args.model)) {
-    if (args.given("--image-size") || args.given("--num-classes"))
-      throw UsageError("--image-size and --num-classes apply to zoo models only");
-    OnnxImportOptions opts;
-    opts.input_shapes = parse_shape_specs(args.shapes);
-    return {import_onnx_file(args.model, opts), args.model};
-  }
-  if (!args.shapes.empty()) throw UsageError("--shape applies to ONNX models only");
   ZooOptions opts{.batch = args.batch_size,
                   .image_size = args.image_size,
                   .num_classes = args.num_classes,
                   .seed = args.seed,
                   .training = true};
   if (data && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
-  Graph g = build_zoo_model(args.model, opts);
+  Graph g = load_model_argument(args.model, args.shapes, opts,
+                                args.given("--image-size") || args.given("--num-classes"));
+  if (is_onnx_path(args.model)) return {std::move(g), args.model};
   return {std::move(g), cat(args.model, " (zoo, ", opts.image_size, "x", opts.image_size, ", ",
                             opts.num_classes, " classes, seed ", args.seed, ")")};
 }
@@ -189,7 +182,8 @@ int train(const TrainArgs& args) {
   }
 
   int64_t values = 0;
-  for (const auto& [name, t] : session.parameters()) values += t.numel();
+  for (const std::string& name : session.parameter_names())  // shapes only: no download
+    values += numel(session.step_executable().input(name).shape());
   std::cout << "training " << model.description << " on " << device_name(device) << ", "
             << precision_name(precision) << "\n"
             << "  " << session.parameter_names().size() << " parameter tensors ("

@@ -9,12 +9,26 @@
 #include <iostream>
 #include <sstream>
 
+#include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 
 namespace fusebox::cli {
 
 bool is_onnx_path(const std::string& model) {
   return model.ends_with(".onnx") || model.find('/') != std::string::npos;
+}
+
+Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
+                          const ZooOptions& zoo, bool zoo_options_given) {
+  if (is_onnx_path(model)) {
+    if (zoo_options_given)
+      throw UsageError("--image-size and --num-classes apply to zoo models only");
+    OnnxImportOptions opts;
+    opts.input_shapes = parse_shape_specs(shapes);
+    return import_onnx_file(model, opts);
+  }
+  if (!shapes.empty()) throw UsageError("--shape applies to ONNX models only");
+  return build_zoo_model(model, zoo);
 }
 
 void add_shape_option(CLI::App& app, std::vector<std::string>* specs) {

@@ -11,6 +11,7 @@
 
 #include "fusebox/core/tensor.h"
 #include "fusebox/passes/mixed_precision.h"
+#include "fusebox/zoo.h"
 
 namespace fusebox::cli {
 
@@ -36,6 +37,11 @@ struct UsageError : CLI::ParseError {
 
 // Whether a MODEL argument names an ONNX file (".onnx", or a path) rather than a zoo model.
 bool is_onnx_path(const std::string& model);
+// The MODEL argument's graph: the ONNX file imported with the --shape specs, or the zoo
+// model built with `zoo`. Usage errors for options of the other kind: --shape for a zoo
+// model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
+Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
+                          const ZooOptions& zoo, bool zoo_options_given);
 
 // Adds the repeatable "--shape NAME=D0,D1,..." option (concrete shapes for inputs
 // whose ONNX shapes have symbolic dims).

@@ -587,54 +587,37 @@ void CommandEncoder::synchronize() {
   release_completed(true);
 }
 
-void CommandEncoder::copy_to_device(const BufferRange& dst, const void* host) {
+// Commits, then issues one stream-ordered copy (the copies below share it).
+void CommandEncoder::issue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                const char* what) {
   commit();
-  if (dst.bytes == 0) return;
+  if (bytes == 0) return;
   DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(dst.data(), host, dst.bytes, cudaMemcpyHostToDevice, stream_),
-      cat("cudaMemcpyAsync(", dst.bytes, " bytes, host to device)"));
-  FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release_completed(true);
+  FUSEBOX_CUDA_CHECK_AS(cudaMemcpyAsync(dst, src, bytes, kind, stream_),
+                        cat("cudaMemcpyAsync(", bytes, " bytes, ", what, ")"));
+}
+
+void CommandEncoder::copy_to_device(const BufferRange& dst, const void* host) {
+  issue_copy(dst.data(), host, dst.bytes, cudaMemcpyHostToDevice, "host to device");
+  synchronize();
 }
 
 void CommandEncoder::copy_to_host(void* host, const BufferRange& src) {
-  commit();
-  if (src.bytes == 0) return;
-  DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
-      cat("cudaMemcpyAsync(", src.bytes, " bytes, device to host)"));
-  FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release_completed(true);
+  issue_copy(host, src.data(), src.bytes, cudaMemcpyDeviceToHost, "device to host");
+  synchronize();
 }
 
 void CommandEncoder::copy_to_device_async(const BufferRange& dst, const void* pinned_host) {
-  commit();
-  if (dst.bytes == 0) return;
-  DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(dst.data(), pinned_host, dst.bytes, cudaMemcpyHostToDevice, stream_),
-      cat("cudaMemcpyAsync(", dst.bytes, " bytes, pinned host to device)"));
+  issue_copy(dst.data(), pinned_host, dst.bytes, cudaMemcpyHostToDevice, "pinned host to device");
 }
 
 void CommandEncoder::copy_to_host_async(void* pinned_host, const BufferRange& src) {
-  commit();
-  if (src.bytes == 0) return;
-  DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(pinned_host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
-      cat("cudaMemcpyAsync(", src.bytes, " bytes, device to pinned host)"));
+  issue_copy(pinned_host, src.data(), src.bytes, cudaMemcpyDeviceToHost, "device to pinned host");
 }
 
 void CommandEncoder::copy_now(const BufferRange& dst, const BufferRange& src) {
-  commit();
   FUSEBOX_CHECK(dst.bytes == src.bytes, "cuda", "copy_now: ", src.bytes, " bytes into ", dst.bytes);
-  if (dst.bytes == 0) return;
-  DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaMemcpyAsync(dst.data(), src.data(), dst.bytes, cudaMemcpyDeviceToDevice, stream_),
-      cat("cudaMemcpyAsync(", dst.bytes, " bytes, device to device)"));
+  issue_copy(dst.data(), src.data(), dst.bytes, cudaMemcpyDeviceToDevice, "device to device");
 }
 
 // An event of its own (not one of the completion events, which are recycled).

@@ -296,6 +296,7 @@ class CommandEncoder {
   // Releases what completed commits held; with wait, first waits for all of them.
   void release_completed(bool wait);
   void opt_in_shared_memory(const void* kernel, size_t shared_bytes);
+  void issue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what);
 
   Device& device_;
   Options options_;
