@@ -2,6 +2,8 @@
 // the device across steps, checkpoints and resume, bad labels named. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "train_test_util.h"
 
 namespace fusebox::testing {
@@ -12,50 +14,93 @@ namespace {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device: GPU training tests need one"; \
   } while (0)
 
-Graph resnet18_tiny() {
-  return build_zoo_model(
-      "resnet18", {.batch = 8, .image_size = 32, .num_classes = 10, .seed = 5, .training = true});
-}
 
 double relative(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-12);
 }
 
-// ResNet-18 at 32x32, batch 8: 5 steps of SGD with momentum, losses within 1e-3 relative and
-// the parameters and running statistics within 1e-3 of the CPU's (TF32 off). Evaluation is
-// compared on the same state: the GPU's checkpoint loaded into a CPU session.
-TEST(CudaTraining, MatchesTheCpuOracleForFiveSteps) {
+Graph resnet18_tiny(DType dtype) {
+  return build_zoo_model("resnet18", {.batch = 8,
+                                      .image_size = 32,
+                                      .num_classes = 10,
+                                      .seed = 5,
+                                      .dtype = dtype,
+                                      .training = true});
+}
+
+// The same batch for either dtype.
+NamedTensors batch_as(const BatchSampler& sampler, int64_t i, DType dtype) {
+  NamedTensors b = zoo_batch(sampler, i);
+  b["input"] = b["input"].cast(dtype);
+  return b;
+}
+
+// ResNet-18 at 32x32, batch 8, SGD with momentum and weight decay, the GPU against the CPU
+// oracle. This configuration is chaotic in f32: the CPU's own f32 losses part from its f64
+// losses by 3e-4 at step 2, 5% at step 3 and 30% at step 5 (measured, lr 0.01; a smaller lr
+// does not help), so two f32 runs left to run freely compare rounding, not correctness.
+// Hence two tests:
+//  - f64, five steps run freely on each backend: the whole device-resident path (state
+//    updated in place, momentum carried over) follows the oracle within 1e-6;
+//  - f32, each of five steps started on the GPU from the CPU's state (restore() uploads it):
+//    the loss within 1e-3 relative, the parameters and running statistics after the step
+//    within 1e-3 (TF32 off).
+TEST(CudaTraining, MatchesTheCpuOracleForFiveStepsInF64) {
   REQUIRE_GPU();
-  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
-  const Graph model = resnet18_tiny();
+  const Graph model = resnet18_tiny(DType::f64);
   const SgdOptions sgd{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4};
   TrainingSession cpu(model, LossSpec{}, sgd, {.device = Device::cpu});
   TrainingSession gpu(model, LossSpec{}, sgd, {.device = Device::cuda});
   BatchSampler sampler(synthetic_dataset(16, 3, 32, 10, 1), 8, false, 0);
   for (int i = 0; i < 5; ++i) {
+    const double want = cpu.step(batch_as(sampler, i, DType::f64));
+    const double got = gpu.step(batch_as(sampler, i, DType::f64));
+    EXPECT_LT(relative(got, want), 1e-6) << "step " << i + 1 << ": " << got << " vs " << want;
+  }
+  for (const auto& [name, t] : cpu.parameters())
+    EXPECT_TRUE(all_close(gpu.parameters().at(name), t, 1e-6, 1e-9)) << name;
+  for (const auto& [name, t] : cpu.buffers())
+    EXPECT_TRUE(all_close(gpu.buffers().at(name), t, 1e-6, 1e-9)) << name;
+  for (const auto& [name, t] : cpu.optimizer_state())
+    EXPECT_TRUE(all_close(gpu.optimizer_state().at(name), t, 1e-6, 1e-9)) << name;
+  // The state stays on the device: aliased outputs were computed in place.
+  EXPECT_GT(gpu.step_executable().stats().aliases_in_place, 0u);
+  EXPECT_EQ(gpu.step_executable().stats().aliases_copied, 0u);
+}
+
+TEST(CudaTraining, MatchesTheCpuOracleStepByStepInF32) {
+  REQUIRE_GPU();
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
+  const Graph model = resnet18_tiny(DType::f32);
+  const SgdOptions sgd{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4};
+  TrainingSession cpu(model, LossSpec{}, sgd, {.device = Device::cpu});
+  TrainingSession gpu(model, LossSpec{}, sgd, {.device = Device::cuda});
+  BatchSampler sampler(synthetic_dataset(16, 3, 32, 10, 1), 8, false, 0);
+  for (int i = 0; i < 5; ++i) {
+    gpu.restore(cpu.checkpoint());
     const float want = cpu.step(zoo_batch(sampler, i));
     const float got = gpu.step(zoo_batch(sampler, i));
     EXPECT_LT(relative(got, want), 1e-3) << "step " << i + 1 << ": " << got << " vs " << want;
+    for (const auto& [name, t] : cpu.parameters())
+      EXPECT_TRUE(all_close(gpu.parameters().at(name), t, 1e-3, 1e-4))
+          << name << " after step " << i + 1;
+    for (const auto& [name, t] : cpu.buffers())
+      EXPECT_TRUE(all_close(gpu.buffers().at(name), t, 1e-3, 1e-4))
+          << name << " after step " << i + 1;
   }
-  for (const auto& [name, t] : cpu.parameters())
-    EXPECT_TRUE(all_close(gpu.parameters().at(name), t, 1e-3, 1e-4)) << name;
-  for (const auto& [name, t] : cpu.buffers())
-    EXPECT_TRUE(all_close(gpu.buffers().at(name), t, 1e-3, 1e-4)) << name;
+  // Evaluation on the same state: the GPU's checkpoint loaded into a CPU session.
   TrainingSession same_state(model, LossSpec{}, sgd, {.device = Device::cpu});
   same_state.restore(gpu.checkpoint());
   const NamedTensors in = {{"input", sampler.batch(0).first}};
   EXPECT_TRUE(
       all_close(gpu.predict(in).at("logits"), same_state.predict(in).at("logits"), 1e-3, 1e-3));
-  // The state stays on the device: aliased outputs were computed in place.
-  EXPECT_GT(gpu.step_executable().stats().aliases_in_place, 0u);
-  EXPECT_EQ(gpu.step_executable().stats().aliases_copied, 0u);
 }
 
 // The session (state aliased, updated in place, fed through staging) computes exactly what
 // the same step graph computes run plainly on the same GPU from the same state.
 TEST(CudaTraining, InPlaceStateIsExactlyThePlainStep) {
   REQUIRE_GPU();
-  const Graph model = resnet18_tiny();
+  const Graph model = resnet18_tiny(DType::f32);
   const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
   TrainingSession gpu(model, LossSpec{}, sgd, {.device = Device::cuda});
   BatchSampler sampler(synthetic_dataset(16, 3, 32, 10, 1), 8, false, 0);
@@ -79,7 +124,7 @@ TEST(CudaTraining, InPlaceStateIsExactlyThePlainStep) {
 // autotuned plan that differs between the two sessions.
 TEST(CudaTraining, CheckpointAndResumeContinueTheCurve) {
   REQUIRE_GPU();
-  const Graph model = resnet18_tiny();
+  const Graph model = resnet18_tiny(DType::f32);
   const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
   BatchSampler sampler(synthetic_dataset(16, 3, 32, 10, 2), 8, true, 3);
   TrainingSession a(model, LossSpec{}, sgd, {.device = Device::cuda});
@@ -164,7 +209,7 @@ TEST(CudaTraining, OutOfMemoryAtCompileIsAClearErrorAndLeavesNothing) {
     EXPECT_NE(what.find("bytes"), std::string::npos) << what;
   }
   const size_t in_use = device_memory_stats(Device::cuda).in_use;
-  TrainingSession small(resnet18_tiny(), LossSpec{}, SgdOptions{.lr = 0.1},
+  TrainingSession small(resnet18_tiny(DType::f32), LossSpec{}, SgdOptions{.lr = 0.1},
                         {.device = Device::cuda});
   BatchSampler sampler(synthetic_dataset(8, 3, 32, 10, 1), 8, false, 0);
   EXPECT_TRUE(std::isfinite(small.step(zoo_batch(sampler, 0))));
