@@ -12,8 +12,10 @@
 //   4. record every node on the device's command encoder with its outputs in the arena (or
 //      in the executable's output buffers, or in place: an aliased output), then the copies
 //      of aliased outputs that could not be computed in place; finish the recording.
-// The recording resolves the convolution plans (memory and disk caches, autotuning) and
-// holds the kernels' workspaces and temporaries for the executable's life.
+// The recording resolves the convolution plans (memory and disk caches, autotuning). Each
+// node's temporaries (library workspaces, layout conversions, partial sums) take arena
+// bytes that no value holds while it runs (memory_plan.h free_gaps); what does not fit
+// there is allocated and held for the executable's life.
 //
 // Run: feeds are copied into the input buffers (from the host through double-buffered
 // pinned staging, stream-ordered; from device arrays by a device copy), the recording is
@@ -230,6 +232,9 @@ class CudaExecutable final : public Executable {
     }
     const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory);
     offsets_ = plan.offset;
+    // The nodes' temporaries go where no value is at the time (none without reuse: that
+    // plan is the reference the reusing one is tested against).
+    if (options_.reuse_memory) gaps_ = free_gaps(graph_, life_, bytes, plan);
     stats_.arena_bytes = plan.arena_bytes;
     stats_.unshared_bytes = plan.unshared_bytes;
     if (plan.largest != kNoValue) {
@@ -383,7 +388,8 @@ class CudaExecutable final : public Executable {
 
     std::vector<const DeviceTensor*> in_ptrs;
     std::vector<DeviceTensor> outs;
-    for (const Node& n : graph_.nodes()) {
+    for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+      const Node& n = graph_.nodes()[i];
       in_ptrs.clear();
       for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
       outs.clear();
@@ -400,7 +406,16 @@ class CudaExecutable final : public Executable {
         if (options_.poison && in_place_[size_t(v)] < 0)
           ctx_.encoder.memset(outs.back().range(), 0xff);
       }
-      cuda::run_node(ctx_, n, in_ptrs, outs);
+      if (i < gaps_.size() && gaps_[i].bytes > 0)
+        ctx_.encoder.set_temporary_region(
+            cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes));
+      try {
+        cuda::run_node(ctx_, n, in_ptrs, outs);
+      } catch (...) {
+        ctx_.encoder.clear_temporary_region();
+        throw;
+      }
+      ctx_.encoder.clear_temporary_region();
       for (size_t i = 0; i < n.outputs.size(); ++i)
         slots[size_t(n.outputs[i])] = std::move(outs[i]);
     }
@@ -528,6 +543,7 @@ class CudaExecutable final : public Executable {
   Liveness life_;
   LayoutPlan layout_;
   std::vector<size_t> offsets_;
+  std::vector<Gap> gaps_;  // by node: arena bytes free for its temporaries
   cuda::DeviceBuffer arena_;
   std::vector<DeviceTensor> constants_;  // by ValueId
   std::vector<Input> inputs_;

@@ -92,4 +92,34 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
   return plan;
 }
 
+std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+                           const MemoryPlan& plan) {
+  const int nodes = int(g.nodes().size());
+  // The placed values live at each node, as byte intervals.
+  std::vector<std::vector<std::pair<size_t, size_t>>> taken(static_cast<size_t>(nodes));
+  for (size_t v = 0; v < plan.offset.size(); ++v) {
+    if (plan.offset[v] == MemoryPlan::kNotPlanned || bytes[v] == 0) continue;
+    const int begin = std::max(life.first[v], 0);
+    const int end = std::min(std::max(life.first[v], life.last[v]), nodes - 1);
+    for (int i = begin; i <= end; ++i)
+      taken[size_t(i)].emplace_back(plan.offset[v], plan.offset[v] + aligned(bytes[v]));
+  }
+  std::vector<Gap> gaps(static_cast<size_t>(nodes));
+  for (int i = 0; i < nodes; ++i) {
+    auto& t = taken[size_t(i)];
+    std::sort(t.begin(), t.end());
+    size_t free_from = 0;
+    Gap& best = gaps[size_t(i)];
+    auto consider = [&](size_t end) {
+      if (end > free_from && end - free_from > best.bytes) best = {free_from, end - free_from};
+    };
+    for (const auto& [begin, end] : t) {
+      consider(begin);
+      free_from = std::max(free_from, end);
+    }
+    consider(plan.arena_bytes);
+  }
+  return gaps;
+}
+
 }  // namespace fusebox::runtime

@@ -44,6 +44,17 @@ struct MemoryPlan {
   ValueId largest = kNoValue;  // the largest planned value
 };
 
+// Bytes of the arena no planned value occupies while node i runs, for the node's
+// temporaries (CommandEncoder::set_temporary_region): the largest such gap for each node,
+// [offset, offset + bytes). Sharing them is safe for the reason above: the temporaries are
+// declared to the encoder like any arena bytes.
+struct Gap {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+                           const MemoryPlan& plan);
+
 // Plans the values with bytes[v] > 0 (the caller gives 0 for inputs, constants, outputs and
 // anything else kept outside the arena). With reuse false, every value gets bytes of its own.
 MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,

@@ -79,11 +79,10 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //    contiguous (unless the op takes strides), outputs that are not contiguous are computed
 //    into contiguous temporaries and copied into place.
 
-// A dense copy of `t` in `format`, held by the encoder until the work using it completes.
+// A dense copy of `t` in `format`: a temporary of the operation (context.h temporary_tensor).
 DeviceTensor converted(Context& ctx, const DeviceTensor& t, MemoryFormat format) {
-  DeviceTensor c = DeviceTensor::empty(ctx.allocator, t.dtype, t.shape, format);
+  DeviceTensor c = temporary_tensor(ctx, t.dtype, t.shape, format);
   copy_strided(ctx, t, c);
-  ctx.encoder.add_temporary(c.buffer);
   return c;
 }
 
@@ -138,8 +137,7 @@ void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs
   bool staged = false;
   for (DeviceTensor& t : outputs) {
     if (t.is_contiguous()) continue;
-    t = DeviceTensor::empty(ctx.allocator, t.dtype, t.shape);
-    ctx.encoder.add_temporary(t.buffer);
+    t = temporary_tensor(ctx, t.dtype, t.shape);
     staged = true;
   }
   run_contiguous(ctx, n, inputs.get(), outputs);

@@ -93,5 +93,37 @@ TEST(MemoryPlan, ResNet50InferenceSharesMostBytes) {
   EXPECT_LE(double(plan.arena_bytes), 1.25 * double(plan.peak_live_bytes));
 }
 
+// A node's temporaries go in the arena's largest gap at that node: inside the arena and
+// clear of every value live while the node runs (its inputs and outputs included).
+TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {
+  const Graph model = build_zoo_model(
+      "resnet18", {.batch = 4, .image_size = 32, .num_classes = 10, .training = true});
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+  const Graph& g = session.step_graph();
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true);
+  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, life, bytes, plan);
+  ASSERT_EQ(gaps.size(), g.nodes().size());
+  size_t lent = 0, with_gap = 0;
+  for (size_t i = 0; i < gaps.size(); ++i) {
+    const runtime::Gap& gap = gaps[i];
+    if (gap.bytes == 0) continue;
+    ++with_gap, lent = std::max(lent, gap.bytes);
+    ASSERT_LE(gap.offset + gap.bytes, plan.arena_bytes) << "node " << i;
+    for (size_t v = 0; v < bytes.size(); ++v) {
+      if (bytes[v] == 0) continue;
+      const int first = life.first[v], last = std::max(life.first[v], life.last[v]);
+      if (int(i) < first || int(i) > last) continue;
+      const bool clear =
+          plan.offset[v] + bytes[v] <= gap.offset || gap.offset + gap.bytes <= plan.offset[v];
+      ASSERT_TRUE(clear) << "node " << i << "'s gap overlaps " << g.values()[v].name;
+    }
+  }
+  // Early in the forward pass most of the arena is free: some node must get room.
+  EXPECT_GT(with_gap, g.nodes().size() / 4);
+  EXPECT_GT(lent, plan.arena_bytes / 4);
+}
+
 }  // namespace
 }  // namespace fusebox::testing

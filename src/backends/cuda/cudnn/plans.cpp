@@ -305,7 +305,7 @@ bool record_entry(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::
                   std::string& reason) {
   const bool with_bias = entry->bias_fused;
   VariantPack pack = variant_pack(t, with_bias);
-  DeviceBuffer workspace = ctx.encoder.scratch(ctx.allocator, size_t(entry->workspace));
+  const BufferRange workspace = ctx.encoder.scratch(ctx.allocator, size_t(entry->workspace));
   BufferList reads, writes;
   switch (p.op) {
     case ConvOp::fprop:
@@ -319,7 +319,7 @@ bool record_entry(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::
       break;
   }
   if (with_bias) reads.push_back(t.bias->range());
-  if (workspace) writes.push_back(workspace);
+  if (workspace.bytes > 0) writes.push_back(workspace);
   try {
     // This thread's handle exists before any capture (cudnnCreate cannot be captured).
     cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());

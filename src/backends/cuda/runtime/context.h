@@ -5,6 +5,7 @@
 #include "backends/cuda/runtime/allocator.h"
 #include "backends/cuda/runtime/device.h"
 #include "backends/cuda/runtime/encoder.h"
+#include "backends/cuda/runtime/tensor.h"
 
 namespace fusebox::cuda {
 
@@ -13,5 +14,14 @@ struct Context {
   CommandEncoder& encoder;
   CachingAllocator& allocator;
 };
+
+// A temporary of the operation being recorded (CommandEncoder::temporary): bytes of the
+// compiled executable's arena when it lends a region, else a buffer held with the recording.
+inline DeviceTensor temporary_tensor(Context& ctx, DType dtype, Shape shape,
+                                     MemoryFormat format = MemoryFormat::contiguous) {
+  const size_t bytes = size_t(numel(shape)) * dtype_size(dtype);
+  return DeviceTensor::over(ctx.encoder.temporary(ctx.allocator, bytes), dtype, std::move(shape),
+                            format);
+}
 
 }  // namespace fusebox::cuda

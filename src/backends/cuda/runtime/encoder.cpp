@@ -441,16 +441,57 @@ void CommandEncoder::reset_recording() {
   objects_.clear();
   temporaries_.clear();
   scratch_ = DeviceBuffer();
+  clear_temporary_region();
   pending_ops_ = 0;
 }
 
-DeviceBuffer CommandEncoder::scratch(CachingAllocator& allocator, size_t bytes) {
-  if (bytes == 0) return {};
+void CommandEncoder::set_temporary_region(const BufferRange& region) {
+  region_ = region;
+  region_used_ = 0;
+}
+
+void CommandEncoder::clear_temporary_region() {
+  region_.reset();
+  region_used_ = 0;
+}
+
+namespace {
+
+// Temporaries in a region start on this boundary: enough for any vector access.
+constexpr size_t kTemporaryAlignment = 256;
+
+size_t aligned_up(size_t bytes) {
+  return (bytes + kTemporaryAlignment - 1) / kTemporaryAlignment * kTemporaryAlignment;
+}
+
+}  // namespace
+
+std::optional<BufferRange> CommandEncoder::from_region(size_t bytes) {
+  if (!region_) return std::nullopt;
+  // The region starts aligned (the arena's offsets are); keep every temporary so.
+  const size_t at = aligned_up(region_used_);
+  if (at + bytes > region_->bytes) return std::nullopt;
+  region_used_ = at + bytes;
+  return BufferRange(region_->buffer, region_->offset + at, bytes);
+}
+
+BufferRange CommandEncoder::temporary(CachingAllocator& allocator, size_t bytes) {
+  // A zero-size temporary still gets a (tiny) range so that pointers are valid.
+  bytes = std::max<size_t>(bytes, 1);
+  if (std::optional<BufferRange> lent = from_region(bytes)) return *lent;
+  DeviceBuffer buffer = allocator.allocate(bytes);
+  add_temporary(buffer);
+  return BufferRange(std::move(buffer), 0, bytes);
+}
+
+BufferRange CommandEncoder::scratch(CachingAllocator& allocator, size_t bytes) {
+  if (bytes == 0) return BufferRange(DeviceBuffer(), 0, 0);
+  if (std::optional<BufferRange> lent = from_region(bytes)) return *lent;
   if (scratch_.size() < bytes) {
     scratch_ = allocator.allocate(bytes);
     add_temporary(scratch_);  // held with the recording, like any temporary
   }
-  return scratch_;
+  return BufferRange(scratch_, 0, bytes);
 }
 
 CommandEncoder::InFlight CommandEncoder::take_held() {

@@ -66,6 +66,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -191,11 +192,22 @@ class CommandEncoder {
   // Device-to-device copy; the ranges must have equal sizes. kNoOp for empty ranges.
   size_t memcpy(const BufferRange& dst, const BufferRange& src);
 
-  // A workspace for one operation of this recording (a library call's scratch memory):
+  // Temporaries: memory one operation writes and reads only while it runs (a library
+  // call's workspace, a layout conversion, partial sums). A compiled executable recording
+  // an operation lends it a region of its arena that no value occupies during that
+  // operation (runtime/memory_plan.h): temporary() and scratch() take their bytes from the
+  // region while it has room, so they cost no memory of their own; the hazard rules order
+  // the region's reuse like any arena bytes. Outside a region (or when it is full),
+  // temporary() allocates from `allocator` and holds the buffer with the recording.
+  void set_temporary_region(const BufferRange& region);  // until clear_temporary_region()
+  void clear_temporary_region();
+  BufferRange temporary(CachingAllocator& allocator, size_t bytes);
+  // A workspace for one operation of this recording: from the region when it fits, else
   // the recording's shared scratch buffer, replaced by a larger one from `allocator` when
   // too small. Declare it as written: the hazard rules then order the operations that share
-  // it, so a step holds one workspace (the largest) instead of one per operation.
-  DeviceBuffer scratch(CachingAllocator& allocator, size_t bytes);
+  // it, so a step holds one workspace (the largest) instead of one per operation. Empty
+  // for 0 bytes.
+  BufferRange scratch(CachingAllocator& allocator, size_t bytes);
 
   // Holds `buffer` (or any object) until the work recorded so far has completed.
   void add_temporary(DeviceBuffer buffer);
@@ -273,6 +285,8 @@ class CommandEncoder {
   };
 
   void check_buffers(const BufferList& list) const;
+  // `bytes` of the lent region, when it has room left.
+  std::optional<BufferRange> from_region(size_t bytes);
   // The hazard edges of a new operation into deps_ (operation indices, leaving out those
   // another hazard already orders); notes the blocks it touches in touched_.
   void find_dependencies(const BufferList& reads, const BufferList& writes);
@@ -320,6 +334,9 @@ class CommandEncoder {
   std::vector<std::shared_ptr<const void>> objects_;
   std::vector<DeviceBuffer> temporaries_;
   DeviceBuffer scratch_;  // see scratch()
+  // The lent region (see set_temporary_region) and how much of it is taken.
+  std::optional<BufferRange> region_;
+  size_t region_used_ = 0;
   size_t pending_ops_ = 0;
   std::unordered_map<const void*, size_t> shared_opt_in_;  // kernel -> bytes granted
 

@@ -13,6 +13,21 @@ DeviceTensor DeviceTensor::empty(CachingAllocator& alloc, DType dtype, Shape sha
   return t;
 }
 
+DeviceTensor DeviceTensor::over(const BufferRange& range, DType dtype, Shape shape,
+                                MemoryFormat format) {
+  DeviceTensor t;
+  t.dtype = dtype;
+  t.strides = strides_for(shape, format);
+  t.shape = std::move(shape);
+  const size_t element = dtype_size(dtype);
+  FUSEBOX_CHECK(range.offset % element == 0 && range.bytes >= t.nbytes(), "cuda", "a ", t.nbytes(),
+                "-byte ", dtype_name(dtype), " tensor does not fit the ", range.bytes,
+                "-byte range at offset ", range.offset);
+  t.buffer = range.buffer;
+  t.offset = int64_t(range.offset / element);
+  return t;
+}
+
 DeviceTensor DeviceTensor::permuted(const std::vector<int>& order) const {
   Shape s(order.size()), st(order.size());
   for (size_t i = 0; i < order.size(); ++i) {

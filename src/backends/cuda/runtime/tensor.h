@@ -20,6 +20,10 @@ struct DeviceTensor {
 
   static DeviceTensor empty(CachingAllocator& alloc, DType dtype, Shape shape,
                             MemoryFormat format = MemoryFormat::contiguous);
+  // A dense tensor over `range` (at least its bytes; the offset a multiple of the element
+  // size), e.g. a temporary from CommandEncoder::temporary.
+  static DeviceTensor over(const BufferRange& range, DType dtype, Shape shape,
+                           MemoryFormat format = MemoryFormat::contiguous);
   // A view of the same buffer (and dtype): element `offset` from the buffer's start, with
   // the given shape and strides.
   DeviceTensor view(int64_t offset, Shape shape, Shape strides) const {

@@ -3,7 +3,9 @@
 // avg_pool_backward; 1-3 spatial dims, ResNet's 3x3 stride 2 pad 1, ceil_mode,
 // count_include_pad, dilation, asymmetric pads, C = 1, 3, 7, 64, N = 1, outputs of a single
 // position (both layouts at once), ties and NaN, operands at an odd element offset (the
-// scalar fallback of the vectorised path), and mixed layouts (an Error).
+// scalar fallback of the vectorised path), and mixed layouts (an Error). max_pool_backward
+// (dy, x) also in the contiguous layout, with stride > kernel, windows with no in-bounds
+// tap and all-equal inputs, bit for bit against the direct call given the indices.
 //
 // Inputs are uploaded NCHW and copied (copy_strided) into channels-last tensors; outputs
 // are channels-last, poisoned (0xFF bytes) first, and copied back to NCHW to compare.
@@ -11,6 +13,7 @@
 // tolerance_for(dtype); global_avg_pool x 4 (longer sums in another order); the backward
 // passes x 2 (a few window shares per element).
 #include <cmath>
+#include <cstring>
 
 #include "backends/cuda/kernels/pool/direct.h"
 #include "gpu_vs_cpu.h"
@@ -82,6 +85,19 @@ class LayoutHarness {
     std::vector<Tensor> result;
     for (const DeviceTensor& d : outputs) result.push_back(get(d));
     return result;
+  }
+
+  // Runs `entry` for `built` on device inputs, every output poisoned in `format`;
+  // synchronises, checks the error flags and returns the device outputs.
+  std::vector<DeviceTensor> run_device(KernelEntry entry, const BuiltNode& built,
+                                       const std::vector<const DeviceTensor*>& inputs,
+                                       MemoryFormat format) {
+    std::vector<DeviceTensor> outputs;
+    for (const TensorType& type : built.outputs) outputs.push_back(poisoned(type, format));
+    entry(h_.ctx(), built.node, inputs, outputs);
+    h_.encoder().synchronize();
+    check_error_flags(h_.ctx());
+    return outputs;
   }
 
  private:
@@ -292,6 +308,79 @@ TEST_F(PoolChannelsLastTest, MaxPoolTiesAndNaNFollowCpu) {
           run_op(OpKind::max_pool_backward, backward, {dy, x})[0], tol.rtol * 2, tol.atol * 2));
     }
   }
+}
+
+// Windows beyond pool_cases() for max_pool_backward: stride > kernel (elements in no window
+// get 0) and dilated windows with no in-bounds tap (they send nowhere); C % 8 == 0 and odd.
+std::vector<PoolCase> max_backward_cases() {
+  std::vector<PoolCase> cases = pool_cases();
+  cases.push_back(
+      {"2x2 s3 (gaps), C = 24", {2, 24, 11, 10}, window({2, 2}, {3, 3}, {0, 0}, {0, 0})});
+  cases.push_back({"3-d 1x2x2 s(1,3,3) pad (gaps), C = 5",
+                   {1, 5, 3, 8, 7},
+                   window({1, 2, 2}, {1, 3, 3}, {0, 1, 1}, {0, 0, 1})});
+  cases.push_back({"1-d empty windows, C = 8", {2, 8, 2}, window({2}, {1}, {3}, {3}, {4})});
+  cases.push_back(
+      {"2-d empty windows, C = 5", {1, 5, 2, 3}, window({2, 2}, {1, 2}, {3, 0}, {3, 1}, {4, 1})});
+  return cases;
+}
+
+// x for the max_pool_backward tests: random; small integers (windows with several equal
+// maxima: the first in row-major window order wins); all equal (every window ties); small
+// integers with NaNs (a NaN wins and stays) and -inf.
+enum class Values { random, ties, constant, nan };
+
+Tensor max_pool_input(DType t, const Shape& shape, Values values, uint64_t seed) {
+  if (values == Values::random) return random_tensor(t, shape, seed, -3, 3);
+  std::vector<double> v = random_tensor(DType::i32, shape, seed, 0, 4).to_doubles();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (values == Values::constant) v[i] = 1.5;
+    if (values == Values::nan && i % 23 == 5) v[i] = NAN;
+    if (values == Values::nan && i % 19 == 3) v[i] = -INFINITY;
+  }
+  return Tensor::from_doubles(t, shape, v);
+}
+
+// The IR op max_pool_backward (dy, x), which recomputes each window's choice from x, with
+// all operands contiguous or all channels-last: against the CPU, and bit for bit against
+// the direct call given the GPU forward's indices (the same sums in the same order).
+TEST_F(PoolChannelsLastTest, MaxPoolBackwardFromXMatchesCpuAndIndices) {
+  LayoutHarness h;
+  uint64_t seed = 700;
+  int runs = 0;
+  for (DType t : kFloatTypes) {
+    for (const PoolCase& c : max_backward_cases()) {
+      for (Values values : {Values::random, Values::ties, Values::constant, Values::nan}) {
+        for (MemoryFormat f : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
+          SCOPED_TRACE(
+              cat(c.name, " ", dtype_name(t), " values ", int(values), " ", memory_format_name(f)));
+          const Tensor x = max_pool_input(t, c.x, values, seed++);
+          const PoolAttrs pool = normalised(OpKind::max_pool, c.attrs, x);
+          PoolAttrs with_indices = pool;
+          with_indices.return_indices = true;
+          const BuiltNode forward = build_node(OpKind::max_pool, with_indices, {x});
+          const Tensor dy = random_tensor(t, forward.outputs[0].shape, seed++, -1, 1);
+          const PoolBackwardAttrs attrs{pool, {}};
+          const BuiltNode backward = build_node(OpKind::max_pool_backward, attrs, {dy, x});
+          const DeviceTensor xd = h.put(x, f), dyd = h.put(dy, f);
+          const Tensor got = h.get(h.run_device(&max_pool_backward, backward, {&dyd, &xd}, f)[0]);
+          const Tolerance tol = tolerance_for(t);
+          EXPECT_TRUE(all_close(got, run_op(OpKind::max_pool_backward, attrs, {dy, x})[0],
+                                tol.rtol * 2, tol.atol * 2))
+              << "against the CPU";
+          const std::vector<DeviceTensor> y = h.run_device(&max_pool, forward, {&xd}, f);
+          DeviceTensor dx = h.poisoned({t, c.x}, f);
+          max_pool_backward(h.ctx(), pool, dyd, y[1], dx);
+          const Tensor direct = h.get(dx);
+          ASSERT_EQ(got.nbytes(), direct.nbytes());
+          EXPECT_EQ(std::memcmp(got.raw(), direct.raw(), got.nbytes()), 0)
+              << "against the direct call with indices";
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(runs, 4 * 17 * 4 * 2);
 }
 
 // Operands one element past a 16-byte boundary: the vectorised kernels' scalar fallback.

@@ -26,9 +26,8 @@ namespace {
 using DirectEntry = void (*)(Context&, const Node&, Inputs, Outputs);
 
 DeviceTensor contiguous_copy(Context& ctx, const DeviceTensor& t) {
-  DeviceTensor copy = DeviceTensor::empty(ctx.allocator, t.dtype, t.shape);
+  DeviceTensor copy = temporary_tensor(ctx, t.dtype, t.shape);
   copy_strided(ctx, t, copy);
-  ctx.encoder.add_temporary(copy.buffer);
   return copy;
 }
 
@@ -45,8 +44,7 @@ void run_direct(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry
   }
   DeviceTensor& y = out[0];
   if (y.is_contiguous()) return entry(ctx, n, inputs, out);
-  DeviceTensor tmp = DeviceTensor::empty(ctx.allocator, y.dtype, y.shape);
-  ctx.encoder.add_temporary(tmp.buffer);
+  DeviceTensor tmp = temporary_tensor(ctx, y.dtype, y.shape);
   entry(ctx, n, inputs, std::span<DeviceTensor>(&tmp, 1));
   copy_strided(ctx, tmp, y);
 }

@@ -239,11 +239,10 @@ void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
   FUSEBOX_CHECK(plan != nullptr, where, "cuBLASLt has no algorithm for a ", dtype_name(p.dtype),
                 " GEMM of M ", p.m, ", N ", p.n, ", K ", p.k, " (batch ", p.batch, ")");
 
-  DeviceBuffer workspace;
   const size_t workspace_bytes = plan->heuristic.workspaceSize;
-  if (workspace_bytes > 0) workspace = ctx.encoder.scratch(ctx.allocator, workspace_bytes);
+  const BufferRange workspace = ctx.encoder.scratch(ctx.allocator, workspace_bytes);
   BufferList writes = {ops.y->range()};
-  if (workspace) writes.push_back(workspace);
+  if (workspace_bytes > 0) writes.push_back(workspace);
   cublasLtHandle_t handle = ctx.device.cublaslt_handle();  // created before the capture
   const float alpha_f = float(alpha), beta_f = float(beta);
   const void* alpha_p = plan->scale_is_double ? static_cast<const void*>(&alpha) : &alpha_f;
@@ -251,10 +250,10 @@ void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
   ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t stream) {
     for (const auto& off : offsets) {
       void* y = py + off[2] * int64_t(elem);
-      FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(
-          handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem), plan->first,
-          pa + off[0] * int64_t(elem), plan->second, beta_p, y, plan->out, y, plan->out,
-          &plan->heuristic.algo, workspace ? workspace.data() : nullptr, workspace_bytes, stream));
+      FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem),
+                                          plan->first, pa + off[0] * int64_t(elem), plan->second,
+                                          beta_p, y, plan->out, y, plan->out, &plan->heuristic.algo,
+                                          workspace.data(), workspace_bytes, stream));
     }
   });
   ctx.encoder.keep_alive(plan);
@@ -267,9 +266,8 @@ void check_float(const std::string& where, DType t) {
 
 // Zero-filled contiguous [rows, cols] temporary of `dtype`.
 DeviceTensor zeros(Context& ctx, DType dtype, int64_t rows, int64_t cols) {
-  DeviceTensor t = DeviceTensor::empty(ctx.allocator, dtype, {rows, cols});
+  DeviceTensor t = temporary_tensor(ctx, dtype, {rows, cols});
   ctx.encoder.memset(t.range(), 0);
-  ctx.encoder.add_temporary(t.buffer);
   return t;
 }
 

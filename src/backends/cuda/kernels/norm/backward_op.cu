@@ -90,11 +90,8 @@ void norm_backward_op(Context& ctx, const Node& n, Inputs in, Outputs out, bool 
   // scale broadcasts: the column sums go to f32 [cols] temporaries, then summed down.
   FUSEBOX_CHECK(view.norm_shape.size() <= size_t(kMaxParamRank), where, "at most ", kMaxParamRank,
                 " normalised dims are supported, got ", shape_str(view.norm_shape));
-  DeviceTensor full_scale = DeviceTensor::empty(ctx.allocator, DType::f32, {view.cols});
-  DeviceTensor full_bias =
-      centre ? DeviceTensor::empty(ctx.allocator, DType::f32, {view.cols}) : DeviceTensor();
-  ctx.encoder.add_temporary(full_scale.buffer);
-  if (centre) ctx.encoder.add_temporary(full_bias.buffer);
+  DeviceTensor full_scale = temporary_tensor(ctx, DType::f32, {view.cols});
+  DeviceTensor full_bias = centre ? temporary_tensor(ctx, DType::f32, {view.cols}) : DeviceTensor();
   norm::norm_backward(
       ctx, where, {x, dy, scale, mean, rstd, out[0], &full_scale, centre ? &full_bias : nullptr},
       centre);

@@ -270,12 +270,10 @@ void binary_backward_typed(Context& ctx, const Node& n, const DeviceTensor& dy,
       if (b.dtype != kC) {
         DeviceTensor source = b;
         if (!b.is_contiguous()) {  // cast reads contiguous tensors
-          source = DeviceTensor::empty(ctx.allocator, b.dtype, b.shape);
-          ctx.encoder.add_temporary(source.buffer);
+          source = temporary_tensor(ctx, b.dtype, b.shape);
           copy_strided(ctx, b, source);
         }
-        exponent = DeviceTensor::empty(ctx.allocator, kC, b.shape);
-        ctx.encoder.add_temporary(exponent.buffer);
+        exponent = temporary_tensor(ctx, kC, b.shape);
         const DeviceTensor* cast_in[1] = {&source};
         cast(ctx, n, cast_in, Outputs(&exponent, 1));
       }

@@ -245,12 +245,10 @@ void binary_pow(Context& ctx, const Node& n, const DeviceTensor& a, const Device
   if (b.dtype == DType::boolean) unsupported(n, b.dtype);
   DeviceTensor exponent = b;
   if (!b.is_contiguous()) {  // cast reads contiguous tensors
-    exponent = DeviceTensor::empty(ctx.allocator, b.dtype, b.shape);
-    ctx.encoder.add_temporary(exponent.buffer);
+    exponent = temporary_tensor(ctx, b.dtype, b.shape);
     copy_strided(ctx, b, exponent);
   }
-  DeviceTensor converted = DeviceTensor::empty(ctx.allocator, kP, b.shape);
-  ctx.encoder.add_temporary(converted.buffer);
+  DeviceTensor converted = temporary_tensor(ctx, kP, b.shape);
   const DeviceTensor* cast_in[1] = {&exponent};
   cast(ctx, n, cast_in, Outputs(&converted, 1));
   launch_map2<T, P, T>(ctx, n, a, converted, y, Pow<T, P>{});

@@ -250,8 +250,7 @@ void run_reduction(Context& ctx, const Node& n, const DeviceTensor& x, const Dev
   DeviceTensor src = x;
   src.shape = shape;
   src.strides = strides;
-  DeviceTensor permuted = DeviceTensor::empty(ctx.allocator, x.dtype, shape);
-  ctx.encoder.add_temporary(permuted.buffer);
+  DeviceTensor permuted = temporary_tensor(ctx, x.dtype, shape);
   copy_strided(ctx, src, permuted);
   r.rows(permuted.as<T>(), permuted.range(), py, y.range(), kept, reduced, mean_count);
 }
