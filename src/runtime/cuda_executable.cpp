@@ -230,6 +230,24 @@ class CudaExecutable final : public Executable {
       const TensorType& t = graph_.values()[v].type;
       if (!outside[v]) bytes[v] = size_t(numel(t.shape)) * dtype_size(t.dtype);
     }
+    // An input fed in another order than the step reads it (NCHW images for channels-last
+    // convolutions) is converted by the step's first operations: the copy is an arena value,
+    // live until its last reader.
+    std::vector<bool> converted_in_arena(values, false);
+    for (size_t i = 0; i < io_.input_names.size(); ++i) {
+      const ValueId v = graph_.inputs()[i];
+      const TensorType& t = graph_.value(v).type;
+      if (io_.aliased_by_input[i] >= 0 || life_.last[size_t(v)] == Liveness::kAfterLastNode)
+        continue;
+      DeviceTensor fed;  // the order the input's buffer has: the bound array's, else dense
+      fed.dtype = t.dtype;
+      fed.shape = t.shape;
+      fed.strides = io_.bound[i] ? options_.bound.at(io_.input_names[i]).storage()->tensor.strides
+                                 : strides_for(t.shape, MemoryFormat::contiguous);
+      if (in_format(fed, layout_.of(v))) continue;
+      converted_in_arena[size_t(v)] = true;
+      bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
+    }
     const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory);
     offsets_ = plan.offset;
     // The nodes' temporaries go where no value is at the time (none without reuse: that
@@ -283,7 +301,9 @@ class CudaExecutable final : public Executable {
       in.value_tensor = in.array.storage()->tensor;
       in.convert = !in_format(in.value_tensor, planned);
       if (in.convert) {
-        in.value_tensor = allocate(t, planned, "input '" + name + "' in its planned order");
+        in.value_tensor = converted_in_arena[size_t(in.value)]
+                              ? arena_tensor(in.value)
+                              : allocate(t, planned, "input '" + name + "' in its planned order");
       }
     }
     output_staging_.resize(io_.output_names.size());

@@ -8,19 +8,14 @@
 // Gather instead of scatter (no atomics, deterministic): one thread per dx element, or per
 // V consecutive channels of one dx position in channels-last (kernels/pool/window.cuh), visits
 // the outputs whose windows contain it, in row-major window order, summing in f32 (f64
-// for f64) and rounding once.
-// Which element a max window chose comes from the forward's indices in the direct call.
-// The IR op max_pool_backward (dy, x) has no indices: for each window holding its element
-// the thread recomputes the window's choice from x with the forward's own window_argmax
-// (kernels/pool/argmax.cuh), so ties and NaNs go exactly where the indices would send them
-// and the sums are bit-identical to the indices path. That costs prod(kernel) x reads per
-// window visited (ResNet's 3x3 stride 2: ~2.25 windows x 9 = ~20 per thread, 16-byte
-// vectors in channels-last), mostly L1 / L2 hits since neighbouring threads share windows,
-// instead of a second forward pass writing an i64 indices temporary the size of dy
-// (hundreds of MB for ImageNet batches, held by the executable) and reading it back.
-// avg_pool_backward's IR op (dy) is the direct call with the node's attributes.
-#include "backends/cuda/kernels/pool/argmax.cuh"
+// for f64) and rounding once. max_pool's takes the forward's indices; the IR op
+// max_pool_backward (dy, x) first recomputes them into a temporary (in dy's layout) with
+// the forward kernel, so the choice among ties and NaNs is exactly the forward's, then
+// gathers. (Recomputing each window's argmax inside the gather instead, with no indices,
+// was measured 3x slower on the H100: ResNet-50's stem pool, TF32 batch 128, 4.7 ms against
+// 1.4 + 0.55 ms.) avg_pool_backward's IR op (dy) is the direct call with the node's attributes.
 #include "backends/cuda/kernels/pool/direct.h"
+#include "backends/cuda/kernels/pool/window.cuh"
 
 namespace fusebox::cuda {
 
@@ -28,18 +23,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// What a window o sends to its taps.
-enum class Gather {
-  avg,          // dy[o] / divisor(o) to every tap
-  max_indices,  // dy[o] to the element indices[o] names
-  max_x,        // dy[o] to the element window_argmax chooses from x
-};
-
-// dx[i] = sum over the windows o containing i, in row-major window order, of what o sends
-// to i (Gather). x is read by max_x only, indices by max_indices only.
-template <class T, int V, bool kCL, Gather kMode>
+// kMax: dx[i] = sum of dy[o] over the windows o containing i whose index names i.
+// Otherwise (avg): dx[i] = sum of dy[o] / divisor(o) over the windows o containing i.
+template <class T, int V, bool kCL, bool kMax>
 __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_include_pad, const T* dy,
-                                     const T* x, const int64_t* indices, bool indices_cl, T* dx) {
+                                     const int64_t* indices, bool indices_cl, T* dx) {
   using C = compute_t<T>;
   const int64_t units = g.channels / V, in_size = g.in_size(), out_size = g.out_size();
   const int64_t total = g.batch * units * in_size;
@@ -54,42 +42,24 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
     for (int l = 0; l < V; ++l) sum[l] = 0;
     for (int64_t o0 = span[0].first; o0 <= span[0].last; ++o0) {
       if (!is_window_tap(g, 0, s.p[0], o0)) continue;
-      const TapRange t0 = window_taps(g, 0, o0);
       for (int64_t o1 = span[1].first; o1 <= span[1].last; ++o1) {
         if (!is_window_tap(g, 1, s.p[1], o1)) continue;
-        const TapRange t1 = window_taps(g, 1, o1);
         for (int64_t o2 = span[2].first; o2 <= span[2].last; ++o2) {
           if (!is_window_tap(g, 2, s.p[2], o2)) continue;
-          const TapRange t2 = window_taps(g, 2, o2);
           const int64_t out_sp = spatial_offset(g.out, o0, o1, o2);
           const int64_t at = element_at<kCL>(s.n, c0, g.channels, out_size, out_sp);
-          if constexpr (kMode == Gather::avg) {
-            C v[V];
-            load_lanes<V>(dy, at, v);
-            const C divisor = C(window_divisor(t0, t1, t2, count_include_pad));
-#pragma unroll
-            for (int l = 0; l < V; ++l) sum[l] += v[l] / divisor;
-          } else {
+          if constexpr (kMax) {
             // Which lanes' windows chose this element; dy is read only when one did.
             bool chosen[V], any = false;
-            if constexpr (kMode == Gather::max_x) {
-              C best[V];
-              int64_t best_at[V];
-              window_argmax<V, kCL>(g, x, s.n, c0, t0, t1, t2, best, best_at);
 #pragma unroll
-              for (int l = 0; l < V; ++l) chosen[l] = best_at[l] == sp;
-            } else {
-#pragma unroll
-              for (int l = 0; l < V; ++l) {
-                const int64_t c = c0 + l;
-                const int64_t idx_at =
-                    indices_cl ? element_at<true>(s.n, c, g.channels, out_size, out_sp)
-                               : element_at<false>(s.n, c, g.channels, out_size, out_sp);
-                chosen[l] = indices[idx_at] == (s.n * g.channels + c) * in_size + sp;
-              }
+            for (int l = 0; l < V; ++l) {
+              const int64_t c = c0 + l;
+              const int64_t idx_at = indices_cl
+                                         ? element_at<true>(s.n, c, g.channels, out_size, out_sp)
+                                         : element_at<false>(s.n, c, g.channels, out_size, out_sp);
+              chosen[l] = indices[idx_at] == (s.n * g.channels + c) * in_size + sp;
+              any = any || chosen[l];
             }
-#pragma unroll
-            for (int l = 0; l < V; ++l) any = any || chosen[l];
             if (any) {
               C v[V];
               load_lanes<V>(dy, at, v);
@@ -97,6 +67,13 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
               for (int l = 0; l < V; ++l)
                 if (chosen[l]) sum[l] += v[l];
             }
+          } else {
+            C v[V];
+            load_lanes<V>(dy, at, v);
+            const C divisor = C(window_divisor(window_taps(g, 0, o0), window_taps(g, 1, o1),
+                                               window_taps(g, 2, o2), count_include_pad));
+#pragma unroll
+            for (int l = 0; l < V; ++l) sum[l] += v[l] / divisor;
           }
         }
       }
@@ -105,27 +82,23 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
   }
 }
 
-// x: max_x's input (else null); indices: max_indices' (else null).
-template <Gather kMode>
+template <bool kMax>
 void launch_pool_backward(Context& ctx, const std::string& where, const PoolWindow& g,
-                          bool count_include_pad, const DeviceTensor& dy, const DeviceTensor* x,
+                          bool count_include_pad, const DeviceTensor& dy,
                           const DeviceTensor* indices, const DeviceTensor& dx) {
-  const PoolLayout layout = x ? pool_layout(where, {{"dy", &dy}, {"x", x}, {"dx", &dx}})
-                              : pool_layout(where, {{"dy", &dy}, {"dx", &dx}});
+  const PoolLayout layout = pool_layout(where, {{"dy", &dy}, {"dx", &dx}});
   const bool idx_cl = indices && indices_channels_last(where, *indices);
   if (dx.numel() == 0) return;
   BufferList reads = {dy.range()};
-  if (x) reads.push_back(x->range());
   if (indices) reads.push_back(indices->range());
   visit_device_float(where, dx.dtype, [&](auto tag) {
     using T = decltype(tag);
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       constexpr int V = decltype(vec)::value;
       const int64_t work = dx.numel() / V;
-      ctx.encoder.launch(&pool_backward_kernel<T, V, decltype(cl)::value, kMode>,
+      ctx.encoder.launch(&pool_backward_kernel<T, V, decltype(cl)::value, kMax>,
                          dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, reads,
                          {dx.range()}, g, fits_u32(work), count_include_pad, dy.as<const T>(),
-                         x ? x->as<const T>() : nullptr,
                          indices ? indices->as<const int64_t>() : nullptr, idx_cl, dx.as<T>());
     });
   });
@@ -138,15 +111,14 @@ void run_max_pool_backward(Context& ctx, const std::string& where, const PoolAtt
   FUSEBOX_CHECK(indices.dtype == DType::i64 && indices.shape == dy.shape, where,
                 "indices must be i64 ", shape_str(dy.shape));
   const PoolWindow g = make_pool_window(attrs, dx.shape, dy.shape, where);
-  launch_pool_backward<Gather::max_indices>(ctx, where, g, false, dy, nullptr, &indices, dx);
+  launch_pool_backward<true>(ctx, where, g, false, dy, &indices, dx);
 }
 
 void run_avg_pool_backward(Context& ctx, const std::string& where, const PoolAttrs& attrs,
                            const DeviceTensor& dy, const DeviceTensor& dx) {
   check_same_dtype(dy, dx, where);
   const PoolWindow g = make_pool_window(attrs, dx.shape, dy.shape, where);
-  launch_pool_backward<Gather::avg>(ctx, where, g, attrs.count_include_pad, dy, nullptr, nullptr,
-                                    dx);
+  launch_pool_backward<false>(ctx, where, g, attrs.count_include_pad, dy, nullptr, dx);
 }
 
 }  // namespace
@@ -161,7 +133,7 @@ void avg_pool_backward(Context& ctx, const PoolAttrs& attrs, const DeviceTensor&
   run_avg_pool_backward(ctx, "avg_pool_backward", attrs, dy, dx);
 }
 
-// (dy, x) -> dx: the gather choosing from x (no indices; see the header comment).
+// (dy, x) -> dx: the forward's indices recomputed from x, then the gather.
 void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const PoolAttrs& attrs = std::get<PoolBackwardAttrs>(n.attrs).pool;
@@ -171,7 +143,15 @@ void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
                 " and dx ", shape_str(dx.shape), " differ");
   check_same_dtype(dy, dx, where);
   const PoolWindow g = make_pool_window(attrs, x.shape, dy.shape, where);
-  launch_pool_backward<Gather::max_x>(ctx, where, g, false, dy, &x, nullptr, dx);
+  const PoolLayout layout = pool_layout(where, {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  if (dx.numel() == 0) return;
+  // A temporary: in a compiled executable, arena bytes free at this node (the backward
+  // pass has freed most activations by then), else a buffer held with the recording.
+  DeviceTensor indices = temporary_tensor(
+      ctx, DType::i64, dy.shape,
+      layout.channels_last ? MemoryFormat::channels_last : MemoryFormat::contiguous);
+  if (dy.numel() > 0) launch_max_pool(ctx, where, g, x, nullptr, &indices);
+  run_max_pool_backward(ctx, where, attrs, dy, indices, dx);
 }
 
 // (dy) -> dx of input_shape.

@@ -6,8 +6,7 @@
 //   max_pool: the largest in-bounds value (padding never wins), the first of equal maxima,
 //     a NaN wins and stays; its index into the flattened x (row-major over N, C, D...,
 //     whatever the layout). A window with no in-bounds tap (possible only with dilation)
-//     gives -inf and index -1. The choice is window_argmax (kernels/pool/argmax.cuh), which
-//     max_pool_backward's gather shares;
+//     gives -inf and index -1.
 //   avg_pool: the in-bounds sum over the number of in-bounds taps, or with
 //     count_include_pad over the taps inside [-pad_begin, D + pad_end).
 // 1-D and 2-D pools are 3-D ones with leading extents of 1. Values are compared / summed
@@ -25,7 +24,7 @@
 // else one block per plane; a fixed reduction tree. Channels-last: per image a column
 // reduction over prod(D) rows of C columns (below).
 #include "backends/cuda/device/block_reduce.cuh"
-#include "backends/cuda/kernels/pool/argmax.cuh"
+#include "backends/cuda/kernels/pool/window.cuh"
 
 namespace fusebox::cuda {
 
@@ -33,8 +32,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// y = max over each window, indices (may be null) its position: window_argmax's choice
-// (see the header comment). `narrow`: the walk fits uint32_t.
+// y = max over each window, indices its position (see the header comment). `narrow`: the
+// walk fits uint32_t. y or indices may be null (max_pool_backward only wants indices).
 template <class T, int V, bool kCL>
 __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int64_t* indices,
                                 bool indices_cl) {
@@ -44,12 +43,36 @@ __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int
   for (int64_t w = global_thread_index(); w < total; w += grid_stride()) {
     const Site s = locate<kCL>(w, units, g.out, narrow);
     const int64_t c0 = s.unit * V;
+    const TapRange t0 = window_taps(g, 0, s.p[0]), t1 = window_taps(g, 1, s.p[1]),
+                   t2 = window_taps(g, 2, s.p[2]);
     C best[V];
-    int64_t best_at[V];
-    window_argmax<V, kCL>(g, x, s.n, c0, window_taps(g, 0, s.p[0]), window_taps(g, 1, s.p[1]),
-                          window_taps(g, 2, s.p[2]), best, best_at);
+    int64_t best_at[V];  // spatial offset of the lane's max; -1 before the first tap
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      best[l] = C(-INFINITY);
+      best_at[l] = -1;
+    }
+    for (int64_t a = 0; a < t0.count; ++a) {
+      const int64_t i0 = t0.first + a * g.dilation[0];
+      for (int64_t b = 0; b < t1.count; ++b) {
+        const int64_t i1 = t1.first + b * g.dilation[1];
+        for (int64_t c = 0; c < t2.count; ++c) {
+          const int64_t sp = spatial_offset(g.in, i0, i1, t2.first + c * g.dilation[2]);
+          C v[V];
+          load_lanes<V>(x, element_at<kCL>(s.n, c0, g.channels, in_size, sp), v);
+#pragma unroll
+          for (int l = 0; l < V; ++l) {
+            // Take v when it is larger or NaN, unless a NaN is already held.
+            if (best_at[l] < 0 || (!(best[l] != best[l]) && !(v[l] <= best[l]))) {
+              best[l] = v[l];
+              best_at[l] = sp;
+            }
+          }
+        }
+      }
+    }
     const int64_t out_sp = spatial_offset(g.out, s.p[0], s.p[1], s.p[2]);
-    store_lanes<V>(y, element_at<kCL>(s.n, c0, g.channels, out_size, out_sp), best);
+    if (y) store_lanes<V>(y, element_at<kCL>(s.n, c0, g.channels, out_size, out_sp), best);
     if (indices) {
 #pragma unroll
       for (int l = 0; l < V; ++l) {
@@ -239,8 +262,30 @@ void global_avg_pool_channels_last(Context& ctx, const std::string& where, const
 
 }  // namespace
 
-// x [N, C, D...] -> y [N, C, O...], indices [N, C, O...] (i64, contiguous or channels-last
-// whatever the layout of x and y) with return_indices.
+void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g,
+                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices) {
+  const PoolLayout layout =
+      y ? pool_layout(where, {{"x", &x}, {"y", y}}) : pool_layout(where, {{"x", &x}});
+  const bool idx_cl = indices && indices_channels_last(where, *indices);
+  BufferList writes;
+  if (y) writes.push_back(y->range());
+  if (indices) writes.push_back(indices->range());
+  const int64_t outputs = g.batch * g.channels * g.out_size();
+  if (outputs == 0) return;
+  visit_device_float(where, x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
+      constexpr int V = decltype(vec)::value;
+      const int64_t work = outputs / V;
+      ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value>,
+                         dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
+                         writes, g, fits_u32(work), x.as<const T>(), y ? y->as<T>() : nullptr,
+                         indices ? indices->as<int64_t>() : nullptr, idx_cl);
+    });
+  });
+}
+
+// x [N, C, D...] -> y [N, C, O...], indices [N, C, O...] (i64) with return_indices.
 void max_pool(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const DeviceTensor& x = *in[0];
@@ -253,22 +298,7 @@ void max_pool(Context& ctx, const Node& n, Inputs in, Outputs out) {
                   "indices must be i64 ", shape_str(y.shape));
     indices = &out[1];
   }
-  const PoolLayout layout = pool_layout(where, {{"x", &x}, {"y", &y}});
-  const bool idx_cl = indices && indices_channels_last(where, *indices);
-  if (y.numel() == 0) return;
-  BufferList writes = {y.range()};
-  if (indices) writes.push_back(indices->range());
-  visit_device_float(where, x.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
-      constexpr int V = decltype(vec)::value;
-      const int64_t work = y.numel() / V;
-      ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value>,
-                         dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
-                         writes, g, fits_u32(work), x.as<const T>(), y.as<T>(),
-                         indices ? indices->as<int64_t>() : nullptr, idx_cl);
-    });
-  });
+  launch_max_pool(ctx, where, g, x, &y, indices);
 }
 
 // x [N, C, D...] -> y [N, C, O...]

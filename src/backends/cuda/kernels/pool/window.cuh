@@ -16,8 +16,8 @@
 // pointer is 16-byte aligned) or neighbouring elements (V = 1). The contiguous layout
 // always runs V = 1, one thread per element in row-major order. Threads walk their work
 // items in the operand's physical order, so the stores are coalesced in either layout.
-// Indices (max_pool's second output, the direct max_pool_backward's input) always name
-// elements of the flattened logical x (row-major over N, C, D...), whatever the layouts.
+// Indices (max_pool's second output, max_pool_backward's input) always name elements of
+// the flattened logical x (row-major over N, C, D...), whatever the layouts.
 #pragma once
 
 #include <algorithm>
@@ -100,6 +100,12 @@ inline void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b,
   FUSEBOX_CHECK(a.dtype == b.dtype, where, "input is ", dtype_name(a.dtype), " but output is ",
                 dtype_name(b.dtype));
 }
+
+// max_pool's kernel (kernels/pool/pool.cu) for x into y and/or indices (either may be null; the
+// backward pass wants indices only). Indices may be contiguous or channels-last whatever
+// the layout of x and y.
+void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g,
+                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices);
 
 // ---- indexing (device) ---------------------------------------------------------------------
 
