@@ -226,7 +226,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, ConvBackwardFilterAttrs>)
           return cat(conv_attr_str(a.conv), " filter_spatial=", ints(a.filter_spatial));
         else if constexpr (std::is_same_v<A, BatchNormAttrs>)
-          return cat("epsilon=", a.epsilon, " momentum=", a.momentum, " training=", a.training);
+          return cat("epsilon=", a.epsilon, " momentum=", a.momentum, " training=", a.training,
+                     a.relu ? " relu=1" : "");
         else if constexpr (std::is_same_v<A, NormAttrs>)
           return cat("axis=", a.axis, " epsilon=", a.epsilon);
         else if constexpr (std::is_same_v<A, LeakyReluAttrs>)
@@ -299,6 +300,9 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, AdamWAttrs>)
           return cat("beta1=", a.beta1, " beta2=", a.beta2, " epsilon=", a.epsilon,
                      " weight_decay=", a.weight_decay);
+        else if constexpr (std::is_same_v<A, LossScaleAttrs>)
+          return cat("growth_factor=", a.growth_factor, " backoff_factor=", a.backoff_factor,
+                     " growth_interval=", a.growth_interval);
         else
           return "";
       },

@@ -15,18 +15,18 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 31> kAttrsNames = {
+constexpr std::array<const char*, 32> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
     "FlattenAttrs", "TransposeAttrs", "ConcatAttrs", "SliceAttrs", "PadAttrs", "AxesAttrs",
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
-    "SgdAttrs", "AdamWAttrs"};
+    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<AdamWAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<LossScaleAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -280,6 +280,10 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::sgd_update:
     case OpKind::adamw_update:
       return infer_optimizer(c);
+    case OpKind::nonfinite_any:
+      return infer_nonfinite_any(c);
+    case OpKind::loss_scale_update:
+      return infer_loss_scale_update(c);
   }
   c.fail("unknown op kind");
 }

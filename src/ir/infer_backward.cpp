@@ -1,4 +1,4 @@
-// Inference for expand, the backward ops and the optimizer updates (ops.h).
+// Inference for expand, the backward ops, the optimizer updates and loss scaling (ops.h).
 //
 // A backward op is checked against its forward op: the forward's inference runs on
 // the forward's inputs (rebuilt from the backward's inputs and attributes), which
@@ -57,12 +57,17 @@ void expect_finite(const Context& c, double v, const char* name) {
   c.check(std::isfinite(v), name, " ", v, " must be finite");
 }
 
+// A rank-0 tensor of any dtype (skip, found_inf: nonzero means true).
+void expect_any_scalar(const Context& c, int i) {
+  c.check(c.rank(i) == 0, c.input(i), " must be a scalar (shape []) but is ",
+          shape_str(c.shape(i)));
+}
+
 // A rank-0 tensor of one of the two given dtype classes (lr: float, step: integer).
 void expect_scalar(const Context& c, int i, bool floating) {
   c.check(floating ? is_floating(c.dtype(i)) : is_integer(c.dtype(i)), c.input(i), " is ",
           dtype_name(c.dtype(i)), " but must be ", floating ? "a float (f32)" : "i64 (or i32)");
-  c.check(c.rank(i) == 0, c.input(i), " must be a scalar (shape []) but is ",
-          shape_str(c.shape(i)));
+  expect_any_scalar(c, i);
 }
 
 }  // namespace
@@ -101,18 +106,25 @@ Types infer_binary_backward(Context& c) {
   return {grad, grad};
 }
 
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias):
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias):
 // dx in x's type, dscale and dbias in the per-channel inputs' dtype (x's, or f32 for f16
-// or bf16 x, as the forward).
+// or bf16 x, as the forward). y (x's type) is given exactly when relu is.
 Types infer_batch_norm_backward(Context& c) {
   c.expect_float(1);
   c.expect_rank_between(1, 2, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
   expect_type(c, 0, c.type(1), "output (x's type)");
+  const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
+  if (a.relu) {
+    c.check(c.has(5), c.input(5),
+            " is required with relu: the forward's output 0, which masks dy as relu's gradient");
+    expect_type(c, 5, c.type(1), "output y (x's type)");
+  } else {
+    c.check(!c.has(5), c.input(5), " is given but relu is false (only a fused relu reads y)");
+  }
   const int64_t C = c.shape(1)[1];
   for (int i = 2; i <= 4; ++i)
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(c.shape(1)), ")"));
   const DType param = expect_channel_params(c, 1, 2, 4);
-  const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
   c.check(!a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
           "training needs batch statistics but ", c.shaped(1), " has no elements per channel");
   const TensorType per_channel{param, {C}};
@@ -229,9 +241,10 @@ Types infer_expand(Context& c) {
   return {{c.dtype(0), a.shape}};
 }
 
-// sgd_update: (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf);
-// adamw_update: (param, grad, m, v, lr, step) -> (new_param, new_m, new_v).
-// The state tensors have param's type; lr is a float scalar, step an integer one.
+// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param,
+// new_momentum_buf); adamw_update: (param, grad, m, v, lr, step, grad_scale?, skip?) ->
+// (new_param, new_m, new_v). The state tensors have param's type; lr and grad_scale are
+// float scalars, step an integer one, skip a scalar of any dtype.
 Types infer_optimizer(Context& c) {
   const bool adamw = c.op() == OpKind::adamw_update;
   const int states = adamw ? 4 : 3;  // param, grad and the state buffers
@@ -240,6 +253,9 @@ Types infer_optimizer(Context& c) {
     c.check(c.type(i) == c.type(0), c.input(i), " is ", type_str(c.type(i)), " but must be ",
             type_str(c.type(0)), " like ", c.input(0));
   expect_scalar(c, states, true);
+  const int grad_scale = adamw ? states + 2 : states + 1;
+  if (c.has(grad_scale)) expect_scalar(c, grad_scale, true);
+  if (c.has(grad_scale + 1)) expect_any_scalar(c, grad_scale + 1);
   if (adamw) {
     expect_scalar(c, states + 1, false);
     const AdamWAttrs& a = c.attrs<AdamWAttrs>();
@@ -258,6 +274,32 @@ Types infer_optimizer(Context& c) {
           "nesterov needs momentum > 0 and dampening 0 (PyTorch), got momentum ", a.momentum,
           " and dampening ", a.dampening);
   return {c.type(0), c.type(0)};
+}
+
+// nonfinite_any: (x1, ..., xn) -> f32 [], floating-point inputs of any shapes.
+Types infer_nonfinite_any(Context& c) {
+  for (int i = 0; i < c.count(); ++i) c.expect_float(i);
+  return {TensorType{DType::f32, {}}};
+}
+
+// loss_scale_update: (scale, growth_tracker, found_inf, skipped?) -> (new_scale,
+// new_growth_tracker, new_skipped?), each output of its input's type.
+Types infer_loss_scale_update(Context& c) {
+  const LossScaleAttrs& a = c.attrs<LossScaleAttrs>();
+  c.check(std::isfinite(a.growth_factor) && a.growth_factor > 1, "growth_factor ", a.growth_factor,
+          " must be finite and > 1");
+  c.check(a.backoff_factor > 0 && a.backoff_factor < 1, "backoff_factor ", a.backoff_factor,
+          " must be in (0, 1)");
+  c.check(a.growth_interval >= 1, "growth_interval ", a.growth_interval, " must be >= 1");
+  expect_scalar(c, 0, true);
+  expect_scalar(c, 1, false);
+  expect_any_scalar(c, 2);
+  Types out = {c.type(0), c.type(1)};
+  if (c.has(3)) {
+    expect_scalar(c, 3, false);
+    out.push_back(c.type(3));
+  }
+  return out;
 }
 
 }  // namespace fusebox::infer

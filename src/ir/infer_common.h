@@ -133,5 +133,7 @@ Types infer_pool_backward(Context& c);  // max_pool_backward, avg_pool_backward
 Types infer_slice_backward(Context& c);
 Types infer_pad_backward(Context& c);
 Types infer_optimizer(Context& c);  // sgd_update, adamw_update
+Types infer_nonfinite_any(Context& c);
+Types infer_loss_scale_update(Context& c);
 
 }  // namespace fusebox::infer

@@ -33,8 +33,8 @@ DType expect_channel_params(const Context& c, int x, int first, int last) {
 }
 
 // batch_norm: x [N, C, D...] with scale, bias, mean, var all [C], of x's dtype or (x f16 or
-// bf16) all f32. Inference: y (x's type). Training: y, new running mean, new running var,
-// saved mean and saved inverse std ([C] each, the per-channel inputs' dtype).
+// bf16) all f32; residual? like x. Inference: y (x's type). Training: y, new running mean, new
+// running var, saved mean and saved inverse std ([C] each, the per-channel inputs' dtype).
 Types infer_batch_norm(Context& c) {
   const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
   c.expect_float(0);
@@ -44,6 +44,10 @@ Types infer_batch_norm(Context& c) {
   for (int i = 1; i <= 4; ++i)
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(x), ")"));
   const DType param = expect_channel_params(c, 0, 1, 4);
+  if (c.count() > 5 && c.has(5)) {  // a fused residual add: x's type
+    c.expect_same_dtype(5, 0);
+    c.expect_shape(5, x, "(the residual added to y: x's shape)");
+  }
   expect_epsilon(c, a.epsilon);
   c.check(std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
   if (!a.training) return {c.type(0)};

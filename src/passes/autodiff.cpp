@@ -88,6 +88,8 @@ Grads vjp(VjpArgs& a) {
       FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_CASE)
     case OpKind::sgd_update:
     case OpKind::adamw_update:
+    case OpKind::nonfinite_any:
+    case OpKind::loss_scale_update:
       return no_gradient_second_order(a);
   }
   a.no_gradient("unknown op kind");

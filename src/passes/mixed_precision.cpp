@@ -137,6 +137,8 @@ AutocastRule autocast_rule(OpKind op) {
       FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_CASE)
     case OpKind::sgd_update:
     case OpKind::adamw_update:
+    case OpKind::nonfinite_any:
+    case OpKind::loss_scale_update:
       return AutocastRule::keep;
   }
   return AutocastRule::keep;

@@ -15,7 +15,20 @@ namespace {
 // where sum runs over every dim but the channel's and [C] vectors are reshaped to
 // [C, 1...] to broadcast against x. With mixed precision (f16 / bf16 x, f32 parameters) dy
 // and x are cast up to the parameters' dtype first, so that the per-channel sums accumulate
-// and round in f32, and dx is cast back to x's dtype once at the end.
+// and round in f32, and dx is cast back to x's dtype once at the end. A fused relu's
+// gradient comes first, as relu's own rule (vjp_math.cpp) gives it: unary_backward at the
+// output.
+bool has_residual(const VjpArgs& a) {
+  return a.node.inputs.size() > 5 && a.node.inputs[5] != kNoValue;
+}
+
+// The gradient at y + residual (before a fused relu): relu's rule at the output when fused.
+ValueId gradient_at_sum(VjpArgs& a) {
+  if (!std::get<BatchNormAttrs>(a.node.attrs).relu) return a.dy[0];
+  return a.e.op1(OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::relu},
+                 {a.dy[0], a.output(0)}, "relu_dx");
+}
+
 Grads batch_norm_inference(VjpArgs& a) {
   Emitter& e = a.e;
   const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
@@ -24,7 +37,8 @@ Grads batch_norm_inference(VjpArgs& a) {
   const auto to = [&](ValueId v, DType d) {
     return e.dtype(v) == d ? v : e.op1(OpKind::cast, CastAttrs{d}, {v}, "cast");
   };
-  const ValueId dy = to(a.dy[0], t);
+  const ValueId dy_out = gradient_at_sum(a);
+  const ValueId dy = to(dy_out, t);
   Shape per_channel(size_t(e.rank(dy) - 1), 1);
   per_channel[0] = e.shape(dy)[1];
   const auto channel = [&](ValueId v) { return e.reshape(v, per_channel); };
@@ -32,7 +46,8 @@ Grads batch_norm_inference(VjpArgs& a) {
   const ValueId inv_std =
       e.op1(OpKind::rsqrt, {}, {e.add(var, e.scalar(t, bn.epsilon))}, "inv_std");
   const ValueId s = e.mul(scale, inv_std);
-  Grads out(5, kNoValue);
+  Grads out(a.node.inputs.size(), kNoValue);
+  if (has_residual(a) && a.needs_input(5)) out[5] = dy_out;
   if (a.needs_input(0)) out[0] = to(e.mul(dy, channel(s)), xt);
   ValueId dbias = kNoValue, dscale = kNoValue;
   if (a.needs_input(2) || a.needs_input(3)) dbias = e.sum_per_channel(dy);
@@ -85,18 +100,35 @@ ValueId scale_or_ones(VjpArgs& a) {
 }  // namespace
 
 // batch_norm training: (dx, dscale, dbias) = batch_norm_backward(dy, x, scale,
-// saved_mean, saved_inv_std), the forward's outputs 3 and 4. The running statistics
-// (inputs 3, 4 and outputs 1, 2) and the saved statistics carry no gradient.
+// saved_mean, saved_inv_std), the forward's outputs 3 and 4; with a fused relu also y, the
+// forward's output 0, by which the backward op masks dy (relu's gradient). The running
+// statistics (inputs 3, 4 and outputs 1, 2) and the saved statistics carry no gradient.
 Grads vjp_batch_norm(VjpArgs& a) {
   const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
   if (!bn.training) return batch_norm_inference(a);
   a.expect_gradient_only_on_first(
       1, "but batch_norm's running and saved statistics have no gradient rule");
-  Grads out(5, kNoValue);
+  Grads out(a.node.inputs.size(), kNoValue);
+  if (has_residual(a)) {
+    // relu?(y + residual): the gradient at the sum goes to the residual as it is and
+    // through the batch norm as an unfused one's (the relu's mask already applied).
+    const ValueId at_sum = gradient_at_sum(a);
+    if (a.needs_input(5)) out[5] = at_sum;
+    if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) return out;
+    BatchNormAttrs plain = bn;
+    plain.relu = false;
+    const std::vector<ValueId> d =
+        a.e.op(OpKind::batch_norm_backward, plain,
+               {at_sum, a.input(0), a.input(1), a.output(3), a.output(4)}, "dx_dscale_dbias");
+    for (size_t i = 0; i < 3; ++i)
+      if (a.needs_input(i)) out[i] = d.at(i);
+    return out;
+  }
   if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) return out;
+  std::vector<ValueId> inputs = {a.dy[0], a.input(0), a.input(1), a.output(3), a.output(4)};
+  if (bn.relu) inputs.push_back(a.output(0));
   const std::vector<ValueId> d =
-      a.e.op(OpKind::batch_norm_backward, bn,
-             {a.dy[0], a.input(0), a.input(1), a.output(3), a.output(4)}, "dx_dscale_dbias");
+      a.e.op(OpKind::batch_norm_backward, bn, std::move(inputs), "dx_dscale_dbias");
   for (size_t i = 0; i < 3; ++i)
     if (a.needs_input(i)) out[i] = d.at(i);
   return out;

@@ -47,8 +47,9 @@ bool in_format(const DeviceTensor& t, MemoryFormat f) {
 }
 
 // Which input of a node an output may be computed in place of: the optimizer updates
-// (each output is its state input's next value, elementwise) and batch_norm's running
-// statistics (per channel, read and written by the same thread). -1: none.
+// (each output is its state input's next value, elementwise), batch_norm's running
+// statistics (per channel, read and written by the same thread) and the loss scaler's
+// state (one thread reads it all, then writes). -1: none.
 int in_place_input(const Node& n, size_t output) {
   switch (n.op) {
     case OpKind::sgd_update:  // (param, grad, buf, lr) -> (param', buf')
@@ -57,6 +58,8 @@ int in_place_input(const Node& n, size_t output) {
       return output == 0 ? 0 : output == 1 ? 2 : output == 2 ? 3 : -1;
     case OpKind::batch_norm:  // training: (y, running mean', running var', saved...)
       return output == 1 ? 3 : output == 2 ? 4 : -1;
+    case OpKind::loss_scale_update:  // (scale, tracker, found_inf, skipped?) -> (scale', ...)
+      return output == 0 ? 0 : output == 1 ? 1 : output == 2 ? 3 : -1;
     default:
       return -1;
   }
@@ -77,6 +80,12 @@ class CudaExecutable final : public Executable {
     io_ = plan_io(graph_, options_, where_);
     life_ = liveness(graph_);
     layout_ = plan_layouts(graph_, layout_policy_from_env());
+    if (!options_.aliases.empty()) {
+      // State updated in place: a bad label must leave it as it was (error_flags.h).
+      halt_ = std::make_shared<HaltState>();
+      halt_->word = ctx_.allocator.allocate(sizeof(int32_t));
+      FUSEBOX_CUDA_CHECK(cudaMemset(halt_->word.data(), 0, sizeof(int32_t)));
+    }
     plan_memory_and_buffers();
     upload_constants();
     if (!direct_) {
@@ -124,14 +133,15 @@ class CudaExecutable final : public Executable {
            (in_flight_.size() >= kMaxRunsInFlight || in_flight_.front().run->fence.done()))
       retire_oldest_run();
     feed_inputs(feeds);
+    const int64_t index = halt_ ? halt_->issued++ : 0;
     if (direct_) {
       record_step();
       ctx_.encoder.commit();
       try {
         cuda::check_error_flags(ctx_);
       } catch (const Error& e) {
-        if (label.empty()) throw;
-        throw Error(e.where(), label + ": " + error_message(e));
+        const std::string halted = halt_ ? release_halt(*halt_, index) : "";
+        throw Error(e.where(), (label.empty() ? "" : label + ": ") + error_message(e) + halted);
       }
     } else {
       ctx_.encoder.replay(step_);
@@ -139,6 +149,8 @@ class CudaExecutable final : public Executable {
 
     auto run = std::make_shared<RunCheck>();
     run->label = label;
+    run->halt = halt_;
+    run->index = index;
     if (errors_ && !errors_->pending.empty()) {
       run->reserved = errors_;
       run->records = error_staging_.acquire(errors_->bytes());
@@ -197,7 +209,10 @@ class CudaExecutable final : public Executable {
     return inputs_[it->second].array;
   }
   const Graph& graph() const override { return graph_; }
-  const ExecutableStats& stats() const override { return stats_; }
+  const ExecutableStats& stats() const override {
+    if (halt_) stats_.runs_not_applied = size_t(halt_->not_applied);
+    return stats_;
+  }
   Device device() const override { return Device::cuda; }
 
  private:
@@ -344,6 +359,9 @@ class CudaExecutable final : public Executable {
     while (n.outputs[which] != out) ++which;
     const int m = in_place_input(n, which);
     if (m < 0 || n.inputs[size_t(m)] != in.value || life_.last[size_t(in.value)] != k) return false;
+    // Running statistics are written in the forward pass, before the loss has checked the
+    // labels: with a halt word they are committed at the step's end, guarded (small).
+    if (halt_ && n.op == OpKind::batch_norm) return false;
     if (std::count(n.inputs.begin(), n.inputs.end(), in.value) != 1) return false;
     if (std::count(graph_.outputs().begin(), graph_.outputs().end(), out) != 1) return false;
     return in_format(in.array.storage()->tensor, layout_.of(out));
@@ -380,6 +398,18 @@ class CudaExecutable final : public Executable {
 
   // Step 4: the node walk (recorded once; launching directly, run by every run).
   void record_step() {
+    cuda::ErrorFlags& flags = cuda::ErrorFlags::of(ctx_.encoder);
+    if (halt_) flags.set_halt(cuda::BufferRange(halt_->word, 0, sizeof(int32_t)));
+    try {
+      record_nodes();
+    } catch (...) {
+      flags.clear_halt();
+      throw;
+    }
+    flags.clear_halt();
+  }
+
+  void record_nodes() {
     std::vector<DeviceTensor> slots(graph_.values().size());
     for (const auto& [v, t] : graph_.constants()) slots[size_t(v)] = constants_[size_t(v)];
     for (Input& in : inputs_) {
@@ -447,9 +477,14 @@ class CudaExecutable final : public Executable {
       if (slots[size_t(v)].data() != want.data()) cuda::copy_strided(ctx_, slots[size_t(v)], want);
     }
     for (size_t i = 0; i < outputs_.size(); ++i) {
-      if (alias_buffer_[i].buffer)
-        cuda::copy_strided(ctx_, alias_buffer_[i],
-                           inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor);
+      if (!alias_buffer_[i].buffer) continue;
+      const DeviceTensor& state = inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor;
+      if (halt_) {
+        cuda::copy_unless_halted(ctx_, alias_buffer_[i], state,
+                                 cuda::BufferRange(halt_->word, 0, sizeof(int32_t)));
+      } else {
+        cuda::copy_strided(ctx_, alias_buffer_[i], state);
+      }
     }
   }
 
@@ -563,7 +598,8 @@ class CudaExecutable final : public Executable {
   Liveness life_;
   LayoutPlan layout_;
   std::vector<size_t> offsets_;
-  std::vector<Gap> gaps_;  // by node: arena bytes free for its temporaries
+  std::vector<Gap> gaps_;            // by node: arena bytes free for its temporaries
+  std::shared_ptr<HaltState> halt_;  // with state aliased in place: its halt word
   cuda::DeviceBuffer arena_;
   std::vector<DeviceTensor> constants_;  // by ValueId
   std::vector<Input> inputs_;
@@ -593,7 +629,7 @@ class CudaExecutable final : public Executable {
   // Feeds up to this size (a learning rate, labels) go straight from pinned staging into
   // the input on the device stream: the copy stream's events cost more than they hide.
   static constexpr size_t kSmallFeedBytes = 64 << 10;
-  ExecutableStats stats_;
+  mutable ExecutableStats stats_;  // runs_not_applied refreshed by stats()
 };
 
 }  // namespace

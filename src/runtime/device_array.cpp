@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cuda/kernels.h"
@@ -146,13 +147,33 @@ DeviceArray DeviceArray::clone() const {
   return DeviceArray(std::move(s));
 }
 
+std::string release_halt(HaltState& halt, int64_t index) {
+  cuda::Context ctx = runtime::cuda_context();
+  // The runs issued after this one read the word too: all must be done before it clears.
+  FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(ctx.encoder.stream()));
+  int32_t word = 0;
+  FUSEBOX_CUDA_CHECK(cudaMemcpy(&word, halt.word.data(), sizeof word, cudaMemcpyDeviceToHost));
+  if (word == 0) return "";
+  FUSEBOX_CUDA_CHECK(cudaMemset(halt.word.data(), 0, sizeof word));
+  const int64_t later = std::max<int64_t>(halt.issued - index - 1, 0);
+  halt.not_applied += 1 + later;
+  return later == 0
+             ? "; the training state is kept as it was before this run (not applied)"
+             : cat("; the training state is kept as it was before this run: it and the ", later,
+                   later == 1 ? " run" : " runs", " queued after it were not applied");
+}
+
 void RunCheck::check() {
   if (checked) return;
   fence.wait();
   checked = true;
-  if (reserved && !reserved->pending.empty()) {
-    cuda::ErrorFlags::throw_first_raised(
-        *reserved, reinterpret_cast<const cuda::ErrorRecord*>(records->bytes.get()), label);
+  if (!reserved || reserved->pending.empty()) return;
+  const auto* raised = reinterpret_cast<const cuda::ErrorRecord*>(records->bytes.get());
+  if (!halt) return cuda::ErrorFlags::throw_first_raised(*reserved, raised, label);
+  try {
+    cuda::ErrorFlags::throw_first_raised(*reserved, raised, label);
+  } catch (const Error& e) {
+    throw Error(e.where(), runtime::error_message(e) + release_halt(*halt, index));
   }
 }
 

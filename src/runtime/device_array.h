@@ -24,13 +24,28 @@ struct DeviceArray::Storage {
   cuda::DeviceTensor tensor;
 };
 
+// A compiled training step's halt word (cuda/runtime/error_flags.h): set by a kernel that
+// finds a bad label, it stops every state update from that run on. Once the error has been
+// reported the word is cleared, and the runs it stopped are counted (ExecutableStats).
+struct HaltState {
+  cuda::DeviceBuffer word;
+  int64_t issued = 0;       // runs issued so far (a run's index is its number among them)
+  int64_t not_applied = 0;  // runs whose state updates the word stopped, once reported
+};
+// After run `index` reported an error: waits for every run issued, and when the halt word
+// is set clears it, counts the runs it stopped and returns a note for the error's message
+// (else "").
+std::string release_halt(HaltState& halt, int64_t index);
+
 // The checks of one run's kernel error records: its pinned copy of them and the fence
 // after the copy. Shared by the run's pending outputs and the executable.
 struct RunCheck {
   std::shared_ptr<const cuda::ErrorFlags::Reserved> reserved;  // null: nothing to check
   std::shared_ptr<cuda::PinnedSlot> records;
   cuda::Fence fence;
-  std::string label;  // prefixes an error's message ("step 12")
+  std::string label;                // prefixes an error's message ("step 12")
+  std::shared_ptr<HaltState> halt;  // null: the executable updates no state in place
+  int64_t index = 0;                // the run's number (HaltState::issued)
   bool checked = false;
   // Waits for the run and throws the first raised record's Error (once).
   void check();

@@ -11,6 +11,7 @@ constexpr const char* kMeta = "__meta__/";
 constexpr const char* kParam = "param/";
 constexpr const char* kBuffer = "buffer/";
 constexpr const char* kOptim = "optim/";
+constexpr const char* kAmp = "amp/";
 
 // __meta__/optimizer's codes.
 constexpr int64_t kSgdCode = 1;
@@ -83,6 +84,7 @@ std::string serialize_checkpoint(const Checkpoint& ckpt) {
   for (const auto& [name, t] : ckpt.parameters) put(kParam + name, t);
   for (const auto& [name, t] : ckpt.buffers) put(kBuffer + name, t);
   for (const auto& [name, t] : ckpt.optimizer_state) put(kOptim + name, t);
+  for (const auto& [name, t] : ckpt.scaler) put(kAmp + name, t);
   return serialize_npz(arrays);
 }
 
@@ -106,10 +108,12 @@ Checkpoint parse_checkpoint(const std::string& bytes, const std::string& where) 
       ckpt.buffers[std::string(k.substr(std::string_view(kBuffer).size()))] = t;
     } else if (starts(kOptim)) {
       ckpt.optimizer_state[std::string(k.substr(std::string_view(kOptim).size()))] = t;
+    } else if (starts(kAmp)) {
+      ckpt.scaler[std::string(k.substr(std::string_view(kAmp).size()))] = t;
     } else {
       // Metadata was read above; anything else under __meta__/ is from another format.
       FUSEBOX_CHECK(starts(kMeta), where, "unexpected array '", key,
-                    "' (expected __meta__/, param/, buffer/ or optim/ keys)");
+                    "' (expected __meta__/, param/, buffer/, optim/ or amp/ keys)");
     }
   }
   for (const auto& [key, t] : arrays) {

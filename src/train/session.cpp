@@ -2,6 +2,7 @@
 #include "fusebox/train/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "train/step_graph.h"
@@ -25,20 +26,46 @@ struct TrainingSession::Impl {
   std::unique_ptr<Executable> step_exe;
   std::unique_ptr<Executable> first_step_exe;    // until step 1 has run
   mutable std::unique_ptr<Executable> eval_exe;  // made at the first predict()
-  int64_t steps = 0;
+  // Optimizer steps taken. Mutable: steps that a bad label stopped on the device come off
+  // it once the error has been reported (count_applied_steps), whichever call finds out.
+  mutable int64_t steps = 0;
+  mutable int64_t not_applied_seen = 0;  // ExecutableStats::runs_not_applied taken off steps
 
-  // The optimizer state's step-graph inputs, by checkpoint name (parameters and buffers are
-  // inputs under their own names: layout).
-  std::map<std::string, std::string> optimizer_inputs;
+  // The optimizer state's and (f16) the loss scaler's step-graph inputs, by checkpoint name
+  // (parameters and buffers are inputs under their own names: layout).
+  std::map<std::string, std::string> optimizer_inputs, scaler_inputs;
   // Host copies, taken at step `copied_at` (-1: none yet).
-  mutable NamedTensors parameters, buffers, optimizer_state;
+  mutable NamedTensors parameters, buffers, optimizer_state, scaler_state;
   mutable int64_t copied_at = -1;
 
   template <class Batch>
   void check_batch(const Batch& batch, const std::vector<std::string>& names,
                    const std::string& where) const;
   DeviceArray state(const std::string& step_input) const { return step_exe->input(step_input); }
+  // The arrays of `inputs` (checkpoint name -> step input), by checkpoint name.
+  std::map<std::string, DeviceArray> states(
+      const std::map<std::string, std::string>& inputs) const {
+    std::map<std::string, DeviceArray> arrays;
+    for (const auto& [name, input] : inputs) arrays[name] = state(input);
+    return arrays;
+  }
+  // f16: the scaler's state tensor `name` (step_graph.h), downloaded now.
+  double scaler_value(const char* name) const {
+    return state(train::kScalerPrefix + std::string(name)).to_host().get(0);
+  }
   void copy_state_to_host() const;
+  // Takes the runs a bad label stopped (runtime/executable.h) off `steps`.
+  void count_applied_steps() const;
+  // Runs `f`; when it throws, the steps it stopped come off first.
+  template <class F>
+  auto counting_stopped_steps(F&& f) const {
+    try {
+      return f();
+    } catch (...) {
+      count_applied_steps();
+      throw;
+    }
+  }
   // An executable of `g` whose state inputs are bound to the step's arrays.
   std::unique_ptr<Executable> compile_bound(const Graph& g, const train::StepGraph* updates) const;
 };
@@ -83,11 +110,27 @@ void TrainingSession::Impl::check_batch(const Batch& batch, const std::vector<st
   }
 }
 
+void TrainingSession::Impl::count_applied_steps() const {
+  int64_t not_applied = int64_t(step_exe->stats().runs_not_applied);
+  if (first_step_exe) not_applied += int64_t(first_step_exe->stats().runs_not_applied);
+  if (not_applied == not_applied_seen) return;
+  steps -= not_applied - not_applied_seen;
+  not_applied_seen = not_applied;
+  copied_at = -1;
+}
+
 void TrainingSession::Impl::copy_state_to_host() const {
+  // A check point: a bad label not yet reported is reported here, before any copy.
+  counting_stopped_steps([&] {
+    step_exe->check_errors();
+    if (first_step_exe) first_step_exe->check_errors();
+  });
+  count_applied_steps();
   if (copied_at == steps) return;
   for (const std::string& p : layout.parameters) parameters[p] = state(p).to_host();
   for (const std::string& b : layout.buffers) buffers[b] = state(b).to_host();
   for (const auto& [name, input] : optimizer_inputs) optimizer_state[name] = state(input).to_host();
+  for (const auto& [name, input] : scaler_inputs) scaler_state[name] = state(input).to_host();
   copied_at = steps;
 }
 
@@ -118,12 +161,22 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
   s.loss = loss;
   s.optimizer = optimizer;
   s.opts = opts;
-  s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision);
+  const bool scaled = opts.precision == Precision::f16;
+  if (scaled) {
+    const double init = opts.loss_scaling.init_scale;
+    FUSEBOX_CHECK(std::isfinite(init) && init > 0, where, "loss_scaling.init_scale ", init,
+                  " must be finite and > 0");
+  }
+  s.step =
+      train::build_step_graph(model, s.layout, loss, optimizer, opts.precision, opts.loss_scaling);
+  // (With f16, a skipped step 1 leaves the buffer at 0 and step 2 damps: PyTorch would
+  // start the buffer at step 2's gradient.)
   if (const auto* sgd = std::get_if<SgdOptions>(&optimizer);
       sgd && sgd->momentum != 0 && sgd->dampening != 0) {
     SgdOptions undamped = *sgd;
     undamped.dampening = 0;
-    s.first_step = train::build_step_graph(model, s.layout, loss, undamped, opts.precision);
+    s.first_step =
+        train::build_step_graph(model, s.layout, loss, undamped, opts.precision, opts.loss_scaling);
   }
   s.eval = train::build_eval_graph(model, s.layout, opts.precision);
   s.batch_inputs = s.layout.data_inputs;
@@ -141,6 +194,12 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     s.optimizer_inputs[name] = train::kOptimPrefix + name;
     s.state(train::kOptimPrefix + name).copy_from(t);
   }
+  if (scaled) {
+    for (const auto& [name, t] : train::initial_scaler_state(opts.loss_scaling)) {
+      s.scaler_inputs[name] = train::kScalerPrefix + name;
+      s.state(train::kScalerPrefix + name).copy_from(t);
+    }
+  }
   for (const std::string& b : s.layout.buffers) initial[b] = *model.constant(*model.find_value(b));
   for (const auto& [name, t] : initial) s.state(name).copy_from(t);
 }
@@ -155,6 +214,7 @@ PendingTensor TrainingSession::step_async(const NamedTensors& batch) {
 
 PendingTensor TrainingSession::step_async(const Feeds& batch) {
   Impl& s = *impl_;
+  s.count_applied_steps();
   const bool first = s.first_step && s.steps == 0;
   const train::StepGraph& sg = first ? *s.first_step : s.step;
   s.check_batch(batch, s.batch_inputs, "train step " + sg.graph.name());
@@ -165,9 +225,14 @@ PendingTensor TrainingSession::step_async(const Feeds& batch) {
   feeds[train::kLrInput] = Tensor::scalar(DType::f32, optimizer_lr(s.optimizer));
   if (std::holds_alternative<AdamWOptions>(s.optimizer))
     feeds[train::kStepInput] = Tensor::from_vector<int64_t>({}, {s.steps + 1});
-  StepResult r = exe.run_async(feeds, {train::kLossOutput}, cat("step ", s.steps + 1));
+  StepResult r = s.counting_stopped_steps(
+      [&] { return exe.run_async(feeds, {train::kLossOutput}, cat("step ", s.steps + 1)); });
   ++s.steps;
-  if (!first) s.first_step_exe.reset();  // its memory, once step 1 is behind
+  if (!first && s.first_step_exe) {  // its memory, once step 1 is behind
+    s.count_applied_steps();
+    s.not_applied_seen -= int64_t(s.first_step_exe->stats().runs_not_applied);
+    s.first_step_exe.reset();
+  }
   return r.host.at(train::kLossOutput);
 }
 
@@ -176,8 +241,12 @@ float TrainingSession::step(const NamedTensors& batch) {
 }
 
 void TrainingSession::synchronize() {
-  impl_->step_exe->check_errors();
-  if (impl_->first_step_exe) impl_->first_step_exe->check_errors();
+  const Impl& s = *impl_;
+  s.counting_stopped_steps([&] {
+    s.step_exe->check_errors();
+    if (s.first_step_exe) s.first_step_exe->check_errors();
+  });
+  s.count_applied_steps();
 }
 
 NamedTensors TrainingSession::predict(const NamedTensors& batch) const {
@@ -197,6 +266,7 @@ double TrainingSession::lr() const {
   return optimizer_lr(impl_->optimizer);
 }
 int64_t TrainingSession::step_count() const {
+  impl_->count_applied_steps();
   return impl_->steps;
 }
 const OptimizerSpec& TrainingSession::optimizer() const {
@@ -220,6 +290,18 @@ const NamedTensors& TrainingSession::optimizer_state() const {
   impl_->copy_state_to_host();
   return impl_->optimizer_state;
 }
+const NamedTensors& TrainingSession::scaler_state() const {
+  impl_->copy_state_to_host();
+  return impl_->scaler_state;
+}
+int64_t TrainingSession::skipped_steps() const {
+  if (impl_->scaler_inputs.empty()) return 0;
+  return int64_t(impl_->scaler_value(train::kSkippedSteps));
+}
+double TrainingSession::loss_scale() const {
+  if (impl_->scaler_inputs.empty()) return 1.0;
+  return impl_->scaler_value(train::kLossScale);
+}
 const Executable& TrainingSession::step_executable() const {
   return *impl_->step_exe;
 }
@@ -240,7 +322,8 @@ Checkpoint TrainingSession::checkpoint() const {
                     .optimizer = s.optimizer,
                     .parameters = s.parameters,
                     .buffers = s.buffers,
-                    .optimizer_state = s.optimizer_state};
+                    .optimizer_state = s.optimizer_state,
+                    .scaler = s.scaler_state};
 }
 
 void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) {
@@ -256,18 +339,25 @@ void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) 
                   expected[i].second);
   }
   FUSEBOX_CHECK(ckpt.step >= 0, where, "negative step count ", ckpt.step);
+  const bool scaled = !s.scaler_inputs.empty();
+  FUSEBOX_CHECK(scaled == !ckpt.scaler.empty(), where, "the checkpoint ",
+                scaled ? "has no" : "holds", " loss-scaling state (amp/: f16 training) but this ",
+                "session trains in ", precision_name(s.opts.precision));
   // Checked against the arrays' types (nothing is downloaded), then uploaded once into
   // the arrays the step updates in place.
-  std::map<std::string, DeviceArray> parameters, buffers, optimizer_state;
+  std::map<std::string, DeviceArray> parameters, buffers;
   for (const std::string& p : s.layout.parameters) parameters[p] = s.state(p);
   for (const std::string& b : s.layout.buffers) buffers[b] = s.state(b);
-  for (const auto& [name, input] : s.optimizer_inputs) optimizer_state[name] = s.state(input);
+  std::map<std::string, DeviceArray> optimizer_state = s.states(s.optimizer_inputs);
+  std::map<std::string, DeviceArray> scaler = s.states(s.scaler_inputs);
   check_same_tensors(parameters, ckpt.parameters, "parameter", where);
   check_same_tensors(buffers, ckpt.buffers, "buffer", where);
   check_same_tensors(optimizer_state, ckpt.optimizer_state, "optimizer state", where);
+  check_same_tensors(scaler, ckpt.scaler, "loss scaler state", where);
   for (const auto& [name, t] : ckpt.parameters) parameters.at(name).copy_from(t);
   for (const auto& [name, t] : ckpt.buffers) buffers.at(name).copy_from(t);
   for (const auto& [name, t] : ckpt.optimizer_state) optimizer_state.at(name).copy_from(t);
+  for (const auto& [name, t] : ckpt.scaler) scaler.at(name).copy_from(t);
   s.steps = ckpt.step;
   s.copied_at = -1;  // the host copies are taken again when asked for
   s.optimizer = ckpt.optimizer;

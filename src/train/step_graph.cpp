@@ -1,13 +1,15 @@
 // The step graph: model (parameters and running statistics as inputs, batch_norm in
 // training form) -> cross_entropy -> grad -> one optimizer update per parameter, with
-// every state tensor's next value as an output. The eval graph: the same model with
-// batch_norm in inference form.
+// every state tensor's next value as an output; for f16, dynamic loss scaling around the
+// gradients and the updates. The eval graph: the same model with batch_norm in inference
+// form.
 #include "train/step_graph.h"
 
 #include <set>
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/autodiff.h"
+#include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "train/graph_rewrite.h"
 
@@ -37,6 +39,41 @@ ValueId find(const Graph& g, const std::string& name) {
   auto v = g.find_value(name);
   FUSEBOX_CHECK(v.has_value(), "train " + g.name(), "no value named '", name, "'");
   return *v;
+}
+
+std::string scaler_input(const char* name) {
+  return std::string(kScalerPrefix) + name;
+}
+
+// f16's dynamic loss scaling (PyTorch's GradScaler, docs/mixed_precision.md): the values
+// of the step graph that the updates and the scaler's own update read; all kNoValue
+// without scaling.
+struct Scaler {
+  ValueId scale = kNoValue;      // state: the seed of the backward pass
+  ValueId tracker = kNoValue;    // state: steps since the scale last changed
+  ValueId skipped = kNoValue;    // state: steps skipped so far
+  ValueId found_inf = kNoValue;  // 1 when a gradient holds an infinity or a NaN
+  ValueId inv_scale = kNoValue;  // 1 / scale: the updates unscale the gradients by it
+
+  explicit operator bool() const { return scale != kNoValue; }
+};
+
+// The backward pass was seeded with a graph input (GradOptions::seed_input): it becomes
+// the loss scale, so the gradients are those of loss * scale. Adds the other state inputs,
+// the found_inf flag over every gradient (also an output) and 1 / scale.
+Scaler add_scaler(Graph& g, const GradResult& grads, const std::vector<ValueId>& params) {
+  Scaler s;
+  s.scale = grads.seed;
+  g.rename_value(s.scale, scaler_input(kLossScale));
+  s.tracker = g.add_input(scaler_input(kGrowthTracker), DType::i64, {});
+  s.skipped = g.add_input(scaler_input(kSkippedSteps), DType::i64, {});
+  std::vector<ValueId> gradients;
+  for (ValueId p : params) gradients.push_back(grads.of(p));
+  s.found_inf =
+      g.add_node(OpKind::nonfinite_any, {}, gradients, "amp/found_inf", {kFoundInfOutput})[0];
+  g.mark_output(s.found_inf);
+  s.inv_scale = g.add_node(OpKind::reciprocal, {}, {s.scale}, "amp/unscale", {"amp/inv_scale"})[0];
+  return s;
 }
 
 }  // namespace
@@ -126,8 +163,15 @@ std::map<std::string, Tensor> initial_optimizer_state(const ModelLayout& layout,
   return state;
 }
 
+std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling) {
+  return {{kLossScale, Tensor::scalar(DType::f32, scaling.init_scale)},
+          {kGrowthTracker, Tensor::from_vector<int64_t>({}, {0})},
+          {kSkippedSteps, Tensor::from_vector<int64_t>({}, {0})}};
+}
+
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
-                           const OptimizerSpec& optimizer, Precision precision) {
+                           const OptimizerSpec& optimizer, Precision precision,
+                           const LossScaling& scaling) {
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
   RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
@@ -136,6 +180,9 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   // read through casts); values keep their names, so they are found by name from here on.
   StepGraph step{apply_mixed_precision(rw.graph, precision), {}};
   Graph& g = step.graph;
+  // Fused ops before autodiff, so that the backward pass is derived from them.
+  fuse_batch_norm_residual(g);
+  fuse_batch_norm_relu(g);
   auto mapped = [&](const std::string& name) { return find(g, name); };
 
   // Batch-norm running statistics: the training form's outputs 1 and 2.
@@ -164,10 +211,22 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   // Gradients, then one update per parameter.
   std::vector<ValueId> params;
   for (const std::string& p : layout.parameters) params.push_back(mapped(p));
-  const GradResult grads = grad(g, loss_value, params);
+  const bool scaled = precision == Precision::f16;
+  const GradResult grads = grad(g, loss_value, params, {.seed_input = scaled});
+  const Scaler scaler = scaled ? add_scaler(g, grads, params) : Scaler{};
   const ValueId lr = g.add_input(kLrInput, DType::f32, {});
   const auto* adamw = std::get_if<AdamWOptions>(&optimizer);
-  const ValueId step_now = adamw ? g.add_input(kStepInput, DType::i64, {}) : kNoValue;
+  ValueId step_now = adamw ? g.add_input(kStepInput, DType::i64, {}) : kNoValue;
+  // A skipped step is no step for AdamW's bias corrections (PyTorch's optimizer.step() is
+  // not called): it counts the steps taken less the steps skipped before this one.
+  if (adamw && scaler)
+    step_now = g.add_node(OpKind::sub, {}, {step_now, scaler.skipped}, "amp/optimizer_step",
+                          {"amp/optimizer_step"})[0];
+  // An update's inputs, with the scaler's grad_scale and skip when scaling.
+  auto update_inputs = [&](std::vector<ValueId> inputs) {
+    if (scaler) inputs.insert(inputs.end(), {scaler.inv_scale, scaler.found_inf});
+    return inputs;
+  };
 
   auto state_output = [&](const std::string& input, ValueId next) {
     g.mark_output(next);
@@ -185,8 +244,8 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
                              .weight_decay = adamw->weight_decay};
       std::vector<ValueId> outs =
           g.add_node(OpKind::adamw_update, attrs,
-                     {param, dparam, g.add_input(m, type.dtype, type.shape),
-                      g.add_input(v, type.dtype, type.shape), lr, step_now},
+                     update_inputs({param, dparam, g.add_input(m, type.dtype, type.shape),
+                                    g.add_input(v, type.dtype, type.shape), lr, step_now}),
                      "adamw/" + p, {next_state_name(p), next_state_name(m), next_state_name(v)});
       state_output(p, outs[0]);
       state_output(m, outs[1]);
@@ -206,10 +265,24 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
                                                     {b.constant(Tensor::zeros(type.dtype, {}))})
                                                    .at(0);
     std::vector<ValueId> outs =
-        g.add_node(OpKind::sgd_update, attrs, {param, dparam, buf_in, lr}, "sgd/" + p,
-                   {next_state_name(p), sgd.momentum != 0 ? next_state_name(buf) : ""});
+        g.add_node(OpKind::sgd_update, attrs, update_inputs({param, dparam, buf_in, lr}),
+                   "sgd/" + p, {next_state_name(p), sgd.momentum != 0 ? next_state_name(buf) : ""});
     state_output(p, outs[0]);
     if (sgd.momentum != 0) state_output(buf, outs[1]);
+  }
+  // The scaler's next state, after every other reader of its state (so that the CUDA
+  // executable updates it in place).
+  if (scaler) {
+    const std::string names[] = {scaler_input(kLossScale), scaler_input(kGrowthTracker),
+                                 scaler_input(kSkippedSteps)};
+    const std::vector<ValueId> next = g.add_node(
+        OpKind::loss_scale_update,
+        LossScaleAttrs{.growth_factor = scaling.growth_factor,
+                       .backoff_factor = scaling.backoff_factor,
+                       .growth_interval = scaling.growth_interval},
+        {scaler.scale, scaler.tracker, scaler.found_inf, scaler.skipped}, "amp/update",
+        {next_state_name(names[0]), next_state_name(names[1]), next_state_name(names[2])});
+    for (size_t i = 0; i < next.size(); ++i) state_output(names[i], next[i]);
   }
   for (const auto& [input, next] : statistic_outputs) {
     const std::string name = g.value(input).name;
@@ -221,10 +294,14 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
 }
 
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout, Precision precision) {
-  return apply_mixed_precision(rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
-                                                     .batch_norm = BatchNormForm::inference})
-                                   .graph,
-                               precision);
+  Graph g =
+      apply_mixed_precision(rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
+                                                  .batch_norm = BatchNormForm::inference})
+                                .graph,
+                            precision);
+  fuse_batch_norm_residual(g);
+  fuse_batch_norm_relu(g);
+  return g;
 }
 
 }  // namespace fusebox::train

@@ -19,6 +19,14 @@ constexpr const char* kLossOutput = "__loss__";
 constexpr const char* kOptimPrefix = "optim/";
 // The output holding state input S's next value is "__next__/S".
 std::string next_state_name(const std::string& state_input);
+// f16 dynamic loss scaling (docs/mixed_precision.md): the scaler's state, step-graph
+// inputs "amp/<name>" of these checkpoint names, and the flag of a skipped step (f32,
+// 1: a gradient held an infinity or a NaN, the updates were skipped; else 0).
+constexpr const char* kScalerPrefix = "amp/";
+constexpr const char* kLossScale = "loss_scale";          // f32 scalar
+constexpr const char* kGrowthTracker = "growth_tracker";  // i64 scalar
+constexpr const char* kSkippedSteps = "skipped_steps";    // i64 scalar
+constexpr const char* kFoundInfOutput = "__found_inf__";
 
 // How a model's constants and inputs divide up.
 struct ModelLayout {
@@ -35,16 +43,21 @@ std::map<std::string, Tensor> initial_optimizer_state(const ModelLayout& layout,
                                                       const std::map<std::string, Tensor>& params,
                                                       const OptimizerSpec& optimizer);
 
+// The scaler's state before the first step, by checkpoint name (above).
+std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling);
+
 struct StepGraph {
   Graph graph;
-  // (state input name, output holding its next value) for every parameter, buffer and
-  // optimizer state tensor.
+  // (state input name, output holding its next value) for every parameter, buffer,
+  // optimizer state tensor and (f16) loss scaler state.
   std::vector<std::pair<std::string, std::string>> state_updates;
 };
 // `optimizer`'s lr is not used (it is the kLrInput input).
-// `precision`: passes/mixed_precision.h on the forward pass (parameters stay f32).
+// `precision`: passes/mixed_precision.h on the forward pass (parameters stay f32); f16 adds
+// dynamic loss scaling with `scaling`'s factors (its init_scale is initial_scaler_state's).
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
-                           const OptimizerSpec& optimizer, Precision precision = Precision::f32);
+                           const OptimizerSpec& optimizer, Precision precision = Precision::f32,
+                           const LossScaling& scaling = {});
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
                        Precision precision = Precision::f32);

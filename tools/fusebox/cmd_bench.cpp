@@ -188,7 +188,6 @@ int bench(const BenchArgs& args) {
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
-  if (train) check_trainable(precision);
   std::cout << "bench " << args.model << ": " << args.mode << ", batch " << args.batch << ", "
             << precision_name(precision) << ", " << device_name(device) << ", " << args.warmup
             << " warm-up + " << args.steps << " queued + " << args.steps << " waited steps\n";

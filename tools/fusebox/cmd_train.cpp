@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <iomanip>
@@ -44,6 +45,31 @@ struct TrainArgs {
   // Which options were given (CLI11 fills these after parsing).
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
+};
+
+// Ctrl-C (SIGINT) while training: the steps queued finish, the checkpoint (when one is
+// asked for) is written and train exits with 130. A second Ctrl-C kills at once (the
+// handler is one-shot); the checkpoint on disk is whole either way (written by rename).
+volatile std::sig_atomic_t g_interrupted = 0;
+
+extern "C" void on_interrupt(int) {
+  g_interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);
+}
+
+bool interrupted() {
+  return g_interrupted != 0;
+}
+
+// Installs on_interrupt for the training loop; the default action again afterwards.
+struct InterruptGuard {
+  InterruptGuard() {
+    g_interrupted = 0;
+    std::signal(SIGINT, on_interrupt);
+  }
+  ~InterruptGuard() { std::signal(SIGINT, SIG_DFL); }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
 };
 
 // The optimizer: the checkpoint's when resuming, else the defaults of --optimizer; then
@@ -172,7 +198,6 @@ int train(const TrainArgs& args) {
   BatchSampler batches(*data, batch, args.shuffle, args.seed);
 
   const Precision precision = parse_precision(args.precision);
-  check_trainable(precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
   TrainingSession session(g, LossSpec{}, optimizer, {.device = device, .precision = precision});
@@ -218,7 +243,8 @@ int train(const TrainArgs& args) {
                           fixed(double((step - first + 1) * batch) / seconds, 1), " images/s"));
     }
   };
-  while (session.step_count() < last) {
+  const InterruptGuard interrupt;
+  while (session.step_count() < last && !interrupted()) {
     const int64_t index = session.step_count();
     if (device_batches.active()) {
       losses.emplace_back(index + 1, session.step_async(device_batches.batch(index)));
@@ -238,17 +264,25 @@ int train(const TrainArgs& args) {
   report(true);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t done = session.step_count() - first + 1, end = session.step_count();
+  if (interrupted())
+    std::cout << "interrupted (SIGINT) after step " << end << " of " << last << "\n";
 
-  std::cout << std::fixed << "trained " << args.steps << " steps (" << first << " to " << last
+  std::cout << std::fixed << "trained " << done << " steps (" << first << " to " << end
             << ") in " << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
-            << double(args.steps * batch) / seconds << " images/s; loss " << std::setprecision(4)
+            << double(done * batch) / seconds << " images/s; loss " << std::setprecision(4)
             << first_loss << " -> " << loss << "\n";
+  if (precision == Precision::f16) {  // the scaler's state: read once, after every step
+    std::cout << "  loss scaling: " << session.skipped_steps()
+              << " steps skipped so far (inf/NaN gradients), loss scale " << std::defaultfloat
+              << std::setprecision(10) << session.loss_scale() << "\n";
+  }
   if (!args.checkpoint.empty()) {
     session.save(args.checkpoint);
     std::cout << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count()
               << ")\n";
   }
-  return 0;
+  return interrupted() ? 128 + SIGINT : 0;  // a shell's status for a program stopped by ^C
 }
 
 }  // namespace
@@ -278,8 +312,9 @@ Command add_train_command(CLI::App& parent) {
                   "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app->add_option("--precision", args->precision,
-                  "f32, tf32 (default: TF32 convolutions and matmuls), or bf16 (mixed "
-                  "precision: docs/mixed_precision.md)")
+                  "f32, tf32 (default: TF32 convolutions and matmuls), bf16 or f16 (mixed "
+                  "precision: docs/mixed_precision.md; f16 with dynamic loss scaling: steps "
+                  "with inf/NaN gradients are skipped and counted)")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   app->add_option("--seed", args->seed,
                   "Seed for zoo weights, synthetic data and shuffling; "

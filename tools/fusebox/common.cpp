@@ -174,13 +174,6 @@ void set_float_math(Precision p) {
   setenv("FUSEBOX_ALLOW_TF32_MATMUL", tf32, 1);
 }
 
-void check_trainable(Precision p) {
-  if (p == Precision::f16)
-    throw UsageError(
-        "--precision f16 training needs dynamic loss scaling, which fusebox does not "
-        "have yet; use bf16 (same speed, f32's range)");
-}
-
 std::string fixed(double value, int digits) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(digits) << value;

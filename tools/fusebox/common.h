@@ -77,8 +77,6 @@ std::string with_commas(int64_t n);
 // matmuls, tf32 (and bf16/f16, for what stays f32) turns it on (FUSEBOX_ALLOW_TF32 and
 // FUSEBOX_ALLOW_TF32_MATMUL, read once per process: call before anything runs).
 void set_float_math(Precision p);
-// f16 training needs dynamic loss scaling, which is not built yet: a clear error.
-void check_trainable(Precision p);
 
 // "3.1416" for fixed(3.14159, 4)
 std::string fixed(double value, int digits);

@@ -30,7 +30,7 @@ enum class OpFamily : uint8_t {
   constant,   // constant
   loss,       // cross_entropy
   backward,   // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
-  optimizer,  // sgd_update, adamw_update
+  optimizer,  // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -81,7 +81,7 @@ inline constexpr const char* kX[] = {"x"};
 inline constexpr const char* kConv[] = {"x", "w", "bias"};
 inline constexpr const char* kConvBackwardData[] = {"dy", "w", "bias"};
 inline constexpr const char* kConvBackwardFilter[] = {"x", "dy"};
-inline constexpr const char* kBatchNorm[] = {"x", "scale", "bias", "mean", "var"};
+inline constexpr const char* kBatchNorm[] = {"x", "scale", "bias", "mean", "var", "residual"};
 inline constexpr const char* kLayerNorm[] = {"x", "scale", "bias"};
 inline constexpr const char* kRmsNorm[] = {"x", "scale"};
 inline constexpr const char* kBinary[] = {"a", "b"};
@@ -93,13 +93,16 @@ inline constexpr const char* kDy[] = {"dy"};
 inline constexpr const char* kDyY[] = {"dy", "y"};
 inline constexpr const char* kDyXY[] = {"dy", "x", "y"};
 inline constexpr const char* kBinaryBackward[] = {"dy", "a", "b"};
-inline constexpr const char* kBatchNormBackward[] = {"dy", "x", "scale", "saved_mean",
-                                                     "saved_inv_std"};
+inline constexpr const char* kBatchNormBackward[] = {
+    "dy", "x", "scale", "saved_mean", "saved_inv_std", "y"};
 inline constexpr const char* kLayerNormBackward[] = {"dy", "x", "scale", "mean", "inv_std_dev"};
 inline constexpr const char* kRmsNormBackward[] = {"dy", "x", "scale", "inv_rms"};
 inline constexpr const char* kCrossEntropyBackward[] = {"dloss", "log_prob", "labels", "weight"};
-inline constexpr const char* kSgd[] = {"param", "grad", "momentum_buf", "lr"};
-inline constexpr const char* kAdamW[] = {"param", "grad", "m", "v", "lr", "step"};
+inline constexpr const char* kSgd[] = {"param", "grad", "momentum_buf", "lr", "grad_scale", "skip"};
+inline constexpr const char* kAdamW[] = {"param", "grad", "m",          "v",
+                                         "lr",    "step", "grad_scale", "skip"};
+inline constexpr const char* kLossScaleUpdate[] = {"scale", "growth_tracker", "found_inf",
+                                                   "skipped"};
 }  // namespace op_roles
 
 // The first two fields of a row, from the enumerator's own spelling.
@@ -119,7 +122,7 @@ inline constexpr OpInfo kOpTable[] = {
      .attrs = attrs_index<ConvBackwardFilterAttrs>(), .layout = LayoutRole::convolution,
      .cuda_strided_inputs = true, .differentiable = false},
     // ---- normalisation
-    {FUSEBOX_OP_ROW(batch_norm), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 5,
+    {FUSEBOX_OP_ROW(batch_norm), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 6,
      .roles = op_roles::kBatchNorm, .attrs = attrs_index<BatchNormAttrs>(),
      .attrs_defaultable = true, .layout = LayoutRole::channelwise},
     {FUSEBOX_OP_ROW(layer_norm), .family = OpFamily::norm, .min_inputs = 1, .max_inputs = 3,
@@ -256,7 +259,7 @@ inline constexpr OpInfo kOpTable[] = {
      .attrs = attrs_index<BinaryBackwardAttrs>(), .layout = LayoutRole::elementwise,
      .differentiable = false},
     {FUSEBOX_OP_ROW(batch_norm_backward), .family = OpFamily::backward, .min_inputs = 5,
-     .max_inputs = 5, .roles = op_roles::kBatchNormBackward, .attrs = attrs_index<BatchNormAttrs>(),
+     .max_inputs = 6, .roles = op_roles::kBatchNormBackward, .attrs = attrs_index<BatchNormAttrs>(),
      .attrs_defaultable = true, .layout = LayoutRole::channelwise, .differentiable = false},
     {FUSEBOX_OP_ROW(layer_norm_backward), .family = OpFamily::backward, .min_inputs = 5,
      .max_inputs = 5, .roles = op_roles::kLayerNormBackward, .attrs = attrs_index<NormAttrs>(),
@@ -286,13 +289,23 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kDy, .attrs = attrs_index<SliceBackwardAttrs>(), .differentiable = false},
     {FUSEBOX_OP_ROW(pad_backward), .family = OpFamily::backward, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kDy, .attrs = attrs_index<PadBackwardAttrs>(), .differentiable = false},
-    // ---- optimizer updates
-    {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 4,
+    // ---- optimizer updates and f16 loss scaling
+    {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 6,
      .roles = op_roles::kSgd, .attrs = attrs_index<SgdAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::elementwise, .differentiable = false},
-    {FUSEBOX_OP_ROW(adamw_update), .family = OpFamily::optimizer, .min_inputs = 6, .max_inputs = 6,
+    {FUSEBOX_OP_ROW(adamw_update), .family = OpFamily::optimizer, .min_inputs = 6, .max_inputs = 8,
      .roles = op_roles::kAdamW, .attrs = attrs_index<AdamWAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::elementwise, .differentiable = false},
+    // A reduction to a scalar that reads its inputs in whatever dense order they are in:
+    // `elementwise` joins no operands (none has the rank-0 output's shape), so it causes no
+    // layout conversion; the CUDA kernel takes contiguous and channels-last inputs as they
+    // are.
+    {FUSEBOX_OP_ROW(nonfinite_any), .family = OpFamily::optimizer, .min_inputs = 1,
+     .max_inputs = kUnboundedInputs, .roles = {}, .layout = LayoutRole::elementwise,
+     .cuda_strided_inputs = true, .differentiable = false},
+    {FUSEBOX_OP_ROW(loss_scale_update), .family = OpFamily::optimizer, .min_inputs = 3,
+     .max_inputs = 4, .roles = op_roles::kLossScaleUpdate, .attrs = attrs_index<LossScaleAttrs>(),
+     .attrs_defaultable = true, .differentiable = false},
 };
 
 #undef FUSEBOX_OP_ROW

@@ -17,26 +17,22 @@
 
 namespace fusebox {
 
-#define FUSEBOX_OP_KINDS(X)                                                        \
-  X(conv) X(conv_backward_data) X(conv_backward_filter)                            \
-  X(batch_norm) X(layer_norm) X(rms_norm)                                          \
-  X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt)   \
-  X(rsqrt) X(reciprocal) X(neg) X(abs) X(erf) X(clip)                              \
-  X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)                                 \
-  X(matmul) X(gemm)                                                                \
-  X(reduce_sum) X(reduce_mean) X(reduce_max)                                       \
-  X(softmax) X(log_softmax)                                                        \
-  X(max_pool) X(avg_pool) X(global_avg_pool)                                       \
-  X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(squeeze)          \
-  X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                           \
-  X(cross_entropy)                                                                 \
-  /* backward ops (autodiff emits them; see "backward ops" below) */              \
-  X(unary_backward) X(binary_backward) X(batch_norm_backward)                      \
-  X(layer_norm_backward) X(rms_norm_backward) X(softmax_backward)                  \
-  X(log_softmax_backward) X(cross_entropy_backward) X(reduce_max_backward)         \
-  X(max_pool_backward) X(avg_pool_backward) X(slice_backward) X(pad_backward)      \
-  /* optimizer updates */                                                          \
-  X(sgd_update) X(adamw_update)
+#define FUSEBOX_OP_KINDS(X)                                                                        \
+  X(conv)                                                                                          \
+  X(conv_backward_data)                                                                            \
+  X(conv_backward_filter) X(batch_norm) X(layer_norm) X(rms_norm) X(relu) X(leaky_relu) X(gelu) X( \
+      silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) X(reciprocal) X(neg) X(abs) X(erf)   \
+      X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(matmul) X(gemm) X(reduce_sum) X(  \
+          reduce_mean) X(reduce_max) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)             \
+          X(global_avg_pool) X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(       \
+              squeeze) X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                      \
+              X(cross_entropy) /* backward ops (autodiff emits them; see "backward ops" below) */  \
+      X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)           \
+          X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                         \
+              X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
+                  X(avg_pool_backward) X(slice_backward)                                           \
+                      X(pad_backward) /* optimizer updates and f16 loss scaling */                 \
+      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)
 
 enum class OpKind : uint8_t {
 #define FUSEBOX_ENUM(name) name,
@@ -86,10 +82,17 @@ struct ConvBackwardFilterAttrs {
 //   training: 5 outputs: y (normalised with the batch statistics), new running mean,
 //     new running var (running * momentum + batch * (1 - momentum), batch variance is
 //     the population variance, as ONNX), saved mean [C], saved inverse std [C].
+//   relu (a fused activation, both forms): output 0 is relu(y), relu as the op (y < 0 ? 0
+//     : y, applied to y rounded to its dtype: NaN stays NaN, -0 stays -0), bit for bit
+//     batch_norm then relu; the statistics outputs are unchanged. passes/fusion.h sets it.
+//   residual (optional input 5, x's type and shape: a fused residual add): output 0 is
+//     y + residual (y rounded to its dtype, the sum as the add op computes it), then the
+//     relu if any: bit for bit batch_norm, add, relu. The block end of a residual network.
 struct BatchNormAttrs {
   double epsilon = 1e-5;
   double momentum = 0.9;
   bool training = false;
+  bool relu = false;
 };
 // layer_norm: x, scale?, bias? (shape of x's dims from `axis` on, or broadcastable to it).
 //   Normalises over dims [axis, rank). 3 outputs: y, mean, inv_std_dev; mean and
@@ -102,8 +105,12 @@ struct NormAttrs {
 };
 
 // ---- pointwise -------------------------------------------------------------
-struct LeakyReluAttrs { double alpha = 0.01; };
-struct GeluAttrs { bool tanh_approximation = false; };
+struct LeakyReluAttrs {
+  double alpha = 0.01;
+};
+struct GeluAttrs {
+  bool tanh_approximation = false;
+};
 struct ClipAttrs {  // min/max of +-infinity mean unbounded
   double min = -std::numeric_limits<double>::infinity();
   double max = std::numeric_limits<double>::infinity();
@@ -132,7 +139,9 @@ struct ReduceAttrs {
   bool keepdims = true;
 };
 // softmax / log_softmax over one axis (ONNX opset 13 semantics).
-struct SoftmaxAttrs { int64_t axis = -1; };
+struct SoftmaxAttrs {
+  int64_t axis = -1;
+};
 
 // ---- pooling ---------------------------------------------------------------
 // max_pool / avg_pool: x [N, C, D...]. Output extent per dim:
@@ -161,10 +170,16 @@ struct ReshapeAttrs {
   bool allow_zero = false;
 };
 // flatten: [d0..d(axis-1)] x [d(axis)..] -> 2-D.
-struct FlattenAttrs { int64_t axis = 1; };
+struct FlattenAttrs {
+  int64_t axis = 1;
+};
 // transpose: output dim i is input dim perm[i]; empty perm reverses the dims.
-struct TransposeAttrs { std::vector<int64_t> perm; };
-struct ConcatAttrs { int64_t axis = 0; };
+struct TransposeAttrs {
+  std::vector<int64_t> perm;
+};
+struct ConcatAttrs {
+  int64_t axis = 0;
+};
 // slice: ONNX semantics (negative indices count from the end, clamped; steps may be
 // negative). Empty axes = [0, len(starts)); empty steps = all 1.
 struct SliceAttrs {
@@ -182,12 +197,21 @@ struct PadAttrs {
 };
 // expand: numpy broadcast_to(x, shape) (x's shape must broadcast to `shape`; the
 // output's shape is exactly `shape`).
-struct ExpandAttrs { std::vector<int64_t> shape; };
+struct ExpandAttrs {
+  std::vector<int64_t> shape;
+};
 // squeeze (empty axes: every dim of extent 1) / unsqueeze (axes index the output).
-struct AxesAttrs { std::vector<int64_t> axes; };
-// cast: float -> int truncates toward zero; -> bool is (x != 0); float narrowing rounds to nearest even.
-struct CastAttrs { DType to = DType::f32; };
-struct ConstantAttrs { Tensor value; };
+struct AxesAttrs {
+  std::vector<int64_t> axes;
+};
+// cast: float -> int truncates toward zero; -> bool is (x != 0); float narrowing rounds to nearest
+// even.
+struct CastAttrs {
+  DType to = DType::f32;
+};
+struct ConstantAttrs {
+  Tensor value;
+};
 
 // ---- losses ----------------------------------------------------------------
 // cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32), weight [C]?.
@@ -212,8 +236,8 @@ struct CrossEntropyAttrs {
 //   gradient where min <= x <= max (inclusive, as PyTorch); abs'(0) = 0.
 struct UnaryBackwardAttrs {
   OpKind op = OpKind::relu;
-  double alpha = 0.01;             // leaky_relu
-  bool tanh_approximation = false;  // gelu
+  double alpha = 0.01;                                    // leaky_relu
+  bool tanh_approximation = false;                        // gelu
   double min = -std::numeric_limits<double>::infinity();  // clip
   double max = std::numeric_limits<double>::infinity();
 };
@@ -224,14 +248,19 @@ struct UnaryBackwardAttrs {
 //   it where the forward picked it). pow: da = dy*b*a^(b-1), taken as 0 where b == 0;
 //   db = dy*log(a)*a^b, taken as 0 where a == 0 and b >= 0 (both as PyTorch). pow's
 //   exponent b may have any numeric dtype, as the forward's; db is still in a's dtype.
-struct BinaryBackwardAttrs { OpKind op = OpKind::div; };
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale [C],
+struct BinaryBackwardAttrs {
+  OpKind op = OpKind::div;
+};
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale [C],
 //   dbias [C]): dx in x's dtype, dscale and dbias in the per-channel inputs' dtype (x's, or
 //   f32 with f16 / bf16 x, as the forward's). With training = true (the training form,
 //   what autodiff of a training batch_norm emits) the batch statistics' dependence on x is
 //   included; with training = false (the default, so a node without attributes gets this
 //   form!) mean and inv_std are constants (the running statistics of an inference forward:
-//   dx = dy * scale * inv_std). epsilon and momentum play no part.
+//   dx = dy * scale * inv_std). epsilon and momentum play no part. With relu (the forward
+//   was a fused batch_norm + relu) y, the forward's output 0 (after the relu, x's type), is
+//   input 5 and dy is first masked as relu's gradient (unary_backward of relu at y: dy * 1
+//   where y > 0, else dy * 0, rounded to dy's dtype); without relu there is no input 5.
 // layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias), dscale
 //   and dbias shaped like x's dims [axis, rank) (or like scale when given, summed over
 //   the dims scale broadcasts along; dbias too, so a bias shaped unlike scale needs a
@@ -280,8 +309,17 @@ struct PadBackwardAttrs {
 // changes them: rank 0; lr may be any float dtype (f32 normally), step i64 or i32 and
 // >= 1 at run time. grad and the state buffers have param's dtype and shape; the
 // update runs in f32 (f64 for f64 params) with the per-step scalars in f64.
-// sgd_update: (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf), PyTorch
-//   semantics: g = grad + weight_decay * param; buf = momentum * buf + (1 - dampening) * g
+// Both take two optional trailing scalar inputs (rank 0), for f16 loss scaling (PyTorch's
+// GradScaler: docs/mixed_precision.md), read at run time like lr:
+//   grad_scale (any float dtype): the gradient is multiplied by it (rounded to the compute
+//     type: g = grad * grad_scale) before anything else reads it (the unscaling by
+//     1 / loss scale);
+//   skip (any dtype): when nonzero (NaN counts) the update is skipped: every output equals
+//     its input (param, the state buffers) bit for bit.
+// Without them (absent, kNoValue) the update is exactly the one below, bit for bit.
+// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param,
+//   new_momentum_buf), PyTorch semantics:
+//   g = grad + weight_decay * param; buf = momentum * buf + (1 - dampening) * g
 //   (buf = g on the first step is the caller's business: it starts buf at 0 and sets
 //   dampening 0, which PyTorch's first step equals); g = nesterov ? g + momentum * buf : buf
 //   (when momentum != 0; buf is updated by the formula either way); param -= lr * g.
@@ -292,24 +330,47 @@ struct SgdAttrs {
   double weight_decay = 0.0;
   bool nesterov = false;
 };
-// adamw_update: (param, grad, m, v, lr, step) -> (new_param, new_m, new_v), PyTorch
-//   AdamW: param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-//   param -= lr * (m / (1 - b1^step)) / (sqrt(v) / sqrt(1 - b2^step) + eps). step counts
-//   from 1 (the step being taken). beta1, beta2 in [0, 1).
+// adamw_update: (param, grad, m, v, lr, step, grad_scale?, skip?) -> (new_param, new_m,
+//   new_v), PyTorch AdamW: param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g;
+//   v = b2 v + (1-b2) g^2; param -= lr * (m / (1 - b1^step)) / (sqrt(v) / sqrt(1 - b2^step)
+//   + eps). step counts from 1 (the step being taken; with skipped steps, the steps not
+//   skipped, as PyTorch's per-parameter count). beta1, beta2 in [0, 1).
 struct AdamWAttrs {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double epsilon = 1e-8;
   double weight_decay = 0.01;
 };
+// nonfinite_any: (x1, ..., xn) -> found, f32 [] : 1 when some element of some input is an
+//   infinity or a NaN, else 0 (PyTorch's found_inf of GradScaler.unscale_). One or more
+//   floating-point inputs of any shapes and dtypes (the gradients of a step). No
+//   attributes; the result does not depend on the order the elements are read in.
+// loss_scale_update: (scale, growth_tracker, found_inf, skipped?) -> (new_scale,
+//   new_growth_tracker, new_skipped?), PyTorch's GradScaler.update (torch's
+//   _amp_update_scale_): scale a float scalar, growth_tracker an integer scalar (i64 or
+//   i32), found_inf a numeric scalar (nonzero: this step's gradients were not finite),
+//   skipped an optional integer scalar counting the skipped steps; outputs of their
+//   inputs' types. With f = found_inf != 0:
+//     f:     new_scale = scale * backoff_factor, new_growth_tracker = 0;
+//     not f: t = growth_tracker + 1; when t == growth_interval: new_scale =
+//            scale * growth_factor (unless that is not finite: scale kept) and
+//            new_growth_tracker = 0; else new_scale = scale, new_growth_tracker = t;
+//     new_skipped = skipped + (f ? 1 : 0).
+//   The products are taken in f64 and rounded to scale's dtype. growth_factor > 1,
+//   0 < backoff_factor < 1, growth_interval >= 1.
+struct LossScaleAttrs {
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
 
-using Attrs = std::variant<std::monostate, ConvAttrs, ConvBackwardDataAttrs,
-                           ConvBackwardFilterAttrs, BatchNormAttrs, NormAttrs, LeakyReluAttrs,
-                           GeluAttrs, ClipAttrs, GemmAttrs, ReduceAttrs, SoftmaxAttrs, PoolAttrs,
-                           ReshapeAttrs, FlattenAttrs, TransposeAttrs, ConcatAttrs, SliceAttrs,
-                           PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs, CrossEntropyAttrs,
-                           ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
-                           PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs,
-                           AdamWAttrs>;
+using Attrs =
+    std::variant<std::monostate, ConvAttrs, ConvBackwardDataAttrs, ConvBackwardFilterAttrs,
+                 BatchNormAttrs, NormAttrs, LeakyReluAttrs, GeluAttrs, ClipAttrs, GemmAttrs,
+                 ReduceAttrs, SoftmaxAttrs, PoolAttrs, ReshapeAttrs, FlattenAttrs, TransposeAttrs,
+                 ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
+                 CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
+                 PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
+                 LossScaleAttrs>;
 
 }  // namespace fusebox

@@ -21,9 +21,9 @@
 // Feeds from the host: a large one (over 64 KiB) is copied to the GPU on a copy stream while
 // the previous run still computes, straight from a pinned tensor (pinned_host_tensor), from
 // any other host tensor through pinned staging (double-buffered) the host copies it into;
-// small ones (a learning rate, labels) go through pinned staging on the device's stream. Inputs bound or aliased
-// (resident) keep what their array holds: fill it (input(name).copy_from) before the first
-// run.
+// small ones (a learning rate, labels) go through pinned staging on the device's stream. Inputs
+// bound or aliased (resident) keep what their array holds: fill it (input(name).copy_from) before
+// the first run.
 //
 // Buffers. Every input and output has a buffer of its own for the executable's life (or,
 // for a bound input, the caller's array), so their addresses are baked into the recorded
@@ -42,7 +42,12 @@
 // Errors found by kernels at run time (a label outside [0, C)) are reported by the run
 // that made them, as an Error naming the node: run() checks at its end; after run_async(),
 // when a host output of that run is read (PendingTensor::get), at check_errors(), or at the
-// first run_async() after the run has completed, whichever comes first.
+// first run_async() after the run has completed, whichever comes first. On CUDA, with
+// state aliased in place (a training step), a bad label also stops every in-place state
+// update of that run and of the runs queued after it (a halt word the update kernels read),
+// until the error has been reported: the state stays the last good one, and the error and
+// stats().runs_not_applied say which runs were not applied. (On the CPU a run that fails
+// changes no state.)
 //
 // Threads: one thread at a time uses an executable (runs share the device's stream).
 #pragma once
@@ -140,6 +145,10 @@ struct ExecutableStats {
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
   size_t aliases_in_place = 0;     // aliased outputs computed in their input's buffer
   size_t aliases_copied = 0;       // ... copied there at the end of the step
+  // CUDA, state aliased in place: runs whose state updates were not applied because a run
+  // found bad training data (a label outside [0, C)): that run and the runs queued after
+  // it, counted once the error has been reported (see run_async).
+  size_t runs_not_applied = 0;
 };
 
 using Feed = std::variant<Tensor, DeviceArray>;

@@ -11,6 +11,9 @@
 //   buffer/<name>          each batch-norm running statistic
 //   optim/<param>/momentum_buffer                 sgd with momentum != 0
 //   optim/<param>/exp_avg, optim/<param>/exp_avg_sq  adamw (PyTorch's names)
+//   amp/loss_scale        f32 scalar   f16 training's loss scaler (session.h LossScaling):
+//   amp/growth_tracker    i64 scalar     the scale, the steps since it last changed, and
+//   amp/skipped_steps     i64 scalar     the steps skipped (non-finite gradients)
 //
 // Files are written atomically (temporary file, fsync, rename): a killed process leaves
 // the old file or the new one, never a torn one. The .npz members are CRC-checked, so a
@@ -34,12 +37,13 @@ struct Checkpoint {
   std::map<std::string, Tensor> parameters;
   std::map<std::string, Tensor> buffers;
   std::map<std::string, Tensor> optimizer_state;  // "<param>/momentum_buffer", ...
+  std::map<std::string, Tensor> scaler;           // "loss_scale", ... (f16 only)
 };
 
 std::string serialize_checkpoint(const Checkpoint& ckpt);
 // Validates the layout: the format version, the metadata's presence, dtypes and shapes,
 // and that every key is one of the above. Errors name `where` and the array at fault.
-// (That the tensors fit a model is TrainingSession::restore's check.)
+// (That the tensors fit a model, amp/ names included, is TrainingSession::restore's check.)
 Checkpoint parse_checkpoint(const std::string& bytes, const std::string& where);
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt);  // atomic

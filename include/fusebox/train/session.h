@@ -19,10 +19,12 @@
 //     running statistics, and no loss: predict() runs it on the same parameters.
 //
 // Training state: the parameters, the optimizer state (SGD momentum buffers, AdamW m and
-// v) and the batch-norm running statistics live in the step's compiled executable
+// v), the batch-norm running statistics and, for f16, the loss scaler's state (scale,
+// growth tracker, skipped steps: LossScaling) live in the step's compiled executable
 // (runtime/executable.h), each a step-graph input whose "next" output is aliased to it:
-// on CUDA they stay on the GPU, updated in place by the step (the optimizer updates and
-// the batch norms write them where they are), and only the batch, lr, step count and
+// on CUDA they stay on the GPU, updated in place by the step (the optimizer updates write
+// them where they are; the running statistics, written in the forward pass before the
+// labels are checked, are copied in at the step's end), and only the batch, lr, step count and
 // the loss cross the bus. On the CPU the executable swaps tensor handles instead. The
 // whole step, forward to optimizer, is one executable run (one CUDA graph replay).
 // Host copies are made only for parameters(), buffers(), optimizer_state() and
@@ -33,7 +35,11 @@
 // Asynchronous steps: step_async() queues a step and returns its loss on its way; the
 // next step does not wait for it. A kernel that finds bad data (a label outside [0, C))
 // is reported as an Error naming the step, when that step's loss is read or at a later
-// step (whichever comes first).
+// step, synchronize(), parameters() or checkpoint() (whichever comes first). The state is
+// then the last good one: on CUDA the bad step and the steps queued after it apply nothing
+// (runtime/executable.h), the error says how many, and step_count() no longer counts them;
+// training may go on from there. (Exception: with SGD dampening, a bad label in step 1,
+// which runs its own executable, does not stop the steps queued after it.)
 //
 // Determinism: on the CPU backend a step is a pure function of the state and the batch,
 // and the kernels' summation order does not depend on FUSEBOX_NUM_THREADS (checked by a
@@ -77,13 +83,29 @@ struct LossSpec {
   std::optional<int64_t> ignore_index;
 };
 
+// f16 training's dynamic loss scaling: PyTorch's torch.cuda.amp.GradScaler, with its
+// defaults (docs/mixed_precision.md, "f16 and loss scaling"). The backward pass is seeded
+// with the scale instead of 1; a step whose gradients hold an infinity or a NaN is skipped
+// (parameters and optimizer state unchanged) and halves the scale; after growth_interval
+// steps in a row without one the scale doubles. All of it runs inside the step, on the
+// device: the scale is step state like the parameters.
+struct LossScaling {
+  double init_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;   // > 1
+  double backoff_factor = 0.5;  // in (0, 1)
+  int64_t growth_interval = 2000;
+};
+
 struct SessionOptions {
   Device device = Device::cpu;
   // bf16 / f16: the model's forward pass rewritten with PyTorch autocast's rules
   // (passes/mixed_precision.h) before the loss and the gradients are built; parameters,
-  // optimizer state and batch-norm statistics stay f32. f32 / tf32 change no dtype (TF32 is
-  // the CUDA backend's math setting, FUSEBOX_ALLOW_TF32*).
+  // optimizer state and batch-norm statistics stay f32. f16 also scales the loss
+  // (loss_scaling). f32 / tf32 change no dtype (TF32 is the CUDA backend's math setting,
+  // FUSEBOX_ALLOW_TF32*).
   Precision precision = Precision::f32;
+  // Used with Precision::f16 only.
+  LossScaling loss_scaling;
   // Constants (by name) that are not trained and stay constants.
   std::set<std::string> frozen;
 };
@@ -125,6 +147,16 @@ class TrainingSession {
   const NamedTensors& parameters() const;
   const NamedTensors& buffers() const;          // batch-norm running statistics
   const NamedTensors& optimizer_state() const;  // see checkpoint.h for the names
+  // f16's loss scaler: "loss_scale" (f32), "growth_tracker" and "skipped_steps" (i64);
+  // empty for the other precisions.
+  const NamedTensors& scaler_state() const;
+  // f16: the steps skipped so far (a gradient held an infinity or a NaN: parameters and
+  // optimizer state were left as they were; step_count() counts them too) and the loss
+  // scale the next step uses. They live on the device with the rest of the state: each
+  // call downloads one scalar after the steps queued so far (so it waits for them: never
+  // call it per step). 0 and 1 for the other precisions.
+  int64_t skipped_steps() const;
+  double loss_scale() const;
 
   // The whole training state, for checkpoints (train/checkpoint.h).
   Checkpoint checkpoint() const;

@@ -9,50 +9,92 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
               std::span<Tensor> outputs) {
   (void)g;
   switch (n.op) {
-    case OpKind::conv: return conv_forward(n, inputs, outputs);
-    case OpKind::conv_backward_data: return conv_backward_data(n, inputs, outputs);
-    case OpKind::conv_backward_filter: return conv_backward_filter(n, inputs, outputs);
-    case OpKind::batch_norm: return batch_norm(n, inputs, outputs);
-    case OpKind::layer_norm: return layer_norm(n, inputs, outputs);
-    case OpKind::rms_norm: return rms_norm(n, inputs, outputs);
-    FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::conv:
+      return conv_forward(n, inputs, outputs);
+    case OpKind::conv_backward_data:
+      return conv_backward_data(n, inputs, outputs);
+    case OpKind::conv_backward_filter:
+      return conv_backward_filter(n, inputs, outputs);
+    case OpKind::batch_norm:
+      return batch_norm(n, inputs, outputs);
+    case OpKind::layer_norm:
+      return layer_norm(n, inputs, outputs);
+    case OpKind::rms_norm:
+      return rms_norm(n, inputs, outputs);
+      FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
     case OpKind::identity:
       return unary(n, inputs, outputs);
-    FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
+      FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return binary(n, inputs, outputs);
-    case OpKind::matmul: return matmul(n, inputs, outputs);
-    case OpKind::gemm: return gemm(n, inputs, outputs);
-    FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
+    case OpKind::matmul:
+      return matmul(n, inputs, outputs);
+    case OpKind::gemm:
+      return gemm(n, inputs, outputs);
+      FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(n, inputs, outputs);
-    case OpKind::softmax: case OpKind::log_softmax: return softmax(n, inputs, outputs);
-    case OpKind::max_pool: return max_pool(n, inputs, outputs);
-    case OpKind::avg_pool: return avg_pool(n, inputs, outputs);
-    case OpKind::global_avg_pool: return global_avg_pool(n, inputs, outputs);
-    case OpKind::reshape: case OpKind::flatten: case OpKind::squeeze: case OpKind::unsqueeze:
+    case OpKind::softmax:
+    case OpKind::log_softmax:
+      return softmax(n, inputs, outputs);
+    case OpKind::max_pool:
+      return max_pool(n, inputs, outputs);
+    case OpKind::avg_pool:
+      return avg_pool(n, inputs, outputs);
+    case OpKind::global_avg_pool:
+      return global_avg_pool(n, inputs, outputs);
+    case OpKind::reshape:
+    case OpKind::flatten:
+    case OpKind::squeeze:
+    case OpKind::unsqueeze:
       return copy_reshape(n, inputs, outputs);
-    case OpKind::transpose: return transpose(n, inputs, outputs);
-    case OpKind::concat: return concat(n, inputs, outputs);
-    case OpKind::slice: return slice(n, inputs, outputs);
-    case OpKind::pad: return pad(n, inputs, outputs);
-    case OpKind::cast: return cast(n, inputs, outputs);
-    case OpKind::constant: return constant(n, inputs, outputs);
-    case OpKind::cross_entropy: return cross_entropy(n, inputs, outputs);
-    case OpKind::expand: return expand(n, inputs, outputs);
-    case OpKind::unary_backward: return unary_backward(n, inputs, outputs);
-    case OpKind::binary_backward: return binary_backward(n, inputs, outputs);
-    case OpKind::batch_norm_backward: return batch_norm_backward(n, inputs, outputs);
-    case OpKind::layer_norm_backward: return layer_norm_backward(n, inputs, outputs);
-    case OpKind::rms_norm_backward: return rms_norm_backward(n, inputs, outputs);
-    case OpKind::softmax_backward: case OpKind::log_softmax_backward:
+    case OpKind::transpose:
+      return transpose(n, inputs, outputs);
+    case OpKind::concat:
+      return concat(n, inputs, outputs);
+    case OpKind::slice:
+      return slice(n, inputs, outputs);
+    case OpKind::pad:
+      return pad(n, inputs, outputs);
+    case OpKind::cast:
+      return cast(n, inputs, outputs);
+    case OpKind::constant:
+      return constant(n, inputs, outputs);
+    case OpKind::cross_entropy:
+      return cross_entropy(n, inputs, outputs);
+    case OpKind::expand:
+      return expand(n, inputs, outputs);
+    case OpKind::unary_backward:
+      return unary_backward(n, inputs, outputs);
+    case OpKind::binary_backward:
+      return binary_backward(n, inputs, outputs);
+    case OpKind::batch_norm_backward:
+      return batch_norm_backward(n, inputs, outputs);
+    case OpKind::layer_norm_backward:
+      return layer_norm_backward(n, inputs, outputs);
+    case OpKind::rms_norm_backward:
+      return rms_norm_backward(n, inputs, outputs);
+    case OpKind::softmax_backward:
+    case OpKind::log_softmax_backward:
       return softmax_backward(n, inputs, outputs);
-    case OpKind::cross_entropy_backward: return cross_entropy_backward(n, inputs, outputs);
-    case OpKind::reduce_max_backward: return reduce_max_backward(n, inputs, outputs);
-    case OpKind::max_pool_backward: return max_pool_backward(n, inputs, outputs);
-    case OpKind::avg_pool_backward: return avg_pool_backward(n, inputs, outputs);
-    case OpKind::slice_backward: return slice_backward(n, inputs, outputs);
-    case OpKind::pad_backward: return pad_backward(n, inputs, outputs);
-    case OpKind::sgd_update: return sgd_update(n, inputs, outputs);
-    case OpKind::adamw_update: return adamw_update(n, inputs, outputs);
+    case OpKind::cross_entropy_backward:
+      return cross_entropy_backward(n, inputs, outputs);
+    case OpKind::reduce_max_backward:
+      return reduce_max_backward(n, inputs, outputs);
+    case OpKind::max_pool_backward:
+      return max_pool_backward(n, inputs, outputs);
+    case OpKind::avg_pool_backward:
+      return avg_pool_backward(n, inputs, outputs);
+    case OpKind::slice_backward:
+      return slice_backward(n, inputs, outputs);
+    case OpKind::pad_backward:
+      return pad_backward(n, inputs, outputs);
+    case OpKind::sgd_update:
+      return sgd_update(n, inputs, outputs);
+    case OpKind::adamw_update:
+      return adamw_update(n, inputs, outputs);
+    case OpKind::nonfinite_any:
+      return nonfinite_any(n, inputs, outputs);
+    case OpKind::loss_scale_update:
+      return loss_scale_update(n, inputs, outputs);
   }
   throw Error(node_label(n), "no CPU kernel for this op");
 }

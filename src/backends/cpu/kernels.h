@@ -68,8 +68,10 @@ void avg_pool_backward(const Node& n, Inputs in, Outputs out);
 void slice_backward(const Node& n, Inputs in, Outputs out);
 void pad_backward(const Node& n, Inputs in, Outputs out);
 
-// optimizer.cpp
+// optimizer.cpp: the optimizer updates and f16 loss scaling
 void sgd_update(const Node& n, Inputs in, Outputs out);
 void adamw_update(const Node& n, Inputs in, Outputs out);
+void nonfinite_any(const Node& n, Inputs in, Outputs out);
+void loss_scale_update(const Node& n, Inputs in, Outputs out);
 
 }  // namespace fusebox::cpu

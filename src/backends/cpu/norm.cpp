@@ -79,10 +79,19 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
 //   inference: y = (x - running_mean) * inv_std * scale + bias, inv_std from running_var.
 //   training:  mean/var are the batch's (population variance); the running
 //              statistics move toward them: running * momentum + batch * (1 - momentum).
+//   relu:      y rounded to T, then relu as pointwise.cpp computes it (v < 0 ? 0 : v in
+//              compute_t<T>), so that the fused node is bit for bit batch_norm then relu.
+//   residual:  (input 5) y rounded to T plus the residual, as pointwise.cpp's add (in
+//              compute_t<T>, rounded to T), before the relu: bit for bit batch_norm, add,
+//              relu.
 void batch_norm(const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
   FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
+  FUSEBOX_CHECK(
+      in.size() <= 5 || !in[5] || (in[5]->shape() == x.shape() && in[5]->dtype() == x.dtype()),
+      node_label(n), "the residual must be ", dtype_name(x.dtype()), shape_str(x.shape()),
+      " like x");
   const int64_t batch = x.dim(0), channels = x.dim(1);
   const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
   const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
@@ -123,6 +132,9 @@ void batch_norm(const Node& n, Inputs in, Outputs out) {
       inv_std[c] = 1.0 / std::sqrt(var[c] + attrs.epsilon);
 
     T* py = out[0].data<T>();
+    const T* residual = in.size() > 5 && in[5] ? in[5]->data<T>() : nullptr;
+    using C = compute_t<T>;
+    const auto relu = [](T y) { return convert<T>(to_compute(y) < C(0) ? C(0) : to_compute(y)); };
     parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
                  [&](int64_t r0, int64_t r1) {
                    for (int64_t r = r0; r < r1; ++r) {
@@ -132,6 +144,13 @@ void batch_norm(const Node& n, Inputs in, Outputs out) {
                      T* yr = py + r * inner;
                      for (int64_t i = 0; i < inner; ++i)
                        yr[i] = convert<T>((double(to_compute(xr[i])) - m) * k + b);
+                     if (residual) {
+                       const T* rr = residual + r * inner;
+                       for (int64_t i = 0; i < inner; ++i)
+                         yr[i] = convert<T>(to_compute(yr[i]) + to_compute(rr[i]));
+                     }
+                     if (attrs.relu)
+                       for (int64_t i = 0; i < inner; ++i) yr[i] = relu(yr[i]);
                    }
                  });
 

@@ -119,14 +119,21 @@ void norm_backward(const Node& n, Inputs in, Outputs out, bool centre) {
 
 }  // namespace
 
-// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias); channel c's
-// elements are the N rows x[n, c, :] of `inner` = prod(D) elements each.
+// (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias); channel c's
+// elements are the N rows x[n, c, :] of `inner` = prod(D) elements each. With relu, every
+// read of dy reads relu's gradient at y instead, rounded to T as backward.cpp's
+// unary_backward writes it (dy * 1 where y > 0, else dy * 0 in compute_t<T>), so that the
+// fused node is bit for bit unary_backward then batch_norm_backward.
 void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
-  const bool training = std::get<BatchNormAttrs>(n.attrs).training;
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  const bool training = attrs.training;
   const Tensor &dy = *in[0], &x = *in[1];
   FUSEBOX_CHECK(x.rank() >= 2 && dy.shape() == x.shape() && dy.dtype() == x.dtype(), node_label(n),
                 "expects dy and x [N, C, D...] alike, got ", shape_str(dy.shape()), " and ",
                 shape_str(x.shape()));
+  const Tensor* y = attrs.relu && in.size() > 5 ? in[5] : nullptr;
+  FUSEBOX_CHECK(!attrs.relu || (y && y->shape() == x.shape() && y->dtype() == x.dtype()),
+                node_label(n), "relu needs y (input 5) like x ", shape_str(x.shape()));
   const int64_t batch = x.dim(0), channels = x.dim(1);
   const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
   const std::vector<double> scale = in[2]->to_doubles(), mean = in[3]->to_doubles(),
@@ -138,8 +145,15 @@ void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
   std::vector<double> dscale(size_t(channels), 0.0), dbias(size_t(channels), 0.0);
   visit_float(n, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    using C = compute_t<T>;
     const T* pdy = dy.data<T>();
     const T* px = x.data<T>();
+    const T* py = y ? y->data<T>() : nullptr;
+    auto grad = [&](int64_t i) {
+      if (!py) return double(to_compute(pdy[i]));
+      const C mask = to_compute(py[i]) > C(0) ? C(1) : C(0);
+      return double(to_compute(convert<T>(to_compute(pdy[i]) * mask)));
+    };
     auto xhat = [&](size_t c, int64_t i) {
       return (double(to_compute(px[i])) - mean[c]) * inv_std[c];
     };
@@ -148,7 +162,7 @@ void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
         double s = 0.0, b = 0.0;
         for (int64_t r = c; r < batch * channels; r += channels) {
           for (int64_t i = r * inner; i < (r + 1) * inner; ++i) {
-            const double g = double(to_compute(pdy[i]));
+            const double g = grad(i);
             s += g * xhat(size_t(c), i);
             b += g;
           }
@@ -168,8 +182,7 @@ void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
                      const double mean_dy = training ? dbias[c] / count : 0.0;
                      const double mean_dy_xhat = training ? dscale[c] / count : 0.0;
                      for (int64_t i = r * inner; i < (r + 1) * inner; ++i) {
-                       pdx[i] = convert<T>(
-                           k * (double(to_compute(pdy[i])) - mean_dy - xhat(c, i) * mean_dy_xhat));
+                       pdx[i] = convert<T>(k * (grad(i) - mean_dy - xhat(c, i) * mean_dy_xhat));
                      }
                    }
                  });

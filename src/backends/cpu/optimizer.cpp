@@ -12,8 +12,17 @@
 //                 v = beta2 * v + (1 - beta2) * grad^2
 //                 param = param - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) +
 //                 eps)
+// With grad_scale, grad above is grad * grad_scale (rounded to the compute type); with a
+// nonzero skip, every output is a copy of its state input.
+//
+// f16 loss scaling: nonfinite_any scans its inputs for infinities and NaNs;
+// loss_scale_update applies GradScaler's rule (backends/common/loss_scale.h).
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <optional>
 
+#include "backends/common/loss_scale.h"
 #include "kernel_util.h"
 #include "kernels.h"
 
@@ -42,13 +51,52 @@ void check_states(const Node& n, Inputs in, size_t count, Outputs out) {
   }
 }
 
+// The optional trailing inputs of an update, from input `first` on: grad_scale (nullopt
+// when absent) and skip.
+struct UpdateOptions {
+  std::optional<double> grad_scale;
+  bool skip = false;
+};
+
+UpdateOptions update_options(const Node& n, Inputs in, size_t first) {
+  UpdateOptions o;
+  if (in.size() > first && in[first] != nullptr)
+    o.grad_scale = scalar_input(n, *in[first], "grad_scale");
+  if (in.size() > first + 1 && in[first + 1] != nullptr)
+    o.skip = scalar_input(n, *in[first + 1], "skip") != 0;  // NaN skips too
+  return o;
+}
+
+// A skipped update: output i is a copy of input state_inputs[i].
+void keep_states(Inputs in, Outputs out, std::initializer_list<size_t> state_inputs) {
+  size_t o = 0;
+  for (size_t i : state_inputs) {
+    Tensor& t = out[o++];
+    if (t.raw() != in[i]->raw()) std::memcpy(t.raw(), in[i]->raw(), t.nbytes());
+  }
+}
+
+// grad as the update reads it: times grad_scale when there is one (rounded to C).
+template <class C>
+struct Unscale {
+  std::optional<double> grad_scale;
+  C factor = C(grad_scale.value_or(1.0));
+  template <class T>
+  C operator()(T grad) const {
+    const C g = to_compute(grad);
+    return grad_scale ? C(g * factor) : g;
+  }
+};
+
 }  // namespace
 
-// (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf)
+// (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param, new_momentum_buf)
 void sgd_update(const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<SgdAttrs>(n.attrs);
   check_states(n, in, 3, out);
   const double lr = scalar_input(n, *in[3], "lr");
+  const UpdateOptions options = update_options(n, in, 4);
+  if (options.skip) return keep_states(in, out, {0, 2});
   visit_float(n, in[0]->dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -57,10 +105,11 @@ void sgd_update(const Node& n, Inputs in, Outputs out) {
     const C rate = C(lr), momentum = C(a.momentum), keep = C(1.0 - a.dampening);
     const C decay = C(a.weight_decay);
     const bool use_momentum = a.momentum != 0.0;
+    const Unscale<C> unscale{options.grad_scale};
     parallel_for(in[0]->numel(), kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const C p = to_compute(param[i]);
-        C g = to_compute(grad[i]) + decay * p;
+        C g = unscale(grad[i]) + decay * p;
         const C b = momentum * to_compute(buf[i]) + keep * g;
         if (use_momentum) g = a.nesterov ? g + momentum * b : b;
         new_param[i] = convert<T>(p - rate * g);
@@ -70,13 +119,15 @@ void sgd_update(const Node& n, Inputs in, Outputs out) {
   });
 }
 
-// (param, grad, m, v, lr, step) -> (new_param, new_m, new_v)
+// (param, grad, m, v, lr, step, grad_scale?, skip?) -> (new_param, new_m, new_v)
 void adamw_update(const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<AdamWAttrs>(n.attrs);
   check_states(n, in, 4, out);
   const double lr = scalar_input(n, *in[4], "lr");
   const double step = scalar_input(n, *in[5], "step");
   FUSEBOX_CHECK(step >= 1, node_label(n), "step ", step, " must be >= 1 (it counts from 1)");
+  const UpdateOptions options = update_options(n, in, 6);
+  if (options.skip) return keep_states(in, out, {0, 2, 3});
   const double decay_factor = 1.0 - lr * a.weight_decay;
   const double step_size = lr / (1.0 - std::pow(a.beta1, step));
   const double correction2_sqrt = std::sqrt(1.0 - std::pow(a.beta2, step));
@@ -90,9 +141,10 @@ void adamw_update(const Node& n, Inputs in, Outputs out) {
     const C b1 = C(a.beta1), b2 = C(a.beta2), eps = C(a.epsilon), decay = C(decay_factor);
     const C one_minus_b1 = C(1.0 - a.beta1), one_minus_b2 = C(1.0 - a.beta2);
     const C size = C(step_size), c2 = C(correction2_sqrt);
+    const Unscale<C> unscale{options.grad_scale};
     parallel_for(in[0]->numel(), kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const C g = to_compute(grad[i]);
+        const C g = unscale(grad[i]);
         const C m = b1 * to_compute(m_in[i]) + one_minus_b1 * g;
         const C v = b2 * to_compute(v_in[i]) + one_minus_b2 * g * g;
         const C p = to_compute(param[i]) * decay;
@@ -102,6 +154,42 @@ void adamw_update(const Node& n, Inputs in, Outputs out) {
       }
     });
   });
+}
+
+// (x1, ..., xn) -> f32 []: 1 when some element is an infinity or a NaN, else 0.
+void nonfinite_any(const Node& n, Inputs in, Outputs out) {
+  std::atomic<bool> found{false};
+  for (const Tensor* t : in) {
+    visit_float(n, t->dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = t->data<T>();
+      parallel_for(t->numel(), kGrain, [&](int64_t begin, int64_t end) {
+        if (found.load(std::memory_order_relaxed)) return;
+        bool any = false;
+        for (int64_t i = begin; i < end; ++i) any = any || !std::isfinite(to_compute(x[i]));
+        if (any) found.store(true, std::memory_order_relaxed);
+      });
+    });
+    if (found.load()) break;
+  }
+  out[0].set(0, found.load() ? 1.0 : 0.0);
+}
+
+// (scale, growth_tracker, found_inf, skipped?) -> (new_scale, new_growth_tracker,
+// new_skipped?)
+void loss_scale_update(const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<LossScaleAttrs>(n.attrs);
+  const double scale = scalar_input(n, *in[0], "scale");
+  const bool found = scalar_input(n, *in[2], "found_inf") != 0;
+  const bool counts = in.size() > 3 && in[3] != nullptr;
+  const LossScaleStep next =
+      loss_scale_step(found, int64_t(scalar_input(n, *in[1], "growth_tracker")),
+                      counts ? int64_t(scalar_input(n, *in[3], "skipped")) : 0, a.growth_factor,
+                      a.backoff_factor, a.growth_interval);
+  out[0].set(0, scale * next.factor);  // rounded to scale's dtype
+  if (!std::isfinite(out[0].get(0))) out[0].set(0, scale);
+  out[1].set(0, double(next.growth_tracker));
+  if (counts) out[2].set(0, double(next.skipped));
 }
 
 }  // namespace fusebox::cpu

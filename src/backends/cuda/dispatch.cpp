@@ -56,6 +56,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::pad_backward: return pad_backward(ctx, n, in, out);
     case OpKind::sgd_update: return sgd_update(ctx, n, in, out);
     case OpKind::adamw_update: return adamw_update(ctx, n, in, out);
+    case OpKind::nonfinite_any: return nonfinite_any(ctx, n, in, out);
+    case OpKind::loss_scale_update: return loss_scale_update(ctx, n, in, out);
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }

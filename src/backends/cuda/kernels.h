@@ -45,6 +45,10 @@ void constant(Context& ctx, const Node& n, Inputs in, Outputs out);
 // Strided -> strided copy (any rank, any dtype; the destination may be a view too, e.g. a
 // slice of concat's output); used by run_node and the executor.
 void copy_strided(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst);
+// dst = src (dense, the same type, shape and order) unless the halt word is set
+// (runtime/error_flags.h): how a training step commits state it could not update in place.
+void copy_unless_halted(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst,
+                        const BufferRange& halt);
 
 // ---- backward ops and optimizer updates (ops.h), the CPU kernels' semantics -----------
 // kernels/pointwise/backward.cu
@@ -70,6 +74,9 @@ void rms_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 // sync)
 void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out);
+// f16 loss scaling, also in kernels/optimizer/optimizer.cu: inputs in any dense order
+void nonfinite_any(Context& ctx, const Node& n, Inputs in, Outputs out);
+void loss_scale_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 
 // ---- norm_*.cu, kernels/batch_norm/batch_norm.cu, kernels/pool/pool.cu, kernels/conv/direct.cu,
 // kernels/matmul/matmul.cpp -------

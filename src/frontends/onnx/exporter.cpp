@@ -245,10 +245,24 @@ void Exporter::export_node(const Node& n) {
         }
         o = {out(n, 0), out(n, 1), out(n, 2)};
       }
-      NodeProto* p = add("BatchNormalization", n.name, ins(n), o);
+      // A fused residual and relu (passes/fusion.h) are ONNX's BatchNormalization, then Add,
+      // then Relu; the last writes y's name.
+      const bool residual = n.inputs.size() > 5 && n.inputs[5] != kNoValue;
+      std::vector<std::string> bn_inputs = ins(n);
+      bn_inputs.resize(5);
+      const std::string y = out(n, 0);
+      if (residual || a.relu) o[0] = fresh(n.name + "/normalised");
+      NodeProto* p = add("BatchNormalization", n.name, bn_inputs, o);
       set_float(p, "epsilon", a.epsilon);
       set_float(p, "momentum", a.momentum);
       if (a.training) set_int(p, "training_mode", 1);
+      std::string last = o[0];
+      if (residual) {
+        const std::string sum = a.relu ? fresh(n.name + "/residual_sum") : y;
+        add("Add", fresh_node(n.name + "/residual_add"), {last, in(n, 5)}, {sum});
+        last = sum;
+      }
+      if (a.relu) add("Relu", fresh_node(n.name + "/relu"), {last}, {y});
       return;
     }
     case OpKind::layer_norm: {

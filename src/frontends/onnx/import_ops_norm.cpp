@@ -14,7 +14,8 @@ double f32_default(float v) {
 // BatchNormalization (opsets 9-15). Opset 14 added training_mode and cut the
 // outputs to Y, running_mean, running_var; before it the training form is the
 // one with more than one output (Y, mean, var, saved_mean, saved_var). Our
-// training form's saved statistics (mean and inverse std) are left unnamed.
+// training form's saved statistics (mean and inverse std) are left unnamed. A following
+// Relu stays its own node (relu = false): passes/fusion.h fuses them where it pays.
 void import_batch_norm(NodeContext& c) {
   BatchNormAttrs a;
   a.epsilon = c.attrs().get_float("epsilon", f32_default(1e-5f));

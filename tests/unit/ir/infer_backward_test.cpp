@@ -147,6 +147,48 @@ TEST(InferBatchNormBackwardErrors, Shapes) {
                          {"input 2 (scale) is f64 but input 1 (x) is f32"}));
 }
 
+// A fused relu: y (the forward's output 0, x's type) is input 5, exactly when relu is set.
+TEST(InferBatchNormBackward, FusedReluTakesY) {
+  const BatchNormAttrs relu{.training = true, .relu = true};
+  Inferred r =
+      infer(OpKind::batch_norm_backward, relu,
+            {f32({2, 3, 4}), f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({2, 3, 4})});
+  EXPECT_EQ(r.types, (Types{f32({2, 3, 4}), f32({3}), f32({3})}));
+  EXPECT_TRUE(r.attrs<BatchNormAttrs>().relu);
+  // Mixed precision: y has x's (low) dtype.
+  r = infer(OpKind::batch_norm_backward, BatchNormAttrs{.relu = true},
+            {typed(DType::bf16, {2, 3}), typed(DType::bf16, {2, 3}), f32({3}), f32({3}), f32({3}),
+             typed(DType::bf16, {2, 3})});
+  EXPECT_EQ(r.types, (Types{typed(DType::bf16, {2, 3}), f32({3}), f32({3})}));
+}
+
+TEST(InferBatchNormBackwardErrors, FusedReluY) {
+  const BatchNormAttrs relu{.training = true, .relu = true};
+  const std::vector<In> five = {f32({2, 3, 4}), f32({2, 3, 4}), f32({3}), f32({3}), f32({3})};
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm_backward, relu, five, {"input 5 (y) is required with relu"}));
+  std::vector<In> absent = five;
+  absent.push_back(std::nullopt);
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm_backward, relu, absent, {"input 5 (y) is required with relu"}));
+  std::vector<In> wrong = five;
+  wrong.push_back(f32({2, 3, 5}));
+  EXPECT_TRUE(fails_with(
+      OpKind::batch_norm_backward, relu, wrong,
+      {"input 5 (y) is f32[2, 3, 5] but must be f32[2, 3, 4]", "like the forward's output y"}));
+  wrong.back() = typed(DType::f16, {2, 3, 4});
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, relu, wrong,
+                         {"input 5 (y) is f16[2, 3, 4] but must be f32[2, 3, 4]"}));
+  std::vector<In> unfused = five;
+  unfused.push_back(f32({2, 3, 4}));
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, BatchNormAttrs{.training = true}, unfused,
+                         {"input 5 (y) is given but relu is false"}));
+  unfused.push_back(f32({2, 3, 4}));
+  EXPECT_TRUE(fails_with(
+      OpKind::batch_norm_backward, relu, unfused,
+      {"takes 5 to 6 inputs (dy, x, scale, saved_mean, saved_inv_std, y?)", "but got 7"}));
+}
+
 TEST(InferLayerNormBackward, AxisNormalisedAndParamGradientShapes) {
   // No scale: the gradients take the normalised dims' shape.
   Inferred r =

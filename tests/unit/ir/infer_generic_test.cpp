@@ -140,6 +140,10 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{SgdAttrs{}, {x23, x23, x23, f32({})}, 2};
     case OpKind::adamw_update:
       return Sample{AdamWAttrs{}, {x23, x23, x23, x23, f32({}), typed(DType::i64, {})}, 3};
+    case OpKind::nonfinite_any:
+      return Sample{{}, {x23, f32({4})}};
+    case OpKind::loss_scale_update:
+      return Sample{LossScaleAttrs{}, {f32({}), typed(DType::i64, {}), f32({})}, 2};
   }
   return std::nullopt;
 }
@@ -175,7 +179,8 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::log_softmax_backward,
                                        OpKind::cross_entropy_backward,
                                        OpKind::sgd_update,
-                                       OpKind::adamw_update};
+                                       OpKind::adamw_update,
+                                       OpKind::loss_scale_update};
 
 TEST(InferGeneric, EveryOpHasAValidSample) {
   for (OpKind op : kAllOps) {
@@ -194,7 +199,7 @@ TEST(InferGeneric, InputCountsInTheOpTable) {
   EXPECT_EQ(op_info(OpKind::conv).min_inputs, 2);
   EXPECT_EQ(op_info(OpKind::conv).max_inputs, 3);
   EXPECT_EQ(op_info(OpKind::batch_norm).min_inputs, 5);
-  EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 5);
+  EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 6);  // + a fused residual
   EXPECT_EQ(op_info(OpKind::layer_norm).max_inputs, 3);
   EXPECT_EQ(op_info(OpKind::cross_entropy).min_inputs, 2);
   EXPECT_EQ(op_info(OpKind::constant).max_inputs, 0);

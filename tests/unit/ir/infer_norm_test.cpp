@@ -27,6 +27,18 @@ TEST(InferBatchNorm, TrainingHasFiveOutputs) {
             (std::vector<TensorType>{f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({3})}));
 }
 
+// A fused relu changes no output type, in either form, and stays set.
+TEST(InferBatchNorm, FusedReluKeepsTheOutputs) {
+  Inferred r = infer(OpKind::batch_norm, BatchNormAttrs{.relu = true}, bn_inputs({2, 3, 4, 4}));
+  EXPECT_EQ(r.types, (std::vector<TensorType>{f32({2, 3, 4, 4})}));
+  EXPECT_TRUE(r.attrs<BatchNormAttrs>().relu);
+  r = infer(OpKind::batch_norm, BatchNormAttrs{.training = true, .relu = true},
+            bn_inputs({2, 3, 4}));
+  EXPECT_EQ(r.types,
+            (std::vector<TensorType>{f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({3})}));
+  EXPECT_TRUE(r.attrs<BatchNormAttrs>().relu);
+}
+
 // Mixed precision (PyTorch AMP, cuDNN): f16 / bf16 x with f32 scale, bias and running
 // statistics. y keeps x's dtype; the per-channel outputs take the parameters' (f32).
 TEST(InferBatchNorm, LowPrecisionXWithF32Params) {
@@ -82,7 +94,14 @@ TEST(InferBatchNormErrors, Params) {
   in = bn_inputs({2, 3, 4, 4});
   in.pop_back();
   EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in,
-                         {"takes 5 inputs (x, scale, bias, mean, var) but got 4"}));
+                         {"takes 5 to 6 inputs (x, scale, bias, mean, var, residual?) but got 4"}));
+  in = bn_inputs({2, 3, 4, 4});
+  in.push_back(f32({2, 3, 4, 5}));
+  EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in,
+                         {"input 5 (residual) is [2, 3, 4, 5] but must be [2, 3, 4, 4]"}));
+  in.back() = typed(DType::f16, {2, 3, 4, 4});
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm, {}, in, {"input 5 (residual) is f16 but input 0 (x) is f32"}));
   in = bn_inputs({2, 3, 4, 4});
   in[2] = std::nullopt;
   EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in, {"input 2 (bias) is required but absent"}));

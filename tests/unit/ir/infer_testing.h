@@ -49,7 +49,7 @@ inline std::string attrs_text(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, ConvBackwardFilterAttrs>)
           return conv(a.conv) + shape_str(a.filter_spatial);
         else if constexpr (std::is_same_v<A, BatchNormAttrs>)
-          return cat(a.epsilon, " ", a.momentum, " ", a.training);
+          return cat(a.epsilon, " ", a.momentum, " ", a.training, " ", a.relu);
         else if constexpr (std::is_same_v<A, NormAttrs>)
           return cat(a.axis, " ", a.epsilon);
         else if constexpr (std::is_same_v<A, LeakyReluAttrs>)
@@ -105,6 +105,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.momentum, " ", a.dampening, " ", a.weight_decay, " ", a.nesterov);
         else if constexpr (std::is_same_v<A, AdamWAttrs>)
           return cat(a.beta1, " ", a.beta2, " ", a.epsilon, " ", a.weight_decay);
+        else if constexpr (std::is_same_v<A, LossScaleAttrs>)
+          return cat(a.growth_factor, " ", a.backoff_factor, " ", a.growth_interval);
       },
       attrs);
 }

@@ -173,10 +173,17 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{
           SgdAttrs{.momentum = 0.9},
           {uniform({2, 3}), uniform({2, 3}), uniform({2, 3}), Tensor::scalar(DType::f32, 0.1)}};
-    case OpKind::adamw_update:
+    case OpKind::adamw_update:  // with f16 loss scaling's grad_scale and skip
       return Example{AdamWAttrs{},
                      {uniform({2, 3}), uniform({2, 3}), uniform({2, 3}), uniform({2, 3}, 0.0, 1.0),
-                      Tensor::scalar(DType::f32, 0.1), Tensor::scalar(DType::i64, 1)}};
+                      Tensor::scalar(DType::f32, 0.1), Tensor::scalar(DType::i64, 1),
+                      Tensor::scalar(DType::f32, 0.5), Tensor::scalar(DType::f32, 0)}};
+    case OpKind::nonfinite_any:
+      return Example{{}, {uniform({2, 3}), uniform({4})}};
+    case OpKind::loss_scale_update:
+      return Example{LossScaleAttrs{},
+                     {Tensor::scalar(DType::f32, 1024), Tensor::scalar(DType::i64, 5),
+                      Tensor::scalar(DType::f32, 0), Tensor::scalar(DType::i64, 2)}};
   }
   return std::nullopt;
 }

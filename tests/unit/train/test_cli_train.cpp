@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -117,6 +118,26 @@ TEST_F(CliTrain, CheckpointEveryWritesAlongTheWay) {
   EXPECT_EQ(train(cat(kSmall, " --steps 3 --checkpoint-every 2")).exit_code, 2);
 }
 
+// Ctrl-C: the steps queued finish, the checkpoint is written whole and train exits with 130;
+// a resume continues from it.
+TEST_F(CliTrain, InterruptWritesTheCheckpointAndExits130) {
+  const ToolResult r =
+      tool(cat("train ", kSmall, " --steps 100000000 --log-every 1000 --checkpoint-every 50 ",
+               "--checkpoint '", path("i.npz"), "'"),
+           "timeout --preserve-status -s INT 4");
+  EXPECT_EQ(r.exit_code, 130) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "interrupted (SIGINT) after step")) << r.out;
+  const Checkpoint c = load_checkpoint(path("i.npz"));
+  EXPECT_GT(c.step, 0);
+  EXPECT_LT(c.step, 100000000);
+  EXPECT_TRUE(contains(r.out, cat("wrote checkpoint ", path("i.npz"), " (step ", c.step, ")")))
+      << r.out;
+  const ToolResult resumed =
+      train(cat(kSmall, " --steps 2 --resume '", path("i.npz"), "'"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.out, cat("at step ", c.step))) << resumed.out;
+}
+
 TEST_F(CliTrain, OnnxModelAndDataFile) {
   Graph g = build_zoo_model("small_cnn", {.batch = 4, .image_size = 8, .num_classes = 3});
   export_onnx_file(g, path("m.onnx"));
@@ -220,12 +241,46 @@ TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
 }
 
 TEST_F(CliTrain, BenchRefusesWhatItCannotDo) {
-  ToolResult r = tool("bench small_cnn --mode train --precision f16 --device cpu --steps 1");
-  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_TRUE(contains(r.err, "loss scaling")) << r.err;
-  r = tool("bench no_such_model --device cpu --steps 1");
+  ToolResult r = tool("bench no_such_model --device cpu --steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "no_such_model")) << r.err;
+}
+
+// f16 trains (dynamic loss scaling): the summary gives the skipped steps and the scale, the
+// checkpoint holds the scaler, a resume continues it, and a bf16 resume of it is refused.
+TEST_F(CliTrain, F16TrainsWithLossScalingAndCountsSkippedSteps) {
+  ToolResult r = train(
+      cat(kSmall, " --steps 6 --log-every 3 --precision f16 --checkpoint '", path("h.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "on cpu, f16")) << r.out;
+  EXPECT_EQ(progress_losses(r.out).size(), 2u) << r.out;
+  std::smatch m;
+  const std::regex summary(
+      R"(loss scaling: (\d+) steps skipped so far \(inf/NaN gradients\), loss scale ([0-9.e+]+))");
+  ASSERT_TRUE(std::regex_search(r.out, m, summary)) << r.out;
+  const int skipped = std::stoi(m[1]);
+  EXPECT_LT(skipped, 6) << r.out;
+  EXPECT_EQ(std::stod(m[2]), std::ldexp(1.0, 16 - skipped)) << r.out;  // no growth in 6 steps
+  const Checkpoint c = load_checkpoint(path("h.npz"));
+  ASSERT_EQ(c.scaler.size(), 3u);
+  EXPECT_EQ(c.scaler.at("skipped_steps").get(0), double(skipped));
+  EXPECT_EQ(c.scaler.at("loss_scale").get(0), std::ldexp(1.0, 16 - skipped));
+
+  r = train(cat(kSmall, " --steps 2 --precision f16 --resume '", path("h.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "trained 2 steps (7 to 8)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "steps skipped so far")) << r.out;
+  r = train(cat(kSmall, " --steps 1 --precision bf16 --resume '", path("h.npz"), "'"));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_TRUE(contains(r.err, "loss-scaling state")) << r.err;
+  EXPECT_TRUE(contains(r.err, "bf16")) << r.err;
+
+  // `fusebox bench` trains in f16 too.
+  r = tool(
+      "bench small_cnn --mode train --precision f16 --batch 4 --image-size 16 --num-classes 10 "
+      "--device cpu --steps 1 --warmup 1");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "images/s")) << r.out;
 }
 
 }  // namespace

@@ -9,12 +9,6 @@
 namespace fusebox::testing {
 namespace {
 
-int count_ops(const Graph& g, OpKind op) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += node.op == op;
-  return n;
-}
-
 TEST(TrainSession, StepGraphHoldsOneUpdatePerParameterAndTheRunningStatistics) {
   Graph model = small_cnn(2, 8);
   TrainingSession session(model, LossSpec{}, AdamWOptions{});
@@ -171,6 +165,70 @@ TEST(TrainSession, FrozenConstantsStayConstants) {
   EXPECT_FALSE(session.parameters().count("conv1.weight"));
   opts.frozen = {"no.such.weight"};
   EXPECT_THROW(TrainingSession(small_cnn(2, 8), LossSpec{}, SgdOptions{}, opts), Error);
+}
+
+// The model with an identity between each batch norm and its relu: the pass
+// (passes/fusion.h) leaves such pairs alone, so this is the unfused computation.
+Graph with_identity_before_relus(const Graph& model) {
+  Graph g(model.name());
+  std::vector<ValueId> map(model.values().size(), kNoValue);
+  for (ValueId v : model.inputs())
+    map[size_t(v)] =
+        g.add_input(model.value(v).name, model.value(v).type.dtype, model.value(v).type.shape);
+  for (const auto& [v, t] : model.constants())
+    map[size_t(v)] = g.add_constant(model.value(v).name, t);
+  for (const Node& n : model.nodes()) {
+    std::vector<ValueId> inputs;
+    for (ValueId v : n.inputs) inputs.push_back(v == kNoValue ? kNoValue : map[size_t(v)]);
+    const NodeId producer = model.value(n.inputs.at(0)).producer;
+    if (n.op == OpKind::relu && producer >= 0 && model.node(producer).op == OpKind::batch_norm)
+      inputs[0] = g.add_node(OpKind::identity, {}, {inputs[0]}, n.name + "/unfused")[0];
+    std::vector<std::string> names;
+    for (ValueId v : n.outputs) names.push_back(model.value(v).name);
+    const std::vector<ValueId> outs = g.add_node(n.op, n.attrs, inputs, n.name, names);
+    for (size_t i = 0; i < outs.size(); ++i) map[size_t(n.outputs[i])] = outs[i];
+  }
+  for (ValueId v : model.outputs()) g.mark_output(map[size_t(v)]);
+  return g;
+}
+
+int fused_batch_norms(const Graph& g) {
+  int n = 0;
+  for (const Node& node : g.nodes())
+    n += node.op == OpKind::batch_norm && std::get<BatchNormAttrs>(node.attrs).relu;
+  return n;
+}
+
+// The session fuses small_cnn's two batch_norm -> relu pairs in its step and eval graphs,
+// and that changes no bit: losses, parameters, optimizer state, running statistics and
+// predictions equal the unfused model's after a few steps, in f32 and bf16.
+TEST(TrainSession, FusedBatchNormReluTrainsBitForBitAsUnfused) {
+  for (Precision precision : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    const Graph model = small_cnn(4, 8);
+    const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+    TrainingSession fused(model, LossSpec{}, sgd, {.precision = precision});
+    TrainingSession unfused(with_identity_before_relus(model), LossSpec{}, sgd,
+                            {.precision = precision});
+    EXPECT_EQ(fused_batch_norms(fused.step_graph()), 2);
+    EXPECT_EQ(count_ops(fused.step_graph(), OpKind::relu), 0);
+    EXPECT_EQ(count_ops(fused.step_graph(), OpKind::unary_backward), 0);
+    EXPECT_EQ(fused_batch_norms(fused.eval_graph()), 2);
+    EXPECT_EQ(fused_batch_norms(unfused.step_graph()), 0);
+    EXPECT_EQ(count_ops(unfused.step_graph(), OpKind::relu), 2);
+    BatchSampler sampler(synthetic_dataset(12, 3, 8, 10, 5), 4, false, 0);
+    for (int i = 0; i < 3; ++i) {
+      const float a = fused.step(zoo_batch(sampler, i)), b = unfused.step(zoo_batch(sampler, i));
+      EXPECT_TRUE(same_bits(a, b)) << "step " << i << ": " << a << " vs " << b;
+    }
+    EXPECT_TRUE(same_tensors(fused.parameters(), unfused.parameters()));
+    EXPECT_TRUE(same_tensors(fused.optimizer_state(), unfused.optimizer_state()));
+    EXPECT_TRUE(same_tensors(fused.buffers(), unfused.buffers()));
+    EXPECT_FALSE(same_bits(fused.parameters().at("conv1.weight"),
+                           *model.constant(*model.find_value("conv1.weight"))));
+    const NamedTensors in = {{"input", sampler.batch(0).first}};
+    EXPECT_TRUE(same_tensors(fused.predict(in), unfused.predict(in)));
+  }
 }
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {

@@ -14,6 +14,14 @@ namespace {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device: GPU training tests need one"; \
   } while (0)
 
+// The running statistics a session's step writes (2 per batch norm): with the labels
+// checked only after the forward pass, the CUDA step commits them at its end, guarded
+// (runtime/executable.h), instead of in place.
+size_t running_statistics(const TrainingSession& s) {
+  size_t batch_norms = 0;
+  for (const Node& n : s.step_graph().nodes()) batch_norms += n.op == OpKind::batch_norm;
+  return 2 * batch_norms;
+}
 
 double relative(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-12);
@@ -63,9 +71,10 @@ TEST(CudaTraining, MatchesTheCpuOracleForFiveStepsInF64) {
     EXPECT_TRUE(all_close(gpu.buffers().at(name), t, 1e-6, 1e-9)) << name;
   for (const auto& [name, t] : cpu.optimizer_state())
     EXPECT_TRUE(all_close(gpu.optimizer_state().at(name), t, 1e-6, 1e-9)) << name;
-  // The state stays on the device: aliased outputs were computed in place.
-  EXPECT_GT(gpu.step_executable().stats().aliases_in_place, 0u);
-  EXPECT_EQ(gpu.step_executable().stats().aliases_copied, 0u);
+  // The state stays on the device: the parameters and momentum buffers are updated in
+  // place; the running statistics are committed at the step's end, past the labels' check.
+  EXPECT_EQ(gpu.step_executable().stats().aliases_in_place, 2 * gpu.parameter_names().size());
+  EXPECT_EQ(gpu.step_executable().stats().aliases_copied, running_statistics(gpu));
 }
 
 TEST(CudaTraining, MatchesTheCpuOracleStepByStepInF32) {
@@ -164,6 +173,46 @@ TEST(CudaTraining, ABadLabelNamesTheStep) {
   }
 }
 
+// A bad label stops training where it is: that step and those queued after it update
+// nothing (a halt word the update kernels read), so the state is the last good one; the
+// error says so and the session's step count goes back to it. Training then goes on.
+TEST(CudaTraining, ABadLabelKeepsTheLastGoodState) {
+  REQUIRE_GPU();
+  const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+  TrainingSession s(small_cnn(4, 8), LossSpec{}, sgd, {.device = Device::cuda});
+  TrainingSession reference(small_cnn(4, 8), LossSpec{}, sgd, {.device = Device::cuda});
+  BatchSampler sampler(synthetic_dataset(8, 3, 8, 10, 0), 4, false, 0);
+  NamedTensors bad = zoo_batch(sampler, 1);
+  bad["labels"] = Tensor::from_vector<int64_t>({4}, {1, 2, 12, 3});
+  reference.step(zoo_batch(sampler, 0));
+  s.step_async(zoo_batch(sampler, 0));
+  PendingTensor failing = s.step_async(bad);
+  s.step_async(zoo_batch(sampler, 1));
+  s.step_async(zoo_batch(sampler, 0));
+  try {
+    s.synchronize();
+    failing.get();
+    ADD_FAILURE() << "the bad label went unnoticed";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("step 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("not applied"), std::string::npos) << what;
+  }
+  EXPECT_EQ(s.step_count(), 1);
+  EXPECT_EQ(s.step_executable().stats().runs_not_applied, 3u);
+  for (const auto& [name, t] : reference.parameters())
+    EXPECT_TRUE(same_bits(s.parameters().at(name), t)) << name;
+  for (const auto& [name, t] : reference.optimizer_state())
+    EXPECT_TRUE(same_bits(s.optimizer_state().at(name), t)) << name;
+  for (const auto& [name, t] : reference.buffers())
+    EXPECT_TRUE(same_bits(s.buffers().at(name), t)) << name;
+  // Cleared once reported: the next steps apply again, as on the uninterrupted session.
+  const float got = s.step(zoo_batch(sampler, 1));
+  const float want = reference.step(zoo_batch(sampler, 1));
+  EXPECT_TRUE(same_bits(got, want)) << got << " vs " << want;
+  EXPECT_EQ(s.step_count(), 2);
+}
+
 // bf16 mixed precision (small CNN: ResNet-18 at 32x32 is so ill-conditioned that rounding
 // the input image alone moves its gradients by 15%, docs/mixed_precision.md): the first
 // step follows the CPU oracle running the same rewritten graph, and 100 steps end within 5%
@@ -191,6 +240,75 @@ TEST(CudaTraining, Bf16FollowsTheOracleAndF32) {
   }
   EXPECT_NEAR(tail_bf16, tail_f32, std::max(0.05 * tail_f32, 0.02))
       << "bf16 " << tail_bf16 << " f32 " << tail_f32;
+}
+
+SessionOptions f16_on(Device device, const LossScaling& scaling = {}) {
+  return {.device = device, .precision = Precision::f16, .loss_scaling = scaling};
+}
+
+// f16 with dynamic loss scaling: the first steps follow the CPU oracle running the same
+// step graph (a scale of 2^10, far from overflow, so that both take every step), the
+// scaler's state is updated in place on the device like the rest, and 100 steps with
+// GradScaler's defaults end within 5% of f32's loss (as bf16's test).
+TEST(CudaTraining, F16FollowsTheOracleAndF32) {
+  REQUIRE_GPU();
+  const Graph model = small_cnn(16, 16);
+  const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+  BatchSampler sampler(synthetic_dataset(64, 3, 16, 10, 1), 16, true, 0);
+  const LossScaling in_range{.init_scale = 1024, .growth_interval = 2};
+  TrainingSession cpu(model, LossSpec{}, sgd, f16_on(Device::cpu, in_range));
+  TrainingSession oracle_gpu(model, LossSpec{}, sgd, f16_on(Device::cuda, in_range));
+  for (int i = 0; i < 3; ++i) {
+    const float want = cpu.step(zoo_batch(sampler, i));
+    const float got = oracle_gpu.step(zoo_batch(sampler, i));
+    EXPECT_LT(relative(got, want), 2e-2) << "step " << i + 1 << ": " << got << " vs " << want;
+  }
+  for (const auto& [name, t] : cpu.parameters())
+    EXPECT_TRUE(all_close(oracle_gpu.parameters().at(name), t, 1e-2, 1e-3)) << name;
+  EXPECT_TRUE(same_tensors(oracle_gpu.scaler_state(), cpu.scaler_state()));
+  EXPECT_EQ(oracle_gpu.loss_scale(), 2048.0);  // grown once, after steps 1-2
+  EXPECT_EQ(oracle_gpu.step_executable().stats().aliases_copied, running_statistics(oracle_gpu));
+  EXPECT_GT(oracle_gpu.step_executable().stats().aliases_in_place, 0u);
+
+  TrainingSession f16(model, LossSpec{}, sgd, f16_on(Device::cuda));
+  TrainingSession f32(model, LossSpec{}, sgd, {.device = Device::cuda});
+  double tail_f16 = 0, tail_f32 = 0;
+  for (int i = 0; i < 100; ++i) {
+    const float a = f16.step(zoo_batch(sampler, i)), b = f32.step(zoo_batch(sampler, i));
+    if (i >= 90) tail_f16 += a / 10, tail_f32 += b / 10;
+  }
+  EXPECT_NEAR(tail_f16, tail_f32, std::max(0.05 * tail_f32, 0.02))
+      << "f16 " << tail_f16 << " f32 " << tail_f32 << ", " << f16.skipped_steps()
+      << " steps skipped";
+}
+
+// Overflowing gradients on the GPU: the steps are skipped on the device (parameters and
+// momentum unchanged), the scale backs off as on the CPU, and training resumes.
+TEST(CudaTraining, F16OverflowSkipsStepsOnTheDevice) {
+  REQUIRE_GPU();
+  const Graph model = small_cnn(4, 8);
+  const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+  const LossScaling overflowing{.init_scale = 0x1p40, .backoff_factor = 0x1p-10};
+  TrainingSession cpu(model, LossSpec{}, sgd, f16_on(Device::cpu, overflowing));
+  TrainingSession gpu(model, LossSpec{}, sgd, f16_on(Device::cuda, overflowing));
+  BatchSampler sampler(synthetic_dataset(16, 3, 8, 10, 5), 4, false, 0);
+  const NamedTensors initial = gpu.parameters();
+  gpu.step(zoo_batch(sampler, 0));
+  cpu.step(zoo_batch(sampler, 0));
+  EXPECT_EQ(gpu.skipped_steps(), 1);
+  EXPECT_EQ(gpu.loss_scale(), 0x1p30);
+  EXPECT_TRUE(same_tensors(gpu.parameters(), initial));
+  for (const auto& [name, t] : gpu.optimizer_state())
+    EXPECT_EQ(t.to_doubles(), std::vector<double>(size_t(t.numel()), 0.0)) << name;
+  for (int i = 1; i < 6; ++i) {  // queued: no read between the steps
+    gpu.step_async(zoo_batch(sampler, i));
+    cpu.step(zoo_batch(sampler, i));
+  }
+  EXPECT_EQ(gpu.skipped_steps(), cpu.skipped_steps());
+  EXPECT_LT(gpu.skipped_steps(), 6);
+  EXPECT_EQ(gpu.loss_scale(), cpu.loss_scale());
+  EXPECT_FALSE(same_bits(gpu.parameters().at("fc.weight"), initial.at("fc.weight")));
+  EXPECT_TRUE(same_tensors(gpu.scaler_state(), cpu.scaler_state()));
 }
 
 // A step too large for the GPU: an error with the sizes and a suggestion; nothing leaks, so a

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,15 @@ __device__ inline void raise_error(ErrorRecord* record, int64_t index, int64_t v
     record->index = index;
     record->value = value;
   }
+}
+
+// The halt word (ErrorFlags::halt): set by a kernel that finds bad training data; read by
+// the kernels that write training state, which then write nothing. Null: no halt word.
+__device__ inline void raise_halt(int32_t* halt) {
+  if (halt) atomicExch(halt, 1);
+}
+__device__ inline bool halted(const int32_t* halt) {
+  return halt && *static_cast<const volatile int32_t*>(halt) != 0;
 }
 #endif
 
@@ -89,6 +99,17 @@ class ErrorFlags {
 
   size_t pending() const { return pending_.size(); }
 
+  // The halt word of the recording (a compiled training step's, runtime/executable.h): a
+  // kernel that finds bad training data (a label outside [0, C)) sets it, and every kernel
+  // that writes training state in place (optimizer updates, running statistics) then
+  // writes nothing, in this run and every later one, until the executable clears it once
+  // the error has been reported: the state stays the last good one. Declare it written
+  // by the kernels that set it and read by those that obey it. Unset: no word (nullptr).
+  void set_halt(const BufferRange& word) { halt_ = word; }
+  void clear_halt() { halt_.reset(); }
+  int32_t* halt_word() const { return halt_ ? static_cast<int32_t*>(halt_->data()) : nullptr; }
+  const std::optional<BufferRange>& halt() const { return halt_; }
+
   struct Pending {
     std::string where;
     Describe describe;
@@ -111,6 +132,7 @@ class ErrorFlags {
   CommandEncoder& encoder_;
   std::vector<DeviceBuffer> chunks_;  // kRecordsPerChunk records each, reused after check()
   std::vector<Pending> pending_;      // by record number: chunk = i / kRecordsPerChunk
+  std::optional<BufferRange> halt_;
 };
 
 // ErrorFlags::of(ctx.encoder).check(): what the executor calls after committing a run.

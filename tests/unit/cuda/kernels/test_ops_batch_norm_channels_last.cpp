@@ -14,17 +14,26 @@
 //
 // Mixed layouts (say x channels-last and y contiguous, or a transposed view that is
 // neither) are rejected with an Error naming the node; this file checks that.
+//
+// A fused relu (BatchNormAttrs::relu; batch_norm_backward reading y) in both layouts, every
+// dtype and the mixed form: against the CPU's fused op to the tolerances above, and against
+// the unfused kernels (batch_norm then the relu kernel; relu's unary_backward then
+// batch_norm_backward) bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "backends/cuda/kernels/batch_norm/direct.h"
+#include "bit_identical.h"
 #include "gpu_vs_cpu.h"
 
 namespace fusebox::cuda::testing {
 namespace {
 
 using fusebox::testing::all_close;
+using fusebox::testing::bit_identical;
+using fusebox::testing::same_values;
 using fusebox::testing::random_tensor;
 using fusebox::testing::run_op;
 
@@ -311,6 +320,209 @@ TEST_F(BatchNormChannelsLastTest, MixedPrecisionMatchesCpu) {
           EXPECT_EQ(back_got[1].dtype(), DType::f32);
           expect_backward_close(back_got[0], back_got[1], back_got[2], back_want, shape, t);
         }
+      }
+    }
+  }
+}
+
+// ---- fused relu (BatchNormAttrs::relu) ---------------------------------------------------
+
+// A batch_norm or batch_norm_backward node in one layout: channels-last (activations at
+// `activation_inputs`, output 0) or contiguous.
+std::vector<Tensor> run_in_layout(OpHarness& h, bool channels_last, KernelEntry entry, OpKind op,
+                                  Attrs attrs, const std::vector<Tensor>& inputs,
+                                  const std::vector<size_t>& activation_inputs, int64_t offset) {
+  return channels_last
+             ? run_channels_last(h, entry, op, std::move(attrs), inputs, activation_inputs, offset)
+             : h.run(entry, op, std::move(attrs), inputs);
+}
+
+// The unfused pair on the GPU, in the same layout: batch_norm, then the relu kernel on y.
+std::vector<Tensor> unfused_forward(OpHarness& h, bool channels_last, BatchNormAttrs attrs,
+                                    const std::vector<Tensor>& inputs, int64_t offset) {
+  attrs.relu = false;
+  std::vector<Tensor> out =
+      run_in_layout(h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset);
+  out[0] = h.run(&unary, OpKind::relu, {}, {out[0]}).at(0);
+  return out;
+}
+
+// relu's unary_backward kernel on dy, then batch_norm_backward, in the same layout.
+// inputs: (dy, x, scale, saved_mean, saved_inv_std, y).
+std::vector<Tensor> unfused_backward(OpHarness& h, bool channels_last, BatchNormAttrs attrs,
+                                     std::vector<Tensor> inputs, int64_t offset) {
+  attrs.relu = false;
+  const Tensor y = inputs.back();
+  inputs.pop_back();
+  inputs[0] = h.run(&unary_backward, OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::relu},
+                    {inputs[0], y})
+                  .at(0);
+  return run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward, attrs,
+                       inputs, {0, 1}, offset);
+}
+
+// Fused forward and backward, both layouts (channels-last also unaligned), both forms, every
+// dtype and the mixed-precision form: against the CPU's fused op to the unfused tests'
+// tolerances, and against the unfused GPU kernels bit for bit (the max and the mask are
+// exact, the rest is the same arithmetic). The backward's y is the CPU's fused forward
+// output, so the mask cuts about half of dy.
+TEST_F(BatchNormChannelsLastTest, FusedReluMatchesCpuAndUnfusedKernels) {
+  OpHarness h;
+  uint64_t seed = 9200;
+  struct DTypes {
+    DType x, param;
+  };
+  const std::vector<DTypes> dtypes = {{DType::f32, DType::f32},   {DType::f16, DType::f16},
+                                      {DType::bf16, DType::bf16}, {DType::f64, DType::f64},
+                                      {DType::f16, DType::f32},   {DType::bf16, DType::f32}};
+  for (const DTypes& d : dtypes) {
+    for (const Shape& shape :
+         {Shape{8, 64, 14, 14}, Shape{4, 32, 8, 8}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+        for (bool training : {false, true}) {
+          SCOPED_TRACE(cat(dtype_name(d.x), " x ", dtype_name(d.param), " params ",
+                           shape_str(shape), channels_last ? " NHWC" : " NCHW",
+                           training ? " training" : " inference"));
+          std::vector<Tensor> inputs = forward_inputs(d.x, shape, seed += 5);
+          for (size_t i = 1; i < 5; ++i) inputs[i] = inputs[i].cast(d.param);
+          const BatchNormAttrs attrs{1e-5, 0.9, training, true};
+          const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+          const std::vector<Tensor> got = run_in_layout(
+              h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset);
+          ASSERT_EQ(got.size(), want.size());
+          const Tolerance y_tol = forward_tolerance(d.x), stat_tol = forward_tolerance(d.param);
+          EXPECT_TRUE(all_close(got[0], want[0], y_tol.rtol, y_tol.atol)) << "y";
+          for (size_t o = 1; o < got.size(); ++o)
+            EXPECT_TRUE(all_close(got[o], want[o], stat_tol.rtol, stat_tol.atol)) << o;
+          const std::vector<Tensor> unfused =
+              unfused_forward(h, channels_last, attrs, inputs, offset);
+          for (size_t o = 0; o < got.size(); ++o)
+            EXPECT_TRUE(bit_identical(got[o], unfused[o])) << "fused vs unfused GPU, output " << o;
+
+          // Backward: (dy, x, scale, saved statistics, y) from the CPU's training forward.
+          const BatchNormAttrs train_attrs{1e-5, 0.9, true, true};
+          const std::vector<Tensor> fwd = run_op(OpKind::batch_norm, train_attrs, inputs);
+          const std::vector<Tensor> back = {random_tensor(d.x, shape, seed + 1, -1, 1),
+                                            inputs[0],
+                                            inputs[1],
+                                            fwd[3],
+                                            fwd[4],
+                                            fwd[0]};
+          BatchNormAttrs back_attrs;
+          back_attrs.training = training;
+          back_attrs.relu = true;
+          const std::vector<Tensor> back_want =
+              run_op(OpKind::batch_norm_backward, back_attrs, back);
+          const std::vector<Tensor> back_got =
+              run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                            back_attrs, back, {0, 1, 5}, offset);
+          ASSERT_EQ(back_got.size(), 3u);
+          expect_backward_close(back_got[0], back_got[1], back_got[2], back_want, shape, d.x);
+          const std::vector<Tensor> back_unfused =
+              unfused_backward(h, channels_last, back_attrs, back, offset);
+          for (size_t o = 0; o < 3; ++o)
+            EXPECT_TRUE(bit_identical(back_got[o], back_unfused[o]))
+                << "fused vs unfused GPU, backward output " << o;
+        }
+      }
+    }
+  }
+}
+
+// A fused residual (input 5), with and without the relu, both layouts (channels-last also
+// unaligned), both forms, every dtype and the mixed-precision form: against the CPU's fused
+// op (which is bit for bit batch_norm, add, relu: tests/unit/cpu/test_batch_norm_relu.cpp).
+TEST_F(BatchNormChannelsLastTest, FusedResidualMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 9700;
+  const std::vector<std::pair<DType, DType>> dtypes = {
+      {DType::f32, DType::f32}, {DType::f16, DType::f16}, {DType::bf16, DType::bf16},
+      {DType::f64, DType::f64}, {DType::f16, DType::f32}, {DType::bf16, DType::f32}};
+  for (const auto& [xt, pt] : dtypes) {
+    for (const Shape& shape : {Shape{8, 64, 14, 14}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+        for (bool training : {false, true}) {
+          for (bool relu : {false, true}) {
+            SCOPED_TRACE(cat(dtype_name(xt), " x ", dtype_name(pt), " params ", shape_str(shape),
+                             channels_last ? " NHWC" : " NCHW",
+                             training ? " training" : " inference", relu ? " relu" : ""));
+            std::vector<Tensor> inputs = forward_inputs(xt, shape, seed += 5);
+            for (size_t i = 1; i < 5; ++i) inputs[i] = inputs[i].cast(pt);
+            inputs.push_back(random_tensor(xt, shape, seed + 2, -2, 2));
+            const BatchNormAttrs attrs{1e-5, 0.9, training, relu};
+            const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+            const std::vector<Tensor> got = run_in_layout(
+                h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0, 5}, offset);
+            ASSERT_EQ(got.size(), want.size());
+            const Tolerance y_tol = forward_tolerance(xt), stat_tol = forward_tolerance(pt);
+            EXPECT_TRUE(all_close(got[0], want[0], y_tol.rtol, y_tol.atol)) << "y";
+            for (size_t o = 1; o < got.size(); ++o)
+              EXPECT_TRUE(all_close(got[o], want[o], stat_tol.rtol, stat_tol.atol)) << o;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The edges, fused against unfused on the GPU bit for bit: y exactly -0 (x == running
+// mean, negative scale, bias -0: relu keeps -0), y rounding to -0 in f16, NaN x, and
+// infinite and NaN dy (where y <= 0, dy * 0 is NaN in both).
+TEST_F(BatchNormChannelsLastTest, FusedReluEdgesBitForBit) {
+  OpHarness h;
+  const Shape shape = {4, 8, 3, 5};
+  for (DType t : kFloatTypes) {
+    for (bool channels_last : {false, true}) {
+      for (bool training : {false, true}) {
+        SCOPED_TRACE(cat(dtype_name(t), channels_last ? " NHWC" : " NCHW",
+                         training ? " training" : " inference"));
+        std::vector<double> x = random_tensor(DType::f64, shape, 9300, -2, 3).to_doubles();
+        const int64_t inner = 15, channels = 8;
+        for (int64_t n = 0; n < 4; ++n)
+          for (int64_t c = 0; c < 3; ++c)
+            for (int64_t i = 0; i < 3; ++i) x[size_t((n * channels + c) * inner + i)] = 0.5;
+        x[size_t((2 * channels + 7) * inner + 4)] = std::numeric_limits<double>::quiet_NaN();
+        std::vector<double> scale(8, 0.75), bias(8, 0.125), mean(8, 0.5), var(8, 1.5);
+        scale[0] = -1.25;
+        bias[0] = -0.0;
+        bias[1] = 0.0;
+        bias[2] = -1e-10;
+        const std::vector<Tensor> inputs = {
+            Tensor::from_doubles(t, shape, x), Tensor::from_doubles(t, {8}, scale),
+            Tensor::from_doubles(t, {8}, bias), Tensor::from_doubles(t, {8}, mean),
+            Tensor::from_doubles(t, {8}, var)};
+        const BatchNormAttrs attrs{1e-5, 0.9, training, true};
+        const std::vector<Tensor> got =
+            run_in_layout(h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, 0);
+        const std::vector<Tensor> unfused = unfused_forward(h, channels_last, attrs, inputs, 0);
+        for (size_t o = 0; o < got.size(); ++o) EXPECT_TRUE(bit_identical(got[o], unfused[o])) << o;
+        if (!training) {
+          const double y = got[0].get(0);
+          EXPECT_TRUE(y == 0 && std::signbit(y)) << "x == mean in channel 0 gives -0: " << y;
+        }
+        std::vector<double> dy = random_tensor(DType::f64, shape, 9301).to_doubles();
+        for (int64_t c = 0; c < channels; ++c) {
+          dy[size_t(c * inner)] = std::numeric_limits<double>::infinity();
+          dy[size_t((channels + c) * inner + 1)] = -std::numeric_limits<double>::infinity();
+          dy[size_t((3 * channels + c) * inner + 2)] = std::numeric_limits<double>::quiet_NaN();
+        }
+        const std::vector<Tensor> fwd =
+            run_op(OpKind::batch_norm, BatchNormAttrs{1e-5, 0.9, true, true}, inputs);
+        const std::vector<Tensor> back = {
+            Tensor::from_doubles(t, shape, dy), inputs[0], inputs[1], fwd[3], fwd[4], got[0]};
+        BatchNormAttrs back_attrs;
+        back_attrs.training = training;
+        back_attrs.relu = true;
+        const std::vector<Tensor> back_got =
+            run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                          back_attrs, back, {0, 1, 5}, 0);
+        const std::vector<Tensor> back_unfused =
+            unfused_backward(h, channels_last, back_attrs, back, 0);
+        // (NaNs from the infinite dy: any NaN, bit_identical.h same_values.)
+        for (size_t o = 0; o < 3; ++o)
+          EXPECT_TRUE(same_values(back_got[o], back_unfused[o])) << "backward output " << o;
       }
     }
   }

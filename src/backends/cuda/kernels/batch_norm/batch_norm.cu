@@ -22,7 +22,8 @@
 //                 (running * momentum + batch * (1 - momentum)), the saved mean and
 //                 inverse std, and the (mean, k, bias) coefficients;
 //   3. apply: y from the coefficients, 16-byte vectors when inner is a multiple of the
-//      vector width and the pointers are aligned.
+//      vector width and the pointers are aligned; a fused residual added, then a fused
+//      relu (common.cuh: the unfused add's and relu's arithmetic).
 // Training reads x twice and writes y once (plus per-channel work): expect about 2/3 of
 // the copy bandwidth; the stats pass runs a division per element (Welford), which keeps
 // it near, not at, the bandwidth limit. Deterministic (no atomics).
@@ -36,11 +37,12 @@
 //
 // Backward: the same three stages: per-chunk partial sums of dy and dy * x_hat (f32, f64
 // for f64), per-channel totals (dbias, dscale) and dx coefficients, then dx elementwise.
+// With a fused relu, stages 1 and 3 read y too and mask dy as they load it (common.cuh).
 // The training form subtracts the batch statistics' dependence on x (mean(dy) and
 // x_hat * mean(dy * x_hat)); the inference form (the IR op's training = false) treats
 // mean and inv_std as constants: dx = scale * inv_std * dy. The IR op batch_norm_backward
-// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias) and the direct call of
-// kernels/batch_norm/direct.h (always the training form) share this code.
+// (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias) and the direct call
+// of kernels/batch_norm/direct.h (always the training form, no relu) share this code.
 #include <initializer_list>
 #include <utility>
 
@@ -190,10 +192,10 @@ __global__ void bn_coefficients_inference(int64_t channels, const P* scale, cons
              C(0)};
 }
 
-// Stage 3: y = (x - mean) * k + bias over a grid-stride walk of `units` units of kWidth
-// elements (kWidth = the vector width, or 1).
-template <class T, int kWidth>
-__global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
+// Stage 3: y = (x - mean) * k + bias (+ residual when given; relu'd with kRelu) over a
+// grid-stride walk of `units` units of kWidth elements (kWidth = the vector width, or 1).
+template <class T, int kWidth, bool kRelu>
+__global__ void bn_apply(const T* x, const T* residual, T* y, int64_t units, ChannelWalk walk,
                          const Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   int64_t u = global_thread_index(), chan, pos;
@@ -201,13 +203,20 @@ __global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
   for (; u < units; u += grid_stride()) {
     const Coefficients<C> k = coef[chan];
     if constexpr (kWidth == 1) {
-      store_compute(y, u, (load_compute(x, u) - k.mean) * k.k + k.bias);
+      C v = (load_compute(x, u) - k.mean) * k.k + k.bias;
+      if (residual) v = add_residual<T>(v, load_compute(residual, u));
+      store_compute(y, u, activate<T, kRelu>(v));
     } else {
       const Vec<T> in = load_vec(x, u);
+      Vec<T> r{};
+      if (residual) r = load_vec(residual, u);
       Vec<T> out;
 #pragma unroll
-      for (int w = 0; w < kWidth; ++w)
-        out.v[w] = convert<T>((convert<C>(in.v[w]) - k.mean) * k.k + k.bias);
+      for (int w = 0; w < kWidth; ++w) {
+        C v = (convert<C>(in.v[w]) - k.mean) * k.k + k.bias;
+        if (residual) v = add_residual<T>(v, convert<C>(r.v[w]));
+        out.v[w] = convert<T>(activate<T, kRelu>(v));
+      }
       store_vec(y, u, out);
     }
     walk.advance(chan, pos);
@@ -216,9 +225,10 @@ __global__ void bn_apply(const T* x, T* y, int64_t units, ChannelWalk walk,
 
 // ---- backward -----------------------------------------------------------------------
 
-// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block).
-template <class T, class P>
-__global__ void bn_backward_sums(const T* x, const T* dy, const P* saved_mean,
+// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block); dy
+// masked by relu's gradient at y with kRelu.
+template <class T, class P, bool kRelu>
+__global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* saved_mean,
                                  const P* saved_inv_std, int64_t channels, int64_t inner,
                                  int64_t per_chunk, int64_t count, RowWalk walk,
                                  compute_t<T>* partial /* [C][chunks][2] */) {
@@ -233,7 +243,7 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const P* saved_mean,
   int64_t row = f / inner, pos = f % inner;
   for (; f < last; f += blockDim.x) {
     const int64_t at = (row * channels + c) * inner + pos;
-    const C g = load_compute(dy, at);
+    const C g = load_dy<kRelu>(dy, y, at);
     sum_dy += g;
     sum_dyx += g * (load_compute(x, at) - mean) * inv_std;
     walk.advance(row, pos);
@@ -291,17 +301,18 @@ __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks
              C(training ? sum_dyx / double(count) : 0.0)};
 }
 
-// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements.
-template <class T>
-__global__ void bn_backward_dx(const T* x, const T* dy, T* dx, int64_t total, ChannelWalk walk,
-                               const Coefficients<compute_t<T>>* coef) {
+// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements (dy masked
+// as stage 1's).
+template <class T, bool kRelu>
+__global__ void bn_backward_dx(const T* x, const T* dy, const T* y, T* dx, int64_t total,
+                               ChannelWalk walk, const Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   int64_t e = global_thread_index(), chan, pos;
   walk.start(e, chan, pos);
   for (; e < total; e += grid_stride()) {
     const Coefficients<C> k = coef[chan];
     const C x_hat = (load_compute(x, e) - k.mean) * k.inv_std;
-    store_compute(dx, e, k.k * (load_compute(dy, e) - k.mean_dy - x_hat * k.mean_dyx));
+    store_compute(dx, e, k.k * (load_dy<kRelu>(dy, y, e) - k.mean_dy - x_hat * k.mean_dyx));
     walk.advance(chan, pos);
   }
 }
@@ -392,56 +403,73 @@ Partials contiguous_stats(Context& ctx, const Geometry& g, const DeviceTensor& x
 // Stage 3 of the contiguous forward.
 template <class T>
 void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, const DeviceTensor& y,
-                      const DeviceBuffer& coef) {
+                      const DeviceBuffer& coef, bool relu, const DeviceTensor* residual) {
   using C = compute_t<T>;
   constexpr int W = kVecWidth<T>;
-  const BufferList reads = {x.range(), coef};
+  BufferList reads = norm::ranges({&x, residual});
+  reads.push_back(coef);
   const bool vector = W > 1 && g.inner % W == 0 && is_aligned(x.data(), kVecBytes) &&
-                      is_aligned(y.data(), kVecBytes);
+                      is_aligned(y.data(), kVecBytes) &&
+                      (!residual || is_aligned(residual->data(), kVecBytes));
+  const T* r = residual ? residual->as<const T>() : nullptr;
   const int width = vector ? W : 1;
   const int64_t units = g.total() / width;
   const unsigned blocks = launch_blocks(units, kThreads);
   const ChannelWalk walk =
       ChannelWalk::make(g.inner / width, g.channels, int64_t(blocks) * kThreads);
-  if (vector) {
-    ctx.encoder.launch(&bn_apply<T, W>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
-                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
-  } else {
-    ctx.encoder.launch(&bn_apply<T, 1>, dim3(blocks), dim3(kThreads), 0, reads, {y.range()},
-                       x.as<const T>(), y.as<T>(), units, walk, coef.as<const Coefficients<C>>());
-  }
+  with_relu(relu, [&](auto fused) {
+    constexpr bool kRelu = decltype(fused)::value;
+    if (vector) {
+      ctx.encoder.launch(&bn_apply<T, W, kRelu>, dim3(blocks), dim3(kThreads), 0, reads,
+                         {y.range()}, x.as<const T>(), r, y.as<T>(), units, walk,
+                         coef.as<const Coefficients<C>>());
+    } else {
+      ctx.encoder.launch(&bn_apply<T, 1, kRelu>, dim3(blocks), dim3(kThreads), 0, reads,
+                         {y.range()}, x.as<const T>(), r, y.as<T>(), units, walk,
+                         coef.as<const Coefficients<C>>());
+    }
+  });
 }
 
 // Stage 1 of the contiguous backward.
 template <class T, class P>
 Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                                  const DeviceTensor& dy, const DeviceTensor& saved_mean,
+                                  const DeviceTensor& dy, const DeviceTensor* relu_y,
+                                  const DeviceTensor& saved_mean,
                                   const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
   const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
   Partials p{ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C)), chunks};
   ctx.encoder.add_temporary(p.buffer);
-  ctx.encoder.launch(&bn_backward_sums<T, P>, dim3(unsigned(g.channels), unsigned(chunks)),
-                     dim3(kThreads), 0, norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}),
-                     {p.buffer}, x.as<const T>(), dy.as<const T>(), saved_mean.as<const P>(),
-                     saved_inv_std.as<const P>(), g.channels, g.inner, per_chunk, g.per_channel(),
-                     RowWalk::make(g.inner, kThreads), p.buffer.as<C>());
+  with_relu(relu_y != nullptr, [&](auto fused) {
+    ctx.encoder.launch(&bn_backward_sums<T, P, decltype(fused)::value>,
+                       dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
+                       norm::ranges({&x, &dy, relu_y, &saved_mean, &saved_inv_std}), {p.buffer},
+                       x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
+                       saved_mean.as<const P>(), saved_inv_std.as<const P>(), g.channels, g.inner,
+                       per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
+                       p.buffer.as<C>());
+  });
   return p;
 }
 
 // Stage 3 of the contiguous backward.
 template <class T>
 void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                            const DeviceTensor& dy, const DeviceTensor& dx,
-                            const DeviceBuffer& coef) {
+                            const DeviceTensor& dy, const DeviceTensor* relu_y,
+                            const DeviceTensor& dx, const DeviceBuffer& coef) {
   using C = compute_t<T>;
   const unsigned blocks = launch_blocks(g.total(), kThreads);
-  ctx.encoder.launch(&bn_backward_dx<T>, dim3(blocks), dim3(kThreads), 0,
-                     {x.range(), dy.range(), coef}, {dx.range()}, x.as<const T>(), dy.as<const T>(),
-                     dx.as<T>(), g.total(),
-                     ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
-                     coef.as<const Coefficients<C>>());
+  BufferList reads = norm::ranges({&x, &dy, relu_y});
+  reads.push_back(coef);
+  with_relu(relu_y != nullptr, [&](auto fused) {
+    ctx.encoder.launch(&bn_backward_dx<T, decltype(fused)::value>, dim3(blocks), dim3(kThreads), 0,
+                       reads, {dx.range()}, x.as<const T>(), dy.as<const T>(),
+                       relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(), g.total(),
+                       ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
+                       coef.as<const Coefficients<C>>());
+  });
 }
 
 unsigned finalize_blocks(int64_t channels) {
@@ -451,9 +479,12 @@ unsigned finalize_blocks(int64_t channels) {
 void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
-  FUSEBOX_CHECK(in.size() == 5 && in[0] && !out.empty(), where,
-                "expects (x, scale, bias, running_mean, running_var) -> (y, ...)");
+  FUSEBOX_CHECK((in.size() == 5 || in.size() == 6) && in[0] && !out.empty(), where,
+                "expects (x, scale, bias, running_mean, running_var, residual?) -> (y, ...)");
   const DeviceTensor& x = *in[0];
+  const DeviceTensor* residual = in.size() > 5 ? in[5] : nullptr;
+  FUSEBOX_CHECK(!residual || (residual->dtype == x.dtype && residual->shape == x.shape), where,
+                "the residual must be ", dtype_name(x.dtype), " ", shape_str(x.shape), " like x");
   const Geometry g = geometry_of(where, x.shape);
   FUSEBOX_CHECK(in[1], where, "scale is absent");
   const DType param = param_dtype(where, x.dtype, in[1]->dtype);
@@ -463,7 +494,7 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
                 dtype_name(x.dtype), " ", shape_str(x.shape));
   for (size_t o = 1; o < out.size(); ++o)
     check_per_channel(where, cat("output ", o).c_str(), &out[o], param, g.channels);
-  const Layout layout = layout_of(where, {{"x", &x}, {"y", &out[0]}});
+  const Layout layout = layout_of(where, {{"x", &x}, {"y", &out[0]}, {"residual", residual}});
   if (g.channels == 0) return;
   visit_device_float(n, x.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -501,23 +532,25 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
     });
     if (g.total() == 0) return;
     if (layout == Layout::channels_last)
-      channels_last_apply<T>(ctx, x, out[0], coef);
+      channels_last_apply<T>(ctx, x, out[0], coef, attrs.relu, residual);
     else
-      contiguous_apply<T>(ctx, g, x, out[0], coef);
+      contiguous_apply<T>(ctx, g, x, out[0], coef, attrs.relu, residual);
   });
 }
 
+// relu_y: the forward's output y of a fused relu (masks dy), or null.
 void run_batch_norm_backward(Context& ctx, const std::string& where, bool training,
                              const DeviceTensor& x, const DeviceTensor& dy,
-                             const DeviceTensor& scale, const DeviceTensor& saved_mean,
-                             const DeviceTensor& saved_inv_std, DeviceTensor* dx,
-                             DeviceTensor* dscale, DeviceTensor* dbias) {
+                             const DeviceTensor* relu_y, const DeviceTensor& scale,
+                             const DeviceTensor& saved_mean, const DeviceTensor& saved_inv_std,
+                             DeviceTensor* dx, DeviceTensor* dscale, DeviceTensor* dbias) {
   const Geometry g = geometry_of(where, x.shape);
   FUSEBOX_CHECK(dy.dtype == x.dtype && dy.shape == x.shape &&
-                    (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)),
-                where, "dy and dx must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
+                    (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)) &&
+                    (!relu_y || (relu_y->dtype == x.dtype && relu_y->shape == x.shape)),
+                where, "dy, dx and y must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
                 " like x");
-  const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"dx", dx}});
+  const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"y", relu_y}, {"dx", dx}});
   const DType param = param_dtype(where, x.dtype, scale.dtype);
   check_per_channel(where, "scale", &scale, param, g.channels);
   check_per_channel(where, "saved_mean", &saved_mean, param, g.channels);
@@ -548,8 +581,8 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
         using P = decltype(param_tag);
         const Partials partial =
             layout == Layout::channels_last
-                ? channels_last_backward_sums<T, P>(ctx, x, dy, saved_mean, saved_inv_std)
-                : contiguous_backward_sums<T, P>(ctx, g, x, dy, saved_mean, saved_inv_std);
+                ? channels_last_backward_sums<T, P>(ctx, x, dy, relu_y, saved_mean, saved_inv_std)
+                : contiguous_backward_sums<T, P>(ctx, g, x, dy, relu_y, saved_mean, saved_inv_std);
         BufferList writes = norm::ranges({dscale, dbias});
         writes.push_back(coef);
         const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
@@ -571,9 +604,9 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       });
       if (!dx) return;
       if (layout == Layout::channels_last)
-        channels_last_backward_dx<T>(ctx, x, dy, *dx, coef);
+        channels_last_backward_dx<T>(ctx, x, dy, relu_y, *dx, coef);
       else
-        contiguous_backward_dx<T>(ctx, g, x, dy, *dx, coef);
+        contiguous_backward_dx<T>(ctx, g, x, dy, relu_y, *dx, coef);
     }
   });
 }
@@ -591,20 +624,23 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          const DeviceTensor& scale, const DeviceTensor& saved_mean,
                          const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
                          DeviceTensor* dbias) {
-  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, scale, saved_mean,
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, nullptr, scale, saved_mean,
                               saved_inv_std, dx, dscale, dbias);
 }
 
-// (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias): dx in x's dtype, dscale
-// and dbias in scale's (x's, or f32 for f16 / bf16 x).
+// (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias): dx in x's dtype,
+// dscale and dbias in scale's (x's, or f32 for f16 / bf16 x); y exactly with relu.
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  FUSEBOX_CHECK(in.size() == 5 && out.size() == 3 && in[0] && in[1] && in[2] && in[3] && in[4],
-                node_label(n),
-                "expects (dy, x, scale, saved_mean, saved_inv_std) -> (dx, dscale, dbias)");
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  FUSEBOX_CHECK((in.size() == 5 || in.size() == 6) && out.size() == 3 && in[0] && in[1] && in[2] &&
+                    in[3] && in[4] && (!attrs.relu || (in.size() == 6 && in[5])),
+                node_label(n), "expects (dy, x, scale, saved_mean, saved_inv_std",
+                attrs.relu ? ", y" : "", ") -> (dx, dscale, dbias)");
   FUSEBOX_CHECK(out[1].dtype == in[2]->dtype && out[2].dtype == in[2]->dtype, node_label(n),
                 "dscale and dbias must be ", dtype_name(in[2]->dtype), " like scale");
-  bn::run_batch_norm_backward(ctx, node_label(n), std::get<BatchNormAttrs>(n.attrs).training,
-                              *in[1], *in[0], *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
+  bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, *in[1], *in[0],
+                              attrs.relu ? in[5] : nullptr, *in[2], *in[3], *in[4], &out[0],
+                              &out[1], &out[2]);
 }
 
 }  // namespace fusebox::cuda

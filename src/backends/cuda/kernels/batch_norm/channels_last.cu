@@ -19,6 +19,8 @@
 //   backward sums: the same shape with sums of dy and dy * x_hat;
 //   apply (y) and dx: a grid-stride walk over rows, elementwise from the channel's
 //     coefficients, loaded once per thread.
+// A fused relu (kRelu, common.cuh): apply stores relu(y); the backward sums and dx read a
+// unit of y beside each unit of dy and mask dy with it.
 // Loops load kUnroll rows before using any, to keep enough bytes in flight per thread.
 // Deterministic: fixed chunks, fixed trees, no atomics.
 #include <algorithm>
@@ -59,6 +61,19 @@ __device__ __forceinline__ void store_unit(T* p, int64_t i, const compute_t<T> (
 #pragma unroll
     for (int w = 0; w < W; ++w) v.v[w] = convert<T>(in[w]);
     store_vec(p, i, v);
+  }
+}
+
+// Unit i of dy as the backward uses it: masked by relu's gradient at y with kRelu.
+template <int W, bool kRelu, class T>
+__device__ __forceinline__ void load_dy_unit(const T* dy, const T* y, int64_t i,
+                                             compute_t<T> (&g)[W]) {
+  load_unit<W>(dy, i, g);
+  if constexpr (kRelu) {
+    compute_t<T> yv[W];
+    load_unit<W>(y, i, yv);
+#pragma unroll
+    for (int w = 0; w < W; ++w) g[w] = relu_gradient<T>(g[w], yv[w]);
   }
 }
 
@@ -151,9 +166,9 @@ __global__ void __launch_bounds__(kThreads)
 // row chunk j = blockIdx.y of channel c (as bn_cl_stats). The saved statistics (P: T, or
 // f32 for mixed precision) are read element by element, once per thread: a unit of W
 // activations is not a unit of W statistics when P is wider than T.
-template <class T, class P, int W>
+template <class T, class P, int W, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
-    bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy,
+    bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
                         const P* __restrict__ saved_mean, const P* __restrict__ saved_inv_std,
                         int64_t rows, int64_t units, int64_t rows_per_chunk,
                         compute_t<T>* __restrict__ partial) {
@@ -187,7 +202,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnrollBackward; ++u) {
         load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-        load_unit<W>(dy, (r + u * step) * units + unit, g[u]);
+        load_dy_unit<W, kRelu>(dy, y, (r + u * step) * units + unit, g[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnrollBackward; ++u) update(xv[u], g[u]);
@@ -195,7 +210,7 @@ __global__ void __launch_bounds__(kThreads)
     for (; r < last; r += step) {
       C xv[W], g[W];
       load_unit<W>(x, r * units + unit, xv);
-      load_unit<W>(dy, r * units + unit, g);
+      load_dy_unit<W, kRelu>(dy, y, r * units + unit, g);
       update(xv, g);
     }
   }
@@ -231,11 +246,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- stage 3 ----------------------------------------------------------------------------
 
-// y = (x - mean) * k + bias, rows walked grid-stride.
-template <class T, int W>
+// y = (x - mean) * k + bias (+ residual when given; relu'd with kRelu), rows walked
+// grid-stride.
+template <class T, int W, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
-    bn_cl_apply(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t units,
-                const Coefficients<compute_t<T>>* __restrict__ coef) {
+    bn_cl_apply(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ y,
+                int64_t rows, int64_t units, const Coefficients<compute_t<T>>* __restrict__ coef) {
   using C = compute_t<T>;
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (unit >= units) return;
@@ -250,6 +266,14 @@ __global__ void __launch_bounds__(kThreads)
   auto apply = [&](int64_t row, C(&v)[W]) {
 #pragma unroll
     for (int w = 0; w < W; ++w) v[w] = (v[w] - mean[w]) * k[w] + bias[w];
+    if (residual) {
+      C r[W];
+      load_unit<W>(residual, row * units + unit, r);
+#pragma unroll
+      for (int w = 0; w < W; ++w) v[w] = add_residual<T>(v[w], r[w]);
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] = activate<T, kRelu>(v[w]);
     store_unit<W>(y, row * units + unit, v);
   };
   const int64_t step = int64_t(gridDim.y) * blockDim.y;
@@ -268,11 +292,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std.
-template <class T, int W>
+// dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std (dy masked as
+// the sums').
+template <class T, int W, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
-    bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                      int64_t rows, int64_t units,
+    bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
+                      T* __restrict__ dx, int64_t rows, int64_t units,
                       const Coefficients<compute_t<T>>* __restrict__ coef) {
   using C = compute_t<T>;
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -296,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) {
       load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-      load_unit<W>(dy, (r + u * step) * units + unit, g[u]);
+      load_dy_unit<W, kRelu>(dy, y, (r + u * step) * units + unit, g[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) gradient(r + u * step, xv[u], g[u]);
@@ -304,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
   for (; r < rows; r += step) {
     C xv[W], g[W];
     load_unit<W>(x, r * units + unit, xv);
-    load_unit<W>(dy, r * units + unit, g);
+    load_dy_unit<W, kRelu>(dy, y, r * units + unit, g);
     gradient(r, xv, g);
   }
 }
@@ -321,7 +346,8 @@ struct Tiling {
   unsigned col_tiles = 1;
 };
 
-// W is the vector width when every operand allows it (channels % W == 0, 16-byte aligned).
+// W is the vector width when every operand allows it (channels % W == 0, 16-byte aligned;
+// null operands skipped).
 template <class T>
 Tiling tiling_for(const DeviceTensor& x, std::initializer_list<const DeviceTensor*> operands) {
   constexpr int W = kVecWidth<T>;
@@ -329,7 +355,8 @@ Tiling tiling_for(const DeviceTensor& x, std::initializer_list<const DeviceTenso
   t.channels = x.shape.at(1);
   t.rows = x.numel() / t.channels;
   t.vector = W > 1 && t.channels % W == 0;
-  for (const DeviceTensor* p : operands) t.vector = t.vector && is_aligned(p->data(), kVecBytes);
+  for (const DeviceTensor* p : operands)
+    t.vector = t.vector && (!p || is_aligned(p->data(), kVecBytes));
   t.units = t.channels / (t.vector ? W : 1);
   const int tile_units = int(std::min<int64_t>(t.units, kMaxTileUnits));
   t.block = dim3(unsigned(tile_units), unsigned(kThreads / tile_units));
@@ -387,58 +414,72 @@ Partials channels_last_stats(Context& ctx, const DeviceTensor& x) {
 
 template <class T>
 void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
-                         const DeviceBuffer& coef) {
+                         const DeviceBuffer& coef, bool relu, const DeviceTensor* residual) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &y});
+  const Tiling t = tiling_for<T>(x, {&x, &y, residual});
+  BufferList reads = norm::ranges({&x, residual});
+  reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
-    ctx.encoder.launch(&bn_cl_apply<T, decltype(width)::value>, walk_grid(t), t.block, 0,
-                       {x.range(), coef}, {y.range()}, x.as<const T>(), y.as<T>(), t.rows, t.units,
-                       coef.as<const Coefficients<C>>());
+    with_relu(relu, [&](auto fused) {
+      ctx.encoder.launch(&bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>,
+                         walk_grid(t), t.block, 0, reads, {y.range()}, x.as<const T>(),
+                         residual ? residual->as<const T>() : nullptr, y.as<T>(), t.rows, t.units,
+                         coef.as<const Coefficients<C>>());
+    });
   });
 }
 
 template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                                     const DeviceTensor& saved_mean,
+                                     const DeviceTensor* relu_y, const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy});
+  const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y});
   int64_t rows_per_chunk = 0;
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
   Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * 2 * sizeof(C)), grid.y};
   ctx.encoder.add_temporary(p.buffer);
   with_width<T>(t, [&](auto width) {
-    ctx.encoder.launch(&bn_cl_backward_sums<T, P, decltype(width)::value>, grid, t.block, 0,
-                       norm::ranges({&x, &dy, &saved_mean, &saved_inv_std}), {p.buffer},
-                       x.as<const T>(), dy.as<const T>(), saved_mean.as<const P>(),
-                       saved_inv_std.as<const P>(), t.rows, t.units, rows_per_chunk,
-                       p.buffer.as<C>());
+    with_relu(relu_y != nullptr, [&](auto fused) {
+      ctx.encoder.launch(
+          &bn_cl_backward_sums<T, P, decltype(width)::value, decltype(fused)::value>, grid, t.block,
+          0, norm::ranges({&x, &dy, relu_y, &saved_mean, &saved_inv_std}), {p.buffer},
+          x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
+          saved_mean.as<const P>(), saved_inv_std.as<const P>(), t.rows, t.units, rows_per_chunk,
+          p.buffer.as<C>());
+    });
   });
   return p;
 }
 
 template <class T>
 void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                               const DeviceTensor& dx, const DeviceBuffer& coef) {
+                               const DeviceTensor* relu_y, const DeviceTensor& dx,
+                               const DeviceBuffer& coef) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, &dx});
+  const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y, &dx});
+  BufferList reads = norm::ranges({&x, &dy, relu_y});
+  reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
-    ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value>, walk_grid(t), t.block, 0,
-                       {x.range(), dy.range(), coef}, {dx.range()}, x.as<const T>(),
-                       dy.as<const T>(), dx.as<T>(), t.rows, t.units,
-                       coef.as<const Coefficients<C>>());
+    with_relu(relu_y != nullptr, [&](auto fused) {
+      ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(fused)::value>,
+                         walk_grid(t), t.block, 0, reads, {dx.range()}, x.as<const T>(),
+                         dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(),
+                         t.rows, t.units, coef.as<const Coefficients<C>>());
+    });
   });
 }
 
 #define FUSEBOX_BN_CHANNELS_LAST(T)                                                              \
   template Partials channels_last_stats<T>(Context&, const DeviceTensor&);                       \
   template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
-                                       const DeviceBuffer&);                                     \
+                                       const DeviceBuffer&, bool, const DeviceTensor*);          \
   template Partials channels_last_backward_sums<T, T>(Context&, const DeviceTensor&,             \
-                                                      const DeviceTensor&, const DeviceTensor&,  \
-                                                      const DeviceTensor&);                      \
+                                                      const DeviceTensor&, const DeviceTensor*,  \
+                                                      const DeviceTensor&, const DeviceTensor&); \
   template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
-                                             const DeviceTensor&, const DeviceBuffer&);
+                                             const DeviceTensor*, const DeviceTensor&,           \
+                                             const DeviceBuffer&);
 FUSEBOX_BN_CHANNELS_LAST(double)
 FUSEBOX_BN_CHANNELS_LAST(float)
 FUSEBOX_BN_CHANNELS_LAST(__half)
@@ -447,10 +488,12 @@ FUSEBOX_BN_CHANNELS_LAST(__nv_bfloat16)
 // Mixed precision: f16 / bf16 activations with f32 saved statistics.
 template Partials channels_last_backward_sums<__half, float>(Context&, const DeviceTensor&,
                                                              const DeviceTensor&,
+                                                             const DeviceTensor*,
                                                              const DeviceTensor&,
                                                              const DeviceTensor&);
 template Partials channels_last_backward_sums<__nv_bfloat16, float>(Context&, const DeviceTensor&,
                                                                     const DeviceTensor&,
+                                                                    const DeviceTensor*,
                                                                     const DeviceTensor&,
                                                                     const DeviceTensor&);
 

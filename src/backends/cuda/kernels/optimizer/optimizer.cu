@@ -20,11 +20,30 @@
 // contraction), so an SGD step gives the CPU backend's bits exactly; AdamW differs only by
 // the device pow in the bias corrections (a few ulps of f64, below the f32 rounding).
 // A step < 1 raises the node's ErrorRecord (the run fails, as the CPU's check).
+// The optional grad_scale and skip inputs (f16 loss scaling) are device scalars too: with
+// grad_scale, grad is grad * grad_scale rounded to the compute type (__fmul_rn); with a
+// nonzero skip every thread writes its state inputs' elements back unchanged (in place
+// that leaves them as they were). A compiled training step's halt word (a bad label was
+// found: runtime/error_flags.h) skips the same way, and leaves loss_scale_update's state.
 //
 // 16-byte vectors when every pointer is aligned (one load per operand per W elements), a
 // scalar tail; grid-stride loops.
+//
+// f16 loss scaling:
+//   nonfinite_any: the output zeroed, then one launch per kNonfiniteBatch inputs (grid.y
+//   the input, grid.x a grid-stride loop over its elements) testing each element's
+//   exponent bits (all ones: an infinity or a NaN, in any float format); a block that
+//   found one sets the output to 1 (every writer writes 1: the result is deterministic).
+//   Inputs are read as dense memory in whatever order they are stored (contiguous or
+//   channels-last); anything else is first copied.
+//   loss_scale_update: one thread reads the scaler state and writes the next
+//   (backends/common/loss_scale.h, the CPU's rule), in place when the outputs alias it.
+#include <algorithm>
+
+#include "backends/common/loss_scale.h"
 #include "backends/cuda/kernels/common/elementwise.cuh"
 #include "backends/cuda/runtime/error_flags.h"
+#include "fusebox/ir/op_info.h"
 
 namespace fusebox::cuda {
 
@@ -56,31 +75,96 @@ __device__ __forceinline__ double div_rn(double a, double b) {
   return __ddiv_rn(a, b);
 }
 
-// A rank-0 input (lr, step) of any dtype, read as f64.
+// f(T{}) with T the device type of `dtype`, on the device (rank-0 operands of any dtype).
+template <class F>
+__device__ __forceinline__ double visit_scalar(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f64:
+      return f(double{});
+    case DType::f32:
+      return f(float{});
+    case DType::f16:
+      return f(__half{});
+    case DType::bf16:
+      return f(__nv_bfloat16{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::boolean:
+      return f(bool{});
+  }
+  return 0.0;
+}
+
+// A rank-0 input (lr, step, grad_scale, ...) of any dtype, read as f64.
 struct ScalarInput {
   const void* data;
   DType dtype;
 
   __device__ __forceinline__ double load() const {
-    switch (dtype) {
-      case DType::f64:
-        return *static_cast<const double*>(data);
-      case DType::f32:
-        return double(*static_cast<const float*>(data));
-      case DType::f16:
-        return double(__half2float(*static_cast<const __half*>(data)));
-      case DType::bf16:
-        return double(__bfloat162float(*static_cast<const __nv_bfloat16*>(data)));
-      case DType::i64:
-        return double(*static_cast<const int64_t*>(data));
-      case DType::i32:
-        return double(*static_cast<const int32_t*>(data));
-      case DType::boolean:
-        return *static_cast<const bool*>(data) ? 1.0 : 0.0;
-    }
-    return 0.0;
+    return visit_scalar(
+        dtype, [&](auto tag) { return convert<double>(*static_cast<const decltype(tag)*>(data)); });
   }
 };
+
+// Input i of `in` as a ScalarInput; data nullptr when it is absent.
+ScalarInput optional_scalar(Inputs in, size_t i) {
+  if (i >= in.size() || in[i] == nullptr) return {nullptr, DType::f32};
+  return {in[i]->data(), in[i]->dtype};
+}
+
+// A rank-0 output of any dtype, written from an f64 value by the conversion rule.
+struct ScalarOutput {
+  void* data;
+  DType dtype;
+
+  // Stores v in the dtype; returns the value stored.
+  __device__ __forceinline__ double store(double v) const {
+    return visit_scalar(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T t = convert<T>(v);
+      *static_cast<T*>(data) = t;
+      return convert<double>(t);
+    });
+  }
+};
+
+// The optional trailing inputs of an update (ops.h): grad_scale and skip; and the halt word
+// of a compiled training step (runtime/error_flags.h: a bad label was found), which skips
+// like `skip`.
+struct UpdateScalars {
+  ScalarInput grad_scale, skip;
+  const int32_t* halt;
+
+  __device__ __forceinline__ bool skipped() const {
+    return halted(halt) || (skip.data != nullptr && skip.load() != 0.0);  // NaN skips too
+  }
+};
+
+// The halt word an update obeys (null outside a training step's recording), declared read.
+const int32_t* halt_read_by(Context& ctx, BufferList& reads) {
+  const ErrorFlags& flags = ErrorFlags::of(ctx.encoder);
+  if (flags.halt()) reads.push_back(*flags.halt());
+  return flags.halt_word();
+}
+
+// grad as an update reads it: times grad_scale (rounded) when there is one.
+template <class C>
+struct Unscale {
+  C factor;
+  bool scaled;
+
+  __device__ __forceinline__ C operator()(C grad) const {
+    return scaled ? mul_rn(grad, factor) : grad;
+  }
+};
+
+template <class C>
+__device__ __forceinline__ Unscale<C> unscale_of(const UpdateScalars& u) {
+  const bool scaled = u.grad_scale.data != nullptr;
+  return {scaled ? C(u.grad_scale.load()) : C(1), scaled};
+}
 
 // ---- sgd -------------------------------------------------------------------------------
 
@@ -93,10 +177,16 @@ struct SgdArgs {
 // One element: (param, grad, buf) -> (new_param, new_buf).
 template <class T>
 __device__ __forceinline__ void sgd_element(const SgdArgs<compute_t<T>>& a, compute_t<T> rate,
+                                            const Unscale<compute_t<T>>& unscale, bool skip,
                                             T param, T grad, T buf, T& new_param, T& new_buf) {
   using C = compute_t<T>;
+  if (skip) {
+    new_param = param;
+    new_buf = buf;
+    return;
+  }
   const C p = convert<C>(param);
-  C g = add_rn(convert<C>(grad), mul_rn(a.decay, p));
+  C g = add_rn(unscale(convert<C>(grad)), mul_rn(a.decay, p));
   const C b = add_rn(mul_rn(a.momentum, convert<C>(buf)), mul_rn(a.keep, g));
   if (a.use_momentum) g = a.nesterov ? add_rn(g, mul_rn(a.momentum, b)) : b;
   new_param = convert<T>(sub_rn(p, mul_rn(rate, g)));
@@ -106,20 +196,24 @@ __device__ __forceinline__ void sgd_element(const SgdArgs<compute_t<T>>& a, comp
 // W elements per step (16-byte vectors) when W > 1, then the scalar tail.
 template <class T, int W>
 __global__ void sgd_kernel(const T* param, const T* grad, const T* buf, ScalarInput lr,
-                           T* new_param, T* new_buf, int64_t n, SgdArgs<compute_t<T>> a) {
+                           UpdateScalars u, T* new_param, T* new_buf, int64_t n,
+                           SgdArgs<compute_t<T>> a) {
   using C = compute_t<T>;
   const C rate = C(lr.load());
+  const Unscale<C> unscale = unscale_of<C>(u);
+  const bool skip = u.skipped();
   const int64_t packs = W > 1 ? n / W : 0;
   for (int64_t v = global_thread_index(); v < packs; v += grid_stride()) {
     const Vec<T> p = load_vec(param, v), g = load_vec(grad, v), b = load_vec(buf, v);
     Vec<T> np, nb;
 #pragma unroll
-    for (int j = 0; j < W; ++j) sgd_element(a, rate, p.v[j], g.v[j], b.v[j], np.v[j], nb.v[j]);
+    for (int j = 0; j < W; ++j)
+      sgd_element(a, rate, unscale, skip, p.v[j], g.v[j], b.v[j], np.v[j], nb.v[j]);
     store_vec(new_param, v, np);
     store_vec(new_buf, v, nb);
   }
   for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride())
-    sgd_element(a, rate, param[i], grad[i], buf[i], new_param[i], new_buf[i]);
+    sgd_element(a, rate, unscale, skip, param[i], grad[i], buf[i], new_param[i], new_buf[i]);
 }
 
 // ---- adamw -----------------------------------------------------------------------------
@@ -148,10 +242,18 @@ __device__ __forceinline__ AdamWStep<C> adamw_step(const AdamWArgs<C>& a, Scalar
 
 template <class T>
 __device__ __forceinline__ void adamw_element(const AdamWArgs<compute_t<T>>& a,
-                                              const AdamWStep<compute_t<T>>& s, T param, T grad,
-                                              T m_in, T v_in, T& new_param, T& m_out, T& v_out) {
+                                              const AdamWStep<compute_t<T>>& s,
+                                              const Unscale<compute_t<T>>& unscale, bool skip,
+                                              T param, T grad, T m_in, T v_in, T& new_param,
+                                              T& m_out, T& v_out) {
   using C = compute_t<T>;
-  const C g = convert<C>(grad);
+  if (skip) {
+    new_param = param;
+    m_out = m_in;
+    v_out = v_in;
+    return;
+  }
+  const C g = unscale(convert<C>(grad));
   const C m = add_rn(mul_rn(a.beta1, convert<C>(m_in)), mul_rn(a.one_minus_beta1, g));
   const C v = add_rn(mul_rn(a.beta2, convert<C>(v_in)), mul_rn(mul_rn(a.one_minus_beta2, g), g));
   const C p = mul_rn(convert<C>(param), s.decay);
@@ -163,9 +265,11 @@ __device__ __forceinline__ void adamw_element(const AdamWArgs<compute_t<T>>& a,
 
 template <class T, int W>
 __global__ void adamw_kernel(const T* param, const T* grad, const T* m, const T* v, ScalarInput lr,
-                             ScalarInput step, T* new_param, T* new_m, T* new_v, int64_t n,
-                             AdamWArgs<compute_t<T>> a) {
+                             ScalarInput step, UpdateScalars u, T* new_param, T* new_m, T* new_v,
+                             int64_t n, AdamWArgs<compute_t<T>> a) {
   const AdamWStep<compute_t<T>> s = adamw_step(a, lr, step);
+  const Unscale<compute_t<T>> unscale = unscale_of<compute_t<T>>(u);
+  const bool skip = u.skipped();
   const int64_t packs = W > 1 ? n / W : 0;
   for (int64_t i = global_thread_index(); i < packs; i += grid_stride()) {
     const Vec<T> p = load_vec(param, i), g = load_vec(grad, i);
@@ -173,21 +277,105 @@ __global__ void adamw_kernel(const T* param, const T* grad, const T* m, const T*
     Vec<T> np, nm, nv;
 #pragma unroll
     for (int j = 0; j < W; ++j)
-      adamw_element(a, s, p.v[j], g.v[j], mv.v[j], vv.v[j], np.v[j], nm.v[j], nv.v[j]);
+      adamw_element(a, s, unscale, skip, p.v[j], g.v[j], mv.v[j], vv.v[j], np.v[j], nm.v[j],
+                    nv.v[j]);
     store_vec(new_param, i, np);
     store_vec(new_m, i, nm);
     store_vec(new_v, i, nv);
   }
   for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride())
-    adamw_element(a, s, param[i], grad[i], m[i], v[i], new_param[i], new_m[i], new_v[i]);
+    adamw_element(a, s, unscale, skip, param[i], grad[i], m[i], v[i], new_param[i], new_m[i],
+                  new_v[i]);
+}
+
+// ---- f16 loss scaling ------------------------------------------------------------------
+
+// Inputs per nonfinite_any launch (a kernel parameter of about 1 KB).
+constexpr int kNonfiniteBatch = 32;
+
+// Dense inputs as raw elements: a non-finite element has every bit of `mask` (its
+// format's exponent field) set.
+struct NonfiniteBatch {
+  const void* data[kNonfiniteBatch];
+  int64_t count[kNonfiniteBatch];
+  uint64_t mask[kNonfiniteBatch];
+  int bytes[kNonfiniteBatch];  // 2, 4 or 8
+};
+
+__device__ __forceinline__ uint64_t element_bits(const void* data, int bytes, int64_t i) {
+  switch (bytes) {
+    case 8:
+      return static_cast<const uint64_t*>(data)[i];
+    case 4:
+      return static_cast<const uint32_t*>(data)[i];
+    default:
+      return static_cast<const uint16_t*>(data)[i];
+  }
+}
+
+// Input blockIdx.y of the batch; sets *found to 1 when some element is not finite.
+__global__ void nonfinite_kernel(NonfiniteBatch batch, float* found) {
+  const int t = int(blockIdx.y);
+  const void* data = batch.data[t];
+  const uint64_t mask = batch.mask[t];
+  const int bytes = batch.bytes[t];
+  bool any = false;
+  for (int64_t i = global_thread_index(); i < batch.count[t] && !any; i += grid_stride())
+    any = (element_bits(data, bytes, i) & mask) == mask;
+  if (__syncthreads_or(any) && threadIdx.x == 0) atomicExch(found, 1.0f);
+}
+
+// The exponent field of a float dtype.
+uint64_t exponent_mask(const Node& n, DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 0x7ff0000000000000ull;
+    case DType::f32:
+      return 0x7f800000u;
+    case DType::f16:
+      return 0x7c00u;
+    case DType::bf16:
+      return 0x7f80u;
+    case DType::i64:
+    case DType::i32:
+    case DType::boolean:
+      break;
+  }
+  throw Error(node_label(n), cat("nonfinite_any takes float inputs, got ", dtype_name(dtype)));
+}
+
+__global__ void loss_scale_kernel(ScalarInput scale, ScalarInput tracker, ScalarInput found,
+                                  ScalarInput skipped, ScalarOutput new_scale,
+                                  ScalarOutput new_tracker, ScalarOutput new_skipped,
+                                  LossScaleAttrs a, const int32_t* halt) {
+  // Every input is read before any output is written: they may be the same bytes.
+  const double s = scale.load();
+  const bool counts = skipped.data != nullptr;
+  if (halted(halt)) {  // a bad label (error_flags.h): the state stays as it is
+    const double t = tracker.load(), k = counts ? skipped.load() : 0.0;
+    new_scale.store(s);
+    new_tracker.store(t);
+    if (counts) new_skipped.store(k);
+    return;
+  }
+  const LossScaleStep next = loss_scale_step(found.load() != 0.0, int64_t(tracker.load()),
+                                             counts ? int64_t(skipped.load()) : 0, a.growth_factor,
+                                             a.backoff_factor, a.growth_interval);
+  const double grown = new_scale.store(s * next.factor);
+  if (!(grown - grown == 0.0)) new_scale.store(s);  // not finite: inf - inf and NaN are NaN
+  new_tracker.store(double(next.growth_tracker));
+  if (counts) new_skipped.store(double(next.skipped));
 }
 
 // ---- host ------------------------------------------------------------------------------
 
-// The first `states` inputs and every output share param's type; the scalars are rank 0.
+// The first `states` inputs and every output share param's type; the scalars (and the
+// optional grad_scale and skip after them) are rank 0.
 void check_update(const Node& n, Inputs in, size_t states, size_t scalars, Outputs out) {
-  FUSEBOX_CHECK(in.size() == states + scalars && out.size() == states - 1, node_label(n),
-                "expects ", states, " tensors and ", scalars, " scalars in, ", states - 1, " out");
+  FUSEBOX_CHECK(in.size() >= states + scalars && in.size() <= states + scalars + 2 &&
+                    out.size() == states - 1,
+                node_label(n), "expects ", states, " tensors and ", scalars,
+                " scalars (then grad_scale? and skip?) in, ", states - 1, " out");
   for (size_t i = 0; i < states; ++i) {
     FUSEBOX_CHECK(
         in[i]->dtype == in[0]->dtype && in[i]->shape == in[0]->shape && in[i]->is_contiguous(),
@@ -199,8 +387,8 @@ void check_update(const Node& n, Inputs in, size_t states, size_t scalars, Outpu
                   node_label(n), "output ", shape_str(t.shape), " does not match param ",
                   shape_str(in[0]->shape));
   }
-  for (size_t i = states; i < states + scalars; ++i) {
-    FUSEBOX_CHECK(in[i]->numel() == 1, node_label(n), i == states ? "lr" : "step",
+  for (size_t i = states; i < in.size(); ++i) {
+    FUSEBOX_CHECK(in[i] == nullptr || in[i]->numel() == 1, node_label(n), op_info(n.op).roles[i],
                   " must be a scalar but is ", shape_str(in[i]->shape));
   }
 }
@@ -210,6 +398,14 @@ bool all_aligned(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
     if (!is_aligned(p, kVecBytes)) return false;
   return true;
+}
+
+// The byte ranges of the inputs present.
+BufferList ranges_of(Inputs in) {
+  BufferList ranges;
+  for (const DeviceTensor* t : in)
+    if (t != nullptr) ranges.push_back(t->range());
+  return ranges;
 }
 
 }  // namespace
@@ -228,15 +424,16 @@ void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
     const T *param = in[0]->as<T>(), *grad = in[1]->as<T>(), *buf = in[2]->as<T>();
     T *new_param = out[0].as<T>(), *new_buf = out[1].as<T>();
     const ScalarInput lr{in[3]->data(), in[3]->dtype};
-    const BufferList reads{in[0]->range(), in[1]->range(), in[2]->range(), in[3]->range()};
+    BufferList reads = ranges_of(in);
+    const UpdateScalars u{optional_scalar(in, 4), optional_scalar(in, 5), halt_read_by(ctx, reads)};
     const BufferList writes{out[0].range(), out[1].range()};
     constexpr int W = kVecWidth<T>;
     if (all_aligned({param, grad, buf, new_param, new_buf}))
       ctx.encoder.launch(sgd_kernel<T, W>, launch_blocks(count / W + 1), kDefaultThreads, 0, reads,
-                         writes, param, grad, buf, lr, new_param, new_buf, count, a);
+                         writes, param, grad, buf, lr, u, new_param, new_buf, count, a);
     else
       ctx.encoder.launch(sgd_kernel<T, 1>, launch_blocks(count), kDefaultThreads, 0, reads, writes,
-                         param, grad, buf, lr, new_param, new_buf, count, a);
+                         param, grad, buf, lr, u, new_param, new_buf, count, a);
   });
 }
 
@@ -259,18 +456,79 @@ void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
     const T *m = in[2]->as<T>(), *v = in[3]->as<T>();
     T *new_param = out[0].as<T>(), *new_m = out[1].as<T>(), *new_v = out[2].as<T>();
     const ScalarInput lr{in[4]->data(), in[4]->dtype}, step{in[5]->data(), in[5]->dtype};
-    const BufferList reads{in[0]->range(), in[1]->range(), in[2]->range(),
-                           in[3]->range(), in[4]->range(), in[5]->range()};
+    BufferList reads = ranges_of(in);
+    const UpdateScalars u{optional_scalar(in, 6), optional_scalar(in, 7), halt_read_by(ctx, reads)};
     const BufferList writes{out[0].range(), out[1].range(), out[2].range(), slot.range};
     constexpr int W = kVecWidth<T>;
     if (all_aligned({param, grad, m, v, new_param, new_m, new_v}))
       ctx.encoder.launch(adamw_kernel<T, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
-                         reads, writes, param, grad, m, v, lr, step, new_param, new_m, new_v, count,
-                         a);
+                         reads, writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v,
+                         count, a);
     else
       ctx.encoder.launch(adamw_kernel<T, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
-                         writes, param, grad, m, v, lr, step, new_param, new_m, new_v, count, a);
+                         writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v, count, a);
   });
+}
+
+// (x1, ..., xn) -> f32 []: 1 when some element is an infinity or a NaN, else 0.
+void nonfinite_any(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  FUSEBOX_CHECK(out.size() == 1 && out[0].dtype == DType::f32 && out[0].numel() == 1, node_label(n),
+                "expects one f32 scalar output");
+  float* found = out[0].as<float>();
+  const BufferList writes{out[0].range()};
+  ctx.encoder.memset(out[0].range(), 0);  // 0.0f
+  std::vector<DeviceTensor> dense;        // the inputs, as given or copied (kept alive below)
+  dense.reserve(in.size());
+  for (const DeviceTensor* t : in) {
+    if (t->is_contiguous() || t->is_channels_last()) {
+      dense.push_back(*t);
+    } else {
+      dense.push_back(temporary_tensor(ctx, t->dtype, t->shape));
+      copy_strided(ctx, *t, dense.back());
+    }
+  }
+  for (size_t first = 0; first < dense.size(); first += kNonfiniteBatch) {
+    const size_t size = std::min<size_t>(kNonfiniteBatch, dense.size() - first);
+    NonfiniteBatch batch{};
+    BufferList reads;
+    int64_t largest = 0;
+    for (size_t k = 0; k < size; ++k) {
+      const DeviceTensor& t = dense[first + k];
+      batch.data[k] = t.data();
+      batch.count[k] = t.numel();
+      batch.mask[k] = exponent_mask(n, t.dtype);
+      batch.bytes[k] = int(dtype_size(t.dtype));
+      largest = std::max(largest, t.numel());
+      if (t.numel() > 0) reads.push_back(t.range());
+    }
+    // At most about kMaxGridStrideBlocks blocks in all: the grid-stride loops take the rest.
+    const unsigned per_input =
+        std::min(launch_blocks(largest),
+                 unsigned(std::max<int64_t>(1, kMaxGridStrideBlocks / int64_t(size))));
+    ctx.encoder.launch(nonfinite_kernel, dim3(per_input, unsigned(size)), kDefaultThreads, 0, reads,
+                       writes, batch, found);
+  }
+}
+
+// (scale, growth_tracker, found_inf, skipped?) -> (new_scale, new_growth_tracker,
+// new_skipped?)
+void loss_scale_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const bool counts = in.size() > 3 && in[3] != nullptr;
+  FUSEBOX_CHECK(out.size() == (counts ? 3u : 2u), node_label(n), "expects ", counts ? 3 : 2,
+                " outputs, got ", out.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    FUSEBOX_CHECK(in[i] == nullptr || in[i]->numel() == 1, node_label(n), op_info(n.op).roles[i],
+                  " must be a scalar but is ", shape_str(in[i]->shape));
+  auto output = [&](size_t i) {
+    return i < out.size() ? ScalarOutput{out[i].data(), out[i].dtype}
+                          : ScalarOutput{nullptr, DType::i64};
+  };
+  BufferList reads = ranges_of(in), writes;
+  for (const DeviceTensor& t : out) writes.push_back(t.range());
+  const int32_t* halt = halt_read_by(ctx, reads);
+  ctx.encoder.launch(loss_scale_kernel, 1, 1, 0, reads, writes, optional_scalar(in, 0),
+                     optional_scalar(in, 1), optional_scalar(in, 2), optional_scalar(in, 3),
+                     output(0), output(1), output(2), std::get<LossScaleAttrs>(n.attrs), halt);
 }
 
 }  // namespace fusebox::cuda

@@ -42,6 +42,7 @@ struct LossArgs {
   bool has_ignore;
   int64_t ignore_index;
   ErrorRecord* error;
+  int32_t* halt;  // set with the error (error_flags.h): the step's updates do nothing
 };
 
 // The loss of row p (given its statistics) and its weight; every thread of the walk may
@@ -58,6 +59,7 @@ __device__ __forceinline__ void row_loss(const T* row, int64_t stride, RowStats<
     // ignored: weight 0, loss 0
   } else if (l < 0 || l >= a.len) {
     raise_error(a.error, p, l);
+    raise_halt(a.halt);
   } else {
     w = weight ? convert<C>(weight[l]) : C(1);
     if (w != C(0)) value = -w * (convert<C>(row[l * stride]) - s.max - s.lse);
@@ -165,6 +167,8 @@ void run_cross_entropy(Context& ctx, const Node& n, const DeviceTensor& logits,
   const int64_t rows = a.outer * a.inner;
   const ErrorSlot slot = reserve_label_error(ctx, n, labels.shape, a.len);
   a.error = slot.record;
+  const ErrorFlags& flags = ErrorFlags::of(ctx.encoder);
+  a.halt = flags.halt_word();
 
   BufferList reads{logits.range(), labels.range()};
   if (weight) reads.push_back(weight->range());
@@ -190,6 +194,7 @@ void run_cross_entropy(Context& ctx, const Node& n, const DeviceTensor& logits,
     using Out = std::remove_pointer_t<decltype(loss_out)>;
     writes.push_back(log_prob.range());
     writes.push_back(slot.range);
+    if (flags.halt()) writes.push_back(*flags.halt());
     auto kernel = walk == RowWalk::warp    ? cross_entropy_rows<RowWalk::warp, T, L, Out>
                   : walk == RowWalk::block ? cross_entropy_rows<RowWalk::block, T, L, Out>
                                            : cross_entropy_rows<RowWalk::thread, T, L, Out>;
@@ -347,6 +352,7 @@ void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out) {
              numel(Shape(s.begin() + 2, s.end())),
              attrs.ignore_index.has_value(),
              attrs.ignore_index.value_or(0),
+             nullptr,
              nullptr};
   FUSEBOX_CHECK(labels.numel() == a.outer * a.inner, where, "labels ", shape_str(labels.shape),
                 " do not match logits ", shape_str(logits.shape));

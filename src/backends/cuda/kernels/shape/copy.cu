@@ -10,6 +10,7 @@
 //               through shared memory, so that both the reads and the writes are coalesced
 //   elementwise anything else: launch_map1's flat or N-d strided walk
 #include "backends/cuda/kernels/common/elementwise.cuh"
+#include "backends/cuda/runtime/error_flags.h"
 
 namespace fusebox::cuda {
 
@@ -118,6 +119,42 @@ void copy_views(Context& ctx, const Where& where, const DeviceTensor& src,
 
 void copy_strided(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst) {
   copy_views(ctx, "copy_strided", src, dst);
+}
+
+namespace {
+
+// dst = src (bytes, as 16-byte words where both allow, else single bytes) unless *halt.
+template <class W>
+__global__ void copy_unless_halted_kernel(const W* src, W* dst, int64_t count,
+                                          const int32_t* halt) {
+  if (halted(halt)) return;
+  for (int64_t i = global_thread_index(); i < count; i += grid_stride()) dst[i] = src[i];
+}
+
+}  // namespace
+
+void copy_unless_halted(Context& ctx, const DeviceTensor& src, const DeviceTensor& dst,
+                        const BufferRange& halt) {
+  FUSEBOX_CHECK(src.dtype == dst.dtype && src.shape == dst.shape && src.strides == dst.strides &&
+                    (src.is_contiguous() || src.is_channels_last()),
+                "copy_unless_halted", "expects two dense tensors of one type and order");
+  const size_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  const auto* halt_word = static_cast<const int32_t*>(halt.data());
+  const BufferList reads{src.range(), halt}, writes{dst.range()};
+  const bool wide = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src.data()) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst.data()) % 16 == 0;
+  if (wide) {
+    const int64_t count = int64_t(bytes / 16);
+    ctx.encoder.launch(&copy_unless_halted_kernel<uint4>, dim3(launch_blocks(count)),
+                       dim3(kDefaultThreads), 0, reads, writes, src.as<const uint4>(),
+                       dst.as<uint4>(), count, halt_word);
+  } else {
+    const int64_t count = int64_t(bytes);
+    ctx.encoder.launch(&copy_unless_halted_kernel<uint8_t>, dim3(launch_blocks(count)),
+                       dim3(kDefaultThreads), 0, reads, writes, src.as<const uint8_t>(),
+                       dst.as<uint8_t>(), count, halt_word);
+  }
 }
 
 // reshape, flatten, squeeze, unsqueeze: the same row-major bytes under another shape.
