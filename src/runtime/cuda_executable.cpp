@@ -480,7 +480,14 @@ class CudaExecutable final : public Executable {
       if (!alias_buffer_[i].buffer) continue;
       const DeviceTensor& state = inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor;
       if (halt_) {
-        cuda::copy_unless_halted(ctx_, alias_buffer_[i], state,
+        DeviceTensor next = alias_buffer_[i];
+        if (next.strides != state.strides) {  // into the state's order first (rare)
+          next = cuda::temporary_tensor(
+              ctx_, state.dtype, state.shape,
+              state.is_contiguous() ? MemoryFormat::contiguous : MemoryFormat::channels_last);
+          cuda::copy_strided(ctx_, alias_buffer_[i], next);
+        }
+        cuda::copy_unless_halted(ctx_, next, state,
                                  cuda::BufferRange(halt_->word, 0, sizeof(int32_t)));
       } else {
         cuda::copy_strided(ctx_, alias_buffer_[i], state);

@@ -56,6 +56,8 @@ struct TrainingSession::Impl {
   void copy_state_to_host() const;
   // Takes the runs a bad label stopped (runtime/executable.h) off `steps`.
   void count_applied_steps() const;
+  // Waits for the queued steps and throws the Error of one whose kernels found bad data.
+  void check_queued_steps() const;
   // Runs `f`; when it throws, the steps it stopped come off first.
   template <class F>
   auto counting_stopped_steps(F&& f) const {
@@ -110,6 +112,14 @@ void TrainingSession::Impl::check_batch(const Batch& batch, const std::vector<st
   }
 }
 
+void TrainingSession::Impl::check_queued_steps() const {
+  counting_stopped_steps([&] {
+    step_exe->check_errors();
+    if (first_step_exe) first_step_exe->check_errors();
+  });
+  count_applied_steps();
+}
+
 void TrainingSession::Impl::count_applied_steps() const {
   int64_t not_applied = int64_t(step_exe->stats().runs_not_applied);
   if (first_step_exe) not_applied += int64_t(first_step_exe->stats().runs_not_applied);
@@ -120,12 +130,7 @@ void TrainingSession::Impl::count_applied_steps() const {
 }
 
 void TrainingSession::Impl::copy_state_to_host() const {
-  // A check point: a bad label not yet reported is reported here, before any copy.
-  counting_stopped_steps([&] {
-    step_exe->check_errors();
-    if (first_step_exe) first_step_exe->check_errors();
-  });
-  count_applied_steps();
+  check_queued_steps();  // a bad label not yet reported is reported here, before any copy
   if (copied_at == steps) return;
   for (const std::string& p : layout.parameters) parameters[p] = state(p).to_host();
   for (const std::string& b : layout.buffers) buffers[b] = state(b).to_host();
@@ -241,12 +246,7 @@ float TrainingSession::step(const NamedTensors& batch) {
 }
 
 void TrainingSession::synchronize() {
-  const Impl& s = *impl_;
-  s.counting_stopped_steps([&] {
-    s.step_exe->check_errors();
-    if (s.first_step_exe) s.first_step_exe->check_errors();
-  });
-  s.count_applied_steps();
+  impl_->check_queued_steps();
 }
 
 NamedTensors TrainingSession::predict(const NamedTensors& batch) const {
@@ -328,6 +328,9 @@ Checkpoint TrainingSession::checkpoint() const {
 
 void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) {
   Impl& s = *impl_;
+  // A check point: a queued step's bad label is reported before the state is replaced (a
+  // pending halt would otherwise stop the steps after the restore).
+  s.check_queued_steps();
   const std::string mine = optimizer_name(s.optimizer), theirs = optimizer_name(ckpt.optimizer);
   FUSEBOX_CHECK(mine == theirs, where, "the checkpoint is for the ", theirs,
                 " optimizer but this session uses ", mine);
