@@ -48,13 +48,13 @@ struct TrainArgs {
 };
 
 // Ctrl-C (SIGINT) while training: the steps queued finish, the checkpoint (when one is
-// asked for) is written and train exits with 130. A second Ctrl-C kills at once (the
-// handler is one-shot); the checkpoint on disk is whole either way (written by rename).
+// asked for) is written and train exits with 130. Further SIGINTs change nothing (a signal
+// sent to the process group, as `timeout` does, arrives twice); SIGTERM or SIGKILL stop at
+// once, and the checkpoint on disk is whole either way (written by rename).
 volatile std::sig_atomic_t g_interrupted = 0;
 
 extern "C" void on_interrupt(int) {
   g_interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);
 }
 
 bool interrupted() {
@@ -268,8 +268,8 @@ int train(const TrainArgs& args) {
   if (interrupted())
     std::cout << "interrupted (SIGINT) after step " << end << " of " << last << "\n";
 
-  std::cout << std::fixed << "trained " << done << " steps (" << first << " to " << end
-            << ") in " << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
+  std::cout << std::fixed << "trained " << done << " steps (" << first << " to " << end << ") in "
+            << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
             << double(done * batch) / seconds << " images/s; loss " << std::setprecision(4)
             << first_loss << " -> " << loss << "\n";
   if (precision == Precision::f16) {  // the scaler's state: read once, after every step
