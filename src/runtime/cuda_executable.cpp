@@ -399,7 +399,7 @@ class CudaExecutable final : public Executable {
   // Step 4: the node walk (recorded once; launching directly, run by every run).
   void record_step() {
     cuda::ErrorFlags& flags = cuda::ErrorFlags::of(ctx_.encoder);
-    if (halt_) flags.set_halt(cuda::BufferRange(halt_->word, 0, sizeof(int32_t)));
+    if (halt_) flags.set_halt(halt_->word);
     try {
       record_nodes();
     } catch (...) {
@@ -487,8 +487,7 @@ class CudaExecutable final : public Executable {
               state.is_contiguous() ? MemoryFormat::contiguous : MemoryFormat::channels_last);
           cuda::copy_strided(ctx_, alias_buffer_[i], next);
         }
-        cuda::copy_unless_halted(ctx_, next, state,
-                                 cuda::BufferRange(halt_->word, 0, sizeof(int32_t)));
+        cuda::copy_unless_halted(ctx_, next, state, halt_->word);
       } else {
         cuda::copy_strided(ctx_, alias_buffer_[i], state);
       }
