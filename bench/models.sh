@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole models side by side: `fusebox bench` and bench/torch_train.py (PyTorch eager,
 # torch.compile, CUDA-graph replay) on the same GPU, model, batch and precision (the targets
-# of issue 12). Writes one JSON per run into OUT and prints the table.
+# of issues 12 and 13). Writes one JSON per run into OUT and prints the table.
 #   bench/models.sh OUT FUSEBOX_BINARY [all|fusebox|torch|table]
 # fusebox / torch: one side only (the table joins whatever JSON OUT holds); table: no runs.
 set -uo pipefail
@@ -28,7 +28,10 @@ run_torch() {  # name, then torch_train.py arguments
 run_fb train_bf16_256_cold resnet50 --mode train --batch 256 --precision bf16 --device cuda
 run_fb train_bf16_256 resnet50 --mode train --batch 256 --precision bf16 --device cuda
 run_fb train_tf32_128 resnet50 --mode train --batch 128 --precision tf32 --device cuda
-run_fb infer_bf16_256 resnet50 --mode infer --batch 256 --precision bf16 --device cuda
+run_fb infer_bf16_256 resnet50 --mode infer --batch 256 --precision bf16 --device cuda --report
+# The same with the inference fusions off (issue 13: what the fusion pass gains).
+FUSEBOX_FUSION=0 run_fb infer_bf16_256_unfused resnet50 --mode infer --batch 256 --precision bf16 \
+  --device cuda
 run_fb infer_tf32_256 resnet50 --mode infer --batch 256 --precision tf32 --device cuda
 run_fb host_tiny small_cnn --mode train --batch 8 --image-size 32 --num-classes 10 \
   --device cuda --steps 200
@@ -48,8 +51,9 @@ def load(name):
     p = out / f"{name}.json"
     return json.loads(p.read_text()) if p.exists() else None
 print(f"{'workload':28} {'fusebox img/s':>14} {'torch variant':>16} {'torch img/s':>12} {'ratio':>7}")
-for key in ("train_bf16_256", "train_tf32_128", "infer_bf16_256", "infer_tf32_256"):
-    fb = load("fb_" + key); th = load("torch_" + key)
+for key in ("train_bf16_256", "train_tf32_128", "infer_bf16_256", "infer_bf16_256_unfused",
+            "infer_tf32_256"):
+    fb = load("fb_" + key); th = load("torch_" + key.replace("_unfused", ""))
     fbs = fb["images_per_s"] if fb else float("nan")
     for v in (th or {}).get("variants", [{"variant": "-", "images_per_s": float("nan")}]):
         ts = v.get("images_per_s") or float("nan")

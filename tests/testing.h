@@ -29,6 +29,13 @@ Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo =
 // undefined), runs it on the CPU backend and returns every output.
 std::vector<Tensor> run_op(OpKind op, Attrs attrs, const std::vector<Tensor>& inputs);
 
+// How many nodes of `op` the graph holds.
+inline int count_ops(const Graph& g, OpKind op) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += node.op == op;
+  return n;
+}
+
 // A fresh empty directory under the system's temporary directory ("fusebox_<tag>_XXXXXX"),
 // removed with everything in it at the end of the scope (owner permissions restored first,
 // so a test may make it read-only).

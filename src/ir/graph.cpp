@@ -5,11 +5,34 @@
 #include <sstream>
 
 #include "fusebox/ir/op_info.h"
+#include "fusebox/ir/pointwise_program.h"
 
 namespace fusebox {
 
 const char* op_name(OpKind k) {
   return op_info(k).name;
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::none:
+      return "none";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
+    case Activation::sigmoid:
+      return "sigmoid";
+    case Activation::tanh:
+      return "tanh";
+    case Activation::clip:
+      return "clip";
+  }
+  return "?";
 }
 
 bool parse_op_name(const std::string& name, OpKind* out) {
@@ -206,10 +229,19 @@ std::string ints(const std::vector<int64_t>& v) {
   return shape_str(v);
 }
 
+std::string activation_str(const FusedActivation& a) {
+  if (a.kind != Activation::clip) return activation_name(a.kind);
+  return cat("clip[", a.min, ",", a.max, "]");
+}
+
 std::string conv_attr_str(const ConvAttrs& a) {
-  return cat("strides=", ints(a.strides), " dilations=", ints(a.dilations),
-             " pads_begin=", ints(a.pads_begin), " pads_end=", ints(a.pads_end),
-             " groups=", a.groups);
+  std::string s =
+      cat("strides=", ints(a.strides), " dilations=", ints(a.dilations),
+          " pads_begin=", ints(a.pads_begin), " pads_end=", ints(a.pads_end), " groups=", a.groups);
+  if (a.activation) s += cat(" activation=", activation_str(a.activation));
+  if (a.residual_activation)
+    s += cat(" residual_activation=", activation_str(a.residual_activation));
+  return s;
 }
 
 // A short, one-line rendering of a node's attributes for dump().
@@ -303,6 +335,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, LossScaleAttrs>)
           return cat("growth_factor=", a.growth_factor, " backoff_factor=", a.backoff_factor,
                      " growth_interval=", a.growth_interval);
+        else if constexpr (std::is_same_v<A, PointwiseProgram>)
+          return cat("program: ", pointwise_program_text(a));
         else
           return "";
       },

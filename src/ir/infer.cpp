@@ -15,18 +15,18 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 32> kAttrsNames = {
+constexpr std::array<const char*, 33> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
     "FlattenAttrs", "TransposeAttrs", "ConcatAttrs", "SliceAttrs", "PadAttrs", "AxesAttrs",
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
-    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs"};
+    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<LossScaleAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<PointwiseProgram>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -284,6 +284,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_nonfinite_any(c);
     case OpKind::loss_scale_update:
       return infer_loss_scale_update(c);
+    case OpKind::fused_pointwise:
+      return infer_fused_pointwise(c);
   }
   c.fail("unknown op kind");
 }

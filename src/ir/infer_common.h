@@ -136,4 +136,7 @@ Types infer_optimizer(Context& c);  // sgd_update, adamw_update
 Types infer_nonfinite_any(Context& c);
 Types infer_loss_scale_update(Context& c);
 
+// pointwise_program.cpp
+Types infer_fused_pointwise(Context& c);
+
 }  // namespace fusebox::infer

@@ -5,6 +5,7 @@
 // which must be >= 1. Pool's ceil_mode rounds up instead, then drops a last
 // window that would start in the end padding (ONNX / PyTorch). The backward ops
 // are checked by running this forward rule on the extents they are given.
+#include <cmath>
 #include <limits>
 
 #include "infer_common.h"
@@ -98,9 +99,29 @@ void expect_groups_divide(const Context& c, int64_t channels, const char* what, 
           groups, " does not divide (", c.shaped(i), ")");
 }
 
+// A fused epilogue activation: clip bounds ordered and not NaN.
+void expect_activation(const Context& c, const FusedActivation& a, const char* what) {
+  if (a.kind != Activation::clip) {
+    c.check(std::isinf(a.min) && a.min < 0 && std::isinf(a.max) && a.max > 0, what, " ",
+            activation_name(a.kind), " has clip bounds [", a.min, ", ", a.max, "]");
+    return;
+  }
+  c.check(!std::isnan(a.min) && !std::isnan(a.max) && a.min <= a.max, what,
+          " clip needs min <= max, got [", a.min, ", ", a.max, "]");
+}
+
+// The backward ops carry the forward's geometry only: an epilogue there is a bug.
+void expect_no_epilogue(const Context& c, const ConvAttrs& a) {
+  c.check(!a.activation && !a.residual_activation,
+          "a fused activation is a forward conv's epilogue only (got activation ",
+          activation_name(a.activation.kind), ", residual_activation ",
+          activation_name(a.residual_activation.kind), ")");
+}
+
 }  // namespace
 
-// conv: x [N, C, D...], w [K, C/groups, R...], bias [K]? -> y [N, K, O...]
+// conv: x [N, C, D...], w [K, C/groups, R...], bias [K]?, residual [N, K, O...]?
+//   -> y [N, K, O...]
 Types infer_conv(Context& c) {
   ConvAttrs& a = c.attrs<ConvAttrs>();
   c.expect_float(0);
@@ -123,6 +144,15 @@ Types infer_conv(Context& c) {
   Shape y = {x[0], K};
   for (int64_t o : conv_output_spatial(c, a, c.shaped(0), spatial_of(x), spatial_of(w)))
     y.push_back(o);
+  expect_activation(c, a.activation, "activation");
+  expect_activation(c, a.residual_activation, "residual_activation");
+  if (c.has(3)) {
+    c.expect_same_dtype(3, 0);
+    c.expect_shape(3, y, "(the output's shape: a fused residual add)");
+  } else {
+    c.check(!a.residual_activation, "residual_activation ",
+            activation_name(a.residual_activation.kind), " without a residual input");
+  }
   return {{c.dtype(0), y}};
 }
 
@@ -138,6 +168,7 @@ Types infer_conv_backward_data(Context& c) {
   const Shape& w = c.shape(1);
   const size_t spatial = w.size() - 2;
   normalize_conv_attrs(c, a.conv, spatial);
+  expect_no_epilogue(c, a.conv);
   c.check(a.input_spatial.size() == spatial, "input_spatial ", shape_str(a.input_spatial), " has ",
           a.input_spatial.size(), " values but w ", shape_str(w), " has ", spatial,
           " spatial dims");
@@ -176,6 +207,7 @@ Types infer_conv_backward_filter(Context& c) {
   const Shape& dy = c.shape(1);
   const size_t spatial = x.size() - 2;
   normalize_conv_attrs(c, a.conv, spatial);
+  expect_no_epilogue(c, a.conv);
   c.check(a.filter_spatial.size() == spatial, "filter_spatial ", shape_str(a.filter_spatial),
           " has ", a.filter_spatial.size(), " values but x ", shape_str(x), " has ", spatial,
           " spatial dims");

@@ -91,6 +91,10 @@ Grads vjp(VjpArgs& a) {
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
       return no_gradient_second_order(a);
+    case OpKind::fused_pointwise:
+      a.no_gradient(
+          "fused_pointwise has no gradient rule: fuse pointwise chains only in graphs that are "
+          "not differentiated (passes/fuse_pointwise.h)");
   }
   a.no_gradient("unknown op kind");
 }

@@ -1,39 +1,119 @@
 // The batch-norm fusions (passes/fusion.h): find what each batch norm takes over, then
-// rebuild the graph node by node (Graph only appends), each fused batch norm emitted where
-// the last node it replaces was, with that node's output value (and name).
+// rebuild the graph (passes/fusion_rewrite.h, implemented here).
 #include "fusebox/passes/fusion.h"
+
+#include "fusion_rewrite.h"
 
 #include <set>
 #include <string>
 #include <vector>
 
 namespace fusebox {
+
+namespace fusion {
+
+void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
+  std::vector<NodeId> fused_at(g.nodes().size(), -1);  // replaced node -> its fused node
+  std::vector<bool> moved(g.nodes().size(), false);    // emitted at its last replaced node
+  for (size_t b = 0; b < takeover.size(); ++b) {
+    if (takeover[b].replaced.empty()) continue;
+    for (NodeId n : takeover[b].replaced) fused_at[size_t(n)] = NodeId(b);
+    moved[b] = true;
+  }
+  Graph out(g.name());
+  std::vector<ValueId> map(g.values().size(), kNoValue);
+  for (ValueId v : g.inputs()) {
+    const Value& value = g.value(v);
+    map[size_t(v)] = out.add_input(value.name, value.type.dtype, value.type.shape);
+  }
+  // Constants on first use (in node order, then outputs): the unread ones go.
+  auto mapped = [&](ValueId v) {
+    if (v == kNoValue) return kNoValue;
+    ValueId& m = map[size_t(v)];
+    if (m == kNoValue && g.is_constant(v))
+      m = out.add_constant(g.value(v).name, g.constants().at(v));
+    return m;
+  };
+  auto copy = [&](const Node& n, const Takeover* t) {
+    // The takeover's inputs replace the node's before any is mapped: a replaced constant
+    // (the unfolded weight) is never added to the new graph.
+    std::vector<ValueId> inputs = n.inputs;
+    std::vector<std::string> names;
+    for (ValueId v : n.outputs) names.push_back(g.value(v).name);
+    Attrs attrs = n.attrs;
+    if (t) {
+      attrs = t->attrs;
+      for (const auto& [slot, v] : t->inputs) {
+        if (inputs.size() <= slot) inputs.resize(slot + 1, kNoValue);
+        inputs[slot] = v;
+      }
+      names[0] = g.value(t->writes).name;
+    }
+    for (ValueId& v : inputs) v = mapped(v);
+    const std::vector<ValueId> outs =
+        out.add_node(n.op, std::move(attrs), std::move(inputs), n.name, names);
+    for (size_t i = 0; i < outs.size(); ++i) map[size_t(n.outputs[i])] = outs[i];
+    if (t && t->writes != n.outputs[0]) {
+      map[size_t(t->writes)] = outs[0];
+      map[size_t(n.outputs[0])] = kNoValue;  // read only by the replaced nodes, now gone
+    }
+  };
+  for (const Node& n : g.nodes()) {
+    const NodeId b = fused_at[size_t(n.id)];
+    if (moved[size_t(n.id)] && b != n.id) continue;  // emitted at its last replaced node
+    if (b < 0) {
+      copy(n, nullptr);
+    } else if (takeover[size_t(b)].replaced.back() == n.id) {
+      copy(g.node(b), &takeover[size_t(b)]);
+    }
+  }
+  for (ValueId v : g.outputs()) out.mark_output(mapped(v));
+  g = std::move(out);
+}
+
+std::string op_text(const Node& n) {
+  return cat(op_name(n.op), " '", n.name, "'");
+}
+
+FusedActivation activation_of(const Node& n) {
+  FusedActivation a;
+  switch (n.op) {
+    case OpKind::relu:
+      a.kind = Activation::relu;
+      break;
+    case OpKind::gelu:
+      a.kind = std::get<GeluAttrs>(n.attrs).tanh_approximation ? Activation::gelu_tanh
+                                                               : Activation::gelu;
+      break;
+    case OpKind::silu:
+      a.kind = Activation::silu;
+      break;
+    case OpKind::sigmoid:
+      a.kind = Activation::sigmoid;
+      break;
+    case OpKind::tanh:
+      a.kind = Activation::tanh;
+      break;
+    case OpKind::clip: {
+      const auto& c = std::get<ClipAttrs>(n.attrs);
+      a.kind = Activation::clip;
+      a.min = c.min;
+      a.max = c.max;
+      break;
+    }
+    default:
+      break;
+  }
+  return a;
+}
+
+}  // namespace fusion
+
 namespace {
 
-// What one batch norm takes over: the nodes that go (an add, a relu), the residual it
-// then reads, and the value it writes instead of its y (the last node's output).
-struct Takeover {
-  std::vector<NodeId> replaced;  // in node order; the last is where the fused node goes
-  ValueId residual = kNoValue;
-  ValueId writes = kNoValue;
-  bool relu = false;
-};
-
-struct Readers {
-  std::vector<std::vector<NodeId>> of;  // by value
-  std::set<ValueId> outputs;
-
-  explicit Readers(const Graph& g)
-      : of(g.values().size()), outputs(g.outputs().begin(), g.outputs().end()) {
-    for (const Node& n : g.nodes())
-      for (ValueId v : n.inputs)
-        if (v != kNoValue) of[size_t(v)].push_back(n.id);
-  }
-  // The one node reading v, when v is read by exactly one node and is not a graph output.
-  NodeId only_reader(ValueId v) const {
-    return of[size_t(v)].size() == 1 && !outputs.count(v) ? of[size_t(v)][0] : NodeId(-1);
-  }
-};
+using fusion::op_text;
+using fusion::Readers;
+using fusion::Takeover;
 
 // A batch norm that may take more over: no fused epilogue yet.
 bool plain_batch_norm(const Node& n) {
@@ -52,61 +132,9 @@ bool may_move(const Readers& r, const Node& bn, NodeId to) {
   return true;
 }
 
-// Rebuilds g with the takeovers (by batch norm node id; empty replaced: none).
-void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
-  std::vector<NodeId> fused_at(g.nodes().size(), -1);  // replaced node -> its batch norm
-  std::vector<bool> moved(g.nodes().size(), false);    // emitted at its last replaced node
-  for (size_t b = 0; b < takeover.size(); ++b) {
-    if (takeover[b].replaced.empty()) continue;
-    for (NodeId n : takeover[b].replaced) fused_at[size_t(n)] = NodeId(b);
-    moved[b] = true;
-  }
-  Graph out(g.name());
-  std::vector<ValueId> map(g.values().size(), kNoValue);
-  for (ValueId v : g.inputs()) {
-    const Value& value = g.value(v);
-    map[size_t(v)] = out.add_input(value.name, value.type.dtype, value.type.shape);
-  }
-  for (const auto& [v, t] : g.constants()) map[size_t(v)] = out.add_constant(g.value(v).name, t);
-  auto copy = [&](const Node& n, const Takeover* t) {
-    std::vector<ValueId> inputs;
-    for (ValueId v : n.inputs) inputs.push_back(v == kNoValue ? kNoValue : map[size_t(v)]);
-    std::vector<std::string> names;
-    for (ValueId v : n.outputs) names.push_back(g.value(v).name);
-    Attrs attrs = n.attrs;
-    if (t) {
-      auto& a = std::get<BatchNormAttrs>(attrs);
-      a.relu = t->relu;
-      if (t->residual != kNoValue) {
-        inputs.resize(6, kNoValue);
-        inputs[5] = map[size_t(t->residual)];
-      }
-      names[0] = g.value(t->writes).name;
-    }
-    const std::vector<ValueId> outs =
-        out.add_node(n.op, std::move(attrs), std::move(inputs), n.name, names);
-    for (size_t i = 0; i < outs.size(); ++i) map[size_t(n.outputs[i])] = outs[i];
-    if (t) {
-      map[size_t(t->writes)] = outs[0];
-      map[size_t(n.outputs[0])] = kNoValue;  // read only by the replaced nodes, now gone
-    }
-  };
-  for (const Node& n : g.nodes()) {
-    if (moved[size_t(n.id)]) continue;  // emitted at its last replaced node
-    const NodeId b = fused_at[size_t(n.id)];
-    if (b < 0) {
-      copy(n, nullptr);
-    } else if (takeover[size_t(b)].replaced.back() == n.id) {
-      copy(g.node(b), &takeover[size_t(b)]);
-    }
-  }
-  for (ValueId v : g.outputs()) out.mark_output(map[size_t(v)]);
-  g = std::move(out);
-}
-
 }  // namespace
 
-size_t fuse_batch_norm_relu(Graph& g) {
+size_t fuse_batch_norm_relu(Graph& g, FusionLog* log) {
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   size_t count = 0;
@@ -115,14 +143,17 @@ size_t fuse_batch_norm_relu(Graph& g) {
     const NodeId relu = r.only_reader(bn.outputs.at(0));
     if (relu < 0 || g.node(relu).op != OpKind::relu) continue;
     if (!may_move(r, bn, relu)) continue;
-    takeover[size_t(bn.id)] = {{relu}, kNoValue, g.node(relu).outputs.at(0), true};
+    BatchNormAttrs attrs = std::get<BatchNormAttrs>(bn.attrs);
+    attrs.relu = true;
+    takeover[size_t(bn.id)] = {{relu}, g.node(relu).outputs.at(0), attrs, {}};
+    if (log) log->add(bn.name, {op_text(bn), op_text(g.node(relu))});
     ++count;
   }
-  if (count > 0) rebuild(g, takeover);
+  if (count > 0) fusion::rebuild(g, takeover);
   return count;
 }
 
-size_t fuse_batch_norm_residual(Graph& g) {
+size_t fuse_batch_norm_residual(Graph& g, FusionLog* log) {
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   std::vector<bool> taken(g.nodes().size(), false);  // adds already taken by a batch norm
@@ -139,19 +170,24 @@ size_t fuse_batch_norm_residual(Graph& g) {
     if (other == y || g.value(other).type.shape != g.value(y).type.shape ||
         g.value(other).type.dtype != g.value(y).type.dtype)
       continue;
-    Takeover t{{add}, other, a.outputs.at(0), false};
+    Takeover t{{add}, a.outputs.at(0), bn.attrs, {{5, other}}};
     if (const NodeId relu = r.only_reader(a.outputs.at(0));
         relu >= 0 && g.node(relu).op == OpKind::relu) {
       t.replaced.push_back(relu);
       t.writes = g.node(relu).outputs.at(0);
-      t.relu = true;
+      std::get<BatchNormAttrs>(t.attrs).relu = true;
     }
     if (!may_move(r, bn, t.replaced.back())) continue;
+    if (log) {
+      std::vector<std::string> ops = {op_text(bn)};
+      for (NodeId m : t.replaced) ops.push_back(op_text(g.node(m)));
+      log->add(bn.name, ops);
+    }
     taken[size_t(add)] = true;
     takeover[size_t(bn.id)] = std::move(t);
     ++count;
   }
-  if (count > 0) rebuild(g, takeover);
+  if (count > 0) fusion::rebuild(g, takeover);
   return count;
 }
 

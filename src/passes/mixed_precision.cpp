@@ -139,6 +139,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::adamw_update:
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
+    case OpKind::fused_pointwise:  // formed after this pass (passes/fuse_pointwise.h)
       return AutocastRule::keep;
   }
   return AutocastRule::keep;

@@ -19,6 +19,11 @@ Shape spatial_of(const Shape& s) {
 Grads vjp_conv(VjpArgs& a) {
   Emitter& e = a.e;
   const ConvAttrs& conv = std::get<ConvAttrs>(a.node.attrs);
+  // Epilogues are fused into inference graphs only (after autodiff, or with no autodiff).
+  FUSEBOX_CHECK(!conv.activation && !conv.residual_activation && a.node.inputs.size() < 4,
+                node_label(a.node),
+                "a conv with a fused epilogue (activation or residual) has no gradient rule: "
+                "differentiate the unfused graph (passes/fusion.h)");
   const ValueId dy = a.dy[0], x = a.input(0), w = a.input(1);
   Grads out(a.node.inputs.size(), kNoValue);
   if (a.needs_input(0)) {

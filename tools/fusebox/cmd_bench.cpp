@@ -17,7 +17,9 @@
 // Data: synthetic, seeded, never zeros: images U(-1, 1) and labels 0..classes-1. Training
 // feeds them from device memory (uploaded once: the input pipeline is not measured);
 // inference copies the images in from pinned host memory and the outputs back every step,
-// as serving does.
+// as serving does. Inference runs the prepared inference graph (passes/fusion.h: batch
+// norms folded, conv epilogues, batch-norm fusions; FUSEBOX_FUSION=0: none); --report prints
+// its fusion groups and what each became, --dot FILE draws it.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 
 #include "common.h"
 #include "fusebox/io/json.h"
+#include "fusebox/io/tensor_file.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/session.h"
@@ -47,6 +50,8 @@ struct BenchArgs {
   int64_t num_classes = 1000;
   std::vector<std::string> shapes;
   std::string json;
+  bool report = false;
+  std::string dot;
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
 };
@@ -151,8 +156,10 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   Figures f;
   reset_peak_device_memory(device);
   const auto start = Clock::now();
-  const Graph g =
-      apply_mixed_precision(load_model(args, false), precision, nullptr, {.fold_constants = true});
+  FusionLog fusion_log;
+  const Graph g = prepare_inference_graph(load_model(args, false), precision,
+                                          InferenceFusionOptions::from_env(), &fusion_log);
+  if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(g, fusion_log));
   auto exe = Executable::compile(g, {.device = device});
   // Inputs in pinned host memory, as a data loader hands them over (copied to the GPU
   // asynchronously, straight from there: executable.h).
@@ -176,6 +183,10 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
       args, g.value(g.inputs().at(0)).type.shape.at(0), "infer",
       [&] { return exe->run_async(feeds, outputs).host.at(first_output); }, f);
   f.peak_bytes = device_memory_stats(device).peak;
+  if (args.report) {
+    std::cout << describe_fusion(g, fusion_log);
+    if (device == Device::cuda) std::cout << fusion_outcome(g, fusion_log);
+  }
   return f;
 }
 
@@ -271,6 +282,10 @@ Command add_bench_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   add_shape_option(*app, &args->shapes);
   app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
+  app->add_flag("--report", args->report,
+                "Inference: print the fusion groups and what each became on this GPU");
+  app->add_option("--dot", args->dot, "Inference: write the fused graph as Graphviz to FILE")
+      ->type_name("FILE");
   return {app, [args] { return bench(*args); }};
 }
 

@@ -1,13 +1,19 @@
 // fusebox inspect: import an ONNX model and describe it: the graph with shapes,
 // nodes per op, constants, the multiply-adds of its convs and matmuls, and the CUDA
 // backend's layout plan (which values it stores channels-last, where it converts).
+// --fusion: the inference fusion plan instead (passes/fusion.h: one line per group with
+// its intended lowering, then "fusion: G groups, F fused ops, U unfused ops"); no GPU
+// needed. --dot FILE writes the fused graph as Graphviz.
 #include <iomanip>
 #include <iostream>
 
 #include "common.h"
 #include "fusebox/frontends/onnx.h"
+#include "fusebox/io/tensor_file.h"
 #include "fusebox/ir/op_info.h"
+#include "fusebox/passes/fusion.h"
 #include "fusebox/passes/layout.h"
+#include "fusebox/passes/mixed_precision.h"
 
 namespace fusebox::cli {
 namespace {
@@ -15,6 +21,9 @@ namespace {
 struct InspectArgs {
   std::string model;
   std::vector<std::string> shapes;
+  bool fusion = false;
+  std::string precision = "f32";
+  std::string dot;
 };
 
 // Multiply-accumulates of one node: numel(out) * reduction length for the matmul family,
@@ -42,6 +51,18 @@ int inspect(const InspectArgs& args) {
   OnnxImportOptions opts;
   opts.input_shapes = parse_shape_specs(args.shapes);
   Graph g = import_onnx_file(args.model, opts);
+  if (args.fusion || !args.dot.empty()) {
+    FusionLog log;
+    const Graph fused = prepare_inference_graph(g, parse_precision(args.precision),
+                                                InferenceFusionOptions::from_env(), &log);
+    if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(fused, log));
+    if (args.fusion) {
+      std::cout << "fusion plan of " << g.name() << " (" << g.nodes().size() << " nodes, "
+                << args.precision << ", inference):\n"
+                << describe_fusion(fused, log);
+      return 0;
+    }
+  }
   std::cout << g.dump();
 
   std::map<std::string, int64_t> per_op;
@@ -75,6 +96,14 @@ Command add_inspect_command(CLI::App& parent) {
       "inspect", "Print an ONNX model's graph with shapes, op counts, constants and FLOPs");
   app->add_option("model", args->model, "The model (.onnx)")->required()->type_name("MODEL.onnx");
   add_shape_option(*app, &args->shapes);
+  app->add_flag("--fusion", args->fusion,
+                "Print the inference fusion plan: one line per group of ops that will run as "
+                "one (and how: a cuDNN graph or a fused kernel), then a summary line");
+  app->add_option("--precision", args->precision,
+                  "Precision the fusion plan is made for: f32 (default), tf32, bf16, f16")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
+  app->add_option("--dot", args->dot, "Write the fused graph as Graphviz to FILE")
+      ->type_name("FILE");
   return {app, [args] { return inspect(*args); }};
 }
 

@@ -1,7 +1,11 @@
 // fusebox run: import an ONNX model, feed it (files or seeded random data), run it
-// on a device, print and optionally save each output. --report lists each convolution
-// with the path (cuDNN or the direct kernel) and plan it got; --autotune times cuDNN's
-// candidate plans for each convolution problem and keeps the fastest.
+// on a device, print and optionally save each output. On CUDA the model is compiled as
+// an inference graph (passes/fusion.h: batch norms folded, conv epilogues and batch-norm
+// fusions; FUSEBOX_FUSION=0 turns that off); the CPU backend, the reference, runs the
+// model's own graph. --report lists the fusion groups and what each became, and each
+// convolution with the path (cuDNN or the direct kernel) and plan it got; --autotune times
+// cuDNN's candidate plans for each convolution problem and keeps the fastest; --dot FILE
+// writes the fused graph as Graphviz.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -29,6 +33,7 @@ struct RunArgs {
   uint64_t seed = 0;
   bool report = false;
   bool autotune = false;
+  std::string dot;
 };
 
 // Imports with the --shape shapes. A model with symbolic dims may need the shapes of
@@ -106,8 +111,15 @@ int run(const RunArgs& args) {
     std::cout << type_str(feeds[in.name]) << " random (seed " << args.seed << ")\n";
   }
 
+  // The graph the device runs: on CUDA the prepared inference graph (fused).
+  FusionLog fusion_log;
+  const Graph run_g = run_opts.device == Device::cuda
+                          ? prepare_inference_graph(g, Precision::f32,
+                                                    InferenceFusionOptions::from_env(), &fusion_log)
+                          : g;
+  if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(run_g, fusion_log));
   auto start = std::chrono::steady_clock::now();
-  NamedTensors outputs = run_graph(g, feeds, run_opts);
+  NamedTensors outputs = run_graph(run_g, feeds, run_opts);
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
@@ -121,7 +133,8 @@ int run(const RunArgs& args) {
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
   if (args.report && run_opts.device == Device::cuda) {
-    std::cout << plan_layouts(g, layout_policy_from_env()).describe(g);
+    std::cout << describe_fusion(run_g, fusion_log) << fusion_outcome(run_g, fusion_log);
+    std::cout << plan_layouts(run_g, layout_policy_from_env()).describe(run_g);
   }
   if (args.report) {
     const std::string table = cuda::format_conv_report();
@@ -149,9 +162,13 @@ Command add_run_command(CLI::App& parent) {
       ->type_name("DIR");
   app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
   app->add_flag("--report", args->report,
-                "After the run, list the values stored channels-last and the layout "
+                "After the run, list the fusion groups and what each became (cuDNN graph, "
+                "epilogue kernel and why), the values stored channels-last and the layout "
                 "conversions, and each convolution with the path (cuDNN or the direct "
                 "kernel), plan, workspace and reason it got");
+  app->add_option("--dot", args->dot,
+                  "Write the graph the device runs (fused on CUDA) as Graphviz to FILE")
+      ->type_name("FILE");
   app->add_flag("--autotune", args->autotune,
                 "Time cuDNN's candidate plans for each convolution and keep the fastest "
                 "(as FUSEBOX_AUTOTUNE=1; tuned plans go to the disk plan cache)");

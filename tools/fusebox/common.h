@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fusebox/core/tensor.h"
+#include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/zoo.h"
 
@@ -77,6 +78,10 @@ std::string with_commas(int64_t n);
 // matmuls, tf32 (and bf16/f16, for what stays f32) turns it on (FUSEBOX_ALLOW_TF32 and
 // FUSEBOX_ALLOW_TF32_MATMUL, read once per process: call before anything runs).
 void set_float_math(Precision p);
+
+// Each planned fusion group of `g` (prepared by passes/fusion.h with `log`) and what it
+// became on the GPU in this process (tools/fusebox/fusion_report.cpp).
+std::string fusion_outcome(const Graph& g, const FusionLog& log);
 
 // "3.1416" for fixed(3.14159, 4)
 std::string fixed(double value, int digits);

@@ -31,6 +31,7 @@ enum class OpFamily : uint8_t {
   loss,       // cross_entropy
   backward,   // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
   optimizer,  // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
+  pointwise,  // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -78,7 +79,7 @@ struct OpInfo {
 
 namespace op_roles {
 inline constexpr const char* kX[] = {"x"};
-inline constexpr const char* kConv[] = {"x", "w", "bias"};
+inline constexpr const char* kConv[] = {"x", "w", "bias", "residual"};
 inline constexpr const char* kConvBackwardData[] = {"dy", "w", "bias"};
 inline constexpr const char* kConvBackwardFilter[] = {"x", "dy"};
 inline constexpr const char* kBatchNorm[] = {"x", "scale", "bias", "mean", "var", "residual"};
@@ -103,6 +104,9 @@ inline constexpr const char* kAdamW[] = {"param", "grad", "m",          "v",
                                          "lr",    "step", "grad_scale", "skip"};
 inline constexpr const char* kLossScaleUpdate[] = {"scale", "growth_tracker", "found_inf",
                                                    "skipped"};
+inline constexpr const char* kFusedPointwise[] = {"in0",  "in1",  "in2",  "in3", "in4",  "in5",
+                                                  "in6",  "in7",  "in8",  "in9", "in10", "in11",
+                                                  "in12", "in13", "in14", "in15"};
 }  // namespace op_roles
 
 // The first two fields of a row, from the enumerator's own spelling.
@@ -111,7 +115,7 @@ inline constexpr const char* kLossScaleUpdate[] = {"scale", "growth_tracker", "f
 // Rows in enum order (checked below).
 inline constexpr OpInfo kOpTable[] = {
     // ---- convolution
-    {FUSEBOX_OP_ROW(conv), .family = OpFamily::conv, .min_inputs = 2, .max_inputs = 3,
+    {FUSEBOX_OP_ROW(conv), .family = OpFamily::conv, .min_inputs = 2, .max_inputs = 4,
      .roles = op_roles::kConv, .attrs = attrs_index<ConvAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::convolution, .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(conv_backward_data), .family = OpFamily::conv, .min_inputs = 2, .max_inputs = 3,
@@ -306,6 +310,10 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(loss_scale_update), .family = OpFamily::optimizer, .min_inputs = 3,
      .max_inputs = 4, .roles = op_roles::kLossScaleUpdate, .attrs = attrs_index<LossScaleAttrs>(),
      .attrs_defaultable = true, .differentiable = false},
+    // ---- generated pointwise programs (formed after autodiff's graphs are built: no VJP)
+    {FUSEBOX_OP_ROW(fused_pointwise), .family = OpFamily::pointwise, .min_inputs = 1,
+     .max_inputs = 16, .roles = op_roles::kFusedPointwise, .attrs = attrs_index<PointwiseProgram>(),
+     .layout = LayoutRole::elementwise, .cuda_strided_inputs = true, .differentiable = false},
 };
 
 #undef FUSEBOX_OP_ROW

@@ -32,7 +32,8 @@ namespace fusebox {
               X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
                   X(avg_pool_backward) X(slice_backward)                                           \
                       X(pad_backward) /* optimizer updates and f16 loss scaling */                 \
-      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)
+      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                     \
+          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */
 
 enum class OpKind : uint8_t {
 #define FUSEBOX_ENUM(name) name,
@@ -47,15 +48,37 @@ bool parse_op_name(const std::string& name, OpKind* out);
 // Rank-agnostic: S = number of spatial dims (1..3), taken from the weight's
 // rank - 2. Empty vectors mean the default (stride 1, dilation 1, pad 0) and
 // are filled to length S when the node is added.
+// A pointwise activation fused into another op's epilogue (passes/fusion.h sets it): the
+// unfused op's formula (relu, gelu, gelu with approximate=tanh, silu, sigmoid, tanh, clip
+// with [min, max]) applied in the compute type, before the result is rounded.
+enum class Activation : uint8_t { none, relu, gelu, gelu_tanh, silu, sigmoid, tanh, clip };
+const char* activation_name(Activation a);  // "none", "relu", "gelu", "gelu_tanh", ...
+struct FusedActivation {
+  Activation kind = Activation::none;
+  double min = -std::numeric_limits<double>::infinity();  // clip's bounds
+  double max = std::numeric_limits<double>::infinity();
+  explicit operator bool() const { return kind != Activation::none; }
+  bool operator==(const FusedActivation&) const = default;
+};
+
 struct ConvAttrs {
   std::vector<int64_t> strides;
   std::vector<int64_t> dilations;
   std::vector<int64_t> pads_begin;  // low padding per spatial dim
   std::vector<int64_t> pads_end;    // high padding per spatial dim
   int64_t groups = 1;
+  // The fused epilogue (conv only; none in the backward ops' copies):
+  //   y = residual_activation(activation(conv(x, w) + bias) + residual)
+  // computed in the compute type (f32 for f16/bf16) and rounded once, as cuDNN's fused
+  // graphs compute it: within rounding of the unfused ops, not their bits.
+  FusedActivation activation;           // on conv + bias
+  FusedActivation residual_activation;  // after the residual add; needs the residual input
 };
-// conv:                 x [N, C, D...], w [K, C/groups, R...], bias [K]?  -> y [N, K, O...]
+// conv:                 x [N, C, D...], w [K, C/groups, R...], bias [K]?, residual?
+//                       -> y [N, K, O...]
 //                       O = floor((D + pb + pe - dil*(R-1) - 1) / stride) + 1, each >= 1.
+//                       residual (optional input 3) has y's type and shape (bias may be
+//                       absent: kNoValue); see ConvAttrs' epilogue.
 // conv_backward_data:   dy [N, K, O...], w [K, C/groups, R...], bias [C]?  -> dx [N, C, D...]
 //                       dx = d(sum(conv(x, w) * dy)) / dx, plus bias per channel when given.
 //                       D is given (input_spatial): it is never guessed. Transposed
@@ -118,6 +141,37 @@ struct ClipAttrs {  // min/max of +-infinity mean unbounded
 // Binary ops (add sub mul div max min pow) broadcast as numpy; both operands
 // have the same dtype, except pow, whose exponent may be any numeric dtype
 // (the result has the base's dtype). Integer div truncates toward zero.
+
+// ---- generated pointwise programs ------------------------------------------------
+// fused_pointwise: (in0, ..., in{k-1}) -> y, 1 <= k <= 16 float tensors (f64 f32 f16 bf16);
+//   y's shape is the numpy broadcast of every input's shape. A PointwiseProgram is a list
+//   of instructions: instruction i computes `op` on its operands, where an index < k names
+//   input `index` and k + j names instruction j's result (j < i); y is the last one's value.
+//   ops: the unary pointwise ops (relu .. clip, their attributes held here), the binary
+//   ones (add .. pow) and cast (float to float). Every input and every instruction but the
+//   last is read by some instruction.
+//   Semantics: every instruction is its op exactly as the op alone: computed in f32 (f64
+//   for f64) from its operands' values and rounded to the dtype that op gives (its operand's;
+//   a binary op's operands share one, except pow's exponent, any float dtype; cast's `to`).
+//   So a program gives the unfused chain's bits on the CPU; on the GPU (a kernel generated
+//   and compiled at run time: kernels/pointwise/fused_codegen.h) the unfused kernels' ulps,
+//   zero signs and NaN payloads aside. Not differentiable: passes/fuse_pointwise.h forms it
+//   on graphs that are not differentiated.
+struct PointwiseInstr {
+  OpKind op = OpKind::add;
+  std::vector<int32_t> operands;    // 1 (unary ops, cast) or 2 (binary ops; pow: base, exponent)
+  double alpha = 0.01;              // leaky_relu
+  bool tanh_approximation = false;  // gelu
+  double min = -std::numeric_limits<double>::infinity();  // clip
+  double max = std::numeric_limits<double>::infinity();
+  DType to = DType::f32;  // cast
+  bool operator==(const PointwiseInstr&) const = default;
+};
+struct PointwiseProgram {
+  int32_t inputs = 0;  // k, the node's input count (operand indices below it name inputs)
+  std::vector<PointwiseInstr> instrs;
+  bool operator==(const PointwiseProgram&) const = default;
+};
 
 // ---- matmul ----------------------------------------------------------------
 // matmul: numpy matmul (1-D operands promoted and the added dim removed; batch
@@ -371,6 +425,6 @@ using Attrs =
                  ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
-                 LossScaleAttrs>;
+                 LossScaleAttrs, PointwiseProgram>;
 
 }  // namespace fusebox

@@ -12,20 +12,55 @@
 // graph output keeps its own relu.
 //
 // Run it on the forward graph before autodiff (train/step_graph.cpp does), so that the
-// backward pass is derived from the fused node. This is where issue 13's fusion
-// partitioning (choosing which chains of ops become one kernel) will live.
+// backward pass is derived from the fused node.
+//
+// Inference graphs (prepare_inference_graph, below) go further, in this order:
+//   1. fold_batch_norms: conv -> batch_norm (inference form, constant weights and
+//      statistics) becomes one conv with folded weights and bias (computed in f64, rounded
+//      once: exact to the dtype's rounding in f32; bf16's error is measured in the tests);
+//   2. mixed precision (passes/mixed_precision.h), the folded constants cast once;
+//   3. fuse_conv_epilogues: conv -> activation -> add(residual) -> activation becomes one
+//      conv with its epilogue (ir/ops.h ConvAttrs), which the CUDA backend lowers to ONE
+//      cuDNN graph (conv + bias + activation + add + activation, kept on chip), or splits
+//      where cuDNN refuses (kernels/conv/conv.cpp: the report says why);
+//   4. the batch-norm fusions above for the batch norms left (not after a conv);
+//   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
+//      node above took become one generated kernel each.
+// The groups each fusion formed are kept in a FusionLog: `fusebox inspect --fusion`
+// prints them (describe_fusion) and `--dot` draws them (fusion_dot).
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/passes/mixed_precision.h"
 
 namespace fusebox {
+
+// One group: the node that does the work of several, and the ops it stands for.
+struct FusionGroup {
+  std::string node;              // the fused node's name
+  std::vector<std::string> ops;  // "conv 'layer1.0.conv1'", "batch_norm 'bn1' (folded)", ...
+};
+
+// The groups the fusion passes formed, in the order they were first formed. A pass that
+// fuses more into a node already in a group adds to that group.
+class FusionLog {
+ public:
+  void add(const std::string& node, const std::vector<std::string>& ops);
+  const std::vector<FusionGroup>& groups() const { return groups_; }
+  const FusionGroup* find(const std::string& node) const;
+
+ private:
+  std::vector<FusionGroup> groups_;
+};
 
 // Fuses every such batch_norm -> relu pair of `g` in place (the graph is rebuilt: value
 // and node ids change, names do not; inputs, constants, outputs and the other nodes stay
 // as they were). Returns the number of pairs fused; `g` is untouched when that is 0.
-size_t fuse_batch_norm_relu(Graph& g);
+size_t fuse_batch_norm_relu(Graph& g, FusionLog* log = nullptr);
 
 // fuse_batch_norm_residual: a batch_norm (either form) whose output 0 is read by exactly one
 // node, an add of a value of the same type and shape (no broadcasting), becomes one
@@ -35,6 +70,49 @@ size_t fuse_batch_norm_relu(Graph& g);
 // + identity), is otherwise three passes over an activation (the normalisation, the add, the
 // relu): ResNet-50's 16 block ends. Run it before fuse_batch_norm_relu (the step graph
 // does). Returns the number fused.
-size_t fuse_batch_norm_residual(Graph& g);
+size_t fuse_batch_norm_residual(Graph& g, FusionLog* log = nullptr);
+
+// fold_batch_norms: every batch_norm of the inference form (no relu or residual fused yet)
+// whose x is a conv's output read by nothing else, the conv's weight and bias and the four
+// per-channel inputs all constants, is folded into that conv: W' = W * s, b' = (b - mean) *
+// s + beta per output channel, s = scale / sqrt(var + eps). The conv writes the batch
+// norm's value (name included); the unfolded weights are dropped when nothing else reads
+// them. Returns the number folded.
+size_t fold_batch_norms(Graph& g, FusionLog* log = nullptr);
+
+// fuse_conv_epilogues: a conv without an epilogue whose output is read by exactly one node
+// (and is not a graph output) takes over, in this order where present: an activation
+// (relu, gelu, silu, sigmoid, tanh, clip), an add of a value of y's type (the residual, no
+// broadcasting), an activation after the add. No gradient rule exists for the fused conv:
+// inference graphs only. Returns the number of convs that took something over.
+size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
+
+// Which inference fusions prepare_inference_graph runs. FUSEBOX_FUSION=0 turns them all
+// off (for comparisons), 1 (default) on.
+struct InferenceFusionOptions {
+  bool fold_batch_norm = true;
+  bool conv_epilogue = true;
+  bool batch_norm = true;  // fuse_batch_norm_residual, fuse_batch_norm_relu
+  bool pointwise = true;   // fuse_pointwise_chains
+  static InferenceFusionOptions from_env();
+  static InferenceFusionOptions none() { return {false, false, false, false}; }
+};
+
+// The model as the compiler runs it for inference: folded, in `precision` (constants
+// cast once: MixedPrecisionOptions::fold_constants), fused (the order in the header
+// comment). Names of inputs and outputs are kept.
+Graph prepare_inference_graph(const Graph& model, Precision precision,
+                              const InferenceFusionOptions& options, FusionLog* log = nullptr);
+
+// The planned groups of a prepared graph, one line each ("group 3: conv + batch_norm
+// (folded) + relu -> cuDNN graph conv_fprop+bias+relu  [layer1.0.conv1]"), then the summary
+// line "fusion: G groups, F fused ops, U unfused ops" (U: the graph's other nodes).
+std::string describe_fusion(const Graph& g, const FusionLog& log);
+// The intended lowering of a node of a prepared graph ("cuDNN graph conv_fprop+bias+relu",
+// "own kernel batch_norm+relu", "own kernel").
+std::string planned_lowering(const Graph& g, const Node& n);
+// The prepared graph in Graphviz: one box per node, fused nodes filled and labelled with
+// the ops of their group.
+std::string fusion_dot(const Graph& g, const FusionLog& log);
 
 }  // namespace fusebox

@@ -22,6 +22,7 @@
 #include <functional>
 #include <vector>
 
+#include "backends/common/activation.h"
 #include "conv_problem.h"
 #include "gemm.h"
 #include "kernels.h"
@@ -183,22 +184,45 @@ const Tensor* optional_input(Inputs in, size_t i) {
 
 }  // namespace
 
-// x [N, C, D...], w [K, C/g, R...], bias [K]? -> y [N, K, O...]
+// The fused epilogue on y (bias already added), in the compute type, before y is rounded:
+// y = residual_activation(activation(y) + residual).
+template <class C>
+void apply_epilogue(const ConvAttrs& a, const C* residual, C* y, int64_t count) {
+  const ActivationFn act{uint8_t(a.activation.kind), a.activation.min, a.activation.max};
+  const ActivationFn post{uint8_t(a.residual_activation.kind), a.residual_activation.min,
+                          a.residual_activation.max};
+  parallel_for(count, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      C v = activate(act, y[i]);
+      if (residual) v = activate(post, v + residual[i]);
+      y[i] = v;
+    }
+  });
+}
+
+// x [N, C, D...], w [K, C/g, R...], bias [K]?, residual [N, K, O...]? -> y [N, K, O...]
 void conv_forward(const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const Tensor &x = *in[0], &w = *in[1];
   const Tensor* bias = optional_input(in, 2);
+  const Tensor* residual = optional_input(in, 3);
   Tensor& y = out[0];
   check_same_dtype(x, y, "input", "output", where);
   check_same_dtype(w, y, "weight", "output", where);
-  const ConvProblem p{
-      make_conv_geometry(std::get<ConvAttrs>(n.attrs), x.shape(), w.shape(), y.shape(), where)};
+  const auto& attrs = std::get<ConvAttrs>(n.attrs);
+  const ConvProblem p{make_conv_geometry(attrs, x.shape(), w.shape(), y.shape(), where)};
   check_bias(bias, y, p.out_channels, where);
+  if (residual) {
+    check_same_dtype(*residual, y, "residual", "output", where);
+    FUSEBOX_CHECK(residual->shape() == y.shape(), where, "residual ", shape_str(residual->shape()),
+                  " should be the output's ", shape_str(y.shape()));
+  }
   visit_float_compute(n, y.dtype(), [&](auto tag) {
     using C = decltype(tag);
-    ComputeInput<C> xc(&x), wc(&w), bc(bias);
+    ComputeInput<C> xc(&x), wc(&w), bc(bias), zc(residual);
     ComputeOutput<C> yc(y);
     conv_forward_impl(p, xc.data(), wc.data(), bc.data(), yc.data());
+    if (attrs.activation || residual) apply_epilogue(attrs, zc.data(), yc.data(), y.numel());
     yc.store();
   });
 }

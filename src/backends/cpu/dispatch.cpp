@@ -95,6 +95,8 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return nonfinite_any(n, inputs, outputs);
     case OpKind::loss_scale_update:
       return loss_scale_update(n, inputs, outputs);
+    case OpKind::fused_pointwise:
+      return fused_pointwise(n, inputs, outputs);
   }
   throw Error(node_label(n), "no CPU kernel for this op");
 }

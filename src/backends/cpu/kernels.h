@@ -33,6 +33,8 @@ void rms_norm(const Node& n, Inputs in, Outputs out);
 // pointwise.cpp: every unary op (relu ... clip, identity) and every binary op.
 void unary(const Node& n, Inputs in, Outputs out);
 void binary(const Node& n, Inputs in, Outputs out);
+// fused_pointwise.cpp: a generated pointwise program, interpreted with pointwise.cpp's formulas.
+void fused_pointwise(const Node& n, Inputs in, Outputs out);
 
 // matmul.cpp
 void matmul(const Node& n, Inputs in, Outputs out);

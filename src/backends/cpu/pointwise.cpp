@@ -7,10 +7,11 @@
 // Integer arithmetic wraps (two's complement) rather than being undefined;
 // integer division truncates toward zero and division by zero is an Error.
 #include <cmath>
-#include <numbers>
 
+#include "fusebox/ir/pointwise_program.h"
 #include "kernel_util.h"
 #include "kernels.h"
+#include "pointwise_math.h"
 
 namespace fusebox::cpu {
 
@@ -31,86 +32,26 @@ void map_unary(const Tensor& x, Tensor& y, F f) {
   });
 }
 
-template <class C>
-C sigmoid(C v) {  // never overflows: exp of a non-positive number only
-  if (v >= 0) return C(1) / (C(1) + std::exp(-v));
-  C e = std::exp(v);
-  return e / (C(1) + e);
-}
-
 template <class I>
 I wrapping_neg(I v) {
   using U = std::make_unsigned_t<I>;
   return I(U(0) - U(v));
 }
 
-// Clip bounds as values of the compute type. For integers the bounds round
-// inwards (min up, max down) and saturate, so +-infinity means unbounded.
-template <class C>
-std::pair<C, C> clip_bounds(const ClipAttrs& a) {
-  if constexpr (std::is_floating_point_v<C>)
-    return {C(a.min), C(a.max)};
-  else
-    return {convert<C>(std::ceil(a.min)), convert<C>(std::floor(a.max))};
-}
-
-// numpy clip: min(max(x, lo), hi), so lo > hi gives hi; NaN stays NaN.
+// Integer clip (the bounds rounded inwards); floats clip in with_float_unary.
 template <class T>
 void clip(const Node& n, const Tensor& x, Tensor& y) {
-  using C = compute_t<T>;
-  auto [lo, hi] = clip_bounds<C>(std::get<ClipAttrs>(n.attrs));
-  map_unary<T>(x, y, [lo, hi](C v) { return std::min(std::max(v, lo), hi); });
+  const auto& a = std::get<ClipAttrs>(n.attrs);
+  auto [lo, hi] = clip_bounds<T>(a.min, a.max);
+  map_unary<T>(x, y, [lo, hi](T v) { return std::min(std::max(v, lo), hi); });
 }
 
+// The formulas are pointwise_math.h's, shared with fused_pointwise.
 template <class T>
 void unary_float(const Node& n, const Tensor& x, Tensor& y) {
-  using C = compute_t<T>;
-  switch (n.op) {
-    case OpKind::relu:
-      return map_unary<T>(x, y, [](C v) { return v < 0 ? C(0) : v; });
-    case OpKind::leaky_relu: {
-      const C alpha = C(std::get<LeakyReluAttrs>(n.attrs).alpha);
-      return map_unary<T>(x, y, [alpha](C v) { return v < 0 ? alpha * v : v; });
-    }
-    case OpKind::gelu:
-      if (std::get<GeluAttrs>(n.attrs).tanh_approximation) {
-        // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        const C k = std::numbers::sqrt2_v<C> * std::numbers::inv_sqrtpi_v<C>;
-        return map_unary<T>(x, y, [k](C v) {
-          return C(0.5) * v * (C(1) + std::tanh(k * (v + C(0.044715) * v * v * v)));
-        });
-      }
-      // 0.5 x (1 + erf(x / sqrt(2)))
-      return map_unary<T>(
-          x, y, [](C v) { return C(0.5) * v * (C(1) + std::erf(v / std::numbers::sqrt2_v<C>)); });
-    case OpKind::silu:
-      return map_unary<T>(x, y, [](C v) { return v * sigmoid(v); });
-    case OpKind::sigmoid:
-      return map_unary<T>(x, y, [](C v) { return sigmoid(v); });
-    case OpKind::tanh:
-      return map_unary<T>(x, y, [](C v) { return std::tanh(v); });
-    case OpKind::exp:
-      return map_unary<T>(x, y, [](C v) { return std::exp(v); });
-    case OpKind::log:
-      return map_unary<T>(x, y, [](C v) { return std::log(v); });
-    case OpKind::sqrt:
-      return map_unary<T>(x, y, [](C v) { return std::sqrt(v); });
-    case OpKind::rsqrt:
-      return map_unary<T>(x, y, [](C v) { return C(1) / std::sqrt(v); });
-    case OpKind::reciprocal:
-      return map_unary<T>(x, y, [](C v) { return C(1) / v; });
-    case OpKind::neg:
-      return map_unary<T>(x, y, [](C v) { return -v; });
-    case OpKind::abs:
-      return map_unary<T>(x, y, [](C v) { return std::fabs(v); });
-    case OpKind::erf:
-      return map_unary<T>(x, y, [](C v) { return std::erf(v); });
-    case OpKind::clip:
-      return clip<T>(n, x, y);
-    default:
-      break;
-  }
-  throw Error(node_label(n), "is not a unary op");
+  if (!with_float_unary<compute_t<T>>(pointwise_instr(n, {}),
+                                      [&](auto f) { map_unary<T>(x, y, f); }))
+    throw Error(node_label(n), "is not a unary op");
 }
 
 template <class T>
@@ -159,25 +100,8 @@ void map_binary(const Tensor& a, const Tensor& b, Tensor& y, F f) {
 
 template <class T>
 void binary_float(const Node& n, const Tensor& a, const Tensor& b, Tensor& y) {
-  using C = compute_t<T>;
-  switch (n.op) {
-    case OpKind::add:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u + v; });
-    case OpKind::sub:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u - v; });
-    case OpKind::mul:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u * v; });
-    case OpKind::div:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u / v; });
-    // NaN in either operand gives NaN (numpy maximum/minimum, torch.max/min).
-    case OpKind::max:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u > v || std::isnan(u) ? u : v; });
-    case OpKind::min:
-      return map_binary<T, T>(a, b, y, [](C u, C v) { return u < v || std::isnan(u) ? u : v; });
-    default:
-      break;
-  }
-  throw Error(node_label(n), "is not a binary op");
+  if (!with_float_binary<compute_t<T>>(n.op, [&](auto f) { map_binary<T, T>(a, b, y, f); }))
+    throw Error(node_label(n), "is not a binary op");
 }
 
 template <class T>

@@ -58,6 +58,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::adamw_update: return adamw_update(ctx, n, in, out);
     case OpKind::nonfinite_any: return nonfinite_any(ctx, n, in, out);
     case OpKind::loss_scale_update: return loss_scale_update(ctx, n, in, out);
+    case OpKind::fused_pointwise: return fused_pointwise(ctx, n, in, out);
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }

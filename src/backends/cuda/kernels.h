@@ -32,6 +32,8 @@ void run_node(Context& ctx, const Node& n, Inputs in, Outputs out);
 // ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, kernels/reduce/cross_entropy.cu ----------
 void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided inputs OK
 void binary(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
+// kernels/pointwise/fused.cu: a generated kernel per program (NVRTC); strided/broadcast OK
+void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
 void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -195,6 +195,12 @@ class Exporter {
   void export_node(const Node& n);
   void export_rms_norm(const Node& n);
   void export_gelu(const Node& n);
+  // gelu(x) into value y; the last node is named node_name.
+  void export_gelu_of(const Node& n, const std::string& x, const std::string& y, DType dt,
+                      bool tanh_approximation, const std::string& node_name);
+  // A fused activation (ir/ops.h) of x into value y, as ONNX nodes named after `n`.
+  void export_activation(const Node& n, const FusedActivation& a, const std::string& x,
+                         const std::string& y, DType dt);
 
   const Graph& g_;
   onnx::GraphProto* graph_ = nullptr;
@@ -209,8 +215,28 @@ void Exporter::export_node(const Node& n) {
   }
   switch (n.op) {
     case OpKind::conv: {
-      NodeProto* p = add("Conv", n.name, ins(n), outs(n));
-      export_conv_attrs(p, std::get<ConvAttrs>(n.attrs), in_type(n, 1).shape);
+      // A fused epilogue (ir/ops.h) is ONNX's Conv, then the activation, Add and the
+      // residual's activation; the last writes y's name.
+      const auto& a = std::get<ConvAttrs>(n.attrs);
+      const bool residual = !in(n, 3).empty();
+      std::vector<std::string> conv_inputs = ins(n);
+      if (conv_inputs.size() > 3) conv_inputs.resize(3);
+      while (!conv_inputs.empty() && conv_inputs.back().empty()) conv_inputs.pop_back();
+      const std::string y = out(n, 0);
+      const DType dt = in_type(n, 0).dtype;
+      std::string last = (a.activation || residual) ? fresh(n.name + "/conv") : y;
+      NodeProto* p = add("Conv", n.name, conv_inputs, {last});
+      export_conv_attrs(p, a, in_type(n, 1).shape);
+      if (a.activation) {
+        const std::string activated = residual ? fresh(n.name + "/activated") : y;
+        export_activation(n, a.activation, last, activated, dt);
+        last = activated;
+      }
+      if (residual) {
+        const std::string sum = a.residual_activation ? fresh(n.name + "/residual_sum") : y;
+        add("Add", fresh_node(n.name + "/residual_add"), {last, in(n, 3)}, {sum});
+        if (a.residual_activation) export_activation(n, a.residual_activation, sum, y, dt);
+      }
       return;
     }
     case OpKind::conv_backward_data: {
@@ -482,12 +508,16 @@ void Exporter::export_rms_norm(const Node& n) {
 // gelu, exact:  0.5 * x * (1 + erf(x / sqrt(2)))
 //       tanh:   0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
 void Exporter::export_gelu(const Node& n) {
-  const DType dt = in_type(n, 0).dtype;
-  const std::string x = in(n, 0);
+  export_gelu_of(n, in(n, 0), out(n, 0), in_type(n, 0).dtype,
+                 std::get<GeluAttrs>(n.attrs).tanh_approximation, n.name);
+}
+
+void Exporter::export_gelu_of(const Node& n, const std::string& x, const std::string& y, DType dt,
+                              bool tanh_approximation, const std::string& node_name) {
   const std::string one = scalar_initializer(n, "one", dt, 1.0);
   const std::string half = scalar_initializer(n, "half", dt, 0.5);
   std::string inner;
-  if (std::get<GeluAttrs>(n.attrs).tanh_approximation) {
+  if (tanh_approximation) {
     std::string x2 = step(n, "Mul", "x2", {x, x});
     std::string x3 = step(n, "Mul", "x3", {x2, x});
     std::string cx3 = step(n, "Mul", "cx3", {x3, scalar_initializer(n, "c", dt, 0.044715)});
@@ -502,7 +532,38 @@ void Exporter::export_gelu(const Node& n) {
   }
   std::string onep = step(n, "Add", "one_plus", {inner, one});
   std::string xm = step(n, "Mul", "x_times", {x, onep});
-  add("Mul", n.name, {xm, half}, outs(n));
+  add("Mul", node_name, {xm, half}, {y});
+}
+
+void Exporter::export_activation(const Node& n, const FusedActivation& a, const std::string& x,
+                                 const std::string& y, DType dt) {
+  const std::string name = fresh_node(cat(n.name, "/", activation_name(a.kind)));
+  switch (a.kind) {
+    case Activation::none:
+      add("Identity", name, {x}, {y});
+      return;
+    case Activation::relu:
+      add("Relu", name, {x}, {y});
+      return;
+    case Activation::gelu:
+    case Activation::gelu_tanh:
+      return export_gelu_of(n, x, y, dt, a.kind == Activation::gelu_tanh, name);
+    case Activation::silu:
+      add("Mul", name, {x, step(n, "Sigmoid", "sigmoid", {x})}, {y});
+      return;
+    case Activation::sigmoid:
+      add("Sigmoid", name, {x}, {y});
+      return;
+    case Activation::tanh:
+      add("Tanh", name, {x}, {y});
+      return;
+    case Activation::clip:
+      add("Clip", name,
+          {x, scalar_initializer(n, "clip_min", dt, a.min),
+           scalar_initializer(n, "clip_max", dt, a.max)},
+          {y});
+      return;
+  }
 }
 
 }  // namespace

@@ -34,6 +34,9 @@ struct ConvConfig {
   std::vector<int64_t> strides, dilations, pads_begin, pads_end;
   bool bias = false;           // conv and conv_backward_data only
   bool channels_last = false;  // every tensor (not the bias) as a channels-last view
+  // conv only: the fused epilogue (ir/ops.h ConvAttrs) and its residual input.
+  FusedActivation activation, residual_activation;
+  bool residual = false;
 
   int rank() const { return int(spatial.size()); }
   Shape x_shape() const {
@@ -65,6 +68,12 @@ struct ConvConfig {
     a.groups = groups;
     return a;
   }
+  ConvAttrs forward_attrs() const {
+    ConvAttrs a = attrs();
+    a.activation = activation;
+    a.residual_activation = residual_activation;
+    return a;
+  }
   Attrs node_attrs() const {
     switch (op) {
       case OpKind::conv_backward_data:
@@ -72,7 +81,7 @@ struct ConvConfig {
       case OpKind::conv_backward_filter:
         return ConvBackwardFilterAttrs{attrs(), filter};
       default:
-        return attrs();
+        return forward_attrs();
     }
   }
   std::string describe() const {
@@ -80,7 +89,9 @@ struct ConvConfig {
     return cat(op_name(op), " ", dtype_name(dtype), channels_last ? " channels-last" : " nchw",
                " x", shape_str(x_shape()), " w", shape_str(w_shape()), " s", v(strides), " d",
                v(dilations), " p", v(pads_begin), "/", v(pads_end), " g", groups,
-               bias ? " +bias" : "");
+               bias ? " +bias" : "", activation ? cat(" +", activation_name(activation.kind)) : "",
+               residual ? " +residual" : "",
+               residual_activation ? cat(" +", activation_name(residual_activation.kind)) : "");
   }
 };
 
@@ -153,8 +164,12 @@ inline std::vector<Tensor> conv_inputs(const ConvConfig& c, uint64_t seed) {
   Tensor w = random_tensor(c.dtype, c.w_shape(), seed + 1);
   Tensor y = random_tensor(c.dtype, c.y_shape(), seed + 2);
   switch (c.op) {
-    case OpKind::conv:
-      return {x, w, c.bias ? random_tensor(c.dtype, {c.out_channels}, seed + 3) : Tensor()};
+    case OpKind::conv: {
+      std::vector<Tensor> in = {
+          x, w, c.bias ? random_tensor(c.dtype, {c.out_channels}, seed + 3) : Tensor()};
+      if (c.residual) in.push_back(random_tensor(c.dtype, c.y_shape(), seed + 4));
+      return in;
+    }
     case OpKind::conv_backward_data:
       return {y, w, c.bias ? random_tensor(c.dtype, {c.in_channels}, seed + 3) : Tensor()};
     default:

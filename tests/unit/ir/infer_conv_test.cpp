@@ -162,7 +162,7 @@ TEST(InferConvErrors, BiasAndDtypes) {
 
 TEST(InferConvErrors, ArityAndAttrs) {
   EXPECT_TRUE(fails_with(OpKind::conv, {}, {f32({1, 3, 8, 8})},
-                         {"takes 2 to 3 inputs (x, w, bias?) but got 1"}));
+                         {"takes 2 to 4 inputs (x, w, bias?, residual?) but got 1"}));
   EXPECT_TRUE(fails_with(OpKind::conv, {}, {f32({1, 3, 8, 8}), std::nullopt},
                          {"input 1 (w) is required but absent"}));
   EXPECT_TRUE(fails_with(OpKind::conv, GemmAttrs{}, {f32({1, 3, 8, 8}), f32({8, 3, 3, 3})},

@@ -144,6 +144,9 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{{}, {x23, f32({4})}};
     case OpKind::loss_scale_update:
       return Sample{LossScaleAttrs{}, {f32({}), typed(DType::i64, {}), f32({})}, 2};
+    case OpKind::fused_pointwise:
+      return Sample{PointwiseProgram{2, {{OpKind::mul, {0, 1}}, {OpKind::relu, {2}}}},
+                    {x23, f32({3})}};
   }
   return std::nullopt;
 }
@@ -197,7 +200,7 @@ TEST(InferGeneric, EveryOpHasAValidSample) {
 
 TEST(InferGeneric, InputCountsInTheOpTable) {
   EXPECT_EQ(op_info(OpKind::conv).min_inputs, 2);
-  EXPECT_EQ(op_info(OpKind::conv).max_inputs, 3);
+  EXPECT_EQ(op_info(OpKind::conv).max_inputs, 4);  // + a fused residual
   EXPECT_EQ(op_info(OpKind::batch_norm).min_inputs, 5);
   EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 6);  // + a fused residual
   EXPECT_EQ(op_info(OpKind::layer_norm).max_inputs, 3);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/ir/pointwise_program.h"
 
 namespace fusebox {
 
@@ -107,6 +108,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.beta1, " ", a.beta2, " ", a.epsilon, " ", a.weight_decay);
         else if constexpr (std::is_same_v<A, LossScaleAttrs>)
           return cat(a.growth_factor, " ", a.backoff_factor, " ", a.growth_interval);
+        else if constexpr (std::is_same_v<A, PointwiseProgram>)
+          return pointwise_program_text(a);
       },
       attrs);
 }

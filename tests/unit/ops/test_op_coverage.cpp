@@ -184,6 +184,10 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{LossScaleAttrs{},
                      {Tensor::scalar(DType::f32, 1024), Tensor::scalar(DType::i64, 5),
                       Tensor::scalar(DType::f32, 0), Tensor::scalar(DType::i64, 2)}};
+    case OpKind::fused_pointwise:  // t0=mul(in0,in1); t1=gelu(t0); t2=add(t1,in2)
+      return Example{
+          PointwiseProgram{3, {{OpKind::mul, {0, 1}}, {OpKind::gelu, {3}}, {OpKind::add, {4, 2}}}},
+          {uniform({2, 3}), uniform({3}), uniform({})}};
   }
   return std::nullopt;
 }

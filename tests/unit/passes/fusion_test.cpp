@@ -16,12 +16,6 @@
 namespace fusebox::testing {
 namespace {
 
-int count_ops(const Graph& g, OpKind op) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += node.op == op;
-  return n;
-}
-
 // The relu output names of the pairs the pass should fuse, found without it: a batch_norm
 // whose output 0 has one reader, a relu, and is not a graph output.
 std::set<std::string> fusable_relu_outputs(const Graph& g) {

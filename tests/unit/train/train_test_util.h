@@ -40,13 +40,6 @@ inline NamedTensors zoo_batch(const BatchSampler& sampler, int64_t i) {
   return {{"input", x}, {"labels", y}};
 }
 
-// How many nodes of `op` the graph holds.
-inline int count_ops(const Graph& g, OpKind op) {
-  int n = 0;
-  for (const Node& node : g.nodes()) n += node.op == op;
-  return n;
-}
-
 inline bool same_bits(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;

@@ -4,9 +4,9 @@
 // translation unit that includes cudnn_frontend.h.
 //
 //   ConvProblem p = make_conv_problem(node, inputs, output, settings, device);
-//   CudnnConvOutcome r = cudnn_conv_record(ctx, p, {x, w, y, bias}, settings);
+//   CudnnConvOutcome r = cudnn_conv_record(ctx, p, {x, w, y, bias, residual}, settings);
 //   if (!r.ran) ... the direct kernel; r.reason says why (cuDNN's message)
-//   if (r.ran && p.bias.present && !r.bias_fused) ... conv_add_bias
+//   if (r.ran) ... conv_epilogue runs what r.fused leaves (its bias, its epilogue)
 //
 // Plans. The problem's key (conv_problem_key) finds the plan in an in-memory LRU
 // (FUSEBOX_CONV_PLAN_CACHE entries), else in the disk cache (DiskPlanCache, subdir "conv"
@@ -42,21 +42,24 @@
 
 namespace fusebox::cuda {
 
-// The tensors of a problem in its roles (see kernels/conv/problem.h): x/w/y, bias or nullptr.
+// The tensors of a problem in its roles (see kernels/conv/problem.h): x/w/y, bias and the
+// epilogue's residual or nullptr.
 struct ConvOperands {
   const DeviceTensor* x = nullptr;
   const DeviceTensor* w = nullptr;
   const DeviceTensor* y = nullptr;
   const DeviceTensor* bias = nullptr;
+  const DeviceTensor* residual = nullptr;
 };
 
 struct CudnnConvOutcome {
-  bool ran = false;         // the convolution is recorded on ctx.encoder
-  bool bias_fused = false;  // ... with its bias added in the same cuDNN graph
-  bool first_use = false;   // this process had not seen the problem before
-  std::string plan;         // the engine's name
+  bool ran = false;                     // the convolution is recorded on ctx.encoder
+  ConvFusion fused = ConvFusion::none;  // ... with this much of its epilogue in the graph
+  bool first_use = false;               // this process had not seen the problem before
+  std::string plan;                     // the engine's name
   ConvLowering lowering = ConvLowering::standard;  // how the problem was given to cuDNN
-  std::string reason;                              // why not (ran == false): cuDNN's message
+  std::string reason;  // why not (ran == false): cuDNN's message; when it ran less fused than
+                       // the problem asked, why the more fused graphs were refused
   size_t workspace_bytes = 0;
   double tuned_ms = -1;  // autotuned in this call: the chosen plan's time
 };

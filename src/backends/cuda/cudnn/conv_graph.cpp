@@ -6,9 +6,14 @@
 // Graph per op (uids in cudnn/plan.h):
 //   fprop: y = conv_fprop(x, w) [+ bias]      dgrad: x = conv_dgrad(y, w) [+ bias]
 //   wgrad: w = conv_wgrad(y, x)
+//   fprop with its epilogue (ConvFusion::epilogue):
+//     y = residual_activation(activation(conv_fprop(x, w) [+ bias]) [+ residual])
 // io dtype f32/f16/bf16, intermediate and compute f32. The bias is a [1, C, 1, 1] tensor
-// added by a pointwise ADD on the convolution's f32 result; when no plan supports the
-// fused graph, the plain one is built and the caller adds the bias with its own kernel.
+// added by a pointwise ADD on the convolution's f32 result, the activations are pointwise
+// nodes (clip is RELU_FWD with lower and upper clips), the residual an ADD of a tensor of
+// y's dims and strides; every intermediate stays virtual (f32, on chip). When no plan
+// supports a fused graph, a less fused one is built (plans.cpp) and the caller runs the
+// rest with its own kernel.
 //
 // Candidates. The heuristics' choice is the first buildable config of modes A then
 // FALLBACK. Autotuning merges that list by rank with mode B's (A0, B0, A1, B1, ...; the
@@ -62,8 +67,59 @@ Attributes geometry(const ConvProblem& p) {
   return a;
 }
 
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// activation(v) as a pointwise node (a <= min / >= max clip kept exact in f32).
+TensorPtr activate(fe::graph::Graph& g, const TensorPtr& v, const FusedActivation& a) {
+  auto attributes = fe::graph::Pointwise_attributes().set_compute_data_type(fe::DataType_t::FLOAT);
+  switch (a.kind) {
+    case Activation::none:
+      return v;
+    case Activation::relu:
+      attributes.set_mode(fe::PointwiseMode_t::RELU_FWD);
+      break;
+    case Activation::gelu:
+      attributes.set_mode(fe::PointwiseMode_t::GELU_FWD);
+      break;
+    case Activation::gelu_tanh:
+      attributes.set_mode(fe::PointwiseMode_t::GELU_APPROX_TANH_FWD);
+      break;
+    case Activation::silu:
+      attributes.set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.0f);
+      break;
+    case Activation::sigmoid:
+      attributes.set_mode(fe::PointwiseMode_t::SIGMOID_FWD);
+      break;
+    case Activation::tanh:
+      attributes.set_mode(fe::PointwiseMode_t::TANH_FWD);
+      break;
+    case Activation::clip:
+      attributes.set_mode(fe::PointwiseMode_t::RELU_FWD)
+          .set_relu_lower_clip(float(a.min))
+          .set_relu_upper_clip(float(a.max));
+      break;
+  }
+  return g.pointwise(v, attributes);
+}
+
+// The bias of `out` (the convolution's output role) as a [1, C, 1, ...] tensor.
+template <class Attributes>
+TensorPtr bias_tensor(fe::graph::Graph& g, const ConvProblem& p, const ConvTensor& out,
+                      Attributes&& attributes) {
+  const int64_t channels = out.dims[1],
+                bias_stride = p.bias.strides.empty() ? 1 : p.bias.strides[0];
+  std::vector<int64_t> bias_dims(out.dims.size(), 1),
+      bias_strides(out.dims.size(), channels * bias_stride);
+  bias_dims[1] = channels;
+  bias_strides[1] = bias_stride;
+  ConvTensor bias = p.bias;
+  bias.dims = bias_dims;
+  bias.strides = bias_strides;
+  return g.tensor(attributes("bias", kCudnnUidBias, bias));
+}
+
 // Fills `g` with the operation graph of the problem (not yet validated or built).
-void build_graph(fe::graph::Graph& g, const ConvProblem& p, bool with_bias) {
+void build_graph(fe::graph::Graph& g, const ConvProblem& p, ConvFusion fused) {
   const fe::DataType_t io = fe_type(p.x.dtype);
   g.set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -113,27 +169,32 @@ void build_graph(fe::graph::Graph& g, const ConvProblem& p, bool with_bias) {
       break;
     }
   }
-  if (!with_bias) {
+  if (fused == ConvFusion::none) {
     make_output(result, "out", out_uid, *out);
     return;
   }
   // The convolution's f32 result stays virtual; bias [1, C, 1, 1] is added to it.
   result->set_dim(out->dims).set_stride(out->strides).set_data_type(fe::DataType_t::FLOAT);
-  const int64_t channels = out->dims[1],
-                bias_stride = p.bias.strides.empty() ? 1 : p.bias.strides[0];
-  std::vector<int64_t> bias_dims(out->dims.size(), 1),
-      bias_strides(out->dims.size(), channels * bias_stride);
-  bias_dims[1] = channels;
-  bias_strides[1] = bias_stride;
-  ConvTensor bias = p.bias;
-  bias.dims = bias_dims;
-  bias.strides = bias_strides;
-  auto b = g.tensor(attributes("bias", kCudnnUidBias, bias));
-  auto sum = g.pointwise(result, b,
-                         fe::graph::Pointwise_attributes()
-                             .set_mode(fe::PointwiseMode_t::ADD)
-                             .set_compute_data_type(fe::DataType_t::FLOAT));
-  make_output(sum, "out", out_uid, *out);
+  auto add = [&](const TensorPtr& a, const TensorPtr& b) {
+    return g.pointwise(a, b,
+                       fe::graph::Pointwise_attributes()
+                           .set_mode(fe::PointwiseMode_t::ADD)
+                           .set_compute_data_type(fe::DataType_t::FLOAT));
+  };
+  auto residual = [&] { return g.tensor(attributes("residual", kCudnnUidResidual, p.residual)); };
+  // With no activation between them, the residual is added before the bias: conv + z + bias
+  // is the order of cuDNN's precompiled conv-bias-add-activation kernels (builds in ms);
+  // conv + bias + z only has the runtime-compiled fusion engine (~1 s to build, and slower
+  // on 3 of ResNet-50's 4 block ends: bench/results/2026-11-24_h100_cudnn_fusion_probe.txt).
+  const bool residual_first = fused == ConvFusion::epilogue && p.residual.present && !p.activation;
+  if (residual_first) result = add(result, residual());
+  if (p.bias.present) result = add(result, bias_tensor(g, p, *out, attributes));
+  if (fused == ConvFusion::epilogue) {
+    result = activate(g, result, p.activation);
+    if (p.residual.present && !residual_first) result = add(result, residual());
+    result = activate(g, result, p.residual_activation);
+  }
+  make_output(result, "out", out_uid, *out);
 }
 
 std::vector<fe::NumericalNote_t> barred_notes(const ConvProblem& p) {
@@ -189,13 +250,13 @@ bool supports_native_graph(fe::graph::Graph& g) {
 
 // A graph of the problem with its heuristics' candidates (notes filtered); throws
 // CudnnRefused when a step fails.
-std::shared_ptr<CudnnGraph> query_candidates(const ConvProblem& p, bool with_bias,
+std::shared_ptr<CudnnGraph> query_candidates(const ConvProblem& p, ConvFusion fused,
                                              cudnnHandle_t handle,
                                              const std::vector<fe::HeurMode_t>& modes,
                                              ConvPlanStats& stats) {
   auto c = std::make_shared<CudnnGraph>();
   fe::graph::Graph& g = c->graph;
-  build_graph(g, p, with_bias);
+  build_graph(g, p, fused);
   check_fe(g.validate(), "validate");
   check_fe(g.build_operation_graph(handle), "build_operation_graph");
   ++stats.heuristics_queries;
@@ -278,14 +339,14 @@ std::string cudnn_frontend_version() {
              CUDNN_FRONTEND_PATCH_VERSION);
 }
 
-EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t, bool with_bias,
-                          const ConvSettings& settings, ConvPlanStats& stats) {
+EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t,
+                          ConvFusion fused, const ConvSettings& settings, ConvPlanStats& stats) {
   cudaStream_t stream = ctx.encoder.stream();
   cudnnHandle_t handle = ctx.device.cudnn_handle(stream);
   std::shared_ptr<CudnnGraph> chosen =
-      query_candidates(p, with_bias, handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}, stats);
+      query_candidates(p, fused, handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}, stats);
   auto entry = std::make_shared<PlanEntry>();
-  entry->bias_fused = with_bias;
+  entry->fused = fused;
   if (p.forced_plan_index >= 0) {
     const int64_t count = chosen->graph.get_execution_plan_count();
     if (p.forced_plan_index >= count) {
@@ -302,7 +363,7 @@ EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands
     std::shared_ptr<CudnnGraph> mode_b;
     if (settings.autotune_mode_b) {
       try {
-        mode_b = query_candidates(p, with_bias, handle, {fe::HeurMode_t::B}, stats);
+        mode_b = query_candidates(p, fused, handle, {fe::HeurMode_t::B}, stats);
         graphs.push_back(mode_b.get());
       } catch (const CudnnRefused&) {
         // Mode B has nothing (or fails) for this graph: modes A and FALLBACK suffice.
@@ -311,7 +372,7 @@ EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands
     int64_t configs = 0;
     const std::vector<Candidate> candidates =
         merged_candidates(graphs, settings.autotune_candidates, barred_engines(p), configs);
-    VariantPack pack = variant_pack(t, with_bias);
+    VariantPack pack = variant_pack(t, fused);
     const Candidate* best = nullptr;
     double best_ms = 0, first_ms = -1;
     int64_t timed = 0, from_b = 0;

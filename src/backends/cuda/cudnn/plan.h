@@ -4,7 +4,8 @@
 // CudnnGraph here: a cudnn-frontend graph with its chosen engine config.
 //
 // Tensor uids are fixed, so that a plan read back from disk takes the same variant pack:
-// x = 1, w = 2, y = 3, bias = 4 (roles as in kernels/conv/problem.h), whatever the op.
+// x = 1, w = 2, y = 3, bias = 4, residual = 5 (roles as in kernels/conv/problem.h), whatever
+// the op.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,20 +22,21 @@
 
 namespace fusebox::cuda {
 
-constexpr int64_t kCudnnUidX = 1, kCudnnUidW = 2, kCudnnUidY = 3, kCudnnUidBias = 4;
+constexpr int64_t kCudnnUidX = 1, kCudnnUidW = 2, kCudnnUidY = 3, kCudnnUidBias = 4,
+                  kCudnnUidResidual = 5;
 
 struct CudnnGraph;  // defined in cudnn/conv_graph.cpp
 using VariantPack = std::unordered_map<int64_t, void*>;
 
 // A problem's cached outcome: a built plan or the reason cuDNN cannot run it.
 struct PlanEntry {
-  std::shared_ptr<CudnnGraph> graph;  // null: refused
-  std::string reason;                 // why refused
-  std::string plan_name;              // the engine config's name ("eng62_k2=0_...")
-  bool bias_fused = false;
-  bool native_graph = false;    // SUPPORTS_CUDA_GRAPH_NATIVE_API (and the check agrees)
-  bool native_checked = false;  // native population compared with a capture once
-  bool warmed_up = false;       // has run once outside a capture
+  std::shared_ptr<CudnnGraph> graph;    // null: refused
+  std::string reason;                   // why refused; for a plan, why it is not more fused
+  std::string plan_name;                // the engine config's name ("eng62_k2=0_...")
+  ConvFusion fused = ConvFusion::none;  // the graph's share of the epilogue
+  bool native_graph = false;            // SUPPORTS_CUDA_GRAPH_NATIVE_API (and the check agrees)
+  bool native_checked = false;          // native population compared with a capture once
+  bool warmed_up = false;               // has run once outside a capture
   int64_t workspace = 0;
   double tuned_ms = -1;
 };
@@ -50,15 +52,15 @@ struct CudnnRefused : std::exception {
 // `text` on one line (newlines to spaces, trailing blanks dropped).
 std::string one_line(std::string text);
 
-// The variant pack of the problem's tensors, by uid.
-VariantPack variant_pack(const ConvOperands& t, bool with_bias);
+// The variant pack of the problem's tensors in a graph with `fused` of the epilogue, by uid.
+VariantPack variant_pack(const ConvOperands& t, ConvFusion fused);
 
-// Builds the plan of one graph variant (with or without the fused bias): heuristics,
+// Builds the plan of one graph variant (`fused`: how much of the epilogue): heuristics,
 // numerical notes filtered, then the heuristics' first buildable plan or, with
 // settings.autotune, the fastest candidate timed on `t` (one progress line on stderr).
 // Throws CudnnRefused; a CUDA failure is a fusebox::Error.
-EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t, bool with_bias,
-                          const ConvSettings& settings, ConvPlanStats& stats);
+EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t,
+                          ConvFusion fused, const ConvSettings& settings, ConvPlanStats& stats);
 
 // The graph's serialized bytes (cudnn-frontend's Graph::serialize); false when it cannot
 // be serialized. Never throws.

@@ -8,9 +8,15 @@
 // lowering when cuDNN refuses it (no plan, or its plan fails to run). `auto` under
 // autotuning: both tuned (or read back tuned), the faster runs, the other is the fallback.
 //
+// Fusion. A problem with a bias or an epilogue (kernels/conv/problem.h ConvFusion) gets the
+// plan of the most fused graph cuDNN supports: epilogue, then bias, then none; the plan
+// records how much it fused and why the more fused graphs were refused.
+//
 // Disk payload (inside DiskPlanCache's checked file): six text lines, then the
-// serialized graph: "fusebox-conv-plan 1", "plan" or "refused", the engine name, 1/0 bias
-// fused, the tuned time in ms (-1: none), the refusal reason ("" for plans).
+// serialized graph: "fusebox-conv-plan 1", "plan" or "refused", the engine name, how much
+// of the epilogue the graph holds (0 none, 1 bias, 2 epilogue: the 1/0 "bias fused" of
+// earlier files reads the same), the tuned time in ms (-1: none), the refusal reason (for a
+// plan, why it is not more fused; often "").
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -28,10 +34,11 @@ std::string one_line(std::string text) {
   return text;
 }
 
-VariantPack variant_pack(const ConvOperands& t, bool with_bias) {
+VariantPack variant_pack(const ConvOperands& t, ConvFusion fused) {
   VariantPack pack = {
       {kCudnnUidX, t.x->data()}, {kCudnnUidW, t.w->data()}, {kCudnnUidY, t.y->data()}};
-  if (with_bias) pack[kCudnnUidBias] = t.bias->data();
+  if (fused != ConvFusion::none && t.bias) pack[kCudnnUidBias] = t.bias->data();
+  if (fused == ConvFusion::epilogue && t.residual) pack[kCudnnUidResidual] = t.residual->data();
   return pack;
 }
 
@@ -60,7 +67,7 @@ std::vector<uint8_t> encode_payload(const PlanEntry& e, const std::vector<uint8_
   std::snprintf(tuned, sizeof tuned, "%.6f", e.tuned_ms);
   const std::string head =
       cat(kPayloadMagic, "\n", e.graph ? "plan" : "refused", "\n", one_line(e.plan_name), "\n",
-          e.bias_fused ? 1 : 0, "\n", tuned, "\n", one_line(e.reason), "\n");
+          int(e.fused), "\n", tuned, "\n", one_line(e.reason), "\n");
   std::vector<uint8_t> payload(head.begin(), head.end());
   payload.insert(payload.end(), blob.begin(), blob.end());
   return payload;
@@ -86,7 +93,11 @@ EntryPtr decode_payload(const std::vector<uint8_t>& payload, cudnnHandle_t handl
   }
   auto e = std::make_shared<PlanEntry>();
   e->plan_name = lines[2];
-  e->bias_fused = lines[3] == "1";
+  if (lines[3] != "0" && lines[3] != "1" && lines[3] != "2") {
+    why = "bad fusion line";
+    return nullptr;
+  }
+  e->fused = ConvFusion(lines[3][0] - '0');
   e->tuned_ms = std::atof(lines[4].c_str());
   e->reason = lines[5];
   if (lines[1] == "refused") return e;
@@ -256,19 +267,23 @@ EntryPtr find_or_build(Context& ctx, PlanCaches& c, const ConvProblem& p, const 
     }
   }
   if (!entry) {
-    // Fused bias first, then the plain graph (the caller adds the bias).
+    // The most fused graph first (the caller runs what the plan leaves of the epilogue).
     // A CUDA failure (fusebox::Error) propagates: it may have broken the context. An
     // exception of cudnn-frontend is a refusal for this process, not stored on disk.
     std::string refusal;
+    if (p.has_epilogue()) refusal = p.epilogue_refusal().value_or("");
+    if (refusal.empty() && p.refuse_fusion && p.bias.present) refusal = *p.epilogue_refusal();
     bool store = true;
-    for (bool with_bias : {true, false}) {
-      if (with_bias && !p.bias.present) continue;
+    for (ConvFusion fused : p.fusions()) {
       try {
-        entry = build_cudnn_plan(ctx, p, t, with_bias, settings, c.stats);
+        entry = build_cudnn_plan(ctx, p, t, fused, settings, c.stats);
+        entry->reason = refusal;
         break;
       } catch (const CudnnRefused& r) {
-        refusal +=
-            (refusal.empty() ? "" : "; ") + std::string(with_bias ? "with bias: " : "") + r.message;
+        refusal += (refusal.empty() ? "" : "; ") +
+                   (fused == ConvFusion::none ? std::string()
+                                              : cat("fused ", conv_fusion_name(fused), ": ")) +
+                   r.message;
       } catch (const Error&) {
         throw;
       } catch (const std::exception& ex) {
@@ -303,8 +318,7 @@ EntryPtr find_or_build(Context& ctx, PlanCaches& c, const ConvProblem& p, const 
 bool record_entry(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::string& key,
                   const EntryPtr& entry, const ConvOperands& t, const ConvSettings& settings,
                   std::string& reason) {
-  const bool with_bias = entry->bias_fused;
-  VariantPack pack = variant_pack(t, with_bias);
+  VariantPack pack = variant_pack(t, entry->fused);
   const BufferRange workspace = ctx.encoder.scratch(ctx.allocator, size_t(entry->workspace));
   BufferList reads, writes;
   switch (p.op) {
@@ -318,7 +332,8 @@ bool record_entry(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::
       reads = {t.x->range(), t.y->range()}, writes = {t.w->range()};
       break;
   }
-  if (with_bias) reads.push_back(t.bias->range());
+  if (entry->fused != ConvFusion::none && t.bias) reads.push_back(t.bias->range());
+  if (entry->fused == ConvFusion::epilogue && t.residual) reads.push_back(t.residual->range());
   if (workspace.bytes > 0) writes.push_back(workspace);
   try {
     // This thread's handle exists before any capture (cudnnCreate cannot be captured).
@@ -421,7 +436,8 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
     std::string reason = l.entry->reason;
     if (l.entry->graph && record_entry(ctx, c, l.problem, l.key, l.entry, t, settings, reason)) {
       outcome.ran = true;
-      outcome.bias_fused = l.entry->bias_fused;
+      outcome.fused = l.entry->fused;
+      outcome.reason = l.entry->reason;
       outcome.plan = l.entry->plan_name;
       outcome.lowering = l.problem.lowering;
       outcome.workspace_bytes = size_t(l.entry->workspace);

@@ -177,6 +177,15 @@ class CommandEncoder {
   // The same with the kernel and its argument pointers given raw (as cudaLaunchKernel).
   size_t launch_kernel(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void** args,
                        const BufferList& reads, const BufferList& writes);
+  // The same for a kernel given as a handle: a library's kernel, e.g. one generated and
+  // compiled at run time (runtime/nvrtc.h). CUDA takes a cudaKernel_t, cast to a pointer,
+  // wherever a kernel's address goes (cudaLaunchKernel, kernel nodes, cudaFuncSetAttribute),
+  // so it is recorded, ordered and replayed like any other launch.
+  size_t launch_handle(cudaKernel_t kernel, dim3 grid, dim3 block, size_t shared_bytes, void** args,
+                       const BufferList& reads, const BufferList& writes) {
+    return launch_kernel(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, args,
+                         reads, writes);
+  }
 
   // Records the stream-ordered work `record` issues on the stream it is given.
   size_t capture_library_call(const BufferList& reads, const BufferList& writes,

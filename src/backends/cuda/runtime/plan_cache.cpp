@@ -194,8 +194,12 @@ CacheKeyBuilder& CacheKeyBuilder::add(std::string_view field_name, std::string_v
 // ---- DiskPlanCache --------------------------------------------------------------------------
 
 DiskPlanCache::DiskPlanCache(std::filesystem::path dir, PlanCacheIdentity identity)
+    : DiskPlanCache(std::move(dir), identity, identity_directory(identity)) {}
+
+DiskPlanCache::DiskPlanCache(std::filesystem::path dir, PlanCacheIdentity identity,
+                             std::string subdirectory)
     : identity_(std::move(identity)), identity_bytes_(encode_identity(identity_)) {
-  if (!dir.empty()) dir_ = dir / identity_directory(identity_);
+  if (!dir.empty()) dir_ = dir / subdirectory;
 }
 
 std::filesystem::path DiskPlanCache::path_of(const std::string& key) const {

@@ -236,6 +236,9 @@ class DiskPlanCache {
   };
 
   DiskPlanCache(std::filesystem::path dir, PlanCacheIdentity identity);  // creates dir lazily
+  // The same with the files in dir / `subdirectory`, named by the caller (the NVRTC image
+  // cache's "sm90-nvrtc13.0", runtime/nvrtc.h: its identity holds NVRTC's version).
+  DiskPlanCache(std::filesystem::path dir, PlanCacheIdentity identity, std::string subdirectory);
 
   std::optional<std::vector<uint8_t>> load(const std::string& key);
   // False on failure (warned once per cache); never throws.

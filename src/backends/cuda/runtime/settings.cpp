@@ -48,6 +48,11 @@ ConvSettings conv_settings_from_env() {
   read_switch("FUSEBOX_CONV_ALLOW_BARRED_ENGINES", s.allow_barred_engines);
   if (auto text = env_text("FUSEBOX_CONV_PLAN_INDEX"))
     s.forced_plan_index = int64_t(parse_count(*text, "FUSEBOX_CONV_PLAN_INDEX"));
+  if (auto text = env_text("FUSEBOX_CUDNN_FUSION")) {
+    FUSEBOX_CHECK(*text == "on" || *text == "refuse", "cuda", "FUSEBOX_CUDNN_FUSION='", *text,
+                  "' must be on (fused cuDNN graphs first) or refuse (every fused graph refused)");
+    s.refuse_fusion = *text == "refuse";
+  }
   return s;
 }
 

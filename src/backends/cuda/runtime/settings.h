@@ -49,6 +49,11 @@ struct ConvSettings {
   // FUSEBOX_CONV_PLAN_INDEX=i, for diagnosis only: the heuristics' (A, FALLBACK) candidate i
   // instead of the first that builds, no autotuning (-1: unset). Part of the key when set.
   int64_t forced_plan_index = -1;
+  // FUSEBOX_CUDNN_FUSION=refuse: every fused cuDNN graph (a conv with its bias or epilogue)
+  // is treated as refused, so each group runs split: the plain convolution, then the
+  // project's epilogue kernel (tests run the suite both ways). `on` (default): fused graphs
+  // are tried first. Part of the plan-cache key when set.
+  bool refuse_fusion = false;
 };
 
 struct BackendSettings {

@@ -399,7 +399,7 @@ TEST_F(PoolConvTest, ConvRejectsMismatchedShapes) {
   EXPECT_THROW(h.run_device(&conv_forward_direct, built, {&xd, &wd}), Error);
 }
 
-// conv_add_bias: y[n, c, ...] += bias[c] on a channels-last (strided) y, exact in f32.
+// conv_epilogue (bias only): y[n, c, ...] += bias[c] on a channels-last (strided) y, exact in f32.
 TEST_F(PoolConvTest, ConvAddBiasOnStridedOutput) {
   OpHarness h;
   const Shape shape = {2, 5, 3, 4};  // N C H W, stored as N H W C
@@ -411,7 +411,7 @@ TEST_F(PoolConvTest, ConvAddBiasOnStridedOutput) {
   const BuiltNode built =
       build_node(OpKind::conv, ConvAttrs{},
                  {random_tensor(DType::f32, shape, 3), random_tensor(DType::f32, {5, 5, 1, 1}, 4)});
-  conv_add_bias(h.ctx(), built.node, b, y);
+  conv_epilogue(h.ctx(), built.node, {.bias = &b}, y);
   Tensor got = Tensor::empty(DType::f32, {120});
   h.encoder().copy_to_host(got.raw(), y.buffer);
   const std::vector<double> before = stored.to_doubles(), after = got.to_doubles(),

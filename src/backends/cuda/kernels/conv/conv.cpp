@@ -8,10 +8,17 @@
 // per problem; with FUSEBOX_CONV_BACKEND=cudnn a refusal is an Error naming the node and
 // cuDNN's message. Every call adds a row to the process's decision record (kernels/conv/report.h).
 //
+// Epilogue (a conv's bias, activation, residual: ir/ops.h ConvAttrs). cuDNN is asked for
+// the most fused graph first (cudnn/plans.cpp); whatever the plan leaves, and everything
+// after a direct kernel but its bias, runs as one pass over y (kernels/conv/epilogue.cu).
+// The report names what was fused and why the rest was not.
+//
 // Layout. Inputs and the output may be strided (channels-last views): cuDNN takes their
 // strides as they are; the direct kernels get contiguous copies (and write a contiguous
 // temporary that is copied into a strided output).
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "backends/cuda/cudnn/conv.h"
 #include "backends/cuda/kernels.h"
@@ -49,6 +56,46 @@ void run_direct(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry
   copy_strided(ctx, tmp, y);
 }
 
+// What the node's epilogue asks for beyond the convolution, given how much of it a cuDNN
+// plan computed (`fused`); the direct kernels add the bias themselves (kBiasDone).
+ConvEpilogueOperands remaining_epilogue(const Node& n, const std::vector<const DeviceTensor*>& in,
+                                        ConvFusion fused) {
+  ConvEpilogueOperands e;
+  if (n.op != OpKind::conv) {
+    if (fused == ConvFusion::none && in.size() > 2) e.bias = in[2];  // dgrad's bias
+    return e;
+  }
+  const auto& a = std::get<ConvAttrs>(n.attrs);
+  if (fused == ConvFusion::none && in.size() > 2) e.bias = in[2];
+  if (fused != ConvFusion::epilogue) {
+    e.activation = a.activation;
+    e.residual = in.size() > 3 ? in[3] : nullptr;
+    e.residual_activation = a.residual_activation;
+  }
+  return e;
+}
+
+// The epilogue's parts, as the report names them ("bias+relu+residual+relu").
+std::string epilogue_text(const ConvEpilogueOperands& e) {
+  std::string s;
+  auto part = [&](const std::string& p) { s += (s.empty() ? "" : "+") + p; };
+  if (e.bias) part("bias");
+  if (e.activation) part(activation_name(e.activation.kind));
+  if (e.residual) part("residual");
+  if (e.residual_activation) part(activation_name(e.residual_activation.kind));
+  return s;
+}
+
+// Runs the epilogue's remaining parts on y (a contiguous bias first: a kernel reads it flat).
+void run_epilogue(Context& ctx, const Node& n, ConvEpilogueOperands e, const DeviceTensor& y) {
+  std::optional<DeviceTensor> bias;
+  if (e.bias && !e.bias->is_contiguous()) {
+    bias = contiguous_copy(ctx, *e.bias);
+    e.bias = &*bias;
+  }
+  conv_epilogue(ctx, n, e, y);
+}
+
 void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry direct) {
   const ConvSettings settings = conv_settings();
   const std::vector<const DeviceTensor*> inputs(in.begin(), in.end());
@@ -73,7 +120,7 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
     const DeviceTensor* bias = inputs.size() > 2 ? inputs[2] : nullptr;
     switch (p.op) {
       case ConvOp::fprop:
-        t = {inputs[0], inputs[1], &out[0], bias};
+        t = {inputs[0], inputs[1], &out[0], bias, inputs.size() > 3 ? inputs[3] : nullptr};
         break;
       case ConvOp::dgrad:
         t = {&out[0], inputs[1], inputs[0], bias};
@@ -84,15 +131,16 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
     }
     const CudnnConvOutcome r = cudnn_conv_record(ctx, p, t, settings);
     if (r.ran) {
+      const ConvEpilogueOperands rest = remaining_epilogue(n, inputs, r.fused);
+      const std::string fused_text = epilogue_text(remaining_epilogue(n, inputs, ConvFusion::none));
+      const std::string rest_text = epilogue_text(rest);
       d.path = "cudnn";
-      if (p.bias.present && !r.bias_fused) {
-        const DeviceTensor& b = *t.bias;
-        if (b.is_contiguous()) {
-          conv_add_bias(ctx, n, b, out[0]);
-        } else {
-          conv_add_bias(ctx, n, contiguous_copy(ctx, b), out[0]);
-        }
-        d.path = "cudnn + bias kernel";
+      if (r.fused != ConvFusion::none) d.path = cat("cudnn (fused ", fused_text, ")");
+      if (!rest_text.empty()) {
+        run_epilogue(ctx, n, rest, out[0]);
+        d.path = cat("cudnn", r.fused == ConvFusion::bias ? " (fused bias)" : "",
+                     " + epilogue kernel (", rest_text, ")");
+        d.reason = r.reason;
       }
       d.plan = r.lowering == ConvLowering::standard
                    ? r.plan
@@ -114,7 +162,13 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   }
   d.path = "own";
   d.reason = *why;
-  run_direct(ctx, n, in, out, direct);
+  // The direct kernels take x, w and the bias; the rest of the epilogue is a pass over y.
+  run_direct(ctx, n, in.subspan(0, std::min<size_t>(in.size(), 3)), out, direct);
+  ConvEpilogueOperands rest = remaining_epilogue(n, inputs, ConvFusion::bias);
+  if (!epilogue_text(rest).empty()) {
+    run_epilogue(ctx, n, rest, out[0]);
+    d.path = cat("own + epilogue kernel (", epilogue_text(rest), ")");
+  }
   record_conv_decision(d);
 }
 

@@ -1,6 +1,6 @@
 // Direct convolution: conv_forward_direct, conv_backward_data_direct and
 // conv_backward_filter_direct for 1 to 3 spatial dims, groups, dilation, stride and
-// asymmetric pads, with bias; and conv_add_bias. The fallback path (kernels/conv/conv.cpp sends the
+// asymmetric pads, with bias. The fallback path (kernels/conv/conv.cpp sends the
 // common cases to cuDNN): simple and correct, not fast.
 //
 // The problem is the backends' shared ConvGeometry (backends/common/conv_geometry.h, the
@@ -178,27 +178,6 @@ __global__ void conv_wgrad_sum(const compute_t<T>* partial, int64_t splits, int6
   }
 }
 
-// y[n, c, ...] += bias[c] over a strided y of rank <= 5 (one thread per element).
-struct BiasGeometry {
-  int rank = 0;
-  int64_t dims[5] = {1, 1, 1, 1, 1};
-  int64_t strides[5] = {0, 0, 0, 0, 0};
-};
-
-template <class T>
-__global__ void conv_add_bias_kernel(BiasGeometry g, int64_t total, const T* bias, T* y) {
-  for (int64_t idx = global_thread_index(); idx < total; idx += grid_stride()) {
-    int64_t rem = idx, offset = 0, channel = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      const int64_t coord = rem % g.dims[d];
-      rem /= g.dims[d];
-      offset += coord * g.strides[d];
-      if (d == 1) channel = coord;
-    }
-    store_compute(y, offset, load_compute(y, offset) + load_compute(bias, channel));
-  }
-}
-
 void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b, const char* a_name,
                       const char* b_name, const std::string& where) {
   FUSEBOX_CHECK(a.dtype == b.dtype, where, a_name, " is ", dtype_name(a.dtype), " but ", b_name,
@@ -301,26 +280,6 @@ void conv_backward_filter_direct(Context& ctx, const Node& n, Inputs in, Outputs
     ctx.encoder.launch(&conv_wgrad_sum<T>, dim3(launch_blocks(weights, kThreads)), dim3(kThreads),
                        0, {partial}, {dw.range()}, partial.as<const C>(), splits, weights,
                        dw.as<T>());
-  });
-}
-
-void conv_add_bias(Context& ctx, const Node& n, const DeviceTensor& bias, const DeviceTensor& y) {
-  const std::string where = node_label(n);
-  check_same_dtype(bias, y, "bias", "output", where);
-  FUSEBOX_CHECK(y.rank() >= 2 && y.rank() <= 5 && bias.shape == Shape{y.shape[1]}, where, "bias ",
-                shape_str(bias.shape), " does not match output ", shape_str(y.shape));
-  if (y.numel() == 0) return;
-  BiasGeometry g;
-  g.rank = int(y.rank());
-  for (int d = 0; d < g.rank; ++d) {
-    g.dims[d] = y.shape[size_t(d)];
-    g.strides[d] = y.strides[size_t(d)];
-  }
-  visit_device_float(n, y.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    ctx.encoder.launch(&conv_add_bias_kernel<T>, dim3(launch_blocks(y.numel(), kThreads)),
-                       dim3(kThreads), 0, {bias.range(), y.range()}, {y.range()}, g, y.numel(),
-                       bias.as<const T>(), y.as<T>());
   });
 }
 

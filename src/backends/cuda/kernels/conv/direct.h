@@ -3,9 +3,9 @@
 // dispatches.
 //
 // The three entries take the ops' inputs and outputs as the kernels.h entries do, all
-// CONTIGUOUS (kernels/conv/conv.cpp copies strided views first). conv_add_bias adds a bias per
-// channel (dim 1) to a strided output of rank 3 to 5 in place: the bias of a convolution that cuDNN
-// ran without it.
+// CONTIGUOUS (kernels/conv/conv.cpp copies strided views first). conv_epilogue
+// (kernels/conv/epilogue.cu) applies, in place on a strided output of rank 2 to 5, the part of a
+// conv's epilogue (bias, activations, residual) that the convolution did not.
 #pragma once
 
 #include "backends/cuda/kernels.h"
@@ -19,7 +19,17 @@ void conv_backward_data_direct(Context& ctx, const Node& n, Inputs in, Outputs o
 // x [N, C, D...], dy [N, K, O...] -> dw [K, C/g, R...]
 void conv_backward_filter_direct(Context& ctx, const Node& n, Inputs in, Outputs out);
 
-// y[n, c, ...] += bias[c]; y may be strided (a channels-last view).
-void conv_add_bias(Context& ctx, const Node& n, const DeviceTensor& bias, const DeviceTensor& y);
+// What is left of a conv's epilogue, each part optional (null / none).
+struct ConvEpilogueOperands {
+  const DeviceTensor* bias = nullptr;      // [C], contiguous
+  FusedActivation activation;              // after the bias
+  const DeviceTensor* residual = nullptr;  // y's dtype and shape, any strides
+  FusedActivation residual_activation;     // after the residual add
+};
+
+// y = residual_activation(activation(y + bias[c]) + residual) in place; y may be strided (a
+// channels-last view).
+void conv_epilogue(Context& ctx, const Node& n, const ConvEpilogueOperands& e,
+                   const DeviceTensor& y);
 
 }  // namespace fusebox::cuda

@@ -88,6 +88,20 @@ CacheKeyBuilder key_builder(const ConvProblem& p) {
   add_tensor(key, "w", p.w);
   add_tensor(key, "y", p.y);
   add_tensor(key, "bias", p.bias);
+  // Epilogue fields only where there is one: the keys of plain problems stay as they were.
+  auto add_activation = [&](const char* name, const FusedActivation& a) {
+    if (!a) return;
+    key.add(cat(name, ".kind"), activation_name(a.kind));
+    if (a.kind == Activation::clip) {  // the bounds exactly (hex floats)
+      char bounds[64];
+      std::snprintf(bounds, sizeof bounds, "%a,%a", a.min, a.max);
+      key.add(cat(name, ".bounds"), std::string_view(bounds));
+    }
+  };
+  add_activation("activation", p.activation);
+  if (p.residual.present) add_tensor(key, "residual", p.residual);
+  add_activation("residual_activation", p.residual_activation);
+  if (p.refuse_fusion) key.add("refuse_fusion", int64_t(1));
   key.add("pad_lo", std::span<const int64_t>(p.pad_lo));
   key.add("pad_hi", std::span<const int64_t>(p.pad_hi));
   key.add("stride", std::span<const int64_t>(p.stride));
@@ -111,6 +125,35 @@ const char* conv_op_name(ConvOp op) {
       return "conv_wgrad";
   }
   return "?";
+}
+
+const char* conv_fusion_name(ConvFusion f) {
+  switch (f) {
+    case ConvFusion::none:
+      return "none";
+    case ConvFusion::bias:
+      return "bias";
+    case ConvFusion::epilogue:
+      return "epilogue";
+  }
+  return "?";
+}
+
+std::optional<std::string> ConvProblem::epilogue_refusal() const {
+  if (refuse_fusion) return "fused graphs refused (FUSEBOX_CUDNN_FUSION=refuse)";
+  // cuDNN 9.19 on the H100 runs RELU_FWD with an upper clip only on its reference engine
+  // (eng0): 120 ms for a ResNet 3x3 layer that takes 0.15 ms plain (probe, bench/results).
+  if (activation.kind == Activation::clip || residual_activation.kind == Activation::clip)
+    return "clip: cuDNN's only engine for a clipped relu is its reference kernel (~1000x slower)";
+  return std::nullopt;
+}
+
+std::vector<ConvFusion> ConvProblem::fusions() const {
+  std::vector<ConvFusion> out;
+  if (has_epilogue() && !epilogue_refusal()) out.push_back(ConvFusion::epilogue);
+  if (!refuse_fusion && bias.present) out.push_back(ConvFusion::bias);
+  out.push_back(ConvFusion::none);
+  return out;
 }
 
 const char* conv_lowering_name(ConvLowering l) {
@@ -160,6 +203,9 @@ std::string ConvProblem::describe() const {
   std::string s = cat(conv_op_name(op), " ", dtype_name(x.dtype), " ", tensor("x", x), " ",
                       tensor("w", w), " ", tensor("y", y));
   if (bias.present) s += " +bias";
+  if (activation) s += cat(" +", activation_name(activation.kind));
+  if (residual.present) s += " +residual";
+  if (residual_activation) s += cat(" +", activation_name(residual_activation.kind));
   s += cat(" pad ", join(pad_lo), "/", join(pad_hi), " s ", join(stride), " d ", join(dilation),
            " g ", groups);
   if (lowering != ConvLowering::standard) s += cat(" (", conv_lowering_name(lowering), ")");
@@ -178,14 +224,17 @@ ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTenso
   p.deterministic = settings.deterministic;
   p.allow_barred_engines = settings.allow_barred_engines;
   p.forced_plan_index = settings.forced_plan_index;
+  p.refuse_fusion = settings.refuse_fusion;
   const ConvAttrs* attrs = nullptr;
-  const DeviceTensor *x = nullptr, *w = nullptr, *y = nullptr, *bias = nullptr;
+  const DeviceTensor *x = nullptr, *w = nullptr, *y = nullptr, *bias = nullptr, *residual = nullptr;
   auto input = [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; };
   switch (n.op) {
     case OpKind::conv:
       p.op = ConvOp::fprop;
       attrs = &std::get<ConvAttrs>(n.attrs);
-      x = input(0), w = input(1), bias = input(2), y = &output;
+      x = input(0), w = input(1), bias = input(2), residual = input(3), y = &output;
+      p.activation = attrs->activation;
+      p.residual_activation = attrs->residual_activation;
       break;
     case OpKind::conv_backward_data:
       p.op = ConvOp::dgrad;
@@ -221,6 +270,12 @@ ConvProblem make_conv_problem(const Node& n, const std::vector<const DeviceTenso
   p.x = lowered(*x, lower_1d);
   p.w = lowered(*w, lower_1d);
   p.y = lowered(*y, lower_1d);
+  if (residual) {
+    FUSEBOX_CHECK(residual->shape == y->shape && residual->dtype == y->dtype, where, "residual ",
+                  dtype_name(residual->dtype), shape_str(residual->shape), " should be ",
+                  dtype_name(y->dtype), shape_str(y->shape), " (the output's)");
+    p.residual = lowered(*residual, lower_1d);
+  }
   if (bias) {
     p.bias.dtype = bias->dtype;
     p.bias.dims = bias->shape;
@@ -268,7 +323,7 @@ std::optional<std::string> cudnn_cannot_implement(const ConvProblem& p) {
   if (t != DType::f32 && t != DType::f16 && t != DType::bf16) {
     return cat("cuDNN path takes f32, f16 and bf16, not ", dtype_name(t));
   }
-  for (const ConvTensor* other : {&p.w, &p.y, &p.bias}) {
+  for (const ConvTensor* other : {&p.w, &p.y, &p.bias, &p.residual}) {
     if (other->present && other->dtype != t) {
       return cat("mixed dtypes (", dtype_name(t), " and ", dtype_name(other->dtype), ")");
     }
@@ -277,7 +332,7 @@ std::optional<std::string> cudnn_cannot_implement(const ConvProblem& p) {
     return cat(p.lowered_spatial_rank(), " spatial dims (cuDNN takes 1 to 3)");
   }
   const std::pair<const char*, const ConvTensor*> tensors[] = {
-      {"x", &p.x}, {"w", &p.w}, {"y", &p.y}, {"bias", &p.bias}};
+      {"x", &p.x}, {"w", &p.w}, {"y", &p.y}, {"bias", &p.bias}, {"residual", &p.residual}};
   for (const auto& [name, tensor] : tensors) {
     if (!tensor->present) continue;
     for (size_t i = 0; i < tensor->dims.size(); ++i) {

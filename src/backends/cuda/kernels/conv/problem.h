@@ -56,12 +56,23 @@ struct ConvTensor {
 enum class ConvLowering : uint8_t { standard, subsampled_1x1 };
 const char* conv_lowering_name(ConvLowering l);  // "standard", "subsampled_1x1"
 
+// How much of a node's epilogue a cuDNN graph computes: none (the convolution alone), its
+// bias, or the whole epilogue (bias, activation, residual add, residual activation: ir/ops.h
+// ConvAttrs). Plans are built for the most the problem has, then less when cuDNN refuses;
+// kernels/conv/conv.cpp runs the rest (conv_epilogue).
+enum class ConvFusion : uint8_t { none, bias, epilogue };
+const char* conv_fusion_name(ConvFusion f);  // "none", "bias", "epilogue"
+
 struct ConvProblem {
   ConvOp op = ConvOp::fprop;
   ConvLowering lowering = ConvLowering::standard;
   int spatial_rank = 2;  // of the node (1..3); the tensors have max(2, rank) spatial dims
   ConvTensor x, w, y;    // forward roles (see above)
   ConvTensor bias;       // [K] for fprop, [C] for dgrad; absent for wgrad
+  // fprop's epilogue: y = residual_activation(activation(conv + bias) + residual).
+  FusedActivation activation, residual_activation;
+  ConvTensor residual;         // y's dims (absent: no residual add)
+  bool refuse_fusion = false;  // ConvSettings::refuse_fusion (in the key when set)
   std::vector<int64_t> pad_lo, pad_hi, stride, dilation;  // per (lowered) spatial dim
   int64_t groups = 1;
   int device = 0;
@@ -73,6 +84,13 @@ struct ConvProblem {
   std::string label;  // the node's label, for messages (not part of the key)
 
   int lowered_spatial_rank() const { return int(x.dims.size()) - 2; }
+  bool has_epilogue() const { return bool(activation) || residual.present; }
+  // The fused graphs to try, most first: epilogue (when there is one and no
+  // epilogue_refusal), bias (when present), none; FUSEBOX_CUDNN_FUSION=refuse leaves only none.
+  std::vector<ConvFusion> fusions() const;
+  // Why the epilogue is never asked of cuDNN (FUSEBOX_CUDNN_FUSION=refuse, or an activation
+  // cuDNN runs only on a reference engine), or nullopt.
+  std::optional<std::string> epilogue_refusal() const;
   // Multiply-adds of the convolution (the same for all three ops): N*K*O*(C/g)*R.
   double flops() const;
   // "conv_fprop bf16 x[64,64,56,56]/nhwc w[64,64,3,3] y[64,64,56,56] pad 1,1/1,1 s 1,1

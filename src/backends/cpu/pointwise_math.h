@@ -1,0 +1,122 @@
+// The scalar formulas of the float pointwise ops, as functions of the compute type C (float
+// for f32, f16 and bf16; double for f64). pointwise.cpp maps them over tensors, one op per
+// pass, and fused_pointwise.cpp over a program's values: one copy of each formula, so a
+// fused chain computes the unfused ops' bits.
+//
+//   with_float_unary<C>(instr, use)   calls use(f), f: C -> C, for relu .. clip with the
+//                                     instruction's attributes (alpha, tanh, clip bounds)
+//   with_float_binary<C>(op, use)     calls use(f), f: (C, C) -> C, for add .. pow
+// Both return false (calling nothing) for any other op. A node's attributes come in as
+// pointwise_instr(node, {}) (ir/pointwise_program.h).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "fusebox/ir/ops.h"
+#include "kernel_util.h"
+
+namespace fusebox::cpu {
+
+template <class C>
+C sigmoid(C v) {  // never overflows: exp of a non-positive number only
+  if (v >= 0) return C(1) / (C(1) + std::exp(-v));
+  C e = std::exp(v);
+  return e / (C(1) + e);
+}
+
+// Clip bounds as values of the compute type. For integers the bounds round
+// inwards (min up, max down) and saturate, so +-infinity means unbounded.
+template <class C>
+std::pair<C, C> clip_bounds(double min, double max) {
+  if constexpr (std::is_floating_point_v<C>)
+    return {C(min), C(max)};
+  else
+    return {convert<C>(std::ceil(min)), convert<C>(std::floor(max))};
+}
+
+template <class C, class Use>
+bool with_float_unary(const PointwiseInstr& ins, Use&& use) {
+  auto call = [&](auto f) {
+    use(f);
+    return true;
+  };
+  switch (ins.op) {
+    case OpKind::relu:
+      return call([](C v) { return v < 0 ? C(0) : v; });
+    case OpKind::leaky_relu: {
+      const C alpha = C(ins.alpha);
+      return call([alpha](C v) { return v < 0 ? alpha * v : v; });
+    }
+    case OpKind::gelu:
+      if (ins.tanh_approximation) {
+        // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        const C k = std::numbers::sqrt2_v<C> * std::numbers::inv_sqrtpi_v<C>;
+        return call([k](C v) {
+          return C(0.5) * v * (C(1) + std::tanh(k * (v + C(0.044715) * v * v * v)));
+        });
+      }
+      // 0.5 x (1 + erf(x / sqrt(2)))
+      return call([](C v) { return C(0.5) * v * (C(1) + std::erf(v / std::numbers::sqrt2_v<C>)); });
+    case OpKind::silu:
+      return call([](C v) { return v * sigmoid(v); });
+    case OpKind::sigmoid:
+      return call([](C v) { return sigmoid(v); });
+    case OpKind::tanh:
+      return call([](C v) { return std::tanh(v); });
+    case OpKind::exp:
+      return call([](C v) { return std::exp(v); });
+    case OpKind::log:
+      return call([](C v) { return std::log(v); });
+    case OpKind::sqrt:
+      return call([](C v) { return std::sqrt(v); });
+    case OpKind::rsqrt:
+      return call([](C v) { return C(1) / std::sqrt(v); });
+    case OpKind::reciprocal:
+      return call([](C v) { return C(1) / v; });
+    case OpKind::neg:
+      return call([](C v) { return -v; });
+    case OpKind::abs:
+      return call([](C v) { return std::fabs(v); });
+    case OpKind::erf:
+      return call([](C v) { return std::erf(v); });
+    case OpKind::clip: {
+      // numpy clip: min(max(x, lo), hi), so lo > hi gives hi; NaN stays NaN.
+      const auto [lo, hi] = clip_bounds<C>(ins.min, ins.max);
+      return call([lo, hi](C v) { return std::min(std::max(v, lo), hi); });
+    }
+    default:
+      return false;
+  }
+}
+
+template <class C, class Use>
+bool with_float_binary(OpKind op, Use&& use) {
+  auto call = [&](auto f) {
+    use(f);
+    return true;
+  };
+  switch (op) {
+    case OpKind::add:
+      return call([](C u, C v) { return u + v; });
+    case OpKind::sub:
+      return call([](C u, C v) { return u - v; });
+    case OpKind::mul:
+      return call([](C u, C v) { return u * v; });
+    case OpKind::div:
+      return call([](C u, C v) { return u / v; });
+    // NaN in either operand gives NaN (numpy maximum/minimum, torch.max/min).
+    case OpKind::max:
+      return call([](C u, C v) { return u > v || std::isnan(u) ? u : v; });
+    case OpKind::min:
+      return call([](C u, C v) { return u < v || std::isnan(u) ? u : v; });
+    case OpKind::pow:  // the exponent converted to C first (binary_pow in pointwise.cpp)
+      return call([](C u, C v) { return std::pow(u, v); });
+    default:
+      return false;
+  }
+}
+
+}  // namespace fusebox::cpu

@@ -1,0 +1,53 @@
+// The rewrite the fusion passes share (passes/fusion.cpp, passes/fuse_conv.cpp): a node
+// takes over nodes after it (an activation, an add) and is emitted where the last of them
+// was, writing the last one's value (name included), with new attributes and inputs.
+// Graph only appends, so the graph is rebuilt node by node.
+#pragma once
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::fusion {
+
+// Who reads each value.
+struct Readers {
+  std::vector<std::vector<NodeId>> of;  // by value
+  std::set<ValueId> outputs;
+
+  explicit Readers(const Graph& g)
+      : of(g.values().size()), outputs(g.outputs().begin(), g.outputs().end()) {
+    for (const Node& n : g.nodes())
+      for (ValueId v : n.inputs)
+        if (v != kNoValue) of[size_t(v)].push_back(n.id);
+  }
+  // The one node reading v, when v is read by exactly one node and is not a graph output.
+  NodeId only_reader(ValueId v) const {
+    return of[size_t(v)].size() == 1 && !outputs.count(v) ? of[size_t(v)][0] : NodeId(-1);
+  }
+};
+
+// What one node takes over.
+struct Takeover {
+  std::vector<NodeId> replaced;  // in node order; the last is where the fused node goes
+  ValueId writes = kNoValue;     // the value its output 0 becomes (the last node's)
+  Attrs attrs;                   // the fused node's attributes
+  std::vector<std::pair<size_t, ValueId>> inputs;  // (input slot, value) set or added
+};
+
+// Rebuilds g with the takeovers (indexed by node id; empty `replaced`: none; the node
+// itself keeps its place when `replaced` is {its own id}). Constants nothing reads any more
+// (a weight replaced by its folded copy, added to g as a constant before) are dropped.
+void rebuild(Graph& g, const std::vector<Takeover>& takeover);
+
+// The activation an op computes, when it is one a fused epilogue can take (relu, gelu, silu,
+// sigmoid, tanh, clip); none otherwise.
+FusedActivation activation_of(const Node& n);
+
+// "relu 'layer1.0.relu'": an op of a group, as FusionLog records it.
+std::string op_text(const Node& n);
+
+}  // namespace fusebox::fusion

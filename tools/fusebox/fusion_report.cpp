@@ -1,0 +1,42 @@
+// The fusion part of `fusebox run|bench --report`: each planned group (passes/fusion.h)
+// with what it became on this GPU: the convolution record of its node (cuDNN graph and
+// engine, how much of the epilogue cuDNN fused, the epilogue kernel for the rest and why),
+// or the project's kernel.
+#include <sstream>
+
+// The backend's convolution record: a header of standard and public includes only.
+#include "../../src/backends/cuda/kernels/conv/report.h"
+#include "common.h"
+
+namespace fusebox::cli {
+
+std::string fusion_outcome(const Graph& g, const FusionLog& log) {
+  const std::vector<cuda::ConvDecision> decisions = cuda::conv_decisions();
+  std::ostringstream os;
+  size_t index = 0;
+  for (const Node& n : g.nodes()) {
+    const FusionGroup* group = log.find(n.name);
+    if (group == nullptr) continue;
+    os << "group " << ++index << " [" << n.name << "]: planned " << planned_lowering(g, n)
+       << "\n  ran: ";
+    const cuda::ConvDecision* d = nullptr;
+    for (const cuda::ConvDecision& c : decisions)
+      if (c.node == node_label(n) && c.op == "conv_fprop") d = &c;
+    if (n.op != OpKind::conv) {
+      os << "own kernel (one pass)\n";
+      continue;
+    }
+    if (d == nullptr) {
+      os << "not recorded (not run on the GPU in this process)\n";
+      continue;
+    }
+    os << d->path;
+    if (!d->plan.empty()) os << ", plan " << d->plan;
+    if (d->tuned_ms >= 0) os << ", " << fixed(d->tuned_ms, 4) << " ms (autotuned)";
+    if (!d->reason.empty()) os << "\n  why not more fused: " << d->reason;
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace fusebox::cli
