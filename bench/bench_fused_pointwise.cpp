@@ -15,7 +15,8 @@
 // copy = cudaMemcpy device-to-device of as many bytes. Timing: CUDA events around `iters`
 // direct launches, median of `repeats` (bench/common). compile: the first call's host time,
 // NVRTC included unless the disk cache (FUSEBOX_CACHE_DIR) held the kernel. The fused kernel
-// runs with 1, 2 and 4 vectors per thread step (the library's default, 2, is the target row).
+// runs with 1, 2 and 4 vectors per thread step and 1, 2 and 4 steps per loop iteration (the
+// library's defaults are the target row).
 //
 //   bench_fused_pointwise [--dtype bf16|f16|f32] [--shape N,C,H,W] [--iters N] [--repeats N]
 //                         [--json FILE]
@@ -50,6 +51,7 @@ struct Options {
 struct Result {
   std::string gelu, mode;
   int vectors = 0;  // fused: 16-byte vectors per thread step (fused_codegen.h)
+  int unroll = 0;   // fused: steps per loop iteration
   bench::Bandwidth bandwidth;
   double speedup = 1;     // unfused time / this time
   double compile_ms = 0;  // fused: the first call (NVRTC or the disk cache)
@@ -142,38 +144,48 @@ void run_chain(KernelBench& b, const Options& o, DType t, bool tanh, std::vector
   const Tensor want = download(b, values.back());
   const double unfused_us = b.time_us(o.timing, unfused);
   out.push_back(
-      {gelu, "unfused (8 kernels)", 0, b.bandwidth(o.timing, bytes, unfused_us), 1, 0, true});
+      {gelu, "unfused (8 kernels)", 0, 0, b.bandwidth(o.timing, bytes, unfused_us), 1, 0, true});
 
   // Fused: the first call of each step width compiles (or loads) its kernel.
-  const int library_default = fused_vectors_per_step();
+  const int default_vectors = fused_vectors_per_step();
+  const int default_unroll = fused_steps_per_iteration();
   std::vector<DeviceTensor> y = {b.empty(t, x_shape)};
   auto fused = [&](int) { fused_pointwise(b.ctx(), chain.fused_node(), in_ptrs, y); };
-  for (int vectors : {1, 2, 4}) {
+  // Every (vectors per step, steps per iteration) for the tanh chain; the erf chain at the
+  // default unroll.
+  std::vector<std::pair<int, int>> variants;
+  for (int vectors : {1, 2, 4})
+    for (int unroll : {1, 2, 4})
+      if (tanh || unroll == default_unroll) variants.push_back({vectors, unroll});
+  for (const auto& [vectors, unroll] : variants) {
     set_fused_vectors_per_step(vectors);
+    set_fused_steps_per_iteration(unroll);
     const GeneratedKernelStats before = generated_kernel_stats();
     const bench::Stopwatch compile;
     fused(0);
     b.encoder().synchronize();
-    const char* mode = vectors == library_default ? "fused (default)" : "fused";
-    Result f{gelu, mode, vectors, {}, 1, compile.ms()};
+    const bool is_default = vectors == default_vectors && unroll == default_unroll;
+    Result f{gelu, is_default ? "fused (default)" : "fused", vectors, unroll, {}, 1, compile.ms()};
     const GeneratedKernelStats after = generated_kernel_stats();
     const char* from = after.compiles > before.compiles     ? "NVRTC"
                        : after.disk_hits > before.disk_hits ? "disk cache"
                                                             : "memory cache";
-    std::printf("  gelu %s, %d vectors/step: kernel from %s, first call %.1f ms\n", gelu.c_str(),
-                vectors, from, f.compile_ms);
+    std::printf(
+        "  gelu %s, %d vectors/step, %d steps/iteration: kernel from %s, first call %.1f ms\n",
+        gelu.c_str(), vectors, unroll, from, f.compile_ms);
     f.correct = mismatches(download(b, y[0]), want) == 0;
     const double fused_us = b.time_us(o.timing, fused);
     f.bandwidth = b.bandwidth(o.timing, bytes, fused_us);
     f.speedup = unfused_us / fused_us;
     out.push_back(f);
   }
-  set_fused_vectors_per_step(library_default);
+  set_fused_vectors_per_step(default_vectors);
+  set_fused_steps_per_iteration(default_unroll);
 }
 
 const bench::Table& table() {
   static const bench::Table t(
-      bench::joined({{"gelu", 5, true}, {"mode", 20, true}, {"vec/step", 8}},
+      bench::joined({{"gelu", 5, true}, {"mode", 20, true}, {"vec/step", 8}, {"unroll", 6}},
                     bench::joined(bench::Bandwidth::columns(),
                                   {{"speedup", 8}, {"compile ms", 11}, {"correct", 8}})));
   return t;
@@ -205,7 +217,8 @@ int run(const Options& o) {
     const bool fused = r.vectors > 0;
     if (!target && r.mode == "fused (default)") target = &r;  // tanh comes first
     table().print_row(bench::joined(
-        {r.gelu, r.mode, fused ? std::to_string(r.vectors) : ""},
+        {r.gelu, r.mode, fused ? std::to_string(r.vectors) : "",
+         fused ? std::to_string(r.unroll) : ""},
         bench::joined(r.bandwidth.cells(),
                       {bench::fixed(r.speedup, 2) + "x", fused ? bench::fixed(r.compile_ms, 1) : "",
                        fused ? (r.correct ? "yes" : "NO") : ""})));
@@ -220,6 +233,7 @@ int run(const Options& o) {
     rows.push(r.bandwidth.appended_to(bench::Json::object({{"gelu", r.gelu},
                                                            {"mode", r.mode},
                                                            {"vectors_per_step", r.vectors},
+                                                           {"steps_per_iteration", r.unroll},
                                                            {"speedup", r.speedup},
                                                            {"compile_ms", r.compile_ms},
                                                            {"correct", r.correct}})));

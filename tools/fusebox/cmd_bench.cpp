@@ -184,8 +184,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
       [&] { return exe->run_async(feeds, outputs).host.at(first_output); }, f);
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
-    std::cout << describe_fusion(g, fusion_log);
-    if (device == Device::cuda) std::cout << fusion_outcome(g, fusion_log);
+    std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log)
+                                         : describe_fusion(g, fusion_log));
   }
   return f;
 }

@@ -133,7 +133,7 @@ int run(const RunArgs& args) {
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
   if (args.report && run_opts.device == Device::cuda) {
-    std::cout << describe_fusion(run_g, fusion_log) << fusion_outcome(run_g, fusion_log);
+    std::cout << fusion_outcome(run_g, fusion_log);
     std::cout << plan_layouts(run_g, layout_policy_from_env()).describe(run_g);
   }
   if (args.report) {

@@ -1,7 +1,8 @@
-// The fusion part of `fusebox run|bench --report`: each planned group (passes/fusion.h)
-// with what it became on this GPU: the convolution record of its node (cuDNN graph and
-// engine, how much of the epilogue cuDNN fused, the epilogue kernel for the rest and why),
-// or the project's kernel.
+// The fusion part of `fusebox run|bench --report` on the GPU: each planned group
+// (passes/fusion.h), its ops and what it became on this GPU: the convolution record of its
+// node (cuDNN graph and engine, how much of the epilogue cuDNN fused, the epilogue kernel
+// for the rest and why), a generated kernel, or the project's kernel; then describe_fusion's
+// summary line.
 #include <sstream>
 
 // The backend's convolution record: a header of standard and public includes only.
@@ -17,11 +18,16 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
   for (const Node& n : g.nodes()) {
     const FusionGroup* group = log.find(n.name);
     if (group == nullptr) continue;
-    os << "group " << ++index << " [" << n.name << "]: planned " << planned_lowering(g, n)
-       << "\n  ran: ";
+    os << "group " << ++index << " [" << n.name << "]: ";
+    for (size_t i = 0; i < group->ops.size(); ++i) os << (i ? " + " : "") << group->ops[i];
+    os << "\n  planned: " << planned_lowering(g, n) << "\n  ran: ";
     const cuda::ConvDecision* d = nullptr;
     for (const cuda::ConvDecision& c : decisions)
       if (c.node == node_label(n) && c.op == "conv_fprop") d = &c;
+    if (n.op == OpKind::fused_pointwise) {
+      os << "generated kernel (NVRTC, one pass)\n";
+      continue;
+    }
     if (n.op != OpKind::conv) {
       os << "own kernel (one pass)\n";
       continue;
@@ -36,6 +42,10 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
     if (!d->reason.empty()) os << "\n  why not more fused: " << d->reason;
     os << "\n";
   }
+  // The summary: describe_fusion's last line.
+  const std::string planned = describe_fusion(g, log);
+  const size_t last = planned.rfind('\n', planned.size() - 2);
+  os << (last == std::string::npos ? planned : planned.substr(last + 1));
   return os.str();
 }
 

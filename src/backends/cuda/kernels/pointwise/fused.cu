@@ -129,6 +129,7 @@ void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out) {
                                                          : FusedAccess::strided);
   }
   spec.vector_width = w;
+  spec.unroll = w > 1 ? fused_steps_per_iteration() : 1;
   spec.index32 = fits_u32(count);
   if (spec.index32) {
     for (int d = 0; d < rank; ++d) {

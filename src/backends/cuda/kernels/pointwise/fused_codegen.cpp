@@ -126,7 +126,9 @@ class Emitter {
     const int w = s_.vector_width;
     if (w > 1) {
       out_ += cat("  const I vectors = n / ", w, ";\n");
-      out_ += "  for (I v = first; v < vectors; v += step) {\n";
+      // Unrolled: several steps' loads in flight per thread (memory-level parallelism).
+      out_ +=
+          cat("#pragma unroll ", s_.unroll, "\n  for (I v = first; v < vectors; v += step) {\n");
       out_ += cat("    const I i = v * ", w, ";\n");
       body(w);
       out_ += "  }\n";
@@ -148,7 +150,8 @@ class Emitter {
       h += cat(k ? "," : "", " in", k, " ", dtype_name(s_.values[k]), " ",
                fused_access_name(s_.access[k]), " (moves along dims ", dims_text(s_.moves[k]), ")");
     h += cat("\n// output: ", dtype_name(s_.values.back()), "; ",
-             s_.vector_width > 1 ? cat(s_.vector_width, " elements per vectorised step")
+             s_.vector_width > 1 ? cat(s_.vector_width, " elements per vectorised step, ",
+                                       s_.unroll, " steps per iteration")
                                  : std::string("general path"),
              "; walk rank ", s_.rank, "; ", s_.index32 ? "32" : "64", "-bit index\n");
     return h;
@@ -219,8 +222,9 @@ class Emitter {
         out_ += cat("    ", compute_type(t), " x", k, "[", w, "];\n    ", e, "::unpack<", w, ">(x",
                     k, "w, x", k, ");\n");
       } else {
-        out_ +=
-            cat("    const ", compute_type(t), " x", k, " = ", e, "::load(", ptr, "[", at, "]);\n");
+        // Read-only path as fb_load_words (a per-channel value: an L1 hit after the first).
+        out_ += cat("    const ", compute_type(t), " x", k, " = ", e, "::load(__ldg(", ptr, " + ",
+                    at, "));\n");
         if (w > 1 && is_half(t))
           out_ += cat("    const unsigned x", k, "w = ", e, "::pack2(x", k, ", x", k, ");\n");
       }
@@ -370,8 +374,19 @@ uint32_t fast_divide(uint32_t n, uint32_t d, const FastDivisor& f) {
 }
 
 namespace {
-std::atomic<int> vectors_per_step{2};
+std::atomic<int> vectors_per_step{1};
+std::atomic<int> steps_per_iteration{4};
 }  // namespace
+
+int fused_steps_per_iteration() {
+  return steps_per_iteration.load();
+}
+
+void set_fused_steps_per_iteration(int steps) {
+  FUSEBOX_CHECK(steps == 1 || steps == 2 || steps == 4, "fused_pointwise",
+                "steps per iteration must be 1, 2 or 4, not ", steps);
+  steps_per_iteration.store(steps);
+}
 
 int fused_vectors_per_step() {
   return vectors_per_step.load();
@@ -401,7 +416,8 @@ std::string fused_kernel_source(const FusedKernelSpec& spec) {
   const size_t k = size_t(spec.program.inputs);
   FUSEBOX_CHECK(spec.values.size() == k + spec.program.instrs.size() && spec.access.size() == k &&
                     spec.moves.size() == k && spec.rank >= 1 && spec.rank <= kFusedMaxDims &&
-                    (spec.vector_width == 1 || spec.vector_width % 2 == 0),
+                    (spec.vector_width == 1 || spec.vector_width % 2 == 0) &&
+                    (spec.unroll == 1 || spec.unroll == 2 || spec.unroll == 4),
                 "fused_pointwise codegen", "an inconsistent kernel spec");
   return Emitter(spec).source();
 }

@@ -76,6 +76,7 @@ struct FusedKernelSpec {
   int rank = 1;                     // dims of the walk
   std::vector<uint32_t> moves;      // per input: bit d set when its stride along dim d != 0
   bool index32 = true;              // flat indices below 2^31: 32-bit index math
+  int unroll = 4;                   // vectorised steps per loop iteration (1, 2 or 4)
 };
 
 // The kernel's CUDA C source (kernel kFusedKernelName, parameter FbParams), headed by a
@@ -85,11 +86,18 @@ std::string fused_kernel_source(const FusedKernelSpec& spec);
 // the ops' formulas, the element types, vector loads and stores (fused_preamble.cpp).
 const char* fused_kernel_preamble();
 
-// 16-byte vectors (of the narrowest dtype) per thread step of the vectorised loop, where the
-// inputs allow it (else fewer): 2 by default, so that a step's fixed work (the per-channel
-// offsets and loads, the loop) is shared by twice the elements. Process-wide; the bench sets
-// it to compare (1, 2 or 4).
+// The vectorised loop's shape, process-wide (the bench sets both to compare 1, 2 and 4):
+//   vectors per step: 16-byte vectors (of the narrowest dtype) per thread step, where the
+//     inputs allow it (else fewer); a step's fixed work (per-channel offsets and loads) is
+//     shared by its elements, but a thread's vectors sit side by side, so each load
+//     instruction of a warp strides over 16 * vectors bytes (uncoalesced beyond 1);
+//   steps per iteration: the grid-stride loop unrolled, that many steps' loads in flight
+//     per thread, each load instruction coalesced.
+// Defaults 1 and 4: on an H100 the 8-op bf16 chain of bench_fused_pointwise ran at 92% of
+// the copy bandwidth so, against 87% at 2 and 2 (bench/results/2026-11-24_h100_issue13.md).
 int fused_vectors_per_step();
 void set_fused_vectors_per_step(int vectors);
+int fused_steps_per_iteration();
+void set_fused_steps_per_iteration(int steps);
 
 }  // namespace fusebox::cuda

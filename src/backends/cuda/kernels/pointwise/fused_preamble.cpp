@@ -61,9 +61,14 @@ template <class C> __device__ __forceinline__ C fb_leaky_relu(C v, C alpha) {
 template <class C> __device__ __forceinline__ C fb_gelu(C v) {
   return C(0.5) * v * (C(1) + fb_erf(v / C(1.4142135623730950488)));
 }
-template <class C> __device__ __forceinline__ C fb_gelu_tanh(C v) {
-  const C k = C(0.79788456080286535588);
-  return C(0.5) * v * (C(1) + fb_tanh(k * (v + C(0.044715) * v * v * v)));
+// As unary.cu's GeluTanh: in f32, x * sigmoid(2u) by exp2 and an approximate reciprocal.
+__device__ __forceinline__ float fb_gelu_tanh(float v) {
+  const float e = exp2f(-2.302208198144325f * (v + 0.044715f * v * v * v));
+  return __fdividef(v, 1.0f + e);
+}
+__device__ __forceinline__ double fb_gelu_tanh(double v) {
+  const double k = 0.79788456080286535588;
+  return 0.5 * v * (1.0 + fb_tanh(k * (v + 0.044715 * v * v * v)));
 }
 template <class C> __device__ __forceinline__ C fb_silu(C v) { return v * fb_sigmoid(v); }
 template <class C> __device__ __forceinline__ C fb_rsqrt(C v) { return C(1) / fb_sqrt(v); }
@@ -229,12 +234,15 @@ struct fb_f16 : fb_half_type<fb_f16> {
   }
 };
 
-// N 32-bit words at p (16-byte aligned), by 16-byte loads and stores.
+// N 32-bit words at p (16-byte aligned), by 16-byte loads and stores. The loads take the
+// read-only path (ld.global.nc): the compiler may then issue an unrolled step's loads before
+// the previous step's stores, which it must not with plain loads (the output may be an
+// input's buffer; each element is still read before it is written, by the same thread).
 template <int N> __device__ __forceinline__ void fb_load_words(const void* p, unsigned (&w)[N]) {
   const uint4* src = static_cast<const uint4*>(p);
 #pragma unroll
   for (int c = 0; c < N / 4; ++c) {
-    const uint4 v = src[c];
+    const uint4 v = __ldg(src + c);
     w[4 * c] = v.x;
     w[4 * c + 1] = v.y;
     w[4 * c + 2] = v.z;
