@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/runtime/executor.h"
@@ -28,6 +31,18 @@ Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo =
 // Builds a one-node graph over `inputs` (each becomes a graph input, or kNoValue when
 // undefined), runs it on the CPU backend and returns every output.
 std::vector<Tensor> run_op(OpKind op, Attrs attrs, const std::vector<Tensor>& inputs);
+
+// ||got - want|| / ||want|| over all elements, in f64.
+inline double relative_l2(const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
+  EXPECT_EQ(g.size(), w.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    diff += (g[i] - w[i]) * (g[i] - w[i]);
+    norm += w[i] * w[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
+}
 
 // How many nodes of `op` the graph holds.
 inline int count_ops(const Graph& g, OpKind op) {

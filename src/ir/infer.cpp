@@ -2,6 +2,7 @@
 // inputs, attribute alternative, extents), then the op family's inference
 // (infer_conv.cpp, infer_math.cpp, infer_norm.cpp, infer_shape_ops.cpp, infer_backward.cpp).
 #include <array>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -141,6 +142,16 @@ void Context::expect_rank_between(int i, int64_t lo, int64_t hi, const char* lay
         : hi == std::numeric_limits<int64_t>::max() ? std::string(" or more")
                                                     : cat(" to ", hi),
         ") but is ", shape_str(shape(i)));
+}
+
+void expect_activation(const Context& c, const FusedActivation& a, const char* what) {
+  if (a.kind != Activation::clip) {
+    c.check(std::isinf(a.min) && a.min < 0 && std::isinf(a.max) && a.max > 0, what, " ",
+            activation_name(a.kind), " has clip bounds [", a.min, ", ", a.max, "]");
+    return;
+  }
+  c.check(!std::isnan(a.min) && !std::isnan(a.max) && a.min <= a.max, what,
+          " clip needs min <= max, got [", a.min, ", ", a.max, "]");
 }
 
 void Context::expect_shape(int i, const Shape& expected, const std::string& why) const {

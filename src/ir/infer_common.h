@@ -74,6 +74,10 @@ class Context {
   std::span<const std::optional<TensorType>> inputs_;
 };
 
+// A fused epilogue activation (ir/ops.h FusedActivation; `what` names the attribute):
+// clip bounds only on clip, and min <= max there.
+void expect_activation(const Context& c, const FusedActivation& a, const char* what);
+
 // The dtype of layer_norm / rms_norm statistics (ONNX stash_type 1): f64 for f64
 // input, else f32.
 DType stash_dtype(DType x);

@@ -100,16 +100,6 @@ void expect_groups_divide(const Context& c, int64_t channels, const char* what, 
 }
 
 // A fused epilogue activation: clip bounds ordered and not NaN.
-void expect_activation(const Context& c, const FusedActivation& a, const char* what) {
-  if (a.kind != Activation::clip) {
-    c.check(std::isinf(a.min) && a.min < 0 && std::isinf(a.max) && a.max > 0, what, " ",
-            activation_name(a.kind), " has clip bounds [", a.min, ", ", a.max, "]");
-    return;
-  }
-  c.check(!std::isnan(a.min) && !std::isnan(a.max) && a.min <= a.max, what,
-          " clip needs min <= max, got [", a.min, ", ", a.max, "]");
-}
-
 // The backward ops carry the forward's geometry only: an epilogue there is a bug.
 void expect_no_epilogue(const Context& c, const ConvAttrs& a) {
   c.check(!a.activation && !a.residual_activation,

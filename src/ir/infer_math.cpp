@@ -79,6 +79,7 @@ Types infer_matmul(Context& c) {
 Types infer_gemm(Context& c) {
   const GemmAttrs& a = c.attrs<GemmAttrs>();
   c.expect_float(0);
+  expect_activation(c, a.activation, "activation");
   c.expect_same_dtype(1, 0);
   c.expect_rank(0, 2, a.trans_a ? "[K, M] (trans_a)" : "[M, K]");
   c.expect_rank(1, 2, a.trans_b ? "[N, K] (trans_b)" : "[K, N]");

@@ -94,20 +94,12 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log) {
     auto& attrs = std::get<ConvAttrs>(t.attrs);
     std::vector<std::string> ops = {op_text(conv)};
     // The one reader of the value written so far, unless taken.
-    auto next = [&]() -> const Node* {
-      const NodeId n = r.only_reader(t.writes);
-      return n >= 0 && !taken[size_t(n)] ? &g.node(n) : nullptr;
-    };
-    auto take = [&](const Node& n) {
-      t.replaced.push_back(n.id);
-      t.writes = n.outputs.at(0);
-      ops.push_back(op_text(n));
-    };
-    const Node* n = next();
+    fusion::Chain chain{g, r, taken, t, ops};
+    const Node* n = chain.next();
     if (n && fusion::activation_of(*n)) {
       attrs.activation = fusion::activation_of(*n);
-      take(*n);
-      n = next();
+      chain.take(*n);
+      n = chain.next();
     }
     if (n && n->op == OpKind::add) {
       // The residual: the add's other operand, of y's type exactly (no broadcasting), and not
@@ -115,11 +107,11 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log) {
       const ValueId other = n->inputs.at(0) == t.writes ? n->inputs.at(1) : n->inputs.at(0);
       if (other != t.writes && g.value(other).type == y_type) {
         t.inputs.push_back({3, other});
-        take(*n);
-        n = next();
+        chain.take(*n);
+        n = chain.next();
         if (n && fusion::activation_of(*n)) {
           attrs.residual_activation = fusion::activation_of(*n);
-          take(*n);
+          chain.take(*n);
         }
       }
     }

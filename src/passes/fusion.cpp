@@ -50,8 +50,8 @@ void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
       names[0] = g.value(t->writes).name;
     }
     for (ValueId& v : inputs) v = mapped(v);
-    const std::vector<ValueId> outs =
-        out.add_node(n.op, std::move(attrs), std::move(inputs), n.name, names);
+    const std::vector<ValueId> outs = out.add_node(t && t->op ? *t->op : n.op, std::move(attrs),
+                                                   std::move(inputs), n.name, names);
     for (size_t i = 0; i < outs.size(); ++i) map[size_t(n.outputs[i])] = outs[i];
     if (t && t->writes != n.outputs[0]) {
       map[size_t(t->writes)] = outs[0];
@@ -69,6 +69,12 @@ void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
   }
   for (ValueId v : g.outputs()) out.mark_output(mapped(v));
   g = std::move(out);
+}
+
+void Chain::take(const Node& n) {
+  t.replaced.push_back(n.id);
+  t.writes = n.outputs.at(0);
+  ops.push_back(op_text(n));
 }
 
 std::string op_text(const Node& n) {

@@ -4,6 +4,7 @@
 // Graph only appends, so the graph is rebuilt node by node.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -36,6 +37,24 @@ struct Takeover {
   ValueId writes = kNoValue;     // the value its output 0 becomes (the last node's)
   Attrs attrs;                   // the fused node's attributes
   std::vector<std::pair<size_t, ValueId>> inputs;  // (input slot, value) set or added
+  std::optional<OpKind> op;                        // the fused node's op, when not the node's
+};
+
+// A takeover grown from one node along single readers (the conv and gemm epilogues):
+// next() is the one reader of the value written so far, unless an earlier takeover took it;
+// take() adds a node and the op text the FusionLog records.
+struct Chain {
+  const Graph& g;
+  const Readers& readers;
+  const std::vector<bool>& taken;  // by node
+  Takeover& t;
+  std::vector<std::string>& ops;
+
+  const Node* next() const {
+    const NodeId n = readers.only_reader(t.writes);
+    return n >= 0 && !taken[size_t(n)] ? &g.node(n) : nullptr;
+  }
+  void take(const Node& n);
 };
 
 // Rebuilds g with the takeovers (indexed by node id; empty `replaced`: none; the node

@@ -41,7 +41,10 @@ Graph prepare_inference_graph(const Graph& model, Precision precision,
   // Folding first, on the model's own (f32) weights: the folded ones are rounded once.
   if (options.fold_batch_norm) fold_batch_norms(g, log);
   g = apply_mixed_precision(g, precision, nullptr, {.fold_constants = true});
-  if (options.conv_epilogue) fuse_conv_epilogues(g, log);
+  if (options.conv_epilogue) {
+    fuse_conv_epilogues(g, log);
+    fuse_gemm_epilogues(g, log);
+  }
   if (options.batch_norm) {
     fuse_batch_norm_residual(g, log);
     fuse_batch_norm_relu(g, log);
@@ -83,6 +86,18 @@ std::string planned_lowering(const Graph& g, const Node& n) {
       if (has_input(n, 5)) parts.push_back("residual");
       if (std::get<BatchNormAttrs>(n.attrs).relu) parts.push_back("relu");
       return "own kernel " + join_ops(parts, "+");
+    }
+    case OpKind::gemm: {
+      const auto& a = std::get<GemmAttrs>(n.attrs);
+      parts.push_back("gemm");
+      if (has_input(n, 2) && a.beta != 0.0) parts.push_back("bias");
+      if (a.activation) parts.push_back(activation_name(a.activation.kind));
+      return "cuBLASLt " + join_ops(parts, "+") +
+             (a.activation ? (a.activation.kind == Activation::relu ||
+                                      a.activation.kind == Activation::gelu_tanh
+                                  ? " (epilogue)"
+                                  : " + activation kernel")
+                           : "");
     }
     case OpKind::fused_pointwise:
       return cat("generated kernel (", std::get<PointwiseProgram>(n.attrs).instrs.size(), " ops, ",

@@ -112,6 +112,10 @@ Grads vjp_matmul(VjpArgs& a) {
 Grads vjp_gemm(VjpArgs& a) {
   Emitter& e = a.e;
   const GemmAttrs& g = std::get<GemmAttrs>(a.node.attrs);
+  // Activations are fused into inference graphs only, as a conv's epilogue.
+  FUSEBOX_CHECK(!g.activation, node_label(a.node),
+                "a gemm with a fused activation has no gradient rule: differentiate the "
+                "unfused graph (passes/fusion.h)");
   const ValueId dy = a.dy[0], A = a.input(0), B = a.input(1);
   auto product = [&](ValueId lhs, bool t_lhs, ValueId rhs, bool t_rhs, const char* part) {
     return e.op1(OpKind::gemm, GemmAttrs{t_lhs, t_rhs, g.alpha, 1.0}, {lhs, rhs}, part);

@@ -177,12 +177,15 @@ struct PointwiseProgram {
 // matmul: numpy matmul (1-D operands promoted and the added dim removed; batch
 //   dims broadcast).
 // gemm: A [M, K] (or [K, M] with trans_a), B [K, N] (or [N, K]), C? broadcastable
-//   to [M, N]. y = alpha * A' B' + beta * C.
+//   to [M, N]. y = activation(alpha * A' B' + beta * C): the activation is a fused
+//   epilogue (none from ONNX; passes/fusion.h fuse_gemm_epilogues sets it), computed in
+//   the compute type before the result is rounded, as cuBLASLt's epilogues compute it.
 struct GemmAttrs {
   bool trans_a = false;
   bool trans_b = false;
   double alpha = 1.0;
   double beta = 1.0;
+  FusedActivation activation;
 };
 
 // ---- reductions ------------------------------------------------------------

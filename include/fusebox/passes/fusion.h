@@ -23,6 +23,7 @@
 //      conv with its epilogue (ir/ops.h ConvAttrs), which the CUDA backend lowers to ONE
 //      cuDNN graph (conv + bias + activation + add + activation, kept on chip), or splits
 //      where cuDNN refuses (kernels/conv/conv.cpp: the report says why);
+//   3b. fuse_gemm_epilogues: matmul/gemm -> bias add -> activation as one gemm;
 //   4. the batch-norm fusions above for the batch norms left (not after a conv);
 //   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
 //      node above took become one generated kernel each.
@@ -87,11 +88,23 @@ size_t fold_batch_norms(Graph& g, FusionLog* log = nullptr);
 // inference graphs only. Returns the number of convs that took something over.
 size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
 
+// fuse_gemm_epilogues: a 2-D product takes over the bias add and activation after it, as
+// one gemm (ir/ops.h GemmAttrs::activation; cuBLASLt's epilogue on the GPU):
+//   gemm (no activation yet) -> activation;
+//   gemm without C -> add(bias) [-> activation], the bias becoming C (beta 1);
+//   matmul of two 2-D operands [-> add(bias)] [-> activation], the matmul becoming a gemm;
+// a bias is the add's other operand when it broadcasts to y's [M, N] (a [N] row bias, say)
+// and has y's dtype; every value taken over is read by that one next node only and is not a
+// graph output. Why: a linear layer's bias and activation are otherwise two more passes over
+// its output. Batched (N-D) matmuls are left alone. Inference graphs only (no gradient
+// rule). Returns the number of products that took something over.
+size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
+
 // Which inference fusions prepare_inference_graph runs. FUSEBOX_FUSION=0 turns them all
 // off (for comparisons), 1 (default) on.
 struct InferenceFusionOptions {
   bool fold_batch_norm = true;
-  bool conv_epilogue = true;
+  bool conv_epilogue = true;  // and fuse_gemm_epilogues
   bool batch_norm = true;  // fuse_batch_norm_residual, fuse_batch_norm_relu
   bool pointwise = true;   // fuse_pointwise_chains
   static InferenceFusionOptions from_env();

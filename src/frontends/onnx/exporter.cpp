@@ -336,12 +336,15 @@ void Exporter::export_node(const Node& n) {
       return;
     }
     case OpKind::gemm: {
+      // A fused activation (ir/ops.h GemmAttrs) is ONNX's Gemm, then the activation.
       const auto& a = std::get<GemmAttrs>(n.attrs);
-      NodeProto* p = add("Gemm", n.name, ins(n), outs(n));
+      const std::string product = a.activation ? fresh(n.name + "/gemm") : out(n, 0);
+      NodeProto* p = add("Gemm", n.name, ins(n), {product});
       set_float(p, "alpha", a.alpha);
       set_float(p, "beta", a.beta);
       set_int(p, "transA", a.trans_a);
       set_int(p, "transB", a.trans_b);
+      if (a.activation) export_activation(n, a.activation, product, out(n, 0), in_type(n, 0).dtype);
       return;
     }
     case OpKind::reduce_sum: {

@@ -17,18 +17,6 @@
 namespace fusebox::testing {
 namespace {
 
-// ||got - want|| / ||want|| over all elements, in f64.
-double relative_l2(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to_doubles(), w = want.to_doubles();
-  EXPECT_EQ(g.size(), w.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    diff += (g[i] - w[i]) * (g[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
-}
-
 Graph resnet18(DType dtype = DType::f32) {
   Graph g =
       build_zoo_model("resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 7});

@@ -145,6 +145,41 @@ TEST_F(MatmulTest, GemmMatchesCpu) {
   }
 }
 
+// gemm's fused activation (GemmAttrs::activation): relu and gelu(tanh) as cuBLASLt epilogues
+// (where it has an algorithm), the others by one pass after the GEMM; with and without C,
+// transposed B (nn.Linear's layout) and K = 0.
+TEST_F(MatmulTest, GemmActivationsMatchCpu) {
+  OpHarness h;
+  const FusedActivation activations[] = {
+      {Activation::relu},    {Activation::gelu}, {Activation::gelu_tanh},       {Activation::silu},
+      {Activation::sigmoid}, {Activation::tanh}, {Activation::clip, -0.25, 0.5}};
+  const GemmCase cases[] = {
+      {64, 96, 130, false, true, 1.0, 1.0, {96}, true},
+      {7, 5, 3, false, false, 0.5, 1.0, {}, false},
+      {5, 6, 0, false, false, 1.0, 2.0, {5, 6}, true},  // K = 0: activation(beta * C)
+  };
+  uint64_t seed = 500;
+  for (DType t : kFloatTypes) {
+    for (const FusedActivation& act : activations) {
+      for (const GemmCase& c : cases) {
+        SCOPED_TRACE(cat(dtype_name(t), " ", activation_name(act.kind), " m ", c.m, " n ", c.n,
+                         " k ", c.k, " C ", c.has_c ? shape_str(c.c) : "none"));
+        GemmAttrs attrs{c.trans_a, c.trans_b, c.alpha, c.beta};
+        attrs.activation = act;
+        Tensor a = random_tensor(t, Shape{c.m, c.k}, seed++, -2, 2);
+        Tensor b = random_tensor(t, c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, seed++);
+        std::vector<Tensor> inputs = {a, b};
+        if (c.has_c) inputs.push_back(random_tensor(t, c.c, seed++));
+        const std::vector<Tensor> want = run_op(OpKind::gemm, attrs, inputs);
+        const std::vector<Tensor> got = h.run(&gemm, OpKind::gemm, attrs, inputs);
+        // f32: a few ulps of the activation's own formula on top of the product's.
+        const double tol = t == DType::f32 ? 1e-5 : matmul_tolerance(t);
+        EXPECT_TRUE(close_in_norm(got[0], want[0], tol));
+      }
+    }
+  }
+}
+
 TEST_F(MatmulTest, RepeatedShapesReuseThePlanAndStayCorrect) {
   OpHarness h;
   for (int step = 0; step < 3; ++step) {

@@ -19,6 +19,10 @@
 // y (copy_strided), then the product is accumulated onto y with beta.
 // K = 0: the product is empty: matmul writes zeros; gemm runs a K = 1 product of zeros so
 // that y = beta * C still holds.
+// gemm's fused activation (GemmAttrs::activation): relu and gelu (tanh form; not in f64) as
+// cuBLASLt's epilogue (RELU, GELU: applied to alpha * AB + beta * C in f32 before the store); where
+// cuBLASLt has no algorithm with that epilogue, and for the other activations, the plain
+// GEMM and then one pass over y (kernels/conv/epilogue.cu's conv_epilogue on [M, N]).
 //
 // Precision: f32 runs in f32 (CUBLAS_COMPUTE_32F), as PyTorch's default; TF32 tensor-core
 // math only with FUSEBOX_ALLOW_TF32_MATMUL=1 (FUSEBOX_ALLOW_TF32 is the convolutions'
@@ -37,6 +41,7 @@
 #include <mutex>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/conv/direct.h"
 #include "backends/cuda/runtime/settings.h"
 
 namespace fusebox::cuda {
@@ -55,7 +60,21 @@ struct GemmProblem {
   int64_t lda = 0, ldb = 0, ldy = 0;  // row strides of the stored matrices
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_y = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // RELU or GELU: gemm's activation
 };
+
+// The cuBLASLt epilogue computing `a` in `dtype`, or DEFAULT where it has none. Its GELU is
+// not f64-accurate (1e-10 off the formula on an H100, 2026-11-24): f64 takes the pass.
+cublasLtEpilogue_t cublaslt_epilogue(const FusedActivation& a, DType dtype) {
+  switch (a.kind) {
+    case Activation::relu:
+      return CUBLASLT_EPILOGUE_RELU;
+    case Activation::gelu_tanh:
+      return dtype == DType::f64 ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_GELU;
+    default:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
 
 // The largest power of two (at most 256) dividing the address and the byte sizes of the
 // leading dim and batch stride: what cuBLASLt may assume about every matrix of an operand.
@@ -134,6 +153,10 @@ std::shared_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProblem& p,
                                                       &op_first, sizeof op_first));
   FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                       &op_second, sizeof op_second));
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &p.epilogue, sizeof p.epilogue));
+  }
   // Stored column-major shapes: B is [N, K] (or [K, N] with trans_b), A is [K, M] (or
   // [M, K] with trans_a), Y is [N, M].
   plan->first = p.trans_b ? make_layout(type, p.k, p.n, p.ldb, p.batch, p.stride_b)
@@ -172,18 +195,28 @@ std::shared_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProblem& p,
 // The plan of a problem, from the cache or made now; null when cuBLASLt has no algorithm.
 std::shared_ptr<Plan> find_plan(Device& device, const GemmProblem& p,
                                 const std::array<uint32_t, 3>& align) {
-  using Key = std::array<int64_t, 18>;
+  using Key = std::array<int64_t, 19>;
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<Plan>> cache;
-  const Key key = {device.id(), int64_t(p.dtype),
-                   p.trans_a,   p.trans_b,
-                   p.m,         p.n,
-                   p.k,         p.lda,
-                   p.ldb,       p.ldy,
-                   p.batch,     p.stride_a,
-                   p.stride_b,  p.stride_y,
-                   align[0],    align[1],
-                   align[2],    p.dtype == DType::f32 && settings().allow_tf32_matmul};
+  const Key key = {device.id(),
+                   int64_t(p.dtype),
+                   p.trans_a,
+                   p.trans_b,
+                   p.m,
+                   p.n,
+                   p.k,
+                   p.lda,
+                   p.ldb,
+                   p.ldy,
+                   p.batch,
+                   p.stride_a,
+                   p.stride_b,
+                   p.stride_y,
+                   align[0],
+                   align[1],
+                   align[2],
+                   p.dtype == DType::f32 && settings().allow_tf32_matmul,
+                   int64_t(p.epilogue)};
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
@@ -205,8 +238,10 @@ struct GemmOperands {
   std::vector<std::array<int64_t, 3>> offsets = {{0, 0, 0}};
 };
 
-// Records the GEMMs (one per offset triple) as one library call.
-void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
+// Records the GEMMs (one per offset triple) as one library call. Returns whether p's
+// epilogue ran in it: where cuBLASLt has no algorithm with it, the GEMM runs without (the
+// caller applies the activation).
+bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
                  double alpha, double beta, const BufferList& reads) {
   const size_t elem = dtype_size(p.dtype);
   const char* pa = static_cast<const char*>(ops.a->data());
@@ -222,6 +257,10 @@ void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
   }
   std::vector<std::array<int64_t, 3>> offsets = ops.offsets;
   std::shared_ptr<Plan> plan = find_plan(ctx.device, p, align);
+  if (!plan && p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    p.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    plan = find_plan(ctx.device, p, align);
+  }
   if (!plan && p.batch > 1) {
     // No strided-batched algorithm (e.g. for a broadcast stride): one call per matrix.
     std::vector<std::array<int64_t, 3>> each;
@@ -257,6 +296,7 @@ void record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
     }
   });
   ctx.encoder.keep_alive(plan);
+  return p.epilogue != CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 void check_float(const std::string& where, DType t) {
@@ -391,6 +431,11 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       "C ", shape_str(c ? c->shape : Shape{}), " does not broadcast to [", m, ", ", cols, "]");
   if (y.numel() == 0) return;
   const bool add_c = c != nullptr && attrs.beta != 0.0;
+  // The activation cuBLASLt did not run (none of its epilogues, or refused): one pass.
+  auto finish = [&](bool epilogue_ran) {
+    if (attrs.activation && !epilogue_ran)
+      conv_epilogue(ctx, n, ConvEpilogueOperands{.activation = attrs.activation}, y);
+  };
   if (add_c) {
     DeviceTensor broadcast = *c;
     broadcast.shape = {m, cols};
@@ -412,11 +457,12 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   p.lda = a.shape[1];
   p.ldb = b.shape[1];
   p.ldy = cols;
+  p.epilogue = cublaslt_epilogue(attrs.activation, a.dtype);
   BufferList reads = {a.range(), b.range()};
   if (add_c) reads.push_back(y.range());
   if (k > 0) {
     GemmOperands ops{&a, &b, &y};
-    record_gemm(ctx, where, p, ops, attrs.alpha, add_c ? attrs.beta : 0.0, reads);
+    finish(record_gemm(ctx, where, p, ops, attrs.alpha, add_c ? attrs.beta : 0.0, reads));
     return;
   }
   // K = 0: y = beta * C (or 0), through a K = 1 product of zeros.
@@ -428,7 +474,7 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   GemmOperands ops{&za, &zb, &y};
   reads = {za.range(), zb.range()};
   if (add_c) reads.push_back(y.range());
-  record_gemm(ctx, where, p, ops, 1.0, add_c ? attrs.beta : 0.0, reads);
+  finish(record_gemm(ctx, where, p, ops, 1.0, add_c ? attrs.beta : 0.0, reads));
 }
 
 }  // namespace fusebox::cuda

@@ -1,0 +1,71 @@
+// fuse_gemm_epilogues (passes/fusion.h): a linear layer's bias add and activation taken
+// into its product, on the shared rewrite (passes/fusion_rewrite.h).
+#include "fusebox/passes/fusion.h"
+#include "fusion_rewrite.h"
+
+namespace fusebox {
+namespace {
+
+using fusion::op_text;
+using fusion::Readers;
+using fusion::Takeover;
+
+bool has_input(const Node& n, size_t i) {
+  return i < n.inputs.size() && n.inputs[i] != kNoValue;
+}
+
+// A product that may take an epilogue: a gemm without an activation, or a matmul of two 2-D
+// operands (numpy matmul is then gemm's product); float, as gemm requires.
+bool fusible_product(const Graph& g, const Node& n) {
+  if (!is_floating(g.value(n.outputs[0]).type.dtype)) return false;
+  if (n.op == OpKind::gemm) return !std::get<GemmAttrs>(n.attrs).activation;
+  return n.op == OpKind::matmul && g.value(n.inputs[0]).type.shape.size() == 2 &&
+         g.value(n.inputs[1]).type.shape.size() == 2;
+}
+
+}  // namespace
+
+size_t fuse_gemm_epilogues(Graph& g, FusionLog* log) {
+  const Readers r(g);
+  std::vector<Takeover> takeover(g.nodes().size());
+  std::vector<bool> taken(g.nodes().size(), false);  // nodes already taken over (an add of
+                                                     // two products goes to the first)
+  size_t count = 0;
+  for (const Node& product : g.nodes()) {
+    if (!fusible_product(g, product)) continue;
+    const TensorType& y_type = g.value(product.outputs[0]).type;
+    GemmAttrs attrs = product.op == OpKind::gemm ? std::get<GemmAttrs>(product.attrs) : GemmAttrs{};
+    Takeover t{{}, product.outputs[0], {}, {}, OpKind::gemm};
+    std::vector<std::string> ops = {op_text(product)};
+    fusion::Chain chain{g, r, taken, t, ops};
+    const Node* n = chain.next();
+    // The bias: an add whose other operand broadcasts to y and has its dtype, where the
+    // product has no C yet.
+    if (n && n->op == OpKind::add && !has_input(product, 2)) {
+      const ValueId other = n->inputs.at(0) == t.writes ? n->inputs.at(1) : n->inputs.at(0);
+      Shape b;
+      const TensorType& bias = g.value(other).type;
+      if (other != t.writes && bias.dtype == y_type.dtype &&
+          broadcast_shapes(bias.shape, y_type.shape, &b) && b == y_type.shape) {
+        t.inputs.push_back({2, other});
+        attrs.beta = 1.0;
+        chain.take(*n);
+        n = chain.next();
+      }
+    }
+    if (n && fusion::activation_of(*n)) {
+      attrs.activation = fusion::activation_of(*n);
+      chain.take(*n);
+    }
+    if (t.replaced.empty()) continue;
+    for (NodeId m : t.replaced) taken[size_t(m)] = true;
+    t.attrs = attrs;
+    if (log) log->add(product.name, ops);
+    takeover[size_t(product.id)] = std::move(t);
+    ++count;
+  }
+  if (count > 0) fusion::rebuild(g, takeover);
+  return count;
+}
+
+}  // namespace fusebox
