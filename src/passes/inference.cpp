@@ -107,23 +107,27 @@ std::string planned_lowering(const Graph& g, const Node& n) {
   }
 }
 
-std::string describe_fusion(const Graph& g, const FusionLog& log) {
-  std::ostringstream os;
+std::string fusion_summary(const Graph& g, const FusionLog& log) {
   size_t groups = 0, fused_ops = 0, unfused = 0;
   for (const Node& n : g.nodes()) {
     const FusionGroup* group = log.find(n.name);
-    if (group == nullptr) {
-      ++unfused;
-      continue;
-    }
-    ++groups;
-    fused_ops += group->ops.size();
-    os << "group " << groups << ": " << join_ops(group->ops, " + ") << " -> "
+    groups += group != nullptr;
+    fused_ops += group != nullptr ? group->ops.size() : 0;
+    unfused += group == nullptr;
+  }
+  return cat("fusion: ", groups, " groups, ", fused_ops, " fused ops, ", unfused, " unfused ops\n");
+}
+
+std::string describe_fusion(const Graph& g, const FusionLog& log) {
+  std::ostringstream os;
+  size_t index = 0;
+  for (const Node& n : g.nodes()) {
+    const FusionGroup* group = log.find(n.name);
+    if (group == nullptr) continue;
+    os << "group " << ++index << ": " << join_ops(group->ops, " + ") << " -> "
        << planned_lowering(g, n) << "\n";
   }
-  os << "fusion: " << groups << " groups, " << fused_ops << " fused ops, " << unfused
-     << " unfused ops\n";
-  return os.str();
+  return os.str() + fusion_summary(g, log);
 }
 
 std::string fusion_dot(const Graph& g, const FusionLog& log) {

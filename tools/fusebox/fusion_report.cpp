@@ -1,8 +1,7 @@
 // The fusion part of `fusebox run|bench --report` on the GPU: each planned group
 // (passes/fusion.h), its ops and what it became on this GPU: the convolution record of its
 // node (cuDNN graph and engine, how much of the epilogue cuDNN fused, the epilogue kernel
-// for the rest and why), a generated kernel, or the project's kernel; then describe_fusion's
-// summary line.
+// for the rest and why), a generated kernel, or the project's kernel; then the summary line.
 #include <sstream>
 
 // The backend's convolution record: a header of standard and public includes only.
@@ -42,10 +41,7 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
     if (!d->reason.empty()) os << "\n  why not more fused: " << d->reason;
     os << "\n";
   }
-  // The summary: describe_fusion's last line.
-  const std::string planned = describe_fusion(g, log);
-  const size_t last = planned.rfind('\n', planned.size() - 2);
-  os << (last == std::string::npos ? planned : planned.substr(last + 1));
+  os << fusion_summary(g, log);
   return os.str();
 }
 

@@ -105,8 +105,8 @@ size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
 struct InferenceFusionOptions {
   bool fold_batch_norm = true;
   bool conv_epilogue = true;  // and fuse_gemm_epilogues
-  bool batch_norm = true;  // fuse_batch_norm_residual, fuse_batch_norm_relu
-  bool pointwise = true;   // fuse_pointwise_chains
+  bool batch_norm = true;     // fuse_batch_norm_residual, fuse_batch_norm_relu
+  bool pointwise = true;      // fuse_pointwise_chains
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() { return {false, false, false, false}; }
 };
@@ -121,6 +121,8 @@ Graph prepare_inference_graph(const Graph& model, Precision precision,
 // (folded) + relu -> cuDNN graph conv_fprop+bias+relu  [layer1.0.conv1]"), then the summary
 // line "fusion: G groups, F fused ops, U unfused ops" (U: the graph's other nodes).
 std::string describe_fusion(const Graph& g, const FusionLog& log);
+// That summary line alone.
+std::string fusion_summary(const Graph& g, const FusionLog& log);
 // The intended lowering of a node of a prepared graph ("cuDNN graph conv_fprop+bias+relu",
 // "own kernel batch_norm+relu", "own kernel").
 std::string planned_lowering(const Graph& g, const Node& n);

@@ -1,8 +1,10 @@
 // The fused activations of op epilogues (Activation in fusebox/ir/ops.h: a conv's
-// activation and residual_activation), host and device: the CPU reference and the CUDA
-// epilogue kernel compute them with these, in the compute type (f32 for f16/bf16). The
-// formulas are the unfused ops' (backends/cpu/pointwise.cpp, cuda/kernels/pointwise/unary.cu).
-// Includes only standard headers, so CUDA device code may include it.
+// activation and residual_activation, a gemm's activation) on the GPU: the CUDA epilogue
+// kernel (kernels/conv/epilogue.cu) computes them with these, in the compute type (f32 for
+// f16/bf16). The formulas are the unfused ops' (cuda/kernels/pointwise/unary.cu, which takes
+// gelu_tanh from here); the CPU computes epilogues with its own ops' formulas
+// (cpu/pointwise_math.h activate_in_place). Includes only standard headers, so CUDA device
+// code may include it.
 #pragma once
 
 #include <cmath>
@@ -54,6 +56,23 @@ FUSEBOX_HOST_DEVICE C erf_(C v) {
   return std::erf(v);
 #endif
 }
+// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). On the device in f32 as x *
+// sigmoid(2u) = x / (1 + 2^(-2u log2(e))), the same value: one exp2 and one approximate
+// reciprocal instead of tanhf's branchy polynomial, no cancellation for any u (a few ulps;
+// 2u beyond exp2's range gives 0 or x, the limits). Why: gelu chains are compute-bound on
+// an H100 with tanhf. kernels/pointwise/fused_preamble.cpp's fb_gelu_tanh is this formula
+// in NVRTC source (the fused kernels match these bits).
+template <class C>
+FUSEBOX_HOST_DEVICE C gelu_tanh_(C v) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(C) == 4) {
+    const float e = exp2f(-2.302208198144325f * (v + 0.044715f * v * v * v));
+    return __fdividef(v, 1.0f + e);
+  }
+#endif
+  const C k = C(0.79788456080286535588);
+  return C(0.5) * v * (C(1) + tanh_(k * (v + C(0.044715) * v * v * v)));
+}
 template <class C>
 FUSEBOX_HOST_DEVICE C sigmoid_(C v) {  // never overflows: exp of a non-positive number only
   if (v >= C(0)) return C(1) / (C(1) + exp_(-v));
@@ -73,10 +92,8 @@ FUSEBOX_HOST_DEVICE C activate(const ActivationFn& a, C v) {
       return v < C(0) ? C(0) : v;
     case ActivationFn::gelu:  // 0.5 x (1 + erf(x / sqrt(2)))
       return C(0.5) * v * (C(1) + erf_(v / C(1.4142135623730950488)));
-    case ActivationFn::gelu_tanh: {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-      const C k = C(0.79788456080286535588);
-      return C(0.5) * v * (C(1) + tanh_(k * (v + C(0.044715) * v * v * v)));
-    }
+    case ActivationFn::gelu_tanh:
+      return gelu_tanh_(v);
     case ActivationFn::silu:
       return v * sigmoid_(v);
     case ActivationFn::sigmoid:

@@ -22,10 +22,10 @@
 #include <functional>
 #include <vector>
 
-#include "backends/common/activation.h"
 #include "conv_problem.h"
 #include "gemm.h"
 #include "kernels.h"
+#include "pointwise_math.h"
 
 namespace fusebox::cpu {
 
@@ -185,19 +185,15 @@ const Tensor* optional_input(Inputs in, size_t i) {
 }  // namespace
 
 // The fused epilogue on y (bias already added), in the compute type, before y is rounded:
-// y = residual_activation(activation(y) + residual).
+// y = residual_activation(activation(y) + residual), a pass per step (the oracle: simple).
 template <class C>
 void apply_epilogue(const ConvAttrs& a, const C* residual, C* y, int64_t count) {
-  const ActivationFn act{uint8_t(a.activation.kind), a.activation.min, a.activation.max};
-  const ActivationFn post{uint8_t(a.residual_activation.kind), a.residual_activation.min,
-                          a.residual_activation.max};
+  activate_in_place(a.activation, y, count);
+  if (!residual) return;
   parallel_for(count, 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      C v = activate(act, y[i]);
-      if (residual) v = activate(post, v + residual[i]);
-      y[i] = v;
-    }
+    for (int64_t i = begin; i < end; ++i) y[i] += residual[i];
   });
+  activate_in_place(a.residual_activation, y, count);
 }
 
 // x [N, C, D...], w [K, C/g, R...], bias [K]?, residual [N, K, O...]? -> y [N, K, O...]

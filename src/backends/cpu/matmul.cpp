@@ -1,10 +1,10 @@
 // Matrix products, both on the backend's one blocked GEMM (gemm.h). It runs in
 // f64 for f64 and in f32 for f32, f16 and bf16; narrow operands are widened to
 // f32 copies first and the result is rounded once.
-#include "backends/common/activation.h"
 #include "gemm.h"
 #include "kernel_util.h"
 #include "kernels.h"
+#include "pointwise_math.h"
 
 namespace fusebox::cpu {
 
@@ -136,14 +136,7 @@ void gemm(const Node& n, Inputs in, Outputs out) {
     }
     blas_gemm<G>(attrs.trans_a, attrs.trans_b, m, cols, k, G(attrs.alpha), ga.data(), a.dim(1),
                  gb.data(), b.dim(1), add_c ? G(attrs.beta) : G(0), gy.data(), cols);
-    if (attrs.activation) {  // the fused epilogue, before the output is rounded
-      const ActivationFn act{uint8_t(attrs.activation.kind), attrs.activation.min,
-                             attrs.activation.max};
-      G* y = gy.data();
-      parallel_for(m * cols, 1 << 14, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) y[i] = activate(act, y[i]);
-      });
-    }
+    activate_in_place(attrs.activation, gy.data(), m * cols);  // before the output is rounded
     gy.finish();
   });
 }

@@ -6,6 +6,8 @@
 //   with_float_unary<C>(instr, use)   calls use(f), f: C -> C, for relu .. clip with the
 //                                     instruction's attributes (alpha, tanh, clip bounds)
 //   with_float_binary<C>(op, use)     calls use(f), f: (C, C) -> C, for add .. pow
+//   activate_in_place<C>(a, y, n)     a fused epilogue's activation (ir/ops.h FusedActivation:
+//                                     a conv's or gemm's) by the unary op's formula
 // Both return false (calling nothing) for any other op. A node's attributes come in as
 // pointwise_instr(node, {}) (ir/pointwise_program.h).
 #pragma once
@@ -117,6 +119,44 @@ bool with_float_binary(OpKind op, Use&& use) {
     default:
       return false;
   }
+}
+
+// y[i] = a(y[i]) for i < count, a being the unary op the activation stands for (none: y
+// unchanged): the epilogues of conv and gemm compute the unfused ops' formulas.
+template <class C>
+void activate_in_place(const FusedActivation& a, C* y, int64_t count) {
+  PointwiseInstr ins;
+  switch (a.kind) {
+    case Activation::none:
+      return;
+    case Activation::relu:
+      ins.op = OpKind::relu;
+      break;
+    case Activation::gelu:
+    case Activation::gelu_tanh:
+      ins.op = OpKind::gelu;
+      ins.tanh_approximation = a.kind == Activation::gelu_tanh;
+      break;
+    case Activation::silu:
+      ins.op = OpKind::silu;
+      break;
+    case Activation::sigmoid:
+      ins.op = OpKind::sigmoid;
+      break;
+    case Activation::tanh:
+      ins.op = OpKind::tanh;
+      break;
+    case Activation::clip:
+      ins.op = OpKind::clip;
+      ins.min = a.min;
+      ins.max = a.max;
+      break;
+  }
+  with_float_unary<C>(ins, [&](auto f) {
+    parallel_for(count, 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = f(y[i]);
+    });
+  });
 }
 
 }  // namespace fusebox::cpu

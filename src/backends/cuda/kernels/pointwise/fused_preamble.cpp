@@ -61,7 +61,8 @@ template <class C> __device__ __forceinline__ C fb_leaky_relu(C v, C alpha) {
 template <class C> __device__ __forceinline__ C fb_gelu(C v) {
   return C(0.5) * v * (C(1) + fb_erf(v / C(1.4142135623730950488)));
 }
-// As unary.cu's GeluTanh: in f32, x * sigmoid(2u) by exp2 and an approximate reciprocal.
+// backends/common/activation.h's gelu_tanh_ (the unfused kernel's): in f32, x * sigmoid(2u)
+// by exp2 and an approximate reciprocal.
 __device__ __forceinline__ float fb_gelu_tanh(float v) {
   const float e = exp2f(-2.302208198144325f * (v + 0.044715f * v * v * v));
   return __fdividef(v, 1.0f + e);

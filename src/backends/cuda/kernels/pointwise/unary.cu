@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backends/common/activation.h"
 #include "backends/cuda/kernels/common/elementwise.cuh"
 
 namespace fusebox::cuda {
@@ -45,20 +46,10 @@ struct GeluErf {  // 0.5 x (1 + erf(x / sqrt(2)))
     return C(0.5) * v * (C(1) + dm::erf(v / C(1.4142135623730950488)));
   }
 };
-// 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). In f32 as x * sigmoid(2u) =
-// x / (1 + 2^(-2u log2(e))), the same value: one exp2 and one approximate reciprocal (two
-// special-function instructions) instead of tanhf's branchy polynomial, and no cancellation
-// for any u (a few ulps; 2u beyond the exp2's range gives 0 or x, as the limits). Why: gelu
-// chains are compute-bound on an H100 with tanhf. fused_preamble.cpp's fb_gelu_tanh is the
-// same formula (the fused kernels match these bits).
-struct GeluTanh {
-  __device__ float operator()(float v) const {
-    const float e = exp2f(-2.302208198144325f * (v + 0.044715f * v * v * v));
-    return __fdividef(v, 1.0f + e);
-  }
-  __device__ double operator()(double v) const {
-    const double k = 0.79788456080286535588;
-    return 0.5 * v * (1.0 + dm::tanh(k * (v + 0.044715 * v * v * v)));
+struct GeluTanh {  // backends/common/activation.h (f32: x * sigmoid(2u), see there)
+  template <class C>
+  __device__ C operator()(C v) const {
+    return activation_detail::gelu_tanh_(v);
   }
 };
 struct Silu {
