@@ -6,8 +6,10 @@
 //
 //   bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] [--shapes NAME,...]
 //              [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32] [--knobs] [--no-autotune]
-//              [--no-setup]
+//              [--no-setup] [--own | --own-tiles]
 //
+// --depthwise: depthwise shapes (groups == C == K) instead: issue 14's 3x3 C256 at 56^2 and
+// ConvNeXt-T's 7x7 layers.
 // Shapes: the 23 distinct convolutions of torchvision's ResNet-50 (v1.5: stride on the 3x3)
 // at N = 64, 224x224 input; names as in bench/torch_conv.py (which times PyTorch on the same
 // shapes). --targets keeps the 8 shapes the issue has targets for; --shapes the named ones
@@ -24,6 +26,9 @@
 // Timing: `iters` calls of one op recorded into one CUDA graph (finish_recording), replayed
 // `repeats` times between CUDA events; the median per call. The same tensors every call
 // (as PyTorch's loop), random values; outputs separate from inputs.
+// --own: each op also on the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own), with its
+// ratio to cuDNN's fastest plan (heuristic or tuned; > 1: ours is faster) and a per-op
+// summary (geometric mean, worst); --own-tiles times every implicit-GEMM tile too.
 // FLOPs: 2 * N * K * Ho * Wo * C/g * R * S for each of the three ops.
 // Setup: the wall time to record one call of each of the 69 problems (23 shapes x 3 ops,
 // bf16), after synchronising: heuristics, plan builds, disk reads, warm-up runs. Counts of
@@ -31,6 +36,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -60,6 +66,9 @@ struct Options {
   bool knobs = false;
   bool setup = true;
   bool autotune = true;
+  bool depthwise = false;  // --depthwise: the depthwise shapes instead of ResNet-50's
+  bool own = false;        // --own: also the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own)
+  bool own_tiles = false;  // --own-tiles: ... with each of its tiles too
   std::string setup_child_dir;  // internal: measure warm setup in this fresh process
 };
 
@@ -67,6 +76,7 @@ struct ConvShape {
   const char* name;
   int64_t c, k, hw, r, stride, pad;
   bool target;  // the issue names a PyTorch time for it
+  int64_t groups = 1;
 };
 
 // The distinct convolutions of ResNet-50 (input 224x224): name, C, K, input H=W, R=S,
@@ -95,6 +105,13 @@ const ConvShape kShapes[] = {
     {"l4_1x1s2_c1024k2048_14", 1024, 2048, 14, 1, 2, 0, false},
     {"l4_1x1_c2048k512_7", 2048, 512, 7, 1, 1, 0, false},
     {"l4_3x3_c512k512_7", 512, 512, 7, 3, 1, 1, true},
+    // --depthwise: groups == C == K (issue 14's targets: the 3x3 at 56^2, ConvNeXt-T's 7x7s).
+    {"dw3x3_c256_56", 256, 256, 56, 3, 1, 1, true, 256},
+    {"dw3x3s2_c256_56", 256, 256, 56, 3, 2, 1, false, 256},
+    {"dw7x7_c96_56", 96, 96, 56, 7, 1, 3, true, 96},
+    {"dw7x7_c192_28", 192, 192, 28, 7, 1, 3, true, 192},
+    {"dw7x7_c384_14", 384, 384, 14, 7, 1, 3, true, 384},
+    {"dw7x7_c768_7", 768, 768, 7, 7, 1, 3, true, 768},
 };
 constexpr int64_t kBatch = 64;
 const char* const kOpLabels[] = {"fprop", "dgrad", "wgrad"};  // the ops, in record_op's order
@@ -105,7 +122,7 @@ int64_t out_extent(const ConvShape& s) {
 
 double conv_flops(const ConvShape& s) {
   const double o = double(out_extent(s));
-  return 2.0 * kBatch * double(s.k) * o * o * double(s.c) * double(s.r * s.r);
+  return 2.0 * kBatch * double(s.k) * o * o * double(s.c / s.groups) * double(s.r * s.r);
 }
 
 // Settings are read once per process: a knob changed between runs asks for a re-read.
@@ -126,6 +143,13 @@ struct Result {
   double heuristic_ms = -1, tuned_ms = -1;  // -1: not timed
   std::string heuristic_plan, tuned_plan;
   std::vector<Variant> variants;  // --knobs
+  double own_ms = -1;             // --own: the implicit GEMM's fastest (heuristic tile or any)
+  std::string own_plan;
+  std::vector<Variant> own_variants;
+
+  double cudnn_best_ms() const {
+    return tuned_ms > 0 && tuned_ms < heuristic_ms ? tuned_ms : heuristic_ms;
+  }
 
   // TFLOP/s of a time in ms (-1 when not timed).
   double tflops(double ms) const { return ms > 0 ? flops / ms / 1e9 : -1; }
@@ -150,6 +174,7 @@ bool contains(const std::vector<std::string>& list, const std::string& item) {
 
 bool selected(const Options& o, const ConvShape& s) {
   if (!o.shapes.empty()) return contains(o.shapes, s.name);
+  if (o.depthwise != (s.groups > 1)) return false;  // ResNet-50's, or --depthwise's
   return !o.targets_only || s.target;
 }
 
@@ -181,12 +206,14 @@ struct ShapeSetup {
 ShapeSetup make_setup(KernelBench& b, const ConvShape& s, DType dtype) {
   ShapeSetup st;
   const int64_t o = out_extent(s);
-  const Shape xs = {kBatch, s.c, s.hw, s.hw}, ws = {s.k, s.c, s.r, s.r}, ys = {kBatch, s.k, o, o};
+  const Shape xs = {kBatch, s.c, s.hw, s.hw}, ws = {s.k, s.c / s.groups, s.r, s.r},
+              ys = {kBatch, s.k, o, o};
   ConvAttrs a;
   a.strides = {s.stride, s.stride};
   a.dilations = {1, 1};
   a.pads_begin = {s.pad, s.pad};
   a.pads_end = {s.pad, s.pad};
+  a.groups = s.groups;
   Graph g("bench_conv");
   const ValueId x = g.add_input("x", dtype, xs), w = g.add_input("w", dtype, ws),
                 dy = g.add_input("dy", dtype, ys);
@@ -243,7 +270,7 @@ std::string plan_of(const std::string& node_name) {
   std::string plan = "?";
   for (const ConvDecision& d : conv_decisions()) {
     if (d.node.find("'" + node_name + "'") != std::string::npos) {
-      plan = d.path == "own" ? "own: " + d.reason : d.plan;
+      plan = d.path.rfind("own", 0) == 0 && d.plan == "direct" ? "own: " + d.reason : d.plan;
     }
   }
   return plan;
@@ -354,6 +381,33 @@ void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result
   r.tuned_ms = r.variants.back().ms, r.tuned_plan = r.variants.back().plan;
 }
 
+// The implicit GEMM (FUSEBOX_CONV_BACKEND=own): its heuristic tile, then (--own-tiles) each
+// tile; the fastest against cuDNN's fastest (heuristic or tuned).
+void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
+  set_env("FUSEBOX_CONV_BACKEND", "own");
+  std::vector<const char*> tiles = {""};
+  if (o.own_tiles)
+    tiles.insert(tiles.end(), {"128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64"});
+  for (const char* tile : tiles) {
+    if (*tile) {
+      set_env("FUSEBOX_CONV_IGEMM_TILE", tile);
+    } else {
+      unsetenv("FUSEBOX_CONV_IGEMM_TILE");
+      reread_settings();
+    }
+    Variant v;
+    v.name = *tile ? tile : "heuristic";
+    v.ms = time_op_ms(b, o, st, op);
+    v.plan = plan_of(st.nodes[op].name);
+    if (r.own_ms < 0 || v.ms < r.own_ms) r.own_ms = v.ms, r.own_plan = v.plan;
+    std::printf("    own %-9s %9.4f ms %7.1f TFLOP/s  %.2fx cuDNN  %s\n", v.name.c_str(), v.ms,
+                r.tflops(v.ms), r.cudnn_best_ms() / v.ms, v.plan.c_str());
+    r.own_variants.push_back(v);
+  }
+  unsetenv("FUSEBOX_CONV_IGEMM_TILE");
+  set_env("FUSEBOX_CONV_BACKEND", "cudnn");
+}
+
 bench::Json result_json(const Result& r) {
   bench::Json row = bench::Json::object({{"shape", r.shape},
                                          {"op", r.op},
@@ -365,6 +419,15 @@ bench::Json result_json(const Result& r) {
                                          {"tuned_tflops", r.tflops(r.tuned_ms)},
                                          {"heuristic_plan", r.heuristic_plan},
                                          {"tuned_plan", r.tuned_plan}});
+  if (r.own_ms > 0) {
+    row.set("own_ms", r.own_ms).set("own_plan", r.own_plan);
+    row.set("own_tflops", r.tflops(r.own_ms));
+    row.set("own_vs_cudnn", r.cudnn_best_ms() / r.own_ms);  // > 1: ours is faster
+    bench::Json variants = bench::Json::array();
+    for (const Variant& v : r.own_variants)
+      variants.push(bench::Json::object({{"name", v.name}, {"ms", v.ms}, {"plan", v.plan}}));
+    row.set("own_variants", std::move(variants));
+  }
   if (!r.variants.empty()) {
     bench::Json variants = bench::Json::array();
     for (const Variant& v : r.variants)
@@ -384,7 +447,8 @@ bench::Json setup_json(const SetupPhase& p) {
 }
 
 int run(const Options& o) {
-  set_env("FUSEBOX_CONV_BACKEND", "auto");
+  // cuDNN's plans (depthwise problems would go to the project's kernels under auto).
+  set_env("FUSEBOX_CONV_BACKEND", "cudnn");
   // Graphs (the executor's encoder settings): the ops are timed as recorded, replayed graphs.
   KernelBench b(CommandEncoder::Options::from_env());
   std::printf("device: %s, cudnn %zu\n", b.properties().describe().c_str(), cudnnGetVersion());
@@ -425,12 +489,31 @@ int run(const Options& o) {
                                bench::fixed(r.tflops(r.heuristic_ms), 1),
                                bench::fixed(r.tuned_ms, 4), bench::fixed(r.tflops(r.tuned_ms), 1),
                                r.heuristic_plan + " | " + r.tuned_plan});
+        if (o.own) time_own(b, o, st, op, r);
         results.push_back(r);
       }
     }
   }
   set_env("FUSEBOX_AUTOTUNE", "0");
   std::filesystem::remove_all(timing_cache);
+  if (o.own) {
+    // The implicit GEMM against cuDNN's fastest plan, per op: the worst and the geometric mean.
+    for (const char* op : kOpLabels) {
+      double worst = 1e30, log_sum = 0;
+      int count = 0;
+      std::string worst_shape;
+      for (const Result& r : results) {
+        if (r.op != op || r.own_ms <= 0) continue;
+        const double ratio = r.cudnn_best_ms() / r.own_ms;
+        if (ratio < worst) worst = ratio, worst_shape = r.shape + " " + r.dtype;
+        log_sum += std::log(ratio);
+        ++count;
+      }
+      if (count > 0)
+        std::printf("own vs cuDNN %s: geomean %.2fx, worst %.2fx (%s), %d problems\n", op,
+                    std::exp(log_sum / count), worst, worst_shape.c_str(), count);
+    }
+  }
 
   // ---- plan setup ---------------------------------------------------------------------
   std::vector<SetupPhase> phases;
@@ -495,6 +578,13 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_flag("--knobs", o.knobs, "Every plan-choice setting, each with empty caches");
+  app.add_flag("--depthwise", o.depthwise,
+               "The depthwise shapes (3x3 at 56^2, ConvNeXt-T's 7x7s) instead of ResNet-50's");
+  app.add_flag("--own", o.own,
+               "Also time the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own) against cuDNN");
+  app.add_flag_callback(
+      "--own-tiles", [&] { o.own = o.own_tiles = true; },
+      "--own, with each implicit-GEMM tile (FUSEBOX_CONV_IGEMM_TILE) too");
   app.add_flag_callback(
       "--no-autotune", [&] { o.autotune = false; }, "Only the heuristics' plans");
   app.add_flag_callback(

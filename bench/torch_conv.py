@@ -46,6 +46,15 @@ SHAPES = [
     ("l4_1x1_c2048k512_7", 2048, 512, 7, 1, 1, 0, False),
     ("l4_3x3_c512k512_7", 512, 512, 7, 3, 1, 1, True),
 ]
+# --depthwise (groups == C == K): name, C, K, H=W, R=S, stride, pad, target, groups
+DEPTHWISE = [
+    ("dw3x3_c256_56", 256, 256, 56, 3, 1, 1, True, 256),
+    ("dw3x3s2_c256_56", 256, 256, 56, 3, 2, 1, False, 256),
+    ("dw7x7_c96_56", 96, 96, 56, 7, 1, 3, True, 96),
+    ("dw7x7_c192_28", 192, 192, 28, 7, 1, 3, True, 192),
+    ("dw7x7_c384_14", 384, 384, 14, 7, 1, 3, True, 384),
+    ("dw7x7_c768_7", 768, 768, 7, 7, 1, 3, True, 768),
+]
 
 
 def main():
@@ -57,8 +66,11 @@ def main():
     parser.add_argument("--shapes", help="comma-separated shape names (default: all)")
     parser.add_argument("--ops", default="fprop,dgrad,wgrad")
     parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--depthwise", action="store_true",
+                        help="the depthwise shapes instead of ResNet-50's")
     args = parser.parse_args()
-    names = {s[0] for s in SHAPES}
+    table = [s + (1,) for s in SHAPES] if not args.depthwise else DEPTHWISE
+    names = {s[0] for s in table}
     shapes = set(args.shapes.split(",")) if args.shapes else None
     if shapes and not shapes <= names:
         parser.error(f"unknown shapes: {', '.join(sorted(shapes - names))}")
@@ -77,7 +89,7 @@ def main():
     for dtype_name, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
         if dtype_name not in dtypes:
             continue
-        for name, c, k, hw, r, s, p, target in SHAPES:
+        for name, c, k, hw, r, s, p, target, groups in table:
             if shapes is not None and name not in shapes:
                 continue
             if shapes is None and args.targets and not target:
@@ -86,23 +98,23 @@ def main():
             cl = torch.channels_last
             x = torch.rand(BATCH, c, hw, hw, device=dev, dtype=dtype).mul_(2).sub_(1)
             x = x.contiguous(memory_format=cl)
-            w = torch.rand(k, c, r, r, device=dev, dtype=dtype).mul_(2).sub_(1)
+            w = torch.rand(k, c // groups, r, r, device=dev, dtype=dtype).mul_(2).sub_(1)
             w = w.contiguous(memory_format=cl)
             dy = torch.rand(BATCH, k, o, o, device=dev, dtype=dtype).mul_(2).sub_(1)
             dy = dy.contiguous(memory_format=cl)
             stride, pad, dil = [s, s], [p, p], [1, 1]
-            flops = 2.0 * BATCH * k * o * o * c * r * r
+            flops = 2.0 * BATCH * k * o * o * (c // groups) * r * r
 
             def fprop():
-                return torch.nn.functional.conv2d(x, w, None, stride, pad, dil, 1)
+                return torch.nn.functional.conv2d(x, w, None, stride, pad, dil, groups)
 
             def dgrad():
                 return torch.ops.aten.convolution_backward(
-                    dy, x, w, None, stride, pad, dil, False, [0, 0], 1, [True, False, False])
+                    dy, x, w, None, stride, pad, dil, False, [0, 0], groups, [True, False, False])
 
             def wgrad():
                 return torch.ops.aten.convolution_backward(
-                    dy, x, w, None, stride, pad, dil, False, [0, 0], 1, [False, True, False])
+                    dy, x, w, None, stride, pad, dil, False, [0, 0], groups, [False, True, False])
 
             for op, fn in (("fprop", fprop), ("dgrad", dgrad), ("wgrad", wgrad)):
                 if op not in ops:

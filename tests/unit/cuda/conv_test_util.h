@@ -95,6 +95,46 @@ struct ConvConfig {
   }
 };
 
+// The ranges random_window draws from: input extents per rank (index rank - 1), the larger
+// filter extents 1-D and 2-D problems get with probability 1 / big_odds (0: never), the
+// largest pad.
+struct WindowRanges {
+  int64_t in_lo[3] = {5, 4, 3}, in_hi[3] = {40, 14, 7};
+  std::vector<int64_t> big_filters;
+  int64_t big_odds = 0;
+  int64_t max_pad = 2;
+};
+
+// Random spatial attributes of `rank` dims for c: input extents, filters 1-3 (or one of
+// big_filters), stride 2 with probability 1/3, dilation 2 with probability 1/4 (filters > 1),
+// pads below the window's reach; drawn again until the padded input holds a window.
+inline void random_window(ConvConfig& c, std::mt19937_64& rng, int rank, const WindowRanges& r) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (;;) {
+    c.spatial.clear(), c.filter.clear(), c.strides.clear(), c.dilations.clear();
+    c.pads_begin.clear(), c.pads_end.clear();
+    bool ok = true;
+    for (int d = 0; d < rank; ++d) {
+      const int64_t in = pick(r.in_lo[rank - 1], r.in_hi[rank - 1]);
+      const bool big = rank < 3 && r.big_odds > 0 && pick(1, r.big_odds) == 1;
+      const int64_t filter =
+          big ? r.big_filters[size_t(pick(0, int64_t(r.big_filters.size()) - 1))] : pick(1, 3);
+      const int64_t dilation = filter > 1 && pick(0, 3) == 0 ? 2 : 1;
+      const int64_t reach = dilation * (filter - 1);
+      c.spatial.push_back(in);
+      c.filter.push_back(filter);
+      c.strides.push_back(pick(0, 2) == 0 ? 2 : 1);
+      c.dilations.push_back(dilation);
+      c.pads_begin.push_back(std::min<int64_t>(pick(0, r.max_pad), reach));
+      c.pads_end.push_back(std::min<int64_t>(pick(0, r.max_pad), reach));
+      ok = ok && in + c.pads_begin.back() + c.pads_end.back() >= reach + 1;
+    }
+    if (ok) return;
+  }
+}
+
 // Channels-last strides of a logical [N, C, S...] shape: C fastest, then S..., then N.
 inline Shape channels_last_strides(const Shape& shape) {
   Shape strides(shape.size());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace fusebox::cuda {
@@ -54,6 +55,11 @@ struct ConvSettings {
   // project's epilogue kernel (tests run the suite both ways). `on` (default): fused graphs
   // are tried first. Part of the plan-cache key when set.
   bool refuse_fusion = false;
+  // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64, for benchmarks
+  // and diagnosis: the
+  // implicit-GEMM kernels' CTA tile (kernels/conv/implicit_gemm/plan.h) where that tile is
+  // compiled for the problem's dtype, instead of the heuristic's. Empty: unset.
+  std::string igemm_tile;
 };
 
 struct BackendSettings {

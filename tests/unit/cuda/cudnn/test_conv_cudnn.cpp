@@ -124,7 +124,8 @@ TEST_F(ConvCudnnTest, RandomizedConfigurationsMatchCpuOnBothPaths) {
     {
       ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
       const Tensor got = run_conv_on_gpu(h, c, in);
-      EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, false)) << "own path";
+      // f32: the implicit GEMM computes in TF32 (FUSEBOX_ALLOW_TF32 unset).
+      EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << "own path";
     }
     if (is_subsampled_1x1(c)) {
       // A strided 1x1 fprop: again through the strided view of x (or the standard
@@ -144,7 +145,7 @@ TEST_F(ConvCudnnTest, RandomizedConfigurationsMatchCpuOnBothPaths) {
       subsampled, subsampled_view);
   std::printf(
       "[conv matrix] %d configurations: cuDNN ran %d, refused %d (under "
-      "FUSEBOX_CONV_BACKEND=cudnn); the direct kernel ran all %d\n",
+      "FUSEBOX_CONV_BACKEND=cudnn); the project's kernels (own) ran all %d\n",
       kConfigs, cudnn_ran, cudnn_refused, kConfigs);
   for (const auto& [kind, count] : refusals_by_kind)
     std::printf("[conv matrix]   refused %-28s %d\n", kind.c_str(), count);

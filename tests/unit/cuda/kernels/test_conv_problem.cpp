@@ -307,6 +307,14 @@ TEST(ConvProblemKey, KnownWrongEnginesAreBarredAndKeyed) {
   two_d.pb = {1, 1}, two_d.pe = {0, 1};
   EXPECT_TRUE(barred_engines(two_d.make()).empty());
   EXPECT_FALSE(cudnn_cannot_implement(two_d.make()).has_value());
+  // Grouped half-precision dgrad with asymmetric pads: eng6 left dx elements unwritten.
+  Problem dgrad = two_d;
+  dgrad.op = OpKind::conv_backward_data;
+  EXPECT_EQ(barred_engines(dgrad.make()), (std::vector<std::string>{"eng6"}));
+  dgrad.pe = {1, 1};  // symmetric
+  EXPECT_TRUE(barred_engines(dgrad.make()).empty());
+  dgrad.pe = {0, 1}, dgrad.dtype = DType::f32;
+  EXPECT_TRUE(barred_engines(dgrad.make()).empty());
 }
 
 TEST(ConvProblemKey, MismatchedShapesAreAnErrorNamingTheNode) {

@@ -1,9 +1,14 @@
 // conv_forward, conv_backward_data, conv_backward_filter: the dispatcher between cuDNN
 // (cudnn/conv_graph.cpp) and the project's direct kernels (kernels/conv/direct.cu).
 //
-// Path. FUSEBOX_CONV_BACKEND=own runs the direct kernel; otherwise the problem
+// Path. FUSEBOX_CONV_BACKEND=own runs the project's kernels; otherwise the problem
 // (kernels/conv/problem.h) goes to cuDNN unless cudnn_cannot_implement names a reason (f64, ...),
-// and the direct kernel runs when cuDNN has no plan, a plan fails to build or to run. The
+// and the project's kernels run when cuDNN has no plan, a plan fails to build or to run.
+// Depthwise problems (groups == C == K) under own go to kernels/conv/depthwise/ first
+// (memory-bound ops where an implicit GEMM's K would be a few taps).
+// The project's kernels: the implicit GEMM (kernels/conv/implicit_gemm/, tensor cores, the
+// whole epilogue fused), else (f64, what igemm::cannot_implement names) the direct kernel,
+// the test oracle, with the epilogue as a second pass. The
 // decision is cached with its reason (the plan caches hold refusals too) and logged once
 // per problem; with FUSEBOX_CONV_BACKEND=cudnn a refusal is an Error naming the node and
 // cuDNN's message. Every call adds a row to the process's decision record (kernels/conv/report.h).
@@ -18,11 +23,14 @@
 // temporary that is copied into a strided output).
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <optional>
 
 #include "backends/cuda/cudnn/conv.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/conv/depthwise/depthwise.h"
 #include "backends/cuda/kernels/conv/direct.h"
+#include "backends/cuda/kernels/conv/implicit_gemm/implicit_gemm.h"
 #include "backends/cuda/kernels/conv/problem.h"
 #include "backends/cuda/kernels/conv/report.h"
 
@@ -105,6 +113,16 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   d.node = p.label;
   d.op = conv_op_name(p.op);
   d.problem = p.describe();
+  // Depthwise problems under FUSEBOX_CONV_BACKEND=own: the project's NHWC kernels. Not yet
+  // by default: on the H100 cuDNN is still faster for every depthwise shape measured
+  // (bench/results/2026-11-25_h100_issue14.md).
+  if (settings.backend == ConvBackend::own && !depthwise_cannot_implement(n, p.op, in, out[0])) {
+    d.path = "own (depthwise)";
+    d.reason = "FUSEBOX_CONV_BACKEND=own";
+    d.plan = run_depthwise(ctx, n, p.op, in, out, remaining_epilogue(n, inputs, ConvFusion::none));
+    record_conv_decision(d);
+    return;
+  }
   std::optional<std::string> why;
   if (settings.backend == ConvBackend::own) {
     why = "FUSEBOX_CONV_BACKEND=own";
@@ -162,6 +180,28 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   }
   d.path = "own";
   d.reason = *why;
+  // The implicit GEMM computes the whole epilogue in its own epilogue.
+  const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
+  const std::optional<std::string> igemm_refusal =
+      implicit_gemm_cannot_implement(n, p.op, in, out[0]);
+  if (!igemm_refusal) {
+    d.plan = run_implicit_gemm(ctx, n, p.op, in, out, all, settings);
+    if (!epilogue_text(all).empty())
+      d.path = cat("own (epilogue in kernel: ", epilogue_text(all), ")");
+    record_conv_decision(d);
+    return;
+  }
+  // What the implicit GEMM cannot take (f64, ...) runs on the direct kernel, the test oracle.
+  d.plan = "direct";
+  d.reason = cat(*why, "; implicit GEMM: ", *igemm_refusal);
+  if (settings.backend == ConvBackend::own) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "fusebox: %s: FUSEBOX_CONV_BACKEND=own runs %s on the direct kernel (%s)\n",
+                   p.label.c_str(), p.describe().c_str(), igemm_refusal->c_str());
+    });
+  }
   // The direct kernels take x, w and the bias; the rest of the epilogue is a pass over y.
   run_direct(ctx, n, in.subspan(0, std::min<size_t>(in.size(), 3)), out, direct);
   ConvEpilogueOperands rest = remaining_epilogue(n, inputs, ConvFusion::bias);

@@ -1,7 +1,7 @@
 // Direct convolution: conv_forward_direct, conv_backward_data_direct and
 // conv_backward_filter_direct for 1 to 3 spatial dims, groups, dilation, stride and
-// asymmetric pads, with bias. The fallback path (kernels/conv/conv.cpp sends the
-// common cases to cuDNN): simple and correct, not fast.
+// asymmetric pads, with bias. The last resort (kernels/conv/conv.cpp sends problems to
+// cuDNN, else to the implicit GEMM) and the oracle: simple and correct, not fast.
 //
 // The problem is the backends' shared ConvGeometry (backends/common/conv_geometry.h, the
 // CPU backend's too): x [N, C, D], w [K, C/g, R], y [N, K, O], 1-D and 2-D problems stored
@@ -22,6 +22,7 @@
 
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/conv/split_sum.cuh"
 
 namespace fusebox::cuda {
 
@@ -166,18 +167,6 @@ __global__ void conv_wgrad_kernel(ConvGeometry p, const T* x, const T* dy, int64
   partial[int64_t(blockIdx.y) * weights + widx] = acc;
 }
 
-// dw[j] = sum over splits s (in order) of partial[s][j].
-template <class T>
-__global__ void conv_wgrad_sum(const compute_t<T>* partial, int64_t splits, int64_t weights,
-                               T* dw) {
-  using C = compute_t<T>;
-  for (int64_t j = global_thread_index(); j < weights; j += grid_stride()) {
-    C acc = 0;
-    for (int64_t s = 0; s < splits; ++s) acc += partial[s * weights + j];
-    store_compute(dw, j, acc);
-  }
-}
-
 void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b, const char* a_name,
                       const char* b_name, const std::string& where) {
   FUSEBOX_CHECK(a.dtype == b.dtype, where, a_name, " is ", dtype_name(a.dtype), " but ", b_name,
@@ -277,9 +266,8 @@ void conv_backward_filter_direct(Context& ctx, const Node& n, Inputs in, Outputs
                        dim3(unsigned((weights + kThreads - 1) / kThreads), unsigned(splits)),
                        dim3(kThreads), 0, {x.range(), dy.range()}, {partial}, p, x.as<const T>(),
                        dy.as<const T>(), per_split, partial.as<C>());
-    ctx.encoder.launch(&conv_wgrad_sum<T>, dim3(launch_blocks(weights, kThreads)), dim3(kThreads),
-                       0, {partial}, {dw.range()}, partial.as<const C>(), splits, weights,
-                       dw.as<T>());
+    ctx.encoder.launch(&sum_splits<T>, dim3(launch_blocks(weights, kThreads)), dim3(kThreads), 0,
+                       {partial}, {dw.range()}, partial.as<const C>(), splits, weights, dw.as<T>());
   });
 }
 

@@ -1,6 +1,6 @@
-// The project's own convolution kernels (kernels/conv/direct.cu): the fallback when cuDNN has no
-// plan for a problem, and the path FUSEBOX_CONV_BACKEND=own forces. kernels/conv/conv.cpp
-// dispatches.
+// The direct convolution kernels (kernels/conv/direct.cu): the test oracle, and the last resort
+// for what neither cuDNN nor the implicit GEMM (kernels/conv/implicit_gemm/) takes (f64, ...).
+// kernels/conv/conv.cpp dispatches.
 //
 // The three entries take the ops' inputs and outputs as the kernels.h entries do, all
 // CONTIGUOUS (kernels/conv/conv.cpp copies strided views first). conv_epilogue

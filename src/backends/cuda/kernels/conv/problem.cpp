@@ -354,6 +354,8 @@ std::vector<std::string> barred_engines(const ConvProblem& p) {
   const bool half = p.x.dtype == DType::f16 || p.x.dtype == DType::bf16;
   if (p.op == ConvOp::wgrad && p.groups > 1 && half && p.lowered_spatial_rank() == 3)
     return {"eng1", "eng20"};
+  const bool asymmetric = p.pad_lo != p.pad_hi;
+  if (p.op == ConvOp::dgrad && p.groups > 1 && half && asymmetric) return {"eng6"};
   return {};
 }
 

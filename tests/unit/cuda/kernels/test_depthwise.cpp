@@ -1,0 +1,68 @@
+// The depthwise kernels (kernels/conv/depthwise/) on the GPU against the CPU reference: 240
+// random depthwise configurations per op over 1-3 spatial dims, strides, dilation, asymmetric
+// pads, C a multiple of 8, f32 / f16 / bf16, NCHW and channels-last tensors, bias and fprop
+// epilogues, under FUSEBOX_CONV_BACKEND=own (these kernels) and auto (cuDNN, still faster on
+// the H100). Outputs are poisoned; the decision record must name the path.
+#include "conv_test_util.h"
+
+namespace fusebox::cuda::testing {
+namespace {
+
+class DepthwiseTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FUSEBOX_REQUIRE_GPU(); }
+};
+
+ConvConfig random_depthwise(std::mt19937_64& rng, OpKind op) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  ConvConfig c;
+  c.op = op;
+  const DType types[] = {DType::f32, DType::f16, DType::bf16};
+  c.dtype = types[pick(0, 2)];
+  const int rank = int(pick(1, 3));
+  c.in_channels = c.out_channels = c.groups = 8 * pick(1, 5);
+  c.batch = pick(1, 3);
+  c.bias = op != OpKind::conv_backward_filter && pick(0, 1) == 1;
+  c.channels_last = pick(0, 3) > 0;
+  if (op == OpKind::conv && pick(0, 2) == 0) {
+    c.activation.kind = pick(0, 1) ? Activation::relu : Activation::gelu_tanh;
+    c.residual = pick(0, 1) == 1;
+  }
+  random_window(c, rng, rank, {{5, 4, 3}, {40, 15, 7}, {7}, 5, 3});
+  return c;
+}
+
+TEST_F(DepthwiseTest, RandomConfigurationsMatchCpuOwnAndAuto) {
+  OpHarness h;
+  TempDir cache("depthwise");
+  ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", cache.str());
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", std::nullopt);
+  std::mt19937_64 rng(20261125);
+  constexpr int kPerOp = 240;
+  for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
+    for (int i = 0; i < kPerOp; ++i) {
+      const ConvConfig c = random_depthwise(rng, op);
+      SCOPED_TRACE(cat("config ", i, ": ", c.describe()));
+      const std::vector<Tensor> in = conv_inputs(c, 9000 + 10 * uint64_t(i));
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      for (const char* backend : {"own", "auto"}) {
+        ScopedEnv env("FUSEBOX_CONV_BACKEND", backend);
+        clear_conv_decisions();
+        const Tensor got = run_conv_on_gpu(h, c, in);
+        ASSERT_FALSE(conv_decisions().empty());
+        const ConvDecision d = conv_decisions().back();
+        const bool ours = std::string(backend) == "own";
+        EXPECT_EQ(d.plan.rfind("depthwise", 0) == 0, ours)
+            << backend << ": " << d.path << " " << d.plan;
+        // f32 in f32 multiply-adds on this path (cuDNN's auto wgrad may use TF32).
+        const double tol = 2 * conv_l2_tolerance(c.dtype, !ours);
+        EXPECT_LE(relative_l2_error(got, want), tol) << backend << ": " << d.plan;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusebox::cuda::testing

@@ -1,0 +1,214 @@
+// The implicit-GEMM convolutions on the GPU (FUSEBOX_CONV_BACKEND=own) against the CPU
+// reference: a random sweep of 520 configurations per op (fprop, dgrad, wgrad) over 1-3
+// spatial dims, strides (strided dgrad by phases), dilation, asymmetric pads, groups
+// (depthwise too), channel counts on the vector path (multiples of 8) and off it, batch 1-3,
+// NCHW and channels-last tensors, bf16 / f16 / f32 on TF32 / f32 exact, fprop epilogues
+// (bias, activation, residual) and dgrad bias; then ResNet-sized problems through every
+// compiled tile (the wgmma ones on an H100/H200). Outputs are poisoned first; the decision record
+// must name the implicit GEMM (never the direct kernel).
+#include <map>
+
+#include "conv_test_util.h"
+
+namespace fusebox::cuda::testing {
+namespace {
+
+class ImplicitGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FUSEBOX_REQUIRE_GPU(); }
+};
+
+struct Mode {
+  DType dtype;
+  bool tf32;  // f32 only: FUSEBOX_ALLOW_TF32 (else exact)
+};
+
+ConvConfig random_config(std::mt19937_64& rng, OpKind op) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  auto one_of = [&](std::initializer_list<int64_t> values) {
+    return *(values.begin() + pick(0, int64_t(values.size()) - 1));
+  };
+  ConvConfig c;
+  c.op = op;
+  const int rank = int(one_of({1, 2, 2, 2, 3}));
+  const int64_t grouping = pick(0, 5);  // 0-3 dense, 4 grouped, 5 depthwise
+  if (grouping < 4) {
+    const bool vector = pick(0, 2) > 0;
+    c.in_channels = vector ? one_of({8, 16, 24, 32, 64}) : one_of({1, 3, 5, 7, 12});
+    c.out_channels = vector ? one_of({8, 16, 40, 64, 72}) : one_of({1, 2, 6, 9, 16});
+  } else if (grouping == 4) {
+    c.groups = pick(2, 4);
+    c.in_channels = c.groups * one_of({1, 3, 8, 16});
+    c.out_channels = c.groups * one_of({2, 8, 16});
+  } else {
+    c.in_channels = one_of({3, 8, 16, 32});
+    c.groups = c.in_channels;
+    c.out_channels = c.in_channels * one_of({1, 2});
+  }
+  c.batch = one_of({1, 2, 3});
+  c.bias = op != OpKind::conv_backward_filter && pick(0, 1) == 1;
+  c.channels_last = pick(0, 3) > 0;
+  if (op == OpKind::conv && pick(0, 2) == 0) {
+    const Activation kinds[] = {Activation::relu, Activation::gelu_tanh, Activation::silu};
+    c.activation.kind = kinds[pick(0, 2)];
+    c.residual = pick(0, 1) == 1;
+    if (c.residual) c.residual_activation.kind = Activation::relu;
+  }
+  random_window(c, rng, rank, {{5, 4, 3}, {60, 17, 7}, {5, 7}, 7, 3});
+  return c;
+}
+
+// The last decision's plan (must be the implicit GEMM's).
+std::string last_plan() {
+  const std::vector<ConvDecision> d = conv_decisions();
+  return d.empty() ? "" : d.back().plan;
+}
+
+TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
+  const Mode modes[] = {
+      {DType::bf16, true}, {DType::f16, true}, {DType::f32, true}, {DType::f32, false}};
+  std::mt19937_64 rng(20261125);
+  constexpr int kPerOp = 520;
+  std::map<std::string, int> plans;
+  for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
+    int failures = 0;
+    for (int i = 0; i < kPerOp && failures < 10; ++i) {
+      ConvConfig c = random_config(rng, op);
+      const Mode mode = modes[i % 4];
+      c.dtype = mode.dtype;
+      SCOPED_TRACE(cat("config ", i, ": ", c.describe(), mode.tf32 ? "" : " exact"));
+      ScopedEnv tf32("FUSEBOX_ALLOW_TF32", mode.tf32 ? "1" : "0");
+      // Every other configuration asks for a wgmma tile (taken where it applies: 16-bit
+      // fprop and dgrad on the vector path, on an H100/H200), so both main loops are swept.
+      ScopedEnv forced_tile("FUSEBOX_CONV_IGEMM_TILE",
+                            i % 2 == 0
+                                ? std::optional<std::string>(i % 4 == 0 ? "wg128x128" : "wg128x64")
+                                : std::nullopt);
+      const std::vector<Tensor> in = conv_inputs(c, 7000 + 10 * uint64_t(i));
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(h, c, in);
+      const std::string plan = last_plan();
+      // Depthwise configurations with C a multiple of the vector width take the depthwise
+      // kernels (test_depthwise.cpp); everything else the implicit GEMM.
+      EXPECT_TRUE(plan.rfind("igemm", 0) == 0 || plan.rfind("depthwise", 0) == 0) << plan;
+      // Epilogues round the activation in f32 as the CPU does, but after one more rounding
+      // step on the CPU (its conv output is rounded first): twice the conv tolerance.
+      const double tol = 2 * conv_l2_tolerance(c.dtype, mode.tf32);
+      const double err = relative_l2_error(got, want);
+      EXPECT_LE(err, tol) << plan;
+      failures += err > tol;
+      plans[cat(op_name(op), ": ", plan.substr(0, plan.find(',')))]++;
+    }
+  }
+  for (const auto& [plan, count] : plans)
+    std::printf("[igemm sweep] %5d  %s\n", count, plan.c_str());
+}
+
+// ResNet-sized problems (several CTAs, every pipeline stage, wgrad splits) through each
+// tile compiled for bf16, and the heuristic's choice, against the CPU.
+TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Shape2d {
+    int64_t c, k, hw, r, stride;
+  };
+  const Shape2d shapes[] = {
+      {64, 64, 14, 3, 1}, {64, 128, 15, 3, 2}, {128, 64, 14, 1, 1}, {32, 96, 16, 1, 2}};
+  for (const char* tile_name :
+       {"", "128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64"}) {
+    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
+                   *tile_name ? std::optional<std::string>(tile_name) : std::nullopt);
+    for (const Shape2d& s : shapes)
+      for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
+        ConvConfig c;
+        c.op = op;
+        c.dtype = DType::bf16;
+        c.batch = 4;
+        c.in_channels = s.c, c.out_channels = s.k;
+        c.spatial = {s.hw, s.hw}, c.filter = {s.r, s.r};
+        c.strides = {s.stride, s.stride}, c.dilations = {1, 1};
+        c.pads_begin = c.pads_end = {s.r / 2, s.r / 2};
+        c.channels_last = true;
+        c.bias = op == OpKind::conv;
+        SCOPED_TRACE(cat("tile '", tile_name, "': ", c.describe()));
+        const std::vector<Tensor> in = conv_inputs(c, 99);
+        const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+        clear_conv_decisions();
+        const Tensor got = run_conv_on_gpu(h, c, in);
+        const std::string plan = last_plan();
+        const bool wg = std::string(tile_name).rfind("wg", 0) == 0;
+        if (*tile_name && !(wg && op == OpKind::conv_backward_filter) &&
+            h.ctx().device.properties().compute_capability() == 90)
+          EXPECT_NE(plan.find(tile_name), std::string::npos) << plan;
+        EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << plan;
+      }
+  }
+}
+
+// A small sample of every main loop and index map (mma.sync and wgmma tiles, element loads,
+// exact f32, strided dgrad phases, wgrad splits, groups, 1-D and 3-D, the depthwise kernels),
+// for
+// compute-sanitizer's memcheck and racecheck (scripts/sanitize_conv.sh); also a plain test.
+TEST_F(ImplicitGemmTest, SanitizerSample) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Case {
+    OpKind op;
+    DType dtype;
+    const char* tile;  // FUSEBOX_CONV_IGEMM_TILE ("" unset)
+    int64_t c, k, groups, hw, r, stride;
+    int rank;
+  };
+  const Case cases[] = {
+      {OpKind::conv, DType::bf16, "wg128x128", 32, 136, 1, 9, 3, 1, 2},
+      {OpKind::conv, DType::f16, "wg128x64", 16, 24, 1, 7, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::bf16, "wg128x64", 24, 16, 1, 9, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::f16, "128x128", 16, 32, 2, 6, 3, 2, 3},
+      {OpKind::conv_backward_filter, DType::bf16, "128x64", 32, 16, 1, 10, 3, 1, 2},
+      {OpKind::conv_backward_filter, DType::f32, "", 12, 8, 4, 9, 3, 2, 2},
+      {OpKind::conv, DType::f32, "64x128", 8, 72, 1, 21, 5, 1, 1},
+      {OpKind::conv, DType::bf16, "", 3, 5, 1, 8, 3, 1, 2},
+      {OpKind::conv_backward_data, DType::f32, "", 5, 7, 1, 5, 3, 2, 3},
+      // Depthwise (kernels/conv/depthwise/ under own).
+      {OpKind::conv, DType::bf16, "", 16, 16, 16, 9, 3, 1, 2},
+      {OpKind::conv_backward_data, DType::f16, "", 8, 8, 8, 9, 3, 2, 2},
+      {OpKind::conv_backward_filter, DType::f32, "", 8, 8, 8, 7, 3, 1, 3},
+  };
+  for (const bool exact : {false, true}) {
+    ScopedEnv tf32("FUSEBOX_ALLOW_TF32", exact ? "0" : "1");
+    for (const Case& k : cases) {
+      if (exact && k.dtype != DType::f32) continue;
+      ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
+                     *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
+      ConvConfig c;
+      c.op = k.op;
+      c.dtype = k.dtype;
+      c.batch = 2;
+      c.in_channels = k.c, c.out_channels = k.k, c.groups = k.groups;
+      for (int d = 0; d < k.rank; ++d) {
+        c.spatial.push_back(k.hw - d), c.filter.push_back(k.r), c.strides.push_back(k.stride);
+        c.dilations.push_back(1), c.pads_begin.push_back(k.r / 2), c.pads_end.push_back(d % 2);
+      }
+      c.channels_last = true;
+      c.bias = k.op != OpKind::conv_backward_filter;
+      SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'", exact ? " exact" : ""));
+      const std::vector<Tensor> in = conv_inputs(c, 31);
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(h, c, in);
+      const bool depthwise = k.groups == k.c && k.k == k.c;
+      EXPECT_EQ(last_plan().rfind(depthwise ? "depthwise" : "igemm", 0), 0u) << last_plan();
+      EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, !exact && !depthwise))
+          << last_plan();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusebox::cuda::testing
