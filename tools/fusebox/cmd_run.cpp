@@ -3,7 +3,7 @@
 // an inference graph (passes/fusion.h: batch norms folded, conv epilogues and batch-norm
 // fusions; FUSEBOX_FUSION=0 turns that off); the CPU backend, the reference, runs the
 // model's own graph. --report lists the fusion groups and what each became, and each
-// convolution with the path (cuDNN or the direct kernel) and plan it got; --autotune times
+// convolution with the path (cuDNN or the project's kernels) and plan it got; --autotune times
 // cuDNN's candidate plans for each convolution problem and keeps the fastest; --dot FILE
 // writes the fused graph as Graphviz.
 #include <algorithm>
@@ -164,8 +164,8 @@ Command add_run_command(CLI::App& parent) {
   app->add_flag("--report", args->report,
                 "After the run, list the fusion groups and what each became (cuDNN graph, "
                 "epilogue kernel and why), the values stored channels-last and the layout "
-                "conversions, and each convolution with the path (cuDNN or the direct "
-                "kernel), plan, workspace and reason it got");
+                "conversions, and each convolution with the path (cuDNN or the project's "
+                "kernels: implicit GEMM, depthwise, direct), plan, workspace and reason it got");
   app->add_option("--dot", args->dot,
                   "Write the graph the device runs (fused on CUDA) as Graphviz to FILE")
       ->type_name("FILE");

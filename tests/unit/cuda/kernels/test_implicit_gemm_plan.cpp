@@ -128,6 +128,21 @@ TEST(ImplicitGemmPlan, TilesSplitsAndVectorPath) {
       igemm::is_wgmma(igemm::make_plan(ConvOp::fprop, g, DType::f32, {.wgmma = true}, 132).tile));
   EXPECT_FALSE(igemm::tile_available(ConvOp::dgrad, DType::bf16, igemm::Math::tensor_core, false,
                                      true, igemm::TileShape::wg128x128));
+  // The measured choices (bench/results/2026-11-25_h100_issue14.md): long K takes 128x128,
+  // wgrad with K/g >= 128 takes 128x64.
+  ConvConfig l4 = c;  // layer4's 3x3: C = K = 512 at 7x7
+  l4.in_channels = l4.out_channels = 512, l4.spatial = {7, 7};
+  const ConvGeometry g4 = geometry_of(l4);
+  EXPECT_EQ(igemm::make_plan(ConvOp::fprop, g4, DType::bf16, {.wgmma = true}, 132).tile,
+            igemm::TileShape::wg128x128);
+  EXPECT_EQ(igemm::make_plan(ConvOp::wgrad, g4, DType::bf16, {.wgmma = true}, 132).tile,
+            igemm::TileShape::t128x64);
+  ConvConfig s2 = l4;  // layer3's strided 1x1 downsample, dgrad: M = 64 * 28 * 28
+  s2.in_channels = 512, s2.out_channels = 1024, s2.spatial = {28, 28}, s2.filter = {1, 1};
+  s2.strides = {2, 2}, s2.pads_begin = s2.pads_end = {0, 0};
+  EXPECT_EQ(
+      igemm::make_plan(ConvOp::dgrad, geometry_of(s2), DType::bf16, {.wgmma = true}, 132).tile,
+      igemm::TileShape::wg128x64);
 }
 
 TEST(ImplicitGemmPlan, TileSettingIsCheckedAndParsed) {

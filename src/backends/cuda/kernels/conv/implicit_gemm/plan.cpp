@@ -131,25 +131,39 @@ std::string Plan::describe() const {
 
 namespace {
 
-// The tile with the smallest estimated time: full waves of CTAs, each costing its area
-// times an efficiency factor (smaller tiles reread more per multiply-add), CTAs per SM by
-// their registers and shared memory.
-TileShape choose_tile(ConvOp op, int64_t m, int64_t n, int64_t ctas_per_tile_grid, DType dtype,
-                      Math math, bool vector, bool wgmma, int sm_count) {
+// m, n, k: the GEMM of one group (dgrad: of its largest phase); m_total: all of one group's rows
+// (dgrad: every phase's).
+TileShape choose_tile(ConvOp op, int64_t m, int64_t m_total, int64_t n, int64_t k,
+                      int64_t ctas_per_tile_grid, DType dtype, Math math, bool vector, bool wgmma,
+                      int sm_count) {
+  auto available = [&](TileShape t) { return tile_available(op, dtype, math, vector, wgmma, t); };
+  // Rules fitted to the H100 runs of bench_conv --own-tiles over ResNet-50's shapes
+  // (bench/results/2026-11-25_h100_issue14.md), where they pick the fastest tile or one within
+  // 3% of it: the wgmma tiles beat every mma.sync tile; 128x128 wins once K is long enough for
+  // its better reuse to pay for one CTA per SM (no overlap of one CTA's prologue and epilogue
+  // with another's main loop); wgrad (mma.sync) runs best on 128x64 when M = K/g fills it.
+  if (available(TileShape::wg128x64)) {
+    const bool long_k =
+        (k >= 1152 && m_total <= 50176) || (k >= 1024 && n >= 512 && m_total <= 12544);
+    return n > 64 && long_k ? TileShape::wg128x128 : TileShape::wg128x64;
+  }
+  if (op == ConvOp::wgrad && m >= 128 && available(TileShape::t128x64)) return TileShape::t128x64;
+  // Otherwise the tile with the smallest estimated time: full waves of CTAs, each costing its
+  // area times an efficiency factor (smaller tiles reread more per multiply-add), CTAs per SM
+  // by their registers and shared memory.
   struct Candidate {
     TileShape t;
     double cost;  // per output element of a full tile, relative
     int per_sm;
   };
-  // wgmma: 128 KiB (96 KiB) of stages: 1 (2) CTAs per SM. Costs from the H100 runs of
-  // bench_conv --own-tiles (bench/results/2026-11-25_h100_issue14.md).
-  const Candidate all[] = {{TileShape::t128x128, 1.0, 2},   {TileShape::t128x64, 1.2, 3},
-                           {TileShape::t64x128, 1.2, 3},    {TileShape::t64x64, 1.5, 4},
-                           {TileShape::wg128x128, 0.35, 1}, {TileShape::wg128x64, 0.3, 2}};
+  const Candidate all[] = {{TileShape::t128x128, 1.0, 2},
+                           {TileShape::t128x64, 1.2, 3},
+                           {TileShape::t64x128, 1.2, 3},
+                           {TileShape::t64x64, 1.5, 4}};
   TileShape best = TileShape::t64x64;
   double best_score = std::numeric_limits<double>::infinity();
   for (const Candidate& c : all) {
-    if (!tile_available(op, dtype, math, vector, wgmma, c.t)) continue;
+    if (!available(c.t)) continue;
     const int64_t ctas = cdiv(m, tile_m(c.t)) * cdiv(n, tile_n(c.t)) * ctas_per_tile_grid;
     const double waves = std::ceil(double(ctas) / double(std::max(1, sm_count) * c.per_sm));
     const double score = waves * tile_m(c.t) * tile_n(c.t) * c.cost / c.per_sm;
@@ -244,9 +258,9 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const PlanOptions&
 
   const bool forced = options.tile && tile_available(op, dtype, plan.math, plan.vector,
                                                      options.wgmma, *options.tile);
-  plan.tile =
-      forced ? *options.tile
-             : choose_tile(op, p.m, p.n, z, dtype, plan.math, plan.vector, options.wgmma, sm_count);
+  plan.tile = forced ? *options.tile
+                     : choose_tile(op, p.m, op == ConvOp::dgrad ? g.batch * g.in_size() : p.m, p.n,
+                                   p.k, z, dtype, plan.math, plan.vector, options.wgmma, sm_count);
   p.tiles_m = int32_t(cdiv(std::max(1, p.m), tile_m(plan.tile)));
   p.tiles_n = int32_t(cdiv(std::max(1, p.n), tile_n(plan.tile)));
 
