@@ -52,7 +52,7 @@ constexpr const char* kFamilies[] = {
     "maxpool", "averagepool", "globalaveragepool",
     "softmax", "logsoftmax",                                          // incl. *_expanded
     "reduce_sum", "reduce_mean", "reduce_max",
-    "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze",
+    "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze", "expand",
     "pad", "constant_pad", "edge_pad", "reflect_pad",                 // Pad, by mode
 };
 // clang-format on

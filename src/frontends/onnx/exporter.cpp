@@ -392,6 +392,11 @@ void Exporter::export_node(const Node& n) {
         if (d == 0) return set_int(p, "allowzero", 1);
       return;
     }
+    case OpKind::expand: {  // the IR's shape is the final one: Expand's broadcast gives it back
+      const auto& a = std::get<ExpandAttrs>(n.attrs);
+      add("Expand", n.name, {in(n, 0), ints_initializer(n, "shape", a.shape)}, outs(n));
+      return;
+    }
     case OpKind::flatten: {
       NodeProto* p = add("Flatten", n.name, ins(n), outs(n));
       set_int(p, "axis", std::get<FlattenAttrs>(n.attrs).axis);

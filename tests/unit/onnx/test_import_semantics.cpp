@@ -3,6 +3,8 @@
 // as inputs, frozen inputs, Gather on known tensors.
 #include <cmath>
 
+#include <limits>
+
 #include "onnx_test_util.h"
 
 namespace fusebox::testing {
@@ -223,6 +225,78 @@ TEST(OnnxImport, GatherOnKnownTensors) {
   d.output("g");
   EXPECT_TRUE(throws_error_with([&] { import(d); },
                                 {"unsupported: node 'gx' (Gather): input 0 (data, 'x')"}));
+}
+
+// The exporters' shape arithmetic: Shape -> Equal -> Where (a -1 in a target shape replaced by
+// the input's extent), Mod (window padding), Range, comparisons and logic, all known at import,
+// fold away; Expand becomes the graph's expand op.
+TEST(OnnxImport, ShapeArithmeticFoldsAtImport) {
+  TestModel m(17);
+  m.input("x", TensorProto::FLOAT, {2, 3, 4});
+  m.node("Shape", {"x"}, {"shape"});
+  m.initializer("target", Tensor::from_vector<int64_t>({3}, {-1, 3, 1}));
+  m.initializer("minus_one", Tensor::from_vector<int64_t>({}, {-1}));
+  m.node("Equal", {"target", "minus_one"}, {"is_free"});
+  m.node("Where", {"is_free", "shape", "target"}, {"dims"});  // [2, 3, 1]
+  m.initializer("seven", Tensor::from_vector<int64_t>({}, {7}));
+  attr_int(m.node("Mod", {"seven", "dims"}, {"rem"}), "fmod", 0);  // 7 mod [2, 3, 1] = [1, 1, 0]
+  m.node("Not", {"is_free"}, {"fixed"});
+  m.node("And", {"fixed", "is_free"}, {"none"});
+  m.initializer("zero", Tensor::from_vector<int64_t>({}, {0}));
+  m.initializer("one", Tensor::from_vector<int64_t>({}, {1}));
+  m.initializer("four", Tensor::from_vector<int64_t>({}, {4}));
+  m.node("Range", {"zero", "four", "one"}, {"range"});  // [0, 1, 2, 3]
+  m.node("Greater", {"range", "one"}, {"big"});         // [F, F, T, T]
+  m.node("Expand", {"x", "dims"}, {"y"});               // [2, 3, 4]: dims' 1 broadcasts
+  m.output("y");
+  m.output("rem", TensorProto::INT64);
+  m.output("none", TensorProto::BOOL);
+  m.output("big", TensorProto::BOOL);
+  Graph g = import(m);
+  int computed = 0;  // nodes other than constants: the expand alone
+  for (const Node& n : g.nodes()) computed += n.op != OpKind::constant;
+  EXPECT_EQ(computed, 1);
+  const Tensor x = random_tensor(DType::f32, {2, 3, 4}, 5);
+  EXPECT_EQ(run1(g, {{"x", x}}, "y").to_doubles(), x.to_doubles());
+  EXPECT_EQ(run1(g, {{"x", x}}, "rem").to_doubles(), (std::vector<double>{1, 1, 0}));
+  EXPECT_EQ(run1(g, {{"x", x}}, "none").to_doubles(), (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(run1(g, {{"x", x}}, "big").to_doubles(), (std::vector<double>{0, 0, 1, 1}));
+}
+
+TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
+  TestModel m(17);
+  m.input("a", TensorProto::INT64, {3});
+  m.initializer("b", Tensor::from_vector<int64_t>({3}, {1, 2, 3}));
+  m.node("Equal", {"a", "b"}, {"eq"}, "cmp");
+  m.output("eq", TensorProto::BOOL);
+  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'cmp' (Equal)", "'a'"}));
+  // Mod's integer divisor of zero, and float Mod without fmod, are errors naming the node.
+  TestModel z(17);
+  z.initializer("a", Tensor::from_vector<int64_t>({2}, {5, 6}));
+  z.initializer("b", Tensor::from_vector<int64_t>({2}, {2, 0}));
+  z.node("Mod", {"a", "b"}, {"r"}, "mod");
+  z.output("r", TensorProto::INT64);
+  EXPECT_TRUE(throws_error_with([&] { import(z); }, {"node 'mod' (Mod)", "zero divisor"}));
+  TestModel f(17);
+  f.initializer("a", Tensor::from_vector<float>({1}, {5.5f}));
+  f.initializer("b", Tensor::from_vector<float>({1}, {2}));
+  f.node("Mod", {"a", "b"}, {"r"}, "fmod");
+  f.output("r");
+  EXPECT_TRUE(throws_error_with([&] { import(f); }, {"node 'fmod' (Mod)", "fmod"}));
+  // Python-style sign (fmod = 0) and C-style (fmod = 1) on negative operands, INT64_MAX kept.
+  TestModel s(17);
+  s.initializer("a",
+                Tensor::from_vector<int64_t>({3}, {-7, 7, std::numeric_limits<int64_t>::max()}));
+  s.initializer("b", Tensor::from_vector<int64_t>({3}, {3, -3, 10}));
+  s.node("Mod", {"a", "b"}, {"py"});
+  attr_int(s.node("Mod", {"a", "b"}, {"c"}), "fmod", 1);
+  s.initializer("yes", Tensor::from_doubles(DType::boolean, {3}, {1, 1, 1}));
+  s.node("Where", {"yes", "a", "b"}, {"kept"});
+  for (const char* name : {"py", "c", "kept"}) s.output(name, TensorProto::INT64);
+  Graph g = import(s);
+  EXPECT_EQ(run1(g, {}, "py").to_doubles(), (std::vector<double>{2, -2, 7}));
+  EXPECT_EQ(run1(g, {}, "c").to_doubles(), (std::vector<double>{-1, 1, 7}));
+  EXPECT_EQ(run1(g, {}, "kept").data<int64_t>()[2], std::numeric_limits<int64_t>::max());
 }
 
 TEST(OnnxImport, BatchNormTrainingOutputs) {

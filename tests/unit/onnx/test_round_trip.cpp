@@ -340,6 +340,7 @@ TEST(OnnxRoundTrip, ShapeOps) {
   g.mark_output(b.cast(x, DType::f16));
   g.mark_output(b.cast(b.cast(x, DType::i32), DType::f64));
   g.mark_output(b.add(x, b.constant(Tensor::full(DType::f32, {4}, 0.25))));
+  g.mark_output(g.add_node(OpKind::expand, ExpandAttrs{{5, 2, 3, 4}}, {x}, "expand").at(0));
   expect_round_trip(g, feeds);
 }
 

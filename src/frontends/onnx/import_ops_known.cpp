@@ -1,0 +1,288 @@
+// Ops fusebox evaluates at import only, on inputs known there: the comparisons, logic, Where,
+// Mod and Range that exporters put into shape arithmetic (Shape -> Equal -> Where -> Reshape,
+// window padding via Mod, index ranges). Their results are known tensors, so the chain folds
+// to constants before any node reaches the graph. On values computed at run time they are
+// refused as unsupported, naming the input (NodeContext::const_input); they have no kernels
+// yet. Expand is imported as the graph's expand op (any input; the shape must be known).
+#include <algorithm>
+#include <cmath>
+
+#include "frontends/onnx/import_context.h"
+
+namespace fusebox::onnx_import {
+namespace {
+
+// Known tensors are refused beyond this many elements (Range).
+constexpr int64_t kMaxKnownElements = int64_t(1) << 28;
+
+// A known input's values: exactly as int64 for integer and bool tensors (INT64_MAX, the
+// exporters' "to the end" sentinel, survives), as double for floating ones.
+struct Values {
+  DType dtype = DType::f32;
+  Shape shape;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  bool integer() const { return !is_floating(dtype); }
+};
+
+Values known(NodeContext& c, int i, const char* role) {
+  const Tensor& t = c.const_input(i, role);
+  Values v;
+  v.dtype = t.dtype();
+  v.shape = t.shape();
+  if (v.dtype == DType::boolean) {
+    v.ints.resize(size_t(t.numel()));
+    for (int64_t k = 0; k < t.numel(); ++k) v.ints[size_t(k)] = t.data<bool>()[k] ? 1 : 0;
+  } else if (v.integer()) {
+    v.ints = c.const_ints_any_rank(i, role);
+  } else {
+    v.floats = t.to_doubles();
+  }
+  return v;
+}
+
+// For each element of the broadcast of `shapes`, the flat index into each input.
+std::vector<std::vector<int64_t>> broadcast_indices(NodeContext& c,
+                                                    const std::vector<Shape>& shapes,
+                                                    Shape* out_shape) {
+  Shape out = shapes[0];
+  for (size_t i = 1; i < shapes.size(); ++i) {
+    Shape next;
+    c.check(broadcast_shapes(out, shapes[i], &next), "inputs ", shape_str(out), " and ",
+            shape_str(shapes[i]), " do not broadcast");
+    out = next;
+  }
+  *out_shape = out;
+  const int64_t count = numel(out);
+  std::vector<std::vector<int64_t>> index(shapes.size(), std::vector<int64_t>(size_t(count)));
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    // Strides of input k over the output's dims (0 where it broadcasts).
+    const Shape& s = shapes[k];
+    Shape strides(out.size(), 0);
+    int64_t stride = 1;
+    for (size_t d = s.size(); d-- > 0;) {
+      const size_t od = out.size() - s.size() + d;
+      strides[od] = s[d] == 1 ? 0 : stride;
+      stride *= s[d];
+    }
+    for (int64_t e = 0; e < count; ++e) {
+      int64_t rem = e, at = 0;
+      for (size_t d = out.size(); d-- > 0;) {
+        at += (rem % out[d]) * strides[d];
+        rem /= out[d];
+      }
+      index[k][size_t(e)] = at;
+    }
+  }
+  return index;
+}
+
+enum class Compare { equal, less, greater, less_or_equal, greater_or_equal };
+
+template <class T>
+bool compare(Compare op, T a, T b) {
+  switch (op) {
+    case Compare::equal:
+      return a == b;
+    case Compare::less:
+      return a < b;
+    case Compare::greater:
+      return a > b;
+    case Compare::less_or_equal:
+      return a <= b;
+    default:
+      return a >= b;
+  }
+}
+
+void import_compare(NodeContext& c, Compare op) {
+  const Values a = known(c, 0, "A"), b = known(c, 1, "B");
+  c.check(a.dtype == b.dtype, "inputs have different element types ", dtype_name(a.dtype), " and ",
+          dtype_name(b.dtype));
+  Shape shape;
+  const auto index = broadcast_indices(c, {a.shape, b.shape}, &shape);
+  std::vector<double> out(index[0].size());
+  for (size_t e = 0; e < out.size(); ++e) {
+    const size_t i = size_t(index[0][e]), j = size_t(index[1][e]);
+    out[e] =
+        a.integer() ? compare(op, a.ints[i], b.ints[j]) : compare(op, a.floats[i], b.floats[j]);
+  }
+  c.set_output(0, Tensor::from_doubles(DType::boolean, shape, out));
+}
+
+void import_equal(NodeContext& c) {
+  import_compare(c, Compare::equal);
+}
+void import_less(NodeContext& c) {
+  import_compare(c, Compare::less);
+}
+void import_greater(NodeContext& c) {
+  import_compare(c, Compare::greater);
+}
+void import_less_or_equal(NodeContext& c) {
+  import_compare(c, Compare::less_or_equal);
+}
+void import_greater_or_equal(NodeContext& c) {
+  import_compare(c, Compare::greater_or_equal);
+}
+
+Values known_bool(NodeContext& c, int i, const char* role) {
+  Values v = known(c, i, role);
+  c.check(v.dtype == DType::boolean, "input ", i, " (", role, ") must be bool, got ",
+          dtype_name(v.dtype));
+  return v;
+}
+
+void import_not(NodeContext& c) {
+  const Values x = known_bool(c, 0, "X");
+  std::vector<double> out(x.ints.size());
+  for (size_t e = 0; e < out.size(); ++e) out[e] = x.ints[e] == 0;
+  c.set_output(0, Tensor::from_doubles(DType::boolean, x.shape, out));
+}
+
+enum class Logic { and_, or_, xor_ };
+
+void import_logic(NodeContext& c, Logic op) {
+  const Values a = known_bool(c, 0, "A"), b = known_bool(c, 1, "B");
+  Shape shape;
+  const auto index = broadcast_indices(c, {a.shape, b.shape}, &shape);
+  std::vector<double> out(index[0].size());
+  for (size_t e = 0; e < out.size(); ++e) {
+    const bool x = a.ints[size_t(index[0][e])] != 0, y = b.ints[size_t(index[1][e])] != 0;
+    out[e] = op == Logic::and_ ? (x && y) : op == Logic::or_ ? (x || y) : (x != y);
+  }
+  c.set_output(0, Tensor::from_doubles(DType::boolean, shape, out));
+}
+
+void import_and(NodeContext& c) {
+  import_logic(c, Logic::and_);
+}
+void import_or(NodeContext& c) {
+  import_logic(c, Logic::or_);
+}
+void import_xor(NodeContext& c) {
+  import_logic(c, Logic::xor_);
+}
+
+// A known tensor of `dtype` from exact int64 values (integer dtypes) or doubles.
+Tensor make_tensor(DType dtype, const Shape& shape, const std::vector<int64_t>& ints,
+                   const std::vector<double>& floats) {
+  if (is_floating(dtype)) return Tensor::from_doubles(dtype, shape, floats);
+  if (dtype == DType::i64) return Tensor::from_vector<int64_t>(shape, ints);
+  std::vector<double> as_doubles(ints.begin(), ints.end());  // i32, bool: exact in a double
+  return Tensor::from_doubles(dtype, shape, as_doubles);
+}
+
+void import_where(NodeContext& c) {
+  const Values cond = known_bool(c, 0, "condition");
+  const Values x = known(c, 1, "X"), y = known(c, 2, "Y");
+  c.check(x.dtype == y.dtype, "inputs X and Y have different element types ", dtype_name(x.dtype),
+          " and ", dtype_name(y.dtype));
+  Shape shape;
+  const auto index = broadcast_indices(c, {cond.shape, x.shape, y.shape}, &shape);
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  for (size_t e = 0; e < index[0].size(); ++e) {
+    const bool pick_x = cond.ints[size_t(index[0][e])] != 0;
+    const size_t i = size_t(index[1][e]), j = size_t(index[2][e]);
+    if (x.integer())
+      ints.push_back(pick_x ? x.ints[i] : y.ints[j]);
+    else
+      floats.push_back(pick_x ? x.floats[i] : y.floats[j]);
+  }
+  c.set_output(0, make_tensor(x.dtype, shape, ints, floats));
+}
+
+// Mod: fmod = 0 (integers only) takes the divisor's sign, as Python's %; fmod = 1 the
+// dividend's, as C's fmod.
+void import_mod(NodeContext& c) {
+  const Values a = known(c, 0, "A"), b = known(c, 1, "B");
+  c.check(a.dtype == b.dtype, "inputs have different element types ", dtype_name(a.dtype), " and ",
+          dtype_name(b.dtype));
+  const bool fmod = c.attrs().get_int("fmod", 0) != 0;
+  if (!a.integer() && !fmod) c.attrs().fail("fmod", "must be 1 for floating-point inputs");
+  Shape shape;
+  const auto index = broadcast_indices(c, {a.shape, b.shape}, &shape);
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  for (size_t e = 0; e < index[0].size(); ++e) {
+    const size_t i = size_t(index[0][e]), j = size_t(index[1][e]);
+    if (a.integer()) {
+      const int64_t x = a.ints[i], y = b.ints[j];
+      c.check(y != 0, "input 1 (B) has a zero divisor at element ", j);
+      int64_t r = y == -1 ? 0 : x % y;  // x % -1 overflows for INT64_MIN
+      if (!fmod && r != 0 && ((r < 0) != (y < 0))) r += y;
+      ints.push_back(r);
+    } else {
+      floats.push_back(std::fmod(a.floats[i], b.floats[j]));
+    }
+  }
+  c.set_output(0, make_tensor(a.dtype, shape, ints, floats));
+}
+
+// Range(start, limit, delta): max(ceil((limit - start) / delta), 0) elements start + i delta.
+void import_range(NodeContext& c) {
+  const Values start = known(c, 0, "start"), limit = known(c, 1, "limit"),
+               delta = known(c, 2, "delta");
+  for (const Values* v : {&start, &limit, &delta}) {
+    c.check(numel(v->shape) == 1, "start, limit and delta must be scalars, got shape ",
+            shape_str(v->shape));
+    c.check(v->dtype == start.dtype, "start, limit and delta have different element types");
+  }
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  if (start.integer()) {
+    const int64_t s = start.ints[0], l = limit.ints[0], d = delta.ints[0];
+    c.check(d != 0, "input 2 (delta) is 0");
+    const int64_t span = l - s;
+    const int64_t count = std::max<int64_t>(0, (span + d + (d > 0 ? -1 : 1)) / d);
+    c.check(count <= kMaxKnownElements, "the range has ", count, " elements, more than ",
+            kMaxKnownElements);
+    for (int64_t i = 0; i < count; ++i) ints.push_back(s + i * d);
+  } else {
+    const double s = start.floats[0], l = limit.floats[0], d = delta.floats[0];
+    c.check(d != 0 && std::isfinite(s) && std::isfinite(l) && std::isfinite(d),
+            "start, limit and delta must be finite and delta nonzero");
+    const double count = std::max(0.0, std::ceil((l - s) / d));
+    c.check(count <= double(kMaxKnownElements), "the range has ", count, " elements, more than ",
+            kMaxKnownElements);
+    for (int64_t i = 0; i < int64_t(count); ++i) floats.push_back(s + double(i) * d);
+  }
+  const int64_t n = int64_t(start.integer() ? ints.size() : floats.size());
+  c.set_output(0, make_tensor(start.dtype, {n}, ints, floats));
+}
+
+// Expand(input, shape): input broadcast with shape (both ways: shape's dims may be 1 where
+// the input's are larger); the graph's expand op, so the input may be computed at run time.
+void import_expand(NodeContext& c) {
+  const Shape target = c.const_ints(1, "shape");
+  for (int64_t d : target) c.check(d >= 0, "input 1 (shape) has a negative extent ", d);
+  Shape out;
+  c.check(broadcast_shapes(c.input_shape(0), target, &out), "input 0 ", shape_str(c.input_shape(0)),
+          " does not broadcast with shape ", shape_str(target));
+  c.set_output(0, c.emit1(OpKind::expand, ExpandAttrs{out}, {c.input(0)}));
+}
+
+const OpSpec kOps[] = {
+    {"Equal", 1, 2, 2, 1, import_equal},
+    {"Less", 1, 2, 2, 1, import_less},
+    {"Greater", 1, 2, 2, 1, import_greater},
+    {"LessOrEqual", 12, 2, 2, 1, import_less_or_equal},
+    {"GreaterOrEqual", 12, 2, 2, 1, import_greater_or_equal},
+    {"Not", 1, 1, 1, 1, import_not},
+    {"And", 1, 2, 2, 1, import_and},
+    {"Or", 1, 2, 2, 1, import_or},
+    {"Xor", 1, 2, 2, 1, import_xor},
+    {"Where", 9, 3, 3, 1, import_where},
+    {"Mod", 10, 2, 2, 1, import_mod},
+    {"Range", 11, 3, 3, 1, import_range},
+    {"Expand", 8, 2, 2, 1, import_expand},
+};
+
+}  // namespace
+
+std::span<const OpSpec> known_ops() {
+  return kOps;
+}
+
+}  // namespace fusebox::onnx_import
