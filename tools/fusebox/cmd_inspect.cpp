@@ -50,6 +50,8 @@ int64_t macs(const Graph& g, const Node& n) {
 int inspect(const InspectArgs& args) {
   OnnxImportOptions opts;
   opts.input_shapes = parse_shape_specs(args.shapes);
+  OnnxImportReport report;
+  opts.report = &report;
   Graph g = import_onnx_file(args.model, opts);
   if (args.fusion || !args.dot.empty()) {
     FusionLog log;
@@ -71,6 +73,15 @@ int inspect(const InspectArgs& args) {
     ++per_op[op_name(n.op)];
     total_macs += macs(g, n);
   }
+  std::cout << "\nONNX nodes: " << report.onnx_nodes << ", folded at import: " << report.folded;
+  if (!report.folded_by_op.empty()) {
+    std::cout << " (";
+    const char* sep = "";
+    for (const auto& [op, count] : report.folded_by_op)
+      std::cout << sep << op << " " << count, sep = ", ";
+    std::cout << ")";
+  }
+  std::cout << "\n";
   std::cout << "\nnodes per op (" << g.nodes().size() << " nodes):\n";
   for (const auto& [op, count] : per_op) std::cout << "  " << op << ": " << count << "\n";
 

@@ -20,6 +20,15 @@
 
 namespace fusebox {
 
+// What an import did with the model's nodes (OnnxImportOptions::report).
+struct OnnxImportReport {
+  int64_t onnx_nodes = 0;  // nodes in the model's graph
+  // Nodes evaluated at import (their outputs are known tensors: inputs all known, or
+  // static-shape ops like Shape): none of them reaches the graph. Per op type too.
+  int64_t folded = 0;
+  std::map<std::string, int64_t> folded_by_op;
+};
+
 struct OnnxImportOptions {
   // Graph inputs to freeze to these values at import: for inputs that decide
   // shapes (a Reshape's shape, Slice's starts, ...) when the model feeds them
@@ -27,6 +36,8 @@ struct OnnxImportOptions {
   std::map<std::string, Tensor> constant_inputs;
   // Concrete shapes for inputs whose ONNX shape has symbolic or unknown dims.
   std::map<std::string, Shape> input_shapes;
+  // When set, filled with what the import folded (`fusebox inspect` prints it).
+  OnnxImportReport* report = nullptr;
 };
 
 // Errors name the file, the node (name and op_type) and the attribute at fault.

@@ -229,11 +229,25 @@ class Loader {
     }
   }
 
+  // Counts the node in the report, as folded when every output it bound is a known tensor.
+  void count_node(const onnx::NodeProto& node) {
+    if (opts_.report == nullptr) return;
+    ++opts_.report->onnx_nodes;
+    for (const std::string& o : node.output()) {
+      if (o.empty()) continue;
+      auto it = values_.find(o);
+      if (it == values_.end() || !it->second.constant.defined()) return;
+    }
+    ++opts_.report->folded;
+    ++opts_.report->folded_by_op[node.op_type()];
+  }
+
   void import_node(int index, const onnx::NodeProto& node) {
     const std::string name = node.name().empty() ? cat(node.op_type(), "_", index) : node.name();
     const std::string desc = cat("node '", name, "' (", node.op_type(), ")");
     try {
       import_node_checked(node, name, desc);
+      count_node(node);
     } catch (const Error& e) {
       if (e.where() == where_) throw;
       throw Error(where_, cat(desc, ": ", e.what()));

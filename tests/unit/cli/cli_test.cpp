@@ -125,6 +125,7 @@ TEST_F(Cli, ZooInspectRun) {
   EXPECT_TRUE(contains(inspect.out, "f32[2, 3, 8, 8]")) << inspect.out;
   EXPECT_TRUE(contains(inspect.out, "f32[2, 10]")) << inspect.out;
   EXPECT_TRUE(contains(inspect.out, "conv: 2\n")) << inspect.out;
+  EXPECT_TRUE(contains(inspect.out, "folded at import: 0\n")) << inspect.out;
   EXPECT_TRUE(contains(inspect.out, "batch_norm: 2\n")) << inspect.out;
   // small_cnn's parameters and running stats: 432 + 4*16 + 4608 + 4*32 + 320 + 10.
   EXPECT_TRUE(contains(inspect.out, "5,562 values")) << inspect.out;

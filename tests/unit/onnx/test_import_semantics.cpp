@@ -252,7 +252,12 @@ TEST(OnnxImport, ShapeArithmeticFoldsAtImport) {
   m.output("rem", TensorProto::INT64);
   m.output("none", TensorProto::BOOL);
   m.output("big", TensorProto::BOOL);
-  Graph g = import(m);
+  OnnxImportReport report;
+  Graph g = import(m, {.report = &report});
+  EXPECT_EQ(report.onnx_nodes, 9);
+  EXPECT_EQ(report.folded, 8);  // all but the Expand
+  EXPECT_EQ(report.folded_by_op["Shape"], 1);
+  EXPECT_EQ(report.folded_by_op.count("Expand"), 0u);
   int computed = 0;  // nodes other than constants: the expand alone
   for (const Node& n : g.nodes()) computed += n.op != OpKind::constant;
   EXPECT_EQ(computed, 1);
