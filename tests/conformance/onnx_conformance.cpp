@@ -47,6 +47,7 @@ constexpr const char* kFamilies[] = {
     "batchnorm", "layer_normalization",                               // incl. *_expanded
     "relu", "leakyrelu", "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "reciprocal", "neg",
     "abs", "clip", "cast", "identity",                                // unary
+    "hardsigmoid", "hardswish", "softplus", "elu", "prelu",           // as chains of the above
     "add", "sub", "mul", "div", "pow", "max", "min",                  // binary; Max/Min variadic
     "matmul", "gemm",
     "maxpool", "averagepool", "globalaveragepool",

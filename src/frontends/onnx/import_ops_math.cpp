@@ -22,6 +22,68 @@ void import_clip(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::clip, a, {c.input(0)}));
 }
 
+// ---- activations without an op of their own: chains of existing ops (the CUDA backend's
+// pointwise fusion runs each chain as one generated kernel) ----
+
+// A scalar of the input's dtype, broadcast by the binary ops.
+ValueId scalar(NodeContext& c, double value, const std::string& suffix) {
+  return c.constant(Tensor::full(c.input_type(0).dtype, {}, value), suffix);
+}
+
+// clip(alpha x + beta, 0, 1); the last node takes `suffix` ("" for the node's own name).
+ValueId hard_sigmoid(NodeContext& c, ValueId x, double alpha, double beta,
+                     const std::string& suffix) {
+  const std::string base = suffix.empty() ? "" : suffix + "/";
+  const ValueId ax =
+      c.emit1(OpKind::mul, {}, {x, scalar(c, alpha, base + "alpha")}, base + "scale");
+  const ValueId axb =
+      c.emit1(OpKind::add, {}, {ax, scalar(c, beta, base + "beta")}, base + "shift");
+  return c.emit1(OpKind::clip, ClipAttrs{0.0, 1.0}, {axb}, suffix);
+}
+
+void import_hard_sigmoid(NodeContext& c) {
+  const double alpha = c.attrs().get_float("alpha", double(0.2f));
+  const double beta = c.attrs().get_float("beta", double(0.5f));
+  c.set_output(0, hard_sigmoid(c, c.input(0), alpha, beta, ""));
+}
+
+// x * HardSigmoid(x; 1/6, 1/2).
+void import_hard_swish(NodeContext& c) {
+  const ValueId x = c.input(0);
+  const ValueId gate = hard_sigmoid(c, x, 1.0 / 6.0, 0.5, "gate");
+  c.set_output(0, c.emit1(OpKind::mul, {}, {x, gate}));
+}
+
+// log(1 + exp(x)) as relu(x) + log(1 + exp(-|x|)): no overflow for large x.
+void import_softplus(NodeContext& c) {
+  const ValueId x = c.input(0);
+  const ValueId neg_abs = c.emit1(OpKind::neg, {}, {c.emit1(OpKind::abs, {}, {x}, "abs")}, "neg");
+  const ValueId e = c.emit1(OpKind::exp, {}, {neg_abs}, "exp");
+  const ValueId log1p = c.emit1(
+      OpKind::log, {}, {c.emit1(OpKind::add, {}, {e, scalar(c, 1, "one")}, "plus_one")}, "log");
+  c.set_output(0, c.emit1(OpKind::add, {}, {c.emit1(OpKind::relu, {}, {x}, "relu"), log1p}));
+}
+
+// x > 0 ? x : alpha (exp(x) - 1), as relu(x) - alpha relu(1 - exp(x)) (exp(x) = inf for large x
+// gives relu(-inf) = 0, never a NaN).
+void import_elu(NodeContext& c) {
+  const double alpha = c.attrs().get_float("alpha", 1.0);
+  const ValueId x = c.input(0);
+  const ValueId e = c.emit1(OpKind::exp, {}, {x}, "exp");
+  const ValueId below = c.emit1(
+      OpKind::relu, {}, {c.emit1(OpKind::sub, {}, {scalar(c, 1, "one"), e}, "one_minus")}, "below");
+  const ValueId scaled = c.emit1(OpKind::mul, {}, {below, scalar(c, alpha, "alpha")}, "scaled");
+  c.set_output(0, c.emit1(OpKind::sub, {}, {c.emit1(OpKind::relu, {}, {x}, "relu"), scaled}));
+}
+
+// x > 0 ? x : slope x, as relu(x) - slope relu(-x); slope broadcasts to x (any values).
+void import_prelu(NodeContext& c) {
+  const ValueId x = c.input(0);
+  const ValueId below = c.emit1(OpKind::relu, {}, {c.emit1(OpKind::neg, {}, {x}, "neg")}, "below");
+  const ValueId scaled = c.emit1(OpKind::mul, {}, {c.input(1), below}, "scaled");
+  c.set_output(0, c.emit1(OpKind::sub, {}, {c.emit1(OpKind::relu, {}, {x}, "relu"), scaled}));
+}
+
 template <OpKind K>
 void import_binary(NodeContext& c) {
   c.set_output(0, c.emit1(K, {}, {c.input(0), c.input(1)}));
@@ -194,6 +256,11 @@ const OpSpec kOps[] = {
     {"Erf", 9, 1, 1, 1, import_unary<OpKind::erf>},
     {"Identity", 1, 1, 1, 1, import_unary<OpKind::identity>},
     {"LeakyRelu", 1, 1, 1, 1, import_leaky_relu},
+    {"HardSigmoid", 6, 1, 1, 1, import_hard_sigmoid},
+    {"HardSwish", 14, 1, 1, 1, import_hard_swish},
+    {"Softplus", 1, 1, 1, 1, import_softplus},
+    {"Elu", 6, 1, 1, 1, import_elu},
+    {"PRelu", 9, 2, 2, 1, import_prelu},
     {"Clip", 1, 1, 3, 1, import_clip},
     {"Add", 1, 2, 2, 1, import_binary<OpKind::add>},
     {"Sub", 1, 2, 2, 1, import_binary<OpKind::sub>},

@@ -268,6 +268,40 @@ TEST(OnnxImport, ShapeArithmeticFoldsAtImport) {
   EXPECT_EQ(run1(g, {{"x", x}}, "big").to_doubles(), (std::vector<double>{0, 0, 1, 1}));
 }
 
+// HardSigmoid, HardSwish, Softplus, Elu and PRelu import as chains of existing ops; their
+// values against the ONNX formulas in double, including large |x| (Softplus and Elu must not
+// overflow into inf or NaN).
+TEST(OnnxImport, DecomposedActivationsMatchTheirFormulas) {
+  const std::vector<double> xs = {-100, -3.5, -1, -0.25, 0, 0.3, 1, 2.9, 4, 100};
+  const Tensor x = Tensor::from_doubles(DType::f32, {int64_t(xs.size())}, xs);
+  TestModel m(17);
+  m.input("x", TensorProto::FLOAT, {int64_t(xs.size())});
+  onnx::NodeProto* hs = m.node("HardSigmoid", {"x"}, {"hsig"});
+  attr_float(hs, "alpha", 0.3f);
+  attr_float(hs, "beta", 0.4f);
+  m.node("HardSwish", {"x"}, {"hswish"});
+  m.node("Softplus", {"x"}, {"softplus"});
+  attr_float(m.node("Elu", {"x"}, {"elu"}), "alpha", 2.0f);
+  m.initializer("slope", Tensor::from_vector<float>({1}, {0.25f}));
+  m.node("PRelu", {"x", "slope"}, {"prelu"});
+  for (const char* name : {"hsig", "hswish", "softplus", "elu", "prelu"}) m.output(name);
+  const Graph g = import(m);
+  auto expect = [&](const char* name, auto f) {
+    const std::vector<double> got = run1(g, {{"x", x}}, name).to_doubles();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double want = f(double(float(xs[i])));
+      EXPECT_NEAR(got[i], want, 1e-5 * std::max(1.0, std::abs(want)))
+          << name << "(" << xs[i] << ")";
+    }
+  };
+  auto clamp01 = [](double v) { return std::min(1.0, std::max(0.0, v)); };
+  expect("hsig", [&](double v) { return clamp01(double(0.3f) * v + double(0.4f)); });
+  expect("hswish", [&](double v) { return v * clamp01(v / 6 + 0.5); });
+  expect("softplus", [](double v) { return v > 30 ? v : std::log1p(std::exp(v)); });
+  expect("elu", [](double v) { return v > 0 ? v : 2 * (std::exp(v) - 1); });
+  expect("prelu", [](double v) { return v > 0 ? v : 0.25 * v; });
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
