@@ -44,7 +44,7 @@ namespace {
 // clang-format off
 constexpr const char* kFamilies[] = {
     "conv", "basic_conv", "convtranspose",                            // Conv, ConvTranspose
-    "batchnorm", "layer_normalization",                               // incl. *_expanded
+    "batchnorm", "layer_normalization", "instancenorm",               // incl. *_expanded
     "relu", "leakyrelu", "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "reciprocal", "neg",
     "abs", "clip", "cast", "identity",                                // unary
     "hardsigmoid", "hardswish", "softplus", "elu", "prelu",           // as chains of the above

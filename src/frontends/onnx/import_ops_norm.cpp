@@ -55,6 +55,33 @@ void import_layer_norm(NodeContext& c) {
     if (c.wants_output(i)) c.set_output(i, outs.at(size_t(i)));
 }
 
+// InstanceNormalization: each (n, c) plane normalised over its spatial dims, then scale[c] and
+// bias[c]: x [N, C, S...] -> [N, C, prod S] -> layer_norm over the last dim (no affine) ->
+// * scale[C, 1] + bias[C, 1] -> x's shape.
+void import_instance_norm(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  c.check(x.size() >= 3, "input 0 (input) must be [N, C, D1, ...], got ", shape_str(x));
+  const int64_t channels = x[1];
+  for (int i = 1; i <= 2; ++i)
+    c.check(c.input_shape(i) == Shape{channels}, "input ", i, i == 1 ? " (scale)" : " (B)",
+            " must be [", channels, "], got ", shape_str(c.input_shape(i)));
+  int64_t spatial = 1;
+  for (size_t d = 2; d < x.size(); ++d) spatial *= x[d];
+  NormAttrs a;
+  a.axis = 2;
+  a.epsilon = c.attrs().get_float("epsilon", f32_default(1e-5f));
+  const ValueId planes =
+      c.emit1(OpKind::reshape, ReshapeAttrs{{x[0], channels, spatial}}, {c.input(0)}, "planes");
+  const ValueId normalised = c.emit(OpKind::layer_norm, a, {planes}, "normalised").at(0);
+  const ValueId scale =
+      c.emit1(OpKind::reshape, ReshapeAttrs{{channels, 1}}, {c.input(1)}, "scale_column");
+  const ValueId bias =
+      c.emit1(OpKind::reshape, ReshapeAttrs{{channels, 1}}, {c.input(2)}, "bias_column");
+  const ValueId scaled = c.emit1(OpKind::mul, {}, {normalised, scale}, "scaled");
+  const ValueId shifted = c.emit1(OpKind::add, {}, {scaled, bias}, "shifted");
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{x}, {shifted}));
+}
+
 // SoftmaxCrossEntropyLoss (opset 12+): our cross_entropy has the same inputs and outputs.
 void import_softmax_cross_entropy(NodeContext& c) {
   CrossEntropyAttrs a;
@@ -97,6 +124,7 @@ void import_dropout(NodeContext& c) {
 const OpSpec kOps[] = {
     {"BatchNormalization", 1, 5, 5, 5, import_batch_norm},
     {"LayerNormalization", 17, 2, 3, 3, import_layer_norm},
+    {"InstanceNormalization", 6, 3, 3, 1, import_instance_norm},
     {"SoftmaxCrossEntropyLoss", 12, 2, 3, 2, import_softmax_cross_entropy},
     {"Dropout", 1, 1, 3, 2, import_dropout},
 };

@@ -302,6 +302,43 @@ TEST(OnnxImport, DecomposedActivationsMatchTheirFormulas) {
   expect("prelu", [](double v) { return v > 0 ? v : 0.25 * v; });
 }
 
+// InstanceNormalization as reshape + layer_norm + per-channel affine, against the formula.
+TEST(OnnxImport, InstanceNormalizationMatchesItsFormula) {
+  const Shape shape = {2, 3, 4, 5};
+  const Tensor x = random_tensor(DType::f32, shape, 11, -3, 3);
+  const Tensor scale = Tensor::from_vector<float>({3}, {0.5f, -1.0f, 2.0f});
+  const Tensor bias = Tensor::from_vector<float>({3}, {0.1f, 0.0f, -0.3f});
+  TestModel m(17);
+  m.input("x", TensorProto::FLOAT, shape);
+  m.initializer("s", scale);
+  m.initializer("b", bias);
+  attr_float(m.node("InstanceNormalization", {"x", "s", "b"}, {"y"}, "inorm"), "epsilon", 1e-3f);
+  m.output("y");
+  const std::vector<double> got = run1(import(m), {{"x", x}}, "y").to_doubles();
+  const std::vector<double> v = x.to_doubles(), s = scale.to_doubles(), b = bias.to_doubles();
+  const size_t plane = 20;
+  for (size_t p = 0; p < 6; ++p) {
+    double mean = 0, var = 0;
+    for (size_t i = 0; i < plane; ++i) mean += v[p * plane + i] / plane;
+    for (size_t i = 0; i < plane; ++i)
+      var += (v[p * plane + i] - mean) * (v[p * plane + i] - mean) / plane;
+    for (size_t i = 0; i < plane; ++i) {
+      const double want =
+          s[p % 3] * (v[p * plane + i] - mean) / std::sqrt(var + double(1e-3f)) + b[p % 3];
+      EXPECT_NEAR(got[p * plane + i], want, 1e-5) << "plane " << p << " element " << i;
+    }
+  }
+  // A rank-2 input is an error naming the node.
+  TestModel bad(17);
+  bad.input("x", TensorProto::FLOAT, {2, 3});
+  bad.initializer("s", scale);
+  bad.initializer("b", bias);
+  bad.node("InstanceNormalization", {"x", "s", "b"}, {"y"}, "inorm");
+  bad.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(bad); },
+                                {"node 'inorm' (InstanceNormalization)", "[N, C, D1"}));
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
