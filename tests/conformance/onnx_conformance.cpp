@@ -54,6 +54,7 @@ constexpr const char* kFamilies[] = {
     "softmax", "logsoftmax",                                          // incl. *_expanded
     "reduce_sum", "reduce_mean", "reduce_max",
     "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze", "expand",
+    "split", "tile",
     "pad", "constant_pad", "edge_pad", "reflect_pad",                 // Pad, by mode
 };
 // clang-format on

@@ -211,7 +211,70 @@ void import_gather(NodeContext& c) {
   c.set_output(0, out);
 }
 
+// Split: one slice per output along `axis`; the sizes from the `split` input (opset 13+) or
+// attribute (earlier), known at import, else equal parts (the extent must divide).
+void import_split(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  const int64_t axis_attr = c.attrs().get_int("axis", 0);
+  int64_t axis = 0;
+  if (!normalize_axis(axis_attr, int64_t(x.size()), &axis))
+    c.attrs().fail("axis", cat("is ", axis_attr, ", out of range for input ", shape_str(x)));
+  const int64_t extent = x[size_t(axis)];
+  const int outputs = c.output_count();
+  std::vector<int64_t> sizes;
+  if (c.opset() >= 13) {
+    if (c.has_input(1)) sizes = c.const_ints(1, "split");
+  } else {
+    sizes = c.attrs().get_ints("split");
+  }
+  if (sizes.empty()) {
+    c.check(extent % outputs == 0, "dim ", axis, " of input 0 ", shape_str(x),
+            " does not split into ", outputs, " equal parts");
+    sizes.assign(size_t(outputs), extent / outputs);
+  }
+  c.check(int64_t(sizes.size()) == outputs, "split has ", sizes.size(), " sizes for ", outputs,
+          " outputs");
+  int64_t offset = 0;
+  for (int64_t s : sizes) {
+    c.check(s >= 0, "split has a negative size ", s);
+    offset += s;
+  }
+  c.check(offset == extent, "split sizes add up to ", offset, ", not dim ", axis, "'s extent ",
+          extent);
+  offset = 0;
+  const ValueId in = c.input(0);
+  for (int i = 0; i < outputs; ++i) {
+    const int64_t size = sizes[size_t(i)];
+    if (c.wants_output(i)) {
+      SliceAttrs a{{offset}, {offset + size}, {axis}, {1}};
+      c.set_output(i, c.emit1(OpKind::slice, a, {in}, outputs == 1 ? "" : cat("part", i)));
+    }
+    offset += size;
+  }
+}
+
+// Tile(input, repeats known): x [d...] -> reshape [1, d0, 1, d1, ...] -> expand
+// [r0, d0, r1, d1, ...] -> reshape [r0 d0, r1 d1, ...].
+void import_tile(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  const std::vector<int64_t> repeats = c.const_ints(1, "repeats");
+  c.check(repeats.size() == x.size(), "input 1 (repeats) has ", repeats.size(),
+          " values for an input of rank ", x.size());
+  Shape spread, expanded, out;
+  for (size_t d = 0; d < x.size(); ++d) {
+    c.check(repeats[d] >= 0, "input 1 (repeats) has a negative repeat ", repeats[d]);
+    spread.insert(spread.end(), {1, x[d]});
+    expanded.insert(expanded.end(), {repeats[d], x[d]});
+    out.push_back(repeats[d] * x[d]);
+  }
+  const ValueId s = c.emit1(OpKind::reshape, ReshapeAttrs{spread, true}, {c.input(0)}, "spread");
+  const ValueId e = c.emit1(OpKind::expand, ExpandAttrs{expanded}, {s}, "repeat");
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
+}
+
 const OpSpec kOps[] = {
+    {"Split", 11, 1, 2, kVariadic, import_split},
+    {"Tile", 6, 2, 2, 1, import_tile},
     {"Reshape", 5, 2, 2, 1, import_reshape},
     {"Flatten", 1, 1, 1, 1, import_flatten},
     {"Transpose", 1, 1, 1, 1, import_transpose},

@@ -339,6 +339,39 @@ TEST(OnnxImport, InstanceNormalizationMatchesItsFormula) {
                                 {"node 'inorm' (InstanceNormalization)", "[N, C, D1"}));
 }
 
+// Split and Tile: slices and expand + reshape; bad sizes are errors naming the node.
+TEST(OnnxImport, SplitAndTile) {
+  const Tensor x = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  TestModel m(17);
+  m.input("x", TensorProto::FLOAT, {2, 3});
+  m.initializer("sizes", Tensor::from_vector<int64_t>({2}, {1, 2}));
+  attr_int(m.node("Split", {"x", "sizes"}, {"a", "b"}), "axis", 1);
+  m.initializer("reps", Tensor::from_vector<int64_t>({2}, {2, 1}));
+  m.node("Tile", {"b", "reps"}, {"t"});
+  for (const char* name : {"a", "b", "t"}) m.output(name);
+  const Graph g = import(m);
+  EXPECT_EQ(run1(g, {{"x", x}}, "a").to_doubles(), (std::vector<double>{1, 4}));
+  EXPECT_EQ(run1(g, {{"x", x}}, "t").shape(), (Shape{4, 2}));
+  EXPECT_EQ(run1(g, {{"x", x}}, "t").to_doubles(), (std::vector<double>{2, 3, 5, 6, 2, 3, 5, 6}));
+  TestModel bad(17);
+  bad.input("x", TensorProto::FLOAT, {2, 3});
+  bad.initializer("sizes", Tensor::from_vector<int64_t>({2}, {1, 1}));
+  attr_int(bad.node("Split", {"x", "sizes"}, {"a", "b"}, "sp"), "axis", 1);
+  bad.output("a");
+  EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'sp' (Split)", "add up to 2"}));
+  TestModel uneven(17);
+  uneven.input("x", TensorProto::FLOAT, {2, 3});
+  attr_int(uneven.node("Split", {"x"}, {"a", "b"}, "sp"), "axis", 1);
+  uneven.output("a");
+  EXPECT_TRUE(throws_error_with([&] { import(uneven); }, {"node 'sp' (Split)", "2 equal parts"}));
+  TestModel neg(17);
+  neg.input("x", TensorProto::FLOAT, {2, 3});
+  neg.initializer("reps", Tensor::from_vector<int64_t>({2}, {-1, 1}));
+  neg.node("Tile", {"x", "reps"}, {"t"}, "tile");
+  neg.output("t");
+  EXPECT_TRUE(throws_error_with([&] { import(neg); }, {"node 'tile' (Tile)", "negative repeat"}));
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
