@@ -49,7 +49,7 @@ constexpr const char* kFamilies[] = {
     "abs", "clip", "cast", "identity",                                // unary
     "hardsigmoid", "hardswish", "softplus", "elu", "prelu",           // as chains of the above
     "add", "sub", "mul", "div", "pow", "max", "min",                  // binary; Max/Min variadic
-    "matmul", "gemm",
+    "matmul", "gemm", "einsum",
     "maxpool", "averagepool", "globalaveragepool",
     "softmax", "logsoftmax",                                          // incl. *_expanded
     "reduce_sum", "reduce_mean", "reduce_max",

@@ -145,7 +145,9 @@ std::span<const OpSpec> conv_pool_ops();
 std::span<const OpSpec> norm_ops();
 std::span<const OpSpec> math_ops();
 std::span<const OpSpec> shape_ops();
-std::span<const OpSpec> known_ops();  // evaluated at import only (import_ops_known.cpp)
+std::span<const OpSpec> known_ops();
+std::span<const OpSpec>
+einsum_ops();  // import_ops_einsum.cpp  // evaluated at import only (import_ops_known.cpp)
 
 // nullptr for an op type we do not import.
 const OpSpec* find_op(const std::string& op_type);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <limits>
+#include <map>
 
 #include "onnx_test_util.h"
 
@@ -370,6 +371,101 @@ TEST(OnnxImport, SplitAndTile) {
   neg.node("Tile", {"x", "reps"}, {"t"}, "tile");
   neg.output("t");
   EXPECT_TRUE(throws_error_with([&] { import(neg); }, {"node 'tile' (Tile)", "negative repeat"}));
+}
+
+// Einsum against a naive evaluation over every label assignment (letters only; the ellipsis
+// case is written with its dims spelled out for the reference).
+std::vector<double> naive_einsum(const std::vector<std::string>& terms, const std::string& out,
+                                 const std::vector<Tensor>& in, std::map<char, int64_t> extent) {
+  std::string labels;  // the labels the operands use
+  for (const std::string& t : terms)
+    for (char ch : t)
+      if (labels.find(ch) == std::string::npos) labels += ch;
+  std::vector<double> result;
+  int64_t out_count = 1;
+  for (char ch : out) out_count *= extent[ch];
+  result.assign(size_t(out_count), 0.0);
+  std::vector<std::vector<double>> values;
+  for (const Tensor& t : in) values.push_back(t.to_doubles());
+  std::map<char, int64_t> at;
+  for (char ch : labels) at[ch] = 0;
+  auto offset = [&](const std::string& term) {
+    int64_t o = 0;
+    for (char ch : term) o = o * extent[ch] + at[ch];
+    return o;
+  };
+  for (;;) {
+    double p = 1;
+    for (size_t i = 0; i < terms.size(); ++i) p *= values[i][size_t(offset(terms[i]))];
+    result[size_t(offset(out))] += p;
+    size_t d = labels.size();
+    while (d-- > 0) {
+      if (++at[labels[d]] < extent[labels[d]]) break;
+      at[labels[d]] = 0;
+    }
+    if (d == size_t(-1)) break;
+  }
+  return result;
+}
+
+TEST(OnnxImport, EinsumAsMatmulTransposeAndSums) {
+  struct Case {
+    std::string equation;
+    std::vector<std::string> terms;  // letters only, for the reference
+    std::string out;
+  };
+  const std::map<char, int64_t> extent = {{'a', 2}, {'b', 3}, {'h', 2}, {'i', 4},
+                                          {'j', 3}, {'d', 5}, {'k', 2}, {'x', 3}};
+  const Case cases[] = {
+      {"bhid,bhjd->bhij", {"bhid", "bhjd"}, "bhij"},  // attention scores
+      {"bij,bjk->bik", {"bij", "bjk"}, "bik"},
+      {"ij,jk", {"ij", "jk"}, "ik"},  // implicit output
+      {"...ij,...jk->...ik", {"xij", "xjk"}, "xik"},
+      {"ab,bd->d", {"ab", "bd"}, "d"},  // a summed away first
+      {"ijk->kj", {"ijk"}, "kj"},
+      {"ij->", {"ij"}, ""},
+      {"bhij,bhjd->bihd", {"bhij", "bhjd"}, "bihd"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.equation);
+    TestModel m(17);
+    std::vector<Tensor> in;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < k.terms.size(); ++i) {
+      Shape shape;
+      for (char ch : k.terms[i]) shape.push_back(extent.at(ch));
+      in.push_back(random_tensor(DType::f32, shape, 40 + i));
+      names.push_back(cat("in", i));
+      m.input(names.back(), TensorProto::FLOAT, shape);
+    }
+    attr_string(m.node("Einsum", names, {"y"}), "equation", k.equation);
+    m.output("y");
+    NamedTensors feeds;
+    for (size_t i = 0; i < in.size(); ++i) feeds[names[i]] = in[i];
+    const std::vector<double> got = run1(import(m), feeds, "y").to_doubles();
+    const std::vector<double> want = naive_einsum(k.terms, k.out, in, extent);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
+  }
+  // Three operands and mismatched extents are unsupported; a bad character is an error.
+  TestModel three(17);
+  for (const char* n : {"p", "q", "r"}) three.input(n, TensorProto::FLOAT, {2, 2});
+  attr_string(three.node("Einsum", {"p", "q", "r"}, {"y"}, "e3"), "equation", "ij,jk,kl->il");
+  three.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(three); },
+                                {"unsupported: node 'e3' (Einsum)", "more than two"}));
+  TestModel mismatch(17);
+  mismatch.input("p", TensorProto::FLOAT, {2, 3});
+  mismatch.input("q", TensorProto::FLOAT, {4, 2});
+  attr_string(mismatch.node("Einsum", {"p", "q"}, {"y"}, "em"), "equation", "ij,jk->ik");
+  mismatch.output("y");
+  EXPECT_TRUE(
+      throws_error_with([&] { import(mismatch); }, {"node 'em' (Einsum)", "extents 3 and 4"}));
+  TestModel bad(17);
+  bad.input("p", TensorProto::FLOAT, {2, 3});
+  attr_string(bad.node("Einsum", {"p"}, {"y"}, "eb"), "equation", "i7->i");
+  bad.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'eb' (Einsum)", "'7'"}));
 }
 
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
