@@ -1,5 +1,6 @@
 // Shape and data-movement ops, Cast, and the ops whose results are known at import
 // (Constant, Shape, Size, ConstantOfShape, and Gather on known tensors).
+#include <cmath>
 #include <cstring>
 
 #include "frontends/onnx/import_context.h"
@@ -272,7 +273,82 @@ void import_tile(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
 }
 
+// Resize (opsets 11-17) where it is a repeat: mode nearest with an integer upsampling factor
+// per dim, under a coordinate mapping whose nearest pixel for output i is i / factor (floor):
+// half_pixel and pytorch_half_pixel with round_prefer_floor or round_prefer_ceil, asymmetric
+// with floor (or round_prefer_floor at factor 2). Dims of factor 1 pass through under any
+// mode. As reshape + expand + reshape. Everything else (linear, cubic, downsampling,
+// fractional factors, align_corners, ...) is refused as unsupported: it needs a resize kernel.
+void import_resize(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  const std::string mode = c.attrs().get_string("mode", "nearest");
+  const std::string ctm = c.attrs().get_string("coordinate_transformation_mode", "half_pixel");
+  const std::string nearest = c.attrs().get_string("nearest_mode", "round_prefer_floor");
+  (void)c.attrs().get_float("cubic_coeff_a", -0.75);
+  (void)c.attrs().get_int("exclude_outside", 0);
+  (void)c.attrs().get_float("extrapolation_value", 0.0);
+  Shape out = x;
+  const Tensor* scales = c.optional_const_input(2, "scales");
+  const Tensor* sizes = c.input_count() > 3 ? c.optional_const_input(3, "sizes") : nullptr;
+  if (sizes != nullptr && sizes->numel() > 0) {
+    c.check(scales == nullptr || scales->numel() == 0, "scales and sizes are both given");
+    out = c.const_ints(3, "sizes");
+    c.check(out.size() == x.size(), "input 3 (sizes) has ", out.size(), " values for rank ",
+            x.size());
+  } else {
+    c.check(scales != nullptr && scales->numel() == int64_t(x.size()),
+            "input 2 (scales) must hold ", x.size(), " values (or sizes must be given)");
+    const std::vector<double> s = scales->to_doubles();
+    for (size_t d = 0; d < x.size(); ++d) {
+      c.check(s[d] > 0, "input 2 (scales) has a non-positive scale ", s[d]);
+      out[d] = int64_t(std::floor(double(x[d]) * s[d]));
+    }
+  }
+  std::vector<int64_t> factor(x.size(), 1);
+  bool any = false;
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (out[d] == x[d]) continue;
+    if (x[d] == 0 || out[d] % x[d] != 0 || out[d] < x[d])
+      c.unsupported(cat("Resize from ", shape_str(x), " to ", shape_str(out),
+                        ": only integer upsampling factors (dim ", d, ": ", x[d], " -> ", out[d],
+                        ")"));
+    factor[d] = out[d] / x[d];
+    any = true;
+  }
+  if (any) {
+    if (mode != "nearest")
+      c.unsupported(cat("Resize mode '", mode, "' (only nearest upsampling by integer factors)"));
+    int64_t widest = 1;
+    for (int64_t f : factor) widest = std::max(widest, f);
+    const bool centred = ctm == "half_pixel" || ctm == "pytorch_half_pixel";
+    const bool repeats =
+        (centred && (nearest == "round_prefer_floor" || nearest == "round_prefer_ceil")) ||
+        (ctm == "asymmetric" &&
+         (nearest == "floor" || (nearest == "round_prefer_floor" && widest == 2)));
+    if (!repeats)
+      c.unsupported(cat("Resize nearest with coordinate_transformation_mode '", ctm,
+                        "' and nearest_mode '", nearest, "' (not a plain repeat)"));
+  }
+  if (!any) {
+    c.set_output(0, c.input(0));  // the loader adds an identity node
+    return;
+  }
+  Shape spread, expanded;
+  for (size_t d = 0; d < x.size(); ++d) {
+    spread.push_back(x[d]);
+    expanded.push_back(x[d]);
+    if (factor[d] > 1) {
+      spread.push_back(1);
+      expanded.push_back(factor[d]);
+    }
+  }
+  const ValueId s = c.emit1(OpKind::reshape, ReshapeAttrs{spread, true}, {c.input(0)}, "spread");
+  const ValueId e = c.emit1(OpKind::expand, ExpandAttrs{expanded}, {s}, "repeat");
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
+}
+
 const OpSpec kOps[] = {
+    {"Resize", 11, 1, 4, 1, import_resize},
     {"Split", 11, 1, 2, kVariadic, import_split},
     {"Tile", 6, 2, 2, 1, import_tile},
     {"Reshape", 5, 2, 2, 1, import_reshape},

@@ -468,6 +468,38 @@ TEST(OnnxImport, EinsumAsMatmulTransposeAndSums) {
   EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'eb' (Einsum)", "'7'"}));
 }
 
+// Resize as a repeat: PyTorch's nearest upsampling export (asymmetric, floor) by 3 along W and
+// 2 along H, against out[i] = in[i / factor]; linear mode is refused as unsupported.
+TEST(OnnxImport, ResizeNearestIntegerUpsamplingIsARepeat) {
+  const Tensor x = random_tensor(DType::f32, {1, 2, 2, 3}, 21);
+  TestModel m(13);
+  m.input("x", TensorProto::FLOAT, {1, 2, 2, 3});
+  m.initializer("roi", Tensor::from_vector<float>({0}, {}));
+  m.initializer("scales", Tensor::from_vector<float>({4}, {1, 1, 2, 3}));
+  onnx::NodeProto* r = m.node("Resize", {"x", "roi", "scales"}, {"y"}, "up");
+  attr_string(r, "mode", "nearest");
+  attr_string(r, "coordinate_transformation_mode", "asymmetric");
+  attr_string(r, "nearest_mode", "floor");
+  m.output("y");
+  const Tensor y = run1(import(m), {{"x", x}}, "y");
+  ASSERT_EQ(y.shape(), (Shape{1, 2, 4, 9}));
+  const std::vector<double> in = x.to_doubles(), out = y.to_doubles();
+  for (int64_t c = 0; c < 2; ++c)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t w = 0; w < 9; ++w)
+        EXPECT_EQ(out[size_t((c * 4 + h) * 9 + w)], in[size_t((c * 2 + h / 2) * 3 + w / 3)]);
+  auto set = [&](const std::string& name, const std::string& value) {
+    for (onnx::AttributeProto& a : *r->mutable_attribute())
+      if (a.name() == name) a.set_s(value);
+  };
+  set("mode", "linear");
+  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'up' (Resize)", "linear"}));
+  set("mode", "nearest");
+  set("nearest_mode", "ceil");
+  EXPECT_TRUE(
+      throws_error_with([&] { import(m); }, {"unsupported: node 'up' (Resize)", "plain repeat"}));
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
