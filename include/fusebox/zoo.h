@@ -10,7 +10,7 @@ namespace fusebox {
 
 struct ZooOptions {
   int64_t batch = 1;
-  int64_t image_size = 224;   // square input, 3 channels
+  int64_t image_size = 224;  // square input, 3 channels
   int64_t num_classes = 1000;
   uint64_t seed = 0;
   DType dtype = DType::f32;
@@ -18,11 +18,13 @@ struct ZooOptions {
   bool training = false;
 };
 
-// Names the zoo knows: "resnet18", "resnet34", "resnet50", "resnet101", "small_cnn".
+// Names the zoo knows: "resnet18", "resnet34", "resnet50", "resnet101", "small_cnn",
+// "vit_b_16", "vit_test" (a 2-layer ViT of width 64, patch 8, for tests and CPU runs).
 std::vector<std::string> zoo_models();
 // Throws an Error listing the known names for an unknown one. Input "input"
 // [batch, 3, image_size, image_size], output "logits" [batch, num_classes].
-// Weights and layer names follow torchvision's layout (conv1, bn1, layer1.0.conv1, ... fc).
+// Weights and layer names follow torchvision's layout (conv1, bn1, layer1.0.conv1, ... fc;
+// ViTs: conv_proj, class_token, encoder.layers.encoder_layer_i..., heads.head).
 Graph build_zoo_model(const std::string& name, const ZooOptions& opts = {});
 
 }  // namespace fusebox

@@ -46,6 +46,15 @@ ValueId Layers::add_parameter(const std::string& name, const Tensor& f32_values)
                          opts_.dtype == DType::f32 ? f32_values : f32_values.cast(opts_.dtype));
 }
 
+ValueId Layers::normal_parameter(const std::string& name, const Shape& shape, double stddev) {
+  return add_parameter(
+      name, parameter(name, shape, [&](Rng& r, int64_t) { return r.normal_like() * stddev; }));
+}
+
+ValueId Layers::filled_parameter(const std::string& name, const Shape& shape, double value) {
+  return add_parameter(name, Tensor::full(DType::f32, shape, value));
+}
+
 const ChannelStats& Layers::stats(ValueId v) const {
   auto it = stats_.find(v);
   FUSEBOX_CHECK(it != stats_.end(), "zoo", "no statistics for '", g_.value(v).name, "'");

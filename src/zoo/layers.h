@@ -78,6 +78,12 @@ class Layers {
 
   int64_t channels(ValueId x) const { return g_.value(x).type.shape.at(1); }
 
+  // For architectures without batch norm (vit.cpp): the builder, and parameters drawn as
+  // N(0, stddev^2)-like or filled with a value, in the zoo's dtype.
+  Builder& builder() { return b_; }
+  ValueId normal_parameter(const std::string& name, const Shape& shape, double stddev);
+  ValueId filled_parameter(const std::string& name, const Shape& shape, double value);
+
  private:
   // A constant named `name` whose element i is draw(rng, i), drawn in order.
   template <class Draw>
@@ -94,5 +100,6 @@ class Layers {
 // zoo.cpp dispatches to these; options are already validated.
 Graph build_resnet(const std::string& name, const ZooOptions& opts);
 Graph build_small_cnn(const ZooOptions& opts);
+Graph build_vit(const std::string& name, const ZooOptions& opts);
 
 }  // namespace fusebox::zoo

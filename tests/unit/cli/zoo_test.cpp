@@ -2,6 +2,8 @@
 // weights, and small_cnn running on the CPU backend.
 #include "fusebox/zoo.h"
 
+#include "fusebox/frontends/onnx.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -50,7 +52,7 @@ std::map<std::string, int> op_counts(const Graph& g) {
 TEST(Zoo, ListsItsModels) {
   std::vector<std::string> names = zoo_models();
   EXPECT_EQ(names, (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101",
-                                             "small_cnn"}));
+                                             "small_cnn", "vit_b_16", "vit_test"}));
 }
 
 TEST(Zoo, ResNetParameterCountsMatchTorchvision) {
@@ -282,6 +284,38 @@ TEST(Zoo, BadOptionsAreErrors) {
 Tensor run_logits(const Graph& g, const Tensor& x) {
   NamedTensors out = run_graph(g, {{"input", x}});
   return out.at("logits");
+}
+
+// vit_b_16 has torchvision's 86,567,656 parameters and names; vit_test runs on the CPU, its
+// samples independent (LayerNorm and attention stay within a sample), and survives an ONNX
+// round trip.
+TEST(Zoo, VisionTransformers) {
+  const Graph b16 = build_zoo_model("vit_b_16");
+  EXPECT_EQ(parameter_count(b16), 86567656);
+  for (const char* name :
+       {"conv_proj.weight", "class_token", "encoder.pos_embedding",
+        "encoder.layers.encoder_layer_11.self_attention.in_proj_weight",
+        "encoder.layers.encoder_layer_3.self_attention.out_proj.bias",
+        "encoder.layers.encoder_layer_0.mlp.3.bias", "encoder.ln.weight", "heads.head.weight"})
+    EXPECT_TRUE(b16.find_value(name).has_value()) << name;
+  EXPECT_EQ(constant(b16, "encoder.pos_embedding").shape(), (Shape{1, 197, 768}));
+
+  const ZooOptions opts{.batch = 2, .image_size = 16, .num_classes = 10, .seed = 5};
+  const Graph g = build_zoo_model("vit_test", opts);
+  const Tensor x = testing::random_tensor(DType::f32, {2, 3, 16, 16}, 12);
+  const Tensor logits = run_logits(g, x);
+  ASSERT_EQ(logits.shape(), (Shape{2, 10}));
+  for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.get(i))) << i;
+  const Graph single =
+      build_zoo_model("vit_test", {.image_size = 16, .num_classes = 10, .seed = 5});
+  Tensor x1 = Tensor::empty(DType::f32, {1, 3, 16, 16});
+  std::memcpy(x1.raw(), x.data<float>() + x1.numel(), x1.nbytes());
+  Tensor row = Tensor::empty(DType::f32, {1, 10});
+  std::memcpy(row.raw(), logits.data<float>() + 10, row.nbytes());
+  EXPECT_TRUE(testing::all_close(run_logits(single, x1), row, 1e-5, 1e-6));
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "vit_test.onnx");
+  EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
+  EXPECT_THROW(build_zoo_model("vit_test", {.image_size = 20}), Error);  // not a multiple of 8
 }
 
 TEST(Zoo, SmallCnnRunsOnCpu) {

@@ -131,6 +131,23 @@ TEST(TrainSession, Resnet18TrainsEndToEndAtTinyResolution) {
             (Shape{2, 10}));
 }
 
+// The small ViT trains: gradients flow through attention, LayerNorm, GELU and the gemms.
+TEST(TrainSession, VitTestLossFallsOnTheSyntheticSet) {
+  Graph model =
+      build_zoo_model("vit_test", {.batch = 4, .image_size = 16, .num_classes = 4, .seed = 2});
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
+  EXPECT_TRUE(
+      session.parameters().count("encoder.layers.encoder_layer_1.self_attention.in_proj_weight"));
+  BatchSampler sampler(synthetic_dataset(8, 3, 16, 4, 6), 4, false, 0);
+  float first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    last = session.step(zoo_batch(sampler, i % 2));
+    ASSERT_TRUE(std::isfinite(last)) << "step " << i;
+    if (i == 0) first = last;
+  }
+  EXPECT_LT(last, first / 2);
+}
+
 // An imported ONNX model (batch_norm in inference form) is switched to training form,
 // and its parameters keep their initializer names.
 TEST(TrainSession, TrainsAnImportedOnnxModel) {
