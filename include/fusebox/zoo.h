@@ -19,12 +19,14 @@ struct ZooOptions {
 };
 
 // Names the zoo knows: "resnet18", "resnet34", "resnet50", "resnet101", "small_cnn",
-// "vit_b_16", "vit_test" (a 2-layer ViT of width 64, patch 8, for tests and CPU runs).
+// "vit_b_16", "vit_test" (a 2-layer ViT of width 64, patch 8, for tests and CPU runs),
+// "convnext_tiny", "convnext_test" (two stages of one block, widths 16 and 32).
 std::vector<std::string> zoo_models();
 // Throws an Error listing the known names for an unknown one. Input "input"
 // [batch, 3, image_size, image_size], output "logits" [batch, num_classes].
 // Weights and layer names follow torchvision's layout (conv1, bn1, layer1.0.conv1, ... fc;
-// ViTs: conv_proj, class_token, encoder.layers.encoder_layer_i..., heads.head).
+// ViTs: conv_proj, class_token, encoder.layers.encoder_layer_i..., heads.head; ConvNeXts:
+// features.i.j.block.k, layer_scale, classifier.2).
 Graph build_zoo_model(const std::string& name, const ZooOptions& opts = {});
 
 }  // namespace fusebox

@@ -55,6 +55,36 @@ ValueId Layers::filled_parameter(const std::string& name, const Shape& shape, do
   return add_parameter(name, Tensor::full(DType::f32, shape, value));
 }
 
+ValueId Layers::linear(ValueId x, const std::string& name, int64_t out, const std::string& weight,
+                       const std::string& bias) {
+  const Shape s = g_.value(x).type.shape;
+  const int64_t in = s.back(), rows = numel(s) / in;
+  const ValueId w = normal_parameter(weight.empty() ? name + ".weight" : weight, {out, in}, 0.02);
+  const ValueId b = filled_parameter(bias.empty() ? name + ".bias" : bias, {out}, 0.0);
+  const ValueId flat = b_.name(name + ".rows").reshape(x, {rows, in});
+  const ValueId y = b_.name(name).gemm(flat, w, b, GemmAttrs{.trans_b = true});
+  Shape out_shape = s;
+  out_shape.back() = out;
+  return b_.name(name + ".unrows").reshape(y, out_shape);
+}
+
+ValueId Layers::logits(ValueId features, const std::string& name, int64_t num_classes) {
+  const int64_t width = g_.value(features).type.shape.back();
+  const ValueId w = normal_parameter(name + ".weight", {num_classes, width}, 0.02);
+  const ValueId b = filled_parameter(name + ".bias", {num_classes}, 0.0);
+  const ValueId y = b_.name(name).gemm(features, w, b, GemmAttrs{.trans_b = true});
+  g_.rename_value(y, "logits");
+  g_.mark_output(y);
+  return y;
+}
+
+ValueId Layers::layer_norm(ValueId x, const std::string& name, double epsilon) {
+  const int64_t width = g_.value(x).type.shape.back();
+  const ValueId scale = filled_parameter(name + ".weight", {width}, 1.0);
+  const ValueId bias = filled_parameter(name + ".bias", {width}, 0.0);
+  return b_.name(name).layer_norm(x, scale, bias, NormAttrs{.axis = -1, .epsilon = epsilon});
+}
+
 const ChannelStats& Layers::stats(ValueId v) const {
   auto it = stats_.find(v);
   FUSEBOX_CHECK(it != stats_.end(), "zoo", "no statistics for '", g_.value(v).name, "'");

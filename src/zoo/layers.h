@@ -83,6 +83,16 @@ class Layers {
   Builder& builder() { return b_; }
   ValueId normal_parameter(const std::string& name, const Shape& shape, double stddev);
   ValueId filled_parameter(const std::string& name, const Shape& shape, double value);
+  // nn.Linear on [..., in] as one gemm over the flattened leading dims (its bias fused by
+  // the gemm-epilogue pass): weight [out, in] ~N(0, 0.02^2), bias 0; named name.weight and
+  // name.bias unless `weight` / `bias` name them (torchvision's in_proj_weight).
+  ValueId linear(ValueId x, const std::string& name, int64_t out, const std::string& weight = "",
+                 const std::string& bias = "");
+  // The classifier of a transformer-era model: nn.Linear `name` on [batch, features] (weight
+  // ~N(0, 0.02^2), bias 0) whose result is the output "logits".
+  ValueId logits(ValueId features, const std::string& name, int64_t num_classes);
+  // nn.LayerNorm over the last dim: scale 1, bias 0.
+  ValueId layer_norm(ValueId x, const std::string& name, double epsilon);
 
  private:
   // A constant named `name` whose element i is draw(rng, i), drawn in order.
@@ -101,5 +111,6 @@ class Layers {
 Graph build_resnet(const std::string& name, const ZooOptions& opts);
 Graph build_small_cnn(const ZooOptions& opts);
 Graph build_vit(const std::string& name, const ZooOptions& opts);
+Graph build_convnext(const std::string& name, const ZooOptions& opts);
 
 }  // namespace fusebox::zoo

@@ -30,35 +30,14 @@ class Vit {
  public:
   Vit(Graph& g, const ZooOptions& opts) : g_(g), l_(g, opts), b_(l_.builder()), opts_(opts) {}
 
-  // nn.Linear on [B, T, in]; its parameters are name.weight and name.bias unless named
-  // (torchvision's packed attention projection: in_proj_weight, in_proj_bias).
-  ValueId linear(ValueId x, const std::string& name, int64_t out, const std::string& weight = "",
-                 const std::string& bias_name = "") {
-    const Shape s = g_.value(x).type.shape;  // [B, T, in]
-    const ValueId w =
-        l_.normal_parameter(weight.empty() ? name + ".weight" : weight, {out, s[2]}, 0.02);
-    const ValueId bias =
-        l_.filled_parameter(bias_name.empty() ? name + ".bias" : bias_name, {out}, 0.0);
-    const ValueId rows = b_.name(name + ".rows").reshape(x, {s[0] * s[1], s[2]});
-    const ValueId y = b_.name(name).gemm(rows, w, bias, GemmAttrs{.trans_b = true});
-    return b_.name(name + ".unrows").reshape(y, {s[0], s[1], out});
-  }
-
-  ValueId layer_norm(ValueId x, const std::string& name) {
-    const int64_t width = g_.value(x).type.shape.back();
-    const ValueId scale = l_.filled_parameter(name + ".weight", {width}, 1.0);
-    const ValueId bias = l_.filled_parameter(name + ".bias", {width}, 0.0);
-    return b_.name(name).layer_norm(x, scale, bias, NormAttrs{.axis = -1, .epsilon = 1e-6});
-  }
-
   ValueId scalar(double v) { return b_.constant(Tensor::full(opts_.dtype, {}, v)); }
 
   // Multi-head self-attention over [B, T, D] with torchvision's packed in_proj.
   ValueId attention(ValueId x, const std::string& name, int64_t heads) {
     const Shape s = g_.value(x).type.shape;
     const int64_t batch = s[0], tokens = s[1], width = s[2], head = width / heads;
-    const ValueId qkv =
-        linear(x, name + ".in_proj", 3 * width, name + ".in_proj_weight", name + ".in_proj_bias");
+    const ValueId qkv = l_.linear(x, name + ".in_proj", 3 * width, name + ".in_proj_weight",
+                                  name + ".in_proj_bias");
     const ValueId split = b_.name(name + ".heads").reshape(qkv, {batch, tokens, 3, heads, head});
     const ValueId packed = b_.name(name + ".qkv").transpose(split, {2, 0, 3, 1, 4});  // [3,B,H,T,d]
     auto part = [&](int64_t i, const char* which) {
@@ -75,7 +54,7 @@ class Vit {
     const ValueId context = b_.name(name + ".context").matmul(weights, v);  // [B,H,T,d]
     const ValueId merged = b_.name(name + ".merge").transpose(context, {0, 2, 1, 3});
     const ValueId flat = b_.name(name + ".merged").reshape(merged, {batch, tokens, width});
-    return linear(flat, name + ".out_proj", width);
+    return l_.linear(flat, name + ".out_proj", width);
   }
 
   void build(const VitConfig& c) {
@@ -98,23 +77,17 @@ class Vit {
     for (int64_t i = 0; i < c.layers; ++i) {
       const std::string layer = "encoder.layers.encoder_layer_" + std::to_string(i);
       const ValueId a =
-          attention(layer_norm(h, layer + ".ln_1"), layer + ".self_attention", c.heads);
+          attention(l_.layer_norm(h, layer + ".ln_1", 1e-6), layer + ".self_attention", c.heads);
       h = b_.name(layer + ".attention_add").add(h, a);
-      ValueId m = linear(layer_norm(h, layer + ".ln_2"), layer + ".mlp.0", c.mlp);
+      ValueId m = l_.linear(l_.layer_norm(h, layer + ".ln_2", 1e-6), layer + ".mlp.0", c.mlp);
       m = b_.name(layer + ".mlp.1").gelu(m);
-      m = linear(m, layer + ".mlp.3", c.width);
+      m = l_.linear(m, layer + ".mlp.3", c.width);
       h = b_.name(layer + ".mlp_add").add(h, m);
     }
-    h = layer_norm(h, "encoder.ln");
+    h = l_.layer_norm(h, "encoder.ln", 1e-6);
     const ValueId cls = b_.name("class_slice").slice(h, SliceAttrs{{0}, {1}, {1}, {1}});
     const ValueId feature = b_.name("class_feature").reshape(cls, {opts_.batch, c.width});
-    const ValueId head_w =
-        l_.normal_parameter("heads.head.weight", {opts_.num_classes, c.width}, 0.02);
-    const ValueId head_b = l_.filled_parameter("heads.head.bias", {opts_.num_classes}, 0.0);
-    const ValueId logits =
-        b_.name("heads.head").gemm(feature, head_w, head_b, GemmAttrs{.trans_b = true});
-    g_.rename_value(logits, "logits");
-    g_.mark_output(logits);
+    l_.logits(feature, "heads.head", opts_.num_classes);
   }
 
  private:

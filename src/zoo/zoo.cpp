@@ -6,7 +6,8 @@
 namespace fusebox {
 
 std::vector<std::string> zoo_models() {
-  return {"resnet18", "resnet34", "resnet50", "resnet101", "small_cnn", "vit_b_16", "vit_test"};
+  return {"resnet18", "resnet34", "resnet50",      "resnet101",    "small_cnn",
+          "vit_b_16", "vit_test", "convnext_tiny", "convnext_test"};
 }
 
 Graph build_zoo_model(const std::string& name, const ZooOptions& opts) {
@@ -30,9 +31,10 @@ Graph build_zoo_model(const std::string& name, const ZooOptions& opts) {
   FUSEBOX_CHECK(is_floating(opts.dtype), where, "dtype must be a float type, got ",
                 dtype_name(opts.dtype));
 
-  Graph g = name == "small_cnn"          ? zoo::build_small_cnn(opts)
-            : name.rfind("vit_", 0) == 0 ? zoo::build_vit(name, opts)
-                                         : zoo::build_resnet(name, opts);
+  Graph g = name == "small_cnn"               ? zoo::build_small_cnn(opts)
+            : name.rfind("vit_", 0) == 0      ? zoo::build_vit(name, opts)
+            : name.rfind("convnext_", 0) == 0 ? zoo::build_convnext(name, opts)
+                                              : zoo::build_resnet(name, opts);
   g.verify();
   return g;
 }

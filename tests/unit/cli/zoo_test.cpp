@@ -51,8 +51,9 @@ std::map<std::string, int> op_counts(const Graph& g) {
 
 TEST(Zoo, ListsItsModels) {
   std::vector<std::string> names = zoo_models();
-  EXPECT_EQ(names, (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101",
-                                             "small_cnn", "vit_b_16", "vit_test"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101", "small_cnn",
+                                      "vit_b_16", "vit_test", "convnext_tiny", "convnext_test"}));
 }
 
 TEST(Zoo, ResNetParameterCountsMatchTorchvision) {
@@ -316,6 +317,24 @@ TEST(Zoo, VisionTransformers) {
   const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "vit_test.onnx");
   EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
   EXPECT_THROW(build_zoo_model("vit_test", {.image_size = 20}), Error);  // not a multiple of 8
+}
+
+// convnext_tiny has torchvision's 28,589,128 parameters; convnext_test runs on the CPU and
+// survives an ONNX round trip (its depthwise 7x7 convs, channel LayerNorms, layer scales).
+TEST(Zoo, ConvNext) {
+  const Graph tiny = build_zoo_model("convnext_tiny");
+  EXPECT_EQ(parameter_count(tiny), 28589128);
+  EXPECT_EQ(constant(tiny, "features.5.8.block.0.weight").shape(), (Shape{384, 1, 7, 7}));
+  EXPECT_EQ(constant(tiny, "features.7.2.layer_scale").shape(), (Shape{768, 1, 1}));
+  const ZooOptions opts{.batch = 2, .image_size = 16, .num_classes = 10, .seed = 7};
+  const Graph g = build_zoo_model("convnext_test", opts);
+  const Tensor x = testing::random_tensor(DType::f32, {2, 3, 16, 16}, 13);
+  const Tensor logits = run_logits(g, x);
+  ASSERT_EQ(logits.shape(), (Shape{2, 10}));
+  for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.get(i))) << i;
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "convnext_test.onnx");
+  EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
+  EXPECT_THROW(build_zoo_model("convnext_test", {.image_size = 12}), Error);  // not a multiple of 8
 }
 
 TEST(Zoo, SmallCnnRunsOnCpu) {

@@ -131,21 +131,29 @@ TEST(TrainSession, Resnet18TrainsEndToEndAtTinyResolution) {
             (Shape{2, 10}));
 }
 
-// The small ViT trains: gradients flow through attention, LayerNorm, GELU and the gemms.
-TEST(TrainSession, VitTestLossFallsOnTheSyntheticSet) {
-  Graph model =
-      build_zoo_model("vit_test", {.batch = 4, .image_size = 16, .num_classes = 4, .seed = 2});
-  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
-  EXPECT_TRUE(
-      session.parameters().count("encoder.layers.encoder_layer_1.self_attention.in_proj_weight"));
-  BatchSampler sampler(synthetic_dataset(8, 3, 16, 4, 6), 4, false, 0);
-  float first = 0, last = 0;
-  for (int i = 0; i < 40; ++i) {
-    last = session.step(zoo_batch(sampler, i % 2));
-    ASSERT_TRUE(std::isfinite(last)) << "step " << i;
-    if (i == 0) first = last;
+// The small ViT and ConvNeXt train: gradients flow through attention, LayerNorm, GELU, the
+// gemms, depthwise convolutions and layer scales.
+TEST(TrainSession, TransformerEraZooModelsLossFallsOnTheSyntheticSet) {
+  for (const char* name : {"vit_test", "convnext_test"}) {
+    SCOPED_TRACE(name);
+    Graph model =
+        build_zoo_model(name, {.batch = 4, .image_size = 16, .num_classes = 4, .seed = 2});
+    TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
+    const std::string deep = std::string(name) == "vit_test"
+                                 ? "encoder.layers.encoder_layer_1.self_attention.in_proj_weight"
+                                 : "features.3.0.block.0.weight";
+    ASSERT_TRUE(session.parameters().count(deep)) << deep;
+    BatchSampler sampler(synthetic_dataset(8, 3, 16, 4, 6), 4, false, 0);
+    float first = 0, last = 0;
+    for (int i = 0; i < 40; ++i) {
+      last = session.step(zoo_batch(sampler, i % 2));
+      ASSERT_TRUE(std::isfinite(last)) << "step " << i;
+      if (i == 0) first = last;
+    }
+    EXPECT_LT(last, first / 2);
+    EXPECT_FALSE(
+        same_bits(session.parameters().at(deep), *model.constant(*model.find_value(deep))));
   }
-  EXPECT_LT(last, first / 2);
 }
 
 // An imported ONNX model (batch_norm in inference form) is switched to training form,
