@@ -64,5 +64,27 @@ TEST_F(DepthwiseTest, RandomConfigurationsMatchCpuOwnAndAuto) {
   }
 }
 
+// A wgrad whose pixel count does not divide into the heuristic's splits (2 x 192^2 pixels,
+// C = 256 in bf16: ~1056 splits of 70 pixels): every split must be written, the empty ones
+// as zeros, or the split sums read uninitialised memory.
+TEST_F(DepthwiseTest, WgradSplitsCoverEveryPixel) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  ConvConfig c;
+  c.op = OpKind::conv_backward_filter;
+  c.dtype = DType::bf16;
+  c.batch = 2;
+  c.in_channels = c.out_channels = c.groups = 256;
+  c.spatial = {192, 192}, c.filter = {3, 3}, c.strides = {1, 1}, c.dilations = {1, 1};
+  c.pads_begin = c.pads_end = {1, 1};
+  c.channels_last = true;
+  const std::vector<Tensor> in = conv_inputs(c, 77);
+  const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+  clear_conv_decisions();
+  const Tensor got = run_conv_on_gpu(h, c, in);
+  EXPECT_EQ(conv_decisions().back().plan.rfind("depthwise", 0), 0u) << conv_decisions().back().plan;
+  EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, false));
+}
+
 }  // namespace
 }  // namespace fusebox::cuda::testing

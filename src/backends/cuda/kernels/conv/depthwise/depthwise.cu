@@ -191,10 +191,9 @@ __global__ void depthwise_wgrad(DwParams p, const T* x, const T* dy, int64_t pix
   const int64_t pixels = int64_t(p.batch) * p.out[0] * p.out[1] * p.out[2];
   const int64_t first = int64_t(blockIdx.y) * pixels_per_split;
   const int64_t last = min(pixels, first + pixels_per_split);
-  float acc[kMaxFilterWidth][V] = {};
-  if (first >= last) return;
+  float acc[kMaxFilterWidth][V] = {};  // written out even for an empty range: zeros
   int o[3];
-  int n = split_pixel(first, p.out, o);  // then stepped pixel by pixel (no division)
+  int n = split_pixel(first < last ? first : 0, p.out, o);  // then stepped (no division)
   for (int64_t pix = first; pix < last; ++pix) {
     const int i0 = o[0] * p.stride[0] - p.pad[0] + r0 * p.dilation[0];
     const int i1 = o[1] * p.stride[1] - p.pad[1] + r1 * p.dilation[1];
@@ -327,8 +326,10 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
         const unsigned blocks_x = unsigned((int64_t(rows) * vectors + kThreads - 1) / kThreads);
         // Splits: about four waves of 256-thread blocks, at least 64 pixels each.
         const int64_t target = std::max<int64_t>(1, 4 * 132 * 4 / std::max<unsigned>(1, blocks_x));
-        const int64_t splits = std::clamp<int64_t>(target, 1, std::max<int64_t>(1, pixels / 64));
-        const int64_t per_split = (pixels + splits - 1) / splits;
+        const int64_t wanted = std::clamp<int64_t>(target, 1, std::max<int64_t>(1, pixels / 64));
+        const int64_t per_split = std::max<int64_t>(1, (pixels + wanted - 1) / wanted);
+        // None of them empty (an empty batch: one split of zeros).
+        const int64_t splits = std::max<int64_t>(1, (pixels + per_split - 1) / per_split);
         const int64_t count = taps * p.channels;
         DeviceTensor partial = temporary_tensor(ctx, DType::f32, {splits * count});
         DeviceTensor summed = temporary_tensor(ctx, dtype, {taps, int64_t(p.channels)});
