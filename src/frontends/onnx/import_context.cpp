@@ -62,6 +62,10 @@ const Tensor& NodeContext::const_input(int i, const char* role) const {
   return *in.constant;
 }
 
+bool NodeContext::input_known(int i) const {
+  return has_input(i) && inputs_[size_t(i)].constant != nullptr;
+}
+
 const Tensor* NodeContext::optional_const_input(int i, const char* role) const {
   return has_input(i) ? &const_input(i, role) : nullptr;
 }

@@ -71,6 +71,7 @@ class NodeContext {
   // naming the input and its role.
   const Tensor& const_input(int i, const char* role) const;
   const Tensor* optional_const_input(int i, const char* role) const;  // nullptr when absent
+  bool input_known(int i) const;                                      // present and known at import
   // A known integer (i64 or i32) input of rank 0 or 1, as a vector.
   std::vector<int64_t> const_ints(int i, const char* role) const;
   // The same for any rank (the values in row-major order).

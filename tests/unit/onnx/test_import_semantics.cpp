@@ -218,14 +218,28 @@ TEST(OnnxImport, GatherOnKnownTensors) {
   Tensor out = run1(import(t), {}, "g");
   EXPECT_EQ(out.shape(), (Shape{2, 2, 2}));
   EXPECT_EQ(out.to_doubles(), (std::vector<double>{3, 1, 2, 2, 6, 4, 5, 5}));
-  // Gather of a graph input is not supported (our IR has no gather op).
+  // Gather from a graph input with known indices: slices (a scalar index squeezes the axis;
+  // a list concatenates runs of consecutive indices); 2-D indices are unsupported.
   TestModel d(13);
-  d.input("x", TensorProto::FLOAT, {3});
-  d.initializer("i", Tensor::from_vector<int64_t>({1}, {0}));
-  d.node("Gather", {"x", "i"}, {"g"}, "gx");
-  d.output("g");
-  EXPECT_TRUE(throws_error_with([&] { import(d); },
-                                {"unsupported: node 'gx' (Gather): input 0 (data, 'x')"}));
+  d.input("x", TensorProto::FLOAT, {3, 4});
+  d.initializer("i", Tensor::from_vector<int64_t>({}, {-1}));
+  d.initializer("list", Tensor::from_vector<int64_t>({4}, {0, 1, 3, 2}));
+  attr_int(d.node("Gather", {"x", "i"}, {"row"}), "axis", 0);
+  attr_int(d.node("Gather", {"x", "list"}, {"cols"}), "axis", 1);
+  d.output("row");
+  d.output("cols");
+  const Graph dg = import(d);
+  const Tensor dx = Tensor::from_vector<float>({3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  EXPECT_EQ(run1(dg, {{"x", dx}}, "row").to_doubles(), (std::vector<double>{8, 9, 10, 11}));
+  EXPECT_EQ(run1(dg, {{"x", dx}}, "cols").to_doubles(),
+            (std::vector<double>{0, 1, 3, 2, 4, 5, 7, 6, 8, 9, 11, 10}));
+  TestModel d2(13);
+  d2.input("x", TensorProto::FLOAT, {3});
+  d2.initializer("i", Tensor::from_vector<int64_t>({1, 1}, {0}));
+  d2.node("Gather", {"x", "i"}, {"g"}, "gx");
+  d2.output("g");
+  EXPECT_TRUE(throws_error_with([&] { import(d2); },
+                                {"unsupported: node 'gx' (Gather)", "indices of rank 2"}));
 }
 
 // The exporters' shape arithmetic: Shape -> Equal -> Where (a -1 in a target shape replaced by
