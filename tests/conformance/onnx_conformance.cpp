@@ -54,7 +54,7 @@ constexpr const char* kFamilies[] = {
     "softmax", "logsoftmax",                                          // incl. *_expanded
     "reduce_sum", "reduce_mean", "reduce_max",
     "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze", "expand",
-    "split", "tile", "resize",
+    "split", "tile", "resize", "scatternd",
     "pad", "constant_pad", "edge_pad", "reflect_pad",                 // Pad, by mode
 };
 // clang-format on

@@ -1,9 +1,9 @@
 // Ops fusebox evaluates at import only, on inputs known there: the comparisons, logic, Where,
-// Mod and Range that exporters put into shape arithmetic (Shape -> Equal -> Where -> Reshape,
-// window padding via Mod, index ranges). Their results are known tensors, so the chain folds
-// to constants before any node reaches the graph. On values computed at run time they are
-// refused as unsupported, naming the input (NodeContext::const_input); they have no kernels
-// yet. Expand is imported as the graph's expand op (any input; the shape must be known).
+// Mod, Range and ScatterND that exporters put into shape arithmetic and constant masks (Shape ->
+// Equal -> Where -> Reshape, window padding via Mod, index ranges). Their results are known
+// tensors, so the chain folds to constants before any node reaches the graph. On values computed at
+// run time they are refused as unsupported, naming the input (NodeContext::const_input); they have
+// no kernels yet. Expand is imported as the graph's expand op (any input; the shape must be known).
 #include <algorithm>
 #include <cmath>
 
@@ -252,6 +252,58 @@ void import_range(NodeContext& c) {
   c.set_output(0, make_tensor(start.dtype, {n}, ints, floats));
 }
 
+// ScatterND(data, indices, updates) on known tensors (Swin's attention mask is built this way
+// from constants): a copy of data with data[indices[i]] (a slice over the trailing dims)
+// replaced by, or combined (reduction add / mul) with, updates[i], in order.
+void import_scatter_nd(NodeContext& c) {
+  const Values data = known(c, 0, "data");
+  const std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
+  const Shape& index_shape = c.input_shape(1);
+  const Values updates = known(c, 2, "updates");
+  c.check(updates.dtype == data.dtype, "updates are ", dtype_name(updates.dtype), ", data ",
+          dtype_name(data.dtype));
+  const std::string reduction = c.attrs().get_string("reduction", "none");
+  if (reduction != "none" && reduction != "add" && reduction != "mul")
+    c.attrs().unsupported_value("reduction", reduction, "supported: none, add, mul");
+  c.check(!index_shape.empty() && index_shape.back() >= 1 &&
+              index_shape.back() <= int64_t(data.shape.size()),
+          "input 1 (indices) ", shape_str(index_shape), " does not index data ",
+          shape_str(data.shape));
+  const size_t k = size_t(index_shape.back());
+  int64_t slice = 1;
+  for (size_t d = k; d < data.shape.size(); ++d) slice *= data.shape[d];
+  const int64_t count = numel(index_shape) / int64_t(k);
+  Shape expected(index_shape.begin(), index_shape.end() - 1);
+  expected.insert(expected.end(), data.shape.begin() + int64_t(k), data.shape.end());
+  c.check(updates.shape == expected, "input 2 (updates) is ", shape_str(updates.shape),
+          ", expected ", shape_str(expected));
+  std::vector<int64_t> ints = data.ints;
+  std::vector<double> floats = data.floats;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < k; ++d) {
+      int64_t at = indices[size_t(i) * k + d];
+      const int64_t extent = data.shape[d];
+      if (at < 0) at += extent;
+      c.check(at >= 0 && at < extent, "input 1 (indices) has ", indices[size_t(i) * k + d],
+              " out of range for dim ", d, " of extent ", extent);
+      offset = offset * extent + at;
+    }
+    offset *= slice;
+    for (int64_t e = 0; e < slice; ++e) {
+      const size_t to = size_t(offset + e), from = size_t(i * slice + e);
+      if (data.integer()) {
+        const int64_t u = updates.ints[from];
+        ints[to] = reduction == "add" ? ints[to] + u : reduction == "mul" ? ints[to] * u : u;
+      } else {
+        const double u = updates.floats[from];
+        floats[to] = reduction == "add" ? floats[to] + u : reduction == "mul" ? floats[to] * u : u;
+      }
+    }
+  }
+  c.set_output(0, make_tensor(data.dtype, data.shape, ints, floats));
+}
+
 // Expand(input, shape): input broadcast with shape (both ways: shape's dims may be 1 where
 // the input's are larger); the graph's expand op, so the input may be computed at run time.
 void import_expand(NodeContext& c) {
@@ -276,6 +328,7 @@ const OpSpec kOps[] = {
     {"Where", 9, 3, 3, 1, import_where},
     {"Mod", 10, 2, 2, 1, import_mod},
     {"Range", 11, 3, 3, 1, import_range},
+    {"ScatterND", 11, 3, 3, 1, import_scatter_nd},
     {"Expand", 8, 2, 2, 1, import_expand},
 };
 

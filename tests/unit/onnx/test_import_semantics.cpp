@@ -514,6 +514,28 @@ TEST(OnnxImport, ResizeNearestIntegerUpsamplingIsARepeat) {
       throws_error_with([&] { import(m); }, {"unsupported: node 'up' (Resize)", "plain repeat"}));
 }
 
+// ScatterND on known tensors (how Swin builds its attention mask): rows replaced, then added.
+TEST(OnnxImport, ScatterNdOnKnownTensors) {
+  TestModel m(16);
+  m.initializer("data", Tensor::from_vector<float>({3, 2}, {1, 2, 3, 4, 5, 6}));
+  m.initializer("rows", Tensor::from_vector<int64_t>({2, 1}, {2, -3}));
+  m.initializer("updates", Tensor::from_vector<float>({2, 2}, {10, 20, 30, 40}));
+  m.node("ScatterND", {"data", "rows", "updates"}, {"set"});
+  attr_string(m.node("ScatterND", {"data", "rows", "updates"}, {"sum"}), "reduction", "add");
+  m.output("set");
+  m.output("sum");
+  const Graph g = import(m);
+  EXPECT_EQ(run1(g, {}, "set").to_doubles(), (std::vector<double>{30, 40, 3, 4, 10, 20}));
+  EXPECT_EQ(run1(g, {}, "sum").to_doubles(), (std::vector<double>{31, 42, 3, 4, 15, 26}));
+  TestModel bad(16);
+  bad.initializer("data", Tensor::from_vector<float>({3, 2}, {1, 2, 3, 4, 5, 6}));
+  bad.initializer("rows", Tensor::from_vector<int64_t>({1, 1}, {3}));
+  bad.initializer("updates", Tensor::from_vector<float>({1, 2}, {0, 0}));
+  bad.node("ScatterND", {"data", "rows", "updates"}, {"y"}, "sc");
+  bad.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'sc' (ScatterND)", "out of range"}));
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
