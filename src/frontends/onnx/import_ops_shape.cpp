@@ -314,6 +314,62 @@ void import_tile(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
 }
 
+// Linear (bilinear, trilinear) upsampling by integer factors under half_pixel coordinates, as
+// PyTorch's interpolate(align_corners=False): separable, one spatial dim at a time, each an
+// edge pad of 1 (source coordinates clamp at the borders) and a depthwise transposed
+// convolution with stride s, pad 2s and the 3s-tap kernel that puts the two interpolation
+// weights of output i = q s + r on the padded inputs it reads:
+//   source x = q + (r + 1/2) / s - 1/2, weights 1 - frac(x) and frac(x) on floor(x), floor(x)+1.
+// Tap k (d = k - 2s) of the kernel: d in [0, s): max(0, 1/2 - (d + 1/2) / s);
+// d in [-s, 0): 1/2 + (d + s + 1/2) / s while that is <= 1, else 3/2 - (d + s + 1/2) / s;
+// d in [-2s, -s): max(0, (d + 2s + 1/2) / s - 1/2).
+ValueId linear_upsample(NodeContext& c, ValueId x, const std::vector<int64_t>& factor) {
+  Shape shape = c.graph().value(x).type.shape;
+  const DType dtype = c.graph().value(x).type.dtype;
+  const int64_t rank = int64_t(shape.size()), channels = shape[1];
+  for (int64_t d = 2; d < rank; ++d) {
+    const int64_t s = factor[size_t(d)];
+    if (s == 1) continue;
+    std::vector<double> taps(size_t(3 * s));
+    for (int64_t k = 0; k < 3 * s; ++k) {
+      const double t = double(k - 2 * s);
+      const double pos = (t + double(s) * (t < -double(s) ? 2 : t < 0 ? 1 : 0) + 0.5) / double(s);
+      if (t >= 0)
+        taps[size_t(k)] = std::max(0.0, 0.5 - pos);
+      else if (t >= -double(s))
+        taps[size_t(k)] = pos < 0.5 ? 0.5 + pos : 1.5 - pos;
+      else
+        taps[size_t(k)] = std::max(0.0, pos - 0.5);
+    }
+    // Depthwise filter [C, 1, 1.., 3s, 1..]: the taps along dim d, extent 1 elsewhere.
+    Shape w_shape(size_t(rank), 1);
+    w_shape[0] = channels;
+    w_shape[size_t(d)] = 3 * s;
+    std::vector<double> w;
+    for (int64_t ch = 0; ch < channels; ++ch) w.insert(w.end(), taps.begin(), taps.end());
+    const std::string dim = std::to_string(d);
+    const ValueId filter = c.constant(Tensor::from_doubles(dtype, w_shape, w), "taps" + dim);
+    PadAttrs pad;
+    pad.pads.assign(size_t(2 * rank), 0);
+    pad.pads[size_t(d)] = pad.pads[size_t(rank + d)] = 1;
+    pad.mode = PadMode::edge;
+    const ValueId padded = c.emit1(OpKind::pad, pad, {x}, "edge" + dim);
+    ConvBackwardDataAttrs a;
+    const int64_t spatial = rank - 2;
+    a.conv.strides.assign(size_t(spatial), 1);
+    a.conv.dilations.assign(size_t(spatial), 1);
+    a.conv.pads_begin.assign(size_t(spatial), 0);
+    a.conv.pads_end.assign(size_t(spatial), 0);
+    a.conv.strides[size_t(d - 2)] = s;
+    a.conv.pads_begin[size_t(d - 2)] = a.conv.pads_end[size_t(d - 2)] = 2 * s;
+    a.conv.groups = channels;
+    shape[size_t(d)] *= s;
+    a.input_spatial.assign(shape.begin() + 2, shape.end());
+    x = c.emit1(OpKind::conv_backward_data, a, {padded, filter}, "interpolate" + dim);
+  }
+  return x;
+}
+
 // Resize (opsets 11-17) where it is a repeat: mode nearest with an integer upsampling factor
 // per dim, under a coordinate mapping whose nearest pixel for output i is i / factor (floor):
 // half_pixel and pytorch_half_pixel with round_prefer_floor or round_prefer_ceil, asymmetric
@@ -356,12 +412,18 @@ void import_resize(NodeContext& c) {
     factor[d] = out[d] / x[d];
     any = true;
   }
+  const bool centred = ctm == "half_pixel" || ctm == "pytorch_half_pixel";
+  if (any && mode == "linear" && centred && factor[0] == 1 && factor[1] == 1) {
+    c.set_output(0, linear_upsample(c, c.input(0), factor));
+    return;
+  }
   if (any) {
     if (mode != "nearest")
-      c.unsupported(cat("Resize mode '", mode, "' (only nearest upsampling by integer factors)"));
+      c.unsupported(cat("Resize mode '", mode, "' with coordinate_transformation_mode '", ctm,
+                        "' (only nearest upsampling by integer factors, and linear with "
+                        "half_pixel or pytorch_half_pixel on the spatial dims)"));
     int64_t widest = 1;
     for (int64_t f : factor) widest = std::max(widest, f);
-    const bool centred = ctm == "half_pixel" || ctm == "pytorch_half_pixel";
     const bool repeats =
         (centred && (nearest == "round_prefer_floor" || nearest == "round_prefer_ceil")) ||
         (ctm == "asymmetric" &&

@@ -536,6 +536,47 @@ TEST(OnnxImport, ScatterNdOnKnownTensors) {
   EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'sc' (ScatterND)", "out of range"}));
 }
 
+// Bilinear Resize by integer factors (half_pixel: PyTorch's align_corners=False) against the
+// definition: source x = (i + 1/2) / s - 1/2 clamped at 0, weights on floor(x), floor(x) + 1
+// clamped at the last index.
+TEST(OnnxImport, ResizeLinearIntegerUpsamplingMatchesTheDefinition) {
+  auto interpolate = [](const std::vector<double>& in, int64_t n, int64_t s, int64_t i) {
+    double x = (double(i) + 0.5) / double(s) - 0.5;
+    if (x < 0) x = 0;
+    const int64_t x0 = std::min<int64_t>(int64_t(std::floor(x)), n - 1);
+    const int64_t x1 = std::min<int64_t>(x0 + 1, n - 1);
+    const double l = x - double(x0);
+    return std::make_pair(std::make_pair(x0, x1), l);
+  };
+  for (const auto& [sh, sw] : {std::pair<int64_t, int64_t>{2, 3}, {4, 1}, {1, 8}}) {
+    SCOPED_TRACE(cat("factors ", sh, "x", sw));
+    const int64_t h = 3, w = 5;
+    const Tensor x = random_tensor(DType::f32, {1, 2, h, w}, 31);
+    TestModel m(13);
+    m.input("x", TensorProto::FLOAT, {1, 2, h, w});
+    m.initializer("roi", Tensor::from_vector<float>({0}, {}));
+    m.initializer("scales", Tensor::from_vector<float>({4}, {1, 1, float(sh), float(sw)}));
+    onnx::NodeProto* r = m.node("Resize", {"x", "roi", "scales"}, {"y"});
+    attr_string(r, "mode", "linear");
+    attr_string(r, "coordinate_transformation_mode", "pytorch_half_pixel");
+    m.output("y");
+    const Tensor y = run1(import(m), {{"x", x}}, "y");
+    ASSERT_EQ(y.shape(), (Shape{1, 2, h * sh, w * sw}));
+    const std::vector<double> in = x.to_doubles(), out = y.to_doubles();
+    for (int64_t ch = 0; ch < 2; ++ch)
+      for (int64_t i = 0; i < h * sh; ++i)
+        for (int64_t j = 0; j < w * sw; ++j) {
+          const auto [ri, li] = interpolate(in, h, sh, i);
+          const auto [rj, lj] = interpolate(in, w, sw, j);
+          auto at = [&](int64_t a, int64_t b) { return in[size_t((ch * h + a) * w + b)]; };
+          const double want =
+              (1 - li) * ((1 - lj) * at(ri.first, rj.first) + lj * at(ri.first, rj.second)) +
+              li * ((1 - lj) * at(ri.second, rj.first) + lj * at(ri.second, rj.second));
+          EXPECT_NEAR(out[size_t((ch * h * sh + i) * w * sw + j)], want, 1e-5) << i << "," << j;
+        }
+  }
+}
+
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
