@@ -69,4 +69,15 @@ template <class F>
   return ::testing::AssertionFailure() << "did not throw";
 }
 
+// Imports a TestModel ("m.onnx" in errors) and runs a graph, returning one named output.
+inline Graph import(const TestModel& m, const OnnxImportOptions& opts = {}) {
+  return import_onnx_bytes(m.bytes(), "m.onnx", opts);
+}
+inline Tensor run1(const Graph& g, const NamedTensors& feeds, const std::string& output) {
+  NamedTensors r = run_graph(g, feeds);
+  auto it = r.find(output);
+  EXPECT_NE(it, r.end()) << "no output " << output;
+  return it == r.end() ? Tensor() : it->second;
+}
+
 }  // namespace fusebox::testing

@@ -13,10 +13,6 @@ namespace {
 
 using onnx::TensorProto;
 
-Graph import(const TestModel& m, const OnnxImportOptions& opts = {}) {
-  return import_onnx_bytes(m.bytes(), "m.onnx", opts);
-}
-
 // The exact text of the error `body` throws ("" when it throws none).
 template <class F>
 std::string error_text(F&& body) {
