@@ -16,6 +16,7 @@
 #include "backends/common/activation.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/kernels/conv/direct.h"
+#include "backends/cuda/kernels/conv/operand_layout.h"
 
 namespace fusebox::cuda {
 
@@ -94,10 +95,6 @@ __global__ void epilogue_strided(EpilogueOps ops, StridedGeometry g, int64_t tot
   }
 }
 
-ActivationFn device_activation(const FusedActivation& a) {
-  return {uint8_t(a.kind), a.min, a.max};
-}
-
 // y's strides cover its elements exactly once (a permutation of a contiguous layout).
 bool dense(const DeviceTensor& t) {
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, extent)
@@ -131,7 +128,7 @@ void conv_epilogue(Context& ctx, const Node& n, const ConvEpilogueOperands& e,
                   " does not match output ", dtype_name(y.dtype), shape_str(y.shape));
   }
   if (y.numel() == 0 || (!e.bias && !e.residual && !e.activation)) return;
-  const EpilogueOps ops{device_activation(e.activation), device_activation(e.residual_activation)};
+  const EpilogueOps ops{activation_fn(e.activation), activation_fn(e.residual_activation)};
   BufferList reads = {y.range()};
   if (e.bias) reads.push_back(e.bias->range());
   if (e.residual) reads.push_back(e.residual->range());

@@ -8,6 +8,26 @@ const ConvAttrs& conv_attrs_of(const Node& n) {
   return std::get<ConvBackwardFilterAttrs>(n.attrs).conv;
 }
 
+ConvRoles conv_roles(ConvOp op, Inputs in, const DeviceTensor& out) {
+  switch (op) {
+    case ConvOp::fprop:
+      return {in[0], in[1], &out};
+    case ConvOp::dgrad:
+      return {&out, in[1], in[0]};
+    default:
+      return {in[0], &out, in[1]};
+  }
+}
+
+ConvGeometry conv_geometry_of(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out) {
+  const ConvRoles r = conv_roles(op, in, out);
+  return make_conv_geometry(conv_attrs_of(n), r.x->shape, r.w->shape, r.y->shape, node_label(n));
+}
+
+ActivationFn activation_fn(const FusedActivation& a) {
+  return {uint8_t(a.kind), a.min, a.max};
+}
+
 const DeviceTensor& channels_last_operand(Context& ctx, const DeviceTensor& t,
                                           std::vector<DeviceTensor>& keep) {
   if (t.is_channels_last()) return t;

@@ -229,27 +229,6 @@ __global__ void depthwise_wgrad(DwParams p, const T* x, const T* dy, int64_t pix
   }
 }
 
-// x, w, y (forward roles) of the node's tensors.
-void roles(ConvOp op, Inputs in, const DeviceTensor& out, const DeviceTensor*& x,
-           const DeviceTensor*& w, const DeviceTensor*& y) {
-  switch (op) {
-    case ConvOp::fprop:
-      x = in[0], w = in[1], y = &out;
-      break;
-    case ConvOp::dgrad:
-      x = &out, w = in[1], y = in[0];
-      break;
-    default:
-      x = in[0], w = &out, y = in[1];
-  }
-}
-
-ConvGeometry geometry(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out) {
-  const DeviceTensor *x, *w, *y;
-  roles(op, in, out, x, w, y);
-  return make_conv_geometry(conv_attrs_of(n), x->shape, w->shape, y->shape, node_label(n));
-}
-
 // The filter [C, 1, R...] (any strides) seen as [R..., C]: a view whose contiguous copy is
 // the kernels' [taps][C].
 DeviceTensor filter_taps_view(const DeviceTensor& w) {
@@ -274,7 +253,7 @@ std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, 
       return std::string("an operand not 16-byte aligned");
   if (out.is_channels_last() && !aligned16(&out))
     return std::string("the output not 16-byte aligned");
-  const ConvGeometry g = geometry(n, op, in, out);
+  const ConvGeometry g = conv_geometry_of(n, op, in, out);
   if (g.groups != g.in_channels || g.out_channels != g.in_channels)
     return std::string("not depthwise (groups == C == K)");
   const int v = 16 / int(dtype_size(t));
@@ -288,7 +267,7 @@ std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, 
 
 std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
                           const ConvEpilogueOperands& e) {
-  const ConvGeometry g = geometry(n, op, in, out[0]);
+  const ConvGeometry g = conv_geometry_of(n, op, in, out[0]);
   DwParams p;
   p.batch = int32_t(g.batch);
   p.channels = int32_t(g.in_channels);
@@ -297,13 +276,12 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
     p.stride[d] = int32_t(g.stride[d]), p.pad[d] = int32_t(g.pad_lo[d]);
     p.dilation[d] = int32_t(g.dilation[d]);
   }
-  p.activation = {uint8_t(e.activation.kind), e.activation.min, e.activation.max};
-  p.residual_activation = {uint8_t(e.residual_activation.kind), e.residual_activation.min,
-                           e.residual_activation.max};
+  p.activation = activation_fn(e.activation);
+  p.residual_activation = activation_fn(e.residual_activation);
   std::vector<DeviceTensor> keep;
   keep.reserve(8);
-  const DeviceTensor *x, *w, *y;
-  roles(op, in, out[0], x, w, y);
+  const ConvRoles roles = conv_roles(op, in, out[0]);
+  const DeviceTensor *x = roles.x, *w = roles.w, *y = roles.y;
   DeviceTensor& result = out[0];
   const DType dtype = result.dtype;
   const int64_t taps = g.filter_size();

@@ -12,51 +12,20 @@
 
 namespace fusebox::cuda {
 
-namespace {
-
-// x, w, y (forward roles) of the node's tensors.
-struct Roles {
-  const DeviceTensor* x;
-  const DeviceTensor* w;
-  const DeviceTensor* y;
-};
-
-Roles roles(ConvOp op, Inputs in, const DeviceTensor& out) {
-  switch (op) {
-    case ConvOp::fprop:
-      return {in[0], in[1], &out};
-    case ConvOp::dgrad:
-      return {&out, in[1], in[0]};
-    default:
-      return {in[0], &out, in[1]};
-  }
-}
-
-ConvGeometry geometry(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out) {
-  const Roles r = roles(op, in, out);
-  return make_conv_geometry(conv_attrs_of(n), r.x->shape, r.w->shape, r.y->shape, node_label(n));
-}
-
-ActivationFn activation_fn(const FusedActivation& a) {
-  return {uint8_t(a.kind), a.min, a.max};
-}
-
-}  // namespace
-
 std::optional<std::string> implicit_gemm_cannot_implement(const Node& n, ConvOp op, Inputs in,
                                                           const DeviceTensor& out) {
   for (const DeviceTensor* t : in)
     if (t != nullptr && t->dtype != out.dtype)
       return cat("mixed dtypes ", dtype_name(t->dtype), " and ", dtype_name(out.dtype));
-  return igemm::cannot_implement(op, geometry(n, op, in, out), out.dtype);
+  return igemm::cannot_implement(op, conv_geometry_of(n, op, in, out), out.dtype);
 }
 
 std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
                               const ConvEpilogueOperands& e, const ConvSettings& settings) {
-  const ConvGeometry g = geometry(n, op, in, out[0]);
+  const ConvGeometry g = conv_geometry_of(n, op, in, out[0]);
   std::vector<DeviceTensor> keep;
   keep.reserve(7);
-  const Roles r = roles(op, in, out[0]);
+  const ConvRoles r = conv_roles(op, in, out[0]);
   DeviceTensor& result = out[0];
   // The output: written in place when channels-last, else into a channels-last temporary.
   const bool direct_out = result.is_channels_last();
