@@ -2,6 +2,7 @@
 // releasing each intermediate after its last reader. Inputs and outputs are host tensors
 // held by DeviceArrays; an aliased output replaces its input's tensor handle (tensors are
 // never written once made, so a handle taken earlier, a checkpoint's say, keeps its values).
+#include <algorithm>
 #include <chrono>
 
 #include "fusebox/backends/cpu.h"
@@ -49,7 +50,19 @@ class CpuExecutable final : public Executable {
     }
   }
 
-  StepResult run_now(const Feeds& feeds, const std::set<std::string>& to_host) {
+  std::vector<NodeTime> profile(int repeats) override {
+    FUSEBOX_CHECK(repeats >= 1, where_, "profile: repeats must be at least 1, got ", repeats);
+    FUSEBOX_CHECK(options_.aliases.empty(), where_,
+                  "profile: not for a step with aliased state (repeating would change it)");
+    std::vector<NodeTime> times;
+    run_now({}, {}, &times, repeats);
+    return times;
+  }
+
+  // With `times`: each node runs `repeats` times (its outputs are new tensors each time, so
+  // repeating changes nothing), timed by the host clock.
+  StepResult run_now(const Feeds& feeds, const std::set<std::string>& to_host,
+                     std::vector<NodeTime>* times = nullptr, int repeats = 1) {
     check_request(io_, feeds, to_host, where_);
     std::vector<Tensor> slots(graph_.values().size());
     for (const auto& [v, t] : graph_.constants()) slots[size_t(v)] = t;
@@ -82,7 +95,20 @@ class CpuExecutable final : public Executable {
         outs.push_back(Tensor::empty(t.dtype, t.shape));
         if (options_.poison) outs.back().poison();
       }
-      cpu::run_node(graph_, n, in_ptrs, outs);
+      if (times == nullptr) {
+        cpu::run_node(graph_, n, in_ptrs, outs);
+      } else {
+        std::vector<double> ms;
+        for (int r = 0; r < repeats; ++r) {
+          const auto start = std::chrono::steady_clock::now();
+          cpu::run_node(graph_, n, in_ptrs, outs);
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
+        }
+        std::sort(ms.begin(), ms.end());
+        times->push_back({n.name, n.op, ms[ms.size() / 2]});
+      }
       // An output nobody reads (e.g. batch_norm's saved statistics) is dropped at once.
       for (size_t i = 0; i < n.outputs.size(); ++i)
         if (life_.last[size_t(n.outputs[i])] >= 0) slots[size_t(n.outputs[i])] = std::move(outs[i]);

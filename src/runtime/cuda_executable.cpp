@@ -30,6 +30,7 @@
 #include <deque>
 
 #include "backends/cuda/kernels.h"
+#include "fusebox/ir/op_groups.h"
 #include "fusebox/passes/layout.h"
 #include "runtime/device_array.h"
 #include "runtime/executables.h"
@@ -203,6 +204,56 @@ class CudaExecutable final : public Executable {
     while (!in_flight_.empty()) retire_oldest_run();
   }
 
+  std::vector<NodeTime> profile(int repeats) override {
+    FUSEBOX_CHECK(repeats >= 1, where_, "profile: repeats must be at least 1, got ", repeats);
+    FUSEBOX_CHECK(options_.aliases.empty(), where_,
+                  "profile: not for a step with aliased state (repeating would change it)");
+    FUSEBOX_CHECK(!direct_, where_,
+                  "profile: needs CUDA graphs (FUSEBOX_CUDA_GRAPHS=0 launches directly)");
+    check_errors();
+    for (size_t i = 0; i < inputs_.size(); ++i)
+      FUSEBOX_CHECK(inputs_[i].has_contents, where_, "profile: input '", io_.input_names[i],
+                    "' has not been fed (the profile runs on the last feeds)");
+    cudaEvent_t events[2] = {nullptr, nullptr};
+    std::vector<NodeTime> times;
+    try {
+      for (cudaEvent_t& e : events) FUSEBOX_CUDA_CHECK(cudaEventCreate(&e));
+      Walk w = begin_walk(false);
+      ctx_.encoder.commit();
+      for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+        const Node& n = graph_.nodes()[i];
+        const std::vector<DeviceTensor> outs = node_outputs(w, n);
+        std::vector<DeviceTensor> written;
+        for (int r = 0; r < repeats; ++r) {
+          written = outs;
+          record_node(i, w, written);
+        }
+        const cuda::RecordedGraph node_graph = ctx_.encoder.finish_recording();
+        ctx_.encoder.replay(node_graph);  // the execution the next nodes read; warms up
+        FUSEBOX_CUDA_CHECK(cudaEventRecord(events[0], ctx_.encoder.stream()));
+        ctx_.encoder.replay(node_graph);
+        FUSEBOX_CUDA_CHECK(cudaEventRecord(events[1], ctx_.encoder.stream()));
+        FUSEBOX_CUDA_CHECK(cudaEventSynchronize(events[1]));
+        float ms = 0;
+        FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, events[0], events[1]));
+        cuda::check_error_flags(ctx_);
+        for (size_t k = 0; k < n.outputs.size(); ++k) w.slots[size_t(n.outputs[k])] = written[k];
+        times.push_back({n.name, n.op, double(ms) / repeats});
+      }
+      end_walk(w);
+      ctx_.encoder.synchronize();
+      cuda::check_error_flags(ctx_);
+    } catch (...) {
+      ctx_.encoder.discard_recording();
+      cuda::ErrorFlags::of(ctx_.encoder).take();
+      for (cudaEvent_t e : events)
+        if (e) cudaEventDestroy(e);
+      throw;
+    }
+    for (cudaEvent_t e : events) FUSEBOX_CUDA_CHECK(cudaEventDestroy(e));
+    return times;
+  }
+
   DeviceArray input(const std::string& name) const override {
     auto it = io_.input_index.find(name);
     FUSEBOX_CHECK(it != io_.input_index.end(), where_, "'", name, "' is not an input");
@@ -263,7 +314,19 @@ class CudaExecutable final : public Executable {
       converted_in_arena[size_t(v)] = true;
       bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
     }
-    const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory);
+    // A reshape between two contiguous arena values is a view: its output shares its
+    // input's bytes and the node copies nothing (copy_reshape sees one address).
+    same_bytes_.assign(values, kNoValue);
+    for (const Node& n : graph_.nodes()) {
+      if (!is_reshape_family(n.op)) continue;
+      const ValueId in = n.inputs[0], out = n.outputs[0];
+      if (bytes[size_t(in)] == 0 || bytes[size_t(out)] != bytes[size_t(in)] ||
+          converted_in_arena[size_t(in)] || layout_.of(in) != MemoryFormat::contiguous ||
+          layout_.of(out) != MemoryFormat::contiguous)
+        continue;
+      same_bytes_[size_t(out)] = in;
+    }
+    const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
     offsets_ = plan.offset;
     // The nodes' temporaries go where no value is at the time (none without reuse: that
     // plan is the reference the reusing one is tested against).
@@ -409,11 +472,21 @@ class CudaExecutable final : public Executable {
     flags.clear_halt();
   }
 
-  void record_nodes() {
-    std::vector<DeviceTensor> slots(graph_.values().size());
-    for (const auto& [v, t] : graph_.constants()) slots[size_t(v)] = constants_[size_t(v)];
+  // The values a walk over the nodes reads and writes.
+  struct Walk {
+    std::vector<DeviceTensor> slots;          // by ValueId: what readers of the value read
+    std::vector<DeviceTensor> output_tensor;  // by ValueId: an output's returned buffer
+  };
+
+  // Constants and inputs in their slots. The step also records each staged input's copy
+  // from its staging buffer, then the input conversions; a profile (`step` false) reads the
+  // inputs as the last run left them and records only the conversions (arena values).
+  Walk begin_walk(bool step) {
+    Walk w;
+    w.slots.resize(graph_.values().size());
+    for (const auto& [v, t] : graph_.constants()) w.slots[size_t(v)] = constants_[size_t(v)];
     for (Input& in : inputs_) {
-      if (in.staged) {
+      if (in.staged && step) {
         // The staging buffers come with the first feed from the host (a loop fed from device
         // arrays never needs them); until then the copy reads the arena (never runs: off).
         const cuda::DeviceTensor& dst = in.array.storage()->tensor;
@@ -422,59 +495,81 @@ class CudaExecutable final : public Executable {
         in.stage_op = ctx_.encoder.memcpy(dst.range(), cuda::BufferRange(src, 0, dst.nbytes()));
       }
       if (in.convert) cuda::copy_strided(ctx_, in.array.storage()->tensor, in.value_tensor);
-      slots[size_t(in.value)] = in.value_tensor;
+      w.slots[size_t(in.value)] = in.value_tensor;
     }
-    std::vector<DeviceTensor> output_tensor(graph_.values().size());
+    w.output_tensor.resize(graph_.values().size());
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const ValueId v = graph_.outputs()[i];
       if (in_place_[size_t(v)] >= 0) {
-        output_tensor[size_t(v)] = inputs_[size_t(in_place_[size_t(v)])].value_tensor;
+        w.output_tensor[size_t(v)] = inputs_[size_t(in_place_[size_t(v)])].value_tensor;
       } else if (alias_buffer_[i].buffer) {
-        output_tensor[size_t(v)] = alias_buffer_[i];
+        w.output_tensor[size_t(v)] = alias_buffer_[i];
       } else {
-        output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
+        w.output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
       }
     }
+    return w;
+  }
 
-    std::vector<const DeviceTensor*> in_ptrs;
+  // Where node `n`'s outputs go: a returned buffer, the arena, or (no bytes) a buffer of
+  // its own that keeps pointers valid.
+  std::vector<DeviceTensor> node_outputs(const Walk& w, const Node& n) {
     std::vector<DeviceTensor> outs;
+    for (ValueId v : n.outputs) {
+      if (w.output_tensor[size_t(v)].buffer) {
+        outs.push_back(w.output_tensor[size_t(v)]);
+      } else if (offsets_[size_t(v)] != MemoryPlan::kNotPlanned) {
+        outs.push_back(arena_tensor(v));
+      } else {
+        const TensorType& t = graph_.value(v).type;
+        outs.push_back(DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, layout_.of(v)));
+      }
+    }
+    return outs;
+  }
+
+  // Records node `i` reading the walk's slots into `outs`, its temporaries in its gap. The
+  // node may replace an output by a view (a reshape of its input): `outs` then holds it.
+  void record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
+    const Node& n = graph_.nodes()[i];
+    std::vector<const DeviceTensor*> in_ptrs;
+    for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
+    if (i < gaps_.size() && gaps_[i].bytes > 0)
+      ctx_.encoder.set_temporary_region(cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes));
+    try {
+      cuda::run_node(ctx_, n, in_ptrs, outs);
+    } catch (...) {
+      ctx_.encoder.clear_temporary_region();
+      throw;
+    }
+    ctx_.encoder.clear_temporary_region();
+  }
+
+  void record_nodes() {
+    Walk w = begin_walk(true);
     for (size_t i = 0; i < graph_.nodes().size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      in_ptrs.clear();
-      for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
-      outs.clear();
-      for (ValueId v : n.outputs) {
-        if (output_tensor[size_t(v)].buffer) {
-          outs.push_back(output_tensor[size_t(v)]);
-        } else if (offsets_[size_t(v)] != MemoryPlan::kNotPlanned) {
-          outs.push_back(arena_tensor(v));
-        } else {  // no bytes: a buffer of its own keeps pointers valid
-          const TensorType& t = graph_.value(v).type;
-          outs.push_back(DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, layout_.of(v)));
-        }
-        // Poison all but state updated in place (the poison would be its only value).
-        if (options_.poison && in_place_[size_t(v)] < 0)
-          ctx_.encoder.memset(outs.back().range(), 0xff);
-      }
-      if (i < gaps_.size() && gaps_[i].bytes > 0)
-        ctx_.encoder.set_temporary_region(
-            cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes));
-      try {
-        cuda::run_node(ctx_, n, in_ptrs, outs);
-      } catch (...) {
-        ctx_.encoder.clear_temporary_region();
-        throw;
-      }
-      ctx_.encoder.clear_temporary_region();
-      for (size_t i = 0; i < n.outputs.size(); ++i)
-        slots[size_t(n.outputs[i])] = std::move(outs[i]);
+      std::vector<DeviceTensor> outs = node_outputs(w, n);
+      // Poison all but state updated in place (the poison would be its only value) and
+      // views (the poison would be their input's).
+      if (options_.poison)
+        for (size_t k = 0; k < outs.size(); ++k)
+          if (in_place_[size_t(n.outputs[k])] < 0 && same_bytes_[size_t(n.outputs[k])] == kNoValue)
+            ctx_.encoder.memset(outs[k].range(), 0xff);
+      record_node(i, w, outs);
+      for (size_t k = 0; k < n.outputs.size(); ++k) w.slots[size_t(n.outputs[k])] = outs[k];
     }
-    // Outputs not written where they are returned (an input or a constant marked as an
-    // output), then aliased outputs that could not be computed in place.
+    end_walk(w);
+  }
+
+  // Outputs not written where they are returned (an input or a constant marked as an
+  // output), then aliased outputs that could not be computed in place.
+  void end_walk(const Walk& w) {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const ValueId v = graph_.outputs()[i];
-      const DeviceTensor& want = output_tensor[size_t(v)];
-      if (slots[size_t(v)].data() != want.data()) cuda::copy_strided(ctx_, slots[size_t(v)], want);
+      const DeviceTensor& want = w.output_tensor[size_t(v)];
+      if (w.slots[size_t(v)].data() != want.data())
+        cuda::copy_strided(ctx_, w.slots[size_t(v)], want);
     }
     for (size_t i = 0; i < outputs_.size(); ++i) {
       if (!alias_buffer_[i].buffer) continue;
@@ -610,7 +705,8 @@ class CudaExecutable final : public Executable {
   std::vector<DeviceTensor> constants_;  // by ValueId
   std::vector<Input> inputs_;
   std::vector<DeviceArray> outputs_;
-  std::vector<int> in_place_;  // by ValueId: the input an output is computed in
+  std::vector<int> in_place_;        // by ValueId: the input an output is computed in
+  std::vector<ValueId> same_bytes_;  // by ValueId: the value a view's bytes are (reshapes)
   // By output: where an aliased output that cannot be computed in place is computed, to be
   // copied into its input at the end (empty for every other output).
   std::vector<DeviceTensor> alias_buffer_;

@@ -34,17 +34,32 @@ struct Interval {
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
-                       bool reuse) {
+                       bool reuse, const std::vector<ValueId>& same_bytes) {
   const size_t count = g.values().size();
   MemoryPlan plan;
   plan.offset.assign(count, MemoryPlan::kNotPlanned);
-  std::vector<ValueId> values;
+  // Each value's root: the value whose bytes it is, through chains of views.
+  std::vector<ValueId> root(count);
+  for (size_t v = 0; v < count; ++v) {
+    ValueId r = ValueId(v);
+    while (!same_bytes.empty() && same_bytes[size_t(r)] != kNoValue) r = same_bytes[size_t(r)];
+    root[v] = r;
+  }
+  std::vector<ValueId> values;  // the roots: placed
   std::vector<Interval> when(count);
   for (size_t v = 0; v < count; ++v) {
-    if (bytes[v] == 0) continue;
+    if (bytes[v] == 0 || root[v] != ValueId(v)) continue;
     values.push_back(ValueId(v));
     when[v] = {life.first[v], std::max(life.first[v], life.last[v])};
     plan.unshared_bytes += aligned(bytes[v]);
+  }
+  for (size_t v = 0; v < count; ++v) {  // a root lives as long as its views
+    if (bytes[v] == 0 || root[v] == ValueId(v)) continue;
+    FUSEBOX_CHECK(bytes[size_t(root[v])] >= bytes[v], "plan_memory", "value ", v,
+                  " is a view of value ", root[v], ", which is not planned or smaller");
+    Interval& r = when[size_t(root[v])];
+    r.begin = std::min(r.begin, life.first[v]);
+    r.end = std::max({r.end, life.first[v], life.last[v]});
   }
   if (values.empty()) return plan;
 
@@ -80,6 +95,9 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
       placed.push_back(v);
     }
   }
+
+  for (size_t v = 0; v < count; ++v)
+    if (bytes[v] > 0 && root[v] != ValueId(v)) plan.offset[v] = plan.offset[size_t(root[v])];
 
   // The lower bound: bytes live at each node.
   std::vector<size_t> live(g.nodes().size() + 1, 0);

@@ -19,7 +19,9 @@
 // inference copies the images in from pinned host memory and the outputs back every step,
 // as serving does. Inference runs the prepared inference graph (passes/fusion.h: batch
 // norms folded, conv epilogues, batch-norm fusions; FUSEBOX_FUSION=0: none); --report prints
-// its fusion groups and what each became, --dot FILE draws it.
+// its fusion groups and what each became, and after the timed steps each node's time
+// (Executable::profile: the slowest nodes, the time by op; also in the JSON); --dot FILE
+// draws it.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 #include "common.h"
 #include "fusebox/io/json.h"
@@ -67,7 +70,8 @@ struct Figures {
   double host_us_per_step = 0;
   double ms_median = 0, ms_min = 0, ms_max = 0;
   size_t peak_bytes = 0;
-  double final_loss = 0;  // training
+  double final_loss = 0;            // training
+  std::optional<TimeReport> times;  // inference with --report
   ExecutableStats exe;
 };
 
@@ -186,6 +190,9 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log)
                                          : describe_fusion(g, fusion_log));
+    // After the timed steps, so that profiling cannot disturb them.
+    f.times = time_report(g, exe->profile(device == Device::cuda ? 10 : 1), device);
+    std::cout << format_time_report(*f.times, f.ms_median);
   }
   return f;
 }
@@ -242,6 +249,7 @@ int bench(const BenchArgs& args) {
                            {"workspace_bytes", f.exe.temporary_bytes},
                            {"operations", f.exe.operations}});
     if (train) j.set("final_loss", f.final_loss);
+    if (f.times) j.set("time_by_node", time_report_json(*f.times));
     std::ofstream out(args.json);
     FUSEBOX_CHECK(out.good(), "fusebox bench", "cannot write --json ", args.json);
     out << j.dump() << "\n";
@@ -283,7 +291,8 @@ Command add_bench_command(CLI::App& parent) {
   add_shape_option(*app, &args->shapes);
   app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
   app->add_flag("--report", args->report,
-                "Inference: print the fusion groups and what each became on this GPU");
+                "Inference: print the fusion groups and what each became on this GPU, then "
+                "each node's time (the slowest nodes with what ran, the time by op)");
   app->add_option("--dot", args->dot, "Inference: write the fused graph as Graphviz to FILE")
       ->type_name("FILE");
   return {app, [args] { return bench(*args); }};

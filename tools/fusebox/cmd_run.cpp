@@ -2,8 +2,9 @@
 // on a device, print and optionally save each output. On CUDA the model is compiled as
 // an inference graph (passes/fusion.h: batch norms folded, conv epilogues and batch-norm
 // fusions; FUSEBOX_FUSION=0 turns that off); the CPU backend, the reference, runs the
-// model's own graph. --report lists the fusion groups and what each became, and each
-// convolution with the path (cuDNN or the project's kernels) and plan it got; --autotune times
+// model's own graph. --report lists the fusion groups and what each became, each
+// convolution with the path (cuDNN or the project's kernels) and plan it got, and each
+// node's time (Executable::profile, after the run: tools/fusebox/time_report.cpp); --autotune times
 // cuDNN's candidate plans for each convolution problem and keeps the fastest; --dot FILE
 // writes the fused graph as Graphviz.
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/passes/layout.h"
+#include "fusebox/runtime/executable.h"
 #include "fusebox/runtime/executor.h"
 
 namespace fusebox::cli {
@@ -119,7 +121,18 @@ int run(const RunArgs& args) {
                           : g;
   if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(run_g, fusion_log));
   auto start = std::chrono::steady_clock::now();
-  NamedTensors outputs = run_graph(run_g, feeds, run_opts);
+  // With --report the executable stays, to time each node after the run.
+  std::unique_ptr<Executable> exe;
+  NamedTensors outputs;
+  if (args.report) {
+    for (ValueId v : run_g.inputs())  // a missing feed named before the compile
+      FUSEBOX_CHECK(feeds.count(run_g.value(v).name), "fusebox run", "no tensor given for input '",
+                    run_g.value(v).name, "'");
+    exe = Executable::compile(run_g, {.device = run_opts.device, .poison = true});
+    outputs = exe->run(feeds);
+  } else {
+    outputs = run_graph(run_g, feeds, run_opts);
+  }
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
@@ -139,6 +152,9 @@ int run(const RunArgs& args) {
   if (args.report) {
     const std::string table = cuda::format_conv_report();
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
+    std::cout << format_time_report(
+        time_report(run_g, exe->profile(run_opts.device == Device::cuda ? 10 : 1), run_opts.device),
+        -1);
   }
   return 0;
 }
@@ -161,11 +177,13 @@ Command add_run_command(CLI::App& parent) {
                   "Write each output to DIR/<name>.npy (name sanitised to [A-Za-z0-9._-])")
       ->type_name("DIR");
   app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
-  app->add_flag("--report", args->report,
-                "After the run, list the fusion groups and what each became (cuDNN graph, "
-                "epilogue kernel and why), the values stored channels-last and the layout "
-                "conversions, and each convolution with the path (cuDNN or the project's "
-                "kernels: implicit GEMM, depthwise, direct), plan, workspace and reason it got");
+  app->add_flag(
+      "--report", args->report,
+      "After the run, list the fusion groups and what each became (cuDNN graph, "
+      "epilogue kernel and why), the values stored channels-last and the layout "
+      "conversions, and each convolution with the path (cuDNN or the project's "
+      "kernels: implicit GEMM, depthwise, direct), plan, workspace and reason it got; then "
+      "each node's time, run again node by node (the slowest nodes, the time by op)");
   app->add_option("--dot", args->dot,
                   "Write the graph the device runs (fused on CUDA) as Graphviz to FILE")
       ->type_name("FILE");

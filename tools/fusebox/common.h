@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "fusebox/core/tensor.h"
+#include "fusebox/io/json.h"
 #include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
+#include "fusebox/runtime/executable.h"
 #include "fusebox/zoo.h"
 
 namespace fusebox::cli {
@@ -82,6 +84,22 @@ void set_float_math(Precision p);
 // Each planned fusion group of `g` (prepared by passes/fusion.h with `log`) and what it
 // became on the GPU in this process (tools/fusebox/fusion_report.cpp).
 std::string fusion_outcome(const Graph& g, const FusionLog& log);
+
+// The time part of --report (tools/fusebox/time_report.cpp): Executable::profile()'s
+// node times with what ran for each.
+struct TimeRow {
+  std::string node, op;
+  double ms = 0;
+  std::string ran;  // a convolution's path and plan, "generated kernel", ...
+};
+struct TimeReport {
+  std::vector<TimeRow> rows;  // in the graph's order
+  double total_ms = 0;
+};
+TimeReport time_report(const Graph& g, const std::vector<NodeTime>& times, Device device);
+// The `top` slowest nodes, the time by op, and the sum (beside `step_ms` when > 0).
+std::string format_time_report(const TimeReport& r, double step_ms, size_t top = 25);
+Json time_report_json(const TimeReport& r);
 
 // "3.1416" for fixed(3.14159, 4)
 std::string fixed(double value, int digits);

@@ -34,6 +34,19 @@
 
 #define FUSEBOX_REDUCE_OPS(X) X(reduce_sum) X(reduce_mean) X(reduce_max)
 
+// The same row-major bytes under another shape (of the shape family): a copy, or no copy at
+// all where the executable makes the output a view of the input (runtime/memory_plan.h).
+#define FUSEBOX_RESHAPE_OPS(X) X(reshape) X(flatten) X(squeeze) X(unsqueeze)
+
+namespace fusebox {
+constexpr bool is_reshape_family(OpKind op) {
+  switch (op) {
+    FUSEBOX_RESHAPE_OPS(FUSEBOX_OP_CASE) return true;
+    default: return false;
+  }
+}
+}  // namespace fusebox
+
 namespace fusebox::op_info_checks {
 
 // `ops` are exactly the ops of `family` in the table.

@@ -151,6 +151,13 @@ struct ExecutableStats {
   size_t runs_not_applied = 0;
 };
 
+// One node's time in Executable::profile().
+struct NodeTime {
+  std::string node;  // the node's name
+  OpKind op;
+  double ms = 0;  // per execution: CUDA the mean of `repeats`, the CPU their median
+};
+
 using Feed = std::variant<Tensor, DeviceArray>;
 using Feeds = std::map<std::string, Feed>;
 
@@ -196,6 +203,16 @@ class Executable {
   // own (kept in the order the step reads it; to_host and copy_from convert). Writing it
   // with copy_from feeds the input for the following runs.
   virtual DeviceArray input(const std::string& name) const = 0;
+
+  // Runs the step once more on the inputs as they are (the last feeds), node by node in
+  // the step's order, timing each node `repeats` times: on CUDA its operations recorded
+  // `repeats` times into a graph of their own, launched once untimed (the real execution,
+  // which the next node reads) and once timed. For `fusebox run|bench --report`: where the
+  // time goes, not the step's own time (independent nodes do not overlap here). Refused for
+  // an executable with aliases (state updated in place: repeating would change it). Waits
+  // for earlier runs first; overwrites the outputs as a run does; a kernel error is thrown
+  // as a run's would be.
+  virtual std::vector<NodeTime> profile(int repeats = 10) = 0;
 
   virtual const Graph& graph() const = 0;
   virtual const ExecutableStats& stats() const = 0;

@@ -31,7 +31,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::max_pool: return max_pool(ctx, n, in, out);
     case OpKind::avg_pool: return avg_pool(ctx, n, in, out);
     case OpKind::global_avg_pool: return global_avg_pool(ctx, n, in, out);
-    case OpKind::reshape: case OpKind::flatten: case OpKind::squeeze: case OpKind::unsqueeze:
+    FUSEBOX_RESHAPE_OPS(FUSEBOX_OP_CASE)
       return copy_reshape(ctx, n, in, out);
     case OpKind::transpose: return transpose(ctx, n, in, out);
     case OpKind::concat: return concat(ctx, n, in, out);

@@ -147,6 +147,19 @@ TEST_F(Cli, ZooInspectRun) {
   for (int64_t i = 0; i < logits.numel(); ++i) EXPECT_TRUE(std::isfinite(logits.get(i)));
 }
 
+// --report on the CPU: the time part (Executable::profile) lists every node, the slowest
+// first, and the time by op.
+TEST_F(Cli, RunReportTimesEachNode) {
+  const std::string model = make_small_cnn();
+  ToolResult run = tool(cat("run '", model, "' --device cpu --report"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_TRUE(contains(run.out, "time by node (each timed on its own; the ")) << run.out;
+  EXPECT_TRUE(contains(run.out, "time by op:\n")) << run.out;
+  EXPECT_TRUE(contains(run.out, "  conv" + std::string(16, ' ') + "conv1\n")) << run.out;
+  EXPECT_TRUE(contains(run.out, "  conv                  2 nodes ")) << run.out;
+  EXPECT_TRUE(contains(run.out, "sum of node times ")) << run.out;
+}
+
 TEST_F(Cli, RunMatchesTheInProcessGraph) {
   const std::string model = make_small_cnn();
   Tensor x = testing::random_tensor(DType::f32, {2, 3, 8, 8}, 21);

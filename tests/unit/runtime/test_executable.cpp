@@ -158,6 +158,38 @@ TEST_P(Executables, ResNet18StepSharesMemoryWithoutChangingResults) {
   EXPECT_TRUE(all_close(a.at("__loss__"), cpu.at("__loss__"), 1e-3, 1e-4));
 }
 
+// profile() runs the step once more node by node: a time per node in the graph's order,
+// and the outputs it leaves are a run's (each node read what the node before it wrote;
+// resnet18 has views, a concat-free chain of convolutions, pools and a gemm).
+TEST_P(Executables, ProfileTimesEachNodeAndComputesTheRunsOutputs) {
+  const Graph g =
+      build_zoo_model("resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 3});
+  auto exe = Executable::compile(g, {.device = device()});
+  expect_error([&] { exe->profile(); }, {"input"});  // nothing fed yet
+  const Tensor x = random_tensor(DType::f32, {2, 3, 32, 32}, 11);
+  StepResult r = exe->run_async({{"input", x}}, {"logits"});
+  const Tensor want = r.host.at("logits").get();
+  // The run's output overwritten: the profile must compute it again.
+  r.outputs.at("logits").copy_from(Tensor::full(DType::f32, {2, 10}, std::nan("")));
+  const std::vector<NodeTime> times = exe->profile(3);
+  ASSERT_EQ(times.size(), g.nodes().size());
+  double sum = 0;
+  for (size_t i = 0; i < times.size(); ++i) {
+    EXPECT_EQ(times[i].node, g.nodes()[i].name);
+    EXPECT_EQ(times[i].op, g.nodes()[i].op);
+    EXPECT_GE(times[i].ms, 0) << times[i].node;
+    sum += times[i].ms;
+  }
+  EXPECT_GT(sum, 0);
+  EXPECT_TRUE(all_close(r.outputs.at("logits").to_host(), want, 1e-6, 1e-7));
+  // Runs after a profile are as before.
+  EXPECT_TRUE(all_close(exe->run({{"input", x}}).at("logits"), want, 1e-6, 1e-7));
+  expect_error([&] { exe->profile(0); }, {"repeats"});
+  auto stateful =
+      Executable::compile(accumulate_graph(64), {.device = device(), .aliases = {{"next_w", "w"}}});
+  expect_error([&] { stateful->profile(); }, {"aliased state"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),
                          [](const auto& info) { return std::string(device_name(info.param)); });
 

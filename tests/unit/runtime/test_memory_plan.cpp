@@ -93,6 +93,42 @@ TEST(MemoryPlan, ResNet50InferenceSharesMostBytes) {
   EXPECT_LE(double(plan.arena_bytes), 1.25 * double(plan.peak_live_bytes));
 }
 
+// A reshape's output planned as a view of its input: the same offset, and the pair lives as
+// one value (the input's bytes stay taken until the view's last reader), counted once.
+TEST(MemoryPlan, ViewsShareTheirInputsBytes) {
+  const int64_t n = 1024;
+  Graph g("views");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {n});
+  const ValueId a = b.op(OpKind::relu, {}, {x}).at(0);  // 0
+  const ValueId a_view = b.op(OpKind::reshape, ReshapeAttrs{{n / 4, 4}, false}, {a}).at(0);
+  const ValueId c = b.op(OpKind::relu, {}, {a_view}).at(0);                  // 2
+  const ValueId c_view = b.op(OpKind::flatten, FlattenAttrs{0}, {c}).at(0);  // 3
+  const ValueId z = b.op(OpKind::sigmoid, {}, {c_view}).at(0);               // 4
+  const ValueId y = b.op(OpKind::add, {}, {a_view, c}).at(0);  // 5: the view read last
+  g.mark_output(z);
+  g.mark_output(y);
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  std::vector<ValueId> same(g.values().size(), kNoValue);
+  same[size_t(a_view)] = a;
+  same[size_t(c_view)] = c;
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true, same);
+  EXPECT_EQ(plan.offset[size_t(a_view)], plan.offset[size_t(a)]);
+  EXPECT_EQ(plan.offset[size_t(c_view)], plan.offset[size_t(c)]);
+  // a's bytes are live until node 5 through its view: c, written at node 2, goes elsewhere.
+  EXPECT_NE(plan.offset[size_t(a)], plan.offset[size_t(c)]);
+  EXPECT_EQ(plan.unshared_bytes, 2 * 4096u);  // a and c; the views are no buffers
+  EXPECT_EQ(plan.arena_bytes, 2 * 4096u);
+  // Without views each value is its own: four buffers, a's dead after node 1.
+  const MemoryPlan copies = runtime::plan_memory(g, life, bytes, true);
+  EXPECT_EQ(copies.unshared_bytes, 4 * 4096u);
+  // A view of a value that is not planned is a bug of the caller's.
+  std::vector<ValueId> bad(g.values().size(), kNoValue);
+  bad[size_t(a)] = x;
+  expect_error([&] { runtime::plan_memory(g, life, bytes, true, bad); }, {"view"});
+}
+
 // A node's temporaries go in the arena's largest gap at that node: inside the arena and
 // clear of every value live while the node runs (its inputs and outputs included).
 TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {

@@ -1,5 +1,6 @@
 // CUDA data-movement kernels against the CPU backend: copy_strided over many views (tiled
-// transposes of odd sizes, negative strides, broadcasts, 1- to 8-byte elements), reshape,
+// transposes of odd sizes, negative strides, broadcasts, 1- to 8-byte elements, permutations
+// that keep the last dim moved as words), reshape,
 // transpose, concat, slice (negative steps), pad (every mode, negative pads), cast (every
 // dtype pair, special values) and constant.
 #include <cmath>
@@ -59,6 +60,11 @@ TEST_F(ShapeOpsTest, CopyStridedMatchesGather) {
        {1, 3, 6, 12, 24, 48, 96, 192},
        0},
       {"scalar", {5}, {}, {}, 4},
+      // The words path: the innermost dim contiguous in both (16-, 8-, 4-byte words by the
+      // dtype and extents), and where an offset or extent forbids wide words.
+      {"head split (2, 0, 3, 1, 4)", {2, 5, 3, 4, 16}, {3, 2, 4, 5, 16}, {64, 960, 16, 192, 1}, 0},
+      {"head merge, odd inner", {2, 3, 5, 6}, {2, 5, 3, 6}, {90, 6, 30, 1}, 0},
+      {"rows permuted, offset", {6, 8, 24}, {8, 6, 20}, {24, 192, 1}, 2},
   };
   uint64_t seed = 1;
   for (const View& v : views) {
