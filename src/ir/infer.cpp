@@ -16,18 +16,18 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 33> kAttrsNames = {
+constexpr std::array<const char*, 34> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
     "FlattenAttrs", "TransposeAttrs", "ConcatAttrs", "SliceAttrs", "PadAttrs", "AxesAttrs",
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
-    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram"};
+    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<PointwiseProgram>() == kAttrsNames.size() - 1);
+              attrs_index<AttentionAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -234,6 +234,10 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::softmax:
     case OpKind::log_softmax:
       return infer_softmax(c);
+    case OpKind::attention:
+      return infer_attention(c);
+    case OpKind::attention_backward:
+      return infer_attention_backward(c);
     case OpKind::max_pool:
     case OpKind::avg_pool:
       return infer_pool(c);

@@ -160,6 +160,18 @@ Types infer_softmax_backward(Context& c) {
   return {c.type(1)};
 }
 
+// attention_backward: (dy, q, k, v, y, lse) -> (dq, dk, dv), the types of q, k and v.
+Types infer_attention_backward(Context& c) {
+  AttentionAttrs forward = c.attrs<AttentionAttrs>();
+  forward.with_lse = true;
+  const Types fwd = forward_types(c, OpKind::attention, forward, {c.type(1), c.type(2), c.type(3)},
+                                  cat("q ", type_str(c.type(1))));
+  expect_type(c, 0, fwd[0], "output y");
+  expect_type(c, 4, fwd[0], "output y");
+  expect_type(c, 5, fwd[1], "output lse");
+  return {c.type(1), c.type(2), c.type(3)};
+}
+
 // cross_entropy_backward: (dloss, log_prob, labels, weight?) -> dlogits, log_prob's type.
 Types infer_cross_entropy_backward(Context& c) {
   Inputs forward_inputs = {c.type(1), c.type(2)};

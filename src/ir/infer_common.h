@@ -104,6 +104,8 @@ Types infer_matmul(Context& c);
 Types infer_gemm(Context& c);
 Types infer_reduce(Context& c);
 Types infer_softmax(Context& c);
+Types infer_attention(Context& c);
+Types infer_attention_backward(Context& c);
 
 // infer_norm.cpp
 Types infer_batch_norm(Context& c);

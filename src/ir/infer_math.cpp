@@ -139,4 +139,30 @@ Types infer_softmax(Context& c) {
   return {c.type(0)};
 }
 
+// attention: q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv] (ir/ops.h).
+Types infer_attention(Context& c) {
+  const AttentionAttrs& a = c.attrs<AttentionAttrs>();
+  c.expect_float(0);
+  c.expect_same_dtype(1, 0);
+  c.expect_same_dtype(2, 0);
+  c.check(c.rank(0) >= 3 && c.rank(0) <= 4, "attention takes q [B, H, Tq, d] or [B, Tq, d], got ",
+          c.shaped(0));
+  c.check(c.rank(1) == c.rank(0) && c.rank(2) == c.rank(0),
+          "q, k and v need one rank: ", c.shaped(0), ", ", c.shaped(1), ", ", c.shaped(2));
+  const Shape &q = c.shape(0), &k = c.shape(1), &v = c.shape(2);
+  const size_t r = q.size();
+  for (size_t d = 0; d + 2 < r; ++d)
+    c.check(k[d] == q[d] && v[d] == q[d], "the leading dims of ", c.shaped(0), ", ", c.shaped(1),
+            " and ", c.shaped(2), " differ");
+  c.check(k[r - 1] == q[r - 1], c.shaped(0), " and ", c.shaped(1), " differ in the head dim");
+  c.check(v[r - 2] == k[r - 2], c.shaped(1), " and ", c.shaped(2), " differ in the key count");
+  c.check(std::isfinite(a.scale), "scale ", a.scale, " is not finite");
+  c.check(!a.causal || q[r - 2] <= k[r - 2], "causal attention needs Tq <= Tk, got ", c.shaped(0),
+          " and ", c.shaped(1));
+  Shape y = q;
+  y[r - 1] = v[r - 1];
+  if (!a.with_lse) return {{c.dtype(0), y}};
+  return {{c.dtype(0), y}, {DType::f32, Shape(q.begin(), q.end() - 1)}};
+}
+
 }  // namespace fusebox::infer

@@ -95,6 +95,8 @@ Grads vjp(VjpArgs& a) {
       a.no_gradient(
           "fused_pointwise has no gradient rule: fuse pointwise chains only in graphs that are "
           "not differentiated (passes/fuse_pointwise.h)");
+    case OpKind::attention:
+      return vjp_attention(a);
   }
   a.no_gradient("unknown op kind");
 }

@@ -52,7 +52,10 @@ void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
     for (ValueId& v : inputs) v = mapped(v);
     const std::vector<ValueId> outs = out.add_node(t && t->op ? *t->op : n.op, std::move(attrs),
                                                    std::move(inputs), n.name, names);
-    for (size_t i = 0; i < outs.size(); ++i) map[size_t(n.outputs[i])] = outs[i];
+    // A fused node may have outputs the node it replaces had not (attention's lse): those
+    // are new values, read by nothing of g.
+    for (size_t i = 0; i < outs.size() && i < n.outputs.size(); ++i)
+      map[size_t(n.outputs[i])] = outs[i];
     if (t && t->writes != n.outputs[0]) {
       map[size_t(t->writes)] = outs[0];
       map[size_t(n.outputs[0])] = kNoValue;  // read only by the replaced nodes, now gone

@@ -45,6 +45,8 @@ Graph prepare_inference_graph(const Graph& model, Precision precision,
     fuse_conv_epilogues(g, log);
     fuse_gemm_epilogues(g, log);
   }
+  // Before the pointwise chains, which would take the scale and the casts around the softmax.
+  if (options.attention) fuse_attention(g, log);
   if (options.batch_norm) {
     fuse_batch_norm_residual(g, log);
     fuse_batch_norm_relu(g, log);
@@ -102,6 +104,8 @@ std::string planned_lowering(const Graph& g, const Node& n) {
     case OpKind::fused_pointwise:
       return cat("generated kernel (", std::get<PointwiseProgram>(n.attrs).instrs.size(), " ops, ",
                  n.inputs.size(), " inputs)");
+    case OpKind::attention:
+      return "cuDNN fused attention (SDPA), else the project's attention kernel";
     default:
       return "own kernel";
   }

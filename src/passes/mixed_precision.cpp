@@ -140,6 +140,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
     case OpKind::fused_pointwise:  // formed after this pass (passes/fuse_pointwise.h)
+    case OpKind::attention:        // likewise (passes/fusion.h)
       return AutocastRule::keep;
   }
   return AutocastRule::keep;

@@ -97,6 +97,7 @@ Grads vjp_batch_norm(VjpArgs& a);
 Grads vjp_layer_norm(VjpArgs& a);
 Grads vjp_rms_norm(VjpArgs& a);
 Grads vjp_softmax(VjpArgs& a);
+Grads vjp_attention(VjpArgs& a);
 Grads vjp_cross_entropy(VjpArgs& a);
 // vjp_math.cpp: unary and binary pointwise ops, matmul, gemm, reductions.
 Grads vjp_unary(VjpArgs& a);

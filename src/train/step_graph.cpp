@@ -183,6 +183,7 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   // Fused ops before autodiff, so that the backward pass is derived from them.
   fuse_batch_norm_residual(g);
   fuse_batch_norm_relu(g);
+  fuse_attention(g, nullptr, /*training=*/true);
   auto mapped = [&](const std::string& name) { return find(g, name); };
 
   // Batch-norm running statistics: the training form's outputs 1 and 2.
@@ -301,6 +302,7 @@ Graph build_eval_graph(const Graph& model, const ModelLayout& layout, Precision 
                             precision);
   fuse_batch_norm_residual(g);
   fuse_batch_norm_relu(g);
+  fuse_attention(g);
   return g;
 }
 

@@ -27,6 +27,11 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
       os << "generated kernel (NVRTC, one pass)\n";
       continue;
     }
+    if (n.op == OpKind::attention) {
+      os << "fused attention (cuDNN SDPA where cuDNN takes it, else the row kernel; stderr "
+            "names which, once per problem)\n";
+      continue;
+    }
     if (n.op != OpKind::conv) {
       os << "own kernel (one pass)\n";
       continue;

@@ -25,6 +25,7 @@ std::string what_ran(const Node& n, const std::vector<cuda::ConvDecision>& decis
                      Device device) {
   if (device != Device::cuda) return "";
   if (n.op == OpKind::fused_pointwise) return "generated kernel";
+  if (n.op == OpKind::attention) return "fused attention";
   if (n.op != OpKind::conv) return "";
   for (const cuda::ConvDecision& d : decisions) {
     if (d.node != node_label(n) || d.op != "conv_fprop") continue;

@@ -26,7 +26,7 @@
   X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)      \
   X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
   X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                   \
-  X(avg_pool_backward) X(slice_backward) X(pad_backward)
+  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(attention_backward)
 // clang-format on
 
 // Elementwise, two inputs broadcast as numpy.

@@ -32,6 +32,7 @@ enum class OpFamily : uint8_t {
   backward,   // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
   optimizer,  // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
   pointwise,  // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
+  attention,  // attention: softmax(scale q k^T) v, fused (passes/fusion.h fuse_attention)
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -92,6 +93,8 @@ inline constexpr const char* kCrossEntropy[] = {"logits", "labels", "weight"};
 inline constexpr const char* kDyX[] = {"dy", "x"};
 inline constexpr const char* kDy[] = {"dy"};
 inline constexpr const char* kDyY[] = {"dy", "y"};
+inline constexpr const char* kAttention[] = {"q", "k", "v"};
+inline constexpr const char* kAttentionBackward[] = {"dy", "q", "k", "v", "y", "lse"};
 inline constexpr const char* kDyXY[] = {"dy", "x", "y"};
 inline constexpr const char* kBinaryBackward[] = {"dy", "a", "b"};
 inline constexpr const char* kBatchNormBackward[] = {
@@ -314,6 +317,12 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(fused_pointwise), .family = OpFamily::pointwise, .min_inputs = 1,
      .max_inputs = 16, .roles = op_roles::kFusedPointwise, .attrs = attrs_index<PointwiseProgram>(),
      .layout = LayoutRole::elementwise, .cuda_strided_inputs = true, .differentiable = false},
+    // ---- fused attention
+    {FUSEBOX_OP_ROW(attention), .family = OpFamily::attention, .min_inputs = 3, .max_inputs = 3,
+     .roles = op_roles::kAttention, .attrs = attrs_index<AttentionAttrs>()},
+    {FUSEBOX_OP_ROW(attention_backward), .family = OpFamily::backward, .min_inputs = 6,
+     .max_inputs = 6, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
+     .differentiable = false},
 };
 
 #undef FUSEBOX_OP_ROW

@@ -33,7 +33,9 @@ namespace fusebox {
                   X(avg_pool_backward) X(slice_backward)                                           \
                       X(pad_backward) /* optimizer updates and f16 loss scaling */                 \
       X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                     \
-          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */
+          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */        \
+      X(attention) /* fused attention (passes/fusion.h fuse_attention) */                     \
+      X(attention_backward)
 
 enum class OpKind : uint8_t {
 #define FUSEBOX_ENUM(name) name,
@@ -198,6 +200,23 @@ struct ReduceAttrs {
 // softmax / log_softmax over one axis (ONNX opset 13 semantics).
 struct SoftmaxAttrs {
   int64_t axis = -1;
+};
+
+// ---- attention ---------------------------------------------------------------
+// attention: (q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]) -> y [..., Tq, dv], the
+//   leading dims ([B, H] or [B]) the same for all three:
+//     y = softmax(scale * q k^T, over the keys) v
+//   with causal: key j > query i masked out (top-left aligned: Tq <= Tk). The scores and the
+//   softmax in f32 whatever the storage; q, k, v and y one float dtype. Formed by
+//   fuse_attention (passes/fusion.h). with_lse adds a second output, lse [..., Tq] f32:
+//   log(sum_j exp(scale * q_i . k_j)) over the kept keys, what the backward reads.
+// attention_backward: (dy, q, k, v, y, lse) -> (dq, dk, dv), with the forward's attributes:
+//   p = exp(scale q k^T - lse); dv = p^T dy; ds = p * (dy v^T - rowsum(dy * y));
+//   dq = scale ds k; dk = scale ds^T q.
+struct AttentionAttrs {
+  double scale = 1.0;
+  bool causal = false;
+  bool with_lse = false;
 };
 
 // ---- pooling ---------------------------------------------------------------
@@ -428,6 +447,6 @@ using Attrs =
                  ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
-                 LossScaleAttrs, PointwiseProgram>;
+                 LossScaleAttrs, PointwiseProgram, AttentionAttrs>;
 
 }  // namespace fusebox

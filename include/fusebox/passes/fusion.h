@@ -24,6 +24,7 @@
 //      cuDNN graph (conv + bias + activation + add + activation, kept on chip), or splits
 //      where cuDNN refuses (kernels/conv/conv.cpp: the report says why);
 //   3b. fuse_gemm_epilogues: matmul/gemm -> bias add -> activation as one gemm;
+//   3c. fuse_attention: matmul -> scale -> softmax -> matmul as one attention node;
 //   4. the batch-norm fusions above for the batch norms left (not after a conv);
 //   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
 //      node above took become one generated kernel each.
@@ -100,6 +101,17 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
 // rule). Returns the number of products that took something over.
 size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
 
+// fuse_attention: scaled dot-product attention spelled out (matmul(q, transpose(k)) ->
+// scale -> softmax over the keys -> matmul with v, float casts between, constant scalar
+// scales on q, k^T or the scores; passes/fuse_attention.cpp lists the forms), in bf16 or f16,
+// becomes one attention node (ir/ops.h), run by cuDNN's fused flash attention on the GPU. Why: the
+// [.., Tq, Tk] scores and probabilities are otherwise written and read four times (ViT-B/16:
+// 30M elements a layer at batch 64) and the softmax runs in f32 between casts. `training`:
+// the nodes also output lse (AttentionAttrs::with_lse), which their gradient rule reads; run
+// it on the forward graph before autodiff (train/step_graph.cpp does). Returns the number
+// fused.
+size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false);
+
 // Which inference fusions prepare_inference_graph runs. FUSEBOX_FUSION=0 turns them all
 // off (for comparisons), 1 (default) on.
 struct InferenceFusionOptions {
@@ -107,8 +119,9 @@ struct InferenceFusionOptions {
   bool conv_epilogue = true;  // and fuse_gemm_epilogues
   bool batch_norm = true;     // fuse_batch_norm_residual, fuse_batch_norm_relu
   bool pointwise = true;      // fuse_pointwise_chains
+  bool attention = true;      // fuse_attention
   static InferenceFusionOptions from_env();
-  static InferenceFusionOptions none() { return {false, false, false, false}; }
+  static InferenceFusionOptions none() { return {false, false, false, false, false}; }
 };
 
 // The model as the compiler runs it for inference: folded, in `precision` (constants

@@ -97,6 +97,10 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return loss_scale_update(n, inputs, outputs);
     case OpKind::fused_pointwise:
       return fused_pointwise(n, inputs, outputs);
+    case OpKind::attention:
+      return attention(n, inputs, outputs);
+    case OpKind::attention_backward:
+      return attention_backward(n, inputs, outputs);
   }
   throw Error(node_label(n), "no CPU kernel for this op");
 }

@@ -38,6 +38,9 @@ void fused_pointwise(const Node& n, Inputs in, Outputs out);
 
 // matmul.cpp
 void matmul(const Node& n, Inputs in, Outputs out);
+// attention.cpp: softmax(scale q k^T) v per row, and its backward, in f64.
+void attention(const Node& n, Inputs in, Outputs out);
+void attention_backward(const Node& n, Inputs in, Outputs out);
 void gemm(const Node& n, Inputs in, Outputs out);
 
 // reduce.cpp: reduce_sum/mean/max, softmax, log_softmax, cross_entropy.

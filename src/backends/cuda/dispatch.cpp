@@ -59,6 +59,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::nonfinite_any: return nonfinite_any(ctx, n, in, out);
     case OpKind::loss_scale_update: return loss_scale_update(ctx, n, in, out);
     case OpKind::fused_pointwise: return fused_pointwise(ctx, n, in, out);
+    case OpKind::attention: return attention(ctx, n, in, out);
+    case OpKind::attention_backward: return attention_backward(ctx, n, in, out);
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }

@@ -34,6 +34,9 @@ void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided in
 void binary(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
 // kernels/pointwise/fused.cu: a generated kernel per program (NVRTC); strided/broadcast OK
 void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out);
+// kernels/attention/attention.cu: cuDNN's fused attention, else the project's row kernel
+void attention(Context& ctx, const Node& n, Inputs in, Outputs out);
+void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
 void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);

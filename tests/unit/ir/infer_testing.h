@@ -110,6 +110,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.growth_factor, " ", a.backoff_factor, " ", a.growth_interval);
         else if constexpr (std::is_same_v<A, PointwiseProgram>)
           return pointwise_program_text(a);
+        else if constexpr (std::is_same_v<A, AttentionAttrs>)
+          return cat(a.scale, " ", a.causal, " ", a.with_lse);
       },
       attrs);
 }

@@ -188,6 +188,38 @@ TEST(GradCheckSoftmax, SoftmaxAndLogSoftmax) {
   }
 }
 
+// attention (formed by fuse_attention, with and without lse): its gradient rule's
+// attention_backward against finite differences of the f64 forward, causal and not, Tq != Tk,
+// dv != d, rank 3 and 4.
+TEST(GradCheckAttention, Attention) {
+  std::mt19937_64 rng(207);
+  for (int trial = 0; trial < 8; ++trial) {
+    const bool causal = trial % 2 == 1, with_lse = trial % 4 >= 2;
+    const int64_t tq = pick(rng, 1, 4), tk = causal ? tq + pick(rng, 0, 2) : pick(rng, 1, 5);
+    const int64_t d = pick(rng, 1, 4), dv = pick(rng, 1, 4);
+    Shape lead = {pick(rng, 1, 2)};
+    if (trial % 3 != 0) lead.push_back(pick(rng, 1, 2));
+    auto shaped = [&](int64_t t, int64_t c) {
+      Shape s = lead;
+      s.push_back(t);
+      s.push_back(c);
+      return s;
+    };
+    const AttentionAttrs attrs{0.7, causal, with_lse};
+    const uint64_t seed = 6500 + 10 * uint64_t(trial);
+    const std::string config = cat("q ", shape_str(shaped(tq, d)), " k ", shape_str(shaped(tk, d)),
+                                   " dv ", dv, causal ? " causal" : "", with_lse ? " lse" : "");
+    SCOPED_TRACE(config);
+    Forward f = [attrs](Builder& b, const std::vector<ValueId>& v) {
+      return std::vector<ValueId>{b.op(OpKind::attention, attrs, {v[0], v[1], v[2]}).at(0)};
+    };
+    EXPECT_TRUE(check_gradients(
+        {input("q", shaped(tq, d), seed, -2, 2), input("k", shaped(tk, d), seed + 1, -2, 2),
+         input("v", shaped(tk, dv), seed + 2)},
+        f, {"attention", config, {}, 48, seed}));
+  }
+}
+
 // cross_entropy: every reduction, class weights, ignore_index (a class or -100), extra
 // spatial dims, and the log_prob output read by the loss too.
 TEST(GradCheckLoss, CrossEntropy) {

@@ -126,6 +126,13 @@ BackendSettings BackendSettings::from_env() {
   s.cache_dir = cache_dir_from_env();
   read_switch("FUSEBOX_ALLOW_TF32_MATMUL", s.allow_tf32_matmul);
   read_count("FUSEBOX_NORM_VARIANT", s.norm_variant);
+  if (auto text = env_text("FUSEBOX_ATTENTION")) {
+    if (*text == "own")
+      s.attention_own = true;
+    else if (*text != "auto")
+      throw Error("cuda", cat("FUSEBOX_ATTENTION='", *text,
+                              "' must be auto (cuDNN where it takes the problem) or own"));
+  }
   s.conv = conv_settings_from_env();
   return s;
 }

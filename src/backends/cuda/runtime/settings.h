@@ -80,6 +80,9 @@ struct BackendSettings {
   // FUSEBOX_NORM_VARIANT: the tuning variant of the norm kernels, an index into
   // norm::norm_variants() (kernels/norm/tuning.h checks the range).
   size_t norm_variant = 0;
+  // FUSEBOX_ATTENTION: auto (false: cuDNN's fused attention where cuDNN takes the problem)
+  // or own (true: the project's row kernels, kernels/attention/attention.cu).
+  bool attention_own = false;
   ConvSettings conv;
 
   // Parses the environment now. A malformed value is an Error naming the variable.

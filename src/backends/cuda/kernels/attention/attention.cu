@@ -1,0 +1,240 @@
+// attention and attention_backward (ir/ops.h) on the GPU: cuDNN's fused flash attention
+// (cudnn/attention.h) for bf16/f16 where cuDNN takes the problem, else the project's row
+// kernels below; which one ran and why goes to stderr once per problem
+// (FUSEBOX_ATTENTION=own forces the row kernels).
+//
+// The row kernels are the fallback and the test oracle, not fast. One block per (leading
+// index, query row), the row's Tk scores in shared memory:
+//   forward   s_j = scale q . k_j (the kept keys); m = max s, p_j = exp(s_j - m), l = sum p;
+//             y = sum_j p_j v_j / l, lse = m + log l.
+//   backward  p_j = exp(s_j - lse); D = dy . y; ds_j = p_j (dy . v_j - D);
+//             dq = scale sum_j ds_j k_j (written), dk_j += scale ds_j q and dv_j += p_j dy
+//             (f32 atomics into zeroed scratch, then rounded into dk and dv: rows of one
+//             leading index all add to its keys).
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "backends/cuda/cudnn/attention.h"
+#include "backends/cuda/device/block_reduce.cuh"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/runtime/settings.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+struct RowGeometry {
+  int64_t tq, tk, d, dv;
+  float scale;
+  bool causal;
+};
+
+// s_j = scale q_i . k_j into scores (the kept keys); returns their count.
+template <class T>
+__device__ int64_t row_scores(const T* qi, const T* kb, const RowGeometry& g, int64_t i,
+                              float* scores) {
+  const int64_t keys = g.causal ? min(g.tk, i + 1) : g.tk;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
+    float s = 0.f;
+    for (int64_t c = 0; c < g.d; ++c) s += convert<float>(qi[c]) * convert<float>(kb[j * g.d + c]);
+    scores[j] = g.scale * s;
+  }
+  return keys;
+}
+
+template <class T>
+__global__ void attention_rows(const T* q, const T* k, const T* v, T* y, float* lse,
+                               RowGeometry g) {
+  extern __shared__ float scores[];
+  const int64_t row = blockIdx.x, lead = row / g.tq, i = row % g.tq;
+  const int64_t keys = row_scores(q + row * g.d, k + lead * g.tk * g.d, g, i, scores);
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) m = fmaxf(m, scores[j]);
+  m = block_max(m);
+  float l = 0.f;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) l += (scores[j] = __expf(scores[j] - m));
+  l = block_sum(l);  // its barriers also make every score visible to every thread
+  const T* vb = v + lead * g.tk * g.dv;
+  for (int64_t c = threadIdx.x; c < g.dv; c += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < keys; ++j) acc += scores[j] * convert<float>(vb[j * g.dv + c]);
+    y[row * g.dv + c] = convert<T>(acc / l);
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = m + logf(l);
+}
+
+template <class T>
+__global__ void attention_rows_backward(const T* dy, const T* q, const T* k, const T* v, const T* y,
+                                        const float* lse, T* dq, float* dk, float* dv,
+                                        RowGeometry g) {
+  extern __shared__ float p[];
+  const int64_t row = blockIdx.x, lead = row / g.tq, i = row % g.tq;
+  const T* qi = q + row * g.d;
+  const T* kb = k + lead * g.tk * g.d;
+  const T* vb = v + lead * g.tk * g.dv;
+  const T* dyi = dy + row * g.dv;
+  const int64_t keys = row_scores(qi, kb, g, i, p);
+  float D = 0.f;
+  for (int64_t c = threadIdx.x; c < g.dv; c += blockDim.x)
+    D += convert<float>(dyi[c]) * convert<float>(y[row * g.dv + c]);
+  D = block_sum(D);
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
+    const float pj = __expf(p[j] - lse[row]);
+    float dp = 0.f;
+    for (int64_t c = 0; c < g.dv; ++c) {
+      const float gc = convert<float>(dyi[c]);
+      dp += gc * convert<float>(vb[j * g.dv + c]);
+      atomicAdd(dv + (lead * g.tk + j) * g.dv + c, pj * gc);
+    }
+    const float ds = pj * (dp - D);
+    p[j] = ds;
+    for (int64_t c = 0; c < g.d; ++c)
+      atomicAdd(dk + (lead * g.tk + j) * g.d + c, g.scale * ds * convert<float>(qi[c]));
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < g.d; c += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < keys; ++j) acc += p[j] * convert<float>(kb[j * g.d + c]);
+    dq[row * g.d + c] = convert<T>(g.scale * acc);
+  }
+}
+
+template <class T>
+__global__ void round_into(const float* from, T* to, int64_t n) {
+  for (int64_t i = global_thread_index(); i < n; i += grid_stride()) to[i] = convert<T>(from[i]);
+}
+
+// Reports once per problem which implementation attention got.
+void note_once(const AttentionProblem& p, const std::string& what) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(p.describe()).second)
+    std::fprintf(stderr, "fusebox: attention %s: %s\n", p.describe().c_str(), what.c_str());
+}
+
+AttentionProblem problem_of(const Node& n, const DeviceTensor& q, const DeviceTensor& k,
+                            const DeviceTensor& v, bool backward) {
+  const auto& a = std::get<AttentionAttrs>(n.attrs);
+  const size_t r = q.shape.size();
+  AttentionProblem p;
+  p.dtype = q.dtype;
+  p.tq = q.shape[r - 2], p.d = q.shape[r - 1], p.tk = k.shape[r - 2], p.dv = v.shape[r - 1];
+  p.batch = q.shape[0], p.heads = r == 4 ? q.shape[1] : 1;
+  p.scale = a.scale, p.causal = a.causal, p.with_lse = a.with_lse || backward;
+  p.backward = backward;
+  return p;
+}
+
+// Records cuDNN's plan for `p` on `b`; false with `why` when cuDNN refuses or the plan does not
+// run (tried once outside any capture, so that a failure is found here, not in a recording).
+bool record_cudnn(Context& ctx, const Node& n, const AttentionProblem& p, const AttentionBuffers& b,
+                  const BufferList& reads, BufferList writes, std::string& why) {
+  if (settings().attention_own) {
+    why = "FUSEBOX_ATTENTION=own";
+    return false;
+  }
+  cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());
+  std::shared_ptr<AttentionPlan> plan = attention_plan(handle, p, why);
+  if (!plan) return false;
+  const BufferRange workspace =
+      ctx.encoder.scratch(ctx.allocator, size_t(attention_workspace_bytes(*plan)));
+  if (workspace.bytes > 0) writes.push_back(workspace);
+  static std::mutex mutex;
+  static std::set<AttentionPlan*> warmed;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warmed.count(plan.get())) {
+      if (!execute_attention(*plan, handle, b, workspace.data(), why)) return false;
+      warmed.insert(plan.get());
+    }
+  }
+  ctx.encoder.keep_alive(plan);
+  ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t s) {
+    std::string failed;
+    if (!execute_attention(*plan, ctx.device.cudnn_handle(s), b, workspace.data(), failed))
+      throw Error(node_label(n), "cuDNN attention failed while recorded: " + failed);
+  });
+  note_once(p, "cuDNN fused attention");
+  return true;
+}
+
+void check_row_kernel(Context& ctx, const Node& n, const AttentionProblem& p,
+                      const std::string& why) {
+  note_once(p, "the project's row kernel (" + why + ")");
+  FUSEBOX_CHECK(
+      size_t(p.tk) * sizeof(float) <= ctx.device.properties().shared_memory_per_block_optin,
+      node_label(n), "the fallback attention kernel keeps a row's ", p.tk,
+      " scores in shared memory, more than the device has (cuDNN: ", why, ")");
+  FUSEBOX_CHECK(p.batch * p.heads * p.tq <= int64_t(INT32_MAX), node_label(n),
+                "too many query rows for the fallback attention kernel");
+}
+
+}  // namespace
+
+void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<AttentionAttrs>(n.attrs);
+  const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
+  const DeviceTensor& y = out[0];
+  FUSEBOX_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && y.is_contiguous(),
+                node_label(n), "expects contiguous q, k, v and y");
+  const AttentionProblem p = problem_of(n, q, k, v, false);
+  if (y.numel() == 0) return;
+  float* lse = a.with_lse ? out[1].as<float>() : nullptr;
+  const BufferList reads{q.range(), k.range(), v.range()};
+  BufferList writes{y.range()};
+  if (lse) writes.push_back(out[1].range());
+  AttentionBuffers b;
+  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse;
+  std::string why;
+  if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
+  check_row_kernel(ctx, n, p, why);
+  const RowGeometry g{p.tq, p.tk, p.d, p.dv, float(p.scale), p.causal};
+  visit_device_float(n, q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ctx.encoder.launch(attention_rows<T>, dim3(unsigned(p.batch * p.heads * p.tq)), dim3(128),
+                       size_t(p.tk) * sizeof(float), reads, writes, q.as<T>(), k.as<T>(), v.as<T>(),
+                       y.as<T>(), lse, g);
+  });
+}
+
+void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3], &y = *in[4],
+                     &lse = *in[5];
+  const DeviceTensor &dq = out[0], &dk = out[1], &dv = out[2];
+  for (const DeviceTensor* t : {&dy, &q, &k, &v, &y, &lse, &dq, &dk, &dv})
+    FUSEBOX_CHECK(t->is_contiguous(), node_label(n), "expects contiguous operands");
+  const AttentionProblem p = problem_of(n, q, k, v, true);
+  if (q.numel() == 0 && k.numel() == 0) return;
+  const BufferList reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
+  const BufferList writes{dq.range(), dk.range(), dv.range()};
+  AttentionBuffers b;
+  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse.data();
+  b.d_o = dy.data(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
+  std::string why;
+  if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
+  check_row_kernel(ctx, n, p, why);
+  const RowGeometry g{p.tq, p.tk, p.d, p.dv, float(p.scale), p.causal};
+  const BufferRange dk32 = ctx.encoder.temporary(ctx.allocator, size_t(dk.numel()) * 4);
+  const BufferRange dv32 = ctx.encoder.temporary(ctx.allocator, size_t(dv.numel()) * 4);
+  ctx.encoder.memset(dk32, 0);
+  ctx.encoder.memset(dv32, 0);
+  visit_device_float(n, q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    BufferList all_writes = {dq.range(), dk32, dv32};
+    ctx.encoder.launch(attention_rows_backward<T>, dim3(unsigned(p.batch * p.heads * p.tq)),
+                       dim3(128), size_t(p.tk) * sizeof(float), reads, all_writes, dy.as<T>(),
+                       q.as<T>(), k.as<T>(), v.as<T>(), y.as<T>(), lse.as<float>(), dq.as<T>(),
+                       static_cast<float*>(dk32.data()), static_cast<float*>(dv32.data()), g);
+    ctx.encoder.launch(round_into<T>, launch_blocks(dk.numel()), kDefaultThreads, 0, {dk32},
+                       {dk.range()}, static_cast<const float*>(dk32.data()), dk.as<T>(),
+                       dk.numel());
+    ctx.encoder.launch(round_into<T>, launch_blocks(dv.numel()), kDefaultThreads, 0, {dv32},
+                       {dv.range()}, static_cast<const float*>(dv32.data()), dv.as<T>(),
+                       dv.numel());
+  });
+}
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,203 @@
+// fuse_attention (passes/fusion.h): scaled dot-product attention spelled out as ops becomes
+// one attention node (ir/ops.h), which the CUDA backend runs as cuDNN's fused flash
+// attention: the [.., Tq, Tk] scores and probabilities never reach memory.
+//
+// The pattern, every value in it read only by the next node and no graph output:
+//   scores = matmul(q', k')             q' = q or q * c;  k' = transpose(k) (last two dims
+//                                        swapped), or that times c, or transpose(k * c)
+//   p      = softmax(scores [* c | / c], last axis)
+//   y      = matmul(p, v)
+// with float casts anywhere between the scores and the last matmul (mixed precision runs the
+// softmax in f32) and c constant scalars, whose product is the attention's scale. This covers
+// the zoo's ViT (scale after the product) and PyTorch's exported scaled_dot_product_attention
+// (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
+// fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
+// far faster than a fused kernel on CUDA cores would. In training graphs the node also
+// outputs lse for its gradient rule (passes/vjp_norm.cpp).
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "fusebox/passes/fusion.h"
+#include "fusion_rewrite.h"
+
+namespace fusebox {
+namespace {
+
+using fusion::op_text;
+using fusion::Readers;
+using fusion::Takeover;
+
+// The value of a constant scalar (one element): a graph constant or a constant node's.
+std::optional<double> constant_scalar(const Graph& g, ValueId v) {
+  const Tensor* t = nullptr;
+  if (g.is_constant(v)) {
+    t = &g.constants().at(v);
+  } else if (const NodeId p = g.value(v).producer; p >= 0 && g.node(p).op == OpKind::constant) {
+    t = &std::get<ConstantAttrs>(g.node(p).attrs).value;
+  }
+  if (t == nullptr || t->numel() != 1 || !is_floating(t->dtype())) return std::nullopt;
+  return t->get(0);
+}
+
+// mul(x, c) or mul(c, x) with c a constant scalar: x and c; else nothing.
+std::optional<std::pair<ValueId, double>> scaled_by_constant(const Graph& g, const Node& n) {
+  if (n.op != OpKind::mul && n.op != OpKind::div) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    if (n.op == OpKind::div && side == 0) continue;  // c / x is no scale
+    const std::optional<double> c = constant_scalar(g, n.inputs[size_t(side)]);
+    if (!c || *c == 0 || !std::isfinite(*c)) continue;
+    return std::make_pair(n.inputs[size_t(1 - side)], n.op == OpKind::div ? 1.0 / *c : *c);
+  }
+  return std::nullopt;
+}
+
+bool swaps_last_two(const Node& n, size_t rank) {
+  if (n.op != OpKind::transpose) return false;
+  const auto& perm = std::get<TransposeAttrs>(n.attrs).perm;
+  if (perm.size() != rank || rank < 2) return false;
+  for (size_t d = 0; d + 2 < rank; ++d)
+    if (perm[d] != int64_t(d)) return false;
+  return perm[rank - 2] == int64_t(rank - 1) && perm[rank - 1] == int64_t(rank - 2);
+}
+
+// Matches the pattern at a softmax; fills `t` and the scale. Nodes are the graph's.
+class Matcher {
+ public:
+  Matcher(const Graph& g, const Readers& r) : g_(g), r_(r) {}
+
+  bool match(const Node& softmax, Takeover& t, AttentionAttrs& attrs,
+             std::vector<std::string>& ops) {
+    const TensorType& s_type = g_.value(softmax.inputs[0]).type;
+    const size_t rank = s_type.shape.size();
+    if (rank < 3 || rank > 4 || std::get<SoftmaxAttrs>(softmax.attrs).axis != int64_t(rank) - 1)
+      return false;
+    replaced_.clear();
+    double scale = 1.0;
+    // Up from the softmax: casts and scales, to the scores matmul.
+    ValueId v = softmax.inputs[0];
+    const Node* scores = nullptr;
+    for (;;) {
+      const Node* w = producer(v);
+      if (w == nullptr || r_.only_reader(v) < 0) return false;
+      if (w->op == OpKind::cast && is_floating(g_.value(w->inputs[0]).type.dtype)) {
+        replaced_.push_back(w->id), v = w->inputs[0];
+      } else if (auto s = scaled_by_constant(g_, *w)) {
+        replaced_.push_back(w->id), v = s->first, scale *= s->second;
+      } else if (w->op == OpKind::matmul) {
+        scores = w;
+        break;
+      } else {
+        return false;
+      }
+    }
+    if (r_.only_reader(scores->outputs[0]) < 0) return false;
+    replaced_.push_back(scores->id);
+    // The scores' operands: q [* c] and k^T [* c] (the scale on either side of the transpose).
+    ValueId q = scores->inputs[0], kt = scores->inputs[1];
+    if (const Node* w = producer(q); w && r_.only_reader(q) >= 0) {
+      if (auto s = scaled_by_constant(g_, *w))
+        replaced_.push_back(w->id), q = s->first, scale *= s->second;
+    }
+    ValueId k = kNoValue;
+    for (int step = 0; step < 3 && k == kNoValue; ++step) {
+      const Node* w = producer(kt);
+      if (w == nullptr || r_.only_reader(kt) < 0) return false;
+      if (swaps_last_two(*w, rank)) {
+        replaced_.push_back(w->id);
+        k = w->inputs[0];
+        if (const Node* m = producer(k); m && r_.only_reader(k) >= 0) {
+          if (auto s = scaled_by_constant(g_, *m))
+            replaced_.push_back(m->id), k = s->first, scale *= s->second;
+        }
+      } else if (auto s = scaled_by_constant(g_, *w)) {
+        replaced_.push_back(w->id), kt = s->first, scale *= s->second;
+      } else {
+        return false;
+      }
+    }
+    if (k == kNoValue) return false;
+    // Down from the softmax: casts, then the product with v.
+    replaced_.push_back(softmax.id);
+    v = softmax.outputs[0];
+    const Node* product = nullptr;
+    for (;;) {
+      const NodeId next = r_.only_reader(v);
+      if (next < 0) return false;
+      const Node& w = g_.node(next);
+      if (w.op == OpKind::cast && is_floating(g_.value(w.outputs[0]).type.dtype)) {
+        replaced_.push_back(w.id), v = w.outputs[0];
+      } else if (w.op == OpKind::matmul && w.inputs[0] == v) {
+        product = &w;
+        break;
+      } else {
+        return false;
+      }
+    }
+    replaced_.push_back(product->id);
+    const ValueId values = product->inputs[1];
+    // One float dtype and the shapes attention takes: [.., T, d] with the leading dims shared
+    // (no broadcasting), y's dtype q's.
+    const TensorType &tq = g_.value(q).type, &tk = g_.value(k).type, &tv = g_.value(values).type,
+                     &ty = g_.value(product->outputs[0]).type;
+    if ((tq.dtype != DType::bf16 && tq.dtype != DType::f16) || tk.dtype != tq.dtype ||
+        tv.dtype != tq.dtype || ty.dtype != tq.dtype || tq.shape.size() != rank ||
+        tk.shape.size() != rank || tv.shape.size() != rank)
+      return false;
+    for (size_t d = 0; d + 2 < rank; ++d)
+      if (tk.shape[d] != tq.shape[d] || tv.shape[d] != tq.shape[d]) return false;
+    if (tk.shape[rank - 1] != tq.shape[rank - 1] || tv.shape[rank - 2] != tk.shape[rank - 2])
+      return false;
+
+    std::sort(replaced_.begin(), replaced_.end());
+    t = Takeover{
+        replaced_, product->outputs[0], {}, {{0, q}, {1, k}, {2, values}}, OpKind::attention};
+    attrs = AttentionAttrs{scale, false};
+    ops.clear();
+    for (NodeId n : replaced_) ops.push_back(op_text(g_.node(n)));
+    return true;
+  }
+
+  // The scores matmul: the node the takeover belongs to.
+  NodeId anchor() const {
+    for (NodeId n : replaced_)
+      if (g_.node(n).op == OpKind::matmul) return n;
+    return -1;
+  }
+
+ private:
+  const Node* producer(ValueId v) const {
+    const NodeId n = g_.value(v).producer;
+    return n >= 0 ? &g_.node(n) : nullptr;
+  }
+
+  const Graph& g_;
+  const Readers& r_;
+  std::vector<NodeId> replaced_;
+};
+
+}  // namespace
+
+size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
+  const Readers r(g);
+  std::vector<Takeover> takeover(g.nodes().size());
+  size_t count = 0;
+  Matcher m(g, r);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::softmax) continue;
+    Takeover t;
+    AttentionAttrs attrs;
+    std::vector<std::string> ops;
+    if (!m.match(n, t, attrs, ops)) continue;
+    const NodeId anchor = m.anchor();
+    attrs.with_lse = training;
+    t.attrs = attrs;
+    if (log) log->add(g.node(anchor).name, ops);
+    takeover[size_t(anchor)] = std::move(t);
+    ++count;
+  }
+  if (count > 0) fusion::rebuild(g, takeover);
+  return count;
+}
+
+}  // namespace fusebox

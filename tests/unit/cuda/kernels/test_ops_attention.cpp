@@ -1,0 +1,109 @@
+// The attention op and its backward on the GPU against the CPU reference (f64): cuDNN's fused
+// attention for bf16/f16 and the project's row kernels (FUSEBOX_ATTENTION=own, and f32, which
+// cuDNN does not take), causal and not, ViT-B's shape, odd lengths, Tq != Tk, rank 3; the
+// training forward's lse. Outputs are poisoned.
+// Tolerances: cuDNN rounds the probabilities to the io dtype before the product with v.
+#include "gpu_vs_cpu.h"
+
+namespace fusebox::cuda::testing {
+namespace {
+
+using fusebox::testing::all_close;
+using fusebox::testing::random_tensor;
+using fusebox::testing::run_op;
+using fusebox::testing::ScopedEnv;
+
+class AttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FUSEBOX_REQUIRE_GPU(); }
+};
+
+TEST_F(AttentionTest, MatchesCpuOnEveryPath) {
+  OpHarness h;
+  struct Case {
+    Shape q, k, v;
+    bool causal;
+  };
+  const Case cases[] = {
+      {{2, 12, 197, 64}, {2, 12, 197, 64}, {2, 12, 197, 64}, false},  // ViT-B/16's
+      {{1, 2, 5, 8}, {1, 2, 7, 8}, {1, 2, 7, 16}, false},             // Tq != Tk, dv != d
+      {{2, 1, 33, 128}, {2, 1, 33, 128}, {2, 1, 33, 128}, true},      // causal, d 128
+      {{2, 3, 40, 64}, {2, 3, 64, 64}, {2, 3, 64, 64}, true},         // causal, Tq < Tk
+      {{3, 17, 32}, {3, 17, 32}, {3, 17, 32}, false},                 // rank 3
+  };
+  uint64_t seed = 1;
+  for (const char* path : {"auto", "own"}) {
+    ScopedEnv env("FUSEBOX_ATTENTION", std::string(path));
+    for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(cat(path, " ", dtype_name(t), " q", shape_str(c.q), " k", shape_str(c.k),
+                         c.causal ? " causal" : ""));
+        const AttentionAttrs attrs{1.0 / std::sqrt(double(c.q.back())), c.causal};
+        const Tensor q = random_tensor(t, c.q, seed++, -1, 1);
+        const Tensor k = random_tensor(t, c.k, seed++, -1, 1);
+        const Tensor v = random_tensor(t, c.v, seed++, -1, 1);
+        const double tol = t == DType::f32 ? 1e-5 : t == DType::f16 ? 4e-3 : 2e-2;
+        EXPECT_TRUE(all_close(h.run(attention, OpKind::attention, attrs, {q, k, v})[0],
+                              run_op(OpKind::attention, attrs, {q, k, v})[0], tol, tol));
+      }
+    }
+  }
+}
+
+// Training: the forward with lse, and attention_backward fed the CPU's forward (so both sides
+// differentiate the same y and lse).
+TEST_F(AttentionTest, TrainingForwardAndBackwardMatchCpu) {
+  OpHarness h;
+  struct Case {
+    Shape q, k, v;
+    bool causal;
+  };
+  const Case cases[] = {
+      {{2, 12, 197, 64}, {2, 12, 197, 64}, {2, 12, 197, 64}, false},  // ViT-B/16's
+      {{2, 3, 40, 64}, {2, 3, 64, 64}, {2, 3, 64, 64}, true},         // causal, Tq < Tk
+      {{1, 2, 5, 8}, {1, 2, 7, 8}, {1, 2, 7, 16}, false},             // Tq != Tk, dv != d
+      {{3, 17, 32}, {3, 17, 32}, {3, 17, 32}, false},                 // rank 3
+  };
+  uint64_t seed = 100;
+  for (const char* path : {"auto", "own"}) {
+    ScopedEnv env("FUSEBOX_ATTENTION", std::string(path));
+    for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(cat(path, " ", dtype_name(t), " q", shape_str(c.q), " k", shape_str(c.k),
+                         c.causal ? " causal" : ""));
+        const AttentionAttrs attrs{1.0 / std::sqrt(double(c.q.back())), c.causal, true};
+        const Tensor q = random_tensor(t, c.q, seed++, -1, 1);
+        const Tensor k = random_tensor(t, c.k, seed++, -1, 1);
+        const Tensor v = random_tensor(t, c.v, seed++, -1, 1);
+        const double tol = t == DType::f32 ? 1e-4 : t == DType::f16 ? 1e-2 : 5e-2;
+        const std::vector<Tensor> want = run_op(OpKind::attention, attrs, {q, k, v});
+        const std::vector<Tensor> got = h.run(attention, OpKind::attention, attrs, {q, k, v});
+        EXPECT_TRUE(all_close(got[0], want[0], tol, tol)) << "y";
+        EXPECT_TRUE(all_close(got[1], want[1], 1e-3, 2e-3)) << "lse";
+        const Tensor dy = random_tensor(t, want[0].shape(), seed++, -1, 1);
+        const std::vector<Tensor> inputs = {dy, q, k, v, want[0], want[1]};
+        const std::vector<Tensor> grads =
+            h.run(attention_backward, OpKind::attention_backward, attrs, inputs);
+        const std::vector<Tensor> expected = run_op(OpKind::attention_backward, attrs, inputs);
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_TRUE(all_close(grads[i], expected[i], tol, tol)) << "d"
+                                                                  << "qkv"[i];
+      }
+    }
+  }
+}
+
+TEST_F(AttentionTest, BadSettingIsAnError) {
+  OpHarness h;
+  ScopedEnv env("FUSEBOX_ATTENTION", std::string("fast"));
+  const Tensor x = random_tensor(DType::bf16, {1, 1, 4, 8}, 9);
+  try {
+    h.run(attention, OpKind::attention, AttentionAttrs{}, {x, x, x});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FUSEBOX_ATTENTION"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fusebox::cuda::testing

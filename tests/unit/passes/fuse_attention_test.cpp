@@ -1,0 +1,120 @@
+// fuse_attention (passes/fusion.h): attention spelled out as ops becomes one attention node.
+// On the CPU backend: the zoo's ViT (scale after the product, bf16 with the casts mixed
+// precision puts around the softmax) and PyTorch's exported SDPA form (sqrt(scale) on q and
+// on k^T) fuse and compute what the chain computes; f32 chains and a chain whose values are
+// read elsewhere do not fuse; the gradient rule (with or without the forward's lse; its numbers:
+// gradcheck_norm_test.cpp). The CUDA lowering (cuDNN's fused attention, the row kernels):
+// tests/unit/cuda/kernels/test_ops_attention.cpp.
+#include <cmath>
+
+#include "fusebox/passes/autodiff.h"
+#include "fusebox/passes/fusion.h"
+#include "fusebox/zoo.h"
+#include "testing.h"
+
+namespace fusebox::testing {
+namespace {
+
+size_t count_op(const Graph& g, OpKind op) {
+  size_t n = 0;
+  for (const Node& node : g.nodes()) n += node.op == op;
+  return n;
+}
+
+TEST(FuseAttention, ZooVitFusesEveryLayerAndComputesTheSame) {
+  const Graph model =
+      build_zoo_model("vit_test", {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 4});
+  const NamedTensors feeds = {{"input", random_tensor(DType::f32, {2, 3, 32, 32}, 5)}};
+  for (Precision p : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(p));
+    InferenceFusionOptions without;
+    without.attention = false;
+    FusionLog log;
+    const Graph fused = prepare_inference_graph(model, p, {}, &log);
+    const Graph plain = prepare_inference_graph(model, p, without);
+    EXPECT_EQ(count_op(plain, OpKind::attention), 0u);
+    if (p == Precision::f32) {  // f32 chains stay (cuBLASLt's TF32 products beat a fused kernel)
+      EXPECT_EQ(count_op(fused, OpKind::attention), 0u);
+      continue;
+    }
+    EXPECT_EQ(count_op(fused, OpKind::attention), 2u);  // vit_test: 2 layers
+    EXPECT_EQ(count_op(fused, OpKind::softmax), 0u);
+    bool logged = false;
+    for (const FusionGroup& group : log.groups())
+      logged = logged || (group.ops.size() >= 4 && group.ops.front().rfind("transpose", 0) == 0);
+    EXPECT_TRUE(logged) << describe_fusion(fused, log);
+    // The fused node computes the scores and softmax in f64 on the CPU where the chain
+    // rounds them to bf16: the logits differ by that rounding.
+    EXPECT_TRUE(all_close(run_graph(fused, feeds).at("logits"),
+                          run_graph(plain, feeds).at("logits"), 3e-2, 3e-2));
+  }
+}
+
+// q [B, H, T, d], k, v: PyTorch's exported scaled_dot_product_attention multiplies q and k^T
+// by sqrt(scale) each before the product.
+Graph sdpa_export_form(bool read_scores_twice, DType t = DType::bf16) {
+  Graph g("sdpa");
+  const Shape shape = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", t, shape);
+  const ValueId k = g.add_input("k", t, shape);
+  const ValueId v = g.add_input("v", t, shape);
+  const ValueId c = g.add_constant("c", Tensor::scalar(t, std::sqrt(0.2)));
+  const ValueId qs = g.add_node(OpKind::mul, {}, {q, c}, "q_scaled")[0];
+  const ValueId kt = g.add_node(OpKind::transpose, TransposeAttrs{{0, 1, 3, 2}}, {k}, "k_t")[0];
+  const ValueId kts = g.add_node(OpKind::mul, {}, {kt, c}, "k_t_scaled")[0];
+  const ValueId s = g.add_node(OpKind::matmul, {}, {qs, kts}, "scores")[0];
+  const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {s}, "softmax")[0];
+  const ValueId y = g.add_node(OpKind::matmul, {}, {p, v}, "context")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  if (read_scores_twice) {
+    g.rename_value(s, "scores_out");
+    g.mark_output(s);
+  }
+  return g;
+}
+
+TEST(FuseAttention, ExportedSdpaFormFusesWithTheScalesMultiplied) {
+  Graph g = sdpa_export_form(false);
+  const Graph before = g;
+  ASSERT_EQ(fuse_attention(g), 1u);
+  ASSERT_EQ(count_op(g, OpKind::attention), 1u);
+  EXPECT_EQ(g.nodes().size(), 1u);  // the scales, transpose and both products went with it
+  for (const Node& n : g.nodes())
+    if (n.op == OpKind::attention)  // bf16's sqrt(0.2), squared
+      EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 0.2, 2e-3);
+  const NamedTensors feeds = {{"q", random_tensor(DType::bf16, {2, 3, 5, 8}, 1)},
+                              {"k", random_tensor(DType::bf16, {2, 3, 5, 8}, 2)},
+                              {"v", random_tensor(DType::bf16, {2, 3, 5, 8}, 3)}};
+  // The chain rounds the scaled operands, the scores and the probabilities to bf16.
+  EXPECT_TRUE(all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
+  // Differentiated (fused without lse, as inference fuses): the rule computes the forward
+  // again with lse, then one attention_backward.
+  const ValueId loss =
+      g.add_node(OpKind::reduce_sum, ReduceAttrs{.keepdims = false}, {g.outputs()[0]}, "loss")[0];
+  grad(g, loss, {g.inputs()[0], g.inputs()[1], g.inputs()[2]}, {});
+  EXPECT_EQ(count_op(g, OpKind::attention_backward), 1u);
+  EXPECT_EQ(count_op(g, OpKind::attention), 2u);
+}
+
+// Training fuses with lse: the gradient reads the forward's own lse, no second forward.
+TEST(FuseAttention, TrainingFormOutputsLseForItsGradient) {
+  Graph g = sdpa_export_form(false);
+  ASSERT_EQ(fuse_attention(g, nullptr, /*training=*/true), 1u);
+  const ValueId loss =
+      g.add_node(OpKind::reduce_sum, ReduceAttrs{.keepdims = false}, {g.outputs()[0]}, "loss")[0];
+  grad(g, loss, {g.inputs()[0]}, {});
+  EXPECT_EQ(count_op(g, OpKind::attention), 1u);
+  EXPECT_EQ(count_op(g, OpKind::attention_backward), 1u);
+}
+
+TEST(FuseAttention, ScoresReadElsewhereOrF32StayUnfused) {
+  Graph g = sdpa_export_form(true);
+  EXPECT_EQ(fuse_attention(g), 0u);
+  EXPECT_EQ(count_op(g, OpKind::softmax), 1u);
+  Graph f32 = sdpa_export_form(false, DType::f32);
+  EXPECT_EQ(fuse_attention(f32), 0u);
+}
+
+}  // namespace
+}  // namespace fusebox::testing
