@@ -203,6 +203,12 @@ std::string mib(size_t bytes) {
 
 int bench(const BenchArgs& args) {
   const bool train = args.mode == "train";
+  // The training step updates its state in place: it is not profiled node by node
+  // (Executable::profile refuses aliased state), nor drawn.
+  if (train && (args.report || !args.dot.empty()))
+    throw UsageError(
+        "--report and --dot are for --mode infer; the training step is not "
+        "profiled node by node yet");
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);

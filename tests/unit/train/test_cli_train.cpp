@@ -132,8 +132,7 @@ TEST_F(CliTrain, InterruptWritesTheCheckpointAndExits130) {
   EXPECT_LT(c.step, 100000000);
   EXPECT_TRUE(contains(r.out, cat("wrote checkpoint ", path("i.npz"), " (step ", c.step, ")")))
       << r.out;
-  const ToolResult resumed =
-      train(cat(kSmall, " --steps 2 --resume '", path("i.npz"), "'"));
+  const ToolResult resumed = train(cat(kSmall, " --steps 2 --resume '", path("i.npz"), "'"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_TRUE(contains(resumed.out, cat("at step ", c.step))) << resumed.out;
 }
@@ -244,6 +243,10 @@ TEST_F(CliTrain, BenchRefusesWhatItCannotDo) {
   ToolResult r = tool("bench no_such_model --device cpu --steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "no_such_model")) << r.err;
+  // --report profiles inference only: in training mode a usage error, not silently ignored.
+  r = tool("bench small_cnn --mode train --device cpu --steps 1 --report");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--report and --dot are for --mode infer")) << r.err;
 }
 
 // f16 trains (dynamic loss scaling): the summary gives the skipped steps and the scale, the
