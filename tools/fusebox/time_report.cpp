@@ -3,6 +3,7 @@
 // nodes with what ran (a convolution's path and cuDNN plan or our kernel's tile, a
 // generated kernel), then the time by op kind, then the sum beside the step's own time.
 #include <algorithm>
+#include <iomanip>
 #include <map>
 #include <sstream>
 
@@ -14,11 +15,6 @@
 namespace fusebox::cli {
 
 namespace {
-
-// `text` right-aligned in `width` columns.
-std::string right(const std::string& text, size_t width) {
-  return text.size() >= width ? text : std::string(width - text.size(), ' ') + text;
-}
 
 // What ran for node `n`: the convolution's recorded decision, else the kind of kernel.
 std::string what_ran(const Node& n, const std::vector<cuda::ConvDecision>& decisions,
@@ -65,8 +61,8 @@ std::string format_time_report(const TimeReport& r, double step_ms, size_t top) 
     const TimeRow& row = *order[i];
     std::string op = row.op;
     op.resize(std::max<size_t>(op.size(), 18), ' ');
-    os << right(fixed(row.ms, 4), 10) << right(fixed(share(row.ms), 1), 7) << "  " << op << "  "
-       << row.node << (row.ran.empty() ? "" : "  [" + row.ran + "]") << "\n";
+    os << std::setw(10) << fixed(row.ms, 4) << std::setw(7) << fixed(share(row.ms), 1) << "  " << op
+       << "  " << row.node << (row.ran.empty() ? "" : "  [" + row.ran + "]") << "\n";
   }
   std::map<std::string, std::pair<size_t, double>> by_op;
   for (const TimeRow& row : r.rows) {
@@ -80,8 +76,8 @@ std::string format_time_report(const TimeReport& r, double step_ms, size_t top) 
   for (const auto& [op, v] : ops) {
     std::string name = op;
     name.resize(std::max<size_t>(name.size(), 18), ' ');
-    os << "  " << name << right(std::to_string(v.first), 5) << " nodes "
-       << right(fixed(v.second, 3), 9) << " ms " << right(fixed(share(v.second), 1), 5) << "%\n";
+    os << "  " << name << std::setw(5) << v.first << " nodes " << std::setw(9) << fixed(v.second, 3)
+       << " ms " << std::setw(5) << fixed(share(v.second), 1) << "%\n";
   }
   os << "sum of node times " << fixed(r.total_ms, 3) << " ms";
   if (step_ms > 0)

@@ -7,7 +7,9 @@
 #include <mutex>
 
 #include "backends/cuda/cudnn/attention.h"
+#include "backends/cuda/cudnn/plan.h"  // one_line, CudnnRefused
 #include "fusebox/core/error.h"
+#include "fusebox/core/shape.h"
 
 namespace fusebox::cuda {
 
@@ -23,30 +25,13 @@ namespace {
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidLse = 5, kUidDo = 6, kUidDq = 7,
                   kUidDk = 8, kUidDv = 9;
 
-std::string one_line(std::string text) {
-  for (char& c : text)
-    if (c == '\n' || c == '\r') c = ' ';
-  while (!text.empty() && text.back() == ' ') text.pop_back();
-  return text;
-}
-
-struct Refused {
-  std::string why;
-};
-
 void check_fe(fe::error_t status, const char* step) {
-  if (status.is_bad()) throw Refused{cat(step, ": ", one_line(status.get_message()))};
-}
-
-std::vector<int64_t> dense_strides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> s(dims.size(), 1);
-  for (size_t i = dims.size() - 1; i > 0; --i) s[i - 1] = s[i] * dims[i];
-  return s;
+  if (status.is_bad()) throw CudnnRefused{cat(step, ": ", one_line(status.get_message()))};
 }
 
 std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProblem& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16)
-    throw Refused{cat("cuDNN's fused attention takes bf16 or f16, not ", dtype_name(p.dtype))};
+    throw CudnnRefused{cat("cuDNN's fused attention takes bf16 or f16, not ", dtype_name(p.dtype))};
   auto plan = std::make_shared<AttentionPlan>();
   fe::graph::Graph& g = plan->graph;
   const fe::DataType_t io =
@@ -55,7 +40,7 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto tensor = [&](const char* name, int64_t uid, std::vector<int64_t> dims) {
-    const std::vector<int64_t> strides = dense_strides(dims);
+    const std::vector<int64_t> strides = contiguous_strides(dims);
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(uid)
@@ -74,12 +59,12 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
                           .set_attn_scale(float(p.scale));
     if (p.causal) attributes.set_causal_mask(true);
     auto [o, stats] = g.sdpa(q, k, v, attributes);
-    o->set_output(true).set_uid(kUidO).set_dim(o_dims).set_stride(dense_strides(o_dims));
+    o->set_output(true).set_uid(kUidO).set_dim(o_dims).set_stride(contiguous_strides(o_dims));
     if (p.with_lse)
       stats->set_output(true)
           .set_uid(kUidLse)
           .set_dim(lse_dims)
-          .set_stride(dense_strides(lse_dims))
+          .set_stride(contiguous_strides(lse_dims))
           .set_data_type(fe::DataType_t::FLOAT);
   } else {
     auto o = tensor("o", kUidO, o_dims);
@@ -94,15 +79,15 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
     dq->set_output(true)
         .set_uid(kUidDq)
         .set_dim({p.batch, p.heads, p.tq, p.d})
-        .set_stride(dense_strides({p.batch, p.heads, p.tq, p.d}));
+        .set_stride(contiguous_strides({p.batch, p.heads, p.tq, p.d}));
     dk->set_output(true)
         .set_uid(kUidDk)
         .set_dim({p.batch, p.heads, p.tk, p.d})
-        .set_stride(dense_strides({p.batch, p.heads, p.tk, p.d}));
+        .set_stride(contiguous_strides({p.batch, p.heads, p.tk, p.d}));
     dv->set_output(true)
         .set_uid(kUidDv)
         .set_dim({p.batch, p.heads, p.tk, p.dv})
-        .set_stride(dense_strides({p.batch, p.heads, p.tk, p.dv}));
+        .set_stride(contiguous_strides({p.batch, p.heads, p.tk, p.dv}));
   }
   check_fe(g.validate(), "validate");
   check_fe(g.build_operation_graph(handle), "build_operation_graph");
@@ -139,8 +124,8 @@ std::shared_ptr<AttentionPlan> attention_plan(cudnnHandle_t handle, const Attent
     Cached c;
     try {
       c.plan = build(handle, p);
-    } catch (const Refused& r) {
-      c.why = r.why;
+    } catch (const CudnnRefused& r) {
+      c.why = r.message;
     } catch (const fe::cudnnException& e) {
       c.why = one_line(e.what());
     }
