@@ -17,7 +17,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null \
             || python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
-# The GPU image has no libonnx-testdata: a run there carries a copy in .gpudeps/testdata.
+# The GPU image has no libonnx-testdata: a run there carries a copy in .gpudeps/testdata, or
+# packed as .gpudeps/testdata.tgz (4 MB instead of 27: the carry limit is 64 MiB, and .deps
+# with CUTLASS's headers takes 31).
+if [ ! -d .gpudeps/testdata/node ] && [ -f .gpudeps/testdata.tgz ]; then
+  tar xzf .gpudeps/testdata.tgz -C .gpudeps
+fi
 [ -d .gpudeps/testdata/node ] && cmake_args+=(-DFUSEBOX_ONNX_TESTDATA="$PWD/.gpudeps/testdata/node")
 # The GPU image lacks some Debian -dev packages (ONNX, CLI11, GoogleTest): a run there
 # carries them unpacked (dpkg -x) in .gpudeps/ (see docs/gpu.md).

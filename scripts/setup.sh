@@ -3,7 +3,7 @@
 # second run checks and does nothing). Needs root (apt). Reaches only Debian's
 # package mirrors and PyPI.
 #
-#   scripts/setup.sh            # packages + .deps/ (cudnn-frontend headers)
+#   scripts/setup.sh            # packages + .deps/ (cudnn-frontend and CUTLASS headers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,4 +45,30 @@ if [ ! -f "$FE_DIR/include/cudnn_frontend.h" ]; then
   mv "$FE_DIR.partial" "$FE_DIR"
 fi
 ln -sfn "cudnn_frontend-$CUDNN_FE_VERSION" .deps/cudnn_frontend
-echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION headers in .deps/cudnn_frontend/include)"
+
+# CUTLASS / CuTe C++ headers (the Hopper convolutions, src/backends/cuda/kernels/conv/cutlass/):
+# taken from the pinned PyPI wheel, which carries CUTLASS's source under
+# cutlass_library/source/. include/ plus tools/util/include/cutlass/util (packed_stride.hpp,
+# which the conv collectives include) merged into one include folder.
+CUTLASS_VERSION=4.2.0.0
+CUTLASS_DIR=.deps/cutlass-$CUTLASS_VERSION
+if [ ! -f "$CUTLASS_DIR/include/cutlass/util/packed_stride.hpp" ]; then
+  echo "setup: fetching CUTLASS $CUTLASS_VERSION headers"
+  tmp_cutlass=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}" "$tmp_cutlass"' EXIT
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp_cutlass" \
+    "nvidia-cutlass==$CUTLASS_VERSION"
+  wheel=$(ls "$tmp_cutlass"/nvidia_cutlass-*.whl | head -n 1)
+  unzip -q "$wheel" 'cutlass_library/source/include/*' \
+    'cutlass_library/source/tools/util/include/cutlass/util/*' -d "$tmp_cutlass/x"
+  rm -rf "$CUTLASS_DIR.partial"
+  mkdir -p "$CUTLASS_DIR.partial"
+  mv "$tmp_cutlass/x/cutlass_library/source/include" "$CUTLASS_DIR.partial/include"
+  mv "$tmp_cutlass/x/cutlass_library/source/tools/util/include/cutlass/util" \
+    "$CUTLASS_DIR.partial/include/cutlass/util"
+  test -f "$CUTLASS_DIR.partial/include/cute/tensor.hpp"
+  rm -rf "$CUTLASS_DIR"
+  mv "$CUTLASS_DIR.partial" "$CUTLASS_DIR"
+fi
+ln -sfn "cutlass-$CUTLASS_VERSION" .deps/cutlass
+echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION headers in .deps/)"

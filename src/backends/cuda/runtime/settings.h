@@ -55,10 +55,11 @@ struct ConvSettings {
   // project's epilogue kernel (tests run the suite both ways). `on` (default): fused graphs
   // are tried first. Part of the plan-cache key when set.
   bool refuse_fusion = false;
-  // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64, for benchmarks
-  // and diagnosis: the
-  // implicit-GEMM kernels' CTA tile (kernels/conv/implicit_gemm/plan.h) where that tile is
-  // compiled for the problem's dtype, instead of the heuristic's. Empty: unset.
+  // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64 (the project's
+  // main loops, kernels/conv/implicit_gemm/plan.h) or cutlass128x128|cutlass128x64|
+  // cutlass64x128 (the CUTLASS Hopper kernels, kernels/conv/cutlass/plan.h), for benchmarks and
+  // diagnosis: the implicit GEMM's CTA tile where that tile is compiled for the problem,
+  // instead of the heuristic's. A tile of ours keeps the problem off CUTLASS. Empty: unset.
   std::string igemm_tile;
 };
 

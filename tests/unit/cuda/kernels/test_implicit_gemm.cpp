@@ -8,6 +8,7 @@
 // must name the implicit GEMM (never the direct kernel).
 #include <map>
 
+#include "backends/cuda/kernels/conv/cutlass/plan.h"
 #include "conv_test_util.h"
 
 namespace fusebox::cuda::testing {
@@ -96,7 +97,9 @@ TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
       const std::string plan = last_plan();
       // Depthwise configurations with C a multiple of the vector width take the depthwise
       // kernels (test_depthwise.cpp); everything else the implicit GEMM.
-      EXPECT_TRUE(plan.rfind("igemm", 0) == 0 || plan.rfind("depthwise", 0) == 0) << plan;
+      EXPECT_TRUE(plan.rfind("igemm", 0) == 0 || plan.rfind("depthwise", 0) == 0 ||
+                  plan.rfind("cutlass", 0) == 0)
+          << plan;
       // Epilogues round the activation in f32 as the CPU does, but after one more rounding
       // step on the CPU (its conv output is rounded first): twice the conv tolerance.
       const double tol = 2 * conv_l2_tolerance(c.dtype, mode.tf32);
@@ -120,8 +123,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
   };
   const Shape2d shapes[] = {
       {64, 64, 14, 3, 1}, {64, 128, 15, 3, 2}, {128, 64, 14, 1, 1}, {32, 96, 16, 1, 2}};
-  for (const char* tile_name :
-       {"", "128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64"}) {
+  for (const char* tile_name : {"", "128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64",
+                                "cutlass128x128", "cutlass128x64", "cutlass64x128"}) {
     ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
                    *tile_name ? std::optional<std::string>(tile_name) : std::nullopt);
     for (const Shape2d& s : shapes)
@@ -143,7 +146,14 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
         const Tensor got = run_conv_on_gpu(h, c, in);
         const std::string plan = last_plan();
         const bool wg = std::string(tile_name).rfind("wg", 0) == 0;
-        if (*tile_name && !(wg && op == OpKind::conv_backward_filter) &&
+        // The CUTLASS tiles: not strided dgrad; 128x64 fprop/dgrad only, 64x128 wgrad only.
+        const std::optional<cutlass_conv::Tile> ct = cutlass_conv::parse_tile(tile_name);
+        const ConvOp conv_op = op == OpKind::conv                 ? ConvOp::fprop
+                               : op == OpKind::conv_backward_data ? ConvOp::dgrad
+                                                                  : ConvOp::wgrad;
+        const bool cutlass_takes = ct && cutlass_conv::tile_available(conv_op, *ct) &&
+                                   !(conv_op == ConvOp::dgrad && s.stride != 1);
+        if (*tile_name && !(wg && op == OpKind::conv_backward_filter) && (!ct || cutlass_takes) &&
             h.ctx().device.properties().compute_capability() == 90)
           EXPECT_NE(plan.find(tile_name), std::string::npos) << plan;
         EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << plan;
@@ -179,6 +189,13 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       {OpKind::conv, DType::bf16, "", 16, 16, 16, 9, 3, 1, 2},
       {OpKind::conv_backward_data, DType::f16, "", 8, 8, 8, 9, 3, 2, 2},
       {OpKind::conv_backward_filter, DType::f32, "", 8, 8, 8, 7, 3, 1, 3},
+      // The CUTLASS kernels (kernels/conv/cutlass/, compute capability 9.0).
+      {OpKind::conv, DType::bf16, "cutlass128x128", 32, 136, 1, 9, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::f16, "cutlass128x64", 24, 16, 1, 9, 3, 1, 3},
+      {OpKind::conv_backward_filter, DType::bf16, "cutlass64x128", 32, 16, 1, 10, 3, 1, 2},
+      // 1-D 1x1, no padding: the ping-pong GEMM.
+      {OpKind::conv, DType::bf16, "", 64, 72, 1, 300, 1, 1, 1},
+      {OpKind::conv_backward_data, DType::f16, "", 40, 128, 1, 300, 1, 1, 1},
   };
   for (const bool exact : {false, true}) {
     ScopedEnv tf32("FUSEBOX_ALLOW_TF32", exact ? "0" : "1");
@@ -203,7 +220,14 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       clear_conv_decisions();
       const Tensor got = run_conv_on_gpu(h, c, in);
       const bool depthwise = k.groups == k.c && k.k == k.c;
-      EXPECT_EQ(last_plan().rfind(depthwise ? "depthwise" : "igemm", 0), 0u) << last_plan();
+      const bool cutlass = (std::string(k.tile).rfind("cutlass", 0) == 0 || k.r == 1) &&
+                           h.ctx().device.properties().compute_capability() == 90;
+      EXPECT_EQ(last_plan().rfind(depthwise ? "depthwise"
+                                  : cutlass ? "cutlass"
+                                            : "igemm",
+                                  0),
+                0u)
+          << last_plan();
       EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, !exact && !depthwise))
           << last_plan();
     }

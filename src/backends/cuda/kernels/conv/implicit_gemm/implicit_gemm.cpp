@@ -1,11 +1,14 @@
 // run_implicit_gemm: the node's tensors to the kernels' layouts, the plan, the launch.
 #include "backends/cuda/kernels/conv/implicit_gemm/implicit_gemm.h"
 
+#include <cstdio>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "backends/common/activation.h"
 #include "backends/common/conv_geometry.h"
+#include "backends/cuda/kernels/conv/cutlass/launch.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/launch.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
 #include "backends/cuda/kernels/conv/operand_layout.h"
@@ -19,6 +22,126 @@ std::optional<std::string> implicit_gemm_cannot_implement(const Node& n, ConvOp 
       return cat("mixed dtypes ", dtype_name(t->dtype), " and ", dtype_name(out.dtype));
   return igemm::cannot_implement(op, conv_geometry_of(n, op, in, out), out.dtype);
 }
+
+namespace {
+
+// The operands in the kernels' layouts (null where the op has none).
+struct ConvTensors {
+  const DeviceTensor *x, *w, *y, *bias, *residual, *written;
+};
+
+// Records the problem on the CUTLASS Hopper kernels and returns the plan's description, or
+// nullopt (nothing recorded) where they do not take it: cutlass_conv::cannot_implement, an
+// epilogue theirs cannot compute, or CUTLASS's own can_implement refusing (said once).
+std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
+                                       const ConvGeometry& g, const ConvTensors& t,
+                                       const ConvEpilogueOperands& e,
+                                       std::optional<cutlass_conv::Tile> tile, bool aligned) {
+  const DeviceProperties& device = ctx.device.properties();
+  const DType dtype = t.written->dtype;
+  // dgrad with input channels that are not a multiple of 8 (an RGB stem's 3): w is padded
+  // with zero channels to the next multiple, so TMA can move whole 16-byte rows, and dx is
+  // computed wide and its first C channels copied out (the stem's dgrad: 1.9 ms instead of
+  // 13.5 on the element-load main loop; cuDNN 0.9). Not fprop and wgrad: there 8 channels
+  // fill an eighth of each 64-deep K step and the element-load main loop is faster
+  // (bench/results/2026-11-25_h100_session12.md); widened() copies x too, should that change.
+  const int64_t c = g.in_channels, c_wide = (c + 7) / 8 * 8;
+  const bool widen = c != c_wide && g.groups == 1 && op == ConvOp::dgrad;
+  ConvGeometry gw = g;
+  if (widen) gw.in_channels = c_wide;
+  if (widen && t.bias != nullptr) return std::nullopt;  // a dgrad bias is over C
+  cutlass_conv::Epilogue epilogue;
+  if (cutlass_conv::cannot_implement(op, gw, dtype, {device.compute_capability(), aligned}) ||
+      cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
+                                 t.residual != nullptr, activation_fn(e.residual_activation),
+                                 &epilogue))
+    return std::nullopt;
+  const cutlass_conv::Plan plan =
+      cutlass_conv::make_plan(op, gw, dtype, epilogue, device.sm_count, tile);
+  if (plan.zero_fill && t.bias != nullptr) return std::nullopt;  // empty phases need the bias
+  // The C-channel tensors x [N, D.., C], w [K, R.., C] and dx / dw as 5-D views, narrow
+  // (dense) or as the first C channels of a wide copy.
+  const Shape x_outer{g.batch, g.in[0], g.in[1], g.in[2]};
+  const Shape w_outer{g.out_channels, g.filter[0], g.filter[1], g.filter[2]};
+  auto channels_view = [&](const DeviceTensor& v, const Shape& outer, int64_t width) {
+    return v.view(v.offset, {outer[0], outer[1], outer[2], outer[3], c},
+                  {outer[1] * outer[2] * outer[3] * width, outer[2] * outer[3] * width,
+                   outer[3] * width, width, 1});
+  };
+  std::vector<DeviceTensor> wide;  // the wide copies (x, w, the output), held while recorded
+  wide.reserve(3);
+  auto widened = [&](const DeviceTensor* v, const Shape& outer) -> const DeviceTensor* {
+    if (!widen || v == nullptr) return v;
+    wide.push_back(temporary_tensor(ctx, dtype, {outer[0], outer[1], outer[2], outer[3], c_wide}));
+    ctx.encoder.memset(wide.back().range(), 0);
+    copy_strided(ctx, channels_view(*v, outer, c), channels_view(wide.back(), outer, c_wide));
+    return &wide.back();
+  };
+  const DeviceTensor* x = widened(t.x, x_outer);
+  const DeviceTensor* w = widened(t.w, w_outer);
+  const DeviceTensor* written = t.written;
+  const Shape& out_outer = op == ConvOp::wgrad ? w_outer : x_outer;
+  if (widen && op != ConvOp::fprop) {
+    wide.push_back(temporary_tensor(
+        ctx, dtype, {out_outer[0], out_outer[1], out_outer[2], out_outer[3], c_wide}));
+    written = &wide.back();
+  }
+  cutlass_conv::Operands o;
+  BufferList reads;
+  for (const DeviceTensor* v : {x, w, t.y, t.bias, t.residual})
+    if (v != nullptr) reads.push_back(v->range());
+  o.x = x ? x->data() : nullptr;
+  o.w = w ? w->data() : nullptr;
+  o.y = t.y ? t.y->data() : nullptr;
+  o.result = written->data();
+  o.bias = t.bias ? t.bias->data() : nullptr;
+  o.residual = t.residual ? t.residual->data() : nullptr;
+  std::optional<DeviceTensor> partial;
+  if (plan.partial_bytes > 0) {
+    partial = temporary_tensor(ctx, DType::f32, {int64_t(plan.partial_bytes / sizeof(float))});
+    o.partial = partial->as<float>();
+  }
+  // A strided dgrad's phases read sub-filters: the taps first + t * step of each dim of the
+  // KRSC filter, copied dense.
+  std::vector<DeviceTensor> sub_filters;
+  sub_filters.reserve(plan.phases.size());
+  o.phase_filters.assign(plan.phases.size(), nullptr);
+  const int64_t s2 = gw.in_channels, s1 = g.filter[2] * s2, s0 = g.filter[1] * s1;
+  for (size_t i = 0; i < plan.phases.size(); ++i) {
+    const cutlass_conv::DgradPhase& ph = plan.phases[i];
+    if (ph.empty()) continue;
+    const int64_t offset =
+        w->offset + ph.first_tap[0] * s0 + ph.first_tap[1] * s1 + ph.first_tap[2] * s2;
+    const Shape shape{g.out_channels, ph.taps[0], ph.taps[1], ph.taps[2], gw.in_channels};
+    const DeviceTensor view = w->view(
+        offset, shape, {g.filter[0] * s0, ph.step[0] * s0, ph.step[1] * s1, ph.step[2] * s2, 1});
+    sub_filters.push_back(temporary_tensor(ctx, w->dtype, shape));
+    copy_strided(ctx, view, sub_filters.back());
+    o.phase_filters[i] = sub_filters.back().data();
+    reads.push_back(sub_filters.back().range());
+  }
+  if (plan.zero_fill) ctx.encoder.memset(written->range(), 0);
+  std::optional<BufferRange> partial_range;
+  if (partial) partial_range = partial->range();
+  const std::optional<std::string> refused = cutlass_conv::record(
+      ctx, plan, gw, o, reads, written->range(), partial_range ? &*partial_range : nullptr);
+  if (!refused) {
+    if (written != t.written)
+      copy_strided(ctx, channels_view(*written, out_outer, c_wide),
+                   channels_view(*t.written, out_outer, c));
+    return widen ? cat(plan.describe(), ", C ", c, "->", c_wide) : plan.describe();
+  }
+  // plan.cpp's checks are meant to mirror CUTLASS's: say so once; the caller runs our main
+  // loop (which overwrites whatever the phases' clearing wrote).
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    std::fprintf(stderr, "fusebox: %s: %s; the implicit GEMM's own main loop runs it\n",
+                 node_label(n).c_str(), refused->c_str());
+  });
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
                               const ConvEpilogueOperands& e, const ConvSettings& settings) {
@@ -48,6 +171,17 @@ std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in,
       aligned16(x) && aligned16(w) && aligned16(y) && aligned16(&written) && aligned16(residual);
   const DeviceProperties& device = ctx.device.properties();
   options.wgmma = device.compute_capability() == 90;
+  // Hopper: the CUTLASS kernels (kernels/conv/cutlass/) run what they take, unless a tile of
+  // the project's main loops is forced.
+  const std::optional<cutlass_conv::Tile> cutlass_tile =
+      cutlass_conv::parse_tile(settings.igemm_tile);
+  if (settings.igemm_tile.empty() || cutlass_tile) {
+    const ConvTensors t{x, w, y, bias, residual, &written};
+    if (auto plan = try_cutlass(ctx, n, op, g, t, e, cutlass_tile, options.aligned)) {
+      if (staged) copy_strided(ctx, *staged, result);
+      return *plan;
+    }
+  }
   igemm::Plan plan = igemm::make_plan(op, g, result.dtype, options, device.sm_count);
   if (op == ConvOp::dgrad && igemm::is_wgmma(plan.tile)) {
     // The wgmma dgrad reads the filter per group as [C/g][taps][K/g] (K-major): a copy of the

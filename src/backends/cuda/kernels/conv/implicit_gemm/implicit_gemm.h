@@ -3,6 +3,8 @@
 // spatial dims, stride, dilation, asymmetric padding and groups, in f32 (TF32 or exact),
 // f16 and bf16. kernels/conv/conv.cpp calls it where cuDNN refuses a problem and for
 // FUSEBOX_CONV_BACKEND=own; the direct kernels (direct.cu) remain for what it cannot take.
+// On compute capability 9.0 run_implicit_gemm tries the CUTLASS Hopper kernels
+// (kernels/conv/cutlass/) first and runs its own main loop where they do not take the problem.
 //
 //   if (auto why = implicit_gemm_cannot_implement(n, op, in, out)) ... direct kernel
 //   std::string plan = run_implicit_gemm(ctx, n, op, in, out, epilogue);

@@ -1,0 +1,60 @@
+// The CUTLASS Hopper backward-data convolutions: bf16 and f16, tiles 128x128 and 128x64;
+// unit-stride problems in one launch, strided ones as one launch per stride phase (plan.h
+// DgradPhase) writing dx's sub-lattice.
+#include "backends/cuda/kernels/conv/cutlass/instance.cuh"
+
+#include <vector>
+
+namespace fusebox::cuda::cutlass_conv {
+
+namespace {
+
+template <class T, int TM, int TN>
+std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometry& g,
+                               const Operands& o, const BufferList& reads,
+                               const BufferRange& written) {
+  using I = Instance<cutlass::conv::Operator::kDgrad, T, T, TM, TN>;
+  if (plan.phases.empty()) {
+    const auto args = I::arguments(g, o.y, o.w, nullptr, o.result, o.bias, plan.epilogue);
+    if (auto why = I::refusal(args)) return why;
+    I::record(ctx, args, reads, {written});
+    return std::nullopt;
+  }
+  // dx [N, D0, D1, D2, C] and dy [N, O0, O1, O2, K], dense channels-last.
+  const int64_t dx_stride[5] = {g.in_size() * g.in_channels, g.in[1] * g.in[2] * g.in_channels,
+                                g.in[2] * g.in_channels, g.in_channels, 1};
+  const int64_t dy_stride[5] = {g.out_size() * g.out_channels, g.out[1] * g.out[2] * g.out_channels,
+                                g.out[2] * g.out_channels, g.out_channels, 1};
+  std::vector<typename I::Arguments> launches;
+  for (size_t i = 0; i < plan.phases.size(); ++i) {
+    const DgradPhase& p = plan.phases[i];
+    if (p.empty()) continue;
+    typename I::Strides strides;
+    int64_t offset = 0;
+    strides.act[0] = dx_stride[0];
+    strides.act[4] = 1;
+    for (int d = 0; d < 3; ++d) {
+      offset += p.phase[d] * dx_stride[d + 1];
+      strides.act[d + 1] = g.stride[d] * dx_stride[d + 1];
+    }
+    for (int k = 0; k < 5; ++k) strides.xformed[k] = dy_stride[k];
+    launches.push_back(I::arguments(phase_geometry(g, p), o.y, o.phase_filters[i], nullptr,
+                                    static_cast<T*>(o.result) + offset, o.bias, plan.epilogue,
+                                    &strides));
+    if (auto why = I::refusal(launches.back())) return cat("stride phase ", i, ": ", *why);
+  }
+  for (const auto& args : launches) I::record(ctx, args, reads, {written});
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> record_dgrad(Context& ctx, const Plan& plan, const ConvGeometry& g,
+                                        const Operands& o, const BufferList& reads,
+                                        const BufferRange& written) {
+  return dispatch<Tile::t128x128, Tile::t128x64>(plan, [&]<class T, int TM, int TN>() {
+    return run<T, TM, TN>(ctx, plan, g, o, reads, written);
+  });
+}
+
+}  // namespace fusebox::cuda::cutlass_conv

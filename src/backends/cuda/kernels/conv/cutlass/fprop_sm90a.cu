@@ -1,0 +1,30 @@
+// The CUTLASS Hopper forward convolutions: bf16 and f16, tiles 128x128 and 128x64.
+#include "backends/cuda/kernels/conv/cutlass/instance.cuh"
+
+namespace fusebox::cuda::cutlass_conv {
+
+namespace {
+
+template <class T, int TM, int TN>
+std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometry& g,
+                               const Operands& o, const BufferList& reads,
+                               const BufferRange& written) {
+  using I = Instance<cutlass::conv::Operator::kFprop, T, T, TM, TN>;
+  const auto args = I::arguments(g, o.x, o.w, plan.epilogue.residual ? o.residual : nullptr,
+                                 o.result, o.bias, plan.epilogue);
+  if (auto why = I::refusal(args)) return why;
+  I::record(ctx, args, reads, {written});
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> record_fprop(Context& ctx, const Plan& plan, const ConvGeometry& g,
+                                        const Operands& o, const BufferList& reads,
+                                        const BufferRange& written) {
+  return dispatch<Tile::t128x128, Tile::t128x64>(plan, [&]<class T, int TM, int TN>() {
+    return run<T, TM, TN>(ctx, plan, g, o, reads, written);
+  });
+}
+
+}  // namespace fusebox::cuda::cutlass_conv

@@ -1,0 +1,193 @@
+// The CUTLASS Hopper convolutions' planning without a GPU (kernels/conv/cutlass/plan.h): what
+// they refuse and why, how our epilogue maps onto theirs, the tile choice and the weight
+// gradient's batch chunks. test_implicit_gemm.cpp runs the kernels on an H100.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/kernels/conv/cutlass/plan.h"
+
+namespace fusebox::cuda::testing {
+namespace {
+
+using cutlass_conv::Epilogue;
+using cutlass_conv::Facts;
+using cutlass_conv::Tile;
+
+// A 2-D problem (3-D form, leading extents 1): N x C x H x W, K filters R x R.
+ConvGeometry geometry(int64_t n, int64_t c, int64_t k, int64_t hw, int64_t r, int64_t stride,
+                      int64_t pad) {
+  ConvGeometry g;
+  g.spatial_rank = 2;
+  g.batch = n, g.in_channels = c, g.out_channels = k;
+  for (int d = 1; d < 3; ++d) {
+    g.in[d] = hw, g.filter[d] = r, g.stride[d] = stride, g.pad_lo[d] = g.pad_hi[d] = pad;
+    g.out[d] = conv_output_extent(hw, r, stride, 1, pad, pad);
+  }
+  return g;
+}
+
+const Facts kH100{90, true};
+
+TEST(CutlassConvPlan, TakesResNetShapesAndSaysWhyItRefusesOthers) {
+  const ConvGeometry g = geometry(64, 64, 64, 56, 3, 1, 1);
+  for (ConvOp op : {ConvOp::fprop, ConvOp::dgrad, ConvOp::wgrad}) {
+    EXPECT_FALSE(cutlass_conv::cannot_implement(op, g, DType::bf16, kH100));
+    EXPECT_FALSE(cutlass_conv::cannot_implement(op, g, DType::f16, kH100));
+  }
+  auto refusal = [&](ConvOp op, const ConvGeometry& geo, DType dtype, Facts facts) {
+    return cutlass_conv::cannot_implement(op, geo, dtype, facts).value_or("");
+  };
+  EXPECT_NE(refusal(ConvOp::fprop, g, DType::bf16, {80, true}).find("compute capability 8.0"),
+            std::string::npos);
+  EXPECT_NE(refusal(ConvOp::fprop, g, DType::f32, kH100).find("dtype f32"), std::string::npos);
+  EXPECT_NE(refusal(ConvOp::fprop, g, DType::bf16, {90, false}).find("16 bytes"),
+            std::string::npos);
+  ConvGeometry grouped = g;
+  grouped.groups = 2;
+  EXPECT_NE(refusal(ConvOp::fprop, grouped, DType::bf16, kH100).find("2 groups"),
+            std::string::npos);
+  const ConvGeometry stem = geometry(64, 3, 64, 224, 7, 2, 3);
+  EXPECT_NE(refusal(ConvOp::fprop, stem, DType::bf16, kH100).find("C=3"), std::string::npos);
+  const ConvGeometry strided = geometry(64, 128, 128, 56, 3, 2, 1);
+  EXPECT_FALSE(cutlass_conv::cannot_implement(ConvOp::fprop, strided, DType::bf16, kH100));
+  EXPECT_FALSE(cutlass_conv::cannot_implement(ConvOp::wgrad, strided, DType::bf16, kH100));
+  EXPECT_FALSE(cutlass_conv::cannot_implement(ConvOp::dgrad, strided, DType::bf16, kH100));
+  const ConvGeometry wide_pad = geometry(2, 64, 64, 40, 3, 1, 17);
+  EXPECT_NE(refusal(ConvOp::fprop, wide_pad, DType::bf16, kH100).find("padding"),
+            std::string::npos);
+  ConvGeometry dilated = geometry(2, 64, 64, 80, 3, 1, 1);
+  dilated.dilation[2] = 16;  // reach (3 - 1) * 16 = 32
+  EXPECT_NE(refusal(ConvOp::fprop, dilated, DType::bf16, kH100).find("reach"), std::string::npos);
+}
+
+TEST(CutlassConvPlan, EpilogueMapsOntoOneClampAfterBiasAndResidual) {
+  const ActivationFn none{}, relu{ActivationFn::relu}, gelu{ActivationFn::gelu};
+  const ActivationFn clip{ActivationFn::clip, 0.0, 6.0};
+  Epilogue e;
+  ASSERT_FALSE(cutlass_conv::map_epilogue(true, relu, false, none, &e));
+  EXPECT_TRUE(e.bias);
+  EXPECT_FALSE(e.residual);
+  EXPECT_EQ(e.lower, 0.0f);
+  EXPECT_EQ(e.upper, std::numeric_limits<float>::max());
+  ASSERT_FALSE(cutlass_conv::map_epilogue(false, clip, false, none, &e));
+  EXPECT_EQ(e.lower, 0.0f);
+  EXPECT_EQ(e.upper, 6.0f);
+  // ResNet's block end: relu(conv + bias + residual).
+  ASSERT_FALSE(cutlass_conv::map_epilogue(true, none, true, relu, &e));
+  EXPECT_TRUE(e.residual);
+  EXPECT_EQ(e.lower, 0.0f);
+  ASSERT_FALSE(cutlass_conv::map_epilogue(false, none, false, none, &e));
+  EXPECT_EQ(e.lower, std::numeric_limits<float>::lowest());
+  // An activation before the residual add, or one that is not a clamp: not CUTLASS's.
+  EXPECT_TRUE(cutlass_conv::map_epilogue(true, relu, true, none, &e));
+  EXPECT_TRUE(cutlass_conv::map_epilogue(true, gelu, false, none, &e));
+}
+
+TEST(CutlassConvPlan, TilesAndWgradChunks) {
+  // K = 64 outputs: the 128x64 tile wastes nothing of N.
+  const ConvGeometry narrow = geometry(64, 64, 64, 56, 3, 1, 1);
+  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, narrow, DType::bf16, {}, 132).tile,
+            Tile::t128x64);
+  const ConvGeometry wide = geometry(64, 512, 512, 28, 3, 1, 1);
+  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, wide, DType::bf16, {}, 132).tile,
+            Tile::t128x128);
+  // A forced tile the op has; one it has not is ignored.
+  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, wide, DType::bf16, {}, 132, Tile::t128x64).tile,
+            Tile::t128x64);
+  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, wide, DType::bf16, {}, 132, Tile::t64x128).tile,
+            Tile::t128x128);
+  // wgrad of a 64x64 1x1 layer: one 64x128 tile, so the batch is cut into one chunk per image
+  // (at most 64), every chunk's sums in f32.
+  const ConvGeometry small = geometry(64, 64, 64, 56, 1, 1, 0);
+  const cutlass_conv::Plan w = cutlass_conv::make_plan(ConvOp::wgrad, small, DType::bf16, {}, 132);
+  EXPECT_EQ(w.tile, Tile::t64x128);
+  EXPECT_EQ(w.chunks, 64);
+  EXPECT_EQ(w.chunk_images, 1);
+  EXPECT_EQ(w.partial_bytes, size_t(64) * 64 * 64 * sizeof(float));
+  EXPECT_NE(w.describe().find("64 chunks"), std::string::npos) << w.describe();
+  // Chunks always cover the batch, the last possibly short.
+  for (int64_t n : {1, 3, 7, 50, 64, 129}) {
+    const cutlass_conv::Plan p = cutlass_conv::make_plan(
+        ConvOp::wgrad, geometry(n, 256, 512, 7, 3, 1, 1), DType::f16, {}, 132);
+    EXPECT_GE(p.chunks * p.chunk_images, n);
+    EXPECT_LT((p.chunks - 1) * p.chunk_images, n);
+  }
+}
+
+// The stride phases reproduce a strided dgrad exactly: 1-D problems (in the last dim, one
+// channel) computed directly and as unit-stride dgrads of each phase's sub-filter, the way
+// CUTLASS's dgrad reads them (dx[j] = sum over t of dy[j + pad' - t dil'] w'[t], dy outside
+// [0, O) zero), on random strides, filters, dilations and pads.
+TEST(CutlassConvPlan, DgradPhasesReproduceStridedDgrad) {
+  std::mt19937 rng(12);
+  int checked = 0;
+  for (int i = 0; i < 400; ++i) {
+    ConvGeometry g;
+    g.batch = 1, g.in_channels = 8, g.out_channels = 8;
+    g.stride[2] = 2 + int64_t(rng() % 3);
+    g.filter[2] = 1 + int64_t(rng() % 5);
+    g.dilation[2] = 1 + int64_t(rng() % 2);
+    g.pad_lo[2] = int64_t(rng() % 4), g.pad_hi[2] = int64_t(rng() % 4);
+    g.in[2] = 5 + int64_t(rng() % 20);
+    g.out[2] = conv_output_extent(g.in[2], g.filter[2], g.stride[2], g.dilation[2], g.pad_lo[2],
+                                  g.pad_hi[2]);
+    if (g.out[2] <= 0) continue;
+    std::vector<cutlass_conv::DgradPhase> phases;
+    if (cutlass_conv::dgrad_phases(g, &phases)) continue;  // a refusal: not CUTLASS's then
+    ASSERT_EQ(int64_t(phases.size()), g.stride[2]);
+    std::vector<double> dy(size_t(g.out[2])), w(size_t(g.filter[2]));
+    for (double& v : dy) v = double(rng() % 17) - 8;
+    for (double& v : w) v = double(rng() % 13) - 6;
+    std::vector<double> want(size_t(g.in[2]), 0.0), got(size_t(g.in[2]), -999.0);
+    for (int64_t o = 0; o < g.out[2]; ++o)
+      for (int64_t r = 0; r < g.filter[2]; ++r) {
+        const int64_t d = o * g.stride[2] - g.pad_lo[2] + r * g.dilation[2];
+        if (d >= 0 && d < g.in[2]) want[size_t(d)] += dy[size_t(o)] * w[size_t(r)];
+      }
+    for (const cutlass_conv::DgradPhase& p : phases) {
+      const ConvGeometry q = cutlass_conv::phase_geometry(g, p);
+      for (int64_t j = 0; j < p.extent[2]; ++j) {
+        double sum = 0;
+        for (int64_t t = 0; !p.empty() && t < p.taps[2]; ++t) {
+          const int64_t o = j + q.pad_lo[2] - t * q.dilation[2];
+          if (o >= 0 && o < g.out[2])
+            sum += dy[size_t(o)] * w[size_t(p.first_tap[2] + t * p.step[2])];
+        }
+        got[size_t(p.phase[2] + g.stride[2] * j)] = sum;
+      }
+      if (!p.empty()) {
+        // The unit-stride problem reads exactly dy's extent.
+        EXPECT_EQ(
+            conv_output_extent(q.in[2], q.filter[2], 1, q.dilation[2], q.pad_lo[2], q.pad_hi[2]),
+            g.out[2]);
+      }
+    }
+    EXPECT_EQ(got, want) << "stride " << g.stride[2] << " filter " << g.filter[2] << " dilation "
+                         << g.dilation[2] << " pads " << g.pad_lo[2] << "/" << g.pad_hi[2] << " in "
+                         << g.in[2];
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
+  // ResNet's 3x3 stride-2 layer: four phases of 1, 2, 2 and 4 taps; its 1x1 stride-2 layer:
+  // one phase with the tap, three empty (dx cleared first).
+  const ConvGeometry g3 = geometry(64, 128, 128, 56, 3, 2, 1);
+  EXPECT_FALSE(cutlass_conv::cannot_implement(ConvOp::dgrad, g3, DType::bf16, kH100));
+  const cutlass_conv::Plan p3 = cutlass_conv::make_plan(ConvOp::dgrad, g3, DType::bf16, {}, 132);
+  ASSERT_EQ(p3.phases.size(), 4u);
+  EXPECT_FALSE(p3.zero_fill);
+  EXPECT_EQ(p3.phases[0].taps[1] * p3.phases[0].taps[2], 1);
+  EXPECT_EQ(p3.phases[3].taps[1] * p3.phases[3].taps[2], 4);
+  EXPECT_NE(p3.describe().find("4 phases"), std::string::npos) << p3.describe();
+  const ConvGeometry g1 = geometry(64, 256, 512, 56, 1, 2, 0);
+  const cutlass_conv::Plan p1 = cutlass_conv::make_plan(ConvOp::dgrad, g1, DType::bf16, {}, 132);
+  EXPECT_TRUE(p1.zero_fill);
+  int empty = 0;
+  for (const cutlass_conv::DgradPhase& p : p1.phases) empty += p.empty();
+  EXPECT_EQ(empty, 3);
+}
+
+}  // namespace
+}  // namespace fusebox::cuda::testing
