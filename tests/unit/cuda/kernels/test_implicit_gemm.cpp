@@ -196,6 +196,8 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       // 1-D 1x1, no padding: the ping-pong GEMM.
       {OpKind::conv, DType::bf16, "", 64, 72, 1, 300, 1, 1, 1},
       {OpKind::conv_backward_data, DType::f16, "", 40, 128, 1, 300, 1, 1, 1},
+      // 1x1 stride 2: x's sub-lattice gathered, then the GEMM.
+      {OpKind::conv, DType::bf16, "", 64, 72, 1, 301, 1, 2, 1},
   };
   for (const bool exact : {false, true}) {
     ScopedEnv tf32("FUSEBOX_ALLOW_TF32", exact ? "0" : "1");
