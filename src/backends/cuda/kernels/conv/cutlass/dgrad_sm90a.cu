@@ -16,9 +16,7 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
   using I = Instance<cutlass::conv::Operator::kDgrad, T, T, TM, TN>;
   if (plan.phases.empty()) {
     const auto args = I::arguments(g, o.y, o.w, nullptr, o.result, o.bias, plan.epilogue);
-    if (auto why = I::refusal(args)) return why;
-    I::record(ctx, args, reads, {written});
-    return std::nullopt;
+    return record_unless_refused<I>(ctx, args, reads, written);
   }
   // dx [N, D0, D1, D2, C] and dy [N, O0, O1, O2, K], dense channels-last.
   const int64_t dx_stride[5] = {g.in_size() * g.in_channels, g.in[1] * g.in[2] * g.in_channels,

@@ -12,9 +12,7 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
   using I = Instance<cutlass::conv::Operator::kFprop, T, T, TM, TN>;
   const auto args = I::arguments(g, o.x, o.w, plan.epilogue.residual ? o.residual : nullptr,
                                  o.result, o.bias, plan.epilogue);
-  if (auto why = I::refusal(args)) return why;
-  I::record(ctx, args, reads, {written});
-  return std::nullopt;
+  return record_unless_refused<I>(ctx, args, reads, written);
 }
 
 }  // namespace

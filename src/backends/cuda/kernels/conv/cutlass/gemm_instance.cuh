@@ -108,9 +108,7 @@ std::optional<std::string> record_gemm(Context& ctx, const Plan& plan, const Con
         using I = GemmInstance<T, LayoutB, TM, TN>;
         const auto args = I::arguments(m, n, k, a, o.w, c, o.result, o.bias, plan.epilogue,
                                        sm_count, ctx.device.id());
-        if (auto why = I::refusal(args)) return why;
-        I::record(ctx, args, reads, {written});
-        return std::nullopt;
+        return record_unless_refused<I>(ctx, args, reads, written);
       });
 }
 

@@ -7,7 +7,6 @@
 #include <cutlass/device_kernel.h>
 #include <cutlass/half.h>
 
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -34,14 +33,23 @@ void record_kernel(Context& ctx, const typename Kernel::Arguments& args, const B
                    const BufferList& writes) {
   auto* kernel = &cutlass::device_kernel<Kernel>;
   constexpr int smem = Kernel::SharedStorageSize;
-  static std::once_flag attribute_set;
-  std::call_once(attribute_set, [&] {
-    FUSEBOX_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
+  // Per device, so at every recording (cheap; recordings are rare): not once per process.
+  FUSEBOX_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
   ctx.encoder.launch(kernel, Kernel::get_grid_shape(params), Kernel::get_block_shape(),
                      size_t(smem), reads, writes, params);
+}
+
+// Records `args` on instance I (Instance or GemmInstance), or says why CUTLASS refuses them
+// (nothing recorded then).
+template <class I>
+std::optional<std::string> record_unless_refused(Context& ctx, const typename I::Arguments& args,
+                                                 const BufferList& reads,
+                                                 const BufferRange& written) {
+  if (auto why = I::refusal(args)) return why;
+  I::record(ctx, args, reads, {written});
+  return std::nullopt;
 }
 
 // f.template operator()<T, TM, TN>() for the plan's dtype (bf16 or f16) and tile, one of
