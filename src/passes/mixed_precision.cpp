@@ -107,6 +107,8 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::neg:
     case OpKind::abs:
     case OpKind::erf:
+    case OpKind::sin:
+    case OpKind::cos:
     case OpKind::clip:
     case OpKind::add:
     case OpKind::sub:

@@ -26,7 +26,8 @@ class Builder {
   }
 
   ValueId conv(ValueId x, ValueId w, ValueId bias = kNoValue, ConvAttrs a = {});
-  ValueId conv_backward_data(ValueId dy, ValueId w, ConvBackwardDataAttrs a, ValueId bias = kNoValue);
+  ValueId conv_backward_data(ValueId dy, ValueId w, ConvBackwardDataAttrs a,
+                             ValueId bias = kNoValue);
   ValueId conv_backward_filter(ValueId x, ValueId dy, ConvBackwardFilterAttrs a);
 
   ValueId batch_norm(ValueId x, ValueId scale, ValueId bias, ValueId mean, ValueId var,
@@ -51,6 +52,8 @@ class Builder {
   ValueId neg(ValueId x) { return unary(OpKind::neg, x); }
   ValueId abs(ValueId x) { return unary(OpKind::abs, x); }
   ValueId erf(ValueId x) { return unary(OpKind::erf, x); }
+  ValueId sin(ValueId x) { return unary(OpKind::sin, x); }
+  ValueId cos(ValueId x) { return unary(OpKind::cos, x); }
   ValueId clip(ValueId x, double min, double max);
   ValueId identity(ValueId x) { return unary(OpKind::identity, x); }
 

@@ -19,7 +19,7 @@
 // Elementwise, one input (identity is not one of them: it is a copy everywhere).
 #define FUSEBOX_UNARY_POINTWISE_OPS(X)                                                      \
   X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) \
-  X(reciprocal) X(neg) X(abs) X(erf) X(clip)
+  X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip)
 
 // The gradients autodiff emits; none of them is differentiated again.
 #define FUSEBOX_BACKWARD_OPS(X)                                                             \

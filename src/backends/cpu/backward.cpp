@@ -110,6 +110,10 @@ void unary_backward_typed(const Node& n, const Tensor& dy, const Tensor& x, Tens
     case OpKind::erf:
       return map_unary_backward<T>(
           dy, x, dx, [](C v) { return C(2) * std::numbers::inv_sqrtpi_v<C> * std::exp(-v * v); });
+    case OpKind::sin:
+      return map_unary_backward<T>(dy, x, dx, [](C v) { return std::cos(v); });
+    case OpKind::cos:
+      return map_unary_backward<T>(dy, x, dx, [](C v) { return -std::sin(v); });
     case OpKind::clip: {  // passes where min <= v <= max, bounds inclusive (PyTorch)
       const C lo = C(a.min), hi = C(a.max);
       return map_unary_backward<T>(dy, x, dx,

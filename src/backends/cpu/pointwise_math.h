@@ -84,6 +84,10 @@ bool with_float_unary(const PointwiseInstr& ins, Use&& use) {
       return call([](C v) { return std::fabs(v); });
     case OpKind::erf:
       return call([](C v) { return std::erf(v); });
+    case OpKind::sin:
+      return call([](C v) { return std::sin(v); });
+    case OpKind::cos:
+      return call([](C v) { return std::cos(v); });
     case OpKind::clip: {
       // numpy clip: min(max(x, lo), hi), so lo > hi gives hi; NaN stays NaN.
       const auto [lo, hi] = clip_bounds<C>(ins.min, ins.max);

@@ -254,6 +254,8 @@ const OpSpec kOps[] = {
     {"Neg", 1, 1, 1, 1, import_unary<OpKind::neg>},
     {"Abs", 1, 1, 1, 1, import_unary<OpKind::abs>},
     {"Erf", 9, 1, 1, 1, import_unary<OpKind::erf>},
+    {"Sin", 7, 1, 1, 1, import_unary<OpKind::sin>},
+    {"Cos", 7, 1, 1, 1, import_unary<OpKind::cos>},
     {"Identity", 1, 1, 1, 1, import_unary<OpKind::identity>},
     {"LeakyRelu", 1, 1, 1, 1, import_leaky_relu},
     {"HardSigmoid", 6, 1, 1, 1, import_hard_sigmoid},

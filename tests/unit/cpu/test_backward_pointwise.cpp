@@ -53,6 +53,8 @@ std::vector<UnaryCase> unary_cases() {
       {"neg", OpKind::neg, {}, {.op = OpKind::neg}, -2, 2, 0},
       {"abs", OpKind::abs, {}, {.op = OpKind::abs}, -2, 2, 0.05},
       {"erf", OpKind::erf, {}, {.op = OpKind::erf}, -2, 2, 0},
+      {"sin", OpKind::sin, {}, {.op = OpKind::sin}, -6, 6, 0},
+      {"cos", OpKind::cos, {}, {.op = OpKind::cos}, -6, 6, 0},
       {"clip",
        OpKind::clip,
        ClipAttrs{-0.5, 0.7},

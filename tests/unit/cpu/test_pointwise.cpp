@@ -41,6 +41,8 @@ std::vector<UnaryCase> unary_cases() {
       {OpKind::neg, {}, -3, 3, [](double x) { return -x; }},
       {OpKind::abs, {}, -3, 3, [](double x) { return std::fabs(x); }},
       {OpKind::erf, {}, -3, 3, [](double x) { return std::erf(x); }},
+      {OpKind::sin, {}, -6, 6, [](double x) { return std::sin(x); }},
+      {OpKind::cos, {}, -6, 6, [](double x) { return std::cos(x); }},
       {OpKind::clip, ClipAttrs{-0.5, 0.75}, -2, 2,
        [](double x) { return std::min(std::max(x, -0.5), 0.75); }},
       {OpKind::identity, {}, -3, 3, [](double x) { return x; }},

@@ -14,9 +14,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(InferUnary, EveryFloatOpKeepsType) {
-  for (OpKind op :
-       {OpKind::relu, OpKind::silu, OpKind::sigmoid, OpKind::tanh, OpKind::exp, OpKind::log,
-        OpKind::sqrt, OpKind::rsqrt, OpKind::reciprocal, OpKind::neg, OpKind::abs, OpKind::erf}) {
+  for (OpKind op : {OpKind::relu, OpKind::silu, OpKind::sigmoid, OpKind::tanh, OpKind::exp,
+                    OpKind::log, OpKind::sqrt, OpKind::rsqrt, OpKind::reciprocal, OpKind::neg,
+                    OpKind::abs, OpKind::erf, OpKind::sin, OpKind::cos}) {
     SCOPED_TRACE(op_name(op));
     EXPECT_EQ(infer(op, {}, {typed(DType::bf16, {2, 3})}).out(), typed(DType::bf16, {2, 3}));
   }

@@ -56,6 +56,8 @@ std::optional<Example> tiny_example(OpKind op) {
     case OpKind::neg:
     case OpKind::abs:
     case OpKind::erf:
+    case OpKind::sin:
+    case OpKind::cos:
     case OpKind::identity:
       return Example{{}, {uniform({2, 3})}};
     case OpKind::log:

@@ -46,6 +46,8 @@ TEST(GradCheckMath, UnaryOps) {
       {OpKind::neg, {}, -1, 1, false},
       {OpKind::abs, {}, 0.05, 1, true},
       {OpKind::erf, {}, -2, 2, false},
+      {OpKind::sin, {}, -3, 3, false},
+      {OpKind::cos, {}, -3, 3, false},
       {OpKind::clip, ClipAttrs{-0.4, 0.5}, -1, 1, false},
       {OpKind::clip, ClipAttrs{-inf, 0.1}, -1, 1, false},
       {OpKind::clip, ClipAttrs{-0.3, inf}, -1, 1, false},

@@ -128,6 +128,18 @@ __device__ __forceinline__ float erf(float v) {
 __device__ __forceinline__ double erf(double v) {
   return ::erf(v);
 }
+__device__ __forceinline__ float sin(float v) {
+  return ::sinf(v);
+}
+__device__ __forceinline__ double sin(double v) {
+  return ::sin(v);
+}
+__device__ __forceinline__ float cos(float v) {
+  return ::cosf(v);
+}
+__device__ __forceinline__ double cos(double v) {
+  return ::cos(v);
+}
 __device__ __forceinline__ float pow(float a, float b) {
   return ::powf(a, b);
 }

@@ -70,6 +70,8 @@ std::vector<UnaryGradCase> unary_grad_cases() {
       {with(OpKind::neg), -2, 2},
       {with(OpKind::abs), -2, 2},
       {with(OpKind::erf), -3, 3},
+      {with(OpKind::sin), -6, 6},
+      {with(OpKind::cos), -6, 6},
       {clip, -2, 2},
       {clip_open, -2, 2},
   };

@@ -39,6 +39,8 @@ std::vector<UnaryCase> float_unary_cases() {
       {OpKind::neg, {}, -2, 2},
       {OpKind::abs, {}, -2, 2},
       {OpKind::erf, {}, -3, 3},
+      {OpKind::sin, {}, -6, 6},
+      {OpKind::cos, {}, -6, 6},
       {OpKind::clip, ClipAttrs{-0.5, 0.75}, -2, 2},
       {OpKind::clip, ClipAttrs{-INFINITY, 0.25}, -2, 2},
       {OpKind::identity, {}, -2, 2},

@@ -119,6 +119,14 @@ struct ErfGrad {
   }
 };
 template <class C>
+struct SinGrad {
+  __device__ C operator()(C v) const { return dm::cos(v); }
+};
+template <class C>
+struct CosGrad {
+  __device__ C operator()(C v) const { return -dm::sin(v); }
+};
+template <class C>
 struct ClipGrad {  // passes where lo <= v <= hi, bounds inclusive (PyTorch)
   C lo, hi;
   __device__ C operator()(C v) const { return v >= lo && v <= hi ? C(1) : C(0); }
@@ -162,6 +170,10 @@ void unary_backward_typed(Context& ctx, const Node& n, const DeviceTensor& dy,
       return run(AbsGrad<C>{});
     case OpKind::erf:
       return run(ErfGrad<C>{});
+    case OpKind::sin:
+      return run(SinGrad<C>{});
+    case OpKind::cos:
+      return run(CosGrad<C>{});
     case OpKind::clip:
       return run(ClipGrad<C>{C(a.min), C(a.max)});
     default:

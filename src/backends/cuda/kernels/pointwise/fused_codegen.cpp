@@ -280,6 +280,8 @@ class Emitter {
       case OpKind::log:
       case OpKind::sqrt:
       case OpKind::erf:
+      case OpKind::sin:
+      case OpKind::cos:
         return cat("fb_", op_name(ins.op), "(", a, ")");
       case OpKind::abs:
         return cat("fb_abs(", a, ")");

@@ -35,6 +35,10 @@ __device__ __forceinline__ float fb_tanh(float v) { return tanhf(v); }
 __device__ __forceinline__ double fb_tanh(double v) { return tanh(v); }
 __device__ __forceinline__ float fb_erf(float v) { return erff(v); }
 __device__ __forceinline__ double fb_erf(double v) { return erf(v); }
+__device__ __forceinline__ float fb_sin(float v) { return sinf(v); }
+__device__ __forceinline__ double fb_sin(double v) { return sin(v); }
+__device__ __forceinline__ float fb_cos(float v) { return cosf(v); }
+__device__ __forceinline__ double fb_cos(double v) { return cos(v); }
 __device__ __forceinline__ float fb_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double fb_pow(double a, double b) { return pow(a, b); }
 __device__ __forceinline__ float fb_abs(float v) { return fabsf(v); }

@@ -106,6 +106,18 @@ struct Erf {
     return dm::erf(v);
   }
 };
+struct Sin {
+  template <class C>
+  __device__ C operator()(C v) const {
+    return dm::sin(v);
+  }
+};
+struct Cos {
+  template <class C>
+  __device__ C operator()(C v) const {
+    return dm::cos(v);
+  }
+};
 struct NegFloat {
   template <class C>
   __device__ C operator()(C v) const {
@@ -198,6 +210,10 @@ void unary_float(Context& ctx, const Node& n, const DeviceTensor& x, const Devic
       return run(AbsFloat{});
     case OpKind::erf:
       return run(Erf{});
+    case OpKind::sin:
+      return run(Sin{});
+    case OpKind::cos:
+      return run(Cos{});
     case OpKind::clip:
       return run(clip_op<C>(n));
     default:
