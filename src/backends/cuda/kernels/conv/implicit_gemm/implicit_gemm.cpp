@@ -197,7 +197,9 @@ std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in,
       cutlass_conv::parse_tile(settings.igemm_tile);
   if (settings.igemm_tile.empty() || cutlass_tile) {
     const ConvTensors t{x, w, y, bias, residual, &written};
-    if (auto plan = try_cutlass(ctx, n, op, g, t, e, cutlass_tile, options.aligned)) {
+    // CUTLASS's epilogue reads the bias in 16-byte vectors too.
+    const bool aligned = options.aligned && aligned16(bias);
+    if (auto plan = try_cutlass(ctx, n, op, g, t, e, cutlass_tile, aligned)) {
       if (staged) copy_strided(ctx, *staged, result);
       return *plan;
     }
