@@ -44,7 +44,7 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   // computed wide and its first C channels copied out (the stem's dgrad: 1.9 ms instead of
   // 13.5 on the element-load main loop; cuDNN 0.9). Not fprop and wgrad: there 8 channels
   // fill an eighth of each 64-deep K step and the element-load main loop is faster
-  // (bench/results/2026-11-25_h100_session12.md); widened() copies x too, should that change.
+  // (bench/results/2026-11-25_h100_session12.md).
   const int64_t c = g.in_channels, c_wide = (c + 7) / 8 * 8;
   const bool widen = c != c_wide && g.groups == 1 && op == ConvOp::dgrad;
   ConvGeometry gw = g;
@@ -69,8 +69,20 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   const cutlass_conv::Plan plan =
       cutlass_conv::make_plan(op, gw, dtype, epilogue, device.sm_count, tile);
   if (plan.zero_fill && t.bias != nullptr) return std::nullopt;  // empty phases need the bias
-  // The C-channel tensors x [N, D.., C], w [K, R.., C] and dx / dw as 5-D views, narrow
-  // (dense) or as the first C channels of a wide copy.
+  std::vector<DeviceTensor> copies;  // the gathered x or the wide w and dx, held while recorded
+  copies.reserve(2);
+  const DeviceTensor* x = t.x;
+  if (gather) {
+    const int64_t d1 = g.in[2] * c, d0 = g.in[1] * d1, n = g.in[0] * d0;
+    const Shape shape{g.batch, g.out[0], g.out[1], g.out[2], c};
+    copies.push_back(temporary_tensor(ctx, dtype, shape));
+    copy_strided(
+        ctx, x->view(x->offset, shape, {n, g.stride[0] * d0, g.stride[1] * d1, g.stride[2] * c, 1}),
+        copies.back());
+    x = &copies.back();
+  }
+  // The widened dgrad: w [K, R.., C] and dx [N, D.., C] as 5-D views, dense or as the first C
+  // channels of a wide copy.
   const Shape x_outer{g.batch, g.in[0], g.in[1], g.in[2]};
   const Shape w_outer{g.out_channels, g.filter[0], g.filter[1], g.filter[2]};
   auto channels_view = [&](const DeviceTensor& v, const Shape& outer, int64_t width) {
@@ -78,32 +90,17 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
                   {outer[1] * outer[2] * outer[3] * width, outer[2] * outer[3] * width,
                    outer[3] * width, width, 1});
   };
-  std::vector<DeviceTensor> wide;  // the wide copies (x, w, the output), held while recorded
-  wide.reserve(3);
-  auto widened = [&](const DeviceTensor* v, const Shape& outer) -> const DeviceTensor* {
-    if (!widen || v == nullptr) return v;
-    wide.push_back(temporary_tensor(ctx, dtype, {outer[0], outer[1], outer[2], outer[3], c_wide}));
-    ctx.encoder.memset(wide.back().range(), 0);
-    copy_strided(ctx, channels_view(*v, outer, c), channels_view(wide.back(), outer, c_wide));
-    return &wide.back();
-  };
-  const DeviceTensor* x = widened(t.x, x_outer);
-  if (gather) {
-    const int64_t d1 = g.in[2] * c, d0 = g.in[1] * d1, n = g.in[0] * d0;
-    const Shape shape{g.batch, g.out[0], g.out[1], g.out[2], c};
-    wide.push_back(temporary_tensor(ctx, dtype, shape));
-    copy_strided(
-        ctx, x->view(x->offset, shape, {n, g.stride[0] * d0, g.stride[1] * d1, g.stride[2] * c, 1}),
-        wide.back());
-    x = &wide.back();
-  }
-  const DeviceTensor* w = widened(t.w, w_outer);
+  const DeviceTensor* w = t.w;
   const DeviceTensor* written = t.written;
-  const Shape& out_outer = op == ConvOp::wgrad ? w_outer : x_outer;
-  if (widen && op != ConvOp::fprop) {
-    wide.push_back(temporary_tensor(
-        ctx, dtype, {out_outer[0], out_outer[1], out_outer[2], out_outer[3], c_wide}));
-    written = &wide.back();
+  if (widen) {
+    copies.push_back(
+        temporary_tensor(ctx, dtype, {w_outer[0], w_outer[1], w_outer[2], w_outer[3], c_wide}));
+    ctx.encoder.memset(copies.back().range(), 0);
+    copy_strided(ctx, channels_view(*w, w_outer, c), channels_view(copies.back(), w_outer, c_wide));
+    w = &copies.back();
+    copies.push_back(
+        temporary_tensor(ctx, dtype, {x_outer[0], x_outer[1], x_outer[2], x_outer[3], c_wide}));
+    written = &copies.back();
   }
   cutlass_conv::Operands o;
   BufferList reads;
@@ -145,9 +142,9 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   const std::optional<std::string> refused = cutlass_conv::record(
       ctx, plan, gw, o, reads, written->range(), partial_range ? &*partial_range : nullptr);
   if (!refused) {
-    if (written != t.written)
-      copy_strided(ctx, channels_view(*written, out_outer, c_wide),
-                   channels_view(*t.written, out_outer, c));
+    if (widen)
+      copy_strided(ctx, channels_view(*written, x_outer, c_wide),
+                   channels_view(*t.written, x_outer, c));
     if (gather) return cat(plan.describe(), ", x gathered at stride ", g.stride[2]);
     return widen ? cat(plan.describe(), ", C ", c, "->", c_wide) : plan.describe();
   }
