@@ -6,7 +6,7 @@
 //
 //   bench_conv [--json FILE] [--iters N] [--repeats N] [--targets] [--shapes NAME,...]
 //              [--ops fprop,dgrad,wgrad] [--dtypes bf16,f32] [--knobs] [--no-autotune]
-//              [--no-setup] [--own | --own-tiles]
+//              [--no-setup] [--own | --own-tiles] [--select]
 //
 // --depthwise: depthwise shapes (groups == C == K) instead: issue 14's 3x3 C256 at 56^2 and
 // ConvNeXt-T's 7x7 layers.
@@ -29,6 +29,8 @@
 // --own: each op also on the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own), with its
 // ratio to cuDNN's fastest plan (heuristic or tuned; > 1: ours is faster) and a per-op
 // summary (geometric mean, worst); --own-tiles times every implicit-GEMM tile too.
+// --select: each op also as the library runs it under autotuning with the backend unset
+// (cuDNN's engines and our kernel timed, the faster recorded): which won, its time.
 // FLOPs: 2 * N * K * Ho * Wo * C/g * R * S for each of the three ops.
 // Setup: the wall time to record one call of each of the 69 problems (23 shapes x 3 ops,
 // bf16), after synchronising: heuristics, plan builds, disk reads, warm-up runs. Counts of
@@ -68,6 +70,7 @@ struct Options {
   bool autotune = true;
   bool depthwise = false;  // --depthwise: the depthwise shapes instead of ResNet-50's
   bool own = false;        // --own: also the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own)
+  bool select = false;     // --select: also the autotuned choice between cuDNN and ours
   bool own_tiles = false;  // --own-tiles: ... with each of its tiles too
   std::string setup_child_dir;  // internal: measure warm setup in this fresh process
 };
@@ -146,6 +149,10 @@ struct Result {
   double own_ms = -1;             // --own: the implicit GEMM's fastest (heuristic tile or any)
   std::string own_plan;
   std::vector<Variant> own_variants;
+  // --select: the library's default under autotuning (backend unset): cuDNN's engines and our
+  // kernel timed, the faster run (kernels/conv/selection.h); which won and its time.
+  double selected_ms = -1;
+  std::string selected_path, selected_reason;
 
   double cudnn_best_ms() const {
     return tuned_ms > 0 && tuned_ms < heuristic_ms ? tuned_ms : heuristic_ms;
@@ -429,6 +436,10 @@ bench::Json result_json(const Result& r) {
       variants.push(bench::Json::object({{"name", v.name}, {"ms", v.ms}, {"plan", v.plan}}));
     row.set("own_variants", std::move(variants));
   }
+  if (r.selected_ms > 0) {
+    row.set("selected_ms", r.selected_ms).set("selected_path", r.selected_path);
+    row.set("selected_reason", r.selected_reason);
+  }
   if (!r.variants.empty()) {
     bench::Json variants = bench::Json::array();
     for (const Variant& v : r.variants)
@@ -491,6 +502,18 @@ int run(const Options& o) {
                                bench::fixed(r.tuned_ms, 4), bench::fixed(r.tflops(r.tuned_ms), 1),
                                r.heuristic_plan + " | " + r.tuned_plan});
         if (o.own) time_own(b, o, st, op, r);
+        if (o.select) {
+          set_env("FUSEBOX_CONV_BACKEND", "auto");
+          set_env("FUSEBOX_AUTOTUNE", "1");
+          r.selected_ms = time_op_ms(b, o, st, op);
+          for (const ConvDecision& d : conv_decisions())
+            if (d.node.find("'" + node + "'") != std::string::npos)
+              r.selected_path = d.path, r.selected_reason = d.reason;
+          std::printf("    selected %-22s %9.4f ms  %.2fx cuDNN's best  [%s]\n",
+                      r.selected_path.c_str(), r.selected_ms, r.cudnn_best_ms() / r.selected_ms,
+                      r.selected_reason.c_str());
+          set_env("FUSEBOX_CONV_BACKEND", "cudnn");
+        }
         results.push_back(r);
       }
     }
@@ -586,6 +609,9 @@ int main(int argc, char** argv) {
   app.add_flag_callback(
       "--own-tiles", [&] { o.own = o.own_tiles = true; },
       "--own, with each implicit-GEMM tile (FUSEBOX_CONV_IGEMM_TILE) too");
+  app.add_flag("--select", o.select,
+               "Also the library's autotuned choice between cuDNN and the project's kernels "
+               "(FUSEBOX_CONV_BACKEND unset, FUSEBOX_AUTOTUNE=1)");
   app.add_flag_callback(
       "--no-autotune", [&] { o.autotune = false; }, "Only the heuristics' plans");
   app.add_flag_callback(

@@ -35,6 +35,7 @@
 // own workspaces, which no earlier recorded work can be reading (a fresh output).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "backends/cuda/kernels.h"
@@ -61,11 +62,16 @@ struct CudnnConvOutcome {
   std::string reason;  // why not (ran == false): cuDNN's message; when it ran less fused than
                        // the problem asked, why the more fused graphs were refused
   size_t workspace_bytes = 0;
-  double tuned_ms = -1;  // autotuned in this call: the chosen plan's time
+  double tuned_ms = -1;  // the chosen plan's autotuned time (-1: not tuned)
+  bool slower = false;   // not recorded: its tuned time was above beat_ms
 };
 
+// beat_ms (autotuning, kernels/conv/selection.h): the time of the project's kernel for the
+// problem; the tuned plan is recorded only when it is at most that fast, else the outcome
+// has ran == false, slower == true and the plan's name and time.
 CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const ConvOperands& t,
-                                   const ConvSettings& settings);
+                                   const ConvSettings& settings,
+                                   std::optional<double> beat_ms = std::nullopt);
 
 // The version string of the cudnn-frontend headers compiled in ("1.23.0").
 std::string cudnn_frontend_version();

@@ -390,7 +390,7 @@ struct LoweredPlan {
 }  // namespace
 
 CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const ConvOperands& t,
-                                   const ConvSettings& given) {
+                                   const ConvSettings& given, std::optional<double> beat_ms) {
   ConvSettings settings = given;
   if (p.forced_plan_index >= 0) settings.autotune = false;  // a diagnosis: that plan, untuned
   PlanCaches& c = caches();
@@ -434,6 +434,14 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
     if (!l.entry) l.entry = find_or_build(ctx, c, l.problem, l.key, t, settings, fresh);
     outcome.first_use = outcome.first_use || fresh;
     std::string reason = l.entry->reason;
+    if (beat_ms && l.entry->graph && l.entry->tuned_ms > *beat_ms) {
+      outcome.slower = true;
+      outcome.plan = l.entry->plan_name;
+      outcome.tuned_ms = l.entry->tuned_ms;
+      outcome.reason = cat("autotuned plan ", l.entry->plan_name, " ", l.entry->tuned_ms,
+                           " ms, slower than the project's kernel (", *beat_ms, " ms)");
+      return outcome;
+    }
     if (l.entry->graph && record_entry(ctx, c, l.problem, l.key, l.entry, t, settings, reason)) {
       outcome.ran = true;
       outcome.fused = l.entry->fused;

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "backends/cuda/cudnn/conv.h"
+#include "backends/cuda/kernels/conv/selection.h"
 #include "backends/cuda/runtime/plan_cache.h"
 #include "conv_test_util.h"
 
@@ -329,7 +330,9 @@ TEST_F(ConvPlanCacheTest, UnusablePayloadIsRebuiltWithAWarning) {
 TEST_F(ConvPlanCacheTest, AutotuneIsStoredAndReused) {
   OpHarness h;
   TempDir dir("conv_tune");
-  ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", dir.str()), autotune("FUSEBOX_AUTOTUNE", "1");
+  // cuDNN's own autotuning (with the backend unset, our kernel is timed too: the next test).
+  ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", dir.str()), autotune("FUSEBOX_AUTOTUNE", "1"),
+      backend("FUSEBOX_CONV_BACKEND", "cudnn");
   const ConvConfig c = problem_set()[0];
   ::testing::internal::CaptureStderr();
   run_one(h, c, 1);
@@ -345,6 +348,60 @@ TEST_F(ConvPlanCacheTest, AutotuneIsStoredAndReused) {
   const ConvPlanStats s = conv_plan_stats();
   EXPECT_EQ(s.autotune_runs, 1u) << "the stored tuned plan was tuned again";
   EXPECT_EQ(s.disk_hits, 1u);
+}
+
+// Autotuning with the backend unset times our kernel beside cuDNN's engines, runs the faster
+// and stores the decision (kernels/conv/selection.h): a second process-like run (memory
+// caches cleared) reads it back without timing either side; a corrupt decision file is timed
+// again with a warning. Results match the CPU whichever side wins.
+TEST_F(ConvPlanCacheTest, AutotuneSelectsBetweenCudnnAndOwnAndStoresIt) {
+  OpHarness h;
+  TempDir dir("conv_select");
+  ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", dir.str()), autotune("FUSEBOX_AUTOTUNE", "1"),
+      backend("FUSEBOX_CONV_BACKEND", std::nullopt);
+  clear_conv_selections();
+  const ConvConfig c = problem_set()[0];  // bf16 3x3: the implicit GEMM takes it
+  auto selection_row = [] {
+    for (const ConvDecision& d : conv_decisions())
+      if (d.reason.find("autotuned: ") != std::string::npos) return d;
+    return ConvDecision{};
+  };
+  ::testing::internal::CaptureStderr();
+  run_one(h, c, 1);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("autotuned: "), std::string::npos) << log;
+  ConvDecision d = selection_row();
+  ASSERT_FALSE(d.reason.empty()) << "no decision names the selection";
+  const bool own = d.path.rfind("own (autotuned)", 0) == 0;
+  EXPECT_TRUE(own || d.path.rfind("cudnn", 0) == 0) << d.path;
+  EXPECT_GT(d.tuned_ms, 0);
+  std::printf("[selection] %s: %s\n", d.path.c_str(), d.reason.c_str());
+  // Read back from disk: neither side timed again, the same winner.
+  auto run_from_disk = [&](uint64_t seed) {
+    clear_conv_selections();
+    clear_conv_plan_memory_cache();
+    clear_conv_decisions();
+    reset_conv_plan_stats();
+    ::testing::internal::CaptureStderr();
+    run_one(h, c, seed);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  log = run_from_disk(2);
+  EXPECT_EQ(log.find("autotuned"), std::string::npos) << log;
+  EXPECT_EQ(conv_plan_stats().autotune_runs, 0u);
+  EXPECT_EQ(selection_row().path.rfind("own (autotuned)", 0) == 0, own);
+  // A corrupt decision file: a warning, both timed again, the file rewritten.
+  size_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path() / "conv-select"))
+    if (e.is_regular_file()) {
+      std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << "not a selection";
+      ++files;
+    }
+  EXPECT_EQ(files, 1u);
+  log = run_from_disk(3);
+  EXPECT_NE(log.find("conv-select"), std::string::npos) << "no warning naming the file: " << log;
+  EXPECT_NE(log.find("autotuned: "), std::string::npos) << log;
+  EXPECT_EQ(run_from_disk(4).find("autotuned"), std::string::npos) << "the file was not rewritten";
 }
 
 }  // namespace

@@ -99,15 +99,16 @@ TEST(CutlassConvPlan, TilesAndWgradChunks) {
             Tile::t128x64);
   EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, wide, DType::bf16, {}, 132, Tile::t64x128).tile,
             Tile::t128x128);
-  // wgrad of a 64x64 1x1 layer: one 64x128 tile, so the batch is cut into one chunk per image
-  // (at most 64), every chunk's sums in f32.
-  const ConvGeometry small = geometry(64, 64, 64, 56, 1, 1, 0);
-  const cutlass_conv::Plan w = cutlass_conv::make_plan(ConvOp::wgrad, small, DType::bf16, {}, 132);
+  // wgrad of the 64-channel 3x3 layer: five 64x128 tiles, so the batch is cut into chunks of
+  // 3 images for about a wave, every chunk's sums in f32.
+  const ConvGeometry l1 = geometry(64, 64, 64, 56, 3, 1, 1);
+  const cutlass_conv::Plan w = cutlass_conv::make_plan(ConvOp::wgrad, l1, DType::bf16, {}, 132);
+  EXPECT_FALSE(w.gemm);
   EXPECT_EQ(w.tile, Tile::t64x128);
-  EXPECT_EQ(w.chunks, 64);
-  EXPECT_EQ(w.chunk_images, 1);
-  EXPECT_EQ(w.partial_bytes, size_t(64) * 64 * 64 * sizeof(float));
-  EXPECT_NE(w.describe().find("64 chunks"), std::string::npos) << w.describe();
+  EXPECT_EQ(w.chunk_images, 3);
+  EXPECT_EQ(w.chunks, 22);
+  EXPECT_EQ(w.partial_bytes, size_t(22) * 64 * 64 * 9 * sizeof(float));
+  EXPECT_NE(w.describe().find("22 chunks"), std::string::npos) << w.describe();
   // Chunks always cover the batch, the last possibly short.
   for (int64_t n : {1, 3, 7, 50, 64, 129}) {
     const cutlass_conv::Plan p = cutlass_conv::make_plan(
@@ -115,6 +116,40 @@ TEST(CutlassConvPlan, TilesAndWgradChunks) {
     EXPECT_GE(p.chunks * p.chunk_images, n);
     EXPECT_LT((p.chunks - 1) * p.chunk_images, n);
   }
+}
+
+TEST(CutlassConvPlan, PointwiseWgradIsABatchedGemmOverPixelChunks) {
+  // The 64x64 1x1 layer at 56x56: one output tile, so 200704 pixels are cut into two waves
+  // of chunks of whole K steps (768 pixels: 262 chunks, the last 256 short).
+  const ConvGeometry small = geometry(64, 64, 64, 56, 1, 1, 0);
+  const cutlass_conv::Plan p = cutlass_conv::make_plan(ConvOp::wgrad, small, DType::bf16, {}, 132);
+  EXPECT_TRUE(p.gemm);
+  EXPECT_EQ(p.tile, Tile::t64x128);
+  EXPECT_EQ(p.chunk_rows, 768);
+  EXPECT_EQ(p.chunks, 262);
+  EXPECT_EQ(p.partial_bytes, size_t(262) * 64 * 64 * sizeof(float));
+  EXPECT_NE(p.describe().find("gemm, 262 chunks"), std::string::npos) << p.describe();
+  // Layer 4's 2048 -> 512 at 7x7: 3136 pixels against 1M weights; the f32 sums may not
+  // outweigh the operands, so 3 chunks (two waves would be 5).
+  const cutlass_conv::Plan l4 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 2048, 512, 7, 1, 1, 0), DType::bf16, {}, 132);
+  EXPECT_EQ(l4.tile, Tile::t128x128);
+  EXPECT_EQ(l4.chunks, 3);
+  // Chunks are whole K steps and cover the pixels, the last possibly short; one chunk for
+  // a few pixels.
+  for (int64_t n : {1, 2, 3, 7, 64})
+    for (int64_t hw : {1, 5, 14, 57}) {
+      const ConvGeometry g = geometry(n, 24, 40, hw, 1, 1, 0);
+      const cutlass_conv::Plan q = cutlass_conv::make_plan(ConvOp::wgrad, g, DType::f16, {}, 132);
+      const int64_t rows = n * hw * hw;
+      EXPECT_EQ(q.chunk_rows % 64, 0);
+      EXPECT_GE(q.chunks * q.chunk_rows, rows);
+      EXPECT_LT((q.chunks - 1) * q.chunk_rows, rows);
+      EXPECT_EQ(q.partial_bytes, size_t(q.chunks) * 40 * 24 * sizeof(float));
+      if (rows < 1024) {
+        EXPECT_EQ(q.chunks, 1);
+      }
+    }
 }
 
 // The stride phases reproduce a strided dgrad exactly: 1-D problems (in the last dim, one

@@ -154,10 +154,62 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
         const bool cutlass_takes = ct && cutlass_conv::tile_available(conv_op, *ct) &&
                                    !(conv_op == ConvOp::dgrad && s.stride != 1);
         if (*tile_name && !(wg && op == OpKind::conv_backward_filter) && (!ct || cutlass_takes) &&
-            h.ctx().device.properties().compute_capability() == 90)
+            h.ctx().device.properties().compute_capability() == 90) {
           EXPECT_NE(plan.find(tile_name), std::string::npos) << plan;
+        }
         EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << plan;
       }
+  }
+}
+
+// The problems the CUTLASS path lowers before its kernels (implicit_gemm.cpp, H100/H200 only):
+// an RGB-stem-like 7x7 stride 2 through im2col (fprop with its epilogue, dgrad through
+// col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
+// chunk and as one chunk; a 1x1 stride-2 wgrad on the gathered sub-lattice.
+TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
+  struct Case {
+    OpKind op;
+    DType dtype;
+    int64_t batch, c, k, hw, r, stride, pad;
+    bool bias;
+    const char* plan_part;  // what the plan must say
+  };
+  const Case cases[] = {
+      {OpKind::conv, DType::bf16, 2, 3, 64, 40, 7, 2, 3, true, "im2col"},
+      {OpKind::conv, DType::f16, 2, 5, 16, 17, 3, 1, 1, false, "im2col"},
+      {OpKind::conv_backward_data, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
+      {OpKind::conv_backward_data, DType::f16, 3, 8, 24, 19, 3, 2, 1, false, "im2col"},
+      {OpKind::conv_backward_filter, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
+      {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "im2col"},
+      {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 50, 1, 1, 0, false, "gemm, 14 chunks"},
+      {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "gemm, 1 chunk"},
+      {OpKind::conv_backward_filter, DType::bf16, 2, 64, 128, 33, 1, 2, 0, false, "gathered"},
+  };
+  for (const Case& k : cases) {
+    ConvConfig c;
+    c.op = k.op;
+    c.dtype = k.dtype;
+    c.batch = k.batch;
+    c.in_channels = k.c, c.out_channels = k.k;
+    c.spatial = {k.hw, k.hw}, c.filter = {k.r, k.r};
+    c.strides = {k.stride, k.stride}, c.dilations = {1, 1};
+    c.pads_begin = c.pads_end = {k.pad, k.pad};
+    c.channels_last = true;
+    c.bias = k.bias;
+    if (k.op == OpKind::conv && k.bias) c.activation.kind = Activation::relu;
+    SCOPED_TRACE(c.describe());
+    const std::vector<Tensor> in = conv_inputs(c, 57);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    clear_conv_decisions();
+    const Tensor got = run_conv_on_gpu(h, c, in);
+    EXPECT_EQ(last_plan().rfind("cutlass", 0), 0u) << last_plan();
+    EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
+    EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << last_plan();
   }
 }
 

@@ -5,7 +5,9 @@
 // (kernels/conv/problem.h) goes to cuDNN unless cudnn_cannot_implement names a reason (f64, ...),
 // and the project's kernels run when cuDNN has no plan, a plan fails to build or to run.
 // Depthwise problems (groups == C == K) under own go to kernels/conv/depthwise/ first
-// (memory-bound ops where an implicit GEMM's K would be a few taps).
+// (memory-bound ops where an implicit GEMM's K would be a few taps). Under autotuning
+// (FUSEBOX_AUTOTUNE, backend unset), our kernel and cuDNN's engines are timed, and the
+// faster runs (kernels/conv/selection.h: the decision is cached in memory and on disk).
 // The project's kernels: the implicit GEMM (kernels/conv/implicit_gemm/, tensor cores, the
 // whole epilogue fused), else (f64, what igemm::cannot_implement names) the direct kernel,
 // the test oracle, with the epilogue as a second pass. The
@@ -33,6 +35,7 @@
 #include "backends/cuda/kernels/conv/implicit_gemm/implicit_gemm.h"
 #include "backends/cuda/kernels/conv/problem.h"
 #include "backends/cuda/kernels/conv/report.h"
+#include "backends/cuda/kernels/conv/selection.h"
 
 namespace fusebox::cuda {
 
@@ -104,6 +107,20 @@ void run_epilogue(Context& ctx, const Node& n, ConvEpilogueOperands e, const Dev
   conv_epilogue(ctx, n, e, y);
 }
 
+// Our candidate for autotuning: the depthwise kernels where they apply, else the implicit
+// GEMM with the whole epilogue. Why neither takes the problem, or nullopt.
+std::optional<std::string> own_candidate_refusal(const Node& n, ConvOp op, Inputs in,
+                                                 const DeviceTensor& out) {
+  if (!depthwise_cannot_implement(n, op, in, out)) return std::nullopt;
+  return implicit_gemm_cannot_implement(n, op, in, out);
+}
+std::string record_own_candidate(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
+                                 const ConvEpilogueOperands& all, const ConvSettings& settings) {
+  if (!depthwise_cannot_implement(n, op, in, out[0]))
+    return run_depthwise(ctx, n, op, in, out, all);
+  return run_implicit_gemm(ctx, n, op, in, out, all, settings);
+}
+
 void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry direct) {
   const ConvSettings settings = conv_settings();
   const std::vector<const DeviceTensor*> inputs(in.begin(), in.end());
@@ -133,6 +150,8 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
                                ": ", *why));
     }
   }
+  // Our kernel's whole epilogue (the implicit GEMM and depthwise kernels fuse it).
+  const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
   if (!why) {
     ConvOperands t;
     const DeviceTensor* bias = inputs.size() > 2 ? inputs[2] : nullptr;
@@ -147,7 +166,51 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
         t = {inputs[0], &out[0], inputs[1], nullptr};
         break;
     }
-    const CudnnConvOutcome r = cudnn_conv_record(ctx, p, t, settings);
+    // Autotuning: our kernel timed first, so cuDNN's tuned plan is recorded only if faster.
+    std::optional<ConvSelection> selected;
+    std::optional<double> own_ms;
+    std::string own_plan;
+    if (settings.backend == ConvBackend::automatic && settings.autotune &&
+        p.forced_plan_index < 0 && !own_candidate_refusal(n, p.op, in, out[0])) {
+      selected = find_conv_selection(p);
+      try {
+        if (!selected)
+          own_ms = time_own_conv(
+              ctx,
+              [&](Context& scratch) {
+                return record_own_candidate(scratch, n, p.op, in, out, all, settings);
+              },
+              own_plan);
+      } catch (const std::exception& ex) {
+        // Our kernel could not be timed (out of memory for its temporaries, say): cuDNN
+        // alone, as without autotuning; a broken context fails the next call anyway.
+        std::fprintf(stderr,
+                     "fusebox: %s: timing the project's kernel failed (%s); cuDNN runs it\n",
+                     p.label.c_str(), ex.what());
+      }
+    }
+    if (selected && selected->own) {
+      d.path = "own (autotuned)";
+      d.reason = selected->describe();
+      d.tuned_ms = selected->own_ms;
+      d.plan = record_own_candidate(ctx, n, p.op, in, out, all, settings);
+      record_conv_decision(d);
+      return;
+    }
+    const CudnnConvOutcome r = cudnn_conv_record(ctx, p, t, settings, own_ms);
+    if (own_ms && (r.ran || r.slower)) {
+      selected = ConvSelection{r.slower, *own_ms, r.tuned_ms, own_plan, r.plan};
+      store_conv_selection(p, *selected);
+      std::fprintf(stderr, "fusebox: %s: %s\n", p.label.c_str(), selected->describe().c_str());
+    }
+    if (r.slower) {
+      d.path = "own (autotuned)";
+      d.reason = selected->describe();
+      d.tuned_ms = *own_ms;
+      d.plan = record_own_candidate(ctx, n, p.op, in, out, all, settings);
+      record_conv_decision(d);
+      return;
+    }
     if (r.ran) {
       const ConvEpilogueOperands rest = remaining_epilogue(n, inputs, r.fused);
       const std::string fused_text = epilogue_text(remaining_epilogue(n, inputs, ConvFusion::none));
@@ -165,6 +228,7 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
                    : cat(r.plan, " (", conv_lowering_name(r.lowering), ")");
       d.workspace_bytes = r.workspace_bytes;
       d.tuned_ms = r.tuned_ms;
+      if (selected) d.reason += (d.reason.empty() ? "" : "; ") + selected->describe();
       record_conv_decision(d);
       return;
     }
@@ -181,7 +245,6 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   d.path = "own";
   d.reason = *why;
   // The implicit GEMM computes the whole epilogue in its own epilogue.
-  const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
   const std::optional<std::string> igemm_refusal =
       implicit_gemm_cannot_implement(n, p.op, in, out[0]);
   if (!igemm_refusal) {

@@ -266,8 +266,8 @@ void conv_backward_filter_direct(Context& ctx, const Node& n, Inputs in, Outputs
                        dim3(unsigned((weights + kThreads - 1) / kThreads), unsigned(splits)),
                        dim3(kThreads), 0, {x.range(), dy.range()}, {partial}, p, x.as<const T>(),
                        dy.as<const T>(), per_split, partial.as<C>());
-    ctx.encoder.launch(&sum_splits<T>, dim3(launch_blocks(weights, kThreads)), dim3(kThreads), 0,
-                       {partial}, {dw.range()}, partial.as<const C>(), splits, weights, dw.as<T>());
+    record_sum_splits<T>(ctx, BufferRange(partial), partial.as<const C>(), splits, weights,
+                         dw.range(), dw.as<T>());
   });
 }
 

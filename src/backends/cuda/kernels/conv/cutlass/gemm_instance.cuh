@@ -5,11 +5,14 @@
 // conv kernel (instance.cuh) is not persistent (CUTLASS 4.2 has no persistent conv schedule
 // on sm90): its epilogue stalls the SM, which costs most on the short-K 1x1 layers.
 //
-//   op     A (M x K)          B (K x N)                      D (M x N)
-//   fprop  x  [NDHW][C]       w  [K][C]  (K-major: ColumnMajor) y  [NDHW][K]
-//   dgrad  dy [NDHW][K]       w  [K][C]  (N-major: RowMajor)    dx [NDHW][C]
+//   op     A (M x K)                      B (K x N)                      D (M x N)
+//   fprop  x  [NDHW][C]                   w  [K][C]  (K-major: ColumnMajor) y  [NDHW][K]
+//   dgrad  dy [NDHW][K]                   w  [K][C]  (N-major: RowMajor)    dx [NDHW][C]
+//   wgrad  dy [NDHW][K] (M-major: Column) x  [NDHW][C] (N-major: RowMajor)  dw [K][C] f32
+// wgrad reduces over the pixels: its chunks (plan.h) are the batch mode L of one GEMM, each
+// chunk's rows consecutive in dy and x (packed batch strides) and its sums one f32 slice.
 //
-// Included by conv1x1_fprop_sm90a.cu and conv1x1_dgrad_sm90a.cu only.
+// Included by the conv1x1_*_sm90a.cu files only.
 #pragma once
 
 // CUTLASS's headers assume this order: CuTe and the hardware info before the collectives.
@@ -32,21 +35,22 @@
 
 namespace fusebox::cuda::cutlass_conv {
 
-template <class T, class LayoutB, int TM, int TN>
-struct GemmInstance {
+// The ping-pong GEMM kernel type: T operands in layouts LayoutA / LayoutB, f32 accumulation,
+// D of TD (row-major) through a TMA epilogue computing Fusion (ElementC: its source, or void).
+template <class T, class LayoutA, class LayoutB, class ElementC, class TD, class Fusion, int TM,
+          int TN>
+struct PingpongGemm {
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Row = cutlass::layout::RowMajor;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
-  using Fusion =
-      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::Clamp, T, float,
-                                                         T, T, float>;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<TD>::value;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, T, Row, kAlign, T, Row, kAlign,
-      cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Row, kAlignD, TD,
+      Row, kAlignD, cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, LayoutB, kAlign,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LayoutA, kAlign, T, LayoutB, kAlign,
       float, TileShape, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
@@ -55,6 +59,32 @@ struct GemmInstance {
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using Arguments = typename Gemm::Arguments;
+
+  static cutlass::KernelHardwareInfo hardware(int sm_count, int device) {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sm_count;
+    return hw;
+  }
+  static std::optional<std::string> refusal(const Arguments& args) {
+    return cutlass_refusal<Gemm>(args);
+  }
+  static void record(Context& ctx, const Arguments& args, const BufferList& reads,
+                     const BufferList& writes) {
+    record_kernel<Kernel>(ctx, args, reads, writes);
+  }
+};
+
+// fprop and dgrad: D = clamp(A B + bias + residual) in T.
+template <class T, class LayoutB, int TM, int TN>
+struct GemmInstance
+    : PingpongGemm<T, cutlass::layout::RowMajor, LayoutB, T, T,
+                   cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+                       cutlass::epilogue::thread::Clamp, T, float, T, T, float>,
+                   TM, TN> {
+  using Base = typename GemmInstance::PingpongGemm;
+  using Kernel = typename Base::Kernel;
+  using Arguments = typename Base::Arguments;
 
   // D[m][n] = clamp(sum_k A[m][k] B[k][n] + bias[n] + C[m][n], e.lower, e.upper); C may be null.
   static Arguments arguments(int m, int n, int k, const void* a, const void* b, const void* c,
@@ -65,14 +95,11 @@ struct GemmInstance {
     const auto stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, k, 1});
     const auto stride_c = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, {m, n, 1});
     const auto stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, 1});
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sm_count;
     Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                    {m, n, k, 1},
                    {static_cast<const T*>(a), stride_a, static_cast<const T*>(b), stride_b},
                    {{}, static_cast<const T*>(c), stride_c, static_cast<T*>(d), stride_d},
-                   hw};
+                   Base::hardware(sm_count, device)};
     auto& fusion = args.epilogue.thread;
     fusion.alpha = 1.0f;
     fusion.beta = c != nullptr ? 1.0f : 0.0f;
@@ -81,13 +108,31 @@ struct GemmInstance {
     fusion.activation.upper_bound = e.upper;
     return args;
   }
+};
 
-  static std::optional<std::string> refusal(const Arguments& args) {
-    return cutlass_refusal<Gemm>(args);
-  }
-  static void record(Context& ctx, const Arguments& args, const BufferList& reads,
-                     const BufferList& writes) {
-    record_kernel<Kernel>(ctx, args, reads, writes);
+// wgrad: `batches` chunks of `rows` pixels, D[l] = A[l] B[l] in f32 (no source).
+template <class T, int TM, int TN>
+struct WgradGemmInstance
+    : PingpongGemm<T, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, void, float,
+                   cutlass::epilogue::fusion::LinearCombination<float, float, void, float>, TM,
+                   TN> {
+  using Base = typename WgradGemmInstance::PingpongGemm;
+  using Kernel = typename Base::Kernel;
+  using Arguments = typename Base::Arguments;
+
+  static Arguments arguments(int m, int n, int rows, int batches, const void* dy, const void* x,
+                             float* d, int sm_count, int device) {
+    const auto stride_a =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, rows, batches});
+    const auto stride_b =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {n, rows, batches});
+    const auto stride_d =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, n, batches});
+    return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
+                     {m, n, rows, batches},
+                     {static_cast<const T*>(dy), stride_a, static_cast<const T*>(x), stride_b},
+                     {{}, static_cast<const float*>(nullptr), stride_d, d, stride_d},
+                     Base::hardware(sm_count, device)};
   }
 };
 

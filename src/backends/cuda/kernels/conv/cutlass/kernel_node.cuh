@@ -3,17 +3,25 @@
 // compile-time instance.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cutlass/bfloat16.h>
 #include <cutlass/device_kernel.h>
 #include <cutlass/half.h>
 
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/kernels/conv/cutlass/launch.h"
 #include "backends/cuda/runtime/check.h"
 
 namespace fusebox::cuda::cutlass_conv {
+
+// The CUDA type of CUTLASS's element T (what the project's own kernels, sum_splits, take).
+template <class T>
+using native_t =
+    std::conditional_t<std::is_same_v<T, cutlass::bfloat16_t>, __nv_bfloat16, __half>;
 
 // Why the device-level adapter (ConvUniversalAdapter, GemmUniversalAdapter) refuses the
 // arguments, or nullopt. A workspace is refused too: none of our kernels needs one.

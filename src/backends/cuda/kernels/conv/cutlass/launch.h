@@ -1,6 +1,6 @@
 // Recording a planned CUTLASS Hopper convolution (plan.h) on the encoder. The kernels are
 // compiled in fprop_sm90a.cu, dgrad_sm90a.cu and wgrad_sm90a.cu (instance.cuh builds them),
-// and the 1x1 GEMMs in conv1x1_fprop_sm90a.cu and conv1x1_dgrad_sm90a.cu (gemm_instance.cuh),
+// and the 1x1 GEMMs in the conv1x1_*_sm90a.cu files (gemm_instance.cuh),
 // each launched as a plain kernel node of the recording: the CUTLASS kernel's parameters
 // (its TMA descriptors included) are built once here and copied into the node.
 #pragma once
@@ -54,5 +54,9 @@ std::optional<std::string> record_gemm_dgrad(Context& ctx, const Plan& plan, con
 std::optional<std::string> record_wgrad(Context& ctx, const Plan& plan, const ConvGeometry& g,
                                         const Operands& o, const BufferList& reads,
                                         const BufferRange& written, const BufferRange& partial);
+std::optional<std::string> record_gemm_wgrad(Context& ctx, const Plan& plan, const ConvGeometry& g,
+                                             const Operands& o, const BufferList& reads,
+                                             const BufferRange& written,
+                                             const BufferRange& partial);
 
 }  // namespace fusebox::cuda::cutlass_conv

@@ -231,10 +231,10 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
   p.epilogue = epilogue;
   const auto [m, n] = gemm_mn(op, g);
   const int64_t sms = std::max(sm_count, 1);
-  p.gemm = op != ConvOp::wgrad && is_pointwise(g);
+  p.gemm = is_pointwise(g);
   if (tile && tile_available(op, *tile)) {
     p.tile = *tile;
-  } else if (p.gemm) {
+  } else if (p.gemm && op != ConvOp::wgrad) {
     // Persistent: waves matter little; the narrow tile when N is narrow.
     p.tile = n <= 64 ? Tile::t128x64 : Tile::t128x128;
   } else if (op == ConvOp::wgrad) {
@@ -249,7 +249,20 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     dgrad_phases(g, &p.phases);  // cannot_implement has checked them
     for (const DgradPhase& ph : p.phases) p.zero_fill |= ph.empty();
   }
-  if (op == ConvOp::wgrad) {
+  if (op == ConvOp::wgrad && p.gemm) {
+    // Two waves of output tiles over the chunks, each chunk at least 8 K steps, and the f32
+    // slices' bytes no more than the operands' (a weight gradient of few rows and many
+    // channels: layer 4's 2048x512 at 7x7 would write more sums than it reads).
+    const int64_t rows = g.batch * g.out_size();
+    const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
+    const int64_t operand_bytes = rows * (m + n) * int64_t(dtype_size(dtype));
+    int64_t chunks = cdiv(2 * sms, ctas);
+    chunks = std::min({chunks, std::max<int64_t>(1, operand_bytes / (m * n * 4)),
+                       std::max<int64_t>(1, rows / 512)});
+    p.chunk_rows = std::max<int64_t>(1, cdiv(cdiv(rows, chunks), 64) * 64);
+    p.chunks = std::max<int64_t>(1, cdiv(rows, p.chunk_rows));
+    p.partial_bytes = size_t(p.chunks) * size_t(m) * size_t(n) * sizeof(float);
+  } else if (op == ConvOp::wgrad) {
     // Chunks: enough CTAs for a wave, each chunk still reducing at least 16 K steps.
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t depth = g.batch * g.out_size();

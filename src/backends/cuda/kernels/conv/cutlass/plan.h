@@ -97,22 +97,26 @@ std::optional<std::string> dgrad_phases(const ConvGeometry& g, std::vector<Dgrad
 ConvGeometry phase_geometry(const ConvGeometry& g, const DgradPhase& p);
 
 // A 1x1 convolution with unit strides and no padding: a plain GEMM over the channels-last
-// tensors (gemm_instance.cuh runs fprop and dgrad of these on a persistent GEMM kernel).
+// tensors (gemm_instance.cuh runs the three ops of these on a persistent GEMM kernel).
 bool is_pointwise(const ConvGeometry& g);
 
 struct Plan {
   ConvOp op = ConvOp::fprop;
   DType dtype = DType::bf16;
   Tile tile = Tile::t128x128;
-  bool gemm = false;  // fprop / dgrad of a pointwise problem: the ping-pong GEMM
+  bool gemm = false;  // a pointwise problem: the ping-pong GEMM
   Epilogue epilogue;
-  // wgrad: the batch is cut into `chunks` runs of `chunk_images` images (the last may have
-  // fewer); each writes its f32 sums to its own slice of a partial buffer, the chunks run as
-  // independent graph nodes, concurrently, and a second kernel adds them in order
-  // (deterministic). chunks == 1 still goes through the f32 buffer (one rounding into dw's
-  // dtype at the end).
+  // wgrad: the reduction is cut into `chunks`, each writing its f32 sums to its own slice of
+  // a partial buffer; a second kernel adds them in order (deterministic). chunks == 1 still
+  // goes through the f32 buffer (one rounding into dw's dtype at the end).
+  //   im2col kernel: runs of `chunk_images` images (the last may have fewer), one graph node
+  //     each (independent: they run concurrently).
+  //   GEMM (pointwise): runs of `chunk_rows` pixels (the last may have fewer), the batch mode
+  //     of one persistent GEMM (the short last run a second launch): no split-K in CUTLASS's
+  //     sm90 conv kernel, but a batched GEMM is one.
   int64_t chunks = 1;
   int64_t chunk_images = 0;
+  int64_t chunk_rows = 0;
   size_t partial_bytes = 0;
   // Strided dgrad: its phases (empty otherwise); zero_fill when some phase has no taps.
   std::vector<DgradPhase> phases;

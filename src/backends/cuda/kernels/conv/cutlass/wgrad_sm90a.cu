@@ -1,8 +1,5 @@
 // The CUTLASS Hopper backward-filter convolutions: bf16 and f16 operands, f32 sums per batch
 // chunk (plan.h), tiles 128x128 and 64x128; then the chunks' in-order sum into dw.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <vector>
 
 #include "backends/cuda/kernels/conv/cutlass/instance.cuh"
@@ -12,8 +9,7 @@ namespace fusebox::cuda::cutlass_conv {
 
 namespace {
 
-// T: CUTLASS's element type; Native: the CUDA type sum_splits writes.
-template <class T, class Native, int TM, int TN>
+template <class T, int TM, int TN>
 std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometry& g,
                                const Operands& o, const BufferList& reads,
                                const BufferRange& written, const BufferRange& partial) {
@@ -37,10 +33,8 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
     I::record(ctx, chunks[c], reads,
               {BufferRange(partial.buffer, partial.offset + c * bytes, bytes)});
   }
-  constexpr int kThreads = 256;
-  ctx.encoder.launch(&sum_splits<Native>, dim3(launch_blocks(count, kThreads)), dim3(kThreads), 0,
-                     {partial}, {written}, static_cast<const float*>(o.partial), plan.chunks, count,
-                     static_cast<Native*>(o.result));
+  record_sum_splits<native_t<T>>(ctx, partial, o.partial, plan.chunks, count, written,
+                                 static_cast<native_t<T>*>(o.result));
   return std::nullopt;
 }
 
@@ -50,9 +44,7 @@ std::optional<std::string> record_wgrad(Context& ctx, const Plan& plan, const Co
                                         const Operands& o, const BufferList& reads,
                                         const BufferRange& written, const BufferRange& partial) {
   return dispatch<Tile::t128x128, Tile::t64x128>(plan, [&]<class T, int TM, int TN>() {
-    using Native =
-        std::conditional_t<std::is_same_v<T, cutlass::bfloat16_t>, __nv_bfloat16, __half>;
-    return run<T, Native, TM, TN>(ctx, plan, g, o, reads, written, partial);
+    return run<T, TM, TN>(ctx, plan, g, o, reads, written, partial);
   });
 }
 

@@ -314,9 +314,8 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
         ctx.encoder.launch(&depthwise_wgrad<T>, dim3(blocks_x, unsigned(splits)), dim3(kThreads), 0,
                            {xs.range(), dys.range()}, {partial.range()}, p, xs.as<const T>(),
                            dys.as<const T>(), per_split, partial.as<float>());
-        ctx.encoder.launch(&sum_splits<T>, dim3(launch_blocks(count, kThreads)), dim3(kThreads), 0,
-                           {partial.range()}, {summed.range()}, partial.as<const float>(), splits,
-                           count, summed.as<T>());
+        record_sum_splits<T>(ctx, partial.range(), partial.as<const float>(), splits, count,
+                             summed.range(), summed.as<T>());
         // [taps][C] into dw's own layout.
         copy_strided(ctx,
                      summed.view(summed.offset, filter_taps_view(result).shape,

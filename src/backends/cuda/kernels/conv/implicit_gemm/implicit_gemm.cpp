@@ -9,6 +9,7 @@
 #include "backends/common/activation.h"
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/conv/cutlass/launch.h"
+#include "backends/cuda/kernels/conv/im2col.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/launch.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
 #include "backends/cuda/kernels/conv/operand_layout.h"
@@ -30,6 +31,44 @@ struct ConvTensors {
   const DeviceTensor *x, *w, *y, *bias, *residual, *written;
 };
 
+// How try_cutlass hands a problem to the CUTLASS kernels.
+enum class CutlassLowering {
+  direct,  // as it is
+  // A strided 1x1 fprop or wgrad without padding reads only x's sub-lattice: gathered dense
+  // (a quarter of x at stride 2), it is a pointwise problem, which runs on the persistent
+  // GEMM instead of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample fprop).
+  gather,
+  // Channels that are not a multiple of 8 (an RGB stem's 3), or 8: TMA cannot move such rows,
+  // or 8 channels would fill an eighth of each 64-deep K step. The patches written out as a
+  // matrix (im2col.h) make the problem pointwise, a GEMM over taps*C columns.
+  im2col,
+};
+
+CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g) {
+  if (g.groups != 1 || cutlass_conv::is_pointwise(g)) return CutlassLowering::direct;
+  if (op != ConvOp::dgrad && g.filter_size() == 1) {
+    bool unpadded = true;
+    for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
+    if (unpadded) return CutlassLowering::gather;
+  }
+  // The patch matrix within 2^31 elements and 2 GiB.
+  const int64_t col = g.batch * g.out_size() * im2col_width(g);
+  if ((g.in_channels % 8 != 0 || g.in_channels < 16) && col < (int64_t(1) << 30))
+    return CutlassLowering::im2col;
+  return CutlassLowering::direct;
+}
+
+// The pointwise problem a gathered or im2col'd one becomes: rows = N*O pixels of `channels`.
+ConvGeometry pointwise_geometry(const ConvGeometry& g, int64_t channels) {
+  ConvGeometry p;
+  p.spatial_rank = g.spatial_rank;
+  p.batch = g.batch;
+  p.in_channels = channels;
+  p.out_channels = g.out_channels;
+  for (int d = 0; d < 3; ++d) p.in[d] = p.out[d] = g.out[d];
+  return p;
+}
+
 // Records the problem on the CUTLASS Hopper kernels and returns the plan's description, or
 // nullopt (nothing recorded) where they do not take it: cutlass_conv::cannot_implement, an
 // epilogue theirs cannot compute, or CUTLASS's own can_implement refusing (said once).
@@ -39,27 +78,14 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
                                        std::optional<cutlass_conv::Tile> tile, bool aligned) {
   const DeviceProperties& device = ctx.device.properties();
   const DType dtype = t.written->dtype;
-  // dgrad with input channels that are not a multiple of 8 (an RGB stem's 3): w is padded
-  // with zero channels to the next multiple, so TMA can move whole 16-byte rows, and dx is
-  // computed wide and its first C channels copied out (the stem's dgrad: 1.9 ms instead of
-  // 13.5 on the element-load main loop; cuDNN 0.9). Not fprop and wgrad: there 8 channels
-  // fill an eighth of each 64-deep K step and the element-load main loop is faster
-  // (bench/results/2026-11-25_h100_session12.md).
-  const int64_t c = g.in_channels, c_wide = (c + 7) / 8 * 8;
-  const bool widen = c != c_wide && g.groups == 1 && op == ConvOp::dgrad;
-  ConvGeometry gw = g;
-  if (widen) gw.in_channels = c_wide;
-  // A strided 1x1 fprop without padding reads only x's sub-lattice: gathered dense (a
-  // quarter of x at stride 2), it is a 1x1 unit-stride problem, which runs on the persistent
-  // GEMM instead of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample).
-  bool gather = false;
-  if (op == ConvOp::fprop && g.filter_size() == 1) {
-    ConvGeometry unit = g;
-    for (int d = 0; d < 3; ++d) unit.in[d] = g.out[d], unit.stride[d] = 1;
-    gather = !cutlass_conv::is_pointwise(g) && cutlass_conv::is_pointwise(unit);
-    if (gather) gw = unit;
-  }
-  if (widen && t.bias != nullptr) return std::nullopt;  // a dgrad bias is over C
+  const CutlassLowering lowering = cutlass_lowering(op, g);
+  const int64_t c = g.in_channels, width = im2col_width(g);
+  ConvGeometry gw = g;  // the problem the kernels see
+  if (lowering == CutlassLowering::gather) gw = pointwise_geometry(g, c);
+  if (lowering == CutlassLowering::im2col) gw = pointwise_geometry(g, width);
+  // A dgrad bias is over dx's channels: col2im's sums come after the GEMM's epilogue.
+  if (lowering == CutlassLowering::im2col && op == ConvOp::dgrad && t.bias != nullptr)
+    return std::nullopt;
   cutlass_conv::Epilogue epilogue;
   if (cutlass_conv::cannot_implement(op, gw, dtype, {device.compute_capability(), aligned}) ||
       cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
@@ -69,38 +95,46 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   const cutlass_conv::Plan plan =
       cutlass_conv::make_plan(op, gw, dtype, epilogue, device.sm_count, tile);
   if (plan.zero_fill && t.bias != nullptr) return std::nullopt;  // empty phases need the bias
-  std::vector<DeviceTensor> copies;  // the gathered x or the wide w and dx, held while recorded
-  copies.reserve(2);
+  // The gathered x or the patch matrix, the wide filter and the wide result, held while
+  // recorded.
+  std::vector<DeviceTensor> copies;
+  copies.reserve(3);
   const DeviceTensor* x = t.x;
-  if (gather) {
-    const int64_t d1 = g.in[2] * c, d0 = g.in[1] * d1, n = g.in[0] * d0;
-    const Shape shape{g.batch, g.out[0], g.out[1], g.out[2], c};
-    copies.push_back(temporary_tensor(ctx, dtype, shape));
-    copy_strided(
-        ctx, x->view(x->offset, shape, {n, g.stride[0] * d0, g.stride[1] * d1, g.stride[2] * c, 1}),
-        copies.back());
-    x = &copies.back();
-  }
-  // The widened dgrad: w [K, R.., C] and dx [N, D.., C] as 5-D views, dense or as the first C
-  // channels of a wide copy.
-  const Shape x_outer{g.batch, g.in[0], g.in[1], g.in[2]};
-  const Shape w_outer{g.out_channels, g.filter[0], g.filter[1], g.filter[2]};
-  auto channels_view = [&](const DeviceTensor& v, const Shape& outer, int64_t width) {
-    return v.view(v.offset, {outer[0], outer[1], outer[2], outer[3], c},
-                  {outer[1] * outer[2] * outer[3] * width, outer[2] * outer[3] * width,
-                   outer[3] * width, width, 1});
-  };
   const DeviceTensor* w = t.w;
   const DeviceTensor* written = t.written;
-  if (widen) {
-    copies.push_back(
-        temporary_tensor(ctx, dtype, {w_outer[0], w_outer[1], w_outer[2], w_outer[3], c_wide}));
-    ctx.encoder.memset(copies.back().range(), 0);
-    copy_strided(ctx, channels_view(*w, w_outer, c), channels_view(copies.back(), w_outer, c_wide));
-    w = &copies.back();
-    copies.push_back(
-        temporary_tensor(ctx, dtype, {x_outer[0], x_outer[1], x_outer[2], x_outer[3], c_wide}));
-    written = &copies.back();
+  const int64_t rows = g.batch * g.out_size(), taps_c = g.filter_size() * c;
+  if (lowering == CutlassLowering::gather && x != nullptr) {
+    const int64_t d1 = g.in[2] * c, d0 = g.in[1] * d1, n_stride = g.in[0] * d0;
+    const Shape shape{g.batch, g.out[0], g.out[1], g.out[2], c};
+    copies.push_back(temporary_tensor(ctx, dtype, shape));
+    copy_strided(ctx,
+                 x->view(x->offset, shape,
+                         {n_stride, g.stride[0] * d0, g.stride[1] * d1, g.stride[2] * c, 1}),
+                 copies.back());
+    x = &copies.back();
+  }
+  // The filter [K][taps*C] as the first columns of [K][width].
+  auto filter_columns = [&](const DeviceTensor& v, int64_t columns) {
+    return v.view(v.offset, {g.out_channels, taps_c}, {columns, 1});
+  };
+  if (lowering == CutlassLowering::im2col) {
+    if (x != nullptr) {
+      copies.push_back(temporary_tensor(ctx, dtype, {rows, width}));
+      record_im2col(ctx, g, *x, copies.back());
+      x = &copies.back();
+    }
+    if (w != nullptr) {
+      copies.push_back(temporary_tensor(ctx, dtype, {g.out_channels, width}));
+      ctx.encoder.memset(copies.back().range(), 0);
+      copy_strided(ctx, filter_columns(*w, taps_c), filter_columns(copies.back(), width));
+      w = &copies.back();
+    }
+    // dgrad: the patch matrix's gradient; wgrad: the wide filter's.
+    if (op != ConvOp::fprop) {
+      const Shape wide = op == ConvOp::dgrad ? Shape{rows, width} : Shape{g.out_channels, width};
+      copies.push_back(temporary_tensor(ctx, dtype, wide));
+      written = &copies.back();
+    }
   }
   cutlass_conv::Operands o;
   BufferList reads;
@@ -142,11 +176,17 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   const std::optional<std::string> refused = cutlass_conv::record(
       ctx, plan, gw, o, reads, written->range(), partial_range ? &*partial_range : nullptr);
   if (!refused) {
-    if (widen)
-      copy_strided(ctx, channels_view(*written, x_outer, c_wide),
-                   channels_view(*t.written, x_outer, c));
-    if (gather) return cat(plan.describe(), ", x gathered at stride ", g.stride[2]);
-    return widen ? cat(plan.describe(), ", C ", c, "->", c_wide) : plan.describe();
+    switch (lowering) {
+      case CutlassLowering::direct:
+        return plan.describe();
+      case CutlassLowering::gather:
+        return cat(plan.describe(), ", x gathered at stride ", g.stride[2]);
+      case CutlassLowering::im2col:
+        if (op == ConvOp::dgrad) record_col2im(ctx, g, *written, *t.written);
+        if (op == ConvOp::wgrad)
+          copy_strided(ctx, filter_columns(*written, width), filter_columns(*t.written, taps_c));
+        return cat(plan.describe(), ", im2col ", rows, "x", width);
+    }
   }
   // plan.cpp's checks are meant to mirror CUTLASS's: say so once; the caller runs our main
   // loop (which overwrites whatever the phases' clearing wrote).

@@ -11,15 +11,14 @@ void launch_wgrad(Context& ctx, const Plan& plan, const BufferList& reads, const
   if (plan.params.splits == 1) return launch_op<Wgrad>(ctx, plan, reads, {dw});
   launch_op<Wgrad>(ctx, plan, reads, {*partial});
   const int64_t count = plan.params.partial_stride;
-  constexpr int kThreads = 256;
   visit_device_float("implicit GEMM", plan.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, double>) {
       throw Error("implicit GEMM", "f64 has no implicit-GEMM kernel");
     } else {
-      ctx.encoder.launch(&sum_splits<T>, dim3(launch_blocks(count, kThreads)), dim3(kThreads), 0,
-                         {*partial}, {dw}, static_cast<const float*>(plan.params.partial),
-                         int64_t(plan.params.splits), count, static_cast<T*>(plan.params.result));
+      record_sum_splits<T>(ctx, *partial, static_cast<const float*>(plan.params.partial),
+                           int64_t(plan.params.splits), count, dw,
+                           static_cast<T*>(plan.params.result));
     }
   });
 }

@@ -1,0 +1,182 @@
+// The cuDNN / own selection's cache and our kernels' timing (selection.h).
+//
+// Disk payload (inside DiskPlanCache's checked file): five text lines,
+//   "fusebox-conv-select 1", "own" or "cudnn", our time in ms, cuDNN's time in ms (-1: none),
+//   our plan, cuDNN's engine.
+#include "backends/cuda/kernels/conv/selection.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/cuda/runtime/check.h"
+#include "backends/cuda/runtime/plan_cache.h"
+#include "backends/cuda/runtime/settings.h"
+
+namespace fusebox::cuda {
+
+namespace {
+
+constexpr const char* kMagic = "fusebox-conv-select 1";
+
+struct Selections {
+  std::mutex mutex;
+  std::unordered_map<std::string, ConvSelection> memory;
+  std::unique_ptr<DiskPlanCache> disk;
+  std::filesystem::path disk_dir;
+};
+
+Selections& selections() {
+  static Selections* s = new Selections;  // never destroyed, as the plan caches
+  return *s;
+}
+
+DiskPlanCache* disk_cache(Selections& s, int device) {
+  const std::filesystem::path& dir = settings().cache_dir;
+  if (dir.empty()) return nullptr;
+  if (!s.disk || s.disk_dir != dir) {
+    const DeviceProperties& props = Device::get(device).properties();
+    PlanCacheIdentity id;
+    id.gpu_name = props.name;
+    id.sm = props.compute_capability();
+    s.disk = std::make_unique<DiskPlanCache>(dir / "conv-select", id);
+    s.disk_dir = dir;
+  }
+  return s.disk.get();
+}
+
+std::optional<double> parse_ms(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(v >= -1) || v > 1e6)
+    return std::nullopt;
+  return v;
+}
+
+std::optional<ConvSelection> decode(const std::vector<uint8_t>& bytes, std::string& why) {
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (lines.size() != 6 || lines[0] != kMagic) {
+    why = "not a selection payload";
+    return std::nullopt;
+  }
+  ConvSelection s;
+  if (lines[1] != "own" && lines[1] != "cudnn") {
+    why = cat("winner '", lines[1], "'");
+    return std::nullopt;
+  }
+  s.own = lines[1] == "own";
+  const auto own_ms = parse_ms(lines[2]), cudnn_ms = parse_ms(lines[3]);
+  if (!own_ms || !cudnn_ms || *own_ms < 0) {
+    why = "malformed times";
+    return std::nullopt;
+  }
+  s.own_ms = *own_ms, s.cudnn_ms = *cudnn_ms;
+  s.own_plan = lines[4], s.cudnn_plan = lines[5];
+  return s;
+}
+
+std::string encode(const ConvSelection& s) {
+  char own[32], cudnn[32];
+  std::snprintf(own, sizeof own, "%.6f", s.own_ms);
+  std::snprintf(cudnn, sizeof cudnn, "%.6f", s.cudnn_ms);
+  auto flat = [](std::string t) {
+    std::replace(t.begin(), t.end(), '\n', ' ');
+    return t;
+  };
+  return cat(kMagic, "\n", s.own ? "own" : "cudnn", "\n", own, "\n", cudnn, "\n", flat(s.own_plan),
+             "\n", flat(s.cudnn_plan), "\n");
+}
+
+}  // namespace
+
+std::string ConvSelection::describe() const {
+  char text[160];
+  if (cudnn_ms < 0) {
+    std::snprintf(text, sizeof text, "autotuned: own %.4f ms; cuDNN had no plan that ran", own_ms);
+    return text;
+  }
+  std::snprintf(text, sizeof text, "autotuned: %s %.4f ms (%s) %s %s %.4f ms (%s)",
+                own ? "own" : "cuDNN", own ? own_ms : cudnn_ms,
+                (own ? own_plan : cudnn_plan).c_str(), own ? "<" : "<=", own ? "cuDNN" : "own",
+                own ? cudnn_ms : own_ms, (own ? cudnn_plan : own_plan).c_str());
+  return text;
+}
+
+std::optional<ConvSelection> find_conv_selection(const ConvProblem& p) {
+  Selections& s = selections();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const std::string key = conv_problem_key(p);
+  if (auto it = s.memory.find(key); it != s.memory.end()) return it->second;
+  DiskPlanCache* disk = disk_cache(s, p.device);
+  if (disk == nullptr) return std::nullopt;
+  const auto payload = disk->load(key);
+  if (!payload) return std::nullopt;
+  std::string why;
+  std::optional<ConvSelection> found = decode(*payload, why);
+  if (!found) {
+    plan_cache_warning(cat("conv selection cache entry in ", disk->dir().string(), " for ",
+                           p.describe(), " is unusable (", why, "); timing both again"));
+    return std::nullopt;
+  }
+  s.memory[key] = *found;
+  return found;
+}
+
+void store_conv_selection(const ConvProblem& p, const ConvSelection& sel) {
+  Selections& s = selections();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const std::string key = conv_problem_key(p);
+  s.memory[key] = sel;
+  if (DiskPlanCache* disk = disk_cache(s, p.device)) {
+    const std::string bytes = encode(sel);
+    disk->store(key, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                              bytes.size()));
+  }
+}
+
+void clear_conv_selections() {
+  Selections& s = selections();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.memory.clear();
+}
+
+std::optional<double> time_own_conv(Context& ctx,
+                                    const std::function<std::string(Context&)>& record,
+                                    std::string& plan) {
+  if (!ctx.encoder.options().use_graphs) return std::nullopt;
+  // A scratch encoder on the device's stream: its replays run after the work committed so
+  // far (the main recording is not committed), on this node's output and temporaries of
+  // its own; as cuDNN's autotuning does, it reads the inputs' current bytes.
+  CommandEncoder scratch(ctx.device, ctx.encoder.options(), &ctx.allocator);
+  Context scratch_ctx{ctx.device, scratch, ctx.allocator};
+  plan = record(scratch_ctx);
+  const RecordedGraph graph = scratch.finish_recording();
+  const cudaStream_t stream = scratch.stream();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FUSEBOX_CUDA_CHECK(cudaEventCreate(&start));
+  FUSEBOX_CUDA_CHECK(cudaEventCreate(&stop));
+  auto timed = [&](int reps) {
+    FUSEBOX_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < reps; ++i) scratch.replay(graph);
+    FUSEBOX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    FUSEBOX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return double(ms) / reps;
+  };
+  // As cudnn/conv_graph.cpp's time_plan: one run sizes the measurement (~2 ms of work).
+  const double first = timed(1);
+  const double ms = timed(int(std::clamp(2.0 / std::max(first, 1e-3), 3.0, 50.0)));
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  scratch.synchronize();
+  return ms;
+}
+
+}  // namespace fusebox::cuda
