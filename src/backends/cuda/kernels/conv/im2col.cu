@@ -1,16 +1,21 @@
 // im2col / col2im (im2col.h).
 //
-// im2col: one thread per 8 columns of a row (one 16-byte store): each column's (tap, c) and
-// the input position it reads, zero outside x. Moves bits only, so one kernel serves bf16 and
-// f16 (as uint16_t). x is small next to col (the stem: 19 MB against 244 MB), so its
-// scattered reads hit L2; the writes are coalesced.
-// col2im: one thread per dx element, walking the taps and keeping those whose output
+// im2col: one thread per 8 columns of a row (one 16-byte store): the row's output position
+// and the first column's (tap, c) by division once, then the next columns by stepping c and
+// the tap's digits; zero outside x. Moves bits only, so one kernel serves bf16 and f16 (as
+// uint16_t). x is small next to col (the stem: 19 MB against 244 MB), so its scattered reads
+// hit L2; the writes are coalesced.
+// col2im: one thread per dx element, walking each dim's taps and keeping those whose output
 // position is whole and inside O; adjacent threads are adjacent channels of one pixel, so
 // their reads of a dcol row are adjacent too.
+// Index math in 32 bits (the host checks the extents fit): 64-bit division is several times
+// slower, and these kernels are a few divisions per element of a bandwidth-bound copy.
 #include "backends/cuda/kernels/conv/im2col.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <limits>
 
 #include "backends/cuda/device/math.cuh"
 
@@ -20,59 +25,87 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void im2col_kernel(ConvGeometry g, int64_t width, const uint16_t* x, uint16_t* col) {
-  const int64_t vectors = width / 8, rows = g.batch * g.out_size();
-  const int64_t c_count = g.in_channels, used = g.filter_size() * c_count;
-  for (int64_t i = global_thread_index(); i < rows * vectors; i += grid_stride()) {
-    const int64_t row = i / vectors, first = (i % vectors) * 8;
-    int64_t o[3], t = row;
+// ConvGeometry in 32 bits.
+struct Geometry32 {
+  int batch, channels, width, used;  // used: taps * channels
+  int in[3], out[3], filter[3], stride[3], dilation[3], pad[3];
+};
+
+Geometry32 geometry32(const ConvGeometry& g, int64_t width) {
+  const int64_t limit = std::numeric_limits<int32_t>::max();
+  FUSEBOX_CHECK(
+      g.batch * g.in_size() * g.in_channels <= limit && g.batch * g.out_size() * width <= limit,
+      "im2col", "tensors past 2^31 elements");
+  Geometry32 q;
+  q.batch = int(g.batch), q.channels = int(g.in_channels), q.width = int(width);
+  q.used = int(g.filter_size() * g.in_channels);
+  for (int d = 0; d < 3; ++d) {
+    q.in[d] = int(g.in[d]), q.out[d] = int(g.out[d]), q.filter[d] = int(g.filter[d]);
+    q.stride[d] = int(g.stride[d]), q.dilation[d] = int(g.dilation[d]), q.pad[d] = int(g.pad_lo[d]);
+  }
+  return q;
+}
+
+__global__ void im2col_kernel(Geometry32 g, const uint16_t* x, uint16_t* col) {
+  const int vectors = g.width / 8;
+  const int count = g.batch * g.out[0] * g.out[1] * g.out[2] * vectors;
+  for (int i = int(global_thread_index()); i < count; i += int(grid_stride())) {
+    const int row = i / vectors, first = (i - row * vectors) * 8;
+    int o[3], t = row;
     for (int d = 2; d >= 0; --d) o[d] = t % g.out[d], t /= g.out[d];
-    const int64_t n = t;
+    const int n = t;
+    int tap = first / g.channels, c = first - tap * g.channels, r[3];
+    for (int d = 2; d >= 0; --d) r[d] = tap % g.filter[d], tap /= g.filter[d];
     alignas(16) uint16_t v[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int64_t j = first + e;
       v[e] = 0;
-      if (j >= used) continue;
-      int64_t tap = j / c_count, r[3];
-      const int64_t c = j % c_count;
-      for (int d = 2; d >= 0; --d) r[d] = tap % g.filter[d], tap /= g.filter[d];
-      int64_t pos = n;
-      bool inside = true;
-      for (int d = 0; d < 3; ++d) {
-        const int64_t p = o[d] * g.stride[d] - g.pad_lo[d] + r[d] * g.dilation[d];
-        inside = inside && p >= 0 && p < g.in[d];
-        pos = pos * g.in[d] + p;
+      if (first + e < g.used) {
+        int pos = n;
+        bool inside = true;
+        for (int d = 0; d < 3; ++d) {
+          const int p = o[d] * g.stride[d] - g.pad[d] + r[d] * g.dilation[d];
+          inside = inside && p >= 0 && p < g.in[d];
+          pos = pos * g.in[d] + p;
+        }
+        if (inside) v[e] = x[pos * g.channels + c];
       }
-      if (inside) v[e] = x[pos * c_count + c];
+      // The next column: c, then the tap's digits r2, r1, r0.
+      if (++c == g.channels) {
+        c = 0;
+        if (++r[2] == g.filter[2]) {
+          r[2] = 0;
+          if (++r[1] == g.filter[1]) r[1] = 0, ++r[0];
+        }
+      }
     }
-    *reinterpret_cast<uint4*>(col + row * width + first) = *reinterpret_cast<const uint4*>(v);
+    *reinterpret_cast<uint4*>(col + int64_t(row) * g.width + first) =
+        *reinterpret_cast<const uint4*>(v);
   }
 }
 
 template <class T>
-__global__ void col2im_kernel(ConvGeometry g, int64_t width, const T* dcol, T* dx) {
-  const int64_t c_count = g.in_channels, count = g.batch * g.in_size() * c_count;
-  for (int64_t i = global_thread_index(); i < count; i += grid_stride()) {
-    const int64_t c = i % c_count;
-    int64_t d[3], t = i / c_count;
+__global__ void col2im_kernel(Geometry32 g, const T* dcol, T* dx) {
+  const int count = g.batch * g.in[0] * g.in[1] * g.in[2] * g.channels;
+  for (int i = int(global_thread_index()); i < count; i += int(grid_stride())) {
+    const int c = i % g.channels;
+    int d[3], t = i / g.channels;
     for (int k = 2; k >= 0; --k) d[k] = t % g.in[k], t /= g.in[k];
-    const int64_t n = t;
+    const int n = t;
     float sum = 0;
-    for (int64_t r0 = 0; r0 < g.filter[0]; ++r0) {
-      const int64_t q0 = d[0] + g.pad_lo[0] - r0 * g.dilation[0];
+    for (int r0 = 0; r0 < g.filter[0]; ++r0) {
+      const int q0 = d[0] + g.pad[0] - r0 * g.dilation[0];
       if (q0 < 0 || q0 % g.stride[0] != 0 || q0 / g.stride[0] >= g.out[0]) continue;
-      for (int64_t r1 = 0; r1 < g.filter[1]; ++r1) {
-        const int64_t q1 = d[1] + g.pad_lo[1] - r1 * g.dilation[1];
+      for (int r1 = 0; r1 < g.filter[1]; ++r1) {
+        const int q1 = d[1] + g.pad[1] - r1 * g.dilation[1];
         if (q1 < 0 || q1 % g.stride[1] != 0 || q1 / g.stride[1] >= g.out[1]) continue;
-        for (int64_t r2 = 0; r2 < g.filter[2]; ++r2) {
-          const int64_t q2 = d[2] + g.pad_lo[2] - r2 * g.dilation[2];
+        const int row01 = (n * g.out[0] + q0 / g.stride[0]) * g.out[1] + q1 / g.stride[1];
+        for (int r2 = 0; r2 < g.filter[2]; ++r2) {
+          const int q2 = d[2] + g.pad[2] - r2 * g.dilation[2];
           if (q2 < 0 || q2 % g.stride[2] != 0 || q2 / g.stride[2] >= g.out[2]) continue;
-          const int64_t row =
-              ((n * g.out[0] + q0 / g.stride[0]) * g.out[1] + q1 / g.stride[1]) * g.out[2] +
-              q2 / g.stride[2];
-          const int64_t tap = (r0 * g.filter[1] + r1) * g.filter[2] + r2;
-          sum += load_compute(dcol, row * width + tap * c_count + c);
+          const int row = row01 * g.out[2] + q2 / g.stride[2];
+          const int tap = (r0 * g.filter[1] + r1) * g.filter[2] + r2;
+          sum += load_compute(dcol, int64_t(row) * g.width + tap * g.channels + c);
         }
       }
     }
@@ -98,7 +131,7 @@ void record_im2col(Context& ctx, const ConvGeometry& g, const DeviceTensor& x,
   FUSEBOX_CHECK(col.numel() == rows * width && x.numel() == g.batch * g.in_size() * g.in_channels,
                 "im2col", "col / x extents do not match the geometry");
   ctx.encoder.launch(&im2col_kernel, dim3(launch_blocks(rows * (width / 8), kThreads)),
-                     dim3(kThreads), 0, {x.range()}, {col.range()}, g, width,
+                     dim3(kThreads), 0, {x.range()}, {col.range()}, geometry32(g, width),
                      static_cast<const uint16_t*>(x.data()), static_cast<uint16_t*>(col.data()));
 }
 
@@ -109,12 +142,13 @@ void record_col2im(Context& ctx, const ConvGeometry& g, const DeviceTensor& dcol
   FUSEBOX_CHECK(dcol.numel() == g.batch * g.out_size() * width && dx.numel() == count, "col2im",
                 "dcol / dx extents do not match the geometry");
   const dim3 grid(launch_blocks(count, kThreads)), block(kThreads);
+  const Geometry32 q = geometry32(g, width);
   if (dx.dtype == DType::bf16)
     ctx.encoder.launch(&col2im_kernel<__nv_bfloat16>, grid, block, 0, {dcol.range()}, {dx.range()},
-                       g, width, dcol.as<const __nv_bfloat16>(), dx.as<__nv_bfloat16>());
+                       q, dcol.as<const __nv_bfloat16>(), dx.as<__nv_bfloat16>());
   else
-    ctx.encoder.launch(&col2im_kernel<__half>, grid, block, 0, {dcol.range()}, {dx.range()}, g,
-                       width, dcol.as<const __half>(), dx.as<__half>());
+    ctx.encoder.launch(&col2im_kernel<__half>, grid, block, 0, {dcol.range()}, {dx.range()}, q,
+                       dcol.as<const __half>(), dx.as<__half>());
 }
 
 }  // namespace fusebox::cuda

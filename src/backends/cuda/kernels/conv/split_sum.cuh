@@ -2,11 +2,13 @@
 // depthwise/depthwise.cu, cutlass/): out[i] = the sum over splits s of partial[s * count + i],
 // rounded once into T.
 //
-// Algorithm: a block is 32 element columns x 8 split lanes. Lane l adds splits l, l + 8,
-// l + 16, ... in order, then lane 0 adds the 8 lanes' sums in lane order: a fixed order for a
-// given split count, so every run gives the same bits. Eight lanes keep eight loads in
-// flight per element: a weight gradient of a few thousand elements cut into a hundred splits
-// would otherwise be a few thousand threads each walking a hundred dependent loads.
+// Algorithm: a block of 256 threads is `lanes` split lanes x 256 / lanes element columns.
+// Lane l adds splits l, l + lanes, l + 2 lanes, ... in order, then lane 0 adds the lanes'
+// sums in lane order: a fixed order for a given split count, so every run gives the same
+// bits. lanes = the split count rounded up to a power of two, at most 8: a weight gradient of
+// a few thousand elements cut into a hundred splits keeps eight loads in flight per element
+// (else a few thousand threads would each walk a hundred dependent loads), and one of a few
+// million elements in one or two splits wastes no threads.
 #pragma once
 
 #include <algorithm>
@@ -16,24 +18,29 @@
 
 namespace fusebox::cuda {
 
-constexpr int kSplitSumColumns = 32, kSplitSumLanes = 8;
+constexpr int kSplitSumThreads = 256;
 
 template <class T>
-__global__ void __launch_bounds__(kSplitSumColumns* kSplitSumLanes)
+__global__ void __launch_bounds__(kSplitSumThreads)
     sum_splits(const compute_t<T>* partial, int64_t splits, int64_t count, T* out) {
   using C = compute_t<T>;
-  __shared__ C lane_sums[kSplitSumLanes][kSplitSumColumns];
-  for (int64_t base = int64_t(blockIdx.x) * kSplitSumColumns; base < count;
-       base += int64_t(gridDim.x) * kSplitSumColumns) {
+  __shared__ C lane_sums[kSplitSumThreads];
+  const int columns = blockDim.x, lanes = blockDim.y;
+  for (int64_t base = int64_t(blockIdx.x) * columns; base < count;
+       base += int64_t(gridDim.x) * columns) {
     const int64_t i = base + threadIdx.x;
     C s = 0;
     if (i < count)
-      for (int64_t k = threadIdx.y; k < splits; k += kSplitSumLanes) s += partial[k * count + i];
-    lane_sums[threadIdx.y][threadIdx.x] = s;
+      for (int64_t k = threadIdx.y; k < splits; k += lanes) s += partial[k * count + i];
+    if (lanes == 1) {
+      if (i < count) store_compute(out, i, s);
+      continue;
+    }
+    lane_sums[threadIdx.y * columns + threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && i < count) {
-      C total = lane_sums[0][threadIdx.x];
-      for (int l = 1; l < kSplitSumLanes; ++l) total += lane_sums[l][threadIdx.x];
+      C total = lane_sums[threadIdx.x];
+      for (int l = 1; l < lanes; ++l) total += lane_sums[l * columns + threadIdx.x];
       store_compute(out, i, total);
     }
     __syncthreads();
@@ -44,10 +51,12 @@ __global__ void __launch_bounds__(kSplitSumColumns* kSplitSumLanes)
 template <class T>
 void record_sum_splits(Context& ctx, const BufferRange& partial_range, const compute_t<T>* partial,
                        int64_t splits, int64_t count, const BufferRange& written, T* out) {
-  const int64_t blocks =
-      std::clamp<int64_t>((count + kSplitSumColumns - 1) / kSplitSumColumns, 1, int64_t(1) << 20);
-  ctx.encoder.launch(&sum_splits<T>, dim3(unsigned(blocks)), dim3(kSplitSumColumns, kSplitSumLanes),
-                     0, {partial_range}, {written}, partial, splits, count, out);
+  int lanes = 1;
+  while (lanes < 8 && lanes < splits) lanes *= 2;
+  const int columns = kSplitSumThreads / lanes;
+  const int64_t blocks = std::clamp<int64_t>((count + columns - 1) / columns, 1, 8192);
+  ctx.encoder.launch(&sum_splits<T>, dim3(unsigned(blocks)), dim3(columns, lanes), 0,
+                     {partial_range}, {written}, partial, splits, count, out);
 }
 
 }  // namespace fusebox::cuda
