@@ -237,6 +237,11 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
   } else if (p.gemm && op != ConvOp::wgrad) {
     // Persistent: waves matter little; the narrow tile when N is narrow.
     p.tile = n <= 64 ? Tile::t128x64 : Tile::t128x128;
+  } else if (op == ConvOp::wgrad && p.gemm) {
+    // Few 128x128 tiles (layer 4's 512x2048 has 64): the narrow tile doubles the CTAs, so
+    // fewer pixel chunks fill the GPU, and fewer f32 slices are written and summed.
+    p.tile =
+        m <= 64 || n <= 64 || cdiv(m, 128) * cdiv(n, 128) < sms ? Tile::t64x128 : Tile::t128x128;
   } else if (op == ConvOp::wgrad) {
     p.tile = m <= 64 || n <= 64 ? Tile::t64x128 : Tile::t128x128;
   } else {
@@ -250,13 +255,14 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     for (const DgradPhase& ph : p.phases) p.zero_fill |= ph.empty();
   }
   if (op == ConvOp::wgrad && p.gemm) {
-    // Two waves of output tiles over the chunks, each chunk at least 8 K steps, and the f32
+    // About two output tiles per SM over the chunks (the ping-pong kernel overlaps one's
+    // epilogue with the other's main loop), each chunk at least 8 K steps, and the f32
     // slices' bytes no more than the operands' (a weight gradient of few rows and many
     // channels: layer 4's 2048x512 at 7x7 would write more sums than it reads).
     const int64_t rows = g.batch * g.out_size();
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t operand_bytes = rows * (m + n) * int64_t(dtype_size(dtype));
-    int64_t chunks = cdiv(2 * sms, ctas);
+    int64_t chunks = std::max<int64_t>(1, (2 * sms + ctas / 2) / ctas);
     chunks = std::min({chunks, std::max<int64_t>(1, operand_bytes / (m * n * 4)),
                        std::max<int64_t>(1, rows / 512)});
     p.chunk_rows = std::max<int64_t>(1, cdiv(cdiv(rows, chunks), 64) * 64);
