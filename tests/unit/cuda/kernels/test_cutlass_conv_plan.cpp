@@ -129,32 +129,35 @@ TEST(CutlassConvPlan, PointwiseWgradIsABatchedGemmOverPixelChunks) {
   EXPECT_EQ(p.chunks, 262);
   EXPECT_EQ(p.partial_bytes, size_t(262) * 64 * 64 * sizeof(float));
   EXPECT_NE(p.describe().find("gemm, 262 chunks"), std::string::npos) << p.describe();
-  // Layer 4's 2048 -> 512 at 7x7: 3136 pixels against 1M weights. 64 tiles of 128x128 would
-  // leave half the SMs idle: 128 of 64x128, in 2 chunks for about two tiles per SM.
-  const cutlass_conv::Plan l4 = cutlass_conv::make_plan(
-      ConvOp::wgrad, geometry(64, 2048, 512, 7, 1, 1, 0), DType::bf16, {}, 132);
-  EXPECT_EQ(l4.tile, Tile::t64x128);
-  EXPECT_EQ(l4.chunks, 2);
+  // Layer 2's 512 -> 128 at 28x28 (50176 pixels): 4 tiles of 128x128 would leave most SMs
+  // idle: 8 of 64x128, in 33 chunks for about two tiles per SM.
+  const cutlass_conv::Plan l2 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 512, 128, 28, 1, 1, 0), DType::bf16, {}, 132);
+  EXPECT_TRUE(l2.gemm);
+  EXPECT_EQ(l2.tile, Tile::t64x128);
+  EXPECT_EQ(l2.chunks, 33);
   // Enough 128x128 tiles for every SM (2048 x 2048: 256) keep that tile.
-  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::wgrad, geometry(64, 2048, 2048, 7, 1, 1, 0),
+  EXPECT_EQ(cutlass_conv::make_plan(ConvOp::wgrad, geometry(64, 2048, 2048, 28, 1, 1, 0),
                                     DType::bf16, {}, 132)
                 .tile,
             Tile::t128x128);
-  // Chunks are whole K steps and cover the pixels, the last possibly short; one chunk for
-  // a few pixels.
-  for (int64_t n : {1, 2, 3, 7, 64})
-    for (int64_t hw : {1, 5, 14, 57}) {
-      const ConvGeometry g = geometry(n, 24, 40, hw, 1, 1, 0);
-      const cutlass_conv::Plan q = cutlass_conv::make_plan(ConvOp::wgrad, g, DType::f16, {}, 132);
-      const int64_t rows = n * hw * hw;
-      EXPECT_EQ(q.chunk_rows % 64, 0);
-      EXPECT_GE(q.chunks * q.chunk_rows, rows);
-      EXPECT_LT((q.chunks - 1) * q.chunk_rows, rows);
-      EXPECT_EQ(q.partial_bytes, size_t(q.chunks) * 40 * 24 * sizeof(float));
-      if (rows < 1024) {
-        EXPECT_EQ(q.chunks, 1);
-      }
-    }
+  // Few pixels (layer 4's 3136): the conv kernel's whole-image chunks.
+  const cutlass_conv::Plan l4 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 2048, 512, 7, 1, 1, 0), DType::bf16, {}, 132);
+  EXPECT_FALSE(l4.gemm);
+  EXPECT_GT(l4.chunk_images, 0);
+  // Chunks are whole K steps and cover the pixels, the last possibly short.
+  for (const auto [n, hw] :
+       {std::pair<int64_t, int64_t>{64, 57}, {11, 57}, {64, 23}, {3, 105}, {1, 200}, {1, 1000}}) {
+    const ConvGeometry g = geometry(n, 24, 40, hw, 1, 1, 0);
+    const cutlass_conv::Plan q = cutlass_conv::make_plan(ConvOp::wgrad, g, DType::f16, {}, 132);
+    const int64_t rows = n * hw * hw;
+    EXPECT_TRUE(q.gemm);
+    EXPECT_EQ(q.chunk_rows % 64, 0);
+    EXPECT_GE(q.chunks * q.chunk_rows, rows);
+    EXPECT_LT((q.chunks - 1) * q.chunk_rows, rows);
+    EXPECT_EQ(q.partial_bytes, size_t(q.chunks) * 40 * 24 * sizeof(float));
+  }
 }
 
 // The stride phases reproduce a strided dgrad exactly: 1-D problems (in the last dim, one

@@ -165,7 +165,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // The problems the CUTLASS path lowers before its kernels (implicit_gemm.cpp, H100/H200 only):
 // an RGB-stem-like 7x7 stride 2 through im2col (fprop with its epilogue, dgrad through
 // col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
-// chunk and as one chunk; a 1x1 stride-2 wgrad on the gathered sub-lattice.
+// chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks; a 1x1 stride-2 fprop on
+// the gathered sub-lattice.
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -186,9 +187,10 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
       {OpKind::conv_backward_data, DType::f16, 3, 8, 24, 19, 3, 2, 1, false, "im2col"},
       {OpKind::conv_backward_filter, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
       {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "im2col"},
-      {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 50, 1, 1, 0, false, "gemm, 14 chunks"},
-      {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "gemm, 1 chunk"},
-      {OpKind::conv_backward_filter, DType::bf16, 2, 64, 128, 33, 1, 2, 0, false, "gathered"},
+      {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 105, 1, 1, 0, false,
+       "gemm, 58 chunks"},
+      {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "tma-im2col"},
+      {OpKind::conv, DType::bf16, 2, 64, 128, 33, 1, 2, 0, true, "gathered"},
   };
   for (const Case& k : cases) {
     ConvConfig c;

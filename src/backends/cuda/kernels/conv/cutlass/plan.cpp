@@ -33,6 +33,8 @@ bool tile_available(ConvOp op, Tile t) {
 
 namespace {
 
+constexpr int64_t kGemmWgradRows = 32768;
+
 int64_t cdiv(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
@@ -231,7 +233,11 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
   p.epilogue = epilogue;
   const auto [m, n] = gemm_mn(op, g);
   const int64_t sms = std::max(sm_count, 1);
-  p.gemm = is_pointwise(g);
+  // A pointwise wgrad on the GEMM only when it has many pixels (layers 1-2 of ResNet-50 and
+  // an im2col'd stem: 0.36-0.54x -> 0.9-1.05x cuDNN); with few (layers 3-4, 3136-12544
+  // pixels) the conv kernel's whole-image chunks were faster on the H100 (0.56-0.91x against
+  // the GEMM's 0.42-0.61x, bench/results/2026-11-25_h100_session13.md).
+  p.gemm = is_pointwise(g) && (op != ConvOp::wgrad || g.batch * g.out_size() >= kGemmWgradRows);
   if (tile && tile_available(op, *tile)) {
     p.tile = *tile;
   } else if (p.gemm && op != ConvOp::wgrad) {

@@ -34,9 +34,10 @@ struct ConvTensors {
 // How try_cutlass hands a problem to the CUTLASS kernels.
 enum class CutlassLowering {
   direct,  // as it is
-  // A strided 1x1 fprop or wgrad without padding reads only x's sub-lattice: gathered dense
-  // (a quarter of x at stride 2), it is a pointwise problem, which runs on the persistent
-  // GEMM instead of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample fprop).
+  // A strided 1x1 fprop without padding reads only x's sub-lattice: gathered dense (a quarter
+  // of x at stride 2), it is a pointwise problem, which runs on the persistent GEMM instead
+  // of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample fprop). Not wgrad:
+  // gathered, ResNet-50's three fell from 0.65-1.1x to 0.47-0.66x (few pixels per weight).
   gather,
   // Channels that are not a multiple of 8 (an RGB stem's 3), or 8: TMA cannot move such rows,
   // or 8 channels would fill an eighth of each 64-deep K step. The patches written out as a
@@ -46,7 +47,7 @@ enum class CutlassLowering {
 
 CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g) {
   if (g.groups != 1 || cutlass_conv::is_pointwise(g)) return CutlassLowering::direct;
-  if (op != ConvOp::dgrad && g.filter_size() == 1) {
+  if (op == ConvOp::fprop && g.filter_size() == 1) {
     bool unpadded = true;
     for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
     if (unpadded) return CutlassLowering::gather;
