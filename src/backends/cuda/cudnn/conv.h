@@ -40,6 +40,7 @@
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/problem.h"
+#include "backends/cuda/runtime/plan_cache.h"
 
 namespace fusebox::cuda {
 
@@ -75,5 +76,9 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
 
 // The version string of the cudnn-frontend headers compiled in ("1.23.0").
 std::string cudnn_frontend_version();
+
+// What a disk cache of decisions about cuDNN's plans is valid for: the device's name and
+// compute capability, cuDNN's and cudnn-frontend's versions.
+PlanCacheIdentity cudnn_cache_identity(int device);
 
 }  // namespace fusebox::cuda

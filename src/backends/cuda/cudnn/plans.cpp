@@ -112,13 +112,7 @@ DiskPlanCache* disk_cache(PlanCaches& c, int device) {
   const std::filesystem::path& dir = settings().cache_dir;
   if (dir.empty()) return nullptr;
   if (!c.disk || c.disk_dir != dir) {
-    const DeviceProperties& props = Device::get(device).properties();
-    PlanCacheIdentity id;
-    id.gpu_name = props.name;
-    id.sm = props.compute_capability();
-    id.cudnn_version = int64_t(cudnnGetVersion());
-    id.frontend_version = cudnn_frontend_version();
-    c.disk = std::make_unique<DiskPlanCache>(dir / "conv", id);
+    c.disk = std::make_unique<DiskPlanCache>(dir / "conv", cudnn_cache_identity(device));
     c.disk_dir = dir;
   }
   return c.disk.get();
@@ -456,6 +450,16 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
   }
   outcome.reason = standard_reason;
   return outcome;
+}
+
+PlanCacheIdentity cudnn_cache_identity(int device) {
+  const DeviceProperties& props = Device::get(device).properties();
+  PlanCacheIdentity id;
+  id.gpu_name = props.name;
+  id.sm = props.compute_capability();
+  id.cudnn_version = int64_t(cudnnGetVersion());
+  id.frontend_version = cudnn_frontend_version();
+  return id;
 }
 
 ConvPlanStats conv_plan_stats() {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cuda/cudnn/conv.h"
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/plan_cache.h"
 #include "backends/cuda/runtime/settings.h"
@@ -39,11 +40,8 @@ DiskPlanCache* disk_cache(Selections& s, int device) {
   const std::filesystem::path& dir = settings().cache_dir;
   if (dir.empty()) return nullptr;
   if (!s.disk || s.disk_dir != dir) {
-    const DeviceProperties& props = Device::get(device).properties();
-    PlanCacheIdentity id;
-    id.gpu_name = props.name;
-    id.sm = props.compute_capability();
-    s.disk = std::make_unique<DiskPlanCache>(dir / "conv-select", id);
+    // cuDNN's identity: a decision against one cuDNN's engines is not one against another's.
+    s.disk = std::make_unique<DiskPlanCache>(dir / "conv-select", cudnn_cache_identity(device));
     s.disk_dir = dir;
   }
   return s.disk.get();
