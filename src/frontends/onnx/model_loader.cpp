@@ -32,6 +32,38 @@ namespace {
 constexpr int kMinOpset = 11;
 constexpr int kMaxOpset = 17;
 
+// Opsets before 11: a model of one imports only the ops whose import (written for opsets
+// 11-17) is exact from `since` on: their inputs, outputs and attributes have not changed
+// since then in ONNX's operator changelog (6 dropped the legacy consumed_inputs attribute;
+// 7 brought numpy broadcasting to the arithmetic ops; later versions only added types).
+// Any other op in such a model is refused by name.
+struct LegacyOp {
+  const char* op_type;
+  int since;
+};
+constexpr LegacyOp kLegacyOps[] = {
+    {"Abs", 6},           {"Neg", 6},
+    {"Floor", 6},         {"Ceil", 6},
+    {"Sqrt", 6},          {"Reciprocal", 6},
+    {"Exp", 6},           {"Log", 6},
+    {"Relu", 6},          {"Sigmoid", 6},
+    {"Tanh", 6},          {"Elu", 6},
+    {"HardSigmoid", 6},   {"Softplus", 1},
+    {"Sin", 7},           {"Cos", 7},
+    {"Add", 7},           {"Sub", 7},
+    {"Mul", 7},           {"Div", 7},
+    {"MatMul", 1},        {"Identity", 1},
+    {"Transpose", 1},     {"GlobalAveragePool", 1},
+    {"GlobalMaxPool", 1}, {"InstanceNormalization", 6},
+};
+
+// The opset from which `op_type` imports (kMinOpset unless kLegacyOps names it).
+int oldest_opset(const std::string& op_type) {
+  for (const LegacyOp& l : kLegacyOps)
+    if (op_type == l.op_type) return l.since;
+  return kMinOpset;
+}
+
 bool is_default_domain(const std::string& d) {
   return d.empty() || d == "ai.onnx";
 }
@@ -91,9 +123,9 @@ class Loader {
             "), no opset of the default domain ai.onnx");
       fail("the model imports no opset of the default domain (ai.onnx)");
     }
-    check(def->version() >= kMinOpset && def->version() <= kMaxOpset, "unsupported: opset ",
-          def->version(), " of the default domain ai.onnx (fusebox imports opsets ", kMinOpset, "-",
-          kMaxOpset, ")");
+    check(def->version() >= 1 && def->version() <= kMaxOpset, "unsupported: opset ", def->version(),
+          " of the default domain ai.onnx (fusebox imports opsets ", kMinOpset, "-", kMaxOpset,
+          ", and a few ops from older ones)");
     opset_ = int(def->version());
     if (model_.graph().sparse_initializer_size() > 0)
       fail(cat("unsupported: sparse initializers (sparse tensor '",
@@ -263,8 +295,17 @@ class Loader {
     const OpSpec* spec = find_op(node.op_type());
     check(spec != nullptr, "unsupported: ", desc, ": operator '", node.op_type(),
           "' (domain ai.onnx) is not supported");
-    check(opset_ >= spec->since_opset, desc, ": operator '", node.op_type(),
-          "' does not exist in opset ", opset_, " (it was added in opset ", spec->since_opset, ")");
+    // Before opset 11 kLegacyOps decides (the op table's since_opset counts from 11: an op
+    // it says was added in 11 may be older, in a form the importer does not read).
+    if (opset_ < kMinOpset) {
+      check(opset_ >= oldest_opset(node.op_type()), "unsupported: ", desc, ": opset ", opset_,
+            " (fusebox imports ", node.op_type(), " from opset ", oldest_opset(node.op_type()),
+            "; models before opset ", kMinOpset, " only with ops unchanged since theirs)");
+    } else {
+      check(opset_ >= spec->since_opset, desc, ": operator '", node.op_type(),
+            "' does not exist in opset ", opset_, " (it was added in opset ", spec->since_opset,
+            ")");
+    }
     const int n_in = node.input_size();
     check(n_in >= spec->min_inputs && n_in <= spec->max_inputs, desc, ": takes ", spec->min_inputs,
           spec->max_inputs == kVariadic ? std::string(" or more") : cat(" to ", spec->max_inputs),
