@@ -189,28 +189,21 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
                      p.label.c_str(), ex.what());
       }
     }
-    if (selected && selected->own) {
+    auto record_selected_own = [&] {
       d.path = "own (autotuned)";
       d.reason = selected->describe();
       d.tuned_ms = selected->own_ms;
       d.plan = record_own_candidate(ctx, n, p.op, in, out, all, settings);
       record_conv_decision(d);
-      return;
-    }
+    };
+    if (selected && selected->own) return record_selected_own();
     const CudnnConvOutcome r = cudnn_conv_record(ctx, p, t, settings, own_ms);
     if (own_ms && (r.ran || r.slower)) {
       selected = ConvSelection{r.slower, *own_ms, r.tuned_ms, own_plan, r.plan};
       store_conv_selection(p, *selected);
       std::fprintf(stderr, "fusebox: %s: %s\n", p.label.c_str(), selected->describe().c_str());
     }
-    if (r.slower) {
-      d.path = "own (autotuned)";
-      d.reason = selected->describe();
-      d.tuned_ms = *own_ms;
-      d.plan = record_own_candidate(ctx, n, p.op, in, out, all, settings);
-      record_conv_decision(d);
-      return;
-    }
+    if (r.slower) return record_selected_own();
     if (r.ran) {
       const ConvEpilogueOperands rest = remaining_epilogue(n, inputs, r.fused);
       const std::string fused_text = epilogue_text(remaining_epilogue(n, inputs, ConvFusion::none));

@@ -153,7 +153,12 @@ std::optional<double> time_own_conv(Context& ctx,
   // its own; as cuDNN's autotuning does, it reads the inputs' current bytes.
   CommandEncoder scratch(ctx.device, ctx.encoder.options(), &ctx.allocator);
   Context scratch_ctx{ctx.device, scratch, ctx.allocator};
-  plan = record(scratch_ctx);
+  try {
+    plan = record(scratch_ctx);
+  } catch (...) {
+    scratch.discard_recording();  // a half-recorded candidate must not run at destruction
+    throw;
+  }
   const RecordedGraph graph = scratch.finish_recording();
   const cudaStream_t stream = scratch.stream();
   cudaEvent_t start = nullptr, stop = nullptr;
