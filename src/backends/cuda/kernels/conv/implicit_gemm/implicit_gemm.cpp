@@ -52,7 +52,7 @@ CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g) {
     for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
     if (unpadded) return CutlassLowering::gather;
   }
-  // The patch matrix within 2^31 elements and 2 GiB.
+  // The patch matrix under 2^30 elements (2 GiB of 16-bit values).
   const int64_t col = g.batch * g.out_size() * im2col_width(g);
   if ((g.in_channels % 8 != 0 || g.in_channels < 16) && col < (int64_t(1) << 30))
     return CutlassLowering::im2col;
