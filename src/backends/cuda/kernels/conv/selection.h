@@ -39,8 +39,8 @@ void store_conv_selection(const ConvProblem& p, const ConvSelection& s);
 void clear_conv_selections();
 
 // Times `record` (which records our kernel for the node on the context it is given and
-// returns its plan) as a replayed graph: the mean of enough replays for ~2 ms, after one
-// warm-up. nullopt when the encoder launches directly (FUSEBOX_CUDA_GRAPHS=0: there is no
+// returns its plan) as a replayed graph of 8 calls: the mean of enough replays for ~2 ms,
+// after one warm-up, per call. nullopt when the encoder launches directly (FUSEBOX_CUDA_GRAPHS=0: there is no
 // graph to replay). `plan` receives the description.
 std::optional<double> time_own_conv(Context& ctx,
                                     const std::function<std::string(Context&)>& record,
