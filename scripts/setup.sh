@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git unzip
           libgtest-dev libgmock-dev libbenchmark-dev
           libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-          libcli11-dev zlib1g-dev clang-format python3-pip)
+          libcli11-dev zlib1g-dev clang-format python3-pip python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -71,4 +71,21 @@ if [ ! -f "$CUTLASS_DIR/include/cutlass/util/packed_stride.hpp" ]; then
   mv "$CUTLASS_DIR.partial" "$CUTLASS_DIR"
 fi
 ln -sfn "cutlass-$CUTLASS_VERSION" .deps/cutlass
-echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION headers in .deps/)"
+
+# onnxruntime (CPU), onnx and numpy for the cross-check of the CPU backend
+# (tests/onnxruntime/crosscheck.py), pinned, from PyPI, in a virtual environment .venv (not
+# under .deps/: 300 MB that the GPU runs need not carry).
+ORT_VERSION=1.20.1 ONNX_PY_VERSION=1.17.0 NUMPY_VERSION=1.26.4
+VENV=.venv-ort-$ORT_VERSION
+if ! "$VENV/bin/python" -c "import onnxruntime, onnx, numpy" 2>/dev/null; then
+  echo "setup: installing onnxruntime $ORT_VERSION, onnx $ONNX_PY_VERSION, numpy $NUMPY_VERSION into $VENV"
+  rm -rf "$VENV.partial"
+  /usr/bin/python3 -m venv "$VENV.partial"
+  "$VENV.partial/bin/python" -m pip install -q --disable-pip-version-check --only-binary=:all: \
+    "onnxruntime==$ORT_VERSION" "onnx==$ONNX_PY_VERSION" "numpy==$NUMPY_VERSION"
+  rm -rf "$VENV"
+  mv "$VENV.partial" "$VENV"
+fi
+ln -sfn "$VENV" .venv
+echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION headers in .deps/;" \
+  "onnxruntime $ORT_VERSION in .venv)"
