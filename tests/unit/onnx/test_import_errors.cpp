@@ -198,11 +198,16 @@ TEST(OnnxImportErrors, AttributeLengthMismatch) {
 }
 
 TEST(OnnxImportErrors, OpsetOutOfRange) {
-  for (int64_t opset : {0, 18}) {
+  // y = op(x) in a model of `opset`.
+  auto one_node = [](int64_t opset, const char* op) {
     TestModel m(opset);
     m.input("x", TensorProto::FLOAT, {2});
-    m.node("Relu", {"x"}, {"y"});
+    m.node(op, {"x"}, {"y"});
     m.output("y");
+    return m;
+  };
+  for (int64_t opset : {0, 18}) {
+    const TestModel m = one_node(opset, "Relu");
     try {
       import(m);
       FAIL() << "opset " << opset << " imported";
@@ -214,28 +219,13 @@ TEST(OnnxImportErrors, OpsetOutOfRange) {
   }
   // Before opset 11 only the ops unchanged since the model's opset: Relu (since 6) imports
   // from opset 9; Pad (its pads an attribute before 11) is refused by name, and Relu at 5.
-  TestModel old(9);
-  old.input("x", TensorProto::FLOAT, {2});
-  old.node("Relu", {"x"}, {"y"});
-  old.output("y");
-  EXPECT_NO_THROW(import(old));
-  TestModel pad(10);
-  pad.input("x", TensorProto::FLOAT, {2});
-  pad.node("Pad", {"x"}, {"y"});
-  pad.output("y");
-  EXPECT_TRUE(throws_error_with([&] { import(pad); },
+  EXPECT_NO_THROW(import(one_node(9, "Relu")));
+  EXPECT_TRUE(throws_error_with([&] { import(one_node(10, "Pad")); },
                                 {"unsupported: ", "(Pad)", "opset 10", "from opset 11"}));
-  TestModel older(5);
-  older.input("x", TensorProto::FLOAT, {2});
-  older.node("Relu", {"x"}, {"y"});
-  older.output("y");
-  EXPECT_TRUE(throws_error_with([&] { import(older); },
+  EXPECT_TRUE(throws_error_with([&] { import(one_node(5, "Relu")); },
                                 {"unsupported: ", "(Relu)", "opset 5", "from opset 6"}));
-  TestModel none;
+  TestModel none = one_node(17, "Relu");
   none.proto().clear_opset_import();
-  none.input("x", TensorProto::FLOAT, {2});
-  none.node("Relu", {"x"}, {"y"});
-  none.output("y");
   EXPECT_TRUE(throws_error_with([&] { import(none); }, {"no opset of the default domain"}));
   onnx::OperatorSetIdProto* other = none.proto().add_opset_import();
   other->set_domain("ai.onnx.preview.training");
