@@ -44,8 +44,6 @@ struct LegacyOp {
 constexpr LegacyOp kLegacyOps[] = {
     {"Abs", 6},
     {"Neg", 6},
-    {"Floor", 6},
-    {"Ceil", 6},
     {"Sqrt", 6},
     {"Reciprocal", 6},
     {"Exp", 6},
