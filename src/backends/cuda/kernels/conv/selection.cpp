@@ -1,6 +1,6 @@
 // The cuDNN / own selection's cache and our kernels' timing (selection.h).
 //
-// Disk payload (inside DiskPlanCache's checked file): five text lines,
+// Disk payload (inside DiskPlanCache's checked file): six text lines,
 //   "fusebox-conv-select 1", "own" or "cudnn", our time in ms, cuDNN's time in ms (-1: none),
 //   our plan, cuDNN's engine.
 #include "backends/cuda/kernels/conv/selection.h"
@@ -94,16 +94,15 @@ std::string encode(const ConvSelection& s) {
 }  // namespace
 
 std::string ConvSelection::describe() const {
-  char text[160];
-  if (cudnn_ms < 0) {
-    std::snprintf(text, sizeof text, "autotuned: own %.4f ms; cuDNN had no plan that ran", own_ms);
-    return text;
-  }
-  std::snprintf(text, sizeof text, "autotuned: %s %.4f ms (%s) %s %s %.4f ms (%s)",
-                own ? "own" : "cuDNN", own ? own_ms : cudnn_ms,
-                (own ? own_plan : cudnn_plan).c_str(), own ? "<" : "<=", own ? "cuDNN" : "own",
-                own ? cudnn_ms : own_ms, (own ? cudnn_plan : own_plan).c_str());
-  return text;
+  auto ms = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4f ms", v);
+    return std::string(text);
+  };
+  if (cudnn_ms < 0) return cat("autotuned: own ", ms(own_ms), "; cuDNN had no plan that ran");
+  const std::string mine = cat("own ", ms(own_ms), " (", own_plan, ")");
+  const std::string theirs = cat("cuDNN ", ms(cudnn_ms), " (", cudnn_plan, ")");
+  return own ? cat("autotuned: ", mine, " < ", theirs) : cat("autotuned: ", theirs, " <= ", mine);
 }
 
 std::optional<ConvSelection> find_conv_selection(const ConvProblem& p) {
