@@ -24,6 +24,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The header-only GPU libraries come from pinned PyPI wheels: fetch_wheel SPEC [PIP_ARGS...]
+# downloads one (no dependencies) into a fresh folder under $wheels and prints its path.
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
+fetch_wheel() {
+  local spec=$1 dir
+  shift
+  dir=$(mktemp -d -p "$wheels")
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir" "$@" "$spec" >&2 || return 1
+  ls "$dir"/*.whl
+}
+
 # cudnn-frontend C++ headers: taken (headers only) from the pinned PyPI wheel,
 # whose top-level include/ folder holds them. 1.23.0 is the version probed
 # against cuDNN 9.19 on the H100 (shared/research/cudnn_frontend.md).
@@ -31,12 +43,8 @@ CUDNN_FE_VERSION=1.23.0
 FE_DIR=.deps/cudnn_frontend-$CUDNN_FE_VERSION
 if [ ! -f "$FE_DIR/include/cudnn_frontend.h" ]; then
   echo "setup: fetching cudnn-frontend $CUDNN_FE_VERSION headers"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$tmp" "nvidia-cudnn-frontend==$CUDNN_FE_VERSION"
-  wheel=$(ls "$tmp"/nvidia_cudnn_frontend-*.whl | head -n 1)
+  wheel=$(fetch_wheel "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" --python-version 3.11 \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64)
   rm -rf "$FE_DIR.partial"
   mkdir -p "$FE_DIR.partial"
   unzip -q "$wheel" 'include/*' -d "$FE_DIR.partial"
@@ -54,17 +62,14 @@ CUTLASS_VERSION=4.2.0.0
 CUTLASS_DIR=.deps/cutlass-$CUTLASS_VERSION
 if [ ! -f "$CUTLASS_DIR/include/cutlass/util/packed_stride.hpp" ]; then
   echo "setup: fetching CUTLASS $CUTLASS_VERSION headers"
-  tmp_cutlass=$(mktemp -d)
-  trap 'rm -rf "${tmp:-}" "$tmp_cutlass"' EXIT
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp_cutlass" \
-    "nvidia-cutlass==$CUTLASS_VERSION"
-  wheel=$(ls "$tmp_cutlass"/nvidia_cutlass-*.whl | head -n 1)
+  wheel=$(fetch_wheel "nvidia-cutlass==$CUTLASS_VERSION")
+  source_dir=$(dirname "$wheel")/x/cutlass_library/source
   unzip -q "$wheel" 'cutlass_library/source/include/*' \
-    'cutlass_library/source/tools/util/include/cutlass/util/*' -d "$tmp_cutlass/x"
+    'cutlass_library/source/tools/util/include/cutlass/util/*' -d "$(dirname "$wheel")/x"
   rm -rf "$CUTLASS_DIR.partial"
   mkdir -p "$CUTLASS_DIR.partial"
-  mv "$tmp_cutlass/x/cutlass_library/source/include" "$CUTLASS_DIR.partial/include"
-  mv "$tmp_cutlass/x/cutlass_library/source/tools/util/include/cutlass/util" \
+  mv "$source_dir/include" "$CUTLASS_DIR.partial/include"
+  mv "$source_dir/tools/util/include/cutlass/util" \
     "$CUTLASS_DIR.partial/include/cutlass/util"
   test -f "$CUTLASS_DIR.partial/include/cute/tensor.hpp"
   rm -rf "$CUTLASS_DIR"
