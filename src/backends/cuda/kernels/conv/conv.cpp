@@ -5,7 +5,8 @@
 // (kernels/conv/problem.h) goes to cuDNN unless cudnn_cannot_implement names a reason (f64, ...),
 // and the project's kernels run when cuDNN has no plan, a plan fails to build or to run.
 // Depthwise problems (groups == C == K) under own go to kernels/conv/depthwise/ first
-// (memory-bound ops where an implicit GEMM's K would be a few taps). Under autotuning
+// (memory-bound ops where an implicit GEMM's K would be a few taps), and there by default
+// too where depthwise_beats_cudnn names them measured faster than cuDNN. Under autotuning
 // (FUSEBOX_AUTOTUNE, backend unset), our kernel and cuDNN's engines are timed, and the
 // faster runs (kernels/conv/selection.h: the decision is cached in memory and on disk).
 // The project's kernels: the implicit GEMM (kernels/conv/implicit_gemm/, tensor cores, the
@@ -130,18 +131,26 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   d.node = p.label;
   d.op = conv_op_name(p.op);
   d.problem = p.describe();
-  // Depthwise problems under FUSEBOX_CONV_BACKEND=own: the project's NHWC kernels. Not yet
-  // by default: on the H100 cuDNN is still faster for every depthwise shape measured
-  // (bench/results/2026-11-25_h100_issue14.md).
-  if (settings.backend == ConvBackend::own && !depthwise_cannot_implement(n, p.op, in, out[0])) {
+  // Depthwise problems: the project's NHWC kernels under FUSEBOX_CONV_BACKEND=own, and by
+  // default (no autotuning) where depthwise_beats_cudnn names them measured faster than
+  // cuDNN. Under autotuning both are timed below.
+  const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
+  const bool own_backend = settings.backend == ConvBackend::own;
+  if (own_backend && !depthwise_cannot_implement(n, p.op, in, out[0])) {
     d.path = "own (depthwise)";
     d.reason = "FUSEBOX_CONV_BACKEND=own";
-    d.plan = run_depthwise(ctx, n, p.op, in, out, remaining_epilogue(n, inputs, ConvFusion::none));
+  } else if (settings.backend == ConvBackend::automatic && !settings.autotune &&
+             depthwise_beats_cudnn(n, p.op, in, out[0], all)) {
+    d.path = "own (depthwise)";
+    d.reason = "measured faster than cuDNN for this kind of problem (depthwise_beats_cudnn)";
+  }
+  if (!d.path.empty()) {
+    d.plan = run_depthwise(ctx, n, p.op, in, out, all);
     record_conv_decision(d);
     return;
   }
   std::optional<std::string> why;
-  if (settings.backend == ConvBackend::own) {
+  if (own_backend) {
     why = "FUSEBOX_CONV_BACKEND=own";
   } else {
     why = cudnn_cannot_implement(p);
@@ -150,8 +159,7 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
                                ": ", *why));
     }
   }
-  // Our kernel's whole epilogue (the implicit GEMM and depthwise kernels fuse it).
-  const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
+  // `all`: our kernel's whole epilogue (the implicit GEMM and depthwise kernels fuse it).
   if (!why) {
     ConvOperands t;
     const DeviceTensor* bias = inputs.size() > 2 ? inputs[2] : nullptr;

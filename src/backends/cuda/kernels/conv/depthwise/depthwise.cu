@@ -11,13 +11,18 @@
 //          over its split of the N*O pixels for every r2 of the row into f32 partials
 //          [split][tap][C]; a second kernel adds the splits in order (deterministic).
 // The filter is read as [taps][C] (a transposed copy of the [C, 1, R...] tensor: a few KiB).
+// Filters 3, 5 or 7 wide with stride 1 or 2 and no dilation along the last dim take the rows
+// kernels instead (rows.cuh: each input vector loaded once per run, not once per tap); these
+// generic kernels keep every other shape (and strided dgrad).
 #include "backends/cuda/kernels/conv/depthwise/depthwise.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "backends/common/activation.h"
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/conv/depthwise/rows.cuh"
 #include "backends/cuda/kernels/conv/operand_layout.h"
 #include "backends/cuda/kernels/conv/split_sum.cuh"
 
@@ -238,6 +243,93 @@ DeviceTensor filter_taps_view(const DeviceTensor& w) {
   return w.view(w.offset, shape, strides);
 }
 
+// The rows kernels' (filter width, stride) along the last dim, or {0, 0} where they do not
+// apply: filters 3, 5 or 7 wide, stride 1 or 2 and no dilation there; dgrad stride 1 on
+// every dim (a strided dgrad skips taps per phase: the generic kernel).
+std::pair<int, int> rows_kernel_shape(const ConvGeometry& g, ConvOp op) {
+  const int64_t kw = g.filter[2], s = g.stride[2];
+  if ((kw != 3 && kw != 5 && kw != 7) || g.dilation[2] != 1 || (s != 1 && s != 2)) return {0, 0};
+  if (op == ConvOp::dgrad && (g.stride[0] != 1 || g.stride[1] != 1 || s != 1)) return {0, 0};
+  return {int(kw), int(s)};
+}
+
+// f(integral_constant KW, integral_constant S) for a shape rows_kernel_shape returned.
+template <class F>
+void with_rows_kernel(std::pair<int, int> shape, F&& f) {
+  auto stride = [&](auto kw) {
+    if (shape.second == 1)
+      f(kw, std::integral_constant<int, 1>{});
+    else
+      f(kw, std::integral_constant<int, 2>{});
+  };
+  if (shape.first == 3)
+    stride(std::integral_constant<int, 3>{});
+  else if (shape.first == 5)
+    stride(std::integral_constant<int, 5>{});
+  else
+    stride(std::integral_constant<int, 7>{});
+}
+
+// The rows kernels' loop: fprop and wgrad read x and write / read dy as the node has them;
+// dgrad runs fprop's loop over dy into dx with stride 1, the filter flipped and pad
+// p' = (R - 1) * d - p (rows.cuh). `run`: outputs per thread along the last dim.
+DwRowsParams rows_params(const ConvGeometry& g, ConvOp op, int vec_width, int run) {
+  DwRowsParams p;
+  const bool dgrad = op == ConvOp::dgrad;
+  p.channels = int32_t(g.in_channels);
+  for (int d = 0; d < 3; ++d) {
+    p.src[d] = int32_t(dgrad ? g.out[d] : g.in[d]);
+    p.dst[d] = int32_t(dgrad ? g.in[d] : g.out[d]);
+    p.filter[d] = int32_t(g.filter[d]);
+    p.stride[d] = int32_t(g.stride[d]);
+    p.dilation[d] = int32_t(g.dilation[d]);
+    p.pad[d] = int32_t(dgrad ? (g.filter[d] - 1) * g.dilation[d] - g.pad_lo[d] : g.pad_lo[d]);
+  }
+  p.vectors = FastDivmod(p.channels / vec_width);
+  p.runs = FastDivmod((p.dst[2] + run - 1) / run);
+  p.dst0 = FastDivmod(p.dst[0]);
+  p.dst1 = FastDivmod(p.dst[1]);
+  // fprop / dgrad: groups of row_block consecutive rows (a divisor of the rows from 8 down to
+  // 4 where there is one: no idle threads), so a block's tap rows overlap in L1.
+  p.row_block = std::min<int32_t>(8, p.dst[1]);
+  for (int b = 8; b >= 4; --b)
+    if (p.dst[1] % b == 0) {
+      p.row_block = b;
+      break;
+    }
+  p.row_in_block = FastDivmod(p.row_block);
+  p.row_blocks = FastDivmod((p.dst[1] + p.row_block - 1) / p.row_block);
+  return p;
+}
+
+// fprop / dgrad: one thread per (channel vector, row, run); nullopt past 2^31 threads.
+std::optional<int32_t> rows_fprop_threads(const DwRowsParams& p, int64_t batch) {
+  const int64_t threads =
+      batch * p.dst[0] * p.row_blocks.divisor * p.row_block * p.runs.divisor * p.vectors.divisor;
+  if (threads >= (int64_t(1) << 31)) return std::nullopt;
+  return int32_t(threads);
+}
+
+// wgrad: one thread per (channel vector, filter row, split of the output runs); the splits
+// fill the GPU about once (a second wave would only add partial sums to add).
+void plan_rows_wgrad(DwRowsParams& p, int64_t batch, int sm_count) {
+  const int64_t items = batch * p.dst[0] * p.dst[1] * p.runs.divisor;
+  const int64_t jobs = int64_t(p.filter[0]) * p.filter[1] * p.vectors.divisor;
+  const int64_t wanted = std::clamp<int64_t>((int64_t(sm_count) * 512 + jobs - 1) / jobs, 1,
+                                             std::max<int64_t>(1, items));
+  const int64_t per_split = std::max<int64_t>(1, (items + wanted - 1) / wanted);
+  const int64_t splits = std::max<int64_t>(1, (items + per_split - 1) / per_split);
+  p.items = int32_t(items);
+  p.items_per_split = int32_t(per_split);
+  p.jobs = FastDivmod(int32_t(jobs));
+  p.filter1 = FastDivmod(p.filter[1]);
+  p.threads = int32_t(jobs * splits);
+}
+
+int64_t rows_wgrad_splits(const DwRowsParams& p) {
+  return p.threads / p.jobs.divisor;
+}
+
 }  // namespace
 
 std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, Inputs in,
@@ -263,6 +355,17 @@ std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, 
   const int64_t largest = std::max(g.batch * g.in_size(), g.batch * g.out_size()) * g.in_channels;
   if (largest >= (int64_t(1) << 31)) return std::string("a tensor of 2^31 elements or more");
   return std::nullopt;
+}
+
+bool depthwise_beats_cudnn(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out,
+                           const ConvEpilogueOperands& e) {
+  if (depthwise_cannot_implement(n, op, in, out)) return false;
+  const ConvGeometry g = conv_geometry_of(n, op, in, out);
+  const std::pair<int, int> rows = rows_kernel_shape(g, op);
+  if (rows.first == 0) return false;
+  if (op == ConvOp::dgrad) return true;  // rows_kernel_shape: stride 1 on every dim
+  return op == ConvOp::fprop && rows.first == 7 && rows.second == 1 && !e.activation &&
+         e.residual == nullptr;
 }
 
 std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
@@ -299,21 +402,40 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
         FUSEBOX_CHECK(aligned16(&xs) && aligned16(&dys), node_label(n),
                       "depthwise: operands not 16-byte aligned");
         const int vectors = p.channels / kVecWidth<T>;
-        const int rows = p.filter[0] * p.filter[1];
-        const int64_t pixels = g.batch * g.out_size();
-        const unsigned blocks_x = unsigned((int64_t(rows) * vectors + kThreads - 1) / kThreads);
-        // Splits: about four waves of 256-thread blocks, at least 64 pixels each.
-        const int64_t target = std::max<int64_t>(1, 4 * 132 * 4 / std::max<unsigned>(1, blocks_x));
-        const int64_t wanted = std::clamp<int64_t>(target, 1, std::max<int64_t>(1, pixels / 64));
-        const int64_t per_split = std::max<int64_t>(1, (pixels + wanted - 1) / wanted);
-        // None of them empty (an empty batch: one split of zeros).
-        const int64_t splits = std::max<int64_t>(1, (pixels + per_split - 1) / per_split);
         const int64_t count = taps * p.channels;
-        DeviceTensor partial = temporary_tensor(ctx, DType::f32, {splits * count});
         DeviceTensor summed = temporary_tensor(ctx, dtype, {taps, int64_t(p.channels)});
-        ctx.encoder.launch(&depthwise_wgrad<T>, dim3(blocks_x, unsigned(splits)), dim3(kThreads), 0,
-                           {xs.range(), dys.range()}, {partial.range()}, p, xs.as<const T>(),
-                           dys.as<const T>(), per_split, partial.as<float>());
+        DeviceTensor partial;
+        int64_t splits = 1;
+        if (const auto rows = rows_kernel_shape(g, op); rows.first != 0) {
+          with_rows_kernel(rows, [&](auto kw, auto s) {
+            constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
+            DwRowsParams rp = rows_params(g, op, kVecWidth<T>, kDepthwiseWgradRun<KW, S>);
+            plan_rows_wgrad(rp, g.batch, ctx.device.properties().sm_count);
+            splits = rows_wgrad_splits(rp);
+            partial = temporary_tensor(ctx, DType::f32, {splits * count});
+            ctx.encoder.launch(&depthwise_rows_wgrad<T, KW, S>,
+                               dim3(unsigned((rp.threads + kThreads - 1) / kThreads)),
+                               dim3(kThreads), 0, {xs.range(), dys.range()}, {partial.range()}, rp,
+                               xs.as<const T>(), dys.as<const T>(), partial.as<float>());
+          });
+          plan += ", rows";
+        } else {
+          const int rows_of_filter = p.filter[0] * p.filter[1];
+          const int64_t pixels = g.batch * g.out_size();
+          const unsigned blocks_x =
+              unsigned((int64_t(rows_of_filter) * vectors + kThreads - 1) / kThreads);
+          // Splits: about four waves of 256-thread blocks, at least 64 pixels each.
+          const int64_t target =
+              std::max<int64_t>(1, 4 * 132 * 4 / std::max<unsigned>(1, blocks_x));
+          const int64_t wanted = std::clamp<int64_t>(target, 1, std::max<int64_t>(1, pixels / 64));
+          const int64_t per_split = std::max<int64_t>(1, (pixels + wanted - 1) / wanted);
+          // None of them empty (an empty batch: one split of zeros).
+          splits = std::max<int64_t>(1, (pixels + per_split - 1) / per_split);
+          partial = temporary_tensor(ctx, DType::f32, {splits * count});
+          ctx.encoder.launch(&depthwise_wgrad<T>, dim3(blocks_x, unsigned(splits)), dim3(kThreads),
+                             0, {xs.range(), dys.range()}, {partial.range()}, p, xs.as<const T>(),
+                             dys.as<const T>(), per_split, partial.as<float>());
+        }
         record_sum_splits<T>(ctx, partial.range(), partial.as<const float>(), splits, count,
                              summed.range(), summed.as<T>());
         // [taps][C] into dw's own layout.
@@ -348,12 +470,37 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
       const int64_t last = op == ConvOp::fprop ? gg.out[2] : gg.in[2];
       const int64_t work =
           written.numel() / kVecWidth<T> / std::max<int64_t>(1, last) * ((last + kRun - 1) / kRun);
-      if (op == ConvOp::fprop) {
+      bool launched = false;
+      if (const auto rows = rows_kernel_shape(g, op); rows.first != 0) {
+        with_rows_kernel(rows, [&](auto kw, auto s) {
+          constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
+          DwRowsParams rp = rows_params(g, op, kVecWidth<T>, kDepthwiseFpropRun);
+          const std::optional<int32_t> threads = rows_fprop_threads(rp, g.batch);
+          if (!threads) return;
+          rp.threads = *threads;
+          // dgrad's epilogue is the bias alone.
+          const bool fused =
+              op == ConvOp::fprop && (residual || p.activation.kind != ActivationFn::none);
+          if (fused) rp.activation = p.activation, rp.residual_activation = p.residual_activation;
+          auto kernel = fused ? &depthwise_rows_fprop<T, KW, S, DwRowsMode::fprop_fused>
+                              : &depthwise_rows_fprop<T, KW, S, DwRowsMode::fprop>;
+          if constexpr (S == 1)  // rows_kernel_shape: a dgrad's stride is 1
+            if (op == ConvOp::dgrad) kernel = &depthwise_rows_fprop<T, KW, S, DwRowsMode::dgrad>;
+          ctx.encoder.launch(kernel, dim3(unsigned((rp.threads + kThreads - 1) / kThreads)),
+                             dim3(kThreads), 0, reads, {written.range()}, rp, src.as<const T>(),
+                             wt.as<const T>(), bias ? bias->as<const T>() : nullptr,
+                             fused && residual ? residual->as<const T>() : nullptr,
+                             written.as<T>());
+          launched = true;
+          plan += ", rows";
+        });
+      }
+      if (!launched && op == ConvOp::fprop) {
         ctx.encoder.launch(&depthwise_fprop<T>, dim3(launch_blocks(work, kThreads)), dim3(kThreads),
                            0, reads, {written.range()}, p, src.as<const T>(), wt.as<const T>(),
                            bias ? bias->as<const T>() : nullptr,
                            residual ? residual->as<const T>() : nullptr, written.as<T>());
-      } else {
+      } else if (!launched) {
         ctx.encoder.launch(&depthwise_dgrad<T>, dim3(launch_blocks(work, kThreads)), dim3(kThreads),
                            0, reads, {written.range()}, p, src.as<const T>(), wt.as<const T>(),
                            bias ? bias->as<const T>() : nullptr, written.as<T>());

@@ -3,7 +3,8 @@
 // GEMM whose K would be the filter's few taps. fprop, dgrad and wgrad for 1 to 3 spatial dims,
 // stride, dilation, asymmetric pads; f32, f16, bf16 (f32 accumulation); C a multiple of the
 // vector width (8 for 16-bit types, 4 for f32). kernels/conv/conv.cpp runs them for
-// depthwise problems unless FUSEBOX_CONV_BACKEND=cudnn.
+// depthwise problems under FUSEBOX_CONV_BACKEND=own, where depthwise_beats_cudnn says so, and
+// where autotuning timed them faster.
 //
 //   if (auto why = depthwise_cannot_implement(n, op, in, out)) ... another path
 //   std::string plan = run_depthwise(ctx, n, op, in, out, epilogue);
@@ -22,6 +23,14 @@ namespace fusebox::cuda {
 // past 2^31 elements.
 std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, Inputs in,
                                                       const DeviceTensor& out);
+
+// Whether the depthwise kernels run this problem without autotuning, ahead of cuDNN: where
+// their rows kernels were measured faster than cuDNN's best engine on every shape
+// (bench/results/2026-11-25_h100_session14.md): dgrad at stride 1 (1.5-2.6x), and fprop
+// with a 7-wide filter at stride 1 and no fused activation or residual (1.0-1.2x). Elsewhere cuDNN
+// was faster or not measured: cuDNN runs (autotuning still times both).
+bool depthwise_beats_cudnn(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out,
+                           const ConvEpilogueOperands& e);
 
 // Records the convolution with the whole epilogue `e` (fprop: bias, activation, residual,
 // residual activation; dgrad: bias); operands not dense channels-last are copied first.
