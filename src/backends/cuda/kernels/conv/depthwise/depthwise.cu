@@ -248,6 +248,8 @@ DeviceTensor filter_taps_view(const DeviceTensor& w) {
 // every dim (a strided dgrad skips taps per phase: the generic kernel).
 std::pair<int, int> rows_kernel_shape(const ConvGeometry& g, ConvOp op) {
   const int64_t kw = g.filter[2], s = g.stride[2];
+  for (int d = 0; d < 3; ++d)  // their coordinate divisors must not be 0
+    if (g.in[d] < 1 || g.out[d] < 1) return {0, 0};
   if ((kw != 3 && kw != 5 && kw != 7) || g.dilation[2] != 1 || (s != 1 && s != 2)) return {0, 0};
   if (op == ConvOp::dgrad && (g.stride[0] != 1 || g.stride[1] != 1 || s != 1)) return {0, 0};
   return {int(kw), int(s)};
@@ -359,6 +361,7 @@ std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, 
 
 bool depthwise_beats_cudnn(const Node& n, ConvOp op, Inputs in, const DeviceTensor& out,
                            const ConvEpilogueOperands& e) {
+  if (out.dtype != DType::bf16 && out.dtype != DType::f16) return false;  // f32: not measured
   if (depthwise_cannot_implement(n, op, in, out)) return false;
   const ConvGeometry g = conv_geometry_of(n, op, in, out);
   const std::pair<int, int> rows = rows_kernel_shape(g, op);
