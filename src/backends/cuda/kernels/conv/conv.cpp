@@ -132,15 +132,15 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, DirectEntry d
   d.op = conv_op_name(p.op);
   d.problem = p.describe();
   // Depthwise problems: the project's NHWC kernels under FUSEBOX_CONV_BACKEND=own, and by
-  // default (no autotuning) where depthwise_beats_cudnn names them measured faster than
-  // cuDNN. Under autotuning both are timed below.
+  // default (no autotuning, no forced cuDNN plan) where depthwise_beats_cudnn names them
+  // measured faster than cuDNN. Under autotuning both are timed below.
   const ConvEpilogueOperands all = remaining_epilogue(n, inputs, ConvFusion::none);
   const bool own_backend = settings.backend == ConvBackend::own;
   if (own_backend && !depthwise_cannot_implement(n, p.op, in, out[0])) {
     d.path = "own (depthwise)";
     d.reason = "FUSEBOX_CONV_BACKEND=own";
   } else if (settings.backend == ConvBackend::automatic && !settings.autotune &&
-             depthwise_beats_cudnn(n, p.op, in, out[0], all)) {
+             p.forced_plan_index < 0 && depthwise_beats_cudnn(n, p.op, in, out[0], all)) {
     d.path = "own (depthwise)";
     d.reason = "measured faster than cuDNN for this kind of problem (depthwise_beats_cudnn)";
   }
