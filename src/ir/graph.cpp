@@ -276,6 +276,9 @@ std::string attr_str(const Attrs& attrs) {
           return cat("axes=", ints(a.axes), " keepdims=", a.keepdims);
         else if constexpr (std::is_same_v<A, SoftmaxAttrs>)
           return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, ArgReduceAttrs>)
+          return cat("axis=", a.axis, " keepdims=", a.keepdims,
+                     a.select_last_index ? " select_last_index=1" : "");
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
           return cat("scale=", a.scale, " causal=", a.causal, a.with_lse ? " with_lse=1" : "");
         else if constexpr (std::is_same_v<A, PoolAttrs>)

@@ -16,18 +16,19 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 34> kAttrsNames = {
+constexpr std::array<const char*, 35> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
     "FlattenAttrs", "TransposeAttrs", "ConcatAttrs", "SliceAttrs", "PadAttrs", "AxesAttrs",
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
-    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs"};
+    "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
+    "ArgReduceAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<AttentionAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<ArgReduceAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -231,6 +232,9 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_gemm(c);
       FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return infer_reduce(c);
+    case OpKind::arg_max:
+    case OpKind::arg_min:
+      return infer_arg_reduce(c);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return infer_softmax(c);

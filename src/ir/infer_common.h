@@ -103,6 +103,7 @@ Types infer_binary(Context& c);
 Types infer_matmul(Context& c);
 Types infer_gemm(Context& c);
 Types infer_reduce(Context& c);
+Types infer_arg_reduce(Context& c);
 Types infer_softmax(Context& c);
 Types infer_attention(Context& c);
 Types infer_attention_backward(Context& c);

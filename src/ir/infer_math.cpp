@@ -131,6 +131,26 @@ Types infer_reduce(Context& c) {
   return {{c.dtype(0), y}};
 }
 
+// arg_max / arg_min: i64 indices along one axis (normalised to non-negative), which must
+// not be empty; the axis stays as 1 with keepdims.
+Types infer_arg_reduce(Context& c) {
+  ArgReduceAttrs& a = c.attrs<ArgReduceAttrs>();
+  c.expect_numeric(0);
+  c.check(c.rank(0) >= 1, c.op_name(), " of a scalar ", c.shaped(0));
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  const Shape& x = c.shape(0);
+  c.check(x[size_t(a.axis)] > 0, c.op_name(), " over axis ", a.axis, " of ", c.shaped(0),
+          ", which is empty");
+  Shape y;
+  for (int64_t d = 0; d < c.rank(0); ++d) {
+    if (d != a.axis)
+      y.push_back(x[size_t(d)]);
+    else if (a.keepdims)
+      y.push_back(1);
+  }
+  return {{DType::i64, y}};
+}
+
 // softmax / log_softmax over one axis, normalised to non-negative.
 Types infer_softmax(Context& c) {
   SoftmaxAttrs& a = c.attrs<SoftmaxAttrs>();

@@ -83,6 +83,10 @@ Grads vjp(VjpArgs& a) {
       return pass_through(a);
     case OpKind::constant:
       return {};
+    // An index has no gradient (OpInfo::differentiable is false).
+    case OpKind::arg_max:
+    case OpKind::arg_min:
+      a.no_gradient(cat(op_name(a.node.op), " has no gradient rule (its output is an index)"));
     // Not differentiable (OpInfo::differentiable; tests/unit/ops checks that they agree).
     case OpKind::conv_backward_filter:
       FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_CASE)

@@ -117,6 +117,8 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::max:
     case OpKind::min:
     case OpKind::reduce_max:  // exact in any dtype
+    case OpKind::arg_max:     // compares only
+    case OpKind::arg_min:
     case OpKind::max_pool:
     case OpKind::avg_pool:
     case OpKind::global_avg_pool:  // adaptive_avg_pool2d: on no list

@@ -18,21 +18,22 @@
 namespace fusebox {
 
 enum class OpFamily : uint8_t {
-  conv,       // conv and its two backward ops (transposed conv is conv_backward_data)
-  norm,       // batch_norm, layer_norm, rms_norm
-  unary,      // elementwise, one input (FUSEBOX_UNARY_POINTWISE_OPS)
-  binary,     // elementwise, two numpy-broadcast inputs (FUSEBOX_BINARY_POINTWISE_OPS)
-  matmul,     // matmul, gemm
-  reduce,     // FUSEBOX_REDUCE_OPS
-  softmax,    // softmax, log_softmax
-  pool,       // max_pool, avg_pool, global_avg_pool
-  shape,      // data movement: reshape .. expand, cast and identity
-  constant,   // constant
-  loss,       // cross_entropy
-  backward,   // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
-  optimizer,  // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
-  pointwise,  // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
-  attention,  // attention: softmax(scale q k^T) v, fused (passes/fusion.h fuse_attention)
+  conv,        // conv and its two backward ops (transposed conv is conv_backward_data)
+  norm,        // batch_norm, layer_norm, rms_norm
+  unary,       // elementwise, one input (FUSEBOX_UNARY_POINTWISE_OPS)
+  binary,      // elementwise, two numpy-broadcast inputs (FUSEBOX_BINARY_POINTWISE_OPS)
+  matmul,      // matmul, gemm
+  reduce,      // FUSEBOX_REDUCE_OPS
+  softmax,     // softmax, log_softmax
+  pool,        // max_pool, avg_pool, global_avg_pool
+  shape,       // data movement: reshape .. expand, cast and identity
+  constant,    // constant
+  loss,        // cross_entropy
+  backward,    // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
+  optimizer,   // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
+  pointwise,   // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
+  attention,   // attention: softmax(scale q k^T) v, fused (passes/fusion.h fuse_attention)
+  arg_reduce,  // arg_max, arg_min: i64 indices along one axis
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -220,6 +221,12 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kX, .attrs = attrs_index<ReduceAttrs>(), .attrs_defaultable = true},
     {FUSEBOX_OP_ROW(reduce_max), .family = OpFamily::reduce, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<ReduceAttrs>(), .attrs_defaultable = true},
+    {FUSEBOX_OP_ROW(arg_max), .family = OpFamily::arg_reduce, .min_inputs = 1, .max_inputs = 1,
+     .roles = op_roles::kX, .attrs = attrs_index<ArgReduceAttrs>(), .attrs_defaultable = true,
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(arg_min), .family = OpFamily::arg_reduce, .min_inputs = 1, .max_inputs = 1,
+     .roles = op_roles::kX, .attrs = attrs_index<ArgReduceAttrs>(), .attrs_defaultable = true,
+     .differentiable = false},
     // ---- softmax
     {FUSEBOX_OP_ROW(softmax), .family = OpFamily::softmax, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<SoftmaxAttrs>(), .attrs_defaultable = true},

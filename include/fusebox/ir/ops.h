@@ -17,25 +17,26 @@
 
 namespace fusebox {
 
-#define FUSEBOX_OP_KINDS(X)                                                                       \
-  X(conv)                                                                                         \
-  X(conv_backward_data)                                                                           \
-  X(conv_backward_filter)                                                                         \
-  X(batch_norm) X(layer_norm) X(rms_norm) X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(     \
-      tanh) X(exp) X(log) X(sqrt) X(rsqrt) X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos)       \
-      X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(matmul) X(gemm) X(reduce_sum) X( \
-          reduce_mean) X(reduce_max) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)            \
-          X(global_avg_pool) X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(      \
-              squeeze) X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                     \
-              X(cross_entropy) /* backward ops (autodiff emits them; see "backward ops" below) */ \
-      X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)          \
-          X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
-              X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)               \
-                  X(avg_pool_backward) X(slice_backward)                                          \
-                      X(pad_backward) /* optimizer updates and f16 loss scaling */                \
-      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                         \
-          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */          \
-      X(attention)           /* fused attention (passes/fusion.h fuse_attention) */               \
+#define FUSEBOX_OP_KINDS(X)                                                                        \
+  X(conv)                                                                                          \
+  X(conv_backward_data)                                                                            \
+  X(conv_backward_filter)                                                                          \
+  X(batch_norm)                                                                                    \
+  X(layer_norm) X(rms_norm) X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(     \
+      log) X(sqrt) X(rsqrt) X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) \
+      X(mul) X(div) X(max) X(min) X(pow) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean) X(         \
+          reduce_max) X(arg_max) X(arg_min) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)      \
+          X(global_avg_pool) X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(       \
+              squeeze) X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                      \
+              X(cross_entropy) /* backward ops (autodiff emits them; see "backward ops" below) */  \
+      X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)           \
+          X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                         \
+              X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
+                  X(avg_pool_backward) X(slice_backward)                                           \
+                      X(pad_backward) /* optimizer updates and f16 loss scaling */                 \
+      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                          \
+          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */           \
+      X(attention)           /* fused attention (passes/fusion.h fuse_attention) */                \
       X(attention_backward)
 
 enum class OpKind : uint8_t {
@@ -197,6 +198,14 @@ struct GemmAttrs {
 struct ReduceAttrs {
   std::vector<int64_t> axes;
   bool keepdims = true;
+};
+// arg_max / arg_min: the index (i64) of the largest / smallest element along `axis` (ONNX
+// ArgMax / ArgMin, opset 13): the first such index, or the last with select_last_index; a NaN
+// counts as the largest and the smallest (as NumPy's argmax / argmin). Not differentiable.
+struct ArgReduceAttrs {
+  int64_t axis = 0;
+  bool keepdims = true;
+  bool select_last_index = false;
 };
 // softmax / log_softmax over one axis (ONNX opset 13 semantics).
 struct SoftmaxAttrs {
@@ -448,6 +457,6 @@ using Attrs =
                  ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
-                 LossScaleAttrs, PointwiseProgram, AttentionAttrs>;
+                 LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs>;
 
 }  // namespace fusebox

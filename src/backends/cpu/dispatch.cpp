@@ -32,6 +32,9 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return gemm(n, inputs, outputs);
       FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(n, inputs, outputs);
+    case OpKind::arg_max:
+    case OpKind::arg_min:
+      return arg_reduce(n, inputs, outputs);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return softmax(n, inputs, outputs);

@@ -1,5 +1,5 @@
-// Reductions: reduce_sum / reduce_mean / reduce_max, softmax / log_softmax and
-// cross_entropy.
+// Reductions: reduce_sum / reduce_mean / reduce_max, arg_max / arg_min, softmax /
+// log_softmax and cross_entropy.
 //
 // Float sums accumulate in f64; a max propagates NaN. Softmax rows are computed
 // in f64 and stable (the row max is subtracted before exp), then rounded once.
@@ -162,6 +162,48 @@ void reduce(const Node& n, Inputs in, Outputs out) {
   reduced.simplify();
   visit_dtype(x.dtype(),
               [&](auto tag) { reduce_typed<decltype(tag)>(n, x, out[0], kept, reduced); });
+}
+
+// arg_max / arg_min: x viewed as rows [outer, len, inner] around the axis; each row's first
+// (select_last_index: last) position of its largest / smallest element, a NaN counting as
+// both (the first NaN wins, or the last). Compared in the compute type (integers exactly).
+void arg_reduce(const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<ArgReduceAttrs>(n.attrs);
+  const Tensor& x = *in[0];
+  const RowView v = rows_around(x.shape(), a.axis);
+  const bool is_max = n.op == OpKind::arg_max;
+  int64_t* py = out[0].data<int64_t>();
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    auto is_nan = [](C c) {
+      if constexpr (std::is_floating_point_v<C>)
+        return std::isnan(c);
+      else
+        return false;
+    };
+    // Whether `c` replaces the current best `b`.
+    auto better = [&](C c, C b) {
+      if (is_nan(b)) return a.select_last_index && is_nan(c);
+      if (is_nan(c)) return true;
+      if (c == b) return a.select_last_index;
+      return is_max ? c > b : c < b;
+    };
+    const T* px = x.data<T>();
+    parallel_for(v.outer * v.inner, std::max<int64_t>(1, kGrain / std::max<int64_t>(v.len, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t r = begin; r < end; ++r) {
+                     const int64_t base = (r / v.inner) * v.len * v.inner + r % v.inner;
+                     int64_t best = 0;
+                     C b = to_compute(px[base]);
+                     for (int64_t j = 1; j < v.len; ++j) {
+                       const C c = to_compute(px[base + j * v.inner]);
+                       if (better(c, b)) best = j, b = c;
+                     }
+                     py[r] = best;
+                   }
+                 });
+  });
 }
 
 void softmax(const Node& n, Inputs in, Outputs out) {

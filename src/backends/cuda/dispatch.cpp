@@ -27,6 +27,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::gemm: return gemm(ctx, n, in, out);
     FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(ctx, n, in, out);
+    case OpKind::arg_max: case OpKind::arg_min: return arg_reduce(ctx, n, in, out);
     case OpKind::softmax: case OpKind::log_softmax: return softmax(ctx, n, in, out);
     case OpKind::max_pool: return max_pool(ctx, n, in, out);
     case OpKind::avg_pool: return avg_pool(ctx, n, in, out);

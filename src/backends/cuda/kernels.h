@@ -38,7 +38,8 @@ void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out);
 void attention(Context& ctx, const Node& n, Inputs in, Outputs out);
 void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
-void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
+void arg_reduce(Context& ctx, const Node& n, Inputs in, Outputs out);  // arg_max, arg_min
+void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);     // softmax, log_softmax
 void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);
 void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out);
 void transpose(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -363,6 +363,15 @@ void Exporter::export_node(const Node& n) {
       set_int(p, "keepdims", a.keepdims);
       return;
     }
+    case OpKind::arg_max:
+    case OpKind::arg_min: {
+      const auto& a = std::get<ArgReduceAttrs>(n.attrs);
+      NodeProto* p = add(n.op == OpKind::arg_max ? "ArgMax" : "ArgMin", n.name, ins(n), outs(n));
+      set_int(p, "axis", a.axis);
+      set_int(p, "keepdims", a.keepdims);
+      set_int(p, "select_last_index", a.select_last_index);
+      return;
+    }
     case OpKind::softmax:
     case OpKind::log_softmax: {
       NodeProto* p =

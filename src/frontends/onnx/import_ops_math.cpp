@@ -222,6 +222,18 @@ void import_reduce_log_sum_exp(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::add, {}, {log, m}));
 }
 
+// ---- arg_max / arg_min ----
+// ArgMax / ArgMin: axis (default 0, negative from the end), keepdims (default 1),
+// select_last_index (opset 12, default 0); an i64 output.
+template <OpKind K>
+void import_arg_reduce(NodeContext& c) {
+  ArgReduceAttrs a;
+  a.axis = c.attrs().get_int("axis", 0);
+  a.keepdims = c.attrs().get_int("keepdims", 1) != 0;
+  a.select_last_index = c.attrs().get_int("select_last_index", 0) != 0;
+  c.set_output(0, c.emit1(K, a, {c.input(0)}));
+}
+
 // ---- softmax ----
 // Opset 13+: along one axis (default -1). Before: the input is coerced to 2-D at
 // `axis` (default 1) and normalised along the second dim: flatten, softmax over
@@ -284,6 +296,8 @@ const OpSpec kOps[] = {
     {"ReduceL2", 1, 1, 1, 1, import_reduce_l2},
     {"ReduceLogSum", 1, 1, 1, 1, import_reduce_log_sum},
     {"ReduceLogSumExp", 1, 1, 1, 1, import_reduce_log_sum_exp},
+    {"ArgMax", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_max>},
+    {"ArgMin", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_min>},
     {"Softmax", 1, 1, 1, 1, import_softmax<OpKind::softmax>},
     {"LogSoftmax", 1, 1, 1, 1, import_softmax<OpKind::log_softmax>},
 };

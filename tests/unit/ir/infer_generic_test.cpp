@@ -75,6 +75,9 @@ std::optional<Sample> sample(OpKind op) {
     case OpKind::reduce_mean:
     case OpKind::reduce_max:
       return Sample{ReduceAttrs{{1}, true}, {x23}};
+    case OpKind::arg_max:
+    case OpKind::arg_min:
+      return Sample{ArgReduceAttrs{.axis = -1, .keepdims = false}, {x23}};
     case OpKind::softmax:
     case OpKind::log_softmax:
       return Sample{SoftmaxAttrs{}, {x23}};
@@ -177,6 +180,8 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::clip,
                                        OpKind::gemm,
                                        OpKind::reduce_sum,
+                                       OpKind::arg_max,
+                                       OpKind::arg_min,
                                        OpKind::reduce_mean,
                                        OpKind::reduce_max,
                                        OpKind::softmax,

@@ -112,6 +112,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return pointwise_program_text(a);
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
           return cat(a.scale, " ", a.causal, " ", a.with_lse);
+        else if constexpr (std::is_same_v<A, ArgReduceAttrs>)
+          return cat(a.axis, " ", a.keepdims, " ", a.select_last_index);
       },
       attrs);
 }

@@ -89,6 +89,10 @@ std::optional<Example> tiny_example(OpKind op) {
     case OpKind::reduce_mean:
     case OpKind::reduce_max:
       return Example{ReduceAttrs{{1}, true}, {uniform({2, 3})}};
+    case OpKind::arg_max:
+    case OpKind::arg_min:
+      return Example{ArgReduceAttrs{.axis = 1, .select_last_index = op == OpKind::arg_min},
+                     {uniform({2, 3, 4})}};
     case OpKind::softmax:
     case OpKind::log_softmax:
       return Example{SoftmaxAttrs{}, {uniform({2, 3})}};
