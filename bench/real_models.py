@@ -10,7 +10,8 @@ Per model: random weights (weights=None: no download; parameters torchvision ini
 zero, e.g. ViT's head, drawn N(0, 0.02^2) so the logits are not trivially 0), eval mode, an
 input U(-1, 1) of the
 model's usual size; PyTorch computes the reference in f32 with TF32 off on --device; the
-export is fed the same input (`--input input=x.npy`). Status: `match` (relative L2 error of the
+export is fed the same input (`--input input=x.npy`). DECODERS: a GPT-2-style decoder written
+as Hugging Face's GPT-2 (HfStyleDecoder), fed random token ids of its sequence length. Status: `match` (relative L2 error of the
 logits <= 1e-3, the issue's bar), `mismatch`, `import` (fusebox refused or failed the model:
 the first line of its error), `run` (fusebox failed after import), `export` (PyTorch could not
 export it). Prints a table and a summary; --json writes the rows.
@@ -34,7 +35,8 @@ CLASSIFIERS = [
     ("squeezenet1_0", 224), ("googlenet", 224), ("inception_v3", 299), ("mobilenet_v2", 224),
     ("mobilenet_v3_small", 224), ("mnasnet0_5", 224), ("shufflenet_v2_x1_0", 224),
     ("efficientnet_b0", 224), ("efficientnet_v2_s", 384), ("regnet_y_400mf", 224),
-    ("convnext_tiny", 224), ("vit_b_16", 224), ("swin_t", 224), ("maxvit_t", 224),
+    ("convnext_tiny", 224), ("vit_b_16", 224), ("swin_t", 224), ("swin_v2_t", 256),
+    ("maxvit_t", 224),
 ]
 SEGMENTATION = [
     ("fcn_resnet50", 224), ("deeplabv3_mobilenet_v3_large", 224),
@@ -59,6 +61,8 @@ class Logits(torch.nn.Module):
 
 
 def build(name):
+    if name == "hf_style_gpt2":
+        return HfStyleDecoder()
     if any(name == n for n, _ in SEGMENTATION):
         kwargs = {"weights": None, "weights_backbone": None}
         if name != "lraspp_mobilenet_v3_large":
@@ -69,6 +73,55 @@ def build(name):
         kwargs["aux_logits"] = False
         kwargs["init_weights"] = True
     return Logits(torchvision.models.__dict__[name](**kwargs))
+
+
+class HfStyleDecoder(torch.nn.Module):
+    """A GPT-2-style decoder written as Hugging Face's GPT2Model (eager attention): token and
+    position embeddings, pre-norm blocks with fused qkv projection, the causal mask applied by
+    torch.where with a boolean tril buffer and finfo.min, gelu_new (the tanh form), a tied
+    lm_head. Its export holds what a transformer's does: Gather of token ids at run time,
+    Where on run-time scores, Shape -> Slice of the mask buffer, Range for the positions."""
+
+    def __init__(self, vocab=1000, n_pos=128, d=128, heads=4, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.wte = torch.nn.Embedding(vocab, d)
+        self.wpe = torch.nn.Embedding(n_pos, d)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(torch.nn.ModuleDict({
+                "ln_1": torch.nn.LayerNorm(d), "c_attn": torch.nn.Linear(d, 3 * d),
+                "c_proj": torch.nn.Linear(d, d), "ln_2": torch.nn.LayerNorm(d),
+                "c_fc": torch.nn.Linear(d, 4 * d), "mlp_proj": torch.nn.Linear(4 * d, d)}))
+        self.ln_f = torch.nn.LayerNorm(d)
+        self.register_buffer("bias", torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool))
+                             .view(1, 1, n_pos, n_pos), persistent=False)
+
+    @staticmethod
+    def gelu_new(x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def attention(self, blk, h):
+        b, t, d = h.shape
+        q, k, v = blk["c_attn"](h).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        w = torch.matmul(q, k.transpose(-1, -2)) / torch.full([], v.size(-1) ** 0.5)
+        mask = self.bias[:, :, :t, :t]
+        w = torch.where(mask, w, torch.tensor(torch.finfo(w.dtype).min, device=w.device))
+        o = torch.matmul(torch.softmax(w, dim=-1), v)
+        return blk["c_proj"](o.transpose(1, 2).contiguous().view(b, t, d))
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        h = self.wte(ids) + self.wpe(pos)
+        for blk in self.blocks:
+            h = h + self.attention(blk, blk["ln_1"](h))
+            h = h + blk["mlp_proj"](self.gelu_new(blk["c_fc"](blk["ln_2"](h))))
+        return torch.matmul(self.ln_f(h), self.wte.weight.t())  # tied lm_head
+
+
+# name, sequence length: models fed token ids (i64) instead of images.
+DECODERS = [("hf_style_gpt2", 64)]
 
 
 def first_line(text):
@@ -87,7 +140,11 @@ def run_one(name, size, args, work):
             if p.abs().max() == 0:
                 p.normal_(0.0, 0.02)
     model = model.to(args.device)
-    x = torch.rand(args.batch, 3, size, size, device=args.device) * 2 - 1
+    if any(name == n for n, _ in DECODERS):  # size: the sequence length
+        row["input"] = [args.batch, size]
+        x = torch.randint(0, model.wte.num_embeddings, (args.batch, size), device=args.device)
+    else:
+        x = torch.rand(args.batch, 3, size, size, device=args.device) * 2 - 1
     with torch.no_grad():
         want = model(x).float().cpu().numpy()
     path = work / f"{name}.onnx"
@@ -133,7 +190,7 @@ def main():
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    table = CLASSIFIERS + SEGMENTATION
+    table = CLASSIFIERS + SEGMENTATION + DECODERS
     if args.models:
         wanted = args.models.split(",")
         unknown = set(wanted) - {n for n, _ in table}

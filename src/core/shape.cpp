@@ -65,15 +65,27 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
+std::string position_str(int64_t i, const Shape& shape) {
+  Shape coord(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    coord[d] = shape[d] > 0 ? i % shape[d] : 0;
+    i = shape[d] > 0 ? i / shape[d] : 0;
+  }
+  return shape_str(coord);
+}
+
 bool broadcast_shapes(const Shape& a, const Shape& b, Shape* out) {
   size_t r = std::max(a.size(), b.size());
   Shape o(r);
   for (size_t i = 0; i < r; ++i) {
     int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
     int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
-    if (da == db || db == 1) o[i] = da;
-    else if (da == 1) o[i] = db;
-    else return false;
+    if (da == db || db == 1)
+      o[i] = da;
+    else if (da == 1)
+      o[i] = db;
+    else
+      return false;
   }
   *out = std::move(o);
   return true;

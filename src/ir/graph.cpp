@@ -317,6 +317,10 @@ std::string attr_str(const Attrs& attrs) {
                      a.ignore_index ? cat(" ignore_index=", *a.ignore_index) : std::string());
         else if constexpr (std::is_same_v<A, ExpandAttrs>)
           return cat("shape=", ints(a.shape));
+        else if constexpr (std::is_same_v<A, GatherAttrs>)
+          return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
+          return cat(attr_str(a.gather), " data_shape=", ints(a.data_shape));
         else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>) {
           std::string s = cat("op=", op_name(a.op));
           if (a.op == OpKind::leaky_relu) s += cat(" alpha=", a.alpha);

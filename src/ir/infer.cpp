@@ -16,7 +16,7 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 35> kAttrsNames = {
+constexpr std::array<const char*, 37> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
@@ -24,11 +24,11 @@ constexpr std::array<const char*, 35> kAttrsNames = {
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
     "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
-    "ArgReduceAttrs"};
+    "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<ArgReduceAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<GatherBackwardAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -226,6 +226,10 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_unary(c);
       FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return infer_binary(c);
+      FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
+      return infer_logic(c);
+    case OpKind::where:
+      return infer_where(c);
     case OpKind::matmul:
       return infer_matmul(c);
     case OpKind::gemm:
@@ -273,6 +277,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_cross_entropy(c);
     case OpKind::expand:
       return infer_expand(c);
+    case OpKind::gather:
+      return infer_gather(c);
     case OpKind::unary_backward:
       return infer_unary_backward(c);
     case OpKind::binary_backward:
@@ -296,6 +302,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_slice_backward(c);
     case OpKind::pad_backward:
       return infer_pad_backward(c);
+    case OpKind::gather_backward:
+      return infer_gather_backward(c);
     case OpKind::sgd_update:
     case OpKind::adamw_update:
       return infer_optimizer(c);

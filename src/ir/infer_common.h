@@ -100,6 +100,8 @@ Types infer_global_avg_pool(Context& c);
 // infer_math.cpp
 Types infer_unary(Context& c);
 Types infer_binary(Context& c);
+Types infer_logic(Context& c);  // FUSEBOX_LOGIC_OPS
+Types infer_where(Context& c);
 Types infer_matmul(Context& c);
 Types infer_gemm(Context& c);
 Types infer_reduce(Context& c);
@@ -126,6 +128,7 @@ Types infer_cast(Context& c);
 Types infer_constant(Context& c);
 Types infer_identity(Context& c);
 Types infer_expand(Context& c);
+Types infer_gather(Context& c);
 
 // infer_backward.cpp: the backward ops, each checked against its forward op; optimizer
 // updates.
@@ -139,6 +142,7 @@ Types infer_reduce_max_backward(Context& c);
 Types infer_pool_backward(Context& c);  // max_pool_backward, avg_pool_backward
 Types infer_slice_backward(Context& c);
 Types infer_pad_backward(Context& c);
+Types infer_gather_backward(Context& c);
 Types infer_optimizer(Context& c);  // sgd_update, adamw_update
 Types infer_nonfinite_any(Context& c);
 Types infer_loss_scale_update(Context& c);

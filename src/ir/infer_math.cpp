@@ -52,6 +52,38 @@ Types infer_binary(Context& c) {
   return {{c.dtype(0), out}};
 }
 
+// The comparisons and logic ops (ops.h): numpy broadcasting, a bool result. Comparisons
+// take one numeric dtype for both operands (equal also bool); the logic ops bools.
+Types infer_logic(Context& c) {
+  const bool logic = c.op() == OpKind::logical_not || c.op() == OpKind::logical_and ||
+                     c.op() == OpKind::logical_or || c.op() == OpKind::logical_xor;
+  for (int i = 0; i < c.count(); ++i) {
+    if (logic)
+      c.check(c.dtype(i) == DType::boolean, c.input(i), " must be bool, got ",
+              dtype_name(c.dtype(i)));
+    else if (c.op() != OpKind::equal || c.dtype(i) != DType::boolean)
+      c.expect_numeric(i);
+  }
+  if (c.count() == 1) return {{DType::boolean, c.shape(0)}};
+  c.expect_same_dtype(1, 0);
+  Shape out;
+  c.check(broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ", c.shaped(1),
+          " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
+  return {{DType::boolean, out}};
+}
+
+// where: condition (bool), a, b (one dtype, any) broadcast together -> a's dtype.
+Types infer_where(Context& c) {
+  c.check(c.dtype(0) == DType::boolean, c.input(0), " must be bool, got ", dtype_name(c.dtype(0)));
+  c.expect_same_dtype(2, 1);
+  Shape ab, out;
+  c.check(broadcast_shapes(c.shape(1), c.shape(2), &ab), c.shaped(1), " and ", c.shaped(2),
+          " do not broadcast", broadcast_clash(c.shape(1), c.shape(2)));
+  c.check(broadcast_shapes(c.shape(0), ab, &out), c.shaped(0), " does not broadcast with ",
+          shape_str(ab), broadcast_clash(c.shape(0), ab));
+  return {{c.dtype(1), out}};
+}
+
 // matmul (numpy): a [..., M, K] @ b [..., K, N] -> [..., M, N]; a 1-D a is [1, K] and
 // a 1-D b is [K, 1], with the added dim removed from the result; batch dims broadcast.
 Types infer_matmul(Context& c) {

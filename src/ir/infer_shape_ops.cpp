@@ -251,4 +251,19 @@ Types infer_identity(Context& c) {
   return {c.type(0)};
 }
 
+// gather: data [.., extent, ..] (any dtype, rank >= 1), indices (i64 or i32, any rank)
+// -> data's shape with dim `axis` replaced by the indices' shape; the axis normalised.
+Types infer_gather(Context& c) {
+  GatherAttrs& a = c.attrs<GatherAttrs>();
+  c.check(c.rank(0) >= 1, "gather from a scalar ", c.shaped(0));
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  c.check(c.dtype(1) == DType::i64 || c.dtype(1) == DType::i32, c.input(1),
+          " must be i64 or i32, got ", dtype_name(c.dtype(1)));
+  const Shape& data = c.shape(0);
+  Shape y(data.begin(), data.begin() + a.axis);
+  y.insert(y.end(), c.shape(1).begin(), c.shape(1).end());
+  y.insert(y.end(), data.begin() + a.axis + 1, data.end());
+  return {{c.dtype(0), y}};
+}
+
 }  // namespace fusebox::infer

@@ -79,14 +79,20 @@ Grads vjp(VjpArgs& a) {
       return vjp_cast(a);
     case OpKind::expand:
       return vjp_expand(a);
+    case OpKind::gather:
+      return vjp_gather(a);
     case OpKind::identity:
       return pass_through(a);
     case OpKind::constant:
       return {};
-    // An index has no gradient (OpInfo::differentiable is false).
+    // Indices and bools have no gradient (OpInfo::differentiable is false); autodiff never
+    // asks, since only float values are on a path to the loss.
     case OpKind::arg_max:
     case OpKind::arg_min:
-      a.no_gradient(cat(op_name(a.node.op), " has no gradient rule (its output is an index)"));
+      FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
+      a.no_gradient(cat(op_name(a.node.op), " has no gradient rule (its output is not float)"));
+    case OpKind::where:
+      return vjp_where(a);
     // Not differentiable (OpInfo::differentiable; tests/unit/ops checks that they agree).
     case OpKind::conv_backward_filter:
       FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_CASE)

@@ -119,6 +119,8 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::reduce_max:  // exact in any dtype
     case OpKind::arg_max:     // compares only
     case OpKind::arg_min:
+      FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
+    case OpKind::where:
     case OpKind::max_pool:
     case OpKind::avg_pool:
     case OpKind::global_avg_pool:  // adaptive_avg_pool2d: on no list
@@ -132,6 +134,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::unsqueeze:
     case OpKind::identity:
     case OpKind::expand:
+    case OpKind::gather:    // moves data; the indices are integers
     case OpKind::cast:      // its target dtype is explicit
     case OpKind::constant:  // no inputs; its readers cast it (folded: see Rewriter::cast)
       return AutocastRule::follow;

@@ -72,6 +72,20 @@ Grads vjp_binary(VjpArgs& a) {
   return out;
 }
 
+// where: a's gradient is dy where the condition holds, else 0; b's the rest; each summed
+// back to its operand's shape. The condition (bool) has none.
+Grads vjp_where(VjpArgs& a) {
+  Emitter& e = a.e;
+  const ValueId dy = a.dy[0], cond = a.input(0);
+  const ValueId zero = e.scalar(e.dtype(dy), 0.0);
+  Grads out(3, kNoValue);
+  if (a.needs_input(1))
+    out[1] = e.sum_to_shape(e.op1(OpKind::where, {}, {cond, dy, zero}, "da"), e.shape(a.input(1)));
+  if (a.needs_input(2))
+    out[2] = e.sum_to_shape(e.op1(OpKind::where, {}, {cond, zero, dy}, "db"), e.shape(a.input(2)));
+  return out;
+}
+
 // matmul (numpy): with 1-D operands promoted (a [K] -> [1, K], b [K] -> [K, 1]) and dy
 // reshaped to match, da = dy @ b^T and db = a^T @ dy over the last two dims; each is
 // then summed over the batch dims that broadcasting stretched and reshaped back.

@@ -43,6 +43,16 @@ Grads vjp_slice(VjpArgs& a) {
   return {a.e.op1(OpKind::slice_backward, s, {a.dy[0]}, "dx")};
 }
 
+// gather: ddata adds dy back where each index read; the indices (integers) get none.
+Grads vjp_gather(VjpArgs& a) {
+  Grads out(2, kNoValue);
+  if (a.needs_input(0)) {
+    GatherBackwardAttrs g{std::get<GatherAttrs>(a.node.attrs), a.e.shape(a.input(0))};
+    out[0] = a.e.op1(OpKind::gather_backward, g, {a.dy[0], a.input(1)}, "ddata");
+  }
+  return out;
+}
+
 // pad: constant mode copies x into the interior, so dx is dy cropped by the same pads
 // (a pad by the negated pads: what was padded is cropped and what was cropped comes
 // back as zeros). reflect and edge also copy x's elements into the border, which

@@ -9,9 +9,11 @@ namespace fusebox {
 
 using Shape = std::vector<int64_t>;
 
-int64_t numel(const Shape& s);                  // 1 for a scalar (rank 0)
-Shape contiguous_strides(const Shape& s);       // row-major, in elements
-std::string shape_str(const Shape& s);          // "[2, 3, 4]"
+int64_t numel(const Shape& s);             // 1 for a scalar (rank 0)
+Shape contiguous_strides(const Shape& s);  // row-major, in elements
+std::string shape_str(const Shape& s);     // "[2, 3, 4]"
+// The position of flat (row-major) index i in `shape`, as "[1, 0, 2]" (for messages).
+std::string position_str(int64_t i, const Shape& shape);
 
 // The physical order of a tensor's elements. Logical dims stay N, C, spatial... (as ONNX and
 // PyTorch); channels_last stores them N, spatial..., C (NLC, NHWC, NDHWC) for rank >= 3 and

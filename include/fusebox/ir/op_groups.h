@@ -26,11 +26,18 @@
   X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)      \
   X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
   X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                   \
-  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(attention_backward)
+  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward)  \
+  X(attention_backward)
 // clang-format on
 
 // Elementwise, two inputs broadcast as numpy.
 #define FUSEBOX_BINARY_POINTWISE_OPS(X) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)
+
+// Comparisons and logic: bool results, numpy-broadcast operands (ops.h).
+#define FUSEBOX_LOGIC_OPS(X)                                                                    \
+  X(equal)                                                                                      \
+  X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) X(logical_or) \
+      X(logical_xor)
 
 #define FUSEBOX_REDUCE_OPS(X) X(reduce_sum) X(reduce_mean) X(reduce_max)
 
@@ -42,7 +49,8 @@ namespace fusebox {
 constexpr bool is_reshape_family(OpKind op) {
   switch (op) {
     FUSEBOX_RESHAPE_OPS(FUSEBOX_OP_CASE) return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 }  // namespace fusebox
@@ -61,6 +69,7 @@ constexpr bool is_family(OpFamily family, std::initializer_list<OpKind> ops) {
 #define FUSEBOX_OP_LIST_ITEM(name) ::fusebox::OpKind::name,
 static_assert(is_family(OpFamily::unary, {FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_LIST_ITEM)}));
 static_assert(is_family(OpFamily::binary, {FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_LIST_ITEM)}));
+static_assert(is_family(OpFamily::logic, {FUSEBOX_LOGIC_OPS(FUSEBOX_OP_LIST_ITEM)}));
 static_assert(is_family(OpFamily::reduce, {FUSEBOX_REDUCE_OPS(FUSEBOX_OP_LIST_ITEM)}));
 static_assert(is_family(OpFamily::backward, {FUSEBOX_BACKWARD_OPS(FUSEBOX_OP_LIST_ITEM)}));
 #undef FUSEBOX_OP_LIST_ITEM

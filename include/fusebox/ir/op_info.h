@@ -26,7 +26,7 @@ enum class OpFamily : uint8_t {
   reduce,      // FUSEBOX_REDUCE_OPS
   softmax,     // softmax, log_softmax
   pool,        // max_pool, avg_pool, global_avg_pool
-  shape,       // data movement: reshape .. expand, cast and identity
+  shape,       // data movement: reshape .. expand, gather, cast and identity
   constant,    // constant
   loss,        // cross_entropy
   backward,    // emitted by autodiff (FUSEBOX_BACKWARD_OPS)
@@ -34,6 +34,8 @@ enum class OpFamily : uint8_t {
   pointwise,   // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
   attention,   // attention: softmax(scale q k^T) v, fused (passes/fusion.h fuse_attention)
   arg_reduce,  // arg_max, arg_min: i64 indices along one axis
+  logic,       // comparisons and logic ops: bool results (FUSEBOX_LOGIC_OPS)
+  select,      // where: condition ? a : b
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -89,10 +91,13 @@ inline constexpr const char* kLayerNorm[] = {"x", "scale", "bias"};
 inline constexpr const char* kRmsNorm[] = {"x", "scale"};
 inline constexpr const char* kBinary[] = {"a", "b"};
 inline constexpr const char* kPow[] = {"base", "exponent"};
+inline constexpr const char* kWhere[] = {"condition", "a", "b"};
 inline constexpr const char* kGemm[] = {"a", "b", "c"};
 inline constexpr const char* kCrossEntropy[] = {"logits", "labels", "weight"};
 inline constexpr const char* kDyX[] = {"dy", "x"};
 inline constexpr const char* kDy[] = {"dy"};
+inline constexpr const char* kGather[] = {"data", "indices"};
+inline constexpr const char* kGatherBackward[] = {"dy", "indices"};
 inline constexpr const char* kDyY[] = {"dy", "y"};
 inline constexpr const char* kAttention[] = {"q", "k", "v"};
 inline constexpr const char* kAttentionBackward[] = {"dy", "q", "k", "v", "y", "lse"};
@@ -209,6 +214,36 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(pow), .family = OpFamily::binary, .min_inputs = 2, .max_inputs = 2,
      .roles = op_roles::kPow, .layout = LayoutRole::elementwise, .cuda_strided_inputs = true,
      .onnx_type = "Pow"},
+    // ---- comparisons, logic, where
+    {FUSEBOX_OP_ROW(equal), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "Equal",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(less), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "Less",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(greater), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "Greater",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(less_equal), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "LessOrEqual",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(greater_equal), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "GreaterOrEqual",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(logical_not), .family = OpFamily::logic, .min_inputs = 1, .max_inputs = 1,
+     .roles = op_roles::kX, .cuda_strided_inputs = true, .onnx_type = "Not",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(logical_and), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "And",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(logical_or), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "Or",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(logical_xor), .family = OpFamily::logic, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kBinary, .cuda_strided_inputs = true, .onnx_type = "Xor",
+     .differentiable = false},
+    {FUSEBOX_OP_ROW(where), .family = OpFamily::select, .min_inputs = 3, .max_inputs = 3,
+     .roles = op_roles::kWhere, .cuda_strided_inputs = true, .onnx_type = "Where"},
     // ---- matmul
     {FUSEBOX_OP_ROW(matmul), .family = OpFamily::matmul, .min_inputs = 2, .max_inputs = 2,
      .roles = op_roles::kBinary, .onnx_type = "MatMul"},
@@ -266,6 +301,8 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(expand), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<ExpandAttrs>(), .layout = LayoutRole::elementwise,
      .cuda_strided_inputs = true},
+    {FUSEBOX_OP_ROW(gather), .family = OpFamily::shape, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kGather, .attrs = attrs_index<GatherAttrs>(), .attrs_defaultable = true},
     // ---- losses
     {FUSEBOX_OP_ROW(cross_entropy), .family = OpFamily::loss, .min_inputs = 2, .max_inputs = 3,
      .roles = op_roles::kCrossEntropy, .attrs = attrs_index<CrossEntropyAttrs>(),
@@ -309,6 +346,9 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kDy, .attrs = attrs_index<SliceBackwardAttrs>(), .differentiable = false},
     {FUSEBOX_OP_ROW(pad_backward), .family = OpFamily::backward, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kDy, .attrs = attrs_index<PadBackwardAttrs>(), .differentiable = false},
+    {FUSEBOX_OP_ROW(gather_backward), .family = OpFamily::backward, .min_inputs = 2,
+     .max_inputs = 2, .roles = op_roles::kGatherBackward,
+     .attrs = attrs_index<GatherBackwardAttrs>(), .differentiable = false},
     // ---- optimizer updates and f16 loss scaling
     {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 6,
      .roles = op_roles::kSgd, .attrs = attrs_index<SgdAttrs>(), .attrs_defaultable = true,

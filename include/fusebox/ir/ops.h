@@ -22,18 +22,23 @@ namespace fusebox {
   X(conv_backward_data)                                                                            \
   X(conv_backward_filter)                                                                          \
   X(batch_norm)                                                                                    \
-  X(layer_norm) X(rms_norm) X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(     \
-      log) X(sqrt) X(rsqrt) X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) \
-      X(mul) X(div) X(max) X(min) X(pow) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean) X(         \
-          reduce_max) X(arg_max) X(arg_min) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)      \
-          X(global_avg_pool) X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(       \
-              squeeze) X(unsqueeze) X(cast) X(constant) X(identity) X(expand)                      \
-              X(cross_entropy) /* backward ops (autodiff emits them; see "backward ops" below) */  \
+  X(layer_norm)                                                                                    \
+  X(rms_norm)                                                                                      \
+  X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt)          \
+      X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max)  \
+          X(min) X(pow) X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not)  \
+              X(logical_and) X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) \
+                  X(reduce_mean) X(reduce_max) X(arg_max) X(arg_min) X(softmax) X(log_softmax)     \
+                      X(max_pool) X(avg_pool) X(global_avg_pool) X(reshape) X(flatten)             \
+                          X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)   \
+                              X(constant) X(identity) X(expand) X(gather)                          \
+                                  X(cross_entropy) /* backward ops (autodiff emits them; see       \
+                                                      "backward ops" below) */                     \
       X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)           \
           X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                         \
               X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
-                  X(avg_pool_backward) X(slice_backward)                                           \
-                      X(pad_backward) /* optimizer updates and f16 loss scaling */                 \
+                  X(avg_pool_backward) X(slice_backward) X(pad_backward)                           \
+                      X(gather_backward) /* optimizer updates and f16 loss scaling */              \
       X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                          \
           X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */           \
       X(attention)           /* fused attention (passes/fusion.h fuse_attention) */                \
@@ -132,6 +137,13 @@ struct NormAttrs {
 };
 
 // ---- pointwise -------------------------------------------------------------
+// Comparisons, logic and where (no attributes; every operand numpy-broadcast):
+// equal, less, greater, less_equal, greater_equal: (a, b) of one dtype (numeric; equal also
+//   bool) -> bool, compared in the compute type (f16 / bf16 exactly as f32, integers
+//   exactly); a NaN compares false, so NaN != NaN.
+// logical_not: bool -> bool; logical_and, logical_or, logical_xor: (bool, bool) -> bool.
+// where: (condition bool, a, b) -> condition ? a : b, a's dtype (b's must match); the
+//   three broadcast together. The gradient goes to a where condition holds, else to b.
 struct LeakyReluAttrs {
   double alpha = 0.01;
 };
@@ -298,6 +310,16 @@ struct CastAttrs {
 struct ConstantAttrs {
   Tensor value;
 };
+// gather: (data, indices) -> y, ONNX Gather: with data viewed as [outer, extent, inner]
+//   around `axis` (normalised) and the indices flattened, y[o, j, i] = data[o, indices[j],
+//   i]; y's shape is data's with dim `axis` replaced by the indices' shape (a scalar index
+//   removes it). data of any dtype; indices i64 or i32, any rank, negative ones counting
+//   from the end (+extent). An index outside [-extent, extent) is an error at run time
+//   naming the node and the index's position (in a training step, a halt: no update).
+//   The embedding lookup: gather(table [V, D], token ids [B, T]) -> [B, T, D].
+struct GatherAttrs {
+  int64_t axis = 0;
+};
 
 // ---- losses ----------------------------------------------------------------
 // cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32), weight [C]?.
@@ -387,6 +409,15 @@ struct PadBackwardAttrs {
   PadAttrs pad;
   std::vector<int64_t> input_shape;
 };
+// gather_backward: (dy, indices) -> ddata of shape data_shape: zeros, then each dy element
+//   added to the data element the forward read (indices read twice sum; the CPU adds in
+//   the order of the indices, in f64; the CUDA backend with atomics, in no fixed order).
+//   `gather` is normalised as the forward's; an index out of range adds nothing (the
+//   forward raised for it).
+struct GatherBackwardAttrs {
+  GatherAttrs gather;
+  std::vector<int64_t> data_shape;
+};
 
 // ---- optimizer updates -------------------------------------------------------
 // One op per parameter tensor, so a backend can fuse the whole update into one pass
@@ -457,6 +488,7 @@ using Attrs =
                  ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
-                 LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs>;
+                 LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
+                 GatherBackwardAttrs>;
 
 }  // namespace fusebox

@@ -26,6 +26,10 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return unary(n, inputs, outputs);
       FUSEBOX_BINARY_POINTWISE_OPS(FUSEBOX_OP_CASE)
       return binary(n, inputs, outputs);
+      FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
+      return logic(n, inputs, outputs);
+    case OpKind::where:
+      return where(n, inputs, outputs);
     case OpKind::matmul:
       return matmul(n, inputs, outputs);
     case OpKind::gemm:
@@ -65,6 +69,10 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return cross_entropy(n, inputs, outputs);
     case OpKind::expand:
       return expand(n, inputs, outputs);
+    case OpKind::gather:
+      return gather(n, inputs, outputs);
+    case OpKind::gather_backward:
+      return gather_backward(n, inputs, outputs);
     case OpKind::unary_backward:
       return unary_backward(n, inputs, outputs);
     case OpKind::binary_backward:

@@ -58,6 +58,12 @@ void slice(const Node& n, Inputs in, Outputs out);
 void pad(const Node& n, Inputs in, Outputs out);
 void cast(const Node& n, Inputs in, Outputs out);
 void constant(const Node& n, Inputs in, Outputs out);
+// logic.cpp: the comparisons and logic ops (FUSEBOX_LOGIC_OPS), where.
+void logic(const Node& n, Inputs in, Outputs out);
+void where(const Node& n, Inputs in, Outputs out);
+// gather.cpp: gather and gather_backward.
+void gather(const Node& n, Inputs in, Outputs out);
+void gather_backward(const Node& n, Inputs in, Outputs out);
 
 // backward.cpp, pool_backward.cpp, norm_backward.cpp: the backward ops (ops.h).
 void expand(const Node& n, Inputs in, Outputs out);

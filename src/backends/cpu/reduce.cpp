@@ -125,16 +125,6 @@ RowView rows_around(const Shape& s, int64_t axis) {
           numel(Shape(s.begin() + axis + 1, s.end()))};
 }
 
-// The position of flat index i in `shape`, as "[1, 0, 2]".
-std::string position(int64_t i, const Shape& shape) {
-  Shape coord(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    coord[d] = i % shape[d];
-    i /= shape[d];
-  }
-  return shape_str(coord);
-}
-
 }  // namespace
 
 // reduce_*: the dims split into kept ones (walked by the outputs) and reduced
@@ -261,7 +251,7 @@ void cross_entropy(const Node& n, Inputs in, Outputs out) {
       continue;
     }
     FUSEBOX_CHECK(l >= 0 && l < v.len, node_label(n), "label ", l, " at position ",
-                  position(int64_t(p), labels_t.shape()), " is outside [0, ", v.len, ")");
+                  position_str(int64_t(p), labels_t.shape()), " is outside [0, ", v.len, ")");
     if (!weight.empty()) label_weight[p] = weight[size_t(l)];
   }
 

@@ -32,6 +32,9 @@ void run_node(Context& ctx, const Node& n, Inputs in, Outputs out);
 // ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, kernels/reduce/cross_entropy.cu ----------
 void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided inputs OK
 void binary(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
+// kernels/pointwise/logic.cu: the comparisons and logic ops (FUSEBOX_LOGIC_OPS), where
+void logic(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
+void where(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided/broadcast OK
 // kernels/pointwise/fused.cu: a generated kernel per program (NVRTC); strided/broadcast OK
 void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out);
 // kernels/attention/attention.cu: cuDNN's fused attention, else the project's row kernel
@@ -64,6 +67,9 @@ void binary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void expand(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided input OK
 void slice_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void pad_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// kernels/shape/gather.cu: gather (forward, with the shape ops) and gather_backward
+void gather(Context& ctx, const Node& n, Inputs in, Outputs out);
+void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 // kernels/reduce/backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
 void softmax_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce_max_backward(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -406,6 +406,11 @@ void Exporter::export_node(const Node& n) {
       add("Expand", n.name, {in(n, 0), ints_initializer(n, "shape", a.shape)}, outs(n));
       return;
     }
+    case OpKind::gather: {
+      NodeProto* p = add("Gather", n.name, ins(n), outs(n));
+      set_int(p, "axis", std::get<GatherAttrs>(n.attrs).axis);
+      return;
+    }
     case OpKind::flatten: {
       NodeProto* p = add("Flatten", n.name, ins(n), outs(n));
       set_int(p, "axis", std::get<FlattenAttrs>(n.attrs).axis);

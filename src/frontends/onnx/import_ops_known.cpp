@@ -1,9 +1,11 @@
-// Ops fusebox evaluates at import only, on inputs known there: the comparisons, logic, Where,
-// Mod, Range and ScatterND that exporters put into shape arithmetic and constant masks (Shape ->
+// Ops fusebox evaluates at import on inputs known there: the comparisons, logic, Where, Mod,
+// Range and ScatterND that exporters put into shape arithmetic and constant masks (Shape ->
 // Equal -> Where -> Reshape, window padding via Mod, index ranges). Their results are known
-// tensors, so the chain folds to constants before any node reaches the graph. On values computed at
-// run time they are refused as unsupported, naming the input (NodeContext::const_input); they have
-// no kernels yet. Expand is imported as the graph's expand op (any input; the shape must be known).
+// tensors, so the chain folds to constants before any node reaches the graph. The comparisons,
+// logic ops and Where on values computed at run time become the graph's ops of the same names
+// (a causal mask applied with Where); Mod, Range and ScatterND there are refused as unsupported,
+// naming the input (NodeContext::const_input). Expand is imported as the graph's expand op (any
+// input; the shape must be known).
 #include <algorithm>
 #include <cmath>
 
@@ -79,6 +81,18 @@ std::vector<std::vector<int64_t>> broadcast_indices(NodeContext& c,
 
 enum class Compare { equal, less, greater, less_or_equal, greater_or_equal };
 
+// Whether every input is known at import (then the op is evaluated here); else the node
+// becomes the graph's op `kind` on its inputs.
+bool fold_or_emit(NodeContext& c, OpKind kind) {
+  bool known = true;
+  for (int i = 0; i < c.input_count(); ++i) known = known && c.input_known(i);
+  if (known) return true;
+  std::vector<ValueId> inputs;
+  for (int i = 0; i < c.input_count(); ++i) inputs.push_back(c.input(i));
+  c.set_output(0, c.emit1(kind, {}, std::move(inputs)));
+  return false;
+}
+
 template <class T>
 bool compare(Compare op, T a, T b) {
   switch (op) {
@@ -96,6 +110,9 @@ bool compare(Compare op, T a, T b) {
 }
 
 void import_compare(NodeContext& c, Compare op) {
+  constexpr OpKind kKinds[] = {OpKind::equal, OpKind::less, OpKind::greater, OpKind::less_equal,
+                               OpKind::greater_equal};
+  if (!fold_or_emit(c, kKinds[int(op)])) return;
   const Values a = known(c, 0, "A"), b = known(c, 1, "B");
   c.check(a.dtype == b.dtype, "inputs have different element types ", dtype_name(a.dtype), " and ",
           dtype_name(b.dtype));
@@ -134,6 +151,7 @@ Values known_bool(NodeContext& c, int i, const char* role) {
 }
 
 void import_not(NodeContext& c) {
+  if (!fold_or_emit(c, OpKind::logical_not)) return;
   const Values x = known_bool(c, 0, "X");
   std::vector<double> out(x.ints.size());
   for (size_t e = 0; e < out.size(); ++e) out[e] = x.ints[e] == 0;
@@ -143,6 +161,8 @@ void import_not(NodeContext& c) {
 enum class Logic { and_, or_, xor_ };
 
 void import_logic(NodeContext& c, Logic op) {
+  constexpr OpKind kKinds[] = {OpKind::logical_and, OpKind::logical_or, OpKind::logical_xor};
+  if (!fold_or_emit(c, kKinds[int(op)])) return;
   const Values a = known_bool(c, 0, "A"), b = known_bool(c, 1, "B");
   Shape shape;
   const auto index = broadcast_indices(c, {a.shape, b.shape}, &shape);
@@ -174,6 +194,7 @@ Tensor make_tensor(DType dtype, const Shape& shape, const std::vector<int64_t>& 
 }
 
 void import_where(NodeContext& c) {
+  if (!fold_or_emit(c, OpKind::where)) return;
   const Values cond = known_bool(c, 0, "condition");
   const Values x = known(c, 1, "X"), y = known(c, 2, "Y");
   c.check(x.dtype == y.dtype, "inputs X and Y have different element types ", dtype_name(x.dtype),

@@ -1,5 +1,6 @@
 // Shape and data-movement ops, Cast, and the ops whose results are known at import
 // (Constant, Shape, Size, ConstantOfShape, and Gather on known tensors).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -179,47 +180,46 @@ void import_constant_of_shape(NodeContext& c) {
 // Gather on known tensors (the Shape -> Gather -> Concat chains of exported models): the
 // result is known at import. out = data[:axis] + indices.shape + data[axis+1:].
 // Gather from data computed at run time with known indices (attention's qkv[0], a class
-// token's x[:, 0]): a scalar index is a slice and a squeeze; a 1-D list one slice per maximal
-// run of consecutive indices, concatenated. Indices of rank 2 or more are unsupported.
+// token's x[:, 0]): a scalar index is a slice and a squeeze, consecutive indices one slice
+// (views, no copy); any other known indices (Swin V2's relative-position bias table) and
+// indices computed at run time (an embedding's token ids) the gather op. Known indices are
+// checked here; run-time ones by the kernels.
 void import_gather_runtime(NodeContext& c) {
   const Shape& data = c.input_shape(0);
-  const Shape& index_shape = c.input_shape(1);
-  std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
   const int64_t axis_attr = c.attrs().get_int("axis", 0);
   int64_t axis = 0;
   if (!normalize_axis(axis_attr, int64_t(data.size()), &axis))
     c.attrs().fail("axis", cat("is ", axis_attr, ", out of range for data ", shape_str(data)));
-  if (index_shape.size() > 1)
-    c.unsupported(cat("Gather from values computed at run time with indices of rank ",
-                      index_shape.size(), " (only a scalar or a list)"));
+  const ValueId x = c.input(0);
+  auto gather_op = [&] {
+    c.set_output(0, c.emit1(OpKind::gather, GatherAttrs{axis}, {x, c.input(1)}));
+  };
+  if (!c.input_known(1)) return gather_op();
+  const Shape& index_shape = c.input_shape(1);
+  std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
   const int64_t extent = data[size_t(axis)];
   for (int64_t& i : indices) {
     if (i < 0) i += extent;
     c.check(i >= 0 && i < extent, "input 1 (indices) has ", i < 0 ? i - extent : i,
             ", out of range for dim ", axis, " of extent ", extent);
   }
-  const ValueId x = c.input(0);
   if (index_shape.empty()) {
     const int64_t i = indices.at(0);
     const ValueId one = c.emit1(OpKind::slice, SliceAttrs{{i}, {i + 1}, {axis}, {1}}, {x}, "pick");
     c.set_output(0, c.emit1(OpKind::squeeze, AxesAttrs{{axis}}, {one}));
     return;
   }
-  c.check(!indices.empty(), "input 1 (indices) is empty");
-  std::vector<ValueId> runs;
-  for (size_t first = 0; first < indices.size();) {
-    size_t last = first;
-    while (last + 1 < indices.size() && indices[last + 1] == indices[last] + 1) ++last;
-    runs.push_back(c.emit1(OpKind::slice,
-                           SliceAttrs{{indices[first]}, {indices[last] + 1}, {axis}, {1}}, {x},
-                           cat("run", runs.size())));
-    first = last + 1;
-  }
-  c.set_output(0, runs.size() == 1 ? runs[0] : c.emit1(OpKind::concat, ConcatAttrs{axis}, runs));
+  const bool one_run = index_shape.size() == 1 && !indices.empty() &&
+                       indices.back() - indices.front() + 1 == int64_t(indices.size()) &&
+                       std::is_sorted(indices.begin(), indices.end()) &&
+                       std::adjacent_find(indices.begin(), indices.end()) == indices.end();
+  if (!one_run) return gather_op();
+  c.set_output(0, c.emit1(OpKind::slice,
+                          SliceAttrs{{indices.front()}, {indices.back() + 1}, {axis}, {1}}, {x}));
 }
 
 void import_gather(NodeContext& c) {
-  if (!c.input_known(0)) return import_gather_runtime(c);
+  if (!c.input_known(0) || !c.input_known(1)) return import_gather_runtime(c);
   const Tensor& data = c.const_input(0, "data");
   std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
   const Shape& index_shape = c.input_shape(1);

@@ -66,6 +66,13 @@ constexpr LegacyOp kLegacyOps[] = {
     {"GlobalAveragePool", 1},
     {"GlobalMaxPool", 1},
     {"InstanceNormalization", 6},
+    // Logic ops: And/Or/Xor unchanged since 7 (numpy broadcasting), Not since 1;
+    // ConstantOfShape since 9 (20 only added types).
+    {"And", 7},
+    {"Or", 7},
+    {"Xor", 7},
+    {"Not", 1},
+    {"ConstantOfShape", 9},
     // Axes an attribute until 13 (ReduceSum) or 18 (the others), read as such before 13; 11
     // only added negative axes.
     {"ReduceSum", 1},

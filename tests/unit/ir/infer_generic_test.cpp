@@ -67,6 +67,20 @@ std::optional<Sample> sample(OpKind op) {
     case OpKind::min:
     case OpKind::pow:
       return Sample{{}, {x23, f32({3})}};
+    case OpKind::equal:
+    case OpKind::less:
+    case OpKind::greater:
+    case OpKind::less_equal:
+    case OpKind::greater_equal:
+      return Sample{{}, {x23, f32({3})}};
+    case OpKind::logical_not:
+      return Sample{{}, {typed(DType::boolean, {2, 3})}};
+    case OpKind::logical_and:
+    case OpKind::logical_or:
+    case OpKind::logical_xor:
+      return Sample{{}, {typed(DType::boolean, {2, 3}), typed(DType::boolean, {1})}};
+    case OpKind::where:
+      return Sample{{}, {typed(DType::boolean, {2, 1}), x23, f32({3})}};
     case OpKind::matmul:
       return Sample{{}, {x23, f32({3, 4})}};
     case OpKind::gemm:
@@ -119,6 +133,8 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{CrossEntropyAttrs{}, {f32({4, 10}), typed(DType::i64, {4}), f32({10})}, 2};
     case OpKind::expand:
       return Sample{ExpandAttrs{{2, 3}}, {f32({3})}};
+    case OpKind::gather:
+      return Sample{GatherAttrs{.axis = 1}, {x23, typed(DType::i64, {4, 5})}};
     case OpKind::unary_backward:
       return Sample{UnaryBackwardAttrs{}, {x23, x23}};
     case OpKind::binary_backward:
@@ -149,6 +165,9 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{SliceBackwardAttrs{SliceAttrs{{0}, {1}, {}, {}}, {2, 3}}, {f32({1, 3})}};
     case OpKind::pad_backward:
       return Sample{PadBackwardAttrs{PadAttrs{{1, 1, 1, 1}}, {2, 3}}, {f32({4, 5})}};
+    case OpKind::gather_backward:
+      return Sample{GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},
+                    {f32({2, 4, 5}), typed(DType::i32, {4, 5})}};
     case OpKind::sgd_update:
       return Sample{SgdAttrs{}, {x23, x23, x23, f32({})}, 2};
     case OpKind::adamw_update:
@@ -189,6 +208,7 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::flatten,
                                        OpKind::transpose,
                                        OpKind::squeeze,
+                                       OpKind::gather,
                                        OpKind::cross_entropy,
                                        OpKind::batch_norm_backward,
                                        OpKind::layer_norm_backward,

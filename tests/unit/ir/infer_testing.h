@@ -114,6 +114,10 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.scale, " ", a.causal, " ", a.with_lse);
         else if constexpr (std::is_same_v<A, ArgReduceAttrs>)
           return cat(a.axis, " ", a.keepdims, " ", a.select_last_index);
+        else if constexpr (std::is_same_v<A, GatherAttrs>)
+          return cat(a.axis);
+        else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
+          return cat(a.gather.axis, shape_str(a.data_shape));
       },
       attrs);
 }

@@ -351,9 +351,21 @@ TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
   m.input("a", TensorProto::INT64, {3});
   m.initializer("b", Tensor::from_vector<int64_t>({3}, {1, 2, 3}));
-  m.node("Equal", {"a", "b"}, {"eq"}, "cmp");
-  m.output("eq", TensorProto::BOOL);
-  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'cmp' (Equal)", "'a'"}));
+  m.node("Mod", {"a", "b"}, {"r"}, "mod_a");
+  m.output("r", TensorProto::INT64);
+  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'mod_a' (Mod)", "'a'"}));
+  // The comparisons, logic ops and Where on run-time values are the graph's ops.
+  TestModel w(17);
+  w.input("a", TensorProto::INT64, {3});
+  w.initializer("b", Tensor::from_vector<int64_t>({3}, {1, 2, 3}));
+  w.initializer("fill", Tensor::from_vector<int64_t>({}, {-1}));
+  w.node("Equal", {"a", "b"}, {"eq"}, "cmp");
+  w.node("Not", {"eq"}, {"ne"}, "not");
+  w.node("Where", {"ne", "a", "fill"}, {"y"}, "pick");
+  w.output("y", TensorProto::INT64);
+  EXPECT_EQ(
+      run1(import(w), {{"a", Tensor::from_vector<int64_t>({3}, {1, 5, 3})}}, "y").to_doubles(),
+      (std::vector<double>{-1, 5, -1}));
   // Mod's integer divisor of zero, and float Mod without fmod, are errors naming the node.
   TestModel z(17);
   z.initializer("a", Tensor::from_vector<int64_t>({2}, {5, 6}));

@@ -205,8 +205,8 @@ TEST(OnnxImport, GatherOnKnownTensors) {
   Tensor out = run1(import(t), {}, "g");
   EXPECT_EQ(out.shape(), (Shape{2, 2, 2}));
   EXPECT_EQ(out.to_doubles(), (std::vector<double>{3, 1, 2, 2, 6, 4, 5, 5}));
-  // Gather from a graph input with known indices: slices (a scalar index squeezes the axis;
-  // a list concatenates runs of consecutive indices); 2-D indices are unsupported.
+  // Gather from a graph input with known indices: a scalar index is a slice that squeezes the
+  // axis; other indices the gather op (2-D ones too).
   TestModel d(13);
   d.input("x", TensorProto::FLOAT, {3, 4});
   d.initializer("i", Tensor::from_vector<int64_t>({}, {-1}));
@@ -222,11 +222,29 @@ TEST(OnnxImport, GatherOnKnownTensors) {
             (std::vector<double>{0, 1, 3, 2, 4, 5, 7, 6, 8, 9, 11, 10}));
   TestModel d2(13);
   d2.input("x", TensorProto::FLOAT, {3});
-  d2.initializer("i", Tensor::from_vector<int64_t>({1, 1}, {0}));
+  d2.initializer("i", Tensor::from_vector<int64_t>({2, 2}, {2, 0, -1, 1}));
   d2.node("Gather", {"x", "i"}, {"g"}, "gx");
   d2.output("g");
-  EXPECT_TRUE(throws_error_with([&] { import(d2); },
-                                {"unsupported: node 'gx' (Gather)", "indices of rank 2"}));
+  const Tensor gx = run1(import(d2), {{"x", Tensor::from_vector<float>({3}, {7, 8, 9})}}, "g");
+  EXPECT_EQ(gx.shape(), (Shape{2, 2}));
+  EXPECT_EQ(gx.to_doubles(), (std::vector<double>{9, 7, 9, 8}));
+  // An embedding: a known table, token ids at run time; an id out of range fails the run
+  // naming the node.
+  TestModel e(13);
+  e.input("ids", TensorProto::INT64, {2, 3});
+  e.initializer("table", Tensor::from_vector<float>({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31}));
+  e.node("Gather", {"table", "ids"}, {"emb"}, "wte");
+  e.output("emb");
+  const Graph eg = import(e);
+  const Tensor emb =
+      run1(eg, {{"ids", Tensor::from_vector<int64_t>({2, 3}, {3, 0, 1, -1, 2, 2})}}, "emb");
+  EXPECT_EQ(emb.shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(emb.to_doubles(), (std::vector<double>{30, 31, 0, 1, 10, 11, 30, 31, 20, 21, 20, 21}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        run1(eg, {{"ids", Tensor::from_vector<int64_t>({2, 3}, {0, 0, 4, 0, 0, 0})}}, "emb");
+      },
+      {"wte", "index 4 at position [0, 2]", "outside [-4, 4)"}));
 }
 
 TEST(OnnxImport, BatchNormTrainingOutputs) {

@@ -28,6 +28,9 @@ std::optional<Example> tiny_example(OpKind op) {
     return random_tensor(DType::f32, shape, seed++, lo, hi);
   };
   const Tensor labels = Tensor::from_vector<int64_t>({4}, {3, 0, 4, 1});
+  auto mask = [&](Shape shape) {  // a bool tensor: uniform > 0
+    return run_op(OpKind::greater, {}, {uniform(shape), Tensor::zeros(DType::f32, {})})[0];
+  };
   const PoolAttrs pool{.kernel = {2, 2}};
   const SliceAttrs first_row{{0}, {1}, {}, {}};
   const PadAttrs reflect{{1, 1, 1, 1}, PadMode::reflect};
@@ -81,6 +84,23 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{{}, {uniform({2, 3}), uniform({3}, 0.5, 1.5)}};
     case OpKind::pow:
       return Example{{}, {uniform({2, 3}, 0.5, 2.0), uniform({3})}};
+    // Ties, a NaN (compares false) and a broadcast operand.
+    case OpKind::equal:
+    case OpKind::less:
+    case OpKind::greater:
+    case OpKind::less_equal:
+    case OpKind::greater_equal:
+      return Example{{},
+                     {Tensor::from_vector<float>({2, 3}, {0.5f, -1.0f, 2.0f, 0.25f, 0.5f, NAN}),
+                      Tensor::from_vector<float>({3}, {0.5f, -1.0f, 1.0f})}};
+    case OpKind::logical_not:
+      return Example{{}, {mask({2, 3})}};
+    case OpKind::logical_and:
+    case OpKind::logical_or:
+    case OpKind::logical_xor:
+      return Example{{}, {mask({2, 3}), mask({3})}};
+    case OpKind::where:
+      return Example{{}, {mask({2, 3}), uniform({2, 3}), uniform({3})}};
     case OpKind::matmul:
       return Example{{}, {uniform({2, 3}), uniform({3, 4})}};
     case OpKind::gemm:
@@ -124,6 +144,9 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{ConstantAttrs{uniform({2})}, {}};
     case OpKind::expand:
       return Example{ExpandAttrs{{2, 3}}, {uniform({3})}};
+    case OpKind::gather:  // an embedding lookup with a repeated and a negative index
+      return Example{GatherAttrs{0},
+                     {uniform({5, 3}), Tensor::from_vector<int64_t>({2, 2}, {4, 0, -1, 2})}};
     case OpKind::cross_entropy:
       return Example{CrossEntropyAttrs{}, {uniform({4, 5}), labels, uniform({5}, 0.5, 1.5)}};
     case OpKind::unary_backward:
@@ -175,6 +198,9 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{SliceBackwardAttrs{first_row, {2, 3}}, {uniform({1, 3})}};
     case OpKind::pad_backward:
       return Example{PadBackwardAttrs{reflect, {2, 3}}, {uniform({4, 5})}};
+    case OpKind::gather_backward:  // indices 4 and -1 both add into row 4
+      return Example{GatherBackwardAttrs{GatherAttrs{0}, {5, 3}},
+                     {uniform({2, 2, 3}), Tensor::from_vector<int64_t>({2, 2}, {4, 0, -1, 2})}};
     case OpKind::sgd_update:
       return Example{
           SgdAttrs{.momentum = 0.9},
@@ -288,6 +314,12 @@ TEST_P(OpCoverage, GradientRuleAgreesWithTheTable) {
   }
   if (wrt == kNoValue) return;  // no input (constant): no gradient can reach the node
   const ValueId loss = g->outputs[0];
+  if (!is_floating(g->graph.value(loss).type.dtype)) {
+    // An index or a bool: autodiff follows float values only, so no rule is ever asked for.
+    EXPECT_FALSE(op_info(GetParam()).differentiable)
+        << op_name(GetParam()) << " has a non-float output 0 but is marked differentiable";
+    return;
+  }
   if (!op_info(GetParam()).differentiable) {
     try {
       grad(g->graph, loss, {wrt});

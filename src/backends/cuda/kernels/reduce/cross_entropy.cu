@@ -139,22 +139,12 @@ __global__ void fill_scalar(T* y, double value) {
   y[0] = convert<T>(value);
 }
 
-// "[1, 0, 2]": the position of flat index i in `shape`.
-std::string position(int64_t i, const Shape& shape) {
-  Shape coord(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    coord[d] = shape[d] > 0 ? i % shape[d] : 0;
-    i = shape[d] > 0 ? i / shape[d] : 0;
-  }
-  return shape_str(coord);
-}
-
 // The node's ErrorRecord for labels outside [0, classes), with the forward's message.
 ErrorSlot reserve_label_error(Context& ctx, const Node& n, const Shape& label_shape,
                               int64_t classes) {
   return ErrorFlags::of(ctx.encoder)
       .reserve(node_label(n), [label_shape, classes](int64_t p, int64_t l) {
-        return cat("label ", l, " at position ", position(p, label_shape), " is outside [0, ",
+        return cat("label ", l, " at position ", position_str(p, label_shape), " is outside [0, ",
                    classes, ")");
       });
 }
