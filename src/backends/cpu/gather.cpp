@@ -8,24 +8,13 @@
 // Error naming the node, the index and its position.
 #include <cstring>
 
-#include "data_movement.h"
+#include "backends/common/gather_view.h"
 #include "kernel_util.h"
 #include "kernels.h"
 
 namespace fusebox::cpu {
 
 namespace {
-
-struct GatherView {
-  int64_t outer, extent, count, inner;
-};
-
-GatherView gather_view(const Shape& data, int64_t axis, int64_t count) {
-  GatherView v{1, data[size_t(axis)], count, 1};
-  for (int64_t d = 0; d < axis; ++d) v.outer *= data[size_t(d)];
-  for (size_t d = size_t(axis) + 1; d < data.size(); ++d) v.inner *= data[d];
-  return v;
-}
 
 // The indices as non-negative positions along the axis, each checked.
 std::vector<int64_t> checked_indices(const Node& n, const Tensor& indices, int64_t extent,

@@ -17,6 +17,7 @@
 // are summed in an f32 temporary and rounded once; f32 and f64 in place.
 #include <cstdint>
 
+#include "backends/common/gather_view.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/runtime/error_flags.h"
@@ -24,17 +25,6 @@
 namespace fusebox::cuda {
 
 namespace {
-
-struct GatherView {
-  int64_t outer, extent, count, inner;
-};
-
-GatherView gather_view(const Shape& data, int64_t axis, int64_t count) {
-  GatherView v{1, data[size_t(axis)], count, 1};
-  for (int64_t d = 0; d < axis; ++d) v.outer *= data[size_t(d)];
-  for (size_t d = size_t(axis) + 1; d < data.size(); ++d) v.inner *= data[d];
-  return v;
-}
 
 template <class W, class I>
 __global__ void gather_rows(const W* data, const I* idx, GatherView v, W* y, ErrorRecord* error,
