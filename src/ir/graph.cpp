@@ -319,6 +319,9 @@ std::string attr_str(const Attrs& attrs) {
           return cat("shape=", ints(a.shape));
         else if constexpr (std::is_same_v<A, GatherAttrs>)
           return cat("axis=", a.axis);
+        else if constexpr (std::is_same_v<A, CumSumAttrs>)
+          return cat("axis=", a.axis, a.exclusive ? " exclusive=1" : "",
+                     a.reverse ? " reverse=1" : "");
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
           return cat(attr_str(a.gather), " data_shape=", ints(a.data_shape));
         else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>) {

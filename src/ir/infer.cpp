@@ -16,7 +16,7 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 37> kAttrsNames = {
+constexpr std::array<const char*, 38> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
@@ -24,11 +24,12 @@ constexpr std::array<const char*, 37> kAttrsNames = {
     "CastAttrs", "ConstantAttrs", "CrossEntropyAttrs", "ExpandAttrs", "UnaryBackwardAttrs",
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
     "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
-    "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs"};
+    "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs",
+    "CumSumAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<GatherBackwardAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<CumSumAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -239,6 +240,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::arg_max:
     case OpKind::arg_min:
       return infer_arg_reduce(c);
+    case OpKind::cumsum:
+      return infer_cumsum(c);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return infer_softmax(c);
@@ -279,6 +282,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_expand(c);
     case OpKind::gather:
       return infer_gather(c);
+    case OpKind::gather_elements:
+      return infer_gather_elements(c);
     case OpKind::unary_backward:
       return infer_unary_backward(c);
     case OpKind::binary_backward:
@@ -303,6 +308,7 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::pad_backward:
       return infer_pad_backward(c);
     case OpKind::gather_backward:
+    case OpKind::gather_elements_backward:
       return infer_gather_backward(c);
     case OpKind::sgd_update:
     case OpKind::adamw_update:

@@ -237,13 +237,16 @@ Types infer_pad_backward(Context& c) {
   return {x};
 }
 
-// gather_backward: (dy, indices) -> ddata of data_shape, dy's dtype (float).
+// gather_backward, gather_elements_backward: (dy, indices) -> ddata of data_shape, dy's
+// dtype (float).
 Types infer_gather_backward(Context& c) {
   GatherBackwardAttrs& a = c.attrs<GatherBackwardAttrs>();
   c.expect_float(0);
   expect_extents(c, a.data_shape, "data_shape");
   const TensorType data{c.dtype(0), a.data_shape};
-  const Types fwd = forward_types(c, OpKind::gather, a.gather, {data, c.type(1)},
+  const OpKind forward =
+      c.op() == OpKind::gather_backward ? OpKind::gather : OpKind::gather_elements;
+  const Types fwd = forward_types(c, forward, a.gather, {data, c.type(1)},
                                   cat("data ", type_str(data), " (data_shape)"));
   expect_type(c, 0, fwd[0], "output y");
   return {data};

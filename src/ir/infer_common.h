@@ -106,6 +106,7 @@ Types infer_matmul(Context& c);
 Types infer_gemm(Context& c);
 Types infer_reduce(Context& c);
 Types infer_arg_reduce(Context& c);
+Types infer_cumsum(Context& c);
 Types infer_softmax(Context& c);
 Types infer_attention(Context& c);
 Types infer_attention_backward(Context& c);
@@ -129,6 +130,7 @@ Types infer_constant(Context& c);
 Types infer_identity(Context& c);
 Types infer_expand(Context& c);
 Types infer_gather(Context& c);
+Types infer_gather_elements(Context& c);
 
 // infer_backward.cpp: the backward ops, each checked against its forward op; optimizer
 // updates.
@@ -142,8 +144,8 @@ Types infer_reduce_max_backward(Context& c);
 Types infer_pool_backward(Context& c);  // max_pool_backward, avg_pool_backward
 Types infer_slice_backward(Context& c);
 Types infer_pad_backward(Context& c);
-Types infer_gather_backward(Context& c);
-Types infer_optimizer(Context& c);  // sgd_update, adamw_update
+Types infer_gather_backward(Context& c);  // and gather_elements_backward
+Types infer_optimizer(Context& c);        // sgd_update, adamw_update
 Types infer_nonfinite_any(Context& c);
 Types infer_loss_scale_update(Context& c);
 

@@ -183,6 +183,15 @@ Types infer_arg_reduce(Context& c) {
   return {{DType::i64, y}};
 }
 
+// cumsum: numeric x, y of x's type; the axis normalised.
+Types infer_cumsum(Context& c) {
+  CumSumAttrs& a = c.attrs<CumSumAttrs>();
+  c.expect_numeric(0);
+  c.check(c.rank(0) >= 1, "cumsum of a scalar ", c.shaped(0));
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  return {c.type(0)};
+}
+
 // softmax / log_softmax over one axis, normalised to non-negative.
 Types infer_softmax(Context& c) {
   SoftmaxAttrs& a = c.attrs<SoftmaxAttrs>();

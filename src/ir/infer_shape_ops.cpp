@@ -251,19 +251,39 @@ Types infer_identity(Context& c) {
   return {c.type(0)};
 }
 
-// gather: data [.., extent, ..] (any dtype, rank >= 1), indices (i64 or i32, any rank)
-// -> data's shape with dim `axis` replaced by the indices' shape; the axis normalised.
-Types infer_gather(Context& c) {
+namespace {
+// gather and gather_elements: data of rank >= 1 (any dtype), i64 or i32 indices; the axis
+// normalised.
+const GatherAttrs& check_gather_inputs(Context& c) {
   GatherAttrs& a = c.attrs<GatherAttrs>();
-  c.check(c.rank(0) >= 1, "gather from a scalar ", c.shaped(0));
+  c.check(c.rank(0) >= 1, c.op_name(), " from a scalar ", c.shaped(0));
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   c.check(c.dtype(1) == DType::i64 || c.dtype(1) == DType::i32, c.input(1),
           " must be i64 or i32, got ", dtype_name(c.dtype(1)));
+  return a;
+}
+}  // namespace
+
+// gather: data [.., extent, ..] (any dtype, rank >= 1), indices (i64 or i32, any rank)
+// -> data's shape with dim `axis` replaced by the indices' shape; the axis normalised.
+Types infer_gather(Context& c) {
+  const GatherAttrs& a = check_gather_inputs(c);
   const Shape& data = c.shape(0);
   Shape y(data.begin(), data.begin() + a.axis);
   y.insert(y.end(), c.shape(1).begin(), c.shape(1).end());
   y.insert(y.end(), data.begin() + a.axis + 1, data.end());
   return {{c.dtype(0), y}};
+}
+
+// gather_elements: data (any dtype), indices (i64 or i32) of data's rank, at most data's
+// extent along every dim but `axis` -> the indices' shape, data's dtype.
+Types infer_gather_elements(Context& c) {
+  const GatherAttrs& a = check_gather_inputs(c);
+  c.check(c.rank(1) == c.rank(0), c.shaped(1), " must have the rank of ", c.shaped(0));
+  for (int64_t d = 0; d < c.rank(0); ++d)
+    c.check(d == a.axis || c.shape(1)[size_t(d)] <= c.shape(0)[size_t(d)], c.shaped(1),
+            " is longer than ", c.shaped(0), " along dim ", d, " (not the gathered axis)");
+  return {{c.dtype(0), c.shape(1)}};
 }
 
 }  // namespace fusebox::infer

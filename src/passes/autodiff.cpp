@@ -80,7 +80,10 @@ Grads vjp(VjpArgs& a) {
     case OpKind::expand:
       return vjp_expand(a);
     case OpKind::gather:
+    case OpKind::gather_elements:
       return vjp_gather(a);
+    case OpKind::cumsum:
+      return vjp_cumsum(a);
     case OpKind::identity:
       return pass_through(a);
     case OpKind::constant:

@@ -90,6 +90,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::softmax:
     case OpKind::log_softmax:
     case OpKind::cross_entropy:
+    case OpKind::cumsum:  // a long accumulation (PyTorch's fp32 list too)
       return AutocastRule::f32;
     // On no list: cuDNN's and fusebox's kernels take low-precision x with f32 parameters
     // and statistics, which keeps the running statistics f32.
@@ -134,7 +135,8 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::unsqueeze:
     case OpKind::identity:
     case OpKind::expand:
-    case OpKind::gather:    // moves data; the indices are integers
+    case OpKind::gather:  // moves data; the indices are integers
+    case OpKind::gather_elements:
     case OpKind::cast:      // its target dtype is explicit
     case OpKind::constant:  // no inputs; its readers cast it (folded: see Rewriter::cast)
       return AutocastRule::follow;

@@ -113,7 +113,8 @@ Grads vjp_slice(VjpArgs& a);
 Grads vjp_pad(VjpArgs& a);
 Grads vjp_cast(VjpArgs& a);
 Grads vjp_expand(VjpArgs& a);
-Grads vjp_gather(VjpArgs& a);
+Grads vjp_gather(VjpArgs& a);  // gather, gather_elements
+Grads vjp_cumsum(VjpArgs& a);
 Grads vjp_where(VjpArgs& a);
 
 }  // namespace fusebox::autodiff

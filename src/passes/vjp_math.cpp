@@ -72,6 +72,14 @@ Grads vjp_binary(VjpArgs& a) {
   return out;
 }
 
+// cumsum: x[j] reaches every y[i] with i >= j (reverse: i <= j), so dx is the cumsum of dy
+// the other way, exclusive as the forward.
+Grads vjp_cumsum(VjpArgs& a) {
+  CumSumAttrs c = std::get<CumSumAttrs>(a.node.attrs);
+  c.reverse = !c.reverse;
+  return {a.e.op1(OpKind::cumsum, c, {a.dy[0]}, "dx")};
+}
+
 // where: a's gradient is dy where the condition holds, else 0; b's the rest; each summed
 // back to its operand's shape. The condition (bool) has none.
 Grads vjp_where(VjpArgs& a) {

@@ -43,12 +43,15 @@ Grads vjp_slice(VjpArgs& a) {
   return {a.e.op1(OpKind::slice_backward, s, {a.dy[0]}, "dx")};
 }
 
-// gather: ddata adds dy back where each index read; the indices (integers) get none.
+// gather, gather_elements: ddata adds dy back where each index read; the indices
+// (integers) get none.
 Grads vjp_gather(VjpArgs& a) {
   Grads out(2, kNoValue);
   if (a.needs_input(0)) {
     GatherBackwardAttrs g{std::get<GatherAttrs>(a.node.attrs), a.e.shape(a.input(0))};
-    out[0] = a.e.op1(OpKind::gather_backward, g, {a.dy[0], a.input(1)}, "ddata");
+    const OpKind back =
+        a.node.op == OpKind::gather ? OpKind::gather_backward : OpKind::gather_elements_backward;
+    out[0] = a.e.op1(back, g, {a.dy[0], a.input(1)}, "ddata");
   }
   return out;
 }

@@ -26,7 +26,7 @@
   X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)      \
   X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
   X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                   \
-  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward)  \
+  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward) X(gather_elements_backward)  \
   X(attention_backward)
 // clang-format on
 
@@ -34,9 +34,10 @@
 #define FUSEBOX_BINARY_POINTWISE_OPS(X) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)
 
 // Comparisons and logic: bool results, numpy-broadcast operands (ops.h).
-#define FUSEBOX_LOGIC_OPS(X)                                                                    \
-  X(equal)                                                                                      \
-  X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) X(logical_or) \
+#define FUSEBOX_LOGIC_OPS(X)                                                            \
+  X(equal)                                                                              \
+  X(less)                                                                               \
+  X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) X(logical_or) \
       X(logical_xor)
 
 #define FUSEBOX_REDUCE_OPS(X) X(reduce_sum) X(reduce_mean) X(reduce_max)

@@ -36,6 +36,7 @@ enum class OpFamily : uint8_t {
   arg_reduce,  // arg_max, arg_min: i64 indices along one axis
   logic,       // comparisons and logic ops: bool results (FUSEBOX_LOGIC_OPS)
   select,      // where: condition ? a : b
+  scan,        // cumsum: running sums along one axis
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
@@ -262,6 +263,8 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(arg_min), .family = OpFamily::arg_reduce, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<ArgReduceAttrs>(), .attrs_defaultable = true,
      .differentiable = false},
+    {FUSEBOX_OP_ROW(cumsum), .family = OpFamily::scan, .min_inputs = 1, .max_inputs = 1,
+     .roles = op_roles::kX, .attrs = attrs_index<CumSumAttrs>(), .attrs_defaultable = true},
     // ---- softmax
     {FUSEBOX_OP_ROW(softmax), .family = OpFamily::softmax, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<SoftmaxAttrs>(), .attrs_defaultable = true},
@@ -302,6 +305,8 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kX, .attrs = attrs_index<ExpandAttrs>(), .layout = LayoutRole::elementwise,
      .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(gather), .family = OpFamily::shape, .min_inputs = 2, .max_inputs = 2,
+     .roles = op_roles::kGather, .attrs = attrs_index<GatherAttrs>(), .attrs_defaultable = true},
+    {FUSEBOX_OP_ROW(gather_elements), .family = OpFamily::shape, .min_inputs = 2, .max_inputs = 2,
      .roles = op_roles::kGather, .attrs = attrs_index<GatherAttrs>(), .attrs_defaultable = true},
     // ---- losses
     {FUSEBOX_OP_ROW(cross_entropy), .family = OpFamily::loss, .min_inputs = 2, .max_inputs = 3,
@@ -347,6 +352,9 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(pad_backward), .family = OpFamily::backward, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kDy, .attrs = attrs_index<PadBackwardAttrs>(), .differentiable = false},
     {FUSEBOX_OP_ROW(gather_backward), .family = OpFamily::backward, .min_inputs = 2,
+     .max_inputs = 2, .roles = op_roles::kGatherBackward,
+     .attrs = attrs_index<GatherBackwardAttrs>(), .differentiable = false},
+    {FUSEBOX_OP_ROW(gather_elements_backward), .family = OpFamily::backward, .min_inputs = 2,
      .max_inputs = 2, .roles = op_roles::kGatherBackward,
      .attrs = attrs_index<GatherBackwardAttrs>(), .differentiable = false},
     // ---- optimizer updates and f16 loss scaling

@@ -24,21 +24,22 @@ namespace fusebox {
   X(batch_norm)                                                                                    \
   X(layer_norm)                                                                                    \
   X(rms_norm)                                                                                      \
-  X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt)          \
-      X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max)  \
-          X(min) X(pow) X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not)  \
-              X(logical_and) X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) \
-                  X(reduce_mean) X(reduce_max) X(arg_max) X(arg_min) X(softmax) X(log_softmax)     \
+  X(relu)                                                                                          \
+  X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) X(reciprocal)    \
+      X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)  \
+          X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) \
+              X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean) \
+                  X(reduce_max) X(arg_max) X(arg_min) X(cumsum) X(softmax) X(log_softmax)          \
                       X(max_pool) X(avg_pool) X(global_avg_pool) X(reshape) X(flatten)             \
                           X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)   \
-                              X(constant) X(identity) X(expand) X(gather)                          \
+                              X(constant) X(identity) X(expand) X(gather) X(gather_elements)       \
                                   X(cross_entropy) /* backward ops (autodiff emits them; see       \
                                                       "backward ops" below) */                     \
       X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)           \
           X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                         \
               X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
-                  X(avg_pool_backward) X(slice_backward) X(pad_backward)                           \
-                      X(gather_backward) /* optimizer updates and f16 loss scaling */              \
+                  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward)        \
+                      X(gather_elements_backward) /* optimizer updates and f16 loss scaling */     \
       X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                          \
           X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */           \
       X(attention)           /* fused attention (passes/fusion.h fuse_attention) */                \
@@ -214,6 +215,14 @@ struct ReduceAttrs {
 // arg_max / arg_min: the index (i64) of the largest / smallest element along `axis` (ONNX
 // ArgMax / ArgMin, opset 13): the first such index, or the last with select_last_index; a NaN
 // counts as the largest and the smallest (as NumPy's argmax / argmin). Not differentiable.
+// cumsum: running sums of x along `axis` (normalised), ONNX CumSum: y[.., i, ..] = sum of
+//   x[.., j, ..] over j <= i (exclusive: j < i; reverse: j >= i, or j > i with both).
+//   Numeric x; floats sum in f64 and round each output once, integers wrap.
+struct CumSumAttrs {
+  int64_t axis = 0;
+  bool exclusive = false;
+  bool reverse = false;
+};
 struct ArgReduceAttrs {
   int64_t axis = 0;
   bool keepdims = true;
@@ -317,6 +326,11 @@ struct ConstantAttrs {
 //   from the end (+extent). An index outside [-extent, extent) is an error at run time
 //   naming the node and the index's position (in a training step, a halt: no update).
 //   The embedding lookup: gather(table [V, D], token ids [B, T]) -> [B, T, D].
+// gather_elements: (data, indices) -> y of the indices' shape, ONNX GatherElements
+//   (torch.gather): y[p] = data[p with its coordinate along `axis` replaced by
+//   indices[p]]. indices (i64 or i32) have data's rank and, along every other dim, at most
+//   data's extent; negative ones count from the end; out of range fails the run as gather.
+//   GatherAttrs as gather's.
 struct GatherAttrs {
   int64_t axis = 0;
 };
@@ -414,6 +428,8 @@ struct PadBackwardAttrs {
 //   the order of the indices, in f64; the CUDA backend with atomics, in no fixed order).
 //   `gather` is normalised as the forward's; an index out of range adds nothing (the
 //   forward raised for it).
+// gather_elements_backward: (dy, indices) -> ddata of shape data_shape, likewise: each dy
+//   element added to the element gather_elements read.
 struct GatherBackwardAttrs {
   GatherAttrs gather;
   std::vector<int64_t> data_shape;
@@ -489,6 +505,6 @@ using Attrs =
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
                  LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
-                 GatherBackwardAttrs>;
+                 GatherBackwardAttrs, CumSumAttrs>;
 
 }  // namespace fusebox

@@ -39,6 +39,8 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
     case OpKind::arg_max:
     case OpKind::arg_min:
       return arg_reduce(n, inputs, outputs);
+    case OpKind::cumsum:
+      return cumsum(n, inputs, outputs);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return softmax(n, inputs, outputs);
@@ -73,6 +75,10 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return gather(n, inputs, outputs);
     case OpKind::gather_backward:
       return gather_backward(n, inputs, outputs);
+    case OpKind::gather_elements:
+      return gather_elements(n, inputs, outputs);
+    case OpKind::gather_elements_backward:
+      return gather_elements_backward(n, inputs, outputs);
     case OpKind::unary_backward:
       return unary_backward(n, inputs, outputs);
     case OpKind::binary_backward:

@@ -4,6 +4,9 @@
 //   gather:          y[o, j, :] = data[o, idx[j], :], a row copy per (o, j), any dtype
 //   gather_backward: ddata = 0; ddata[o, idx[j], :] += dy[o, j, :] for j in order, in f64
 //
+//   gather_elements: y[p] = data[p with coordinate `axis` replaced by idx[p]] (y has the
+//                    indices' shape); its backward adds dy[p] there, in p's order, in f64
+//
 // The indices are checked before anything is written: one outside [-extent, extent) is an
 // Error naming the node, the index and its position.
 #include <cstring>
@@ -39,6 +42,22 @@ std::vector<int64_t> checked_indices(const Node& n, const Tensor& indices, int64
   }
   return idx;
 }
+
+// gather_elements' map: the flat offset in data of the element position p of the indices
+// reads (idx already normalised).
+struct ElementsMap {
+  Shape index_shape, data_strides;
+  int64_t axis;
+  int64_t source(int64_t p, int64_t k) const {
+    int64_t offset = 0;
+    for (size_t d = index_shape.size(); d-- > 0;) {
+      const int64_t c = p % index_shape[d];
+      p /= index_shape[d];
+      offset += (int64_t(d) == axis ? k : c) * data_strides[d];
+    }
+    return offset;
+  }
+};
 
 }  // namespace
 
@@ -80,6 +99,33 @@ void gather_backward(const Node& n, Inputs in, Outputs out) {
                      for (int64_t i = 0; i < v.inner; ++i) dst[i] += src[i];
                    }
                });
+  store_values(dx, sum);
+}
+
+void gather_elements(const Node& n, Inputs in, Outputs out) {
+  const int64_t axis = std::get<GatherAttrs>(n.attrs).axis;
+  const Tensor& data = *in[0];
+  const std::vector<int64_t> idx = checked_indices(n, *in[1], data.shape()[size_t(axis)], axis);
+  const ElementsMap map{in[1]->shape(), contiguous_strides(data.shape()), axis};
+  visit_bytes(dtype_size(data.dtype()), [&](auto tag) {
+    using E = decltype(tag);
+    const E* x = static_cast<const E*>(data.raw());
+    E* y = static_cast<E*>(out[0].raw());
+    parallel_for(int64_t(idx.size()), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) y[p] = x[map.source(p, idx[size_t(p)])];
+    });
+  });
+}
+
+void gather_elements_backward(const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<GatherBackwardAttrs>(n.attrs);
+  Tensor& dx = out[0];
+  const int64_t axis = a.gather.axis;
+  const std::vector<int64_t> idx = checked_indices(n, *in[1], dx.shape()[size_t(axis)], axis);
+  const ElementsMap map{in[1]->shape(), contiguous_strides(dx.shape()), axis};
+  const std::vector<double> g = in[0]->to_doubles();
+  std::vector<double> sum(size_t(dx.numel()), 0.0);
+  for (size_t p = 0; p < idx.size(); ++p) sum[size_t(map.source(int64_t(p), idx[p]))] += g[p];
   store_values(dx, sum);
 }
 

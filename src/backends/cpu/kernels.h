@@ -43,9 +43,10 @@ void attention(const Node& n, Inputs in, Outputs out);
 void attention_backward(const Node& n, Inputs in, Outputs out);
 void gemm(const Node& n, Inputs in, Outputs out);
 
-// reduce.cpp: reduce_sum/mean/max, arg_max/min, softmax, log_softmax, cross_entropy.
+// reduce.cpp: reduce_sum/mean/max, arg_max/min, cumsum, softmax, log_softmax, cross_entropy.
 void reduce(const Node& n, Inputs in, Outputs out);
 void arg_reduce(const Node& n, Inputs in, Outputs out);  // arg_max, arg_min
+void cumsum(const Node& n, Inputs in, Outputs out);
 void softmax(const Node& n, Inputs in, Outputs out);
 void cross_entropy(const Node& n, Inputs in, Outputs out);
 
@@ -64,6 +65,8 @@ void where(const Node& n, Inputs in, Outputs out);
 // gather.cpp: gather and gather_backward.
 void gather(const Node& n, Inputs in, Outputs out);
 void gather_backward(const Node& n, Inputs in, Outputs out);
+void gather_elements(const Node& n, Inputs in, Outputs out);
+void gather_elements_backward(const Node& n, Inputs in, Outputs out);
 
 // backward.cpp, pool_backward.cpp, norm_backward.cpp: the backward ops (ops.h).
 void expand(const Node& n, Inputs in, Outputs out);

@@ -1,4 +1,4 @@
-// Reductions: reduce_sum / reduce_mean / reduce_max, arg_max / arg_min, softmax /
+// Reductions: reduce_sum / reduce_mean / reduce_max, arg_max / arg_min, cumsum, softmax /
 // log_softmax and cross_entropy.
 //
 // Float sums accumulate in f64; a max propagates NaN. Softmax rows are computed
@@ -193,6 +193,42 @@ void arg_reduce(const Node& n, Inputs in, Outputs out) {
                      py[r] = best;
                    }
                  });
+  });
+}
+
+// cumsum: rows [outer, len, inner] around the axis, each summed in order (reverse: from
+// the end); exclusive leaves the element itself out. Floats sum in f64 and round each
+// output once; integers sum modulo 2^64 and wrap into their dtype (as the op's rule).
+void cumsum(const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<CumSumAttrs>(n.attrs);
+  const Tensor& x = *in[0];
+  const RowView v = rows_around(x.shape(), a.axis);
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw Error(node_label(n), "is not defined for bool tensors");
+    } else {
+      using S = std::conditional_t<std::is_integral_v<T>, uint64_t, double>;
+      const T* px = x.data<T>();
+      T* py = out[0].data<T>();
+      parallel_for(v.outer * v.inner, std::max<int64_t>(1, kGrain / std::max<int64_t>(v.len, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r) {
+                       const int64_t base = (r / v.inner) * v.len * v.inner + r % v.inner;
+                       S sum = 0;
+                       for (int64_t s = 0; s < v.len; ++s) {
+                         const int64_t at = base + (a.reverse ? v.len - 1 - s : s) * v.inner;
+                         const S here = S(to_compute(px[at]));
+                         if (!a.exclusive) sum += here;
+                         if constexpr (std::is_integral_v<T>)
+                           py[at] = T(int64_t(sum));  // wraps: two's complement
+                         else
+                           py[at] = convert<T>(sum);
+                         if (a.exclusive) sum += here;
+                       }
+                     }
+                   });
+    }
   });
 }
 

@@ -28,6 +28,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(ctx, n, in, out);
     case OpKind::arg_max: case OpKind::arg_min: return arg_reduce(ctx, n, in, out);
+    case OpKind::cumsum: return cumsum(ctx, n, in, out);
     FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
       return logic(ctx, n, in, out);
     case OpKind::where: return where(ctx, n, in, out);
@@ -47,6 +48,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::expand: return expand(ctx, n, in, out);
     case OpKind::gather: return gather(ctx, n, in, out);
     case OpKind::gather_backward: return gather_backward(ctx, n, in, out);
+    case OpKind::gather_elements: return gather_elements(ctx, n, in, out);
+    case OpKind::gather_elements_backward: return gather_elements_backward(ctx, n, in, out);
     case OpKind::unary_backward: return unary_backward(ctx, n, in, out);
     case OpKind::binary_backward: return binary_backward(ctx, n, in, out);
     case OpKind::batch_norm_backward: return batch_norm_backward(ctx, n, in, out);

@@ -42,7 +42,9 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out);
 void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 void arg_reduce(Context& ctx, const Node& n, Inputs in, Outputs out);  // arg_max, arg_min
-void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);     // softmax, log_softmax
+// kernels/reduce/cumsum.cu
+void cumsum(Context& ctx, const Node& n, Inputs in, Outputs out);
+void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
 void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);
 void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out);
 void transpose(Context& ctx, const Node& n, Inputs in, Outputs out);
@@ -67,9 +69,11 @@ void binary_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void expand(Context& ctx, const Node& n, Inputs in, Outputs out);  // strided input OK
 void slice_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void pad_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
-// kernels/shape/gather.cu: gather (forward, with the shape ops) and gather_backward
+// kernels/shape/gather.cu: gather, gather_elements and their backward ops
 void gather(Context& ctx, const Node& n, Inputs in, Outputs out);
 void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+void gather_elements(Context& ctx, const Node& n, Inputs in, Outputs out);
+void gather_elements_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 // kernels/reduce/backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
 void softmax_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce_max_backward(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -406,9 +406,20 @@ void Exporter::export_node(const Node& n) {
       add("Expand", n.name, {in(n, 0), ints_initializer(n, "shape", a.shape)}, outs(n));
       return;
     }
-    case OpKind::gather: {
-      NodeProto* p = add("Gather", n.name, ins(n), outs(n));
+    case OpKind::gather:
+    case OpKind::gather_elements: {
+      NodeProto* p =
+          add(n.op == OpKind::gather ? "Gather" : "GatherElements", n.name, ins(n), outs(n));
       set_int(p, "axis", std::get<GatherAttrs>(n.attrs).axis);
+      return;
+    }
+    case OpKind::cumsum: {
+      const auto& a = std::get<CumSumAttrs>(n.attrs);
+      NodeProto* p = add(
+          "CumSum", n.name,
+          {in(n, 0), initializer(n, "axis", Tensor::from_vector<int64_t>({}, {a.axis}))}, outs(n));
+      if (a.exclusive) set_int(p, "exclusive", 1);
+      if (a.reverse) set_int(p, "reverse", 1);
       return;
     }
     case OpKind::flatten: {

@@ -234,6 +234,16 @@ void import_arg_reduce(NodeContext& c) {
   c.set_output(0, c.emit1(K, a, {c.input(0)}));
 }
 
+// CumSum: axis (input 1, a known scalar, negative from the end), exclusive and reverse
+// (default 0).
+void import_cumsum(NodeContext& c) {
+  const std::vector<int64_t> axis = c.const_ints_any_rank(1, "axis");
+  c.check(axis.size() == 1, "input 1 (axis) must hold one value, got ", axis.size());
+  const CumSumAttrs a{axis[0], c.attrs().get_int("exclusive", 0) != 0,
+                      c.attrs().get_int("reverse", 0) != 0};
+  c.set_output(0, c.emit1(OpKind::cumsum, a, {c.input(0)}));
+}
+
 // ---- softmax ----
 // Opset 13+: along one axis (default -1). Before: the input is coerced to 2-D at
 // `axis` (default 1) and normalised along the second dim: flatten, softmax over
@@ -298,6 +308,7 @@ const OpSpec kOps[] = {
     {"ReduceLogSumExp", 1, 1, 1, 1, import_reduce_log_sum_exp},
     {"ArgMax", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_max>},
     {"ArgMin", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_min>},
+    {"CumSum", 11, 2, 2, 1, import_cumsum},
     {"Softmax", 1, 1, 1, 1, import_softmax<OpKind::softmax>},
     {"LogSoftmax", 1, 1, 1, 1, import_softmax<OpKind::log_softmax>},
 };

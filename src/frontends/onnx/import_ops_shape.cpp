@@ -450,6 +450,34 @@ void import_resize(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
 }
 
+// GatherElements (torch.gather): the gather_elements op; its inference checks the indices.
+void import_gather_elements(NodeContext& c) {
+  const GatherAttrs a{c.attrs().get_int("axis", 0)};
+  c.set_output(0, c.emit1(OpKind::gather_elements, a, {c.input(0), c.input(1)}));
+}
+
+// Trilu (torch.triu / tril): the last two dims [M, N] keep element (i, j) where j - i >= k
+// (upper, the default) or j - i <= k (lower); k (input 1, default 0) must be known. A
+// where over a known [M, N] mask, the rest zeros of x's dtype (folded when x is known too).
+void import_trilu(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  c.check(x.size() >= 2, "input 0 ", shape_str(x), " must have rank >= 2");
+  int64_t k = 0;
+  if (c.has_input(1)) {
+    const std::vector<int64_t> ks = c.const_ints_any_rank(1, "k");
+    c.check(ks.size() == 1, "input 1 (k) must hold one value, got ", ks.size());
+    k = ks[0];
+  }
+  const bool upper = c.attrs().get_int("upper", 1) != 0;
+  const int64_t m = x[x.size() - 2], n = x[x.size() - 1];
+  Tensor mask = Tensor::empty(DType::boolean, {m, n});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) mask.data<bool>()[i * n + j] = upper ? j - i >= k : j - i <= k;
+  const ValueId keep = c.constant(std::move(mask), "mask");
+  const ValueId zero = c.constant(Tensor::scalar(c.input_type(0).dtype, 0.0), "zero");
+  c.set_output(0, c.emit1(OpKind::where, {}, {keep, c.input(0), zero}));
+}
+
 const OpSpec kOps[] = {
     {"Resize", 11, 1, 4, 1, import_resize},
     {"Split", 11, 1, 2, kVariadic, import_split},
@@ -468,6 +496,8 @@ const OpSpec kOps[] = {
     {"Size", 1, 1, 1, 1, import_size},
     {"ConstantOfShape", 9, 1, 1, 1, import_constant_of_shape},
     {"Gather", 1, 2, 2, 1, import_gather},
+    {"GatherElements", 11, 2, 2, 1, import_gather_elements},
+    {"Trilu", 14, 1, 2, 1, import_trilu},
 };
 
 }  // namespace

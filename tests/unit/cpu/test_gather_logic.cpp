@@ -1,5 +1,6 @@
-// gather / gather_backward, the comparisons, logic ops and where on the CPU backend against
-// naive index loops, and their errors (an index out of range names its position).
+// gather / gather_backward, gather_elements, cumsum, the comparisons, logic ops and where on
+// the CPU backend against naive index loops and hand-worked values, and their errors (an
+// index out of range names its position).
 #include <cmath>
 #include <limits>
 
@@ -76,6 +77,63 @@ TEST(CpuGather, BackwardSumsRepeatedIndices) {
       EXPECT_EQ(d(3), 0.0);
     }
   }
+}
+
+TEST(CpuGather, GatherElementsIsTorchGather) {
+  // torch.gather(x, 1, idx): y[i][j] = x[i][idx[i][j]]; indices shorter than x along dim 0.
+  const Tensor x = Tensor::from_vector<float>({3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+  const Tensor idx = Tensor::from_vector<int32_t>({2, 4}, {2, 0, -1, 1, 1, 1, 0, 2});
+  EXPECT_EQ(run_op(OpKind::gather_elements, GatherAttrs{1}, {x, idx})[0].to_doubles(),
+            (std::vector<double>{3, 1, 3, 2, 5, 5, 4, 6}));
+  // Along dim 0: y[i][j] = x[idx[i][j]][j].
+  const Tensor rows = Tensor::from_vector<int64_t>({1, 3}, {2, 0, 1});
+  EXPECT_EQ(run_op(OpKind::gather_elements, GatherAttrs{0}, {x, rows})[0].to_doubles(),
+            (std::vector<double>{7, 2, 6}));
+  // The backward adds the repeated reads: x[0][2] is read twice above, x[1][1] twice.
+  const Tensor dy = Tensor::from_vector<float>({2, 4}, {1, 2, 4, 8, 16, 32, 64, 128});
+  EXPECT_EQ(run_op(OpKind::gather_elements_backward, GatherBackwardAttrs{GatherAttrs{1}, {3, 3}},
+                   {dy, idx})[0]
+                .to_doubles(),
+            (std::vector<double>{2, 8, 5, 64, 48, 128, 0, 0, 0}));
+  try {
+    run_op(OpKind::gather_elements, GatherAttrs{0},
+           {x, Tensor::from_vector<int64_t>({1, 3}, {0, 3, 0})});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("index 3 at position [0, 1] of input 1 (indices) is "
+                                         "outside [-3, 3)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CpuCumSum, ExclusiveAndReverse) {
+  const Tensor x = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 10, 20, 30});
+  struct Case {
+    bool exclusive, reverse;
+    std::vector<double> want;
+  };
+  for (const Case& c :
+       {Case{false, false, {1, 3, 6, 10, 30, 60}}, Case{true, false, {0, 1, 3, 0, 10, 30}},
+        Case{false, true, {6, 5, 3, 60, 50, 30}}, Case{true, true, {5, 3, 0, 50, 30, 0}}}) {
+    SCOPED_TRACE(cat("exclusive ", c.exclusive, " reverse ", c.reverse));
+    const CumSumAttrs a{.axis = -1, .exclusive = c.exclusive, .reverse = c.reverse};
+    EXPECT_EQ(run_op(OpKind::cumsum, a, {x})[0].to_doubles(), c.want);
+  }
+  // Along dim 0, and integers wrap: INT32_MAX + 1 is INT32_MIN.
+  const Tensor i = Tensor::from_vector<int32_t>({2, 2}, {2147483647, 5, 1, -7});
+  EXPECT_EQ(run_op(OpKind::cumsum, CumSumAttrs{}, {i})[0].to_doubles(),
+            (std::vector<double>{2147483647, 5, -2147483648.0, -2}));
+}
+
+TEST(CpuCumSum, HalfPrecisionRoundsEachOutputOnce) {
+  // A running sum kept in bf16 would stick at 256 (256 + 1 rounds back to 256); the f64 sum
+  // rounded once gives 257 -> 256 (a tie, to even) and 259 -> 260.
+  const Tensor x = Tensor::full(DType::bf16, {259}, 1.0);
+  const std::vector<double> y = run_op(OpKind::cumsum, CumSumAttrs{}, {x})[0].to_doubles();
+  EXPECT_EQ(y[255], 256.0);
+  EXPECT_EQ(y[256], 256.0);
+  EXPECT_EQ(y[258], 260.0);
 }
 
 TEST(CpuLogic, ComparisonsBroadcastAndNaNComparesFalse) {

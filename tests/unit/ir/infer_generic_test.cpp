@@ -135,6 +135,10 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{ExpandAttrs{{2, 3}}, {f32({3})}};
     case OpKind::gather:
       return Sample{GatherAttrs{.axis = 1}, {x23, typed(DType::i64, {4, 5})}};
+    case OpKind::gather_elements:
+      return Sample{GatherAttrs{.axis = 1}, {x23, typed(DType::i32, {1, 3})}};
+    case OpKind::cumsum:
+      return Sample{CumSumAttrs{.axis = -1, .reverse = true}, {x23}};
     case OpKind::unary_backward:
       return Sample{UnaryBackwardAttrs{}, {x23, x23}};
     case OpKind::binary_backward:
@@ -165,6 +169,9 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{SliceBackwardAttrs{SliceAttrs{{0}, {1}, {}, {}}, {2, 3}}, {f32({1, 3})}};
     case OpKind::pad_backward:
       return Sample{PadBackwardAttrs{PadAttrs{{1, 1, 1, 1}}, {2, 3}}, {f32({4, 5})}};
+    case OpKind::gather_elements_backward:
+      return Sample{GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},
+                    {f32({1, 7}), typed(DType::i64, {1, 7})}};
     case OpKind::gather_backward:
       return Sample{GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},
                     {f32({2, 4, 5}), typed(DType::i32, {4, 5})}};
@@ -209,6 +216,8 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::transpose,
                                        OpKind::squeeze,
                                        OpKind::gather,
+                                       OpKind::gather_elements,
+                                       OpKind::cumsum,
                                        OpKind::cross_entropy,
                                        OpKind::batch_norm_backward,
                                        OpKind::layer_norm_backward,

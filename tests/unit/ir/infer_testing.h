@@ -116,6 +116,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.axis, " ", a.keepdims, " ", a.select_last_index);
         else if constexpr (std::is_same_v<A, GatherAttrs>)
           return cat(a.axis);
+        else if constexpr (std::is_same_v<A, CumSumAttrs>)
+          return cat(a.axis, " ", a.exclusive, " ", a.reverse);
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
           return cat(a.gather.axis, shape_str(a.data_shape));
       },

@@ -144,6 +144,13 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{ConstantAttrs{uniform({2})}, {}};
     case OpKind::expand:
       return Example{ExpandAttrs{{2, 3}}, {uniform({3})}};
+    case OpKind::gather_elements:
+      return Example{
+          GatherAttrs{1},
+          {uniform({2, 3}), Tensor::from_vector<int64_t>({2, 4}, {2, 0, -1, 1, 1, 1, 0, 2})}};
+    case OpKind::cumsum:
+      return Example{CumSumAttrs{.axis = 1, .exclusive = true, .reverse = true},
+                     {uniform({2, 3, 4})}};
     case OpKind::gather:  // an embedding lookup with a repeated and a negative index
       return Example{GatherAttrs{0},
                      {uniform({5, 3}), Tensor::from_vector<int64_t>({2, 2}, {4, 0, -1, 2})}};
@@ -198,6 +205,10 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{SliceBackwardAttrs{first_row, {2, 3}}, {uniform({1, 3})}};
     case OpKind::pad_backward:
       return Example{PadBackwardAttrs{reflect, {2, 3}}, {uniform({4, 5})}};
+    case OpKind::gather_elements_backward:  // two indices read element [0, 2]
+      return Example{
+          GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},
+          {uniform({2, 4}), Tensor::from_vector<int64_t>({2, 4}, {2, 0, -1, 1, 1, 1, 0, 2})}};
     case OpKind::gather_backward:  // indices 4 and -1 both add into row 4
       return Example{GatherBackwardAttrs{GatherAttrs{0}, {5, 3}},
                      {uniform({2, 2, 3}), Tensor::from_vector<int64_t>({2, 2}, {4, 0, -1, 2})}};

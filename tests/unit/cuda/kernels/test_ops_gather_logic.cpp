@@ -1,7 +1,7 @@
-// CUDA gather / gather_backward, the comparisons, logic ops and where against the CPU
-// backend: every dtype, every axis, broadcasts and strided views, an embedding-sized lookup
-// with repeated tokens (the backward's atomics), and an index out of range failing the run
-// with the node's message.
+// CUDA gather / gather_backward, gather_elements (+ backward), cumsum, the comparisons,
+// logic ops and where against the CPU backend: every dtype, every axis, broadcasts and strided
+// views, an embedding-sized lookup with repeated tokens (the backward's atomics), and an index out
+// of range failing the run with the node's message.
 #include <cmath>
 #include <limits>
 
@@ -76,6 +76,53 @@ TEST_F(GatherLogicTest, GatherIndexOutOfRangeFailsTheRun) {
                                                "outside [-5, 5)")),
                 std::string::npos)
           << e.what();
+    }
+  }
+}
+
+TEST_F(GatherLogicTest, GatherElementsAndBackwardMatchCpu) {
+  OpHarness h;
+  uint64_t seed = 60;
+  for (int64_t axis : {0, 1, 2}) {
+    for (DType t : {DType::f32, DType::bf16, DType::i64}) {
+      SCOPED_TRACE(cat(dtype_name(t), " axis ", axis));
+      const Tensor data = random_tensor(t, {4, 5, 6}, seed++, -9, 9);
+      Shape is{3, 5, 4};  // shorter than data along dims 0 and 2, longer along the axis is fine
+      is[size_t(axis)] = 7;
+      const int64_t extent = data.shape()[size_t(axis)];
+      const Tensor idx =
+          random_tensor(DType::i64, is, seed++, double(-extent), double(extent) - 0.01);
+      const GatherAttrs attrs{axis};
+      EXPECT_TRUE(
+          all_close(h.run(cuda::gather_elements, OpKind::gather_elements, attrs, {data, idx})[0],
+                    run_op(OpKind::gather_elements, attrs, {data, idx})[0], 0, 0));
+      if (!is_floating(t)) continue;
+      const Tensor dy = random_tensor(t, is, seed++, -1, 1);
+      const GatherBackwardAttrs back{attrs, data.shape()};
+      const double tol = t == DType::bf16 ? 1e-2 : 1e-5;
+      EXPECT_TRUE(all_close(
+          h.run(gather_elements_backward, OpKind::gather_elements_backward, back, {dy, idx})[0],
+          run_op(OpKind::gather_elements_backward, back, {dy, idx})[0], tol, tol));
+    }
+  }
+}
+
+TEST_F(GatherLogicTest, CumSumEveryModeAndDtypeMatchesCpu) {
+  OpHarness h;
+  uint64_t seed = 70;
+  for (DType t : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32}) {
+    for (int64_t axis : {0, 1, 2}) {
+      for (bool exclusive : {false, true}) {
+        for (bool reverse : {false, true}) {
+          SCOPED_TRACE(
+              cat(dtype_name(t), " axis ", axis, " exclusive ", exclusive, " reverse ", reverse));
+          const Tensor x = random_tensor(t, {3, 70, 5}, seed++, -9, 9);
+          const CumSumAttrs attrs{axis, exclusive, reverse};
+          // Same f64 sums rounded once: the CPU's bits.
+          EXPECT_TRUE(all_close(h.run(cumsum, OpKind::cumsum, attrs, {x})[0],
+                                run_op(OpKind::cumsum, attrs, {x})[0], 0, 0));
+        }
+      }
     }
   }
 }

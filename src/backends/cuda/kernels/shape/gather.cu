@@ -11,13 +11,17 @@
 // (runtime/error_flags.h) and the halt word (bad training data: the step's updates are
 // skipped); y's element is then 0.
 //
-// The backward adds with atomics: repeated indices (the same token twice in a batch) meet
+// gather_elements (and its backward) map each index position p of the indices' shape to
+// data's offset with p's coordinate along the axis replaced by idx[p] (ElementsMap).
+//
+// The backwards add with atomics: repeated indices (the same token twice in a batch) meet
 // in one row, so its sums run in no fixed order (not bit-reproducible from run to run, as
 // PyTorch's embedding backward with deterministic algorithms off). f16 / bf16 gradients
 // are summed in an f32 temporary and rounded once; f32 and f64 in place.
 #include <cstdint>
 
 #include "backends/common/gather_view.h"
+#include "backends/cuda/device/strided_layout.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/runtime/error_flags.h"
@@ -60,6 +64,62 @@ __global__ void gather_scatter_add(const T* dy, const I* idx, GatherView v, A* a
   }
 }
 
+// gather_elements' map (rank <= kMaxDims): index position p -> data offset.
+struct ElementsMap {
+  int rank, axis;
+  int64_t extent;                  // data's along the axis
+  int64_t index_shape[kMaxDims];   // outermost first
+  int64_t data_strides[kMaxDims];  // contiguous, outermost first
+  __device__ __forceinline__ int64_t source(int64_t p, int64_t k) const {
+    int64_t offset = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t c = p % index_shape[d];
+      p /= index_shape[d];
+      offset += (d == axis ? k : c) * data_strides[d];
+    }
+    return offset;
+  }
+};
+
+ElementsMap elements_map(const Node& n, const Shape& data, const Shape& indices, int64_t axis) {
+  FUSEBOX_CHECK(data.size() <= size_t(kMaxDims), node_label(n), "gather_elements of rank ",
+                data.size(), "; the CUDA kernel handles at most ", kMaxDims);
+  ElementsMap m{int(data.size()), int(axis), data[size_t(axis)], {}, {}};
+  const Shape strides = contiguous_strides(data);
+  for (size_t d = 0; d < data.size(); ++d) {
+    m.index_shape[d] = indices[d];
+    m.data_strides[d] = strides[d];
+  }
+  return m;
+}
+
+template <class W, class I>
+__global__ void gather_elements_kernel(const W* data, const I* idx, int64_t count, ElementsMap m,
+                                       W* y, ErrorRecord* error, int32_t* halt) {
+  for (int64_t p = global_thread_index(); p < count; p += grid_stride()) {
+    int64_t k = int64_t(idx[p]);
+    if (k < 0) k += m.extent;
+    if (k < 0 || k >= m.extent) {
+      raise_error(error, p, int64_t(idx[p]));
+      raise_halt(halt);
+      y[p] = W(0);
+      continue;
+    }
+    y[p] = data[m.source(p, k)];
+  }
+}
+
+template <class T, class A, class I>
+__global__ void gather_elements_scatter_add(const T* dy, const I* idx, int64_t count, ElementsMap m,
+                                            A* acc) {
+  for (int64_t p = global_thread_index(); p < count; p += grid_stride()) {
+    int64_t k = int64_t(idx[p]);
+    if (k < 0) k += m.extent;
+    if (k < 0 || k >= m.extent) continue;  // the forward raised for it
+    atomicAdd(&acc[m.source(p, k)], A(load_compute(dy, p)));
+  }
+}
+
 template <class T>
 __global__ void round_into(const float* acc, int64_t n, T* out) {
   for (int64_t e = global_thread_index(); e < n; e += grid_stride()) store_compute(out, e, acc[e]);
@@ -72,40 +132,48 @@ void visit_index_dtype(const Node& n, DType t, F&& f) {
   throw Error(node_label(n), cat("indices must be i64 or i32, got ", dtype_name(t)));
 }
 
-}  // namespace
-
-void gather(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  const auto& a = std::get<GatherAttrs>(n.attrs);
+// gather and gather_elements: checks, the node's error record, one launch.
+void run_gather(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const int64_t axis = std::get<GatherAttrs>(n.attrs).axis;
   const DeviceTensor& data = *in[0];
   const DeviceTensor& idx = *in[1];
   const DeviceTensor& y = out[0];
   FUSEBOX_CHECK(data.is_contiguous() && idx.is_contiguous() && y.is_contiguous(), node_label(n),
                 "expects contiguous tensors");
   if (y.numel() == 0) return;
-  const GatherView v = gather_view(data.shape, a.axis, idx.numel());
+  const int64_t extent = data.shape[size_t(axis)];
   ErrorFlags& flags = ErrorFlags::of(ctx.encoder);
-  const ErrorSlot slot = flags.reserve(
-      node_label(n), [extent = v.extent, shape = idx.shape, axis = a.axis](int64_t j, int64_t k) {
+  const ErrorSlot slot =
+      flags.reserve(node_label(n), [extent, shape = idx.shape, axis](int64_t j, int64_t k) {
         return cat("index ", k, " at position ", position_str(j, shape),
                    " of input 1 (indices) is outside [", -extent, ", ", extent, ") (dim ", axis,
                    " of data)");
       });
+  const BufferList reads{data.range(), idx.range()};
   BufferList writes{y.range(), slot.range};
   if (flags.halt()) writes.push_back(*flags.halt());
+  const dim3 grid(launch_blocks(y.numel())), block(kDefaultThreads);
   visit_index_dtype(n, idx.dtype, [&](auto itag) {
     using I = decltype(itag);
-    auto launch = [&](auto wtag) {
+    visit_bytes(dtype_size(data.dtype), [&](auto wtag) {
       using W = decltype(wtag);
-      ctx.encoder.launch(&gather_rows<W, I>, dim3(launch_blocks(y.numel())), dim3(kDefaultThreads),
-                         0, {data.range(), idx.range()}, writes, data.as<const W>(),
-                         idx.as<const I>(), v, y.as<W>(), slot.record, flags.halt_word());
-    };
-    visit_bytes(dtype_size(data.dtype), launch);
+      if (n.op == OpKind::gather)
+        ctx.encoder.launch(&gather_rows<W, I>, grid, block, 0, reads, writes, data.as<const W>(),
+                           idx.as<const I>(), gather_view(data.shape, axis, idx.numel()), y.as<W>(),
+                           slot.record, flags.halt_word());
+      else
+        ctx.encoder.launch(&gather_elements_kernel<W, I>, grid, block, 0, reads, writes,
+                           data.as<const W>(), idx.as<const I>(), idx.numel(),
+                           elements_map(n, data.shape, idx.shape, axis), y.as<W>(), slot.record,
+                           flags.halt_word());
+    });
   });
 }
 
-void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
-  const auto& a = std::get<GatherBackwardAttrs>(n.attrs);
+// gather_backward and gather_elements_backward: zeros, then the scatter-add (into an f32
+// temporary for f16 / bf16, rounded once).
+void run_gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const int64_t axis = std::get<GatherBackwardAttrs>(n.attrs).gather.axis;
   const DeviceTensor& dy = *in[0];
   const DeviceTensor& idx = *in[1];
   const DeviceTensor& dx = out[0];
@@ -116,27 +184,44 @@ void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
     ctx.encoder.memset(dx.range(), 0);  // +0.0 in every float dtype
     return;
   }
-  const GatherView v = gather_view(dx.shape, a.gather.axis, idx.numel());
   visit_index_dtype(n, idx.dtype, [&](auto itag) {
     using I = decltype(itag);
     visit_device_float(n, dx.dtype, [&](auto tag) {
       using T = decltype(tag);
       using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
       const dim3 grid(launch_blocks(dy.numel())), block(kDefaultThreads);
-      if constexpr (std::is_same_v<T, A>) {
-        ctx.encoder.memset(dx.range(), 0);
+      const DeviceTensor acc =
+          std::is_same_v<T, A> ? dx : temporary_tensor(ctx, DType::f32, dx.shape);
+      ctx.encoder.memset(acc.range(), 0);
+      if (n.op == OpKind::gather_backward)
         ctx.encoder.launch(&gather_scatter_add<T, A, I>, grid, block, 0, {dy.range(), idx.range()},
-                           {dx.range()}, dy.as<const T>(), idx.as<const I>(), v, dx.as<A>());
-      } else {
-        const DeviceTensor acc = temporary_tensor(ctx, DType::f32, dx.shape);
-        ctx.encoder.memset(acc.range(), 0);
-        ctx.encoder.launch(&gather_scatter_add<T, A, I>, grid, block, 0, {dy.range(), idx.range()},
-                           {acc.range()}, dy.as<const T>(), idx.as<const I>(), v, acc.as<float>());
+                           {acc.range()}, dy.as<const T>(), idx.as<const I>(),
+                           gather_view(dx.shape, axis, idx.numel()), acc.as<A>());
+      else
+        ctx.encoder.launch(&gather_elements_scatter_add<T, A, I>, grid, block, 0,
+                           {dy.range(), idx.range()}, {acc.range()}, dy.as<const T>(),
+                           idx.as<const I>(), idx.numel(),
+                           elements_map(n, dx.shape, idx.shape, axis), acc.as<A>());
+      if constexpr (!std::is_same_v<T, A>)
         ctx.encoder.launch(&round_into<T>, dim3(launch_blocks(dx.numel())), block, 0, {acc.range()},
                            {dx.range()}, acc.as<const float>(), dx.numel(), dx.as<T>());
-      }
     });
   });
+}
+
+}  // namespace
+
+void gather(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_gather(ctx, n, in, out);
+}
+void gather_elements(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_gather(ctx, n, in, out);
+}
+void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_gather_backward(ctx, n, in, out);
+}
+void gather_elements_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  run_gather_backward(ctx, n, in, out);
 }
 
 }  // namespace fusebox::cuda
