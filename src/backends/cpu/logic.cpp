@@ -66,7 +66,6 @@ void where(const Node& n, Inputs in, Outputs out) {
     T* py = y.data<T>();
     for (size_t i = 0; i < cond.size(); ++i) py[i] = T(cond[i] ? a[i] : b[i]);
   });
-  (void)n;
 }
 
 }  // namespace fusebox::cpu

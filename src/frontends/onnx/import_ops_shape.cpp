@@ -470,6 +470,9 @@ void import_trilu(NodeContext& c) {
   }
   const bool upper = c.attrs().get_int("upper", 1) != 0;
   const int64_t m = x[x.size() - 2], n = x[x.size() - 1];
+  uint64_t nbytes = 0;
+  c.check(io::shape_nbytes({m, n}, 1, kMaxKnownTensorBytes, &nbytes), "its [", m, ", ", n,
+          "] mask would pass ", kMaxKnownTensorBytes, " bytes");
   Tensor mask = Tensor::empty(DType::boolean, {m, n});
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) mask.data<bool>()[i * n + j] = upper ? j - i >= k : j - i <= k;
