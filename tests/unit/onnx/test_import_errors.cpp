@@ -374,6 +374,15 @@ TEST(OnnxImportErrors, HugeConstantOfShapeIsRefused) {
   EXPECT_TRUE(throws_error_with([&] { import(m); }, {"node 'big' (ConstantOfShape)", "bytes"}));
 }
 
+// Trilu's known mask is bounded the same way (the input itself is a run-time value).
+TEST(OnnxImportErrors, HugeTriluMaskIsRefused) {
+  TestModel m(14);
+  m.input("x", TensorProto::FLOAT, {1 << 20, 1 << 20});
+  m.node("Trilu", {"x"}, {"y"}, "tri");
+  m.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"node 'tri' (Trilu)", "mask would pass"}));
+}
+
 TEST(OnnxImportErrors, SparseInitializer) {
   TestModel m;
   m.input("x", TensorProto::FLOAT, {2});
