@@ -8,7 +8,11 @@
 //   p      = softmax(scores [* c | / c], last axis)
 //   y      = matmul(p, v)
 // with float casts anywhere between the scores and the last matmul (mixed precision runs the
-// softmax in f32) and c constant scalars, whose product is the attention's scale. This covers
+// softmax in f32) and c constant scalars, whose product is the attention's scale. Between the
+// scores and the softmax there may also be a causal mask in Hugging Face's form,
+// where(tril, scores, fill): tril a known bool [.., Tq, Tk] (leading dims 1) holding
+// j <= i, fill a known scalar <= -65504 (finfo.min of f16, bf16 or f32, or -inf), so that
+// exp(fill - max) is 0 and the masked keys drop out as the causal attention drops them. This covers
 // the zoo's ViT (scale after the product) and PyTorch's exported scaled_dot_product_attention
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
 // fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
@@ -28,16 +32,34 @@ using fusion::op_text;
 using fusion::Readers;
 using fusion::Takeover;
 
-// The value of a constant scalar (one element): a graph constant or a constant node's.
+// The known tensor behind v (a graph constant or a constant node's), else nullptr.
+const Tensor* known_tensor(const Graph& g, ValueId v) {
+  if (g.is_constant(v)) return &g.constants().at(v);
+  if (const NodeId p = g.value(v).producer; p >= 0 && g.node(p).op == OpKind::constant)
+    return &std::get<ConstantAttrs>(g.node(p).attrs).value;
+  return nullptr;
+}
+
+// The value of a known scalar (one float element).
 std::optional<double> constant_scalar(const Graph& g, ValueId v) {
-  const Tensor* t = nullptr;
-  if (g.is_constant(v)) {
-    t = &g.constants().at(v);
-  } else if (const NodeId p = g.value(v).producer; p >= 0 && g.node(p).op == OpKind::constant) {
-    t = &std::get<ConstantAttrs>(g.node(p).attrs).value;
-  }
+  const Tensor* t = known_tensor(g, v);
   if (t == nullptr || t->numel() != 1 || !is_floating(t->dtype())) return std::nullopt;
   return t->get(0);
+}
+
+// A known bool [1.., tq, tk] that keeps exactly the keys j <= i of query i (top-left aligned).
+bool is_causal_mask(const Graph& g, ValueId v, int64_t tq, int64_t tk) {
+  const Tensor* m = known_tensor(g, v);
+  if (m == nullptr || m->dtype() != DType::boolean || m->rank() < 2) return false;
+  const Shape& s = m->shape();
+  for (size_t d = 0; d + 2 < s.size(); ++d)
+    if (s[d] != 1) return false;
+  if (s[s.size() - 2] != tq || s[s.size() - 1] != tk) return false;
+  const bool* keep = m->data<bool>();
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      if (keep[i * tk + j] != (j <= i)) return false;
+  return true;
 }
 
 // mul(x, c) or mul(c, x) with c a constant scalar: x and c; else nothing.
@@ -74,6 +96,8 @@ class Matcher {
       return false;
     replaced_.clear();
     double scale = 1.0;
+    bool causal = false;
+    const int64_t queries = s_type.shape[rank - 2], keys = s_type.shape[rank - 1];
     // Up from the softmax: casts and scales, to the scores matmul.
     ValueId v = softmax.inputs[0];
     const Node* scores = nullptr;
@@ -84,6 +108,12 @@ class Matcher {
         replaced_.push_back(w->id), v = w->inputs[0];
       } else if (auto s = scaled_by_constant(g_, *w)) {
         replaced_.push_back(w->id), v = s->first, scale *= s->second;
+      } else if (w->op == OpKind::where && !causal &&
+                 is_causal_mask(g_, w->inputs[0], queries, keys) &&
+                 g_.value(w->outputs[0]).type.shape == g_.value(w->inputs[1]).type.shape) {
+        const std::optional<double> fill = constant_scalar(g_, w->inputs[2]);
+        if (!fill || !(*fill <= -65504.0)) return false;
+        replaced_.push_back(w->id), v = w->inputs[1], causal = true;
       } else if (w->op == OpKind::matmul) {
         scores = w;
         break;
@@ -152,7 +182,7 @@ class Matcher {
     std::sort(replaced_.begin(), replaced_.end());
     t = Takeover{
         replaced_, product->outputs[0], {}, {{0, q}, {1, k}, {2, values}}, OpKind::attention};
-    attrs = AttentionAttrs{scale, false};
+    attrs = AttentionAttrs{scale, causal};
     ops.clear();
     for (NodeId n : replaced_) ops.push_back(op_text(g_.node(n)));
     return true;

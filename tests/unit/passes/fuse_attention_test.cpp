@@ -1,9 +1,10 @@
 // fuse_attention (passes/fusion.h): attention spelled out as ops becomes one attention node.
 // On the CPU backend: the zoo's ViT (scale after the product, bf16 with the casts mixed
 // precision puts around the softmax) and PyTorch's exported SDPA form (sqrt(scale) on q and
-// on k^T) fuse and compute what the chain computes; f32 chains and a chain whose values are
-// read elsewhere do not fuse; the gradient rule (with or without the forward's lse; its numbers:
-// gradcheck_norm_test.cpp). The CUDA lowering (cuDNN's fused attention, the row kernels):
+// on k^T) fuse and compute what the chain computes, and so does Hugging Face's causal-mask
+// form (where over a lower-triangular mask, as causal attention); f32 chains and a chain whose
+// values are read elsewhere do not fuse; the gradient rule (with or without the forward's lse; its
+// numbers: gradcheck_norm_test.cpp). The CUDA lowering (cuDNN's fused attention, the row kernels):
 // tests/unit/cuda/kernels/test_ops_attention.cpp.
 #include <cmath>
 
@@ -106,6 +107,57 @@ TEST(FuseAttention, TrainingFormOutputsLseForItsGradient) {
   grad(g, loss, {g.inputs()[0]}, {});
   EXPECT_EQ(count_op(g, OpKind::attention), 1u);
   EXPECT_EQ(count_op(g, OpKind::attention_backward), 1u);
+}
+
+// Hugging Face's GPT-2 eager attention: scores / sqrt(d), where(tril, scores, finfo.min),
+// softmax, product: a causal attention when the mask is exactly the lower triangle.
+Graph hf_causal_form(const Tensor& mask, double fill) {
+  Graph g("hf_causal");
+  const DType t = DType::bf16;
+  const Shape shape = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", t, shape);
+  const ValueId k = g.add_input("k", t, shape);
+  const ValueId v = g.add_input("v", t, shape);
+  const ValueId kt = g.add_node(OpKind::transpose, TransposeAttrs{{0, 1, 3, 2}}, {k}, "k_t")[0];
+  const ValueId s = g.add_node(OpKind::matmul, {}, {q, kt}, "scores")[0];
+  const ValueId c = g.add_constant("root_d", Tensor::scalar(t, std::sqrt(8.0)));
+  const ValueId sd = g.add_node(OpKind::div, {}, {s, c}, "scaled")[0];
+  const ValueId m = g.add_constant("bias", mask);
+  const ValueId f = g.add_constant("fill", Tensor::scalar(t, fill));
+  const ValueId w = g.add_node(OpKind::where, {}, {m, sd, f}, "masked")[0];
+  const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {w}, "softmax")[0];
+  const ValueId y = g.add_node(OpKind::matmul, {}, {p, v}, "context")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  return g;
+}
+
+TEST(FuseAttention, HuggingFaceCausalMaskFusesAsCausal) {
+  Tensor tril = Tensor::empty(DType::boolean, {1, 1, 5, 5});
+  for (int64_t i = 0; i < 5; ++i)
+    for (int64_t j = 0; j < 5; ++j) tril.data<bool>()[i * 5 + j] = j <= i;
+  const double bf16_min = -3.3895313892515355e38;
+  Graph g = hf_causal_form(tril, bf16_min);
+  const Graph before = g;
+  ASSERT_EQ(fuse_attention(g), 1u);
+  ASSERT_EQ(count_op(g, OpKind::where), 0u);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::attention) continue;
+    EXPECT_TRUE(std::get<AttentionAttrs>(n.attrs).causal);
+    EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 1 / std::sqrt(8.0), 1e-3);
+  }
+  const NamedTensors feeds = {{"q", random_tensor(DType::bf16, {2, 3, 5, 8}, 1)},
+                              {"k", random_tensor(DType::bf16, {2, 3, 5, 8}, 2)},
+                              {"v", random_tensor(DType::bf16, {2, 3, 5, 8}, 3)}};
+  EXPECT_TRUE(all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
+  // Not the lower triangle (one key kept past the diagonal), or a fill that does not vanish
+  // under exp: stays a where.
+  Tensor off = tril;
+  off.data<bool>()[1] = true;  // query 0 sees key 1
+  Graph g2 = hf_causal_form(off, bf16_min);
+  EXPECT_EQ(fuse_attention(g2), 0u);
+  Graph g3 = hf_causal_form(tril, -100.0);
+  EXPECT_EQ(fuse_attention(g3), 0u);
 }
 
 TEST(FuseAttention, ScoresReadElsewhereOrF32StayUnfused) {
