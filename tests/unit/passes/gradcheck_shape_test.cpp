@@ -1,6 +1,7 @@
 // Gradient checks for the shape and data-movement ops: reshape, flatten, transpose,
 // concat, slice (negative steps, clamped bounds), pad (every mode, crops), squeeze,
-// unsqueeze, cast, identity, expand and constant.
+// unsqueeze, cast, identity, expand, constant, gather and gather_elements (repeated and
+// negative indices), cumsum (every mode) and where (broadcast operands).
 #include <algorithm>
 #include <numeric>
 
@@ -192,6 +193,52 @@ TEST(GradCheckShape, Expand) {
         },
         seed++);
   }
+}
+
+TEST(GradCheckShape, GatherAndGatherElements) {
+  // An embedding-like lookup along each axis: repeated and negative indices add up.
+  const Tensor rows = Tensor::from_vector<int64_t>({2, 3}, {3, 0, -1, 3, 1, 1});
+  for (int64_t axis : {0, 1}) {
+    check_unary_op(
+        "gather", cat("x [4, 4] axis ", axis, " indices [2, 3]"), {4, 4},
+        [&rows, axis](Builder& b, ValueId v) {
+          return b.op(OpKind::gather, GatherAttrs{axis}, {v, b.constant(rows)}).at(0);
+        },
+        8700 + uint64_t(axis));
+  }
+  const Tensor picks = Tensor::from_vector<int32_t>({2, 4}, {2, 0, -1, 1, 1, 1, 0, 2});
+  check_unary_op(
+      "gather_elements", "x [3, 3] axis 1 indices [2, 4]", {3, 3},
+      [&picks](Builder& b, ValueId v) {
+        return b.op(OpKind::gather_elements, GatherAttrs{1}, {v, b.constant(picks)}).at(0);
+      },
+      8710);
+}
+
+TEST(GradCheckShape, CumSum) {
+  uint64_t seed = 8720;
+  for (int64_t axis : {0, 1, -1})
+    for (bool exclusive : {false, true})
+      for (bool reverse : {false, true}) {
+        const CumSumAttrs a{axis, exclusive, reverse};
+        check_unary_op(
+            "cumsum",
+            cat("x [3, 4, 2] axis ", axis, " exclusive ", exclusive, " reverse ", reverse),
+            {3, 4, 2}, [a](Builder& b, ValueId v) { return b.op(OpKind::cumsum, a, {v}).at(0); },
+            seed++);
+      }
+}
+
+// where(c, a, b) with every operand broadcast: a's gradient where c holds, summed back to a's
+// shape; b's elsewhere.
+TEST(GradCheckShape, Where) {
+  Tensor c = Tensor::empty(DType::boolean, {2, 1, 3});
+  for (int64_t i = 0; i < 6; ++i) c.data<bool>()[i] = (i * 7) % 3 != 0;
+  Forward f = [c](Builder& b, const std::vector<ValueId>& v) {
+    return std::vector<ValueId>{b.op(OpKind::where, {}, {b.constant(c), v[0], v[1]}).at(0)};
+  };
+  EXPECT_TRUE(check_gradients({input("a", {4, 1}, 8730), input("b", {2, 4, 3}, 8731)}, f,
+                              {"where", "c [2, 1, 3], a [4, 1], b [2, 4, 3]", {}, 48, 8732}));
 }
 
 TEST(GradCheckShape, IdentityAndConstant) {
