@@ -47,6 +47,17 @@ std::optional<double> constant_scalar(const Graph& g, ValueId v) {
   return t->get(0);
 }
 
+// The where's fill: a known scalar, or one behind a float cast (training graphs keep
+// mixed precision's cast of an f32 constant to the scores' dtype instead of folding it). The
+// cast's rounding cannot move a value <= -65504 above it (it stays there or becomes -inf).
+std::optional<double> fill_value(const Graph& g, ValueId v) {
+  if (std::optional<double> c = constant_scalar(g, v)) return c;
+  const NodeId p = g.value(v).producer;
+  if (p >= 0 && g.node(p).op == OpKind::cast && is_floating(g.value(v).type.dtype))
+    return constant_scalar(g, g.node(p).inputs[0]);
+  return std::nullopt;
+}
+
 // A known bool [1.., tq, tk] that keeps exactly the keys j <= i of query i (top-left aligned).
 bool is_causal_mask(const Graph& g, ValueId v, int64_t tq, int64_t tk) {
   const Tensor* m = known_tensor(g, v);
@@ -111,7 +122,7 @@ class Matcher {
       } else if (w->op == OpKind::where && !causal &&
                  is_causal_mask(g_, w->inputs[0], queries, keys) &&
                  g_.value(w->outputs[0]).type.shape == g_.value(w->inputs[1]).type.shape) {
-        const std::optional<double> fill = constant_scalar(g_, w->inputs[2]);
+        const std::optional<double> fill = fill_value(g_, w->inputs[2]);
         if (!fill || !(*fill <= -65504.0)) return false;
         replaced_.push_back(w->id), v = w->inputs[1], causal = true;
       } else if (w->op == OpKind::matmul) {

@@ -111,7 +111,7 @@ TEST(FuseAttention, TrainingFormOutputsLseForItsGradient) {
 
 // Hugging Face's GPT-2 eager attention: scores / sqrt(d), where(tril, scores, finfo.min),
 // softmax, product: a causal attention when the mask is exactly the lower triangle.
-Graph hf_causal_form(const Tensor& mask, double fill) {
+Graph hf_causal_form(const Tensor& mask, double fill, bool fill_cast = false) {
   Graph g("hf_causal");
   const DType t = DType::bf16;
   const Shape shape = {2, 3, 5, 8};
@@ -123,7 +123,12 @@ Graph hf_causal_form(const Tensor& mask, double fill) {
   const ValueId c = g.add_constant("root_d", Tensor::scalar(t, std::sqrt(8.0)));
   const ValueId sd = g.add_node(OpKind::div, {}, {s, c}, "scaled")[0];
   const ValueId m = g.add_constant("bias", mask);
-  const ValueId f = g.add_constant("fill", Tensor::scalar(t, fill));
+  // fill_cast: an f32 constant cast to bf16 by a node (training graphs keep that cast).
+  const ValueId f =
+      fill_cast
+          ? g.add_node(OpKind::cast, CastAttrs{t},
+                       {g.add_constant("fill", Tensor::scalar(DType::f32, fill))}, "fill_bf16")[0]
+          : g.add_constant("fill", Tensor::scalar(t, fill));
   const ValueId w = g.add_node(OpKind::where, {}, {m, sd, f}, "masked")[0];
   const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {w}, "softmax")[0];
   const ValueId y = g.add_node(OpKind::matmul, {}, {p, v}, "context")[0];
@@ -152,12 +157,15 @@ TEST(FuseAttention, HuggingFaceCausalMaskFusesAsCausal) {
   EXPECT_TRUE(all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
   // Not the lower triangle (one key kept past the diagonal), or a fill that does not vanish
   // under exp: stays a where.
-  Tensor off = tril;
+  Tensor off = tril.clone();  // a Tensor copy shares the bytes
   off.data<bool>()[1] = true;  // query 0 sees key 1
   Graph g2 = hf_causal_form(off, bf16_min);
   EXPECT_EQ(fuse_attention(g2), 0u);
   Graph g3 = hf_causal_form(tril, -100.0);
   EXPECT_EQ(fuse_attention(g3), 0u);
+  // The fill behind a cast of an f32 constant (f32's finfo.min) still fuses.
+  Graph g4 = hf_causal_form(tril, -3.4028234663852886e38, /*fill_cast=*/true);
+  EXPECT_EQ(fuse_attention(g4), 1u);
 }
 
 TEST(FuseAttention, ScoresReadElsewhereOrF32StayUnfused) {
