@@ -17,33 +17,32 @@
 
 namespace fusebox {
 
+// clang-format off
 #define FUSEBOX_OP_KINDS(X)                                                                        \
-  X(conv)                                                                                          \
-  X(conv_backward_data)                                                                            \
-  X(conv_backward_filter)                                                                          \
-  X(batch_norm)                                                                                    \
-  X(layer_norm)                                                                                    \
-  X(rms_norm)                                                                                      \
-  X(relu)                                                                                          \
-  X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) X(reciprocal)    \
-      X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)  \
-          X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) \
-              X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean) \
-                  X(reduce_max) X(arg_max) X(arg_min) X(cumsum) X(softmax) X(log_softmax)          \
-                      X(max_pool) X(avg_pool) X(global_avg_pool) X(reshape) X(flatten)             \
-                          X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)   \
-                              X(constant) X(identity) X(expand) X(gather) X(gather_elements)       \
-                                  X(cross_entropy) /* backward ops (autodiff emits them; see       \
-                                                      "backward ops" below) */                     \
-      X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)           \
-          X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                         \
-              X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                \
-                  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward)        \
-                      X(gather_elements_backward) /* optimizer updates and f16 loss scaling */     \
-      X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                          \
-          X(fused_pointwise) /* generated pointwise kernels (passes/fuse_pointwise.h) */           \
-      X(attention)           /* fused attention (passes/fusion.h fuse_attention) */                \
-      X(attention_backward)
+  X(conv) X(conv_backward_data) X(conv_backward_filter) X(batch_norm) X(layer_norm) X(rms_norm)    \
+  X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt)          \
+  X(reciprocal)                                                                                    \
+  X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)      \
+  X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and)         \
+  X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean)             \
+  X(reduce_max)                                                                                    \
+  X(arg_max) X(arg_min) X(cumsum) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)                \
+  X(global_avg_pool)                                                                               \
+  X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)     \
+  X(constant) X(identity) X(expand) X(gather) X(gather_elements) X(cross_entropy)                  \
+  /* backward ops (autodiff emits them; see "backward ops" below) */                               \
+  X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)               \
+  X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)       \
+  X(reduce_max_backward) X(max_pool_backward) X(avg_pool_backward) X(slice_backward)               \
+  X(pad_backward)                                                                                  \
+  X(gather_backward) X(gather_elements_backward)                                                   \
+  /* optimizer updates and f16 loss scaling */                                                     \
+  X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                              \
+  /* generated pointwise kernels (passes/fuse_pointwise.h) */                                      \
+  X(fused_pointwise)                                                                               \
+  /* fused attention (passes/fusion.h fuse_attention) */                                           \
+  X(attention) X(attention_backward)
+// clang-format on
 
 enum class OpKind : uint8_t {
 #define FUSEBOX_ENUM(name) name,
@@ -214,7 +213,13 @@ struct ReduceAttrs {
 };
 // arg_max / arg_min: the index (i64) of the largest / smallest element along `axis` (ONNX
 // ArgMax / ArgMin, opset 13): the first such index, or the last with select_last_index; a NaN
-// counts as the largest and the smallest (as NumPy's argmax / argmin). Not differentiable.
+// counts as the largest and the smallest (as NumPy's argmax / argmin); keepdims keeps the
+// axis as extent 1. Not differentiable.
+struct ArgReduceAttrs {
+  int64_t axis = 0;
+  bool keepdims = true;
+  bool select_last_index = false;
+};
 // cumsum: running sums of x along `axis` (normalised), ONNX CumSum: y[.., i, ..] = sum of
 //   x[.., j, ..] over j <= i (exclusive: j < i; reverse: j >= i, or j > i with both).
 //   Numeric x; floats sum in f64 and round each output once, integers wrap.
@@ -222,11 +227,6 @@ struct CumSumAttrs {
   int64_t axis = 0;
   bool exclusive = false;
   bool reverse = false;
-};
-struct ArgReduceAttrs {
-  int64_t axis = 0;
-  bool keepdims = true;
-  bool select_last_index = false;
 };
 // softmax / log_softmax over one axis (ONNX opset 13 semantics).
 struct SoftmaxAttrs {
