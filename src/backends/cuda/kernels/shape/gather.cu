@@ -30,6 +30,14 @@ namespace fusebox::cuda {
 
 namespace {
 
+// Index k along an axis of `extent` as a position in [0, extent) (negative ones count from
+// the end); -1 when out of range.
+template <class I>
+__device__ __forceinline__ int64_t position_along(I k, int64_t extent) {
+  const int64_t p = int64_t(k) < 0 ? int64_t(k) + extent : int64_t(k);
+  return p >= 0 && p < extent ? p : -1;
+}
+
 template <class W, class I>
 __global__ void gather_rows(const W* data, const I* idx, GatherView v, W* y, ErrorRecord* error,
                             int32_t* halt) {
@@ -37,9 +45,8 @@ __global__ void gather_rows(const W* data, const I* idx, GatherView v, W* y, Err
   for (int64_t e = global_thread_index(); e < total; e += grid_stride()) {
     const int64_t i = e % v.inner, t = e / v.inner;
     const int64_t j = t % v.count, o = t / v.count;
-    int64_t k = int64_t(idx[j]);
-    if (k < 0) k += v.extent;
-    if (k < 0 || k >= v.extent) {
+    const int64_t k = position_along(idx[j], v.extent);
+    if (k < 0) {
       raise_error(error, j, int64_t(idx[j]));
       raise_halt(halt);
       y[e] = W(0);
@@ -57,9 +64,8 @@ __global__ void gather_scatter_add(const T* dy, const I* idx, GatherView v, A* a
   for (int64_t e = global_thread_index(); e < total; e += grid_stride()) {
     const int64_t i = e % v.inner, t = e / v.inner;
     const int64_t j = t % v.count, o = t / v.count;
-    int64_t k = int64_t(idx[j]);
-    if (k < 0) k += v.extent;
-    if (k < 0 || k >= v.extent) continue;
+    const int64_t k = position_along(idx[j], v.extent);
+    if (k < 0) continue;
     atomicAdd(&acc[(o * v.extent + k) * v.inner + i], A(load_compute(dy, e)));
   }
 }
@@ -97,9 +103,8 @@ template <class W, class I>
 __global__ void gather_elements_kernel(const W* data, const I* idx, int64_t count, ElementsMap m,
                                        W* y, ErrorRecord* error, int32_t* halt) {
   for (int64_t p = global_thread_index(); p < count; p += grid_stride()) {
-    int64_t k = int64_t(idx[p]);
-    if (k < 0) k += m.extent;
-    if (k < 0 || k >= m.extent) {
+    const int64_t k = position_along(idx[p], m.extent);
+    if (k < 0) {
       raise_error(error, p, int64_t(idx[p]));
       raise_halt(halt);
       y[p] = W(0);
@@ -113,9 +118,8 @@ template <class T, class A, class I>
 __global__ void gather_elements_scatter_add(const T* dy, const I* idx, int64_t count, ElementsMap m,
                                             A* acc) {
   for (int64_t p = global_thread_index(); p < count; p += grid_stride()) {
-    int64_t k = int64_t(idx[p]);
-    if (k < 0) k += m.extent;
-    if (k < 0 || k >= m.extent) continue;  // the forward raised for it
+    const int64_t k = position_along(idx[p], m.extent);
+    if (k < 0) continue;  // the forward raised for it
     atomicAdd(&acc[m.source(p, k)], A(load_compute(dy, p)));
   }
 }
