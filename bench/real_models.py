@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Real-model suite (issue 15): torchvision models exported by PyTorch's own ONNX exporter
-(TorchScript-based, opset 17), each run through `fusebox run` and compared with PyTorch on the
-same input. What a new user does first: `fusebox run their_model.onnx`.
+(TorchScript-based, opset 17; or with --exporter dynamo the torch.export-based exporter that
+torch.onnx.export uses by default since PyTorch 2.9, at its default opset), each run through
+`fusebox run` and compared with PyTorch on the same input. What a new user does first:
+`fusebox run their_model.onnx`.
 
     python3 bench/real_models.py --fusebox build/release/tools/fusebox [--device cpu|cuda]
         [--models resnet18,vit_b_16,...] [--batch 1] [--json FILE] [--work DIR] [--keep]
@@ -149,8 +151,15 @@ def run_one(name, size, args, work):
         want = model(x).float().cpu().numpy()
     path = work / f"{name}.onnx"
     try:
-        torch.onnx.export(model, (x,), str(path), opset_version=17, input_names=["input"],
-                          output_names=["logits"], dynamo=False)
+        if args.exporter == "dynamo":  # what torch.onnx.export does by default since 2.9
+            torch.onnx.export(model, (x,), str(path), input_names=["input"],
+                              output_names=["logits"], dynamo=True)
+        else:
+            torch.onnx.export(model, (x,), str(path), opset_version=17, input_names=["input"],
+                              output_names=["logits"], dynamo=False)
+        import onnx  # the opset the exporter wrote
+        row["opset"] = next(o.version for o in onnx.load(str(path), load_external_data=False)
+                            .opset_import if o.domain in ("", "ai.onnx"))
     except Exception as e:  # noqa: BLE001 -- the exporter's own failures are data here
         row.update(status="export", detail=first_line(str(e)))
         return row
@@ -185,6 +194,9 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript",
+                        help="torchscript: opset 17, dynamo=False; dynamo: torch.onnx.export's "
+                             "default since PyTorch 2.9 (torch.export, its default opset)")
     parser.add_argument("--json")
     parser.add_argument("--work", help="directory for the exports (default: a temporary one)")
     args = parser.parse_args()
@@ -200,20 +212,22 @@ def main():
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="fusebox_models_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, device "
-          f"{args.device}, work dir {work}", flush=True)
+          f"{args.device}, exporter {args.exporter}, work dir {work}", flush=True)
     rows = []
     for name, size in table:
         row = run_one(name, size, args, work)
         rows.append(row)
         detail = (f"rel {row['rel_l2']:.2e}" if "rel_l2" in row else row.get("detail", ""))
-        print(f"{name:30s} {row['status']:9s} {detail}", flush=True)
+        print(f"{name:30s} {row['status']:9s} opset {row.get('opset', '?'):<3} {detail}",
+              flush=True)
     counts = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bench": "real_models", "torch": torch.__version__,
+            json.dump({"bench": "real_models", "exporter": args.exporter,
+                       "torch": torch.__version__,
                        "torchvision": torchvision.__version__, "device": args.device,
                        "rows": rows}, f, indent=1)
     return 0 if counts.get("mismatch", 0) == 0 else 1

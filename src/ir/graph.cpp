@@ -35,6 +35,52 @@ const char* activation_name(Activation a) {
   return "?";
 }
 
+const char* resize_mode_name(ResizeMode m) {
+  switch (m) {
+    case ResizeMode::nearest:
+      return "nearest";
+    case ResizeMode::linear:
+      return "linear";
+    case ResizeMode::cubic:
+      return "cubic";
+  }
+  return "?";
+}
+
+const char* resize_coordinates_name(ResizeCoordinates c) {
+  switch (c) {
+    case ResizeCoordinates::half_pixel:
+      return "half_pixel";
+    case ResizeCoordinates::half_pixel_symmetric:
+      return "half_pixel_symmetric";
+    case ResizeCoordinates::pytorch_half_pixel:
+      return "pytorch_half_pixel";
+    case ResizeCoordinates::align_corners:
+      return "align_corners";
+    case ResizeCoordinates::asymmetric:
+      return "asymmetric";
+    case ResizeCoordinates::tf_crop_and_resize:
+      return "tf_crop_and_resize";
+    case ResizeCoordinates::tf_half_pixel_for_nn:
+      return "tf_half_pixel_for_nn";
+  }
+  return "?";
+}
+
+const char* resize_nearest_name(ResizeNearest r) {
+  switch (r) {
+    case ResizeNearest::round_prefer_floor:
+      return "round_prefer_floor";
+    case ResizeNearest::round_prefer_ceil:
+      return "round_prefer_ceil";
+    case ResizeNearest::floor:
+      return "floor";
+    case ResizeNearest::ceil:
+      return "ceil";
+  }
+  return "?";
+}
+
 bool parse_op_name(const std::string& name, OpKind* out) {
   for (const OpInfo& info : kOpTable) {
     if (name == info.name) {
@@ -324,6 +370,15 @@ std::string attr_str(const Attrs& attrs) {
                      a.reverse ? " reverse=1" : "");
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
           return cat(attr_str(a.gather), " data_shape=", ints(a.data_shape));
+        else if constexpr (std::is_same_v<A, ResizeAttrs>) {
+          std::string s = cat("sizes=", ints(a.sizes), " mode=", resize_mode_name(a.mode),
+                              " coordinates=", resize_coordinates_name(a.coordinates));
+          if (a.mode == ResizeMode::nearest) s += cat(" nearest=", resize_nearest_name(a.nearest));
+          if (a.mode == ResizeMode::cubic)
+            s += cat(" cubic_a=", a.cubic_a, a.exclude_outside ? " exclude_outside=1" : "");
+          return s;
+        } else if constexpr (std::is_same_v<A, ResizeBackwardAttrs>)
+          return cat(attr_str(a.resize), " input_shape=", ints(a.input_shape));
         else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>) {
           std::string s = cat("op=", op_name(a.op));
           if (a.op == OpKind::leaky_relu) s += cat(" alpha=", a.alpha);

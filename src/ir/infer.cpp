@@ -16,7 +16,7 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 38> kAttrsNames = {
+constexpr std::array<const char*, 40> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
@@ -25,11 +25,11 @@ constexpr std::array<const char*, 38> kAttrsNames = {
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
     "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
     "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs",
-    "CumSumAttrs"};
+    "CumSumAttrs", "ResizeAttrs", "ResizeBackwardAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<CumSumAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<ResizeBackwardAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -284,6 +284,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_gather(c);
     case OpKind::gather_elements:
       return infer_gather_elements(c);
+    case OpKind::resize:
+      return infer_resize(c);
     case OpKind::unary_backward:
       return infer_unary_backward(c);
     case OpKind::binary_backward:
@@ -310,6 +312,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
     case OpKind::gather_backward:
     case OpKind::gather_elements_backward:
       return infer_gather_backward(c);
+    case OpKind::resize_backward:
+      return infer_resize_backward(c);
     case OpKind::sgd_update:
     case OpKind::adamw_update:
       return infer_optimizer(c);

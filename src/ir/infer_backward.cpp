@@ -213,28 +213,32 @@ Types infer_pool_backward(Context& c) {
   return {x};
 }
 
-// slice_backward: (dy) -> dx of input_shape; the slice is normalised against it.
-Types infer_slice_backward(Context& c) {
-  SliceBackwardAttrs& a = c.attrs<SliceBackwardAttrs>();
+// The backward ops whose forward has one input: (dy) -> dx of input_shape, dy's dtype
+// (float); the forward's attributes are normalised against input_shape as the forward's.
+template <class A>
+Types infer_dy_to_input(Context& c, OpKind forward, A& forward_attrs, const Shape& input_shape) {
   c.expect_float(0);
-  expect_extents(c, a.input_shape, "input_shape");
-  const TensorType x{c.dtype(0), a.input_shape};
+  expect_extents(c, input_shape, "input_shape");
+  const TensorType x{c.dtype(0), input_shape};
   const Types fwd =
-      forward_types(c, OpKind::slice, a.slice, {x}, cat("x ", type_str(x), " (input_shape)"));
+      forward_types(c, forward, forward_attrs, {x}, cat("x ", type_str(x), " (input_shape)"));
   expect_type(c, 0, fwd[0], "output y");
   return {x};
 }
 
-// pad_backward: (dy) -> dx of input_shape.
+Types infer_slice_backward(Context& c) {
+  SliceBackwardAttrs& a = c.attrs<SliceBackwardAttrs>();
+  return infer_dy_to_input(c, OpKind::slice, a.slice, a.input_shape);
+}
+
 Types infer_pad_backward(Context& c) {
   PadBackwardAttrs& a = c.attrs<PadBackwardAttrs>();
-  c.expect_float(0);
-  expect_extents(c, a.input_shape, "input_shape");
-  const TensorType x{c.dtype(0), a.input_shape};
-  const Types fwd =
-      forward_types(c, OpKind::pad, a.pad, {x}, cat("x ", type_str(x), " (input_shape)"));
-  expect_type(c, 0, fwd[0], "output y");
-  return {x};
+  return infer_dy_to_input(c, OpKind::pad, a.pad, a.input_shape);
+}
+
+Types infer_resize_backward(Context& c) {
+  ResizeBackwardAttrs& a = c.attrs<ResizeBackwardAttrs>();
+  return infer_dy_to_input(c, OpKind::resize, a.resize, a.input_shape);
 }
 
 // gather_backward, gather_elements_backward: (dy, indices) -> ddata of data_shape, dy's

@@ -131,6 +131,7 @@ Types infer_identity(Context& c);
 Types infer_expand(Context& c);
 Types infer_gather(Context& c);
 Types infer_gather_elements(Context& c);
+Types infer_resize(Context& c);
 
 // infer_backward.cpp: the backward ops, each checked against its forward op; optimizer
 // updates.
@@ -145,7 +146,8 @@ Types infer_pool_backward(Context& c);  // max_pool_backward, avg_pool_backward
 Types infer_slice_backward(Context& c);
 Types infer_pad_backward(Context& c);
 Types infer_gather_backward(Context& c);  // and gather_elements_backward
-Types infer_optimizer(Context& c);        // sgd_update, adamw_update
+Types infer_resize_backward(Context& c);
+Types infer_optimizer(Context& c);  // sgd_update, adamw_update
 Types infer_nonfinite_any(Context& c);
 Types infer_loss_scale_update(Context& c);
 

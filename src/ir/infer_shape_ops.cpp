@@ -286,4 +286,42 @@ Types infer_gather_elements(Context& c) {
   return {{c.dtype(0), c.shape(1)}};
 }
 
+// resize (ops.h): sizes, one non-negative extent per dim of x; scales (filled with out / in
+// when empty) and roi (filled with [0, 1]) per dim; linear / cubic need floats. A dim of
+// extent 0 can only resize to 0 (there is nothing to read).
+Types infer_resize(Context& c) {
+  ResizeAttrs& a = c.attrs<ResizeAttrs>();
+  const Shape& x = c.shape(0);
+  const size_t r = x.size();
+  c.check(
+      a.mode == ResizeMode::nearest || a.mode == ResizeMode::linear || a.mode == ResizeMode::cubic,
+      "unknown resize mode ", int(a.mode));
+  c.check(int(a.coordinates) <= int(ResizeCoordinates::tf_half_pixel_for_nn),
+          "unknown coordinate mode ", int(a.coordinates));
+  c.check(int(a.nearest) <= int(ResizeNearest::ceil), "unknown nearest mode ", int(a.nearest));
+  if (a.mode != ResizeMode::nearest) c.expect_float(0);
+  c.check(a.sizes.size() == r, "sizes ", shape_str(a.sizes), " has ", a.sizes.size(),
+          " values for ", c.shaped(0));
+  for (size_t d = 0; d < r; ++d) {
+    c.check(a.sizes[d] >= 0, "sizes ", shape_str(a.sizes), " has a negative extent");
+    c.check(x[d] > 0 || a.sizes[d] == 0, "dim ", d, " of ", c.shaped(0),
+            " is empty and cannot resize to ", a.sizes[d]);
+  }
+  if (a.scales.empty())
+    for (size_t d = 0; d < r; ++d)
+      a.scales.push_back(x[d] > 0 ? double(a.sizes[d]) / double(x[d]) : 1.0);
+  c.check(a.scales.size() == r, "scales has ", a.scales.size(), " values for ", c.shaped(0));
+  for (double s : a.scales)
+    c.check(std::isfinite(s) && s > 0, "scales has the value ", s, " (must be finite and > 0)");
+  if (a.roi_start.empty()) a.roi_start.assign(r, 0.0);
+  if (a.roi_end.empty()) a.roi_end.assign(r, 1.0);
+  c.check(a.roi_start.size() == r && a.roi_end.size() == r, "roi has ", a.roi_start.size(), "+",
+          a.roi_end.size(), " values for ", c.shaped(0), " (one start and one end per dim)");
+  for (size_t d = 0; d < r; ++d)
+    c.check(std::isfinite(a.roi_start[d]) && std::isfinite(a.roi_end[d]), "roi of dim ", d,
+            " is not finite");
+  c.check(std::isfinite(a.cubic_a), "cubic_coeff_a ", a.cubic_a, " must be finite");
+  return {{c.dtype(0), Shape(a.sizes.begin(), a.sizes.end())}};
+}
+
 }  // namespace fusebox::infer

@@ -110,6 +110,9 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::erf:
     case OpKind::sin:
     case OpKind::cos:
+    case OpKind::floor:  // exact in any dtype
+    case OpKind::ceil:
+    case OpKind::round:
     case OpKind::clip:
     case OpKind::add:
     case OpKind::sub:
@@ -137,6 +140,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::expand:
     case OpKind::gather:  // moves data; the indices are integers
     case OpKind::gather_elements:
+    case OpKind::resize:    // a weighted sum of a few taps, summed in f32 by the kernels
     case OpKind::cast:      // its target dtype is explicit
     case OpKind::constant:  // no inputs; its readers cast it (folded: see Rewriter::cast)
       return AutocastRule::follow;

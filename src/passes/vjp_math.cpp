@@ -38,6 +38,9 @@ std::vector<int64_t> swap_last_two(int64_t rank) {
 // in a ResNet's training step).
 Grads vjp_unary(VjpArgs& a) {
   if (a.node.op == OpKind::neg) return {a.e.neg(a.dy[0])};
+  // floor, ceil, round are piecewise constant: a zero gradient (as PyTorch), no node.
+  if (a.node.op == OpKind::floor || a.node.op == OpKind::ceil || a.node.op == OpKind::round)
+    return {kNoValue};
   const ValueId at = a.node.op == OpKind::relu ? a.output(0) : a.input(0);
   return {a.e.op1(OpKind::unary_backward, unary_backward_attrs(a.node), {a.dy[0], at}, "dx")};
 }

@@ -43,6 +43,12 @@ Grads vjp_slice(VjpArgs& a) {
   return {a.e.op1(OpKind::slice_backward, s, {a.dy[0]}, "dx")};
 }
 
+// resize: each dy element goes back to the forward's taps with their weights.
+Grads vjp_resize(VjpArgs& a) {
+  const ResizeBackwardAttrs r{std::get<ResizeAttrs>(a.node.attrs), a.e.shape(a.input(0))};
+  return {a.e.op1(OpKind::resize_backward, r, {a.dy[0]}, "dx")};
+}
+
 // gather, gather_elements: ddata adds dy back where each index read; the indices
 // (integers) get none.
 Grads vjp_gather(VjpArgs& a) {

@@ -46,7 +46,7 @@ constexpr const char* kFamilies[] = {
     "conv", "basic_conv", "convtranspose",                            // Conv, ConvTranspose
     "batchnorm", "layer_normalization", "instancenorm",               // incl. *_expanded
     "relu", "leakyrelu", "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "reciprocal", "neg",
-    "abs", "clip", "cast", "identity", "sin", "cos",                  // unary
+    "abs", "clip", "cast", "identity", "sin", "cos", "floor", "ceil", "round",  // unary
     "hardsigmoid", "hardswish", "softplus", "elu", "prelu",           // as chains of the above
     "add", "sub", "mul", "div", "pow", "max", "min",                  // binary; Max/Min variadic
     "matmul", "gemm", "einsum",

@@ -1,4 +1,4 @@
-// ONNX import (opsets 11-17) and export.
+// ONNX import (opsets 11-22) and export (opset 17).
 //
 // Import keeps ONNX value names: graph inputs, graph outputs and node outputs are
 // found in the Graph (and in run_graph's results) by their ONNX names; fusebox

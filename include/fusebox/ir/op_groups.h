@@ -19,14 +19,15 @@
 // Elementwise, one input (identity is not one of them: it is a copy everywhere).
 #define FUSEBOX_UNARY_POINTWISE_OPS(X)                                                      \
   X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt) \
-  X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(clip)
+  X(reciprocal) X(neg) X(abs) X(erf) X(sin) X(cos) X(floor) X(ceil) X(round) X(clip)
 
 // The gradients autodiff emits; none of them is differentiated again.
 #define FUSEBOX_BACKWARD_OPS(X)                                                             \
   X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)      \
   X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward)                        \
   X(cross_entropy_backward) X(reduce_max_backward) X(max_pool_backward)                   \
-  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward) X(gather_elements_backward)  \
+  X(avg_pool_backward) X(slice_backward) X(pad_backward) X(gather_backward)               \
+  X(gather_elements_backward) X(resize_backward)                                          \
   X(attention_backward)
 // clang-format on
 

@@ -22,20 +22,21 @@ namespace fusebox {
   X(conv) X(conv_backward_data) X(conv_backward_filter) X(batch_norm) X(layer_norm) X(rms_norm)    \
   X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt)          \
   X(reciprocal)                                                                                    \
-  X(neg) X(abs) X(erf) X(sin) X(cos) X(clip) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)      \
+  X(neg) X(abs) X(erf) X(sin) X(cos) X(floor) X(ceil) X(round) X(clip)                             \
+  X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)                                                 \
   X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and)         \
   X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean)             \
   X(reduce_max)                                                                                    \
   X(arg_max) X(arg_min) X(cumsum) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)                \
   X(global_avg_pool)                                                                               \
   X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)     \
-  X(constant) X(identity) X(expand) X(gather) X(gather_elements) X(cross_entropy)                  \
+  X(constant) X(identity) X(expand) X(gather) X(gather_elements) X(resize) X(cross_entropy)        \
   /* backward ops (autodiff emits them; see "backward ops" below) */                               \
   X(unary_backward) X(binary_backward) X(batch_norm_backward) X(layer_norm_backward)               \
   X(rms_norm_backward) X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)       \
   X(reduce_max_backward) X(max_pool_backward) X(avg_pool_backward) X(slice_backward)               \
   X(pad_backward)                                                                                  \
-  X(gather_backward) X(gather_elements_backward)                                                   \
+  X(gather_backward) X(gather_elements_backward) X(resize_backward)                                \
   /* optimizer updates and f16 loss scaling */                                                     \
   X(sgd_update) X(adamw_update) X(nonfinite_any) X(loss_scale_update)                              \
   /* generated pointwise kernels (passes/fuse_pointwise.h) */                                      \
@@ -335,6 +336,62 @@ struct GatherAttrs {
   int64_t axis = 0;
 };
 
+// resize: x -> y of shape `sizes` (x's rank), ONNX Resize (opsets 11-19): every dim resampled
+//   on its own. Output index o of a dim (in -> out elements, scale s = scales[d]) reads the
+//   source coordinate c (in x's index space, computed in f64):
+//     half_pixel            (o + 0.5) / s - 0.5
+//     half_pixel_symmetric  half_pixel + (in / 2) * (1 - out / (s * in))   (centred)
+//     pytorch_half_pixel    out > 1 ? (o + 0.5) / s - 0.5 : 0
+//     align_corners         L != 1 ? o * (in - 1) / (L - 1) : 0
+//     asymmetric            o / s
+//     tf_half_pixel_for_nn  (o + 0.5) / s   (opsets 11-12)
+//     tf_crop_and_resize    L != 1 ? r0 (in - 1) + o (r1 - r0)(in - 1) / (L - 1)
+//                                   : (r0 + r1)(in - 1) / 2    (r0, r1: roi_start, roi_end)
+//   L = s * in, the unrounded output length, as ONNX's reference (it differs from out when
+//   scales were given and out was rounded down).
+//   nearest: x[round(c)] by nearest_mode (round_prefer_floor: .5 goes down; _ceil: up;
+//     floor; ceil), clamped to [0, in - 1]; any dtype (a copy).
+//   linear: taps floor(c), floor(c) + 1 with weights 1 - t, t (t = c - floor(c));
+//   cubic: taps floor(c) - 1 .. floor(c) + 2 with Keys' weights of coefficient cubic_a;
+//     taps outside [0, in) read the edge element, or with exclude_outside get weight 0 and
+//     the others are renormalised. Float only; the taps' products summed in f32 (f64 for
+//     f64), rounded once. A tap of weight 0 is not read (an integral c reads one element).
+//   tf_crop_and_resize: a coordinate outside [0, in - 1] gives extrapolation_value.
+//   scales: the Resize node's (it may differ from out / in when out was rounded down);
+//   empty means out / in. roi_start / roi_end: per dim, empty means 0 and 1.
+// resize_backward: (dy) -> dx of input_shape: zeros, then each dy element added to its
+//   taps with their weights (CPU in order, in f64; CUDA with atomics, f32 sums for f16 /
+//   bf16: not bit-reproducible). Float only; `resize` as the forward's.
+enum class ResizeMode : uint8_t { nearest, linear, cubic };
+enum class ResizeCoordinates : uint8_t {
+  half_pixel,
+  half_pixel_symmetric,
+  pytorch_half_pixel,
+  align_corners,
+  asymmetric,
+  tf_crop_and_resize,
+  tf_half_pixel_for_nn
+};
+enum class ResizeNearest : uint8_t { round_prefer_floor, round_prefer_ceil, floor, ceil };
+struct ResizeAttrs {
+  std::vector<int64_t> sizes;
+  std::vector<double> scales;
+  ResizeMode mode = ResizeMode::nearest;
+  ResizeCoordinates coordinates = ResizeCoordinates::half_pixel;
+  ResizeNearest nearest = ResizeNearest::round_prefer_floor;
+  double cubic_a = -0.75;
+  bool exclude_outside = false;
+  double extrapolation_value = 0.0;
+  std::vector<double> roi_start, roi_end;
+};
+const char* resize_mode_name(ResizeMode m);               // "nearest", "linear", "cubic"
+const char* resize_coordinates_name(ResizeCoordinates c);  // the ONNX spelling
+const char* resize_nearest_name(ResizeNearest r);          // the ONNX spelling
+struct ResizeBackwardAttrs {
+  ResizeAttrs resize;
+  std::vector<int64_t> input_shape;
+};
+
 // ---- losses ----------------------------------------------------------------
 // cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32), weight [C]?.
 // 2 outputs: loss (scalar for mean/sum, [N, D...] for none) and log_prob (log_softmax of
@@ -505,6 +562,6 @@ using Attrs =
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
                  LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
-                 GatherBackwardAttrs, CumSumAttrs>;
+                 GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs>;
 
 }  // namespace fusebox

@@ -114,6 +114,10 @@ void unary_backward_typed(const Node& n, const Tensor& dy, const Tensor& x, Tens
       return map_unary_backward<T>(dy, x, dx, [](C v) { return std::cos(v); });
     case OpKind::cos:
       return map_unary_backward<T>(dy, x, dx, [](C v) { return -std::sin(v); });
+    case OpKind::floor:  // piecewise constant: 0 (as PyTorch)
+    case OpKind::ceil:
+    case OpKind::round:
+      return map_unary_backward<T>(dy, x, dx, [](C) { return C(0); });
     case OpKind::clip: {  // passes where min <= v <= max, bounds inclusive (PyTorch)
       const C lo = C(a.min), hi = C(a.max);
       return map_unary_backward<T>(dy, x, dx,

@@ -79,6 +79,10 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return gather_elements(n, inputs, outputs);
     case OpKind::gather_elements_backward:
       return gather_elements_backward(n, inputs, outputs);
+    case OpKind::resize:
+      return resize(n, inputs, outputs);
+    case OpKind::resize_backward:
+      return resize_backward(n, inputs, outputs);
     case OpKind::unary_backward:
       return unary_backward(n, inputs, outputs);
     case OpKind::binary_backward:

@@ -67,6 +67,9 @@ void gather(const Node& n, Inputs in, Outputs out);
 void gather_backward(const Node& n, Inputs in, Outputs out);
 void gather_elements(const Node& n, Inputs in, Outputs out);
 void gather_elements_backward(const Node& n, Inputs in, Outputs out);
+// resize.cpp: resize and resize_backward.
+void resize(const Node& n, Inputs in, Outputs out);
+void resize_backward(const Node& n, Inputs in, Outputs out);
 
 // backward.cpp, pool_backward.cpp, norm_backward.cpp: the backward ops (ops.h).
 void expand(const Node& n, Inputs in, Outputs out);

@@ -88,6 +88,12 @@ bool with_float_unary(const PointwiseInstr& ins, Use&& use) {
       return call([](C v) { return std::sin(v); });
     case OpKind::cos:
       return call([](C v) { return std::cos(v); });
+    case OpKind::floor:
+      return call([](C v) { return std::floor(v); });
+    case OpKind::ceil:
+      return call([](C v) { return std::ceil(v); });
+    case OpKind::round:  // half to even (the default rounding mode)
+      return call([](C v) { return std::nearbyint(v); });
     case OpKind::clip: {
       // numpy clip: min(max(x, lo), hi), so lo > hi gives hi; NaN stays NaN.
       const auto [lo, hi] = clip_bounds<C>(ins.min, ins.max);

@@ -50,6 +50,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::gather_backward: return gather_backward(ctx, n, in, out);
     case OpKind::gather_elements: return gather_elements(ctx, n, in, out);
     case OpKind::gather_elements_backward: return gather_elements_backward(ctx, n, in, out);
+    case OpKind::resize: return resize(ctx, n, in, out);
+    case OpKind::resize_backward: return resize_backward(ctx, n, in, out);
     case OpKind::unary_backward: return unary_backward(ctx, n, in, out);
     case OpKind::binary_backward: return binary_backward(ctx, n, in, out);
     case OpKind::batch_norm_backward: return batch_norm_backward(ctx, n, in, out);

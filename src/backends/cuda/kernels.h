@@ -74,6 +74,9 @@ void gather(Context& ctx, const Node& n, Inputs in, Outputs out);
 void gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void gather_elements(Context& ctx, const Node& n, Inputs in, Outputs out);
 void gather_elements_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
+// kernels/shape/resize.cu: resize and resize_backward
+void resize(Context& ctx, const Node& n, Inputs in, Outputs out);
+void resize_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 // kernels/reduce/backward.cu: softmax_backward and log_softmax_backward, reduce_max_backward
 void softmax_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 void reduce_max_backward(Context& ctx, const Node& n, Inputs in, Outputs out);

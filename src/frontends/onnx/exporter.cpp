@@ -422,6 +422,53 @@ void Exporter::export_node(const Node& n) {
       if (a.reverse) set_int(p, "reverse", 1);
       return;
     }
+    case OpKind::resize: {
+      // Resize-13: sizes where the scales are out / in, else the scales themselves (which
+      // the coordinate mappings read) as f32, each nudged up by an ulp or two where the
+      // rounded value would floor to one element fewer (1.8f * 5 = 8.99999976).
+      const auto& a = std::get<ResizeAttrs>(n.attrs);
+      const Shape& x = in_type(n, 0).shape;
+      if (a.coordinates == ResizeCoordinates::half_pixel_symmetric ||
+          a.coordinates == ResizeCoordinates::tf_half_pixel_for_nn)
+        fail(n, cat("coordinate mode ", resize_coordinates_name(a.coordinates),
+                    " has no Resize of opset 17 (the exporter's)"));
+      bool ratios = true;
+      std::vector<float> scales;
+      for (size_t d = 0; d < x.size(); ++d) {
+        ratios = ratios && x[d] > 0 && a.scales[d] == double(a.sizes[d]) / double(x[d]);
+        scales.push_back(float(a.scales[d]));
+      }
+      for (size_t d = 0; d < x.size() && !ratios; ++d) {
+        for (int ulp = 0;
+             ulp < 4 && std::floor(double(scales[d]) * double(x[d])) < double(a.sizes[d]); ++ulp)
+          scales[d] = std::nextafter(scales[d], std::numeric_limits<float>::infinity());
+        if (std::floor(double(scales[d]) * double(x[d])) != double(a.sizes[d]))
+          fail(n, cat("scale ", a.scales[d], " of dim ", d, " does not give ", a.sizes[d],
+                      " elements as an f32 ONNX scale"));
+      }
+      std::vector<float> roi(a.roi_start.begin(), a.roi_start.end());
+      roi.insert(roi.end(), a.roi_end.begin(), a.roi_end.end());
+      std::vector<std::string> i{in(n, 0)};
+      i.push_back(
+          a.coordinates == ResizeCoordinates::tf_crop_and_resize
+              ? initializer(n, "roi", Tensor::from_vector<float>({int64_t(roi.size())}, roi))
+              : "");
+      if (ratios) {
+        i.push_back("");
+        i.push_back(ints_initializer(n, "sizes", a.sizes));
+      } else {
+        i.push_back(
+            initializer(n, "scales", Tensor::from_vector<float>({int64_t(scales.size())}, scales)));
+      }
+      NodeProto* p = add("Resize", n.name, i, outs(n));
+      set_string(p, "mode", resize_mode_name(a.mode));
+      set_string(p, "coordinate_transformation_mode", resize_coordinates_name(a.coordinates));
+      set_string(p, "nearest_mode", resize_nearest_name(a.nearest));
+      set_float(p, "cubic_coeff_a", a.cubic_a);
+      if (a.exclude_outside) set_int(p, "exclude_outside", 1);
+      if (a.extrapolation_value != 0) set_float(p, "extrapolation_value", a.extrapolation_value);
+      return;
+    }
     case OpKind::flatten: {
       NodeProto* p = add("Flatten", n.name, ins(n), outs(n));
       set_int(p, "axis", std::get<FlattenAttrs>(n.attrs).axis);

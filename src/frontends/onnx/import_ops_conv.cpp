@@ -216,7 +216,8 @@ void import_conv_transpose(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::conv_backward_data, a, ins));
 }
 
-// The pools' shared attributes; `dilations` only where the op has it (MaxPool).
+// The pools' shared attributes; `dilations` only where the op has it (MaxPool; AveragePool
+// from opset 19).
 PoolAttrs pool_attrs(NodeContext& c, bool has_dilations) {
   c.check(c.input_rank(0) >= 3 && c.input_rank(0) <= 5, "input 0 (X) must have rank 3 to 5 ",
           "([N, C, D...]), got shape ", shape_str(c.input_shape(0)));
@@ -252,7 +253,7 @@ void import_max_pool(NodeContext& c) {
 }
 
 void import_avg_pool(NodeContext& c) {
-  PoolAttrs a = pool_attrs(c, false);
+  PoolAttrs a = pool_attrs(c, c.opset() >= 19);  // dilations from opset 19
   a.count_include_pad = c.attrs().get_bool("count_include_pad", false);
   c.set_output(0, c.emit1(OpKind::avg_pool, a, {c.input(0)}));
 }

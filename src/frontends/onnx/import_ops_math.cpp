@@ -14,6 +14,14 @@ void import_leaky_relu(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::leaky_relu, a, {c.input(0)}));
 }
 
+// Gelu (opset 20): approximate "none" (erf) or "tanh".
+void import_gelu(NodeContext& c) {
+  const std::string approximate = c.attrs().get_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    c.attrs().unsupported_value("approximate", approximate, "supported: none, tanh");
+  c.set_output(0, c.emit1(OpKind::gelu, GeluAttrs{approximate == "tanh"}, {c.input(0)}));
+}
+
 // Clip (opset 11+): the bounds are optional scalar inputs, which must be known.
 void import_clip(NodeContext& c) {
   ClipAttrs a;
@@ -129,9 +137,9 @@ void import_gemm(NodeContext& c) {
 }
 
 // ---- reductions ----
-// ReduceSum takes its axes as an input from opset 13 on; the others take an
-// attribute up to opset 17. Empty axes reduce everything, unless
-// noop_with_empty_axes, which makes the op the identity.
+// ReduceSum takes its axes as an input from opset 13 on, the others from opset 18 (an
+// attribute before). Empty axes reduce everything, unless noop_with_empty_axes, which
+// makes the op the identity.
 struct ReduceSpec {
   ReduceAttrs attrs;
   bool noop = false;  // empty axes with noop_with_empty_axes: the identity
@@ -143,11 +151,12 @@ ReduceSpec reduce_spec(NodeContext& c, bool axes_input) {
   if (axes_input) {
     if (c.has_input(1)) r.attrs.axes = c.const_ints(1, "axes");
   } else {
-    c.check(c.input_count() == 1, "takes 1 input in opset ", c.opset(), " (axes is an attribute)",
-            ", got ", c.input_count());
+    c.check(c.input_count() == 1, "takes 1 input in opset ", c.opset(),
+            " (axes is an attribute before opset 18), got ", c.input_count());
     r.attrs.axes = c.attrs().get_ints("axes");
   }
-  r.noop = r.attrs.axes.empty() && c.attrs().get_bool("noop_with_empty_axes", false);
+  const bool noop_if_empty = c.attrs().get_bool("noop_with_empty_axes", false);  // read always
+  r.noop = r.attrs.axes.empty() && noop_if_empty;
   return r;
 }
 
@@ -164,15 +173,15 @@ void import_reduce_sum(NodeContext& c) {
   reduce_into_output(c, OpKind::reduce_sum, c.input(0), reduce_spec(c, reduce_sum_axes_input(c)));
 }
 void import_reduce_mean(NodeContext& c) {
-  reduce_into_output(c, OpKind::reduce_mean, c.input(0), reduce_spec(c, false));
+  reduce_into_output(c, OpKind::reduce_mean, c.input(0), reduce_spec(c, c.opset() >= 18));
 }
 void import_reduce_max(NodeContext& c) {
-  reduce_into_output(c, OpKind::reduce_max, c.input(0), reduce_spec(c, false));
+  reduce_into_output(c, OpKind::reduce_max, c.input(0), reduce_spec(c, c.opset() >= 18));
 }
 
 // ReduceMin = -max(-x).
 void import_reduce_min(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ValueId neg = c.emit1(OpKind::neg, {}, {c.input(0)}, "neg");
   ValueId max = c.emit1(OpKind::reduce_max, r.attrs, {neg}, "max");
@@ -182,26 +191,26 @@ void import_reduce_min(NodeContext& c) {
 // ReduceSumSquare = sum(x*x); ReduceL2 = sqrt(sum(x*x)); ReduceL1 = sum(|x|);
 // ReduceLogSum = log(sum(x)).
 void import_reduce_sum_square(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ValueId sq = c.emit1(OpKind::mul, {}, {c.input(0), c.input(0)}, "square");
   c.set_output(0, c.emit1(OpKind::reduce_sum, r.attrs, {sq}));
 }
 void import_reduce_l2(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ValueId sq = c.emit1(OpKind::mul, {}, {c.input(0), c.input(0)}, "square");
   ValueId sum = c.emit1(OpKind::reduce_sum, r.attrs, {sq}, "sum");
   c.set_output(0, c.emit1(OpKind::sqrt, {}, {sum}));
 }
 void import_reduce_l1(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ValueId abs = c.emit1(OpKind::abs, {}, {c.input(0)}, "abs");
   c.set_output(0, c.emit1(OpKind::reduce_sum, r.attrs, {abs}));
 }
 void import_reduce_log_sum(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ValueId sum = c.emit1(OpKind::reduce_sum, r.attrs, {c.input(0)}, "sum");
   c.set_output(0, c.emit1(OpKind::log, {}, {sum}));
@@ -209,7 +218,7 @@ void import_reduce_log_sum(NodeContext& c) {
 
 // ReduceLogSumExp, computed stably: log(sum(exp(x - m))) + m with m = max(x).
 void import_reduce_log_sum_exp(NodeContext& c) {
-  ReduceSpec r = reduce_spec(c, false);
+  ReduceSpec r = reduce_spec(c, c.opset() >= 18);
   if (r.noop) return c.set_output(0, c.input(0));
   ReduceAttrs keep = r.attrs;
   keep.keepdims = true;
@@ -277,9 +286,13 @@ const OpSpec kOps[] = {
     {"Abs", 1, 1, 1, 1, import_unary<OpKind::abs>},
     {"Erf", 9, 1, 1, 1, import_unary<OpKind::erf>},
     {"Sin", 7, 1, 1, 1, import_unary<OpKind::sin>},
+    {"Floor", 6, 1, 1, 1, import_unary<OpKind::floor>},
+    {"Ceil", 6, 1, 1, 1, import_unary<OpKind::ceil>},
+    {"Round", 11, 1, 1, 1, import_unary<OpKind::round>},
     {"Cos", 7, 1, 1, 1, import_unary<OpKind::cos>},
     {"Identity", 1, 1, 1, 1, import_unary<OpKind::identity>},
     {"LeakyRelu", 1, 1, 1, 1, import_leaky_relu},
+    {"Gelu", 20, 1, 1, 1, import_gelu},
     {"HardSigmoid", 6, 1, 1, 1, import_hard_sigmoid},
     {"HardSwish", 14, 1, 1, 1, import_hard_swish},
     {"Softplus", 1, 1, 1, 1, import_softplus},
@@ -298,14 +311,14 @@ const OpSpec kOps[] = {
     {"MatMul", 1, 2, 2, 1, import_matmul},
     {"Gemm", 1, 2, 3, 1, import_gemm},
     {"ReduceSum", 1, 1, 2, 1, import_reduce_sum},
-    {"ReduceMean", 1, 1, 1, 1, import_reduce_mean},
-    {"ReduceMax", 1, 1, 1, 1, import_reduce_max},
-    {"ReduceMin", 1, 1, 1, 1, import_reduce_min},
-    {"ReduceSumSquare", 1, 1, 1, 1, import_reduce_sum_square},
-    {"ReduceL1", 1, 1, 1, 1, import_reduce_l1},
-    {"ReduceL2", 1, 1, 1, 1, import_reduce_l2},
-    {"ReduceLogSum", 1, 1, 1, 1, import_reduce_log_sum},
-    {"ReduceLogSumExp", 1, 1, 1, 1, import_reduce_log_sum_exp},
+    {"ReduceMean", 1, 1, 2, 1, import_reduce_mean},
+    {"ReduceMax", 1, 1, 2, 1, import_reduce_max},
+    {"ReduceMin", 1, 1, 2, 1, import_reduce_min},
+    {"ReduceSumSquare", 1, 1, 2, 1, import_reduce_sum_square},
+    {"ReduceL1", 1, 1, 2, 1, import_reduce_l1},
+    {"ReduceL2", 1, 1, 2, 1, import_reduce_l2},
+    {"ReduceLogSum", 1, 1, 2, 1, import_reduce_log_sum},
+    {"ReduceLogSumExp", 1, 1, 2, 1, import_reduce_log_sum_exp},
     {"ArgMax", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_max>},
     {"ArgMin", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_min>},
     {"CumSum", 11, 2, 2, 1, import_cumsum},

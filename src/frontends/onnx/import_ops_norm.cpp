@@ -55,31 +55,56 @@ void import_layer_norm(NodeContext& c) {
     if (c.wants_output(i)) c.set_output(i, outs.at(size_t(i)));
 }
 
-// InstanceNormalization: each (n, c) plane normalised over its spatial dims, then scale[c] and
-// bias[c]: x [N, C, S...] -> [N, C, prod S] -> layer_norm over the last dim (no affine) ->
-// * scale[C, 1] + bias[C, 1] -> x's shape.
-void import_instance_norm(NodeContext& c) {
+// x [N, C, S...] normalised per (sample, group of C / groups channels): reshaped to [N,
+// groups, C / groups * prod S], layer_norm over the last dim (no affine), then scale and bias
+// (inputs 1 and 2) per group as [groups, 1] there, or per channel as [C, 1...] after the
+// reshape back to x's shape.
+ValueId group_norm(NodeContext& c, int64_t groups, bool per_channel) {
   const Shape& x = c.input_shape(0);
-  c.check(x.size() >= 3, "input 0 (input) must be [N, C, D1, ...], got ", shape_str(x));
-  const int64_t channels = x[1];
+  const int64_t channels = x[1], affine = per_channel ? channels : groups;
   for (int i = 1; i <= 2; ++i)
-    c.check(c.input_shape(i) == Shape{channels}, "input ", i, i == 1 ? " (scale)" : " (B)",
-            " must be [", channels, "], got ", shape_str(c.input_shape(i)));
-  int64_t spatial = 1;
-  for (size_t d = 2; d < x.size(); ++d) spatial *= x[d];
+    c.check(c.input_shape(i) == Shape{affine}, "input ", i, i == 1 ? " (scale)" : " (bias)",
+            " must be [", affine, "], got ", shape_str(c.input_shape(i)));
+  int64_t per_group = channels / groups;
+  for (size_t d = 2; d < x.size(); ++d) per_group *= x[d];
   NormAttrs a;
   a.axis = 2;
   a.epsilon = c.attrs().get_float("epsilon", f32_default(1e-5f));
-  const ValueId planes =
-      c.emit1(OpKind::reshape, ReshapeAttrs{{x[0], channels, spatial}}, {c.input(0)}, "planes");
-  const ValueId normalised = c.emit(OpKind::layer_norm, a, {planes}, "normalised").at(0);
+  const ValueId grouped =
+      c.emit1(OpKind::reshape, ReshapeAttrs{{x[0], groups, per_group}}, {c.input(0)}, "groups");
+  ValueId y = c.emit(OpKind::layer_norm, a, {grouped}, "normalised").at(0);
+  if (per_channel) y = c.emit1(OpKind::reshape, ReshapeAttrs{x}, {y}, "unflat");
+  Shape column(per_channel ? x.size() - 1 : 2, 1);
+  column[0] = affine;
   const ValueId scale =
-      c.emit1(OpKind::reshape, ReshapeAttrs{{channels, 1}}, {c.input(1)}, "scale_column");
-  const ValueId bias =
-      c.emit1(OpKind::reshape, ReshapeAttrs{{channels, 1}}, {c.input(2)}, "bias_column");
-  const ValueId scaled = c.emit1(OpKind::mul, {}, {normalised, scale}, "scaled");
+      c.emit1(OpKind::reshape, ReshapeAttrs{column}, {c.input(1)}, "scale_column");
+  const ValueId bias = c.emit1(OpKind::reshape, ReshapeAttrs{column}, {c.input(2)}, "bias_column");
+  const ValueId scaled = c.emit1(OpKind::mul, {}, {y, scale}, "scaled");
+  if (per_channel) return c.emit1(OpKind::add, {}, {scaled, bias});
   const ValueId shifted = c.emit1(OpKind::add, {}, {scaled, bias}, "shifted");
-  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{x}, {shifted}));
+  return c.emit1(OpKind::reshape, ReshapeAttrs{x}, {shifted});
+}
+
+// InstanceNormalization: a group norm of one channel per group.
+void import_instance_norm(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  c.check(x.size() >= 3, "input 0 (input) must be [N, C, D1, ...], got ", shape_str(x));
+  c.set_output(0, group_norm(c, x[1], false));
+}
+
+// GroupNormalization (opset 18; 21 moved scale and bias from per group to per channel), as
+// torch.nn.GroupNorm exports it.
+void import_group_norm(NodeContext& c) {
+  const Shape& x = c.input_shape(0);
+  c.check(x.size() >= 2, "input 0 (X) must be [N, C, D...], got ", shape_str(x));
+  const int64_t groups = c.attrs().required_int("num_groups");
+  if (groups < 1 || x[1] % groups != 0)
+    c.attrs().fail("num_groups", cat("is ", groups, ", which does not divide the ", x[1],
+                                     " channels of ", shape_str(x)));
+  const int64_t stash_type = c.attrs().get_int("stash_type", 1);
+  if (stash_type != 1)
+    c.attrs().unsupported_value("stash_type", std::to_string(stash_type), "only 1 (float)");
+  c.set_output(0, group_norm(c, groups, c.opset() >= 21));
 }
 
 // SoftmaxCrossEntropyLoss (opset 12+): our cross_entropy has the same inputs and outputs.
@@ -125,6 +150,7 @@ const OpSpec kOps[] = {
     {"BatchNormalization", 1, 5, 5, 5, import_batch_norm},
     {"LayerNormalization", 17, 2, 3, 3, import_layer_norm},
     {"InstanceNormalization", 6, 3, 3, 1, import_instance_norm},
+    {"GroupNormalization", 18, 3, 3, 1, import_group_norm},
     {"SoftmaxCrossEntropyLoss", 12, 2, 3, 2, import_softmax_cross_entropy},
     {"Dropout", 1, 1, 3, 2, import_dropout},
 };

@@ -48,19 +48,74 @@ void import_slice(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::slice, a, {c.input(0)}));
 }
 
-// Pad (opset 11+): pads [b0, b1, ..., e0, e1, ...] and constant_value are inputs.
+// Pad `x` circularly along dim d by b before and e after (each at most the extent):
+// concat(x[D - b:], x, x[:e]). A negative pad crops.
+ValueId wrap_pad(NodeContext& c, ValueId x, int64_t d, int64_t b, int64_t e) {
+  const int64_t extent = c.graph().value(x).type.shape[size_t(d)];
+  c.check(b <= extent && e <= extent, "wrap pads ", b, " and ", e, " of dim ", d,
+          " exceed its extent ", extent);
+  if (b < 0) x = c.emit1(OpKind::slice, SliceAttrs{{-b}, {extent}, {d}, {1}}, {x}, "crop");
+  if (e < 0) {
+    const int64_t now = c.graph().value(x).type.shape[size_t(d)];
+    x = c.emit1(OpKind::slice, SliceAttrs{{0}, {now + e}, {d}, {1}}, {x}, "crop");
+  }
+  std::vector<ValueId> parts;
+  const int64_t now = c.graph().value(x).type.shape[size_t(d)];
+  if (b > 0)
+    parts.push_back(
+        c.emit1(OpKind::slice, SliceAttrs{{now - b}, {now}, {d}, {1}}, {x}, "wrap_begin"));
+  parts.push_back(x);
+  if (e > 0)
+    parts.push_back(c.emit1(OpKind::slice, SliceAttrs{{0}, {e}, {d}, {1}}, {x}, "wrap_end"));
+  return parts.size() == 1 ? x : c.emit1(OpKind::concat, ConcatAttrs{d}, parts, cat("wrap", d));
+}
+
+// Pad (opset 11+): pads [b0, b1, ..., e0, e1, ...] and constant_value are inputs; from opset
+// 18 the optional input axes names the dims pads lists; opset 19 adds mode wrap (circular,
+// as concatenated slices).
 void import_pad(NodeContext& c) {
   PadAttrs a;
   const std::string mode = c.attrs().get_string("mode", "constant");
+  const bool wrap = mode == "wrap" && c.opset() >= 19;
   if (mode == "constant")
     a.mode = PadMode::constant;
   else if (mode == "reflect")
     a.mode = PadMode::reflect;
   else if (mode == "edge")
     a.mode = PadMode::edge;
-  else
-    c.attrs().unsupported_value("mode", mode, "supported: constant, reflect, edge");
-  a.pads = c.const_ints(1, "pads");
+  else if (!wrap)
+    c.attrs().unsupported_value("mode", mode,
+                                c.opset() >= 19 ? "supported: constant, reflect, edge, wrap"
+                                                : "supported: constant, reflect, edge");
+  const std::vector<int64_t> pads = c.const_ints(1, "pads");
+  const int64_t rank = c.input_rank(0);
+  if (c.opset() >= 18 && c.input_count() > 3 && c.has_input(3)) {
+    std::vector<int64_t> axes = c.const_ints(3, "axes");
+    c.check(pads.size() == 2 * axes.size(), "input 1 (pads) has ", pads.size(), " values for ",
+            axes.size(), " axes (expected 2 per axis)");
+    a.pads.assign(size_t(2 * rank), 0);
+    for (size_t i = 0; i < axes.size(); ++i) {
+      int64_t d = 0;
+      c.check(normalize_axis(axes[i], rank, &d), "input 3 (axes) has ", axes[i],
+              ", out of range for rank ", rank);
+      a.pads[size_t(d)] = pads[i];
+      a.pads[size_t(rank + d)] = pads[axes.size() + i];
+    }
+  } else {
+    c.check(c.opset() >= 18 || c.input_count() <= 3, "takes 2 or 3 inputs before opset 18, got ",
+            c.input_count());
+    a.pads = pads;
+  }
+  if (wrap) {
+    c.check(int64_t(a.pads.size()) == 2 * rank, "input 1 (pads) has ", a.pads.size(),
+            " values for rank ", rank, " (expected ", 2 * rank, ")");
+    ValueId x = c.input(0);
+    for (int64_t d = 0; d < rank; ++d)
+      if (a.pads[size_t(d)] != 0 || a.pads[size_t(rank + d)] != 0)
+        x = wrap_pad(c, x, d, a.pads[size_t(d)], a.pads[size_t(rank + d)]);
+    c.set_output(0, x == c.input(0) ? c.emit1(OpKind::identity, {}, {x}) : x);
+    return;
+  }
   if (c.has_input(2)) a.value = c.const_scalar(2, "constant_value");
   c.set_output(0, c.emit1(OpKind::pad, a, {c.input(0)}));
 }
@@ -87,6 +142,7 @@ void import_unsqueeze(NodeContext& c) {
 }
 
 void import_cast(NodeContext& c) {
+  if (c.opset() >= 19) c.attrs().ignore("saturate");  // float8 targets only
   const int64_t to = c.attrs().required_int("to");
   CastAttrs a;
   if (to < 0 || to > 1000 || !dtype_from_onnx(int(to), &a.to))
@@ -94,6 +150,12 @@ void import_cast(NodeContext& c) {
                                 "fusebox casts to FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT64, "
                                 "INT32 and BOOL");
   c.set_output(0, c.emit1(OpKind::cast, a, {c.input(0)}));
+}
+
+// CastLike (opset 15): a cast to input 1's dtype (torchlib's exports use it for scalars).
+void import_cast_like(NodeContext& c) {
+  if (c.opset() >= 19) c.attrs().ignore("saturate");  // float8 targets only
+  c.set_output(0, c.emit1(OpKind::cast, CastAttrs{c.input_type(1).dtype}, {c.input(0)}));
 }
 
 // Constant: exactly one of value, value_float(s), value_int(s).
@@ -254,7 +316,8 @@ void import_gather(NodeContext& c) {
 }
 
 // Split: one slice per output along `axis`; the sizes from the `split` input (opset 13+) or
-// attribute (earlier), known at import, else equal parts (the extent must divide).
+// attribute (earlier), known at import; else (opset 18) num_outputs parts of ceil(extent /
+// num_outputs), the last one shorter; else equal parts (the extent must divide).
 void import_split(NodeContext& c) {
   const Shape& x = c.input_shape(0);
   const int64_t axis_attr = c.attrs().get_int("axis", 0);
@@ -268,6 +331,16 @@ void import_split(NodeContext& c) {
     if (c.has_input(1)) sizes = c.const_ints(1, "split");
   } else {
     sizes = c.attrs().get_ints("split");
+  }
+  const std::optional<int64_t> parts =
+      c.opset() >= 18 ? c.attrs().find_int("num_outputs") : std::nullopt;
+  if (parts) {
+    c.check(sizes.empty(), "has both input 1 (split) and attribute num_outputs");
+    if (*parts != outputs)
+      c.attrs().fail("num_outputs", cat("is ", *parts, " but the node has ", outputs, " outputs"));
+    const int64_t chunk = (extent + outputs - 1) / outputs;
+    for (int i = 0; i < outputs; ++i)
+      sizes.push_back(std::max<int64_t>(0, std::min(chunk, extent - int64_t(i) * chunk)));
   }
   if (sizes.empty()) {
     c.check(extent % outputs == 0, "dim ", axis, " of input 0 ", shape_str(x),
@@ -314,140 +387,181 @@ void import_tile(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
 }
 
-// Linear (bilinear, trilinear) upsampling by integer factors under half_pixel coordinates, as
-// PyTorch's interpolate(align_corners=False): separable, one spatial dim at a time, each an
-// edge pad of 1 (source coordinates clamp at the borders) and a depthwise transposed
-// convolution with stride s, pad 2s and the 3s-tap kernel that puts the two interpolation
-// weights of output i = q s + r on the padded inputs it reads:
-//   source x = q + (r + 1/2) / s - 1/2, weights 1 - frac(x) and frac(x) on floor(x), floor(x)+1.
-// Tap k (d = k - 2s) of the kernel: d in [0, s): max(0, 1/2 - (d + 1/2) / s);
-// d in [-s, 0): 1/2 + (d + s + 1/2) / s while that is <= 1, else 3/2 - (d + s + 1/2) / s;
-// d in [-2s, -s): max(0, (d + 2s + 1/2) / s - 1/2).
-ValueId linear_upsample(NodeContext& c, ValueId x, const std::vector<int64_t>& factor) {
-  Shape shape = c.graph().value(x).type.shape;
-  const DType dtype = c.graph().value(x).type.dtype;
-  const int64_t rank = int64_t(shape.size()), channels = shape[1];
-  for (int64_t d = 2; d < rank; ++d) {
-    const int64_t s = factor[size_t(d)];
-    if (s == 1) continue;
-    std::vector<double> taps(size_t(3 * s));
-    for (int64_t k = 0; k < 3 * s; ++k) {
-      const double t = double(k - 2 * s);
-      const double pos = (t + double(s) * (t < -double(s) ? 2 : t < 0 ? 1 : 0) + 0.5) / double(s);
-      if (t >= 0)
-        taps[size_t(k)] = std::max(0.0, 0.5 - pos);
-      else if (t >= -double(s))
-        taps[size_t(k)] = pos < 0.5 ? 0.5 + pos : 1.5 - pos;
-      else
-        taps[size_t(k)] = std::max(0.0, pos - 0.5);
-    }
-    // Depthwise filter [C, 1, 1.., 3s, 1..]: the taps along dim d, extent 1 elsewhere.
-    Shape w_shape(size_t(rank), 1);
-    w_shape[0] = channels;
-    w_shape[size_t(d)] = 3 * s;
-    std::vector<double> w;
-    for (int64_t ch = 0; ch < channels; ++ch) w.insert(w.end(), taps.begin(), taps.end());
-    const std::string dim = std::to_string(d);
-    const ValueId filter = c.constant(Tensor::from_doubles(dtype, w_shape, w), "taps" + dim);
-    PadAttrs pad;
-    pad.pads.assign(size_t(2 * rank), 0);
-    pad.pads[size_t(d)] = pad.pads[size_t(rank + d)] = 1;
-    pad.mode = PadMode::edge;
-    const ValueId padded = c.emit1(OpKind::pad, pad, {x}, "edge" + dim);
-    ConvBackwardDataAttrs a;
-    const int64_t spatial = rank - 2;
-    a.conv.strides.assign(size_t(spatial), 1);
-    a.conv.dilations.assign(size_t(spatial), 1);
-    a.conv.pads_begin.assign(size_t(spatial), 0);
-    a.conv.pads_end.assign(size_t(spatial), 0);
-    a.conv.strides[size_t(d - 2)] = s;
-    a.conv.pads_begin[size_t(d - 2)] = a.conv.pads_end[size_t(d - 2)] = 2 * s;
-    a.conv.groups = channels;
-    shape[size_t(d)] *= s;
-    a.input_spatial.assign(shape.begin() + 2, shape.end());
-    x = c.emit1(OpKind::conv_backward_data, a, {padded, filter}, "interpolate" + dim);
-  }
-  return x;
-}
-
-// Resize (opsets 11-17) where it is a repeat: mode nearest with an integer upsampling factor
-// per dim, under a coordinate mapping whose nearest pixel for output i is i / factor (floor):
-// half_pixel and pytorch_half_pixel with round_prefer_floor or round_prefer_ceil, asymmetric
-// with floor (or round_prefer_floor at factor 2). Dims of factor 1 pass through under any
-// mode. As reshape + expand + reshape. Everything else (linear, cubic, downsampling,
-// fractional factors, align_corners, ...) is refused as unsupported: it needs a resize kernel.
+// Resize (opsets 11-19): the resize op (ops.h), every mode and coordinate mapping. roi,
+// scales and sizes must be known; from opset 18 they may name only some dims (axes), and
+// keep_aspect_ratio_policy may shrink or grow sizes to one common scale. As ONNX's
+// reference: scales give floor(in * scale) elements; sizes give scales out / in. A nearest
+// resize that only repeats every element an integer number of times (PyTorch's Upsample)
+// becomes reshape + expand + reshape instead, which later passes see through.
 void import_resize(NodeContext& c) {
   const Shape& x = c.input_shape(0);
+  const size_t r = x.size();
+  ResizeAttrs a;
   const std::string mode = c.attrs().get_string("mode", "nearest");
-  const std::string ctm = c.attrs().get_string("coordinate_transformation_mode", "half_pixel");
-  const std::string nearest = c.attrs().get_string("nearest_mode", "round_prefer_floor");
-  (void)c.attrs().get_float("cubic_coeff_a", -0.75);
-  (void)c.attrs().get_int("exclude_outside", 0);
-  (void)c.attrs().get_float("extrapolation_value", 0.0);
-  Shape out = x;
-  const Tensor* scales = c.optional_const_input(2, "scales");
-  const Tensor* sizes = c.input_count() > 3 ? c.optional_const_input(3, "sizes") : nullptr;
-  if (sizes != nullptr && sizes->numel() > 0) {
-    c.check(scales == nullptr || scales->numel() == 0, "scales and sizes are both given");
-    out = c.const_ints(3, "sizes");
-    c.check(out.size() == x.size(), "input 3 (sizes) has ", out.size(), " values for rank ",
-            x.size());
-  } else {
-    c.check(scales != nullptr && scales->numel() == int64_t(x.size()),
-            "input 2 (scales) must hold ", x.size(), " values (or sizes must be given)");
-    const std::vector<double> s = scales->to_doubles();
-    for (size_t d = 0; d < x.size(); ++d) {
-      c.check(s[d] > 0, "input 2 (scales) has a non-positive scale ", s[d]);
-      out[d] = int64_t(std::floor(double(x[d]) * s[d]));
+  bool known = false;
+  for (auto m : {ResizeMode::nearest, ResizeMode::linear, ResizeMode::cubic}) {
+    if (mode == resize_mode_name(m)) {
+      a.mode = m;
+      known = true;
     }
   }
-  std::vector<int64_t> factor(x.size(), 1);
-  bool any = false;
-  for (size_t d = 0; d < x.size(); ++d) {
-    if (out[d] == x[d]) continue;
-    if (x[d] == 0 || out[d] % x[d] != 0 || out[d] < x[d])
-      c.unsupported(cat("Resize from ", shape_str(x), " to ", shape_str(out),
-                        ": only integer upsampling factors (dim ", d, ": ", x[d], " -> ", out[d],
-                        ")"));
-    factor[d] = out[d] / x[d];
-    any = true;
+  if (!known) c.attrs().unsupported_value("mode", mode, "supported: nearest, linear, cubic");
+  const std::string ctm = c.attrs().get_string("coordinate_transformation_mode", "half_pixel");
+  known = false;
+  for (auto m : {ResizeCoordinates::half_pixel, ResizeCoordinates::half_pixel_symmetric,
+                 ResizeCoordinates::pytorch_half_pixel, ResizeCoordinates::align_corners,
+                 ResizeCoordinates::asymmetric, ResizeCoordinates::tf_crop_and_resize,
+                 ResizeCoordinates::tf_half_pixel_for_nn}) {
+    if (ctm == resize_coordinates_name(m) &&
+        (m != ResizeCoordinates::half_pixel_symmetric || c.opset() >= 19) &&
+        (m != ResizeCoordinates::tf_half_pixel_for_nn || c.opset() < 13)) {
+      a.coordinates = m;
+      known = true;
+    }
   }
-  const bool centred = ctm == "half_pixel" || ctm == "pytorch_half_pixel";
-  if (any && mode == "linear" && centred && factor[0] == 1 && factor[1] == 1) {
-    c.set_output(0, linear_upsample(c, c.input(0), factor));
-    return;
+  if (!known)
+    c.attrs().unsupported_value("coordinate_transformation_mode", ctm,
+                                cat("supported in opset ", c.opset(),
+                                    ": half_pixel, pytorch_half_pixel, align_corners, asymmetric, "
+                                    "tf_crop_and_resize",
+                                    c.opset() >= 19 ? ", half_pixel_symmetric" : "",
+                                    c.opset() < 13 ? ", tf_half_pixel_for_nn" : ""));
+  const std::string nearest = c.attrs().get_string("nearest_mode", "round_prefer_floor");
+  known = false;
+  for (auto m : {ResizeNearest::round_prefer_floor, ResizeNearest::round_prefer_ceil,
+                 ResizeNearest::floor, ResizeNearest::ceil}) {
+    if (nearest == resize_nearest_name(m)) {
+      a.nearest = m;
+      known = true;
+    }
   }
-  if (any) {
-    if (mode != "nearest")
-      c.unsupported(cat("Resize mode '", mode, "' with coordinate_transformation_mode '", ctm,
-                        "' (only nearest upsampling by integer factors, and linear with "
-                        "half_pixel or pytorch_half_pixel on the spatial dims)"));
-    int64_t widest = 1;
-    for (int64_t f : factor) widest = std::max(widest, f);
-    const bool repeats =
-        (centred && (nearest == "round_prefer_floor" || nearest == "round_prefer_ceil")) ||
-        (ctm == "asymmetric" &&
-         (nearest == "floor" || (nearest == "round_prefer_floor" && widest == 2)));
-    if (!repeats)
-      c.unsupported(cat("Resize nearest with coordinate_transformation_mode '", ctm,
-                        "' and nearest_mode '", nearest, "' (not a plain repeat)"));
+  if (!known)
+    c.attrs().unsupported_value("nearest_mode", nearest,
+                                "supported: round_prefer_floor, round_prefer_ceil, floor, ceil");
+  a.cubic_a = c.attrs().get_float("cubic_coeff_a", -0.75);
+  a.exclude_outside = c.attrs().get_int("exclude_outside", 0) != 0;
+  a.extrapolation_value = c.attrs().get_float("extrapolation_value", 0.0);
+
+  // axes (opset 18): the dims that roi, scales and sizes list; the others keep scale 1.
+  std::vector<int64_t> axes;
+  if (c.opset() >= 18 && c.attrs().has("axes")) {
+    for (int64_t ax : c.attrs().get_ints("axes")) {
+      int64_t d = 0;
+      if (!normalize_axis(ax, int64_t(r), &d))
+        c.attrs().fail("axes", cat("has ", ax, ", out of range for input ", shape_str(x)));
+      if (std::find(axes.begin(), axes.end(), d) != axes.end())
+        c.attrs().fail("axes", cat("names dim ", d, " twice"));
+      axes.push_back(d);
+    }
+  } else {
+    for (size_t d = 0; d < r; ++d) axes.push_back(int64_t(d));
   }
-  if (!any) {
+  const size_t k = axes.size();
+
+  a.scales.assign(r, 1.0);
+  a.sizes.assign(x.begin(), x.end());
+  a.roi_start.assign(r, 0.0);
+  a.roi_end.assign(r, 1.0);
+  const Tensor* roi = c.optional_const_input(1, "roi");
+  if (roi != nullptr && roi->numel() > 0 &&
+      a.coordinates == ResizeCoordinates::tf_crop_and_resize) {
+    const std::vector<double> v = roi->to_doubles();
+    c.check(v.size() == 2 * k, "input 1 (roi) has ", v.size(), " values, expected ", 2 * k,
+            " (a start and an end per resized dim)");
+    for (size_t i = 0; i < k; ++i) {
+      a.roi_start[size_t(axes[i])] = v[i];
+      a.roi_end[size_t(axes[i])] = v[k + i];
+    }
+  }
+  const Tensor* scales = c.input_count() > 2 ? c.optional_const_input(2, "scales") : nullptr;
+  const Tensor* sizes = c.input_count() > 3 ? c.optional_const_input(3, "sizes") : nullptr;
+  const bool has_scales = scales != nullptr && scales->numel() > 0;
+  const bool has_sizes = sizes != nullptr && sizes->numel() > 0;
+  const std::string policy =
+      c.opset() >= 18 ? c.attrs().get_string("keep_aspect_ratio_policy", "stretch") : "stretch";
+  c.check(has_scales != has_sizes, has_scales ? "scales and sizes are both given"
+                                              : "needs scales (input 2) or sizes (input 3)");
+  if (has_sizes) {
+    const std::vector<int64_t> v = c.const_ints(3, "sizes");
+    c.check(v.size() == k, "input 3 (sizes) has ", v.size(), " values, expected ", k);
+    for (size_t i = 0; i < k; ++i) {
+      const size_t d = size_t(axes[i]);
+      c.check(v[i] >= 0, "input 3 (sizes) has a negative size ", v[i]);
+      c.check(x[d] > 0, "dim ", d, " of input 0 ", shape_str(x), " is empty");
+      a.sizes[d] = v[i];
+      a.scales[d] = double(v[i]) / double(x[d]);
+    }
+    if (policy == "not_larger" || policy == "not_smaller") {
+      double scale = a.scales[size_t(axes[0])];
+      for (int64_t d : axes)
+        scale = policy == "not_larger" ? std::min(scale, a.scales[size_t(d)])
+                                       : std::max(scale, a.scales[size_t(d)]);
+      for (int64_t d : axes) {
+        a.scales[size_t(d)] = scale;
+        a.sizes[size_t(d)] = int64_t(scale * double(x[size_t(d)]) + 0.5);  // half up
+      }
+    } else if (policy != "stretch") {
+      c.attrs().unsupported_value("keep_aspect_ratio_policy", policy,
+                                  "supported: stretch, not_larger, not_smaller");
+    }
+  } else {
+    const std::vector<double> v = scales->to_doubles();
+    c.check(v.size() == k, "input 2 (scales) has ", v.size(), " values, expected ", k);
+    for (size_t i = 0; i < k; ++i) {
+      const size_t d = size_t(axes[i]);
+      c.check(std::isfinite(v[i]) && v[i] > 0, "input 2 (scales) has the scale ", v[i],
+              " (must be finite and > 0)");
+      const double out = std::floor(v[i] * double(x[d]));
+      c.check(out < 4e18, "input 2 (scales): scale ", v[i], " makes dim ", d, " too long");
+      a.scales[d] = v[i];
+      a.sizes[d] = int64_t(out);
+    }
+  }
+  // antialias (opset 18) widens linear / cubic filters when downsampling; upsampling is the
+  // same either way.
+  if (c.opset() >= 18 && c.attrs().get_int("antialias", 0) != 0 && a.mode != ResizeMode::nearest) {
+    for (size_t d = 0; d < r; ++d)
+      if (a.scales[d] < 1)
+        c.unsupported(cat("Resize with antialias=1 downsampling dim ", d, " (scale ", a.scales[d],
+                          "): antialiased filters are not implemented"));
+  }
+
+  bool same = true, repeats = a.mode == ResizeMode::nearest;
+  for (size_t d = 0; d < r; ++d) {
+    if (a.sizes[d] == x[d] && a.scales[d] == 1.0) continue;
+    same = false;
+    const bool integer = x[d] > 0 && a.sizes[d] % x[d] == 0 && a.sizes[d] > x[d] &&
+                         a.scales[d] == double(a.sizes[d] / x[d]);
+    const bool centred = a.coordinates == ResizeCoordinates::half_pixel ||
+                         a.coordinates == ResizeCoordinates::pytorch_half_pixel;
+    // Output i reads i / factor (floor) under these mappings and rounding modes.
+    repeats = repeats && integer &&
+              ((centred && (a.nearest == ResizeNearest::round_prefer_floor ||
+                            a.nearest == ResizeNearest::round_prefer_ceil)) ||
+               (a.coordinates == ResizeCoordinates::asymmetric &&
+                (a.nearest == ResizeNearest::floor ||
+                 (a.nearest == ResizeNearest::round_prefer_floor && a.sizes[d] == 2 * x[d]))));
+  }
+  if (same && a.coordinates != ResizeCoordinates::tf_crop_and_resize) {
     c.set_output(0, c.input(0));  // the loader adds an identity node
     return;
   }
+  if (!repeats) {
+    c.set_output(0, c.emit1(OpKind::resize, a, {c.input(0)}));
+    return;
+  }
   Shape spread, expanded;
-  for (size_t d = 0; d < x.size(); ++d) {
+  for (size_t d = 0; d < r; ++d) {
     spread.push_back(x[d]);
     expanded.push_back(x[d]);
-    if (factor[d] > 1) {
+    if (a.sizes[d] > x[d]) {
       spread.push_back(1);
-      expanded.push_back(factor[d]);
+      expanded.push_back(a.sizes[d] / x[d]);
     }
   }
   const ValueId s = c.emit1(OpKind::reshape, ReshapeAttrs{spread, true}, {c.input(0)}, "spread");
   const ValueId e = c.emit1(OpKind::expand, ExpandAttrs{expanded}, {s}, "repeat");
-  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out, true}, {e}));
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{a.sizes, true}, {e}));
 }
 
 // GatherElements (torch.gather): the gather_elements op; its inference checks the indices.
@@ -490,10 +604,11 @@ const OpSpec kOps[] = {
     {"Transpose", 1, 1, 1, 1, import_transpose},
     {"Concat", 1, 1, kVariadic, 1, import_concat},
     {"Slice", 10, 3, 5, 1, import_slice},
-    {"Pad", 11, 2, 3, 1, import_pad},
+    {"Pad", 11, 2, 4, 1, import_pad},
     {"Squeeze", 1, 1, 2, 1, import_squeeze},
     {"Unsqueeze", 1, 1, 2, 1, import_unsqueeze},
     {"Cast", 1, 1, 1, 1, import_cast},
+    {"CastLike", 15, 2, 2, 1, import_cast_like},
     {"Constant", 1, 0, 0, 1, import_constant},
     {"Shape", 1, 1, 1, 1, import_shape},
     {"Size", 1, 1, 1, 1, import_size},

@@ -1,6 +1,6 @@
 // ONNX ModelProto -> fusebox::Graph.
 //
-// 1. Parse and validate the model: a graph, an opset of the default domain in 11..17.
+// 1. Parse and validate the model: a graph, an opset of the default domain in 11..22.
 // 2. Initializers become known tensors; graph inputs become graph inputs (shapes made
 //    concrete through OnnxImportOptions::input_shapes) or, when frozen through
 //    OnnxImportOptions::constant_inputs or also listed as initializers, known tensors.
@@ -30,7 +30,13 @@ namespace onnx_import {
 namespace {
 
 constexpr int kMinOpset = 11;
-constexpr int kMaxOpset = 17;
+// Opsets 18-22 changed, of the ops imported: the Reduce ops (axes an input, 18), Split
+// (num_outputs, 18), Pad (axes input, 18; wrap, 19), Resize (axes, keep_aspect_ratio_policy,
+// antialias, 18; half_pixel_symmetric, 19), AveragePool (dilations, 19), GroupNormalization
+// (new in 18; per-channel scale and bias, 21), Gelu (new, 20), Cast (saturate, 19: float8
+// only); every other change added element types. PyTorch's torch.export-based exporter (the
+// default of torch.onnx.export since 2.9) writes opset 20.
+constexpr int kMaxOpset = 22;
 
 // Opsets before 11: a model of one imports only the ops whose import (written for opsets
 // 11-17) is exact from `since` on: their inputs, outputs and attributes have not changed
@@ -43,6 +49,8 @@ struct LegacyOp {
 };
 constexpr LegacyOp kLegacyOps[] = {
     {"Abs", 6},
+    {"Floor", 6},
+    {"Ceil", 6},
     {"Neg", 6},
     {"Sqrt", 6},
     {"Reciprocal", 6},

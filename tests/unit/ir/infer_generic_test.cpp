@@ -51,6 +51,9 @@ std::optional<Sample> sample(OpKind op) {
     case OpKind::erf:
     case OpKind::sin:
     case OpKind::cos:
+    case OpKind::floor:
+    case OpKind::ceil:
+    case OpKind::round:
     case OpKind::identity:
       return Sample{{}, {x23}};
     case OpKind::leaky_relu:
@@ -139,6 +142,8 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{GatherAttrs{.axis = 1}, {x23, typed(DType::i32, {1, 3})}};
     case OpKind::cumsum:
       return Sample{CumSumAttrs{.axis = -1, .reverse = true}, {x23}};
+    case OpKind::resize:
+      return Sample{ResizeAttrs{.sizes = {4, 2}, .mode = ResizeMode::linear}, {x23}};
     case OpKind::unary_backward:
       return Sample{UnaryBackwardAttrs{}, {x23, x23}};
     case OpKind::binary_backward:
@@ -169,6 +174,8 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{SliceBackwardAttrs{SliceAttrs{{0}, {1}, {}, {}}, {2, 3}}, {f32({1, 3})}};
     case OpKind::pad_backward:
       return Sample{PadBackwardAttrs{PadAttrs{{1, 1, 1, 1}}, {2, 3}}, {f32({4, 5})}};
+    case OpKind::resize_backward:
+      return Sample{ResizeBackwardAttrs{ResizeAttrs{.sizes = {4, 2}}, {2, 3}}, {f32({4, 2})}};
     case OpKind::gather_elements_backward:
       return Sample{GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},
                     {f32({1, 7}), typed(DType::i64, {1, 7})}};

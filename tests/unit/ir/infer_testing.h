@@ -116,6 +116,11 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.axis, " ", a.keepdims, " ", a.select_last_index);
         else if constexpr (std::is_same_v<A, GatherAttrs>)
           return cat(a.axis);
+        else if constexpr (std::is_same_v<A, ResizeAttrs>)
+          return cat(shape_str(a.sizes), " ", int(a.mode), " ", int(a.coordinates), " ",
+                     int(a.nearest), " ", a.scales.size());
+        else if constexpr (std::is_same_v<A, ResizeBackwardAttrs>)
+          return cat(shape_str(a.resize.sizes), " ", shape_str(a.input_shape));
         else if constexpr (std::is_same_v<A, CumSumAttrs>)
           return cat(a.axis, " ", a.exclusive, " ", a.reverse);
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)

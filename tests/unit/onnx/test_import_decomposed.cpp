@@ -276,12 +276,24 @@ TEST(OnnxImport, ResizeNearestIntegerUpsamplingIsARepeat) {
     for (onnx::AttributeProto& a : *r->mutable_attribute())
       if (a.name() == name) a.set_s(value);
   };
+  EXPECT_EQ(count_ops(import(m), OpKind::resize), 0);
+  // Anything but a repeat is the resize op (ops.h), with the node's mapping.
   set("mode", "linear");
-  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'up' (Resize)", "linear"}));
+  EXPECT_EQ(count_ops(import(m), OpKind::resize), 1);
   set("mode", "nearest");
   set("nearest_mode", "ceil");
-  EXPECT_TRUE(
-      throws_error_with([&] { import(m); }, {"unsupported: node 'up' (Resize)", "plain repeat"}));
+  const Graph g = import(m);
+  ASSERT_EQ(count_ops(g, OpKind::resize), 1);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::resize) continue;
+    const auto& a = std::get<ResizeAttrs>(n.attrs);
+    EXPECT_EQ(a.nearest, ResizeNearest::ceil);
+    EXPECT_EQ(a.coordinates, ResizeCoordinates::asymmetric);
+    EXPECT_EQ(a.scales, (std::vector<double>{1, 1, 2, 3}));
+  }
+  set("coordinate_transformation_mode", "tf_half_pixel_for_nn");  // opsets 11-12 only
+  EXPECT_TRUE(throws_error_with([&] { import(m); },
+                                {"unsupported: node 'up' (Resize)", "tf_half_pixel_for_nn"}));
 }
 
 // ScatterND on known tensors (how Swin builds its attention mask): rows replaced, then added.

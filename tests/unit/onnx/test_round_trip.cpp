@@ -263,6 +263,39 @@ TEST(OnnxRoundTrip, Pointwise) {
   expect_round_trip(g, feeds);
 }
 
+// floor / ceil / round, and resize in each mode: scales the coordinates read (downsampling
+// by 0.6 gives floor(0.6 * 8) = 4 elements, not a ratio of 1/2), sizes, a crop with its roi.
+TEST(OnnxRoundTrip, RoundingAndResize) {
+  Graph g("resize");
+  Builder b(g);
+  NamedTensors feeds;
+  ValueId x = random_input(g, feeds, "x", {1, 2, 5, 8}, 28, DType::f32, -3, 3);
+  for (OpKind op : {OpKind::floor, OpKind::ceil, OpKind::round})
+    g.mark_output(g.add_node(op, {}, {x}, op_name(op)).at(0));
+  const std::vector<ResizeAttrs> resizes = {
+      {.sizes = {1, 2, 9, 4},
+       .scales = {1, 1, 1.8, 0.6},
+       .mode = ResizeMode::linear,
+       .coordinates = ResizeCoordinates::align_corners},
+      {.sizes = {1, 2, 7, 11}, .mode = ResizeMode::cubic, .exclude_outside = true},
+      {.sizes = {1, 2, 3, 16},
+       .coordinates = ResizeCoordinates::asymmetric,
+       .nearest = ResizeNearest::ceil},
+      {.sizes = {1, 2, 4, 4},
+       .mode = ResizeMode::linear,
+       .coordinates = ResizeCoordinates::tf_crop_and_resize,
+       .extrapolation_value = 7,
+       .roi_start = {0, 0, 0.25, -0.5},
+       .roi_end = {1, 1, 0.75, 1.25}},
+  };
+  int i = 0;
+  for (const ResizeAttrs& a : resizes)
+    g.mark_output(g.add_node(OpKind::resize, a, {x}, cat("resize", i++)).at(0));
+  // ONNX stores scales as f32 (1.8 nudged to 1.8000001f, see the exporter): the align_corners
+  // coordinates move by that rounding.
+  expect_round_trip(g, feeds, true, 1e-5, 1e-5);
+}
+
 TEST(OnnxRoundTrip, MatmulAndGemm) {
   Graph g("matmul");
   Builder b(g);

@@ -63,6 +63,10 @@ std::optional<Example> tiny_example(OpKind op) {
     case OpKind::cos:
     case OpKind::identity:
       return Example{{}, {uniform({2, 3})}};
+    case OpKind::floor:
+    case OpKind::ceil:
+    case OpKind::round:
+      return Example{{}, {uniform({2, 3}, -3.0, 3.0)}};
     case OpKind::log:
     case OpKind::sqrt:
     case OpKind::rsqrt:
@@ -151,6 +155,11 @@ std::optional<Example> tiny_example(OpKind op) {
     case OpKind::cumsum:
       return Example{CumSumAttrs{.axis = 1, .exclusive = true, .reverse = true},
                      {uniform({2, 3, 4})}};
+    case OpKind::resize:  // bilinear, align_corners: up along one dim, down along the other
+      return Example{ResizeAttrs{.sizes = {1, 2, 5, 2},
+                                 .mode = ResizeMode::linear,
+                                 .coordinates = ResizeCoordinates::align_corners},
+                     {uniform({1, 2, 3, 4})}};
     case OpKind::gather:  // an embedding lookup with a repeated and a negative index
       return Example{GatherAttrs{0},
                      {uniform({5, 3}), Tensor::from_vector<int64_t>({2, 2}, {4, 0, -1, 2})}};
@@ -205,6 +214,10 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{SliceBackwardAttrs{first_row, {2, 3}}, {uniform({1, 3})}};
     case OpKind::pad_backward:
       return Example{PadBackwardAttrs{reflect, {2, 3}}, {uniform({4, 5})}};
+    case OpKind::resize_backward:  // cubic, half_pixel: 4 taps per dim overlap
+      return Example{
+          ResizeBackwardAttrs{ResizeAttrs{.sizes = {2, 7}, .mode = ResizeMode::cubic}, {2, 3}},
+          {uniform({2, 7})}};
     case OpKind::gather_elements_backward:  // two indices read element [0, 2]
       return Example{
           GatherBackwardAttrs{GatherAttrs{1}, {2, 3}},

@@ -1,7 +1,7 @@
 // Gradient checks for the shape and data-movement ops: reshape, flatten, transpose,
 // concat, slice (negative steps, clamped bounds), pad (every mode, crops), squeeze,
 // unsqueeze, cast, identity, expand, constant, gather and gather_elements (repeated and
-// negative indices), cumsum (every mode) and where (broadcast operands).
+// negative indices), cumsum (every mode), where (broadcast operands) and resize.
 #include <algorithm>
 #include <numeric>
 
@@ -227,6 +227,24 @@ TEST(GradCheckShape, CumSum) {
             {3, 4, 2}, [a](Builder& b, ValueId v) { return b.op(OpKind::cumsum, a, {v}).at(0); },
             seed++);
       }
+}
+
+// resize: each mode, up and down along different dims; the taps' weights carry dy back.
+TEST(GradCheckShape, Resize) {
+  const std::vector<std::pair<std::string, ResizeAttrs>> cases = {
+      {"linear half_pixel [3, 4] -> [5, 3]", {.sizes = {5, 3}, .mode = ResizeMode::linear}},
+      {"cubic align_corners [3, 4] -> [2, 7]",
+       {.sizes = {2, 7},
+        .mode = ResizeMode::cubic,
+        .coordinates = ResizeCoordinates::align_corners}},
+      {"nearest asymmetric [3, 4] -> [7, 2]",
+       {.sizes = {7, 2}, .coordinates = ResizeCoordinates::asymmetric}},
+  };
+  uint64_t seed = 8740;
+  for (const auto& [what, a] : cases)
+    check_unary_op(
+        "resize", what, {3, 4},
+        [a](Builder& b, ValueId v) { return b.op(OpKind::resize, a, {v}).at(0); }, seed++);
 }
 
 // where(c, a, b) with every operand broadcast: a's gradient where c holds, summed back to a's

@@ -140,6 +140,25 @@ __device__ __forceinline__ float cos(float v) {
 __device__ __forceinline__ double cos(double v) {
   return ::cos(v);
 }
+__device__ __forceinline__ float floor(float v) {
+  return ::floorf(v);
+}
+__device__ __forceinline__ double floor(double v) {
+  return ::floor(v);
+}
+__device__ __forceinline__ float ceil(float v) {
+  return ::ceilf(v);
+}
+__device__ __forceinline__ double ceil(double v) {
+  return ::ceil(v);
+}
+// Half to even (ONNX Round, torch.round).
+__device__ __forceinline__ float round_even(float v) {
+  return ::rintf(v);
+}
+__device__ __forceinline__ double round_even(double v) {
+  return ::rint(v);
+}
 __device__ __forceinline__ float pow(float a, float b) {
   return ::powf(a, b);
 }

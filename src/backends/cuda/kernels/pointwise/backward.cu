@@ -119,6 +119,10 @@ struct ErfGrad {
   }
 };
 template <class C>
+struct ZeroGrad {  // floor, ceil, round: piecewise constant (PyTorch's 0)
+  __device__ C operator()(C) const { return C(0); }
+};
+template <class C>
 struct SinGrad {
   __device__ C operator()(C v) const { return dm::cos(v); }
 };
@@ -174,6 +178,10 @@ void unary_backward_typed(Context& ctx, const Node& n, const DeviceTensor& dy,
       return run(SinGrad<C>{});
     case OpKind::cos:
       return run(CosGrad<C>{});
+    case OpKind::floor:
+    case OpKind::ceil:
+    case OpKind::round:
+      return run(ZeroGrad<C>{});
     case OpKind::clip:
       return run(ClipGrad<C>{C(a.min), C(a.max)});
     default:

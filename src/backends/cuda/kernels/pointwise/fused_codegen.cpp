@@ -282,6 +282,9 @@ class Emitter {
       case OpKind::erf:
       case OpKind::sin:
       case OpKind::cos:
+      case OpKind::floor:
+      case OpKind::ceil:
+      case OpKind::round:
         return cat("fb_", op_name(ins.op), "(", a, ")");
       case OpKind::abs:
         return cat("fb_abs(", a, ")");

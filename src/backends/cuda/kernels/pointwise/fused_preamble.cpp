@@ -39,6 +39,12 @@ __device__ __forceinline__ float fb_sin(float v) { return sinf(v); }
 __device__ __forceinline__ double fb_sin(double v) { return sin(v); }
 __device__ __forceinline__ float fb_cos(float v) { return cosf(v); }
 __device__ __forceinline__ double fb_cos(double v) { return cos(v); }
+__device__ __forceinline__ float fb_floor(float v) { return floorf(v); }
+__device__ __forceinline__ double fb_floor(double v) { return floor(v); }
+__device__ __forceinline__ float fb_ceil(float v) { return ceilf(v); }
+__device__ __forceinline__ double fb_ceil(double v) { return ceil(v); }
+__device__ __forceinline__ float fb_round(float v) { return rintf(v); }
+__device__ __forceinline__ double fb_round(double v) { return rint(v); }
 __device__ __forceinline__ float fb_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double fb_pow(double a, double b) { return pow(a, b); }
 __device__ __forceinline__ float fb_abs(float v) { return fabsf(v); }

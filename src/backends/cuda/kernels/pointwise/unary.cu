@@ -106,6 +106,24 @@ struct Erf {
     return dm::erf(v);
   }
 };
+struct Floor {
+  template <class C>
+  __device__ C operator()(C v) const {
+    return dm::floor(v);
+  }
+};
+struct Ceil {
+  template <class C>
+  __device__ C operator()(C v) const {
+    return dm::ceil(v);
+  }
+};
+struct RoundEven {
+  template <class C>
+  __device__ C operator()(C v) const {
+    return dm::round_even(v);
+  }
+};
 struct Sin {
   template <class C>
   __device__ C operator()(C v) const {
@@ -214,6 +232,12 @@ void unary_float(Context& ctx, const Node& n, const DeviceTensor& x, const Devic
       return run(Sin{});
     case OpKind::cos:
       return run(Cos{});
+    case OpKind::floor:
+      return run(Floor{});
+    case OpKind::ceil:
+      return run(Ceil{});
+    case OpKind::round:
+      return run(RoundEven{});
     case OpKind::clip:
       return run(clip_op<C>(n));
     default:

@@ -1,0 +1,204 @@
+// The sampling arithmetic of resize and resize_backward (ops.h), shared by the CPU reference
+// (cpu/resize.cpp) and the CUDA kernels (cuda/kernels/shape/resize.cu), host and device.
+// Includes only standard headers and index_math.h, so CUDA device code may include it.
+//
+// Every dim is resampled on its own: output index o of dim d reads source coordinate c (in
+// x's index space, f64), and c gives that dim's taps: 1 (nearest), 2 (linear) or 4 (cubic)
+// input indices with weights. An output element is the sum over every combination of its
+// dims' taps of the product of their weights times x at those indices; the backward adds
+// dy times the same products into dx. Taps of weight 0 are dropped, so a dim whose
+// coordinate is integral (an unscaled N or C dim) costs one tap, not two or four.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/common/index_math.h"
+
+namespace fusebox {
+
+struct ResizeAttrs;  // fusebox/ir/ops.h; not included here, to keep this header device-safe
+
+inline constexpr int kResizeMaxRank = 8;
+
+// ops.h's ResizeMode / ResizeCoordinates / ResizeNearest values (checked in resize_map.cpp).
+enum ResizeModeCode : uint8_t { kResizeNearest, kResizeLinear, kResizeCubic };
+enum ResizeCoordinatesCode : uint8_t {
+  kHalfPixel,
+  kHalfPixelSymmetric,
+  kPytorchHalfPixel,
+  kAlignCorners,
+  kAsymmetric,
+  kTfCropAndResize,
+  kTfHalfPixelForNn
+};
+enum ResizeNearestCode : uint8_t {
+  kRoundPreferFloor,
+  kRoundPreferCeil,
+  kNearestFloor,
+  kNearestCeil
+};
+
+// Plain arrays: CUDA kernels take it by value.
+struct ResizeMap {
+  int rank = 0;
+  int64_t in[kResizeMaxRank] = {}, out[kResizeMaxRank] = {};
+  double scale[kResizeMaxRank] = {}, roi_start[kResizeMaxRank] = {}, roi_end[kResizeMaxRank] = {};
+  uint8_t mode = kResizeNearest, coordinates = kHalfPixel, nearest = kRoundPreferFloor;
+  bool exclude_outside = false;
+  double cubic_a = -0.75, extrapolation = 0.0;
+
+  FUSEBOX_HOST_DEVICE int64_t out_size() const {
+    int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= out[d];
+    return n;
+  }
+  FUSEBOX_HOST_DEVICE int64_t in_size() const {
+    int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= in[d];
+    return n;
+  }
+};
+
+// From the node's normalised attributes and x's shape; an Error naming `where` when the
+// rank passes kResizeMaxRank. Host only (resize_map.cpp).
+ResizeMap make_resize_map(const ResizeAttrs& attrs, const std::vector<int64_t>& x,
+                          const std::string& where);
+
+// The source coordinate of output index o along dim d (ops.h's table).
+FUSEBOX_HOST_DEVICE inline double resize_source(const ResizeMap& m, int d, int64_t o) {
+  const double in = double(m.in[d]), out = double(m.out[d]), s = m.scale[d], x = double(o);
+  // L of ops.h: align_corners and tf_crop_and_resize divide by it where it is not 1.
+  const double length = s * in;  // unrounded, as ONNX's reference
+  switch (m.coordinates) {
+    case kHalfPixelSymmetric: {
+      const double adjustment = out / (s * in);
+      return in / 2 * (1 - adjustment) + (x + 0.5) / s - 0.5;
+    }
+    case kPytorchHalfPixel:
+      return out > 1 ? (x + 0.5) / s - 0.5 : 0.0;
+    case kAlignCorners:
+      return length != 1 ? x * (in - 1) / (length - 1) : 0.0;
+    case kAsymmetric:
+      return x / s;
+    case kTfCropAndResize: {
+      const double r0 = m.roi_start[d], r1 = m.roi_end[d];
+      return length != 1 ? r0 * (in - 1) + x * (r1 - r0) * (in - 1) / (length - 1)
+                         : 0.5 * (r0 + r1) * (in - 1);
+    }
+    case kTfHalfPixelForNn:
+      return (x + 0.5) / s;
+    default:  // kHalfPixel
+      return (x + 0.5) / s - 0.5;
+  }
+}
+
+// One dim's taps for one output index.
+struct ResizeTaps {
+  int count = 0;
+  bool outside = false;  // tf_crop_and_resize read outside [0, in - 1]: extrapolation_value
+  int64_t index[4] = {};
+  double weight[4] = {};
+};
+
+// Keys' cubic convolution weight at distance t (0 <= |t| < 2) with coefficient a.
+FUSEBOX_HOST_DEVICE inline double cubic_weight(double t, double a) {
+  t = ::fabs(t);
+  if (t <= 1) return ((a + 2) * t - (a + 3)) * t * t + 1;
+  if (t < 2) return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a;
+  return 0;
+}
+
+FUSEBOX_HOST_DEVICE inline ResizeTaps resize_taps(const ResizeMap& m, int d, int64_t o) {
+  ResizeTaps taps;
+  const double c = resize_source(m, d, o);
+  const int64_t last = m.in[d] - 1;
+  if (m.coordinates == kTfCropAndResize && (c < 0 || c > double(last))) {
+    taps.outside = true;
+    return taps;
+  }
+  // Far outside, every tap clamps to the edge (or is excluded) all the same; the clamp keeps
+  // int64_t(f) defined for tiny scales.
+  const double cc = ::fmin(::fmax(c, -3.0), double(last) + 3);
+  const double f = ::floor(cc), t = cc - f;
+  const int64_t base = int64_t(f);
+  if (m.mode == kResizeNearest) {
+    int64_t k = base;
+    switch (m.nearest) {
+      case kRoundPreferFloor:
+        k = t > 0.5 ? base + 1 : base;
+        break;
+      case kRoundPreferCeil:
+        k = t >= 0.5 ? base + 1 : base;
+        break;
+      case kNearestCeil:
+        k = t > 0 ? base + 1 : base;
+        break;
+      default:  // kNearestFloor
+        break;
+    }
+    taps.count = 1;
+    taps.index[0] = clamp_index(k, 0, last);
+    taps.weight[0] = 1;
+    return taps;
+  }
+  int n = 0;
+  int64_t idx[4];
+  double w[4];
+  if (m.mode == kResizeLinear) {
+    idx[0] = base, w[0] = 1 - t;
+    idx[1] = base + 1, w[1] = t;
+    n = 2;
+  } else {
+    for (int j = 0; j < 4; ++j) {
+      idx[j] = base - 1 + j;
+      w[j] = cubic_weight(t - double(j - 1), m.cubic_a);
+    }
+    n = 4;
+  }
+  if (m.exclude_outside) {
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      if (idx[j] < 0 || idx[j] > last) w[j] = 0;
+      sum += w[j];
+    }
+    for (int j = 0; j < n; ++j) w[j] = sum != 0 ? w[j] / sum : 0;
+  }
+  for (int j = 0; j < n; ++j) {
+    if (w[j] == 0) continue;
+    taps.index[taps.count] = clamp_index(idx[j], 0, last);
+    taps.weight[taps.count] = w[j];
+    ++taps.count;
+  }
+  return taps;
+}
+
+// Calls f(input offset, weight) for every tap combination of output element `e` (x
+// contiguous); returns false (and calls nothing) when some dim reads outside the crop.
+template <class F>
+FUSEBOX_HOST_DEVICE inline bool for_each_resize_tap(const ResizeMap& m, int64_t e, F&& f) {
+  ResizeTaps taps[kResizeMaxRank];
+  for (int d = m.rank - 1; d >= 0; --d) {
+    const int64_t o = e % m.out[d];
+    e /= m.out[d];
+    taps[d] = resize_taps(m, d, o);
+    if (taps[d].outside) return false;
+  }
+  int pick[kResizeMaxRank] = {};
+  while (true) {
+    int64_t offset = 0;
+    double weight = 1;
+    for (int d = 0; d < m.rank; ++d) {
+      offset = offset * m.in[d] + taps[d].index[pick[d]];
+      weight *= taps[d].weight[pick[d]];
+    }
+    f(offset, weight);
+    int d = m.rank - 1;  // the next combination, innermost dim fastest
+    while (d >= 0 && ++pick[d] == taps[d].count) pick[d--] = 0;
+    if (d < 0) return true;
+  }
+}
+
+}  // namespace fusebox
