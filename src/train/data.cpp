@@ -2,6 +2,7 @@
 #include "fusebox/train/data.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "fusebox/io/tensor_file.h"
 #include "zoo/layers.h"
@@ -57,34 +58,71 @@ Dataset synthetic_dataset(int64_t samples, int64_t channels, int64_t image_size,
   return data;
 }
 
+Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, uint64_t seed) {
+  FUSEBOX_CHECK(samples >= 1 && tokens >= 1 && vocab >= 2, "synthetic tokens",
+                "samples and tokens must be >= 1 and the vocabulary >= 2, got ", samples, ", ",
+                tokens, ", ", vocab);
+  Dataset data{Tensor::empty(DType::i64, {samples, tokens}),
+               Tensor::empty(DType::i64, {samples, tokens})};
+  int64_t* x = data.x.data<int64_t>();
+  int64_t* y = data.y.data<int64_t>();
+  zoo::Rng rng = zoo::tensor_rng(seed, "synthetic.tokens");
+  auto next = [vocab](int64_t t) { return (5 * t + 3) % vocab; };
+  for (int64_t i = 0; i < samples; ++i) {
+    int64_t t = int64_t(rng.next() % uint64_t(vocab));
+    for (int64_t j = 0; j < tokens; ++j) {
+      x[i * tokens + j] = t;
+      t = next(t);
+      y[i * tokens + j] = t;
+    }
+  }
+  return data;
+}
+
 Dataset load_dataset(const std::string& path) {
   const std::string where = "data: " + path;
   std::map<std::string, Tensor> arrays = read_npz(path);
   auto get = [&](const char* name) {
     auto it = arrays.find(name);
     FUSEBOX_CHECK(it != arrays.end(), where, "no array '", name,
-                  "' (expected x: float [N, C, H, W] and y: integer [N])");
+                  "' (expected x: float [N, C, H, W] and y: integer [N], or token ids x and "
+                  "next tokens y: integer [N, T] each)");
     return it->second;
   };
   Tensor x = get("x"), y = get("y");
-  FUSEBOX_CHECK(is_floating(x.dtype()) && x.rank() == 4, where,
-                "array 'x' must be float [N, C, H, W], got ", dtype_name(x.dtype()),
-                shape_str(x.shape()));
-  FUSEBOX_CHECK(is_integer(y.dtype()) && y.rank() == 1, where,
-                "array 'y' must be integer [N], got ", dtype_name(y.dtype()), shape_str(y.shape()));
-  FUSEBOX_CHECK(x.dim(0) == y.dim(0), where, "'x' holds ", x.dim(0), " images but 'y' ", y.dim(0),
+  const bool tokens = is_integer(x.dtype());
+  if (tokens) {
+    FUSEBOX_CHECK(x.rank() == 2, where, "array 'x' of token ids must be [N, T], got ",
+                  dtype_name(x.dtype()), shape_str(x.shape()));
+    FUSEBOX_CHECK(is_integer(y.dtype()) && y.shape() == x.shape(), where,
+                  "array 'y' must be integer ", shape_str(x.shape()), " (x's shape), got ",
+                  dtype_name(y.dtype()), shape_str(y.shape()));
+  } else {
+    FUSEBOX_CHECK(is_floating(x.dtype()) && x.rank() == 4, where,
+                  "array 'x' must be float [N, C, H, W] or integer token ids [N, T], got ",
+                  dtype_name(x.dtype()), shape_str(x.shape()));
+    FUSEBOX_CHECK(is_integer(y.dtype()) && y.rank() == 1, where,
+                  "array 'y' must be integer [N], got ", dtype_name(y.dtype()),
+                  shape_str(y.shape()));
+  }
+  FUSEBOX_CHECK(x.dim(0) == y.dim(0), where, "'x' holds ", x.dim(0), " samples but 'y' ", y.dim(0),
                 " labels");
   FUSEBOX_CHECK(x.dim(0) >= 1, where, "the set is empty");
-  return {x.dtype() == DType::f32 ? x : x.cast(DType::f32),
+  const DType x_dtype = tokens ? DType::i64 : DType::f32;
+  return {x.dtype() == x_dtype ? x : x.cast(x_dtype),
           y.dtype() == DType::i64 ? y : y.cast(DType::i64)};
 }
 
-void check_dataset(const Dataset& data, const Shape& sample_shape, int64_t num_classes,
-                   const std::string& where) {
+void check_dataset(const Dataset& data, const Shape& sample_shape, const Shape& label_shape,
+                   int64_t num_classes, const std::string& where) {
   Shape shape = data.x.shape();
   shape.erase(shape.begin());
-  FUSEBOX_CHECK(shape == sample_shape, where, "images are ", shape_str(shape),
+  FUSEBOX_CHECK(shape == sample_shape, where, "samples are ", shape_str(shape),
                 " but the model takes ", shape_str(sample_shape), " per sample");
+  Shape labels = data.y.shape();
+  labels.erase(labels.begin());
+  FUSEBOX_CHECK(labels == label_shape, where, "labels are ", shape_str(labels),
+                " per sample but the model's logits need ", shape_str(label_shape));
   const std::span<const int64_t> y = data.y.values<int64_t>();
   for (size_t i = 0; i < y.size(); ++i) {
     FUSEBOX_CHECK(y[i] >= 0 && y[i] < num_classes, where, "label ", y[i], " at index ", i,
@@ -115,15 +153,17 @@ int64_t BatchSampler::sample_index(int64_t position) const {
 
 std::pair<Tensor, Tensor> BatchSampler::batch(int64_t index) const {
   FUSEBOX_CHECK(index >= 0, "batches", "batch index must be >= 0, got ", index);
-  Shape shape = data_.x.shape();
-  shape[0] = batch_size_;
-  Tensor x = Tensor::empty(DType::f32, shape), y = Tensor::empty(DType::i64, {batch_size_});
-  const int64_t image = data_.x.numel() / data_.size();
+  Shape xs = data_.x.shape(), ys = data_.y.shape();
+  xs[0] = ys[0] = batch_size_;
+  Tensor x = Tensor::empty(data_.x.dtype(), xs), y = Tensor::empty(data_.y.dtype(), ys);
+  const size_t sample = size_t(data_.x.numel() / data_.size()) * dtype_size(x.dtype());
+  const size_t label = size_t(data_.y.numel() / data_.size()) * dtype_size(y.dtype());
   for (int64_t b = 0; b < batch_size_; ++b) {
-    const int64_t i = sample_index(index * batch_size_ + b);
-    std::memcpy(x.data<float>() + b * image, data_.x.data<float>() + i * image,
-                size_t(image) * sizeof(float));
-    y.data<int64_t>()[b] = data_.y.data<int64_t>()[i];
+    const size_t i = size_t(sample_index(index * batch_size_ + b));
+    std::memcpy(static_cast<char*>(x.raw()) + size_t(b) * sample,
+                static_cast<const char*>(data_.x.raw()) + i * sample, sample);
+    std::memcpy(static_cast<char*>(y.raw()) + size_t(b) * label,
+                static_cast<const char*>(data_.y.raw()) + i * label, label);
   }
   return {x, y};
 }

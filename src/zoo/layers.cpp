@@ -85,6 +85,33 @@ ValueId Layers::layer_norm(ValueId x, const std::string& name, double epsilon) {
   return b_.name(name).layer_norm(x, scale, bias, NormAttrs{.axis = -1, .epsilon = epsilon});
 }
 
+ValueId Layers::he_conv(ValueId x, const std::string& name, int64_t out, int64_t kernel,
+                        int64_t stride, int64_t groups, bool bias) {
+  const int64_t in = channels(x);
+  const double fan_in = double(in / groups * kernel * kernel);
+  const ValueId w = normal_parameter(name + ".weight", {out, in / groups, kernel, kernel},
+                                     std::sqrt(2.0 / fan_in));
+  ConvAttrs a;
+  a.strides = {stride, stride};
+  a.pads_begin = a.pads_end = {(kernel - 1) / 2, (kernel - 1) / 2};
+  a.groups = groups;
+  const ValueId b = bias ? filled_parameter(name + ".bias", {out}, 0.0) : kNoValue;
+  return b_.name(name).conv(x, w, b, a);
+}
+
+ValueId Layers::initial_batch_norm(ValueId x, const std::string& name, double epsilon,
+                                   double momentum) {
+  const int64_t c = channels(x);
+  const ValueId s = filled_parameter(name + ".weight", {c}, 1.0);
+  const ValueId b = filled_parameter(name + ".bias", {c}, 0.0);
+  const ValueId m = filled_parameter(name + ".running_mean", {c}, 0.0);
+  const ValueId v = filled_parameter(name + ".running_var", {c}, 1.0);
+  const BatchNormAttrs a{.epsilon = epsilon, .momentum = momentum};
+  b_.name(name);
+  return opts_.training ? b_.batch_norm_training(x, s, b, m, v, a).at(0)
+                        : b_.batch_norm(x, s, b, m, v, a);
+}
+
 const ChannelStats& Layers::stats(ValueId v) const {
   auto it = stats_.find(v);
   FUSEBOX_CHECK(it != stats_.end(), "zoo", "no statistics for '", g_.value(v).name, "'");

@@ -93,6 +93,14 @@ class Layers {
   ValueId logits(ValueId features, const std::string& name, int64_t num_classes);
   // nn.LayerNorm over the last dim: scale 1, bias 0.
   ValueId layer_norm(ValueId x, const std::string& name, double epsilon);
+  // For architectures built without the statistics estimate (mobilenet.cpp, unet.cpp): a
+  // kxk conv padded (k-1)/2 with weights ~N(0, 2 / fan_in) (He: activations keep their scale
+  // through batch norms in their initial state), an optional zero bias; and a batch norm in
+  // PyTorch's initial state (scale 1, bias 0, mean 0, var 1), training form per ZooOptions.
+  // `momentum` is ONNX's (PyTorch's 0.1 is 0.9).
+  ValueId he_conv(ValueId x, const std::string& name, int64_t out, int64_t kernel, int64_t stride,
+                  int64_t groups, bool bias);
+  ValueId initial_batch_norm(ValueId x, const std::string& name, double epsilon, double momentum);
 
  private:
   // A constant named `name` whose element i is draw(rng, i), drawn in order.
@@ -112,5 +120,8 @@ Graph build_resnet(const std::string& name, const ZooOptions& opts);
 Graph build_small_cnn(const ZooOptions& opts);
 Graph build_vit(const std::string& name, const ZooOptions& opts);
 Graph build_convnext(const std::string& name, const ZooOptions& opts);
+Graph build_gpt2(const std::string& name, const ZooOptions& opts);
+Graph build_mobilenet_v3(const std::string& name, const ZooOptions& opts);
+Graph build_unet(const std::string& name, const ZooOptions& opts);
 
 }  // namespace fusebox::zoo

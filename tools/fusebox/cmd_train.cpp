@@ -35,6 +35,7 @@ struct TrainArgs {
   std::string resume;
   int64_t image_size = 32;
   int64_t num_classes = 10;
+  int64_t seq_len = 0;
   std::string data;
   bool synthetic = false;
   int64_t samples = 64;
@@ -111,18 +112,26 @@ struct Model {
   std::string description;
 };
 
-// A zoo model in training form, or an imported ONNX model. The image size of a zoo model
-// follows --data when --image-size is not given.
+// A zoo model in training form, or an imported ONNX model. The image size (a decoder's
+// sequence length) of a zoo model follows --data when --image-size (--seq-len) is not given.
 Model load_model(const TrainArgs& args, const Dataset* data) {
   ZooOptions opts{.batch = args.batch_size,
                   .image_size = args.image_size,
                   .num_classes = args.num_classes,
                   .seed = args.seed,
-                  .training = true};
-  if (data && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
-  Graph g = load_model_argument(args.model, args.shapes, opts,
-                                args.given("--image-size") || args.given("--num-classes"));
+                  .training = true,
+                  .sequence_length = args.seq_len};
+  const bool tokens = data && is_integer(data->x.dtype());
+  if (data && !tokens && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
+  if (tokens && !args.given("--seq-len")) opts.sequence_length = data->x.dim(-1);
+  Graph g = load_model_argument(
+      args.model, args.shapes, opts,
+      args.given("--image-size") || args.given("--num-classes") || args.given("--seq-len"));
   if (is_onnx_path(args.model)) return {std::move(g), args.model};
+  const Value& in = g.value(g.inputs().at(0));
+  if (is_integer(in.type.dtype))
+    return {std::move(g),
+            cat(args.model, " (zoo, ", in.type.shape.back(), " tokens, seed ", args.seed, ")")};
   return {std::move(g), cat(args.model, " (zoo, ", opts.image_size, "x", opts.image_size, ", ",
                             opts.num_classes, " classes, seed ", args.seed, ")")};
 }
@@ -178,23 +187,35 @@ int train(const TrainArgs& args) {
   }
   const Value& input = g.value(g.inputs()[0]);
   const Value& logits = g.value(g.outputs()[0]);
-  FUSEBOX_CHECK(input.type.shape.size() == 4 && logits.type.shape.size() == 2, "fusebox train",
-                "the model must take images [N, C, H, W] and give logits [N, classes], got ",
-                input.name, " ", shape_str(input.type.shape), " and ", logits.name, " ",
-                shape_str(logits.type.shape));
-  const int64_t batch = input.type.shape[0], classes = logits.type.shape[1];
+  // Images [N, C, H, W] -> logits [N, classes], or token ids [N, T] -> logits [N, vocab, T]
+  // (next-token prediction: labels [N, T]).
+  const bool tokens = is_integer(input.type.dtype);
+  const Shape& xs = input.type.shape;
+  const Shape& ls = logits.type.shape;
+  FUSEBOX_CHECK(tokens ? xs.size() == 2 && ls.size() == 3 && ls[0] == xs[0] && ls[2] == xs[1]
+                       : xs.size() == 4 && ls.size() == 2 && ls[0] == xs[0],
+                "fusebox train",
+                "the model must take images [N, C, H, W] and give logits [N, classes], or take "
+                "token ids [N, T] and give logits [N, vocab, T]; got ",
+                input.name, " ", dtype_name(input.type.dtype), shape_str(xs), " and ", logits.name,
+                " ", shape_str(ls));
+  const int64_t batch = xs[0], classes = ls[1];
+  const Shape label_shape = tokens ? Shape{xs[1]} : Shape{};
   if (args.given("--batch-size") && args.batch_size != batch)
     throw UsageError(cat("the model's batch size is fixed at ", batch,
                          "; drop --batch-size or use ", "--shape ", input.name, "=",
                          args.batch_size, ",..."));
   const Shape sample(input.type.shape.begin() + 1, input.type.shape.end());
-  if (args.synthetic) {
+  if (args.synthetic && tokens) {
+    data = synthetic_token_dataset(args.samples, sample[0], classes, args.seed);
+  } else if (args.synthetic) {
     FUSEBOX_CHECK(sample[1] == sample[2], "fusebox train", "--synthetic makes square images; the ",
                   "model takes ", shape_str(sample));
     data = synthetic_dataset(args.samples, sample[0], sample[1], classes, args.seed);
   } else {
-    check_dataset(*data, sample, classes, "data: " + args.data);
+    check_dataset(*data, sample, label_shape, classes, "data: " + args.data);
   }
+  const char* unit = tokens ? "sequences" : "images";
   BatchSampler batches(*data, batch, args.shuffle, args.seed);
 
   const Precision precision = parse_precision(args.precision);
@@ -214,7 +235,7 @@ int train(const TrainArgs& args) {
             << "  " << session.parameter_names().size() << " parameter tensors ("
             << with_commas(values) << " values), " << describe(session.optimizer()) << "\n"
             << "  batch " << batch << " from " << data->size()
-            << (args.synthetic ? " synthetic images" : " images from " + args.data)
+            << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
             << (args.shuffle ? ", shuffled" : ", in order") << "\n";
   if (resume)
     std::cout << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
@@ -240,7 +261,7 @@ int train(const TrainArgs& args) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       progress.update(step,
                       cat("loss ", fixed(loss, 4), "  ",
-                          fixed(double((step - first + 1) * batch) / seconds, 1), " images/s"));
+                          fixed(double((step - first + 1) * batch) / seconds, 1), " ", unit, "/s"));
     }
   };
   const InterruptGuard interrupt;
@@ -332,10 +353,16 @@ Command add_train_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   app->add_option("--num-classes", args->num_classes, "Zoo models; default 10")
       ->check(CLI::PositiveNumber);
-  app->add_option("--data", args->data, "Arrays x: float [N, C, H, W] and y: integer [N]")
+  app->add_option("--seq-len", args->seq_len,
+                  "Zoo decoders (gpt2*): tokens per sequence; default the model's, or the data's")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--data", args->data,
+                  "Arrays x: float [N, C, H, W] and y: integer [N]; or x: token ids [N, T] and "
+                  "y: next tokens [N, T]")
       ->type_name("FILE.npz");
   app->add_flag("--synthetic", args->synthetic,
-                "A fixed, seeded, learnable set of images (class patterns plus noise)");
+                "A fixed, seeded, learnable set of images (class patterns plus noise), or of "
+                "token sequences for a model of token ids");
   app->add_option("--samples", args->samples, "Size of the synthetic set; default 64")
       ->check(CLI::PositiveNumber);
   app->add_flag("--shuffle", args->shuffle, "Shuffle each epoch (seeded by --seed)");

@@ -50,6 +50,9 @@ Command add_zoo_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   app->add_option("--num-classes", args->opts.num_classes, "Classifier outputs; default 1000")
       ->check(CLI::PositiveNumber);
+  app->add_option("--seq-len", args->opts.sequence_length,
+                  "Decoders (gpt2*): tokens per sequence; default the model's context")
+      ->check(CLI::PositiveNumber);
   app->add_option("--seed", args->opts.seed, "Weight seed; default 0");
   return {app, [args] { return zoo(*args); }};
 }

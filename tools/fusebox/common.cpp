@@ -22,7 +22,7 @@ Graph load_model_argument(const std::string& model, const std::vector<std::strin
                           const ZooOptions& zoo, bool zoo_options_given) {
   if (is_onnx_path(model)) {
     if (zoo_options_given)
-      throw UsageError("--image-size and --num-classes apply to zoo models only");
+      throw UsageError("--image-size, --num-classes and --seq-len apply to zoo models only");
     OnnxImportOptions opts;
     opts.input_shapes = parse_shape_specs(shapes);
     return import_onnx_file(model, opts);

@@ -1,5 +1,5 @@
-// Image-classification data for training: an in-memory set of images and labels, and
-// the batches a training run draws from it.
+// Training data: an in-memory set of samples and labels (images and their classes, or token
+// sequences and their next tokens), and the batches a training run draws from it.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +12,8 @@
 namespace fusebox {
 
 struct Dataset {
-  Tensor x;  // f32 [N, C, H, W]
-  Tensor y;  // i64 [N], labels in [0, num_classes)
+  Tensor x;  // images f32 [N, C, H, W], or token ids i64 [N, T]
+  Tensor y;  // i64 labels in [0, classes): [N] for images, [N, T] (next tokens) for tokens
   int64_t size() const { return x.defined() ? x.dim(0) : 0; }
 };
 
@@ -25,15 +25,23 @@ struct Dataset {
 Dataset synthetic_dataset(int64_t samples, int64_t channels, int64_t image_size,
                           int64_t num_classes, uint64_t seed);
 
-// Reads arrays "x" (float, [N, C, H, W]) and "y" (i64 or i32, [N]) from an .npz file;
-// x becomes f32, y i64. Errors name the file and the array (missing, wrong dtype or rank,
-// N mismatch, an empty set).
+// A fixed, seeded, learnable set of token sequences over a vocabulary of `vocab`: each
+// sequence starts at a random token and follows next(t) = (5 t + 3) mod vocab; y holds each
+// position's next token (so x's row shifted by one, then one more step). A decoder learns it
+// from the current token alone. The same arguments give the same bytes everywhere.
+Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, uint64_t seed);
+
+// Reads arrays "x" and "y" from an .npz file: images (x float [N, C, H, W], y integer [N])
+// or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or i64 (tokens), y
+// i64. Errors name the file and the array (missing, wrong dtype or rank, N mismatch, an
+// empty set).
 Dataset load_dataset(const std::string& path);
 
-// Throws an Error naming `where` when the images do not have `sample_shape` ([C, H, W])
-// or a label is outside [0, num_classes) (naming the first one and its index).
-void check_dataset(const Dataset& data, const Shape& sample_shape, int64_t num_classes,
-                   const std::string& where);
+// Throws an Error naming `where` when the samples do not have `sample_shape` ([C, H, W] or
+// [T]), the labels `label_shape` per sample ([] or [T]), or a label is outside [0,
+// num_classes) (naming the first one and its index).
+void check_dataset(const Dataset& data, const Shape& sample_shape, const Shape& label_shape,
+                   int64_t num_classes, const std::string& where);
 
 // Batch i of an endless stream over the set: samples i*B .. i*B+B-1 of the sequence
 // epoch 0, epoch 1, ... (so a batch may wrap around into the next epoch). Without
@@ -42,7 +50,7 @@ void check_dataset(const Dataset& data, const Shape& sample_shape, int64_t num_c
 class BatchSampler {
  public:
   BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);
-  // {images [B, C, H, W], labels [B]}
+  // {samples [B, ...], labels [B, ...]}
   std::pair<Tensor, Tensor> batch(int64_t index) const;
   int64_t batch_size() const { return batch_size_; }
   int64_t dataset_size() const { return data_.size(); }

@@ -19,12 +19,12 @@ bool is_running_stat(const std::string& name) {
   return ends_with(".running_mean") || ends_with(".running_var");
 }
 
-// Trainable parameters as torchvision counts them: every constant except the batch
-// norms' running statistics (buffers, not parameters).
+// Trainable parameters as torchvision counts them: every float constant except the batch
+// norms' running statistics (buffers, not parameters; a decoder's bool mask is a buffer too).
 int64_t parameter_count(const Graph& g) {
   int64_t n = 0;
   for (const auto& [v, t] : g.constants())
-    if (!is_running_stat(g.value(v).name)) n += t.numel();
+    if (is_floating(t.dtype()) && !is_running_stat(g.value(v).name)) n += t.numel();
   return n;
 }
 
@@ -51,9 +51,10 @@ std::map<std::string, int> op_counts(const Graph& g) {
 
 TEST(Zoo, ListsItsModels) {
   std::vector<std::string> names = zoo_models();
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101", "small_cnn",
-                                      "vit_b_16", "vit_test", "convnext_tiny", "convnext_test"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"resnet18", "resnet34", "resnet50", "resnet101",
+                                             "small_cnn", "vit_b_16", "vit_test", "convnext_tiny",
+                                             "convnext_test", "mobilenet_v3_small", "unet",
+                                             "unet_test", "gpt2", "gpt2_test"}));
 }
 
 TEST(Zoo, ResNetParameterCountsMatchTorchvision) {
@@ -335,6 +336,83 @@ TEST(Zoo, ConvNext) {
   const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "convnext_test.onnx");
   EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
   EXPECT_THROW(build_zoo_model("convnext_test", {.image_size = 12}), Error);  // not a multiple of 8
+}
+
+// gpt2 has Hugging Face's 124,439,808 parameters (the head tied to wte) and names; gpt2_test
+// runs on the CPU: causal (a later token changes no earlier logit), logits [B, vocab, T], and
+// it survives an ONNX round trip.
+TEST(Zoo, Gpt2Decoder) {
+  const Graph full = build_zoo_model("gpt2", {.sequence_length = 8});
+  EXPECT_EQ(parameter_count(full), 124439808);
+  for (const char* name :
+       {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.11.attn.c_attn.weight",
+        "transformer.h.0.mlp.c_proj.bias", "transformer.ln_f.weight"})
+    EXPECT_TRUE(full.find_value(name).has_value()) << name;
+  EXPECT_EQ(constant(full, "transformer.h.0.attn.c_attn.weight").shape(), (Shape{768, 2304}));
+  EXPECT_EQ(constant(full, "transformer.wpe.weight").shape(), (Shape{1024, 768}));
+
+  const Graph g = build_zoo_model("gpt2_test", {.batch = 2, .seed = 3, .sequence_length = 16});
+  const Value& in = g.value(g.inputs().at(0));
+  ASSERT_EQ(in.type.dtype, DType::i64);
+  Tensor ids = testing::random_tensor(DType::i64, {2, 16}, 9, 0, 128);
+  const Tensor logits = run_logits(g, ids);
+  ASSERT_EQ(logits.shape(), (Shape{2, 128, 16}));
+  for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.get(i))) << i;
+  Tensor changed = ids.clone();
+  changed.set(10, double((int64_t(ids.get(10)) + 1) % 128));  // sequence 0, position 10
+  const Tensor after = run_logits(g, changed);
+  for (int64_t v = 0; v < 128; ++v)
+    for (int64_t t = 0; t < 16; ++t) {
+      const int64_t i = v * 16 + t;  // sequence 0
+      if (t < 10) EXPECT_EQ(after.get(i), logits.get(i)) << "vocab " << v << " position " << t;
+    }
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "gpt2_test.onnx");
+  EXPECT_TRUE(testing::all_close(run_logits(imported, ids), logits, 1e-5, 1e-6));
+  EXPECT_THROW(build_zoo_model("gpt2_test", {.sequence_length = 33}), Error);  // 32 positions
+}
+
+// mobilenet_v3_small has torchvision's 2,542,856 parameters and names; it runs on the CPU,
+// trains (the step graph's batch norms in training form) and survives an ONNX round trip.
+TEST(Zoo, MobileNetV3Small) {
+  const Graph full = build_zoo_model("mobilenet_v3_small");
+  EXPECT_EQ(parameter_count(full), 2542856);
+  EXPECT_EQ(constant(full, "features.4.block.2.fc1.weight").shape(), (Shape{24, 96, 1, 1}));
+  EXPECT_EQ(constant(full, "features.1.block.0.0.weight").shape(), (Shape{16, 1, 3, 3}));
+  EXPECT_EQ(constant(full, "classifier.3.weight").shape(), (Shape{1000, 1024}));
+  const ZooOptions opts{.batch = 2, .image_size = 32, .num_classes = 10, .seed = 4};
+  const Graph g = build_zoo_model("mobilenet_v3_small", opts);
+  const Tensor x = testing::random_tensor(DType::f32, {2, 3, 32, 32}, 14);
+  const Tensor logits = run_logits(g, x);
+  ASSERT_EQ(logits.shape(), (Shape{2, 10}));
+  double sum_sq = 0;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(logits.get(i))) << i;
+    sum_sq += logits.get(i) * logits.get(i);
+  }
+  EXPECT_GT(sum_sq, 0);
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "mobilenet_v3_small.onnx");
+  EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
+}
+
+// unet: the repository's layout (transposed-convolution upsampling); unet_test runs on the
+// CPU with bilinear (align_corners) upsampling, gives per-pixel logits and survives an ONNX
+// round trip (Resize, ConvTranspose, Concat).
+TEST(Zoo, UNet) {
+  const Graph full = build_zoo_model("unet", {.image_size = 32, .num_classes = 2});
+  EXPECT_EQ(constant(full, "up1.up.weight").shape(), (Shape{1024, 512, 2, 2}));
+  EXPECT_EQ(constant(full, "down4.maxpool_conv.1.double_conv.3.weight").shape(),
+            (Shape{1024, 1024, 3, 3}));
+  EXPECT_EQ(constant(full, "outc.conv.weight").shape(), (Shape{2, 64, 1, 1}));
+  const ZooOptions opts{.batch = 2, .image_size = 16, .num_classes = 3, .seed = 6};
+  const Graph g = build_zoo_model("unet_test", opts);
+  EXPECT_EQ(testing::count_ops(g, OpKind::resize), 2);
+  const Tensor x = testing::random_tensor(DType::f32, {2, 3, 16, 16}, 15);
+  const Tensor logits = run_logits(g, x);
+  ASSERT_EQ(logits.shape(), (Shape{2, 3, 16, 16}));
+  for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.get(i))) << i;
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(g), "unet_test.onnx");
+  EXPECT_TRUE(testing::all_close(run_logits(imported, x), logits, 1e-5, 1e-6));
+  EXPECT_THROW(build_zoo_model("unet_test", {.image_size = 10}), Error);  // not a multiple of 4
 }
 
 TEST(Zoo, SmallCnnRunsOnCpu) {

@@ -51,6 +51,26 @@ TEST(FuseAttention, ZooVitFusesEveryLayerAndComputesTheSame) {
   }
 }
 
+// The zoo's decoder writes Hugging Face's causal form (where over its lower-triangular
+// mask): every layer becomes one causal attention, computing what the chain computes.
+TEST(FuseAttention, ZooGpt2FusesEveryLayerAsCausal) {
+  const Graph model = build_zoo_model("gpt2_test", {.batch = 2, .seed = 4, .sequence_length = 16});
+  const NamedTensors feeds = {{"input", random_tensor(DType::i64, {2, 16}, 5, 0, 128)}};
+  InferenceFusionOptions without;
+  without.attention = false;
+  const Graph fused = prepare_inference_graph(model, Precision::bf16, {});
+  const Graph plain = prepare_inference_graph(model, Precision::bf16, without);
+  EXPECT_EQ(count_op(fused, OpKind::attention), 2u);
+  EXPECT_EQ(count_op(fused, OpKind::where), 0u);
+  for (const Node& n : fused.nodes()) {
+    if (n.op == OpKind::attention) {
+      EXPECT_TRUE(std::get<AttentionAttrs>(n.attrs).causal);
+    }
+  }
+  EXPECT_TRUE(all_close(run_graph(fused, feeds).at("logits"), run_graph(plain, feeds).at("logits"),
+                        3e-2, 3e-2));
+}
+
 // q [B, H, T, d], k, v: PyTorch's exported scaled_dot_product_attention multiplies q and k^T
 // by sqrt(scale) each before the product.
 Graph sdpa_export_form(bool read_scores_twice, DType t = DType::bf16) {
@@ -157,7 +177,7 @@ TEST(FuseAttention, HuggingFaceCausalMaskFusesAsCausal) {
   EXPECT_TRUE(all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
   // Not the lower triangle (one key kept past the diagonal), or a fill that does not vanish
   // under exp: stays a where.
-  Tensor off = tril.clone();  // a Tensor copy shares the bytes
+  Tensor off = tril.clone();   // a Tensor copy shares the bytes
   off.data<bool>()[1] = true;  // query 0 sees key 1
   Graph g2 = hf_causal_form(off, bf16_min);
   EXPECT_EQ(fuse_attention(g2), 0u);

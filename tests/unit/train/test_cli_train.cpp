@@ -159,6 +159,34 @@ TEST_F(CliTrain, OnnxModelAndDataFile) {
   EXPECT_TRUE(contains(r.err, "fixed at 4")) << r.err;
 }
 
+// A decoder on token data: --synthetic makes next-token sequences (the model's input is
+// token ids), a .npz of x, y [N, T] trains too, and labels of another shape are named.
+TEST_F(CliTrain, DecoderTrainsOnTokens) {
+  ToolResult r = train(
+      "gpt2_test --synthetic --seq-len 16 --batch-size 4 --samples 16 --steps 30 "
+      "--optimizer adamw --lr 0.003 --log-every 10");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "16 tokens")) << r.out;
+  EXPECT_TRUE(contains(r.out, "batch 4 from 16 synthetic sequences")) << r.out;
+  EXPECT_TRUE(contains(r.out, "sequences/s")) << r.out;
+  const std::vector<double> losses = progress_losses(r.out);
+  ASSERT_EQ(losses.size(), 3u) << r.out;
+  EXPECT_LT(losses.back(), losses.front() * 0.8) << r.out;
+
+  const Dataset tokens = synthetic_token_dataset(8, 12, 128, 4);
+  write_npz(path("t.npz"), {{"x", tokens.x.cast(DType::i32)}, {"y", tokens.y}});
+  r = train(cat("gpt2_test --batch-size 4 --steps 2 --data '", path("t.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, "12 tokens")) << r.out;  // the data's sequence length
+  write_npz(path("short_y.npz"), {{"x", tokens.x}, {"y", Tensor::full(DType::i64, {8}, 1)}});
+  r = train(cat("gpt2_test --batch-size 4 --steps 1 --data '", path("short_y.npz"), "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "'y' must be integer [8, 12]")) << r.err;
+  r = train("gpt2_test --synthetic --seq-len 40 --steps 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "exceeds the model's 32 positions")) << r.err;
+}
+
 TEST_F(CliTrain, BadInputIsAClearError) {
   struct Case {
     std::string args;
@@ -177,7 +205,7 @@ TEST_F(CliTrain, BadInputIsAClearError) {
       {cat("small_cnn --data '", path("no_y.npz"), "'"), 1, "no array 'y'"},
       {cat("small_cnn --data '", path("float_y.npz"), "'"), 1, "'y' must be integer"},
       {cat("small_cnn --image-size 16 --data '", path("wrong_size.npz"), "'"), 1,
-       "images are [3, 8, 8]"},
+       "samples are [3, 8, 8]"},
       {cat("small_cnn --synthetic --resume '", path("none.npz"), "'"), 1, "none.npz"},
       {"small_cnn --synthetic --optimizer adamw --momentum 0.9", 2, "--momentum"},
       {"small_cnn --synthetic --optimizer rmsprop", 2, "rmsprop"},

@@ -134,18 +134,20 @@ TEST(TrainData, LoadAndCheckNameTheProblem) {
   Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 2, 3});
   expect_error({{"x", x}}, "'y'");
   expect_error({{"y", y}}, "'x'");
-  expect_error({{"x", x.reshaped({4, 192})}, {"y", y}}, "'x' must be float [N, C, H, W]");
+  expect_error({{"x", x.reshaped({4, 192})}, {"y", y}},
+               "'x' must be float [N, C, H, W] or integer token ids [N, T]");
   expect_error({{"x", x}, {"y", x}}, "'y' must be integer [N]");
-  expect_error({{"x", x}, {"y", Tensor::zeros(DType::i64, {3})}}, "4 images but 'y' 3");
+  expect_error({{"x", x}, {"y", Tensor::zeros(DType::i64, {3})}}, "4 samples but 'y' 3");
 
   write_npz(file, {{"x", x.cast(DType::f64)}, {"y", y}});
   Dataset d = load_dataset(file);
   EXPECT_EQ(d.x.dtype(), DType::f32);
   EXPECT_EQ(d.y.dtype(), DType::i64);
-  check_dataset(d, {3, 8, 8}, 4, "data");
-  EXPECT_THROW(check_dataset(d, {3, 16, 16}, 4, "data"), Error);
+  check_dataset(d, {3, 8, 8}, {}, 4, "data");
+  EXPECT_THROW(check_dataset(d, {3, 16, 16}, {}, 4, "data"), Error);
+  EXPECT_THROW(check_dataset(d, {3, 8, 8}, {8, 8}, 4, "data"), Error);  // per-pixel labels
   try {
-    check_dataset(d, {3, 8, 8}, 3, "data");
+    check_dataset(d, {3, 8, 8}, {}, 3, "data");
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("label 3 at index 3"), std::string::npos) << e.what();

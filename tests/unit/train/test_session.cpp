@@ -156,6 +156,56 @@ TEST(TrainSession, TransformerEraZooModelsLossFallsOnTheSyntheticSet) {
   }
 }
 
+// The GPT-2-style decoder learns the synthetic token rule (next = 5 t + 3 mod vocab): its
+// cross-entropy over logits [B, vocab, T] against labels [B, T] falls; gradients reach the
+// tied embedding through the gather and the head.
+TEST(TrainSession, DecoderLearnsTheSyntheticTokenRule) {
+  Graph model = build_zoo_model("gpt2_test", {.batch = 4, .seed = 2, .sequence_length = 16});
+  TrainingSession session(model, LossSpec{}, AdamWOptions{.lr = 3e-3, .weight_decay = 0});
+  BatchSampler sampler(synthetic_token_dataset(16, 16, 128, 3), 4, false, 0);
+  const auto [x, y] = sampler.batch(0);
+  ASSERT_EQ(x.dtype(), DType::i64);
+  ASSERT_EQ(y.shape(), (Shape{4, 16}));
+  EXPECT_EQ(y.get(0), double((5 * int64_t(x.get(0)) + 3) % 128));
+  EXPECT_EQ(y.get(0), x.get(1));
+  float first = 0, last = 0;
+  for (int i = 0; i < 60; ++i) {
+    const auto [xb, yb] = sampler.batch(i % 4);
+    last = session.step({{"input", xb}, {"labels", yb}});
+    ASSERT_TRUE(std::isfinite(last)) << "step " << i;
+    if (i == 0) first = last;
+  }
+  EXPECT_GT(first, 4.0f);  // about log(128) = 4.85 at the start
+  EXPECT_LT(last, first / 2);
+  const std::string wte = "transformer.wte.weight";
+  EXPECT_FALSE(same_bits(session.parameters().at(wte), *model.constant(*model.find_value(wte))));
+}
+
+// The small U-Net learns a per-pixel rule (class 1 where input channel 0 is positive): the
+// cross-entropy over logits [B, 2, H, W] against labels [B, H, W] falls; gradients pass the
+// bilinear resizes (resize_backward), the concatenations and the batch norms.
+TEST(TrainSession, UNetLearnsAPerPixelRule) {
+  Graph model =
+      build_zoo_model("unet_test", {.batch = 2, .image_size = 16, .num_classes = 2, .seed = 3});
+  TrainingSession session(model, LossSpec{}, AdamWOptions{.lr = 3e-3, .weight_decay = 0});
+  std::vector<NamedTensors> batches;
+  for (uint64_t s = 0; s < 2; ++s) {
+    const Tensor x = random_tensor(DType::f32, {2, 3, 16, 16}, 40 + s);
+    Tensor y = Tensor::empty(DType::i64, {2, 16, 16});
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t p = 0; p < 256; ++p)
+        y.data<int64_t>()[b * 256 + p] = x.get(b * 3 * 256 + p) > 0 ? 1 : 0;
+    batches.push_back({{"input", x}, {"labels", y}});
+  }
+  float first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    last = session.step(batches[size_t(i % 2)]);
+    ASSERT_TRUE(std::isfinite(last)) << "step " << i;
+    if (i == 0) first = last;
+  }
+  EXPECT_LT(last, first / 2);
+}
+
 // An imported ONNX model (batch_norm in inference form) is switched to training form,
 // and its parameters keep their initializer names.
 TEST(TrainSession, TrainsAnImportedOnnxModel) {
