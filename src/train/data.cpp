@@ -1,6 +1,7 @@
 // Datasets: the synthetic set, .npz loading and checks, and batch drawing.
 #include "fusebox/train/data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -79,6 +80,27 @@ Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, 
   return data;
 }
 
+Dataset synthetic_segmentation_dataset(int64_t samples, int64_t channels, int64_t image_size,
+                                       int64_t num_classes, uint64_t seed) {
+  FUSEBOX_CHECK(samples >= 1 && channels >= 1 && image_size >= 1 && num_classes >= 1,
+                "synthetic segmentation data",
+                "samples, channels, image size and classes must be >= 1, got ", samples, ", ",
+                channels, ", ", image_size, ", ", num_classes);
+  const int64_t plane = image_size * image_size, image = channels * plane;
+  Dataset data{Tensor::empty(DType::f32, {samples, channels, image_size, image_size}),
+               Tensor::empty(DType::i64, {samples, image_size, image_size})};
+  float* x = data.x.data<float>();
+  int64_t* y = data.y.data<int64_t>();
+  zoo::Rng rng = zoo::tensor_rng(seed, "synthetic.segmentation");
+  for (int64_t i = 0; i < samples * image; ++i) x[i] = float(rng.uniform(-1, 1));
+  for (int64_t i = 0; i < samples; ++i)
+    for (int64_t p = 0; p < plane; ++p) {
+      const double v = (double(x[i * image + p]) + 1) / 2;  // channel 0, in [0, 1)
+      y[i * plane + p] = std::min(num_classes - 1, int64_t(v * double(num_classes)));
+    }
+  return data;
+}
+
 Dataset load_dataset(const std::string& path) {
   const std::string where = "data: " + path;
   std::map<std::string, Tensor> arrays = read_npz(path);
@@ -101,9 +123,9 @@ Dataset load_dataset(const std::string& path) {
     FUSEBOX_CHECK(is_floating(x.dtype()) && x.rank() == 4, where,
                   "array 'x' must be float [N, C, H, W] or integer token ids [N, T], got ",
                   dtype_name(x.dtype()), shape_str(x.shape()));
-    FUSEBOX_CHECK(is_integer(y.dtype()) && y.rank() == 1, where,
-                  "array 'y' must be integer [N], got ", dtype_name(y.dtype()),
-                  shape_str(y.shape()));
+    FUSEBOX_CHECK(is_integer(y.dtype()) && (y.rank() == 1 || y.rank() == 3), where,
+                  "array 'y' must be integer [N] (classes) or [N, H, W] (per-pixel classes), got ",
+                  dtype_name(y.dtype()), shape_str(y.shape()));
   }
   FUSEBOX_CHECK(x.dim(0) == y.dim(0), where, "'x' holds ", x.dim(0), " samples but 'y' ", y.dim(0),
                 " labels");

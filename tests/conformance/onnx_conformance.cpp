@@ -55,7 +55,7 @@ constexpr const char* kFamilies[] = {
     "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_l1", "reduce_l2",
     "reduce_sum_square", "reduce_log_sum",                            // incl. reduce_log_sum_exp
     "argmax", "argmin", "cumsum", "tril", "triu",
-    "sum", "mean", "globalmaxpool", "dropout", "sce",                 // sce: SoftmaxCrossEntropyLoss
+    "sum", "mean", "globalmaxpool", "dropout", "sce", "nllloss",      // sce: SoftmaxCrossEntropyLoss
     "shape", "size", "constantofshape", "range", "gather",            // incl. gather_elements
     "where", "equal", "less", "greater", "not", "and", "or", "xor", "mod",  // incl. *_equal
     "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze", "expand",

@@ -187,20 +187,22 @@ int train(const TrainArgs& args) {
   }
   const Value& input = g.value(g.inputs()[0]);
   const Value& logits = g.value(g.outputs()[0]);
-  // Images [N, C, H, W] -> logits [N, classes], or token ids [N, T] -> logits [N, vocab, T]
-  // (next-token prediction: labels [N, T]).
+  // Images [N, C, H, W] -> logits [N, classes] (labels [N]) or [N, classes, H', W']
+  // (segmentation: labels [N, H', W']); token ids [N, T] -> logits [N, vocab, T] (next-token
+  // prediction: labels [N, T]).
   const bool tokens = is_integer(input.type.dtype);
   const Shape& xs = input.type.shape;
   const Shape& ls = logits.type.shape;
   FUSEBOX_CHECK(tokens ? xs.size() == 2 && ls.size() == 3 && ls[0] == xs[0] && ls[2] == xs[1]
-                       : xs.size() == 4 && ls.size() == 2 && ls[0] == xs[0],
+                       : xs.size() == 4 && (ls.size() == 2 || ls.size() == 4) && ls[0] == xs[0],
                 "fusebox train",
-                "the model must take images [N, C, H, W] and give logits [N, classes], or take "
-                "token ids [N, T] and give logits [N, vocab, T]; got ",
+                "the model must take images [N, C, H, W] and give logits [N, classes] or "
+                "[N, classes, H, W], or take token ids [N, T] and give logits [N, vocab, T]; got ",
                 input.name, " ", dtype_name(input.type.dtype), shape_str(xs), " and ", logits.name,
                 " ", shape_str(ls));
   const int64_t batch = xs[0], classes = ls[1];
-  const Shape label_shape = tokens ? Shape{xs[1]} : Shape{};
+  const Shape label_shape(ls.begin() + 2, ls.end());  // [], [H', W'] or [T]
+  const bool per_pixel = !tokens && ls.size() == 4;
   if (args.given("--batch-size") && args.batch_size != batch)
     throw UsageError(cat("the model's batch size is fixed at ", batch,
                          "; drop --batch-size or use ", "--shape ", input.name, "=",
@@ -208,6 +210,11 @@ int train(const TrainArgs& args) {
   const Shape sample(input.type.shape.begin() + 1, input.type.shape.end());
   if (args.synthetic && tokens) {
     data = synthetic_token_dataset(args.samples, sample[0], classes, args.seed);
+  } else if (args.synthetic && per_pixel) {
+    FUSEBOX_CHECK(sample[1] == sample[2] && label_shape == Shape({sample[1], sample[2]}),
+                  "fusebox train", "--synthetic makes square images with labels per pixel; the ",
+                  "model takes ", shape_str(sample), " and gives logits ", shape_str(ls));
+    data = synthetic_segmentation_dataset(args.samples, sample[0], sample[1], classes, args.seed);
   } else if (args.synthetic) {
     FUSEBOX_CHECK(sample[1] == sample[2], "fusebox train", "--synthetic makes square images; the ",
                   "model takes ", shape_str(sample));
@@ -357,12 +364,12 @@ Command add_train_command(CLI::App& parent) {
                   "Zoo decoders (gpt2*): tokens per sequence; default the model's, or the data's")
       ->check(CLI::PositiveNumber);
   app->add_option("--data", args->data,
-                  "Arrays x: float [N, C, H, W] and y: integer [N]; or x: token ids [N, T] and "
-                  "y: next tokens [N, T]")
+                  "Arrays x: float [N, C, H, W] and y: integer [N] or [N, H, W]; or x: token ids "
+                  "[N, T] and y: next tokens [N, T]")
       ->type_name("FILE.npz");
   app->add_flag("--synthetic", args->synthetic,
-                "A fixed, seeded, learnable set of images (class patterns plus noise), or of "
-                "token sequences for a model of token ids");
+                "A fixed, seeded, learnable set: images (class patterns plus noise), per-pixel "
+                "classes for a segmentation model, token sequences for a model of token ids");
   app->add_option("--samples", args->samples, "Size of the synthetic set; default 64")
       ->check(CLI::PositiveNumber);
   app->add_flag("--shuffle", args->shuffle, "Shuffle each epoch (seeded by --seed)");

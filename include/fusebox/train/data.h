@@ -13,7 +13,7 @@ namespace fusebox {
 
 struct Dataset {
   Tensor x;  // images f32 [N, C, H, W], or token ids i64 [N, T]
-  Tensor y;  // i64 labels in [0, classes): [N] for images, [N, T] (next tokens) for tokens
+  Tensor y;  // i64 labels in [0, classes): [N] (images), [N, H, W] (per pixel), [N, T] (tokens)
   int64_t size() const { return x.defined() ? x.dim(0) : 0; }
 };
 
@@ -25,14 +25,20 @@ struct Dataset {
 Dataset synthetic_dataset(int64_t samples, int64_t channels, int64_t image_size,
                           int64_t num_classes, uint64_t seed);
 
+// A fixed, seeded, learnable per-pixel set: uniform noise images; each pixel's class is
+// channel 0's value cut into num_classes equal bins of [-1, 1) (a 1x1 convolution can learn
+// it). Labels [N, H, W]. The same arguments give the same bytes everywhere.
+Dataset synthetic_segmentation_dataset(int64_t samples, int64_t channels, int64_t image_size,
+                                       int64_t num_classes, uint64_t seed);
+
 // A fixed, seeded, learnable set of token sequences over a vocabulary of `vocab`: each
 // sequence starts at a random token and follows next(t) = (5 t + 3) mod vocab; y holds each
 // position's next token (so x's row shifted by one, then one more step). A decoder learns it
 // from the current token alone. The same arguments give the same bytes everywhere.
 Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, uint64_t seed);
 
-// Reads arrays "x" and "y" from an .npz file: images (x float [N, C, H, W], y integer [N])
-// or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or i64 (tokens), y
+// Reads arrays "x" and "y" from an .npz file: images (x float [N, C, H, W], y integer [N]
+// or per pixel [N, H, W]) or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or i64 (tokens), y
 // i64. Errors name the file and the array (missing, wrong dtype or rank, N mismatch, an
 // empty set).
 Dataset load_dataset(const std::string& path);

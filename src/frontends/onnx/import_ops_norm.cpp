@@ -127,6 +127,54 @@ void import_softmax_cross_entropy(NodeContext& c) {
   if (c.wants_output(1)) c.set_output(1, outs.at(1));
 }
 
+// NegativeLogLikelihoodLoss (opset 12+): input [N, C, D...] (log-probabilities), target
+// [N, D...] (i64 or i32), weight [C]?; loss[n, d] = -input[n, target[n, d], d] *
+// weight[target[n, d]], 0 where target is ignore_index. As gather_elements on the class dim
+// (ignored targets read class 0 first, so they are never out of range), times the gathered
+// weights (or 1 / 0 for kept / ignored); mean divides by the sum of those weights, as ONNX.
+void import_nll_loss(NodeContext& c) {
+  const std::string reduction = c.attrs().get_string("reduction", "mean");
+  if (reduction != "mean" && reduction != "sum" && reduction != "none")
+    c.attrs().unsupported_value("reduction", reduction, "supported: mean, sum, none");
+  const std::optional<int64_t> ignore_index = c.attrs().find_int("ignore_index");
+  const Shape& x = c.input_shape(0);
+  const TensorType& target = c.input_type(1);
+  c.check(x.size() >= 2, "input 0 (input) must be [N, C, D...], got ", shape_str(x));
+  c.check(target.dtype == DType::i64 || target.dtype == DType::i32,
+          "input 1 (target) must be i64 or i32, got ", dtype_name(target.dtype));
+  Shape want = x;
+  want.erase(want.begin() + 1);
+  c.check(target.shape == want, "input 1 (target) must be ", shape_str(want), " for input ",
+          shape_str(x), ", got ", shape_str(target.shape));
+  const DType dtype = c.input_type(0).dtype;
+  ValueId t = c.input(1), ignored = kNoValue;
+  if (ignore_index) {
+    const ValueId ii = c.constant(Tensor::scalar(target.dtype, double(*ignore_index)), "ii");
+    ignored = c.emit1(OpKind::equal, {}, {t, ii}, "ignored");
+    const ValueId zero = c.constant(Tensor::scalar(target.dtype, 0.0), "class0");
+    t = c.emit1(OpKind::where, {}, {ignored, zero, t}, "safe_target");
+  }
+  const ValueId idx = c.emit1(OpKind::unsqueeze, AxesAttrs{{1}}, {t}, "index");
+  const ValueId picked = c.emit1(OpKind::gather_elements, GatherAttrs{1}, {c.input(0), idx}, "pick");
+  const ValueId flat = c.emit1(OpKind::squeeze, AxesAttrs{{1}}, {picked}, "picked");
+  ValueId loss = c.emit1(OpKind::neg, {}, {flat}, "neg");
+  ValueId w = kNoValue;  // the per-element weights, where they are not all 1
+  if (c.has_input(2)) w = c.emit1(OpKind::gather, GatherAttrs{0}, {c.input(2), t}, "weights");
+  if (ignored != kNoValue) {
+    const ValueId zero = c.constant(Tensor::scalar(dtype, 0.0), "zero");
+    const ValueId one = c.constant(Tensor::scalar(dtype, 1.0), "one");
+    w = c.emit1(OpKind::where, {}, {ignored, zero, w == kNoValue ? one : w}, "kept_weights");
+  }
+  if (w != kNoValue) loss = c.emit1(OpKind::mul, {}, {loss, w}, "weighted");
+  if (reduction == "none") return c.set_output(0, loss);
+  const ReduceAttrs all{{}, false};
+  const ValueId sum = c.emit1(OpKind::reduce_sum, all, {loss}, reduction == "sum" ? "" : "sum");
+  if (reduction == "sum") return c.set_output(0, sum);
+  if (w == kNoValue) return c.set_output(0, c.emit1(OpKind::reduce_mean, all, {loss}));
+  const ValueId total = c.emit1(OpKind::reduce_sum, all, {w}, "weight_sum");
+  c.set_output(0, c.emit1(OpKind::div, {}, {sum, total}));
+}
+
 // Dropout at inference (or in training with ratio 0): the identity, and an all-true
 // mask. Opset 12 turned ratio into an input and added training_mode; random
 // dropout (training with a non-zero ratio) is not supported.
@@ -152,6 +200,7 @@ const OpSpec kOps[] = {
     {"InstanceNormalization", 6, 3, 3, 1, import_instance_norm},
     {"GroupNormalization", 18, 3, 3, 1, import_group_norm},
     {"SoftmaxCrossEntropyLoss", 12, 2, 3, 2, import_softmax_cross_entropy},
+    {"NegativeLogLikelihoodLoss", 12, 2, 3, 1, import_nll_loss},
     {"Dropout", 1, 1, 3, 2, import_dropout},
 };
 

@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -185,6 +186,30 @@ TEST_F(CliTrain, DecoderTrainsOnTokens) {
   r = train("gpt2_test --synthetic --seq-len 40 --steps 1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.err, "exceeds the model's 32 positions")) << r.err;
+}
+
+// A segmentation model: logits [N, classes, H, W] against per-pixel labels (--synthetic bins
+// channel 0 into the classes).
+TEST_F(CliTrain, SegmentationTrainsOnPerPixelLabels) {
+  ToolResult r = train("unet_test --synthetic --image-size 16 --num-classes 3 --batch-size 2 "
+                       "--samples 4 --steps 30 --optimizer adamw --lr 0.003 --log-every 10");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const std::vector<double> losses = progress_losses(r.out);
+  ASSERT_EQ(losses.size(), 3u) << r.out;
+  EXPECT_LT(losses.back(), losses.front() * 0.8) << r.out;
+  const Dataset d = synthetic_segmentation_dataset(2, 3, 8, 4, 1);
+  ASSERT_EQ(d.y.shape(), (Shape{2, 8, 8}));
+  EXPECT_EQ(d.y.get(5), double(std::min<int64_t>(3, int64_t((d.x.get(5) + 1) / 2 * 4))));
+  write_npz(path("seg.npz"), {{"x", d.x}, {"y", d.y}});
+  r = train(cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("seg.npz"),
+                "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  write_npz(path("class.npz"), {{"x", d.x}, {"y", Tensor::full(DType::i64, {2}, 1)}});
+  r = train(cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("class.npz"),
+                "'"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "labels are [] per sample but the model's logits need [8, 8]"))
+      << r.err;
 }
 
 TEST_F(CliTrain, BadInputIsAClearError) {
