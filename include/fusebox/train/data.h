@@ -38,9 +38,9 @@ Dataset synthetic_segmentation_dataset(int64_t samples, int64_t channels, int64_
 Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, uint64_t seed);
 
 // Reads arrays "x" and "y" from an .npz file: images (x float [N, C, H, W], y integer [N]
-// or per pixel [N, H, W]) or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or i64 (tokens), y
-// i64. Errors name the file and the array (missing, wrong dtype or rank, N mismatch, an
-// empty set).
+// or per pixel [N, H, W]) or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or
+// i64 (tokens), y i64. Errors name the file and the array (missing, wrong dtype or rank, N
+// mismatch, an empty set).
 Dataset load_dataset(const std::string& path);
 
 // Throws an Error naming `where` when the samples do not have `sample_shape` ([C, H, W] or

@@ -155,7 +155,8 @@ void import_nll_loss(NodeContext& c) {
     t = c.emit1(OpKind::where, {}, {ignored, zero, t}, "safe_target");
   }
   const ValueId idx = c.emit1(OpKind::unsqueeze, AxesAttrs{{1}}, {t}, "index");
-  const ValueId picked = c.emit1(OpKind::gather_elements, GatherAttrs{1}, {c.input(0), idx}, "pick");
+  const ValueId picked =
+      c.emit1(OpKind::gather_elements, GatherAttrs{1}, {c.input(0), idx}, "pick");
   const ValueId flat = c.emit1(OpKind::squeeze, AxesAttrs{{1}}, {picked}, "picked");
   ValueId loss = c.emit1(OpKind::neg, {}, {flat}, "neg");
   ValueId w = kNoValue;  // the per-element weights, where they are not all 1

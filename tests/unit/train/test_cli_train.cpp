@@ -191,8 +191,9 @@ TEST_F(CliTrain, DecoderTrainsOnTokens) {
 // A segmentation model: logits [N, classes, H, W] against per-pixel labels (--synthetic bins
 // channel 0 into the classes).
 TEST_F(CliTrain, SegmentationTrainsOnPerPixelLabels) {
-  ToolResult r = train("unet_test --synthetic --image-size 16 --num-classes 3 --batch-size 2 "
-                       "--samples 4 --steps 30 --optimizer adamw --lr 0.003 --log-every 10");
+  ToolResult r = train(
+      "unet_test --synthetic --image-size 16 --num-classes 3 --batch-size 2 "
+      "--samples 4 --steps 30 --optimizer adamw --lr 0.003 --log-every 10");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const std::vector<double> losses = progress_losses(r.out);
   ASSERT_EQ(losses.size(), 3u) << r.out;
@@ -201,12 +202,12 @@ TEST_F(CliTrain, SegmentationTrainsOnPerPixelLabels) {
   ASSERT_EQ(d.y.shape(), (Shape{2, 8, 8}));
   EXPECT_EQ(d.y.get(5), double(std::min<int64_t>(3, int64_t((d.x.get(5) + 1) / 2 * 4))));
   write_npz(path("seg.npz"), {{"x", d.x}, {"y", d.y}});
-  r = train(cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("seg.npz"),
-                "'"));
+  r = train(
+      cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("seg.npz"), "'"));
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   write_npz(path("class.npz"), {{"x", d.x}, {"y", Tensor::full(DType::i64, {2}, 1)}});
-  r = train(cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("class.npz"),
-                "'"));
+  r = train(
+      cat("unet_test --num-classes 4 --batch-size 2 --steps 1 --data '", path("class.npz"), "'"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(contains(r.err, "labels are [] per sample but the model's logits need [8, 8]"))
       << r.err;
