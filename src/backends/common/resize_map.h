@@ -186,6 +186,9 @@ FUSEBOX_HOST_DEVICE inline bool for_each_resize_tap(const ResizeMap& m, int64_t 
     taps[d] = resize_taps(m, d, o);
     if (taps[d].outside) return false;
   }
+  // Every tap excluded (exclude_outside far outside the input): the sum is 0.
+  for (int d = 0; d < m.rank; ++d)
+    if (taps[d].count == 0) return true;
   int pick[kResizeMaxRank] = {};
   while (true) {
     int64_t offset = 0;
