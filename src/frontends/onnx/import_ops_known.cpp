@@ -216,11 +216,39 @@ void import_where(NodeContext& c) {
 
 // Mod: fmod = 0 (integers only) takes the divisor's sign, as Python's %; fmod = 1 the
 // dividend's, as C's fmod.
+// Mod of float tensors on run-time data (fmod = 1, C's fmod): a - b * trunc(a / b), trunc(q)
+// = q < 0 ? ceil(q) : floor(q); where b is infinite the result is a (fmod's), where b is 0
+// NaN. Exact while the quotient's product b * trunc(a / b) is (small quotients, the usual
+// case); for quotients past 2^24 (f32) it can differ from fmod by rounding.
+void emit_float_mod(NodeContext& c) {
+  const DType t = c.input_type(0).dtype;
+  c.check(c.input_type(1).dtype == t, "inputs have different element types ", dtype_name(t),
+          " and ", dtype_name(c.input_type(1).dtype));
+  const ValueId a = c.input(0), b = c.input(1);
+  const ValueId zero = c.constant(Tensor::scalar(t, 0.0), "zero");
+  const ValueId inf = c.constant(Tensor::scalar(t, INFINITY), "inf");
+  const ValueId q = c.emit1(OpKind::div, {}, {a, b}, "quotient");
+  const ValueId negative = c.emit1(OpKind::less, {}, {q, zero}, "negative");
+  const ValueId up = c.emit1(OpKind::ceil, {}, {q}, "ceil");
+  const ValueId down = c.emit1(OpKind::floor, {}, {q}, "floor");
+  const ValueId whole = c.emit1(OpKind::where, {}, {negative, up, down}, "trunc");
+  const ValueId product = c.emit1(OpKind::mul, {}, {b, whole}, "product");
+  const ValueId rest = c.emit1(OpKind::sub, {}, {a, product}, "rest");
+  const ValueId size = c.emit1(OpKind::abs, {}, {b}, "divisor_size");
+  const ValueId infinite = c.emit1(OpKind::equal, {}, {size, inf}, "infinite_divisor");
+  c.set_output(0, c.emit1(OpKind::where, {}, {infinite, a, rest}));  // where broadcasts a
+}
+
 void import_mod(NodeContext& c) {
+  const bool fmod_attr = c.attrs().get_int("fmod", 0) != 0;
+  if (!(c.input_known(0) && c.input_known(1)) && is_floating(c.input_type(0).dtype)) {
+    if (!fmod_attr) c.attrs().fail("fmod", "must be 1 for floating-point inputs");
+    return emit_float_mod(c);
+  }
   const Values a = known(c, 0, "A"), b = known(c, 1, "B");
   c.check(a.dtype == b.dtype, "inputs have different element types ", dtype_name(a.dtype), " and ",
           dtype_name(b.dtype));
-  const bool fmod = c.attrs().get_int("fmod", 0) != 0;
+  const bool fmod = fmod_attr;
   if (!a.integer() && !fmod) c.attrs().fail("fmod", "must be 1 for floating-point inputs");
   Shape shape;
   const auto index = broadcast_indices(c, {a.shape, b.shape}, &shape);

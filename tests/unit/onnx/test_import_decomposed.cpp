@@ -407,5 +407,33 @@ TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   EXPECT_EQ(run1(g, {}, "kept").data<int64_t>()[2], std::numeric_limits<int64_t>::max());
 }
 
+// Float Mod (fmod = 1) on run-time values is a - b * trunc(a / b), as C's fmod: signs follow
+// a, a broadcast divisor, an infinite divisor gives a, a zero one NaN; fmod = 0 is refused.
+TEST(OnnxImport, FloatModOnRunTimeValuesIsFmod) {
+  TestModel m(17);
+  m.input("a", TensorProto::FLOAT, {2, 4});
+  m.input("b", TensorProto::FLOAT, {4});
+  attr_int(m.node("Mod", {"a", "b"}, {"r"}, "mod"), "fmod", 1);
+  m.output("r");
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor a = Tensor::from_vector<float>({2, 4}, {-4.3f, 7.2f, 5.0f, 9.5f, 4.3f, -7.2f, 8.0f, -1.0f});
+  const Tensor b = Tensor::from_vector<float>({4}, {2.1f, -3.4f, inf, 0.0f});
+  const std::vector<double> r = run1(import(m), {{"a", a}, {"b", b}}, "r").to_doubles();
+  const std::vector<double> av = a.to_doubles(), bv = b.to_doubles();
+  for (size_t i = 0; i < r.size(); ++i) {
+    const double want = double(std::fmod(float(av[i]), float(bv[i % 4])));
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(r[i])) << i;
+    else
+      EXPECT_NEAR(r[i], want, 1e-6) << i << ": fmod(" << av[i] << ", " << bv[i % 4] << ")";
+  }
+  TestModel p(17);
+  p.input("a", TensorProto::FLOAT, {2});
+  p.input("b", TensorProto::FLOAT, {2});
+  p.node("Mod", {"a", "b"}, {"r"}, "pymod");
+  p.output("r");
+  EXPECT_TRUE(throws_error_with([&] { import(p); }, {"node 'pymod' (Mod)", "fmod"}));
+}
+
 }  // namespace
 }  // namespace fusebox::testing
