@@ -416,7 +416,8 @@ TEST(OnnxImport, FloatModOnRunTimeValuesIsFmod) {
   attr_int(m.node("Mod", {"a", "b"}, {"r"}, "mod"), "fmod", 1);
   m.output("r");
   const float inf = std::numeric_limits<float>::infinity();
-  const Tensor a = Tensor::from_vector<float>({2, 4}, {-4.3f, 7.2f, 5.0f, 9.5f, 4.3f, -7.2f, 8.0f, -1.0f});
+  const Tensor a =
+      Tensor::from_vector<float>({2, 4}, {-4.3f, 7.2f, 5.0f, 9.5f, 4.3f, -7.2f, 8.0f, -1.0f});
   const Tensor b = Tensor::from_vector<float>({4}, {2.1f, -3.4f, inf, 0.0f});
   const std::vector<double> r = run1(import(m), {{"a", a}, {"b", b}}, "r").to_doubles();
   const std::vector<double> av = a.to_doubles(), bv = b.to_doubles();
