@@ -181,8 +181,8 @@ int train(const TrainArgs& args) {
   Model model = load_model(args, data ? &*data : nullptr);
   const Graph& g = model.graph;
   if (g.inputs().size() != 1 || g.outputs().size() != 1) {
-    throw Error("fusebox train", cat("the model must have one input (images) and one output "
-                                     "(logits), got ",
+    throw Error("fusebox train", cat("the model must have one input (images or token ids) and "
+                                     "one output (logits), got ",
                                      g.inputs().size(), " and ", g.outputs().size()));
   }
   const Value& input = g.value(g.inputs()[0]);
@@ -298,7 +298,7 @@ int train(const TrainArgs& args) {
 
   std::cout << std::fixed << "trained " << done << " steps (" << first << " to " << end << ") in "
             << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
-            << double(done * batch) / seconds << " images/s; loss " << std::setprecision(4)
+            << double(done * batch) / seconds << " " << unit << "/s; loss " << std::setprecision(4)
             << first_loss << " -> " << loss << "\n";
   if (precision == Precision::f16) {  // the scaler's state: read once, after every step
     std::cout << "  loss scaling: " << session.skipped_steps()

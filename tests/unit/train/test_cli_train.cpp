@@ -169,7 +169,7 @@ TEST_F(CliTrain, DecoderTrainsOnTokens) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_TRUE(contains(r.out, "16 tokens")) << r.out;
   EXPECT_TRUE(contains(r.out, "batch 4 from 16 synthetic sequences")) << r.out;
-  EXPECT_TRUE(contains(r.out, "sequences/s")) << r.out;
+  EXPECT_TRUE(contains(r.out, "sequences/s; loss")) << r.out;  // the summary line too
   const std::vector<double> losses = progress_losses(r.out);
   ASSERT_EQ(losses.size(), 3u) << r.out;
   EXPECT_LT(losses.back(), losses.front() * 0.8) << r.out;
