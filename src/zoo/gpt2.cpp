@@ -34,8 +34,6 @@ class Gpt2 {
  public:
   Gpt2(Graph& g, const ZooOptions& opts) : g_(g), l_(g, opts), b_(l_.builder()), opts_(opts) {}
 
-  ValueId scalar(double v, DType dtype) { return b_.constant(Tensor::full(dtype, {}, v)); }
-
   // HF's Conv1D on [B, T, in]: one gemm over the B*T rows, weight [in, out].
   ValueId conv1d(ValueId x, const std::string& name, int64_t out, double stddev) {
     const Shape s = g_.value(x).type.shape;
@@ -48,30 +46,14 @@ class Gpt2 {
   }
 
   ValueId attention(ValueId x, const std::string& name, const Gpt2Config& c, ValueId mask) {
-    const Shape s = g_.value(x).type.shape;
-    const int64_t batch = s[0], tokens = s[1], head = c.width / c.heads;
     const ValueId qkv = conv1d(x, name + ".c_attn", 3 * c.width, 0.02);
-    const ValueId split = b_.name(name + ".heads").reshape(qkv, {batch, tokens, 3, c.heads, head});
-    const ValueId packed = b_.name(name + ".qkv").transpose(split, {2, 0, 3, 1, 4});  // [3,B,H,T,d]
-    auto part = [&](int64_t i, const char* which) {
-      const ValueId p =
-          b_.name(name + "." + which).slice(packed, SliceAttrs{{i}, {i + 1}, {0}, {1}});
-      return b_.name(name + "." + which + "_heads").reshape(p, {batch, c.heads, tokens, head});
-    };
-    const ValueId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
-    const ValueId kt = b_.name(name + ".k_t").transpose(k, {0, 1, 3, 2});
-    const ValueId scores = b_.name(name + ".scores").matmul(q, kt);
-    const DType dtype = g_.value(scores).type.dtype;
-    const ValueId scaled =
-        b_.name(name + ".scaled").mul(scores, scalar(1.0 / std::sqrt(double(head)), dtype));
-    const ValueId fill = scalar(double(std::numeric_limits<float>::lowest()), dtype);
+    const auto [q, k, v] = l_.split_heads(qkv, name, c.heads);
+    const ValueId scaled = l_.scaled_scores(q, k, name);
+    const ValueId fill = l_.scalar(double(std::numeric_limits<float>::lowest()));
     const ValueId masked =
         b_.name(name + ".causal").op(OpKind::where, {}, {mask, scaled, fill}).at(0);
-    const ValueId weights = b_.name(name + ".softmax").softmax(masked, -1);
-    const ValueId context = b_.name(name + ".context").matmul(weights, v);  // [B,H,T,d]
-    const ValueId merged = b_.name(name + ".merge").transpose(context, {0, 2, 1, 3});
-    const ValueId flat = b_.name(name + ".merged").reshape(merged, {batch, tokens, c.width});
-    return conv1d(flat, name + ".c_proj", c.width, 0.02 / std::sqrt(2.0 * double(c.layers)));
+    const ValueId context = l_.attend(masked, v, name);
+    return conv1d(context, name + ".c_proj", c.width, 0.02 / std::sqrt(2.0 * double(c.layers)));
   }
 
   void build(const Gpt2Config& c, int64_t tokens) {
@@ -102,9 +84,7 @@ class Gpt2 {
     h = l_.layer_norm(h, "transformer.ln_f", 1e-5);
     const ValueId head = b_.name("lm_head.tied").transpose(wte, {1, 0});  // [width, vocab]
     const ValueId logits = b_.name("lm_head").matmul(h, head);            // [B, T, vocab]
-    const ValueId classes = b_.name("logits_classes_first").transpose(logits, {0, 2, 1});
-    g_.rename_value(classes, "logits");
-    g_.mark_output(classes);
+    l_.mark_logits(b_.name("logits_classes_first").transpose(logits, {0, 2, 1}));
   }
 
  private:

@@ -73,8 +73,7 @@ ValueId Layers::logits(ValueId features, const std::string& name, int64_t num_cl
   const ValueId w = normal_parameter(name + ".weight", {num_classes, width}, 0.02);
   const ValueId b = filled_parameter(name + ".bias", {num_classes}, 0.0);
   const ValueId y = b_.name(name).gemm(features, w, b, GemmAttrs{.trans_b = true});
-  g_.rename_value(y, "logits");
-  g_.mark_output(y);
+  mark_logits(y);
   return y;
 }
 
@@ -83,6 +82,42 @@ ValueId Layers::layer_norm(ValueId x, const std::string& name, double epsilon) {
   const ValueId scale = filled_parameter(name + ".weight", {width}, 1.0);
   const ValueId bias = filled_parameter(name + ".bias", {width}, 0.0);
   return b_.name(name).layer_norm(x, scale, bias, NormAttrs{.axis = -1, .epsilon = epsilon});
+}
+
+ValueId Layers::scalar(double value) {
+  return b_.constant(Tensor::full(opts_.dtype, {}, value));
+}
+
+void Layers::mark_logits(ValueId y) {
+  g_.rename_value(y, "logits");
+  g_.mark_output(y);
+}
+
+std::array<ValueId, 3> Layers::split_heads(ValueId qkv, const std::string& name, int64_t heads) {
+  const Shape s = g_.value(qkv).type.shape;
+  const int64_t batch = s[0], tokens = s[1], head = s[2] / 3 / heads;
+  const ValueId split = b_.name(name + ".heads").reshape(qkv, {batch, tokens, 3, heads, head});
+  const ValueId packed = b_.name(name + ".qkv").transpose(split, {2, 0, 3, 1, 4});  // [3,B,H,T,d]
+  auto part = [&](int64_t i, const char* which) {
+    const ValueId p = b_.name(name + "." + which).slice(packed, SliceAttrs{{i}, {i + 1}, {0}, {1}});
+    return b_.name(name + "." + which + "_heads").reshape(p, {batch, heads, tokens, head});
+  };
+  return {part(0, "q"), part(1, "k"), part(2, "v")};
+}
+
+ValueId Layers::scaled_scores(ValueId q, ValueId k, const std::string& name) {
+  const int64_t head = g_.value(q).type.shape.back();
+  const ValueId kt = b_.name(name + ".k_t").transpose(k, {0, 1, 3, 2});
+  const ValueId scores = b_.name(name + ".scores").matmul(q, kt);
+  return b_.name(name + ".scaled").mul(scores, scalar(1.0 / std::sqrt(double(head))));
+}
+
+ValueId Layers::attend(ValueId scores, ValueId v, const std::string& name) {
+  const Shape s = g_.value(v).type.shape;  // [B, H, T, d]
+  const ValueId weights = b_.name(name + ".softmax").softmax(scores, -1);
+  const ValueId context = b_.name(name + ".context").matmul(weights, v);
+  const ValueId merged = b_.name(name + ".merge").transpose(context, {0, 2, 1, 3});
+  return b_.name(name + ".merged").reshape(merged, {s[0], s[2], s[1] * s[3]});
 }
 
 ValueId Layers::he_conv(ValueId x, const std::string& name, int64_t out, int64_t kernel,
@@ -257,8 +292,7 @@ ValueId Layers::classifier(ValueId features, int64_t num_classes) {
   ValueId w = add_parameter("fc.weight", parameter("fc.weight", {num_classes, in}, uniform));
   ValueId bias = add_parameter("fc.bias", parameter("fc.bias", {num_classes}, uniform));
   ValueId logits = b_.name("fc").gemm(flat, w, bias, GemmAttrs{.trans_b = true});
-  g_.rename_value(logits, "logits");
-  g_.mark_output(logits);
+  mark_logits(logits);
   return logits;
 }
 

@@ -3,6 +3,7 @@
 // ("layer1.0.conv1" reads the constant "layer1.0.conv1.weight").
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -93,6 +94,17 @@ class Layers {
   ValueId logits(ValueId features, const std::string& name, int64_t num_classes);
   // nn.LayerNorm over the last dim: scale 1, bias 0.
   ValueId layer_norm(ValueId x, const std::string& name, double epsilon);
+  // A scalar constant node in the zoo's dtype.
+  ValueId scalar(double value);
+  // Names `y` "logits" and makes it the graph's output.
+  void mark_logits(ValueId y);
+  // Multi-head attention's pieces, as PyTorch writes them (fuse_attention recognises the
+  // chain): packed [B, T, 3 W] (torchvision's in_proj, HF's c_attn) -> q, k, v [B, heads, T,
+  // W / heads]; the scores q k^T / sqrt(d) [B, H, T, T]; softmax(scores) v merged back to
+  // [B, T, W].
+  std::array<ValueId, 3> split_heads(ValueId qkv, const std::string& name, int64_t heads);
+  ValueId scaled_scores(ValueId q, ValueId k, const std::string& name);
+  ValueId attend(ValueId scores, ValueId v, const std::string& name);
   // For architectures built without the statistics estimate (mobilenet.cpp, unet.cpp): a
   // kxk conv padded (k-1)/2 with weights ~N(0, 2 / fan_in) (He: activations keep their scale
   // through batch norms in their initial state), an optional zero bias; and a batch norm in

@@ -46,22 +46,17 @@ class MobileNetV3 {
   MobileNetV3(Graph& g, const ZooOptions& opts)
       : g_(g), l_(g, opts), b_(l_.builder()), opts_(opts) {}
 
-  ValueId scalar(double v) { return b_.constant(Tensor::full(opts_.dtype, {}, v)); }
   int64_t width(ValueId x) const { return g_.value(x).type.shape[1]; }
 
   ValueId hardsigmoid(ValueId x, const std::string& name) {
-    const ValueId shifted = b_.name(name + ".shift").add(x, scalar(3.0));
+    const ValueId shifted = b_.name(name + ".shift").add(x, l_.scalar(3.0));
     const ValueId clipped = b_.name(name + ".relu6").clip(shifted, 0.0, 6.0);
-    return b_.name(name).div(clipped, scalar(6.0));
+    return b_.name(name).div(clipped, l_.scalar(6.0));
   }
   ValueId hardswish(ValueId x, const std::string& name) {
     return b_.name(name).mul(x, hardsigmoid(x, name + ".gate"));
   }
 
-  ValueId conv(ValueId x, const std::string& name, int64_t out, int64_t kernel, int64_t stride,
-               int64_t groups, bool bias) {
-    return l_.he_conv(x, name, out, kernel, stride, groups, bias);
-  }
   // torchvision's: eps 1e-3, momentum 0.01 (ONNX's 0.99).
   ValueId batch_norm(ValueId x, const std::string& name) {
     return l_.initial_batch_norm(x, name, 1e-3, 0.99);
@@ -71,7 +66,8 @@ class MobileNetV3 {
   enum class Act { none, relu, hardswish };
   ValueId conv_bn(ValueId x, const std::string& name, int64_t out, int64_t kernel, int64_t stride,
                   int64_t groups, Act act) {
-    ValueId y = batch_norm(conv(x, name + ".0", out, kernel, stride, groups, false), name + ".1");
+    ValueId y =
+        batch_norm(l_.he_conv(x, name + ".0", out, kernel, stride, groups, false), name + ".1");
     if (act == Act::relu) return b_.name(name + ".2").relu(y);
     if (act == Act::hardswish) return hardswish(y, name + ".2");
     return y;
@@ -80,9 +76,9 @@ class MobileNetV3 {
   ValueId squeeze_excitation(ValueId x, const std::string& name) {
     const int64_t c = width(x), squeezed = make_divisible(double(c / 4));
     const ValueId pooled = b_.name(name + ".avgpool").global_avg_pool(x);
-    ValueId s = conv(pooled, name + ".fc1", squeezed, 1, 1, 1, true);
+    ValueId s = l_.he_conv(pooled, name + ".fc1", squeezed, 1, 1, 1, true);
     s = b_.name(name + ".activation").relu(s);
-    s = conv(s, name + ".fc2", c, 1, 1, 1, true);
+    s = l_.he_conv(s, name + ".fc2", c, 1, 1, 1, true);
     return b_.name(name + ".scale").mul(x, hardsigmoid(s, name + ".scale_activation"));
   }
 
@@ -115,9 +111,7 @@ class MobileNetV3 {
     const ValueId pooled = b_.name("avgpool").global_avg_pool(h);
     const ValueId flat = b_.name("flatten").flatten(pooled, 1);
     ValueId y = hardswish(linear(flat, "classifier.0", 1024), "classifier.1");
-    y = linear(y, "classifier.3", opts_.num_classes);
-    g_.rename_value(y, "logits");
-    g_.mark_output(y);
+    l_.mark_logits(linear(y, "classifier.3", opts_.num_classes));
   }
 
  private:

@@ -88,9 +88,7 @@ class Unet {
       const int64_t out = level == 0 ? w[0] : w[level] / factor;
       h = up(h, skips[level], "up" + std::to_string(i), out, c.bilinear);
     }
-    const ValueId y = l_.he_conv(h, "outc.conv", opts_.num_classes, 1, 1, 1, true);
-    g_.rename_value(y, "logits");
-    g_.mark_output(y);
+    l_.mark_logits(l_.he_conv(h, "outc.conv", opts_.num_classes, 1, 1, 1, true));
   }
 
  private:

@@ -30,31 +30,14 @@ class Vit {
  public:
   Vit(Graph& g, const ZooOptions& opts) : g_(g), l_(g, opts), b_(l_.builder()), opts_(opts) {}
 
-  ValueId scalar(double v) { return b_.constant(Tensor::full(opts_.dtype, {}, v)); }
-
   // Multi-head self-attention over [B, T, D] with torchvision's packed in_proj.
   ValueId attention(ValueId x, const std::string& name, int64_t heads) {
-    const Shape s = g_.value(x).type.shape;
-    const int64_t batch = s[0], tokens = s[1], width = s[2], head = width / heads;
+    const int64_t width = g_.value(x).type.shape[2];
     const ValueId qkv = l_.linear(x, name + ".in_proj", 3 * width, name + ".in_proj_weight",
                                   name + ".in_proj_bias");
-    const ValueId split = b_.name(name + ".heads").reshape(qkv, {batch, tokens, 3, heads, head});
-    const ValueId packed = b_.name(name + ".qkv").transpose(split, {2, 0, 3, 1, 4});  // [3,B,H,T,d]
-    auto part = [&](int64_t i, const char* which) {
-      const ValueId p =
-          b_.name(name + "." + which).slice(packed, SliceAttrs{{i}, {i + 1}, {0}, {1}});
-      return b_.name(name + "." + which + "_heads").reshape(p, {batch, heads, tokens, head});
-    };
-    const ValueId q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
-    const ValueId kt = b_.name(name + ".k_t").transpose(k, {0, 1, 3, 2});
-    const ValueId scores = b_.name(name + ".scores").matmul(q, kt);
-    const ValueId scaled =
-        b_.name(name + ".scaled").mul(scores, scalar(1.0 / std::sqrt(double(head))));
-    const ValueId weights = b_.name(name + ".softmax").softmax(scaled, -1);
-    const ValueId context = b_.name(name + ".context").matmul(weights, v);  // [B,H,T,d]
-    const ValueId merged = b_.name(name + ".merge").transpose(context, {0, 2, 1, 3});
-    const ValueId flat = b_.name(name + ".merged").reshape(merged, {batch, tokens, width});
-    return l_.linear(flat, name + ".out_proj", width);
+    const auto [q, k, v] = l_.split_heads(qkv, name, heads);
+    const ValueId context = l_.attend(l_.scaled_scores(q, k, name), v, name);
+    return l_.linear(context, name + ".out_proj", width);
   }
 
   void build(const VitConfig& c) {

@@ -24,6 +24,7 @@
 #include "backends/cuda/device/strided_layout.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/common/scatter_sum.cuh"
 #include "backends/cuda/runtime/error_flags.h"
 
 namespace fusebox::cuda {
@@ -124,11 +125,6 @@ __global__ void gather_elements_scatter_add(const T* dy, const I* idx, int64_t c
   }
 }
 
-template <class T>
-__global__ void round_into(const float* acc, int64_t n, T* out) {
-  for (int64_t e = global_thread_index(); e < n; e += grid_stride()) store_compute(out, e, acc[e]);
-}
-
 template <class F>
 void visit_index_dtype(const Node& n, DType t, F&& f) {
   if (t == DType::i64) return f(int64_t{});
@@ -192,23 +188,19 @@ void run_gather_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
     using I = decltype(itag);
     visit_device_float(n, dx.dtype, [&](auto tag) {
       using T = decltype(tag);
-      using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      using A = typename ScatterSum<T>::A;
       const dim3 grid(launch_blocks(dy.numel())), block(kDefaultThreads);
-      const DeviceTensor acc =
-          std::is_same_v<T, A> ? dx : temporary_tensor(ctx, DType::f32, dx.shape);
-      ctx.encoder.memset(acc.range(), 0);
+      const ScatterSum<T> sum(ctx, dx);
       if (n.op == OpKind::gather_backward)
         ctx.encoder.launch(&gather_scatter_add<T, A, I>, grid, block, 0, {dy.range(), idx.range()},
-                           {acc.range()}, dy.as<const T>(), idx.as<const I>(),
-                           gather_view(dx.shape, axis, idx.numel()), acc.as<A>());
+                           {sum.range()}, dy.as<const T>(), idx.as<const I>(),
+                           gather_view(dx.shape, axis, idx.numel()), sum.acc());
       else
         ctx.encoder.launch(&gather_elements_scatter_add<T, A, I>, grid, block, 0,
-                           {dy.range(), idx.range()}, {acc.range()}, dy.as<const T>(),
+                           {dy.range(), idx.range()}, {sum.range()}, dy.as<const T>(),
                            idx.as<const I>(), idx.numel(),
-                           elements_map(n, dx.shape, idx.shape, axis), acc.as<A>());
-      if constexpr (!std::is_same_v<T, A>)
-        ctx.encoder.launch(&round_into<T>, dim3(launch_blocks(dx.numel())), block, 0, {acc.range()},
-                           {dx.range()}, acc.as<const float>(), dx.numel(), dx.as<T>());
+                           elements_map(n, dx.shape, idx.shape, axis), sum.acc());
+      sum.finish(ctx);
     });
   });
 }

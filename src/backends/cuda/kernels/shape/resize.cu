@@ -15,6 +15,7 @@
 #include "backends/common/resize_map.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/common/scatter_sum.cuh"
 
 namespace fusebox::cuda {
 
@@ -45,11 +46,6 @@ __global__ void resize_scatter_add(const T* dy, ResizeMap m, int64_t total, A* a
     const A g = A(load_compute(dy, e));
     for_each_resize_tap(m, e, [&](int64_t offset, double w) { atomicAdd(&acc[offset], A(w) * g); });
   }
-}
-
-template <class T>
-__global__ void round_resize_sums(const float* acc, int64_t n, T* out) {
-  for (int64_t e = global_thread_index(); e < n; e += grid_stride()) store_compute(out, e, acc[e]);
 }
 
 }  // namespace
@@ -89,18 +85,13 @@ void resize_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const ResizeMap m = make_resize_map(a.resize, dx.shape, node_label(n));
   visit_device_float(n, dx.dtype, [&](auto tag) {
     using T = decltype(tag);
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const DeviceTensor acc =
-        std::is_same_v<T, A> ? dx : temporary_tensor(ctx, DType::f32, dx.shape);
-    ctx.encoder.memset(acc.range(), 0);
-    const dim3 block(kDefaultThreads);
+    using A = typename ScatterSum<T>::A;
+    const ScatterSum<T> sum(ctx, dx);
     if (dy.numel() > 0)
-      ctx.encoder.launch(&resize_scatter_add<T, A>, dim3(launch_blocks(dy.numel())), block, 0,
-                         {dy.range()}, {acc.range()}, dy.as<const T>(), m, dy.numel(), acc.as<A>());
-    if constexpr (!std::is_same_v<T, A>)
-      ctx.encoder.launch(&round_resize_sums<T>, dim3(launch_blocks(dx.numel())), block, 0,
-                         {acc.range()}, {dx.range()}, acc.as<const float>(), dx.numel(),
-                         dx.as<T>());
+      ctx.encoder.launch(&resize_scatter_add<T, A>, dim3(launch_blocks(dy.numel())),
+                         dim3(kDefaultThreads), 0, {dy.range()}, {sum.range()}, dy.as<const T>(), m,
+                         dy.numel(), sum.acc());
+    sum.finish(ctx);
   });
 }
 
