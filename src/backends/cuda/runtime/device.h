@@ -107,6 +107,13 @@ class DeviceGuard {
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t status, std::string_view call, const char* file,
                                     int line);
 
+// Why the cuDNN loaded at run time (`loaded`, cudnnGetVersion()) cannot serve code built
+// against `compiled` (CUDNN_VERSION), or "" when it can: same major and at least the compiled
+// minor. An older minor is not safe: cudnn-frontend builds graphs with what the headers
+// describe, and cuDNN 9.14 running graphs written for 9.19 corrupted memory in the fused
+// attention's backward (illegal addresses, NaN losses; bench/results 2026-11-28 session 17).
+std::string cudnn_version_mismatch(int64_t compiled, int64_t loaded);
+
 inline void check_cublas(cublasStatus_t status, std::string_view call, const char* file, int line) {
   if (status != CUBLAS_STATUS_SUCCESS) throw_cublas_error(status, call, file, line);
 }

@@ -2,6 +2,9 @@
 // for those libraries.
 // Kept apart from runtime/device.cpp so that code using only the runtime API does not pull
 // cuBLASLt and cuDNN into its link.
+#include <dlfcn.h>
+
+#include <mutex>
 #include <unordered_map>
 
 #include "backends/cuda/runtime/device.h"
@@ -31,7 +34,41 @@ struct ThreadCudnnHandles {
   }
 };
 
+// cuDNN 9 encodes major * 10000 + minor * 100 + patch.
+std::string version_string(int64_t v) {
+  return cat(v / 10000, ".", v / 100 % 100, ".", v % 100);
+}
+
+// Where the loaded libcudnn lives, for the error: the file that defines cudnnGetVersion.
+std::string loaded_cudnn_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudnnGetVersion), &info) != 0 && info.dli_fname != nullptr)
+    return info.dli_fname;
+  return "an unknown path";
+}
+
+// Once per process, before the first handle: a cuDNN older than the headers fusebox was built
+// with is refused here, not discovered as corrupted memory later.
+void check_loaded_cudnn() {
+  static std::once_flag once;
+  static std::string problem;
+  std::call_once(once, [] {
+    problem = cudnn_version_mismatch(CUDNN_VERSION, int64_t(cudnnGetVersion()));
+    if (!problem.empty()) problem += cat(" (loaded from ", loaded_cudnn_path(), ")");
+  });
+  if (!problem.empty()) throw Error("cuda", problem);
+}
+
 }  // namespace
+
+std::string cudnn_version_mismatch(int64_t compiled, int64_t loaded) {
+  if (loaded / 10000 == compiled / 10000 && loaded / 100 >= compiled / 100) return "";
+  return cat("fusebox was built against cuDNN ", version_string(compiled), " but cuDNN ",
+             version_string(loaded),
+             " was loaded: put the matching libcudnn (same major, minor at least ",
+             compiled / 10000, ".", compiled / 100 % 100,
+             ") first on LD_LIBRARY_PATH; an older one can corrupt memory");
+}
 
 // cuBLASLt hands every thread the same context for a device: the first GPU run saw two
 // threads' cublasLtCreate return one pointer, so a per-thread handle destroyed at its
@@ -50,6 +87,7 @@ cudnnHandle_t Device::cudnn_handle(cudaStream_t stream) const {
   thread_local ThreadCudnnHandles handles;
   auto it = handles.by_device.find(id_);
   if (it == handles.by_device.end()) {
+    check_loaded_cudnn();
     DeviceGuard guard(id_);  // cudnnCreate binds the handle to the current device
     cudnnHandle_t handle = nullptr;
     FUSEBOX_CUDNN_CHECK(cudnnCreate(&handle));

@@ -43,6 +43,7 @@ void for_each_problem(uint64_t seed, const std::function<void(const Problem&)>& 
       {{2, 1, 33, 128}, {2, 1, 33, 128}, {2, 1, 33, 128}, true},      // causal, d 128
       {{2, 3, 40, 64}, {2, 3, 64, 64}, {2, 3, 64, 64}, true},         // causal, Tq < Tk
       {{3, 17, 32}, {3, 17, 32}, {3, 17, 32}, false},                 // rank 3
+      {{8, 4, 32, 16}, {8, 4, 32, 16}, {8, 4, 32, 16}, true},         // gpt2_test's, d 16
   };
   for (const char* path : {"auto", "own"}) {
     ScopedEnv env("FUSEBOX_ATTENTION", std::string(path));

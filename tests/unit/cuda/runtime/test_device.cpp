@@ -148,5 +148,26 @@ TEST(CudaDevice, CudnnHandlesArePerThreadAndFollowTheStream) {
   ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
+// The rule (no GPU needed): same major, minor at least the compiled one; the patch is free.
+TEST(CudaDevice, CudnnVersionRule) {
+  EXPECT_EQ(cudnn_version_mismatch(91900, 91900), "");
+  EXPECT_EQ(cudnn_version_mismatch(91900, 91902), "");
+  EXPECT_EQ(cudnn_version_mismatch(91901, 91900), "");  // patch below: same minor, accepted
+  EXPECT_EQ(cudnn_version_mismatch(91900, 92000), "");
+  const std::string older = cudnn_version_mismatch(91900, 91400);
+  EXPECT_NE(older.find("built against cuDNN 9.19.0 but cuDNN 9.14.0 was loaded"), std::string::npos)
+      << older;
+  EXPECT_NE(older.find("LD_LIBRARY_PATH"), std::string::npos) << older;
+  EXPECT_NE(cudnn_version_mismatch(91900, 100000), "");  // another major
+  EXPECT_NE(cudnn_version_mismatch(91900, 81000), "");
+}
+
+// The process that runs the GPU tests loads a cuDNN the build can use (the check that
+// cudnn_handle() applies; a run under the system's older cuDNN fails here first).
+TEST(CudaDevice, LoadedCudnnMatchesTheHeaders) {
+  FUSEBOX_REQUIRE_GPU();
+  EXPECT_EQ(cudnn_version_mismatch(CUDNN_VERSION, int64_t(cudnnGetVersion())), "");
+}
+
 }  // namespace
 }  // namespace fusebox::cuda
