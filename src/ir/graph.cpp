@@ -325,6 +325,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, ArgReduceAttrs>)
           return cat("axis=", a.axis, " keepdims=", a.keepdims,
                      a.select_last_index ? " select_last_index=1" : "");
+        else if constexpr (std::is_same_v<A, TopKAttrs>)
+          return cat("k=", a.k, " axis=", a.axis, " largest=", a.largest, " sorted=", a.sorted);
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
           return cat("scale=", a.scale, " causal=", a.causal, a.with_lse ? " with_lse=1" : "");
         else if constexpr (std::is_same_v<A, PoolAttrs>)

@@ -16,7 +16,7 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 40> kAttrsNames = {
+constexpr std::array<const char*, 41> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
@@ -25,11 +25,11 @@ constexpr std::array<const char*, 40> kAttrsNames = {
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
     "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
     "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs",
-    "CumSumAttrs", "ResizeAttrs", "ResizeBackwardAttrs"};
+    "CumSumAttrs", "ResizeAttrs", "ResizeBackwardAttrs", "TopKAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<ResizeBackwardAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<TopKAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -242,6 +242,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_arg_reduce(c);
     case OpKind::cumsum:
       return infer_cumsum(c);
+    case OpKind::top_k:
+      return infer_top_k(c);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return infer_softmax(c);

@@ -107,6 +107,7 @@ Types infer_gemm(Context& c);
 Types infer_reduce(Context& c);
 Types infer_arg_reduce(Context& c);
 Types infer_cumsum(Context& c);
+Types infer_top_k(Context& c);
 Types infer_softmax(Context& c);
 Types infer_attention(Context& c);
 Types infer_attention_backward(Context& c);

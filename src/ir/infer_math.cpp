@@ -183,6 +183,20 @@ Types infer_arg_reduce(Context& c) {
   return {{DType::i64, y}};
 }
 
+// top_k: values of x's type and i64 indices, x's shape with the axis's extent k; numeric x
+// of rank >= 1, 0 <= k <= the axis's extent; the axis normalised.
+Types infer_top_k(Context& c) {
+  TopKAttrs& a = c.attrs<TopKAttrs>();
+  c.expect_numeric(0);
+  c.check(c.rank(0) >= 1, "top_k of a scalar ", c.shaped(0));
+  a.axis = c.axis(a.axis, c.rank(0), "axis");
+  Shape y = c.shape(0);
+  c.check(a.k >= 0 && a.k <= y[size_t(a.axis)], "k ", a.k, " is outside [0, ", y[size_t(a.axis)],
+          "], the extent of axis ", a.axis, " of ", c.shaped(0));
+  y[size_t(a.axis)] = a.k;
+  return {{c.dtype(0), y}, {DType::i64, y}};
+}
+
 // cumsum: numeric x, y of x's type; the axis normalised.
 Types infer_cumsum(Context& c) {
   CumSumAttrs& a = c.attrs<CumSumAttrs>();

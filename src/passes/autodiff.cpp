@@ -84,6 +84,8 @@ Grads vjp(VjpArgs& a) {
       return vjp_gather(a);
     case OpKind::cumsum:
       return vjp_cumsum(a);
+    case OpKind::top_k:
+      return vjp_top_k(a);
     case OpKind::resize:
       return vjp_resize(a);
     case OpKind::identity:

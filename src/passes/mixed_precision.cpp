@@ -123,6 +123,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::reduce_max:  // exact in any dtype
     case OpKind::arg_max:     // compares only
     case OpKind::arg_min:
+    case OpKind::top_k:  // compares and copies
       FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
     case OpKind::where:
     case OpKind::max_pool:

@@ -115,6 +115,7 @@ Grads vjp_cast(VjpArgs& a);
 Grads vjp_expand(VjpArgs& a);
 Grads vjp_gather(VjpArgs& a);  // gather, gather_elements
 Grads vjp_cumsum(VjpArgs& a);
+Grads vjp_top_k(VjpArgs& a);
 Grads vjp_resize(VjpArgs& a);
 Grads vjp_where(VjpArgs& a);
 

@@ -62,6 +62,15 @@ Grads vjp_gather(VjpArgs& a) {
   return out;
 }
 
+// top_k: the values are gather_elements(x, indices) along the axis, so dx adds each dvalue
+// back where its index read (the indices output has no gradient).
+Grads vjp_top_k(VjpArgs& a) {
+  const TopKAttrs& t = std::get<TopKAttrs>(a.node.attrs);
+  a.expect_gradient_only_on_first(1, "but top_k's indices have no gradient rule");
+  const GatherBackwardAttrs g{GatherAttrs{t.axis}, a.e.shape(a.input(0))};
+  return {a.e.op1(OpKind::gather_elements_backward, g, {a.dy[0], a.output(1)}, "dx")};
+}
+
 // pad: constant mode copies x into the interior, so dx is dy cropped by the same pads
 // (a pad by the negated pads: what was padded is cropped and what was cropped comes
 // back as zeros). reflect and edge also copy x's elements into the border, which

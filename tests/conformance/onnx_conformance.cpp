@@ -59,7 +59,7 @@ constexpr const char* kFamilies[] = {
     "shape", "size", "constantofshape", "range", "gather",            // incl. gather_elements
     "where", "equal", "less", "greater", "not", "and", "or", "xor", "mod",  // incl. *_equal
     "reshape", "transpose", "concat", "flatten", "slice", "squeeze", "unsqueeze", "expand",
-    "split", "tile", "resize", "scatternd",
+    "split", "tile", "resize", "scatternd", "scatter_elements", "gathernd", "top_k",
     "pad", "constant_pad", "edge_pad", "reflect_pad",                 // Pad, by mode
 };
 // clang-format on

@@ -33,7 +33,7 @@ enum class OpFamily : uint8_t {
   optimizer,   // sgd_update, adamw_update; f16 loss scaling: nonfinite_any, loss_scale_update
   pointwise,   // fused_pointwise: a generated elementwise program (ir/pointwise_program.h)
   attention,   // attention: softmax(scale q k^T) v, fused (passes/fusion.h fuse_attention)
-  arg_reduce,  // arg_max, arg_min: i64 indices along one axis
+  arg_reduce,  // arg_max, arg_min: i64 indices along one axis; top_k: values and indices
   logic,       // comparisons and logic ops: bool results (FUSEBOX_LOGIC_OPS)
   select,      // where: condition ? a : b
   scan,        // cumsum: running sums along one axis
@@ -273,6 +273,8 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(arg_min), .family = OpFamily::arg_reduce, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<ArgReduceAttrs>(), .attrs_defaultable = true,
      .differentiable = false},
+    {FUSEBOX_OP_ROW(top_k), .family = OpFamily::arg_reduce, .min_inputs = 1, .max_inputs = 1,
+     .roles = op_roles::kX, .attrs = attrs_index<TopKAttrs>(), .attrs_defaultable = true},
     {FUSEBOX_OP_ROW(cumsum), .family = OpFamily::scan, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<CumSumAttrs>(), .attrs_defaultable = true},
     // ---- softmax

@@ -27,7 +27,7 @@ namespace fusebox {
   X(equal) X(less) X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and)         \
   X(logical_or) X(logical_xor) X(where) X(matmul) X(gemm) X(reduce_sum) X(reduce_mean)             \
   X(reduce_max)                                                                                    \
-  X(arg_max) X(arg_min) X(cumsum) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)                \
+  X(arg_max) X(arg_min) X(top_k) X(cumsum) X(softmax) X(log_softmax) X(max_pool) X(avg_pool)                \
   X(global_avg_pool)                                                                               \
   X(reshape) X(flatten) X(transpose) X(concat) X(slice) X(pad) X(squeeze) X(unsqueeze) X(cast)     \
   X(constant) X(identity) X(expand) X(gather) X(gather_elements) X(resize) X(cross_entropy)        \
@@ -220,6 +220,19 @@ struct ArgReduceAttrs {
   int64_t axis = 0;
   bool keepdims = true;
   bool select_last_index = false;
+};
+// top_k: x -> (values, indices i64), ONNX TopK: the k largest (smallest with largest false)
+//   elements along `axis` (normalised) in order, values of x's dtype and their positions;
+//   the outputs are x's shape with the axis's extent k (0 <= k <= extent). Equal elements
+//   keep the lower index first; a NaN is above every number (first when largest, last when
+//   smallest; PyTorch's topk), -0 equals +0. `sorted` false allows any order (ONNX):
+//   the result is sorted anyway. Numeric x. Differentiable in x: the values are
+//   gather_elements(x, indices) along the axis.
+struct TopKAttrs {
+  int64_t k = 1;
+  int64_t axis = -1;
+  bool largest = true;
+  bool sorted = true;
 };
 // cumsum: running sums of x along `axis` (normalised), ONNX CumSum: y[.., i, ..] = sum of
 //   x[.., j, ..] over j <= i (exclusive: j < i; reverse: j >= i, or j > i with both).
@@ -562,6 +575,7 @@ using Attrs =
                  CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
                  LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
-                 GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs>;
+                 GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs,
+                 TopKAttrs>;
 
 }  // namespace fusebox

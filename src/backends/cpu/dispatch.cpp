@@ -41,6 +41,8 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return arg_reduce(n, inputs, outputs);
     case OpKind::cumsum:
       return cumsum(n, inputs, outputs);
+    case OpKind::top_k:
+      return top_k(n, inputs, outputs);
     case OpKind::softmax:
     case OpKind::log_softmax:
       return softmax(n, inputs, outputs);

@@ -43,10 +43,12 @@ void attention(const Node& n, Inputs in, Outputs out);
 void attention_backward(const Node& n, Inputs in, Outputs out);
 void gemm(const Node& n, Inputs in, Outputs out);
 
-// reduce.cpp: reduce_sum/mean/max, arg_max/min, cumsum, softmax, log_softmax, cross_entropy.
+// reduce.cpp: reduce_sum/mean/max, arg_max/min, top_k, cumsum, softmax, log_softmax,
+// cross_entropy.
 void reduce(const Node& n, Inputs in, Outputs out);
 void arg_reduce(const Node& n, Inputs in, Outputs out);  // arg_max, arg_min
 void cumsum(const Node& n, Inputs in, Outputs out);
+void top_k(const Node& n, Inputs in, Outputs out);  // values and i64 indices
 void softmax(const Node& n, Inputs in, Outputs out);
 void cross_entropy(const Node& n, Inputs in, Outputs out);
 

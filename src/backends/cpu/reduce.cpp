@@ -3,7 +3,9 @@
 //
 // Float sums accumulate in f64; a max propagates NaN. Softmax rows are computed
 // in f64 and stable (the row max is subtracted before exp), then rounded once.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernel_util.h"
 #include "kernels.h"
@@ -191,6 +193,46 @@ void arg_reduce(const Node& n, Inputs in, Outputs out) {
                        if (better(c, b)) best = j, b = c;
                      }
                      py[r] = best;
+                   }
+                 });
+  });
+}
+
+// top_k: each row [outer, len, inner] around the axis ordered by a stable sort of its
+// positions (so equal elements keep the lower index first), NaN above every number; the
+// first k give the values and their indices.
+void top_k(const Node& n, Inputs in, Outputs out) {
+  const auto& a = std::get<TopKAttrs>(n.attrs);
+  const Tensor& x = *in[0];
+  const RowView v = rows_around(x.shape(), a.axis);
+  int64_t* pi = out[1].data<int64_t>();
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    // a before b in the result: larger first (largest) or smaller first, NaN the largest.
+    auto before = [&](C c, C b) {
+      if constexpr (std::is_floating_point_v<C>) {
+        if (std::isnan(c) || std::isnan(b)) return a.largest ? !std::isnan(b) : !std::isnan(c);
+      }
+      return a.largest ? c > b : c < b;
+    };
+    const T* px = x.data<T>();
+    T* py = out[0].data<T>();
+    parallel_for(v.outer * v.inner, std::max<int64_t>(1, kGrain / std::max<int64_t>(v.len, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   std::vector<int64_t> order(size_t(v.len));
+                   for (int64_t r = begin; r < end; ++r) {
+                     const int64_t base = (r / v.inner) * v.len * v.inner + r % v.inner;
+                     const int64_t out_base = (r / v.inner) * a.k * v.inner + r % v.inner;
+                     for (int64_t j = 0; j < v.len; ++j) order[size_t(j)] = j;
+                     std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+                       return before(to_compute(px[base + i * v.inner]),
+                                     to_compute(px[base + j * v.inner]));
+                     });
+                     for (int64_t t = 0; t < a.k; ++t) {
+                       py[out_base + t * v.inner] = px[base + order[size_t(t)] * v.inner];
+                       pi[out_base + t * v.inner] = order[size_t(t)];
+                     }
                    }
                  });
   });

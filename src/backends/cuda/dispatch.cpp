@@ -28,6 +28,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     FUSEBOX_REDUCE_OPS(FUSEBOX_OP_CASE)
       return reduce(ctx, n, in, out);
     case OpKind::arg_max: case OpKind::arg_min: return arg_reduce(ctx, n, in, out);
+    case OpKind::top_k: return top_k(ctx, n, in, out);
     case OpKind::cumsum: return cumsum(ctx, n, in, out);
     FUSEBOX_LOGIC_OPS(FUSEBOX_OP_CASE)
       return logic(ctx, n, in, out);

@@ -44,6 +44,8 @@ void reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 void arg_reduce(Context& ctx, const Node& n, Inputs in, Outputs out);  // arg_max, arg_min
 // kernels/reduce/cumsum.cu
 void cumsum(Context& ctx, const Node& n, Inputs in, Outputs out);
+// kernels/reduce/top_k.cu: CUB's stable segmented sort
+void top_k(Context& ctx, const Node& n, Inputs in, Outputs out);
 void softmax(Context& ctx, const Node& n, Inputs in, Outputs out);  // softmax, log_softmax
 void cross_entropy(Context& ctx, const Node& n, Inputs in, Outputs out);
 void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -372,6 +372,14 @@ void Exporter::export_node(const Node& n) {
       set_int(p, "select_last_index", a.select_last_index);
       return;
     }
+    case OpKind::top_k: {
+      const auto& a = std::get<TopKAttrs>(n.attrs);
+      NodeProto* p = add("TopK", n.name, {in(n, 0), ints_initializer(n, "k", {a.k})}, outs(n));
+      set_int(p, "axis", a.axis);
+      set_int(p, "largest", a.largest);
+      set_int(p, "sorted", a.sorted);
+      return;
+    }
     case OpKind::softmax:
     case OpKind::log_softmax: {
       NodeProto* p =

@@ -1,11 +1,12 @@
 // Ops fusebox evaluates at import on inputs known there: the comparisons, logic, Where, Mod,
-// Range and ScatterND that exporters put into shape arithmetic and constant masks (Shape ->
-// Equal -> Where -> Reshape, window padding via Mod, index ranges). Their results are known
-// tensors, so the chain folds to constants before any node reaches the graph. The comparisons,
-// logic ops and Where on values computed at run time become the graph's ops of the same names
-// (a causal mask applied with Where); Mod, Range and ScatterND there are refused as unsupported,
-// naming the input (NodeContext::const_input). Expand is imported as the graph's expand op (any
-// input; the shape must be known).
+// Range, ScatterND, ScatterElements and GatherND that exporters put into shape arithmetic and
+// constant masks (Shape -> Equal -> Where -> Reshape, window padding via Mod, index ranges). Their
+// results are known tensors, so the chain folds to constants before any node reaches the
+// graph. On values computed at run time: the comparisons, logic ops and Where become the
+// graph's ops of the same names (a causal mask applied with Where); float Mod becomes
+// arithmetic; the scatters and GatherND with known indices become gathers (and wheres); integer Mod
+// and Range are refused as unsupported, naming the input (NodeContext::const_input). Expand is
+// imported as the graph's expand op (any input; the shape must be known).
 #include <algorithm>
 #include <cmath>
 
@@ -301,56 +302,220 @@ void import_range(NodeContext& c) {
   c.set_output(0, make_tensor(start.dtype, {n}, ints, floats));
 }
 
-// ScatterND(data, indices, updates) on known tensors (Swin's attention mask is built this way
-// from constants): a copy of data with data[indices[i]] (a slice over the trailing dims)
-// replaced by, or combined (reduction add / mul) with, updates[i], in order.
-void import_scatter_nd(NodeContext& c) {
-  const Values data = known(c, 0, "data");
+// ScatterND and ScatterElements: a copy of data with some of its rows replaced by, or
+// combined (reduction add / mul, and max / min from opset 18) with, rows of the updates, in
+// the updates' order. The indices must be known at import; data and updates may be computed
+// at run time. Both come down to the same targets: data viewed as rows [P, S], updates as
+// rows [U, S], and the data row each update row goes to.
+//   ScatterND(data, indices [..., k], updates): a row is a slice over data's trailing dims
+//     (S = their product), addressed by k leading coordinates.
+//   ScatterElements(data, indices, updates, axis): rows of one element (S = 1); update p goes
+//     to p with its coordinate along axis replaced by indices[p] (indices and updates have
+//     one shape, at most data's extents).
+struct ScatterTargets {
+  Shape data_shape;
+  int64_t rows = 1;                    // P
+  int64_t row_size = 1;                // S
+  std::vector<int64_t> row_of_update;  // for each of the U update rows, its data row
+};
+
+// An index along a dim of `extent`, negative from the end, checked.
+int64_t scatter_index(NodeContext& c, int64_t at, int64_t extent, size_t dim) {
+  const int64_t i = at < 0 ? at + extent : at;
+  c.check(i >= 0 && i < extent, "input 1 (indices) has ", at, " out of range for dim ", dim,
+          " of extent ", extent);
+  return i;
+}
+
+ScatterTargets scatter_nd_targets(NodeContext& c, const Shape& data_shape,
+                                  const Shape& updates_shape) {
   const std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
   const Shape& index_shape = c.input_shape(1);
-  const Values updates = known(c, 2, "updates");
-  c.check(updates.dtype == data.dtype, "updates are ", dtype_name(updates.dtype), ", data ",
-          dtype_name(data.dtype));
-  const std::string reduction = c.attrs().get_string("reduction", "none");
-  if (reduction != "none" && reduction != "add" && reduction != "mul")
-    c.attrs().unsupported_value("reduction", reduction, "supported: none, add, mul");
   c.check(!index_shape.empty() && index_shape.back() >= 1 &&
-              index_shape.back() <= int64_t(data.shape.size()),
+              index_shape.back() <= int64_t(data_shape.size()),
           "input 1 (indices) ", shape_str(index_shape), " does not index data ",
-          shape_str(data.shape));
+          shape_str(data_shape));
   const size_t k = size_t(index_shape.back());
-  int64_t slice = 1;
-  for (size_t d = k; d < data.shape.size(); ++d) slice *= data.shape[d];
-  const int64_t count = numel(index_shape) / int64_t(k);
+  ScatterTargets t;
+  t.data_shape = data_shape;
+  for (size_t d = 0; d < data_shape.size(); ++d) (d < k ? t.rows : t.row_size) *= data_shape[d];
   Shape expected(index_shape.begin(), index_shape.end() - 1);
-  expected.insert(expected.end(), data.shape.begin() + int64_t(k), data.shape.end());
-  c.check(updates.shape == expected, "input 2 (updates) is ", shape_str(updates.shape),
+  expected.insert(expected.end(), data_shape.begin() + int64_t(k), data_shape.end());
+  c.check(updates_shape == expected, "input 2 (updates) is ", shape_str(updates_shape),
           ", expected ", shape_str(expected));
+  const int64_t count = numel(index_shape) / int64_t(k);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t row = 0;
+    for (size_t d = 0; d < k; ++d)
+      row = row * data_shape[d] + scatter_index(c, indices[size_t(i) * k + d], data_shape[d], d);
+    t.row_of_update.push_back(row);
+  }
+  return t;
+}
+
+ScatterTargets scatter_elements_targets(NodeContext& c, const Shape& data_shape,
+                                        const Shape& updates_shape) {
+  const std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
+  const Shape& index_shape = c.input_shape(1);
+  const int64_t rank = int64_t(data_shape.size());
+  c.check(rank >= 1, "data is a scalar");
+  int64_t axis = c.attrs().get_int("axis", 0);
+  c.check(axis >= -rank && axis < rank, "axis ", axis, " is out of range for rank ", rank);
+  if (axis < 0) axis += rank;
+  c.check(index_shape.size() == data_shape.size() && updates_shape == index_shape, "indices ",
+          shape_str(index_shape), " and updates ", shape_str(updates_shape),
+          " must have one shape of data's rank (data ", shape_str(data_shape), ")");
+  for (size_t d = 0; d < data_shape.size(); ++d)
+    c.check(int64_t(d) == axis || index_shape[d] <= data_shape[d], "indices ",
+            shape_str(index_shape), " exceed data ", shape_str(data_shape), " along dim ", d);
+  ScatterTargets t;
+  t.data_shape = data_shape;
+  t.rows = numel(data_shape);
+  const Shape data_strides = contiguous_strides(data_shape);
+  for (int64_t p = 0; p < numel(index_shape); ++p) {
+    int64_t rest = p, row = 0;
+    for (size_t d = index_shape.size(); d-- > 0;) {
+      const int64_t coord = rest % index_shape[d];
+      rest /= index_shape[d];
+      const int64_t at =
+          int64_t(d) == axis ? scatter_index(c, indices[size_t(p)], data_shape[d], d) : coord;
+      row += at * data_strides[d];
+    }
+    t.row_of_update.push_back(row);
+  }
+  return t;
+}
+
+std::string scatter_reduction(NodeContext& c) {
+  const std::string reduction = c.attrs().get_string("reduction", "none");
+  const bool known = reduction == "none" || reduction == "add" || reduction == "mul" ||
+                     (c.opset() >= 18 && (reduction == "max" || reduction == "min"));
+  if (!known)
+    c.attrs().unsupported_value(
+        "reduction", reduction,
+        c.opset() >= 18 ? "supported: none, add, mul, max, min" : "supported: none, add, mul");
+  return reduction;
+}
+
+template <class T>
+T scatter_combine(const std::string& reduction, T to, T u) {
+  if (reduction == "add") return to + u;
+  if (reduction == "mul") return to * u;
+  if (reduction == "max") return std::max(to, u);
+  if (reduction == "min") return std::min(to, u);
+  return u;
+}
+
+// On run-time data or updates: the update rows are dealt into layers, layer j holding each
+// data row's j-th update (one layer unless rows repeat), and each layer is one gather of the
+// update rows it places plus a where:
+//   out = where(placed_j [P, 1], combine(out, gather(updates, source_j [P])), out)
+// so repeated rows combine in the updates' order (the last one wins without a reduction),
+// as on known tensors, and the gradient flows through where and gather.
+void emit_scatter(NodeContext& c, const ScatterTargets& t, const std::string& reduction) {
+  const int64_t updates = int64_t(t.row_of_update.size());
+  ValueId out = c.emit1(OpKind::reshape, ReshapeAttrs{{t.rows, t.row_size}}, {c.input(0)}, "rows");
+  const ValueId update_rows = updates == 0
+                                  ? kNoValue
+                                  : c.emit1(OpKind::reshape, ReshapeAttrs{{updates, t.row_size}},
+                                            {c.input(2)}, "update_rows");
+  std::vector<int64_t> seen(size_t(t.rows), 0);  // updates dealt to each row so far
+  std::vector<std::vector<int64_t>> layers;      // layer j: row -> update index, or -1
+  for (int64_t u = 0; u < updates; ++u) {
+    const int64_t row = t.row_of_update[size_t(u)];
+    const size_t j = size_t(seen[size_t(row)]++);
+    if (j == layers.size()) layers.emplace_back(size_t(t.rows), -1);
+    layers[j][size_t(row)] = u;
+  }
+  static const std::pair<const char*, OpKind> kCombine[] = {
+      {"add", OpKind::add}, {"mul", OpKind::mul}, {"max", OpKind::max}, {"min", OpKind::min}};
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const std::string layer = "layer" + std::to_string(j);
+    Tensor source = Tensor::empty(DType::i64, {t.rows});
+    Tensor placed = Tensor::empty(DType::boolean, {t.rows, 1});
+    bool every_row = true;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const int64_t u = layers[j][size_t(r)];
+      source.data<int64_t>()[r] = std::max<int64_t>(u, 0);
+      placed.data<bool>()[r] = u >= 0;
+      every_row = every_row && u >= 0;
+    }
+    const ValueId picked =
+        c.emit1(OpKind::gather, GatherAttrs{0},
+                {update_rows, c.constant(source, layer + "_source")}, layer + "_pick");
+    ValueId next = picked;
+    for (const auto& [name, op] : kCombine)
+      if (reduction == name) next = c.emit1(op, {}, {out, picked}, layer + "_" + name);
+    out = every_row ? next
+                    : c.emit1(OpKind::where, {}, {c.constant(placed, layer + "_placed"), next, out},
+                              layer + "_place");
+  }
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{t.data_shape}, {out}, "unrows"));
+}
+
+template <ScatterTargets (*Targets)(NodeContext&, const Shape&, const Shape&)>
+void import_scatter(NodeContext& c) {
+  const std::string reduction = scatter_reduction(c);
+  c.check(c.input_type(2).dtype == c.input_type(0).dtype, "updates are ",
+          dtype_name(c.input_type(2).dtype), ", data ", dtype_name(c.input_type(0).dtype));
+  const ScatterTargets t = Targets(c, c.input_shape(0), c.input_shape(2));
+  if (!c.input_known(0) || !c.input_known(2)) return emit_scatter(c, t, reduction);
+  const Values data = known(c, 0, "data");
+  const Values updates = known(c, 2, "updates");
   std::vector<int64_t> ints = data.ints;
   std::vector<double> floats = data.floats;
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t offset = 0;
-    for (size_t d = 0; d < k; ++d) {
-      int64_t at = indices[size_t(i) * k + d];
-      const int64_t extent = data.shape[d];
-      if (at < 0) at += extent;
-      c.check(at >= 0 && at < extent, "input 1 (indices) has ", indices[size_t(i) * k + d],
-              " out of range for dim ", d, " of extent ", extent);
-      offset = offset * extent + at;
-    }
-    offset *= slice;
-    for (int64_t e = 0; e < slice; ++e) {
-      const size_t to = size_t(offset + e), from = size_t(i * slice + e);
-      if (data.integer()) {
-        const int64_t u = updates.ints[from];
-        ints[to] = reduction == "add" ? ints[to] + u : reduction == "mul" ? ints[to] * u : u;
-      } else {
-        const double u = updates.floats[from];
-        floats[to] = reduction == "add" ? floats[to] + u : reduction == "mul" ? floats[to] * u : u;
-      }
+  for (size_t u = 0; u < t.row_of_update.size(); ++u) {
+    for (int64_t e = 0; e < t.row_size; ++e) {
+      const size_t to = size_t(t.row_of_update[u] * t.row_size + e);
+      const size_t from = size_t(int64_t(u) * t.row_size + e);
+      if (data.integer())
+        ints[to] = scatter_combine(reduction, ints[to], updates.ints[from]);
+      else
+        floats[to] = scatter_combine(reduction, floats[to], updates.floats[from]);
     }
   }
   c.set_output(0, make_tensor(data.dtype, data.shape, ints, floats));
+}
+
+// GatherND(data, indices [..., k], batch_dims b) with known indices: data viewed as rows
+// [P, S] (P over its first b + k dims, S over the rest), each index tuple (after the batch
+// position it sits at) names one row, so the node is one gather of rows at known positions,
+// reshaped to indices.shape[:-1] + data.shape[b + k:]. On known data it folds like any gather.
+void import_gather_nd(NodeContext& c) {
+  const Shape& data = c.input_shape(0);
+  const Shape& index_shape = c.input_shape(1);
+  const std::vector<int64_t> indices = c.const_ints_any_rank(1, "indices");
+  const int64_t b = c.attrs().get_int("batch_dims", 0);
+  const int64_t rank = int64_t(data.size()), q = int64_t(index_shape.size());
+  c.check(q >= 1 && b >= 0 && b < std::min(rank, q), "batch_dims ", b,
+          " must be below the ranks of data ", shape_str(data), " and indices ",
+          shape_str(index_shape));
+  const int64_t k = index_shape.back();
+  c.check(k >= 1 && b + k <= rank, "input 1 (indices) ", shape_str(index_shape), " indexes ", k,
+          " dims of data ", shape_str(data), " after ", b, " batch dims");
+  for (int64_t d = 0; d < b; ++d)
+    c.check(index_shape[size_t(d)] == data[size_t(d)], "batch dim ", d, " of indices ",
+            shape_str(index_shape), " differs from data's ", shape_str(data));
+  int64_t rows = 1, row_size = 1, batch = 1;
+  for (int64_t d = 0; d < rank; ++d) (d < b + k ? rows : row_size) *= data[size_t(d)];
+  for (int64_t d = 0; d < b; ++d) batch *= data[size_t(d)];
+  const int64_t tuples = numel(index_shape) / k, per_batch = tuples / std::max<int64_t>(batch, 1);
+  std::vector<int64_t> flat;
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t row = per_batch > 0 ? t / per_batch : 0;  // the batch position, over data[:b]
+    for (int64_t d = 0; d < k; ++d)
+      row = row * data[size_t(b + d)] +
+            scatter_index(c, indices[size_t(t * k + d)], data[size_t(b + d)], size_t(b + d));
+    flat.push_back(row);
+  }
+  Shape out(index_shape.begin(), index_shape.end() - 1);
+  out.insert(out.end(), data.begin() + b + k, data.end());
+  const ValueId data_rows =
+      c.emit1(OpKind::reshape, ReshapeAttrs{{rows, row_size}}, {c.input(0)}, "rows");
+  const ValueId positions =
+      c.constant(Tensor::from_vector<int64_t>({int64_t(flat.size())}, flat), "positions");
+  const ValueId picked = c.emit1(OpKind::gather, GatherAttrs{0}, {data_rows, positions}, "pick");
+  c.set_output(0, c.emit1(OpKind::reshape, ReshapeAttrs{out}, {picked}));
 }
 
 // Expand(input, shape): input broadcast with shape (both ways: shape's dims may be 1 where
@@ -377,7 +542,9 @@ const OpSpec kOps[] = {
     {"Where", 9, 3, 3, 1, import_where},
     {"Mod", 10, 2, 2, 1, import_mod},
     {"Range", 11, 3, 3, 1, import_range},
-    {"ScatterND", 11, 3, 3, 1, import_scatter_nd},
+    {"ScatterND", 11, 3, 3, 1, import_scatter<scatter_nd_targets>},
+    {"ScatterElements", 11, 3, 3, 1, import_scatter<scatter_elements_targets>},
+    {"GatherND", 11, 2, 2, 1, import_gather_nd},
     {"Expand", 8, 2, 2, 1, import_expand},
 };
 

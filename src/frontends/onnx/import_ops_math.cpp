@@ -243,6 +243,28 @@ void import_arg_reduce(NodeContext& c) {
   c.set_output(0, c.emit1(K, a, {c.input(0)}));
 }
 
+// TopK: k as an attribute (opset 1) or a known one-element input K (opset 10); axis
+// (default -1), largest and sorted (opset 11, default 1; unsorted results come sorted, one of
+// the orders the spec allows). Outputs values and i64 indices.
+void import_top_k(NodeContext& c) {
+  TopKAttrs a;
+  if (c.opset() < 10) {
+    a.k = c.attrs().required_int("k");
+  } else {
+    c.check(c.input_count() >= 2 && c.has_input(1), "input 1 (K) is missing");
+    const std::vector<int64_t> k = c.const_ints_any_rank(1, "K");
+    c.check(k.size() == 1, "input 1 (K) must hold one value, got ", k.size());
+    a.k = k[0];
+  }
+  c.check(a.k >= 0, "k must not be negative, got ", a.k);
+  a.axis = c.attrs().get_int("axis", -1);
+  a.largest = c.attrs().get_bool("largest", true);
+  a.sorted = c.attrs().get_bool("sorted", true);
+  const std::vector<ValueId> out = c.emit(OpKind::top_k, a, {c.input(0)});
+  c.set_output(0, out[0]);
+  if (c.output_count() > 1) c.set_output(1, out[1]);
+}
+
 // CumSum: axis (input 1, a known scalar, negative from the end), exclusive and reverse
 // (default 0).
 void import_cumsum(NodeContext& c) {
@@ -322,6 +344,7 @@ const OpSpec kOps[] = {
     {"ArgMax", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_max>},
     {"ArgMin", 1, 1, 1, 1, import_arg_reduce<OpKind::arg_min>},
     {"CumSum", 11, 2, 2, 1, import_cumsum},
+    {"TopK", 1, 1, 2, 2, import_top_k},
     {"Softmax", 1, 1, 1, 1, import_softmax<OpKind::softmax>},
     {"LogSoftmax", 1, 1, 1, 1, import_softmax<OpKind::log_softmax>},
 };

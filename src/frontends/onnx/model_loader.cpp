@@ -92,6 +92,9 @@ constexpr LegacyOp kLegacyOps[] = {
     {"ReduceL2", 1},
     {"ReduceLogSum", 1},
     {"ReduceLogSumExp", 1},
+    // TopK: k an attribute until 10 (read as such before 10); 11 added largest and sorted,
+    // whose defaults are the older behaviour.
+    {"TopK", 1},
 };
 
 // The opset from which `op_type` imports (kMinOpset unless kLegacyOps names it).

@@ -1,6 +1,7 @@
 // gather / gather_backward, gather_elements, cumsum, the comparisons, logic ops and where on
 // the CPU backend against naive index loops and hand-worked values, and their errors (an
 // index out of range names its position).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -134,6 +135,60 @@ TEST(CpuCumSum, HalfPrecisionRoundsEachOutputOnce) {
   EXPECT_EQ(y[255], 256.0);
   EXPECT_EQ(y[256], 256.0);
   EXPECT_EQ(y[258], 260.0);
+}
+
+// top_k: hand-worked rows: ties keep the lower index first, NaN is above every number
+// (first for largest, last for smallest), -0 equals +0.
+TEST(CpuTopK, TiesNaNAndBothDirections) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const Tensor x = Tensor::from_doubles(DType::f32, {2, 6},
+                                        {3, 1, nan, 3, -0.0, 0.0,  //
+                                         2, 2, 2, 1, 5, -1});
+  const auto largest = run_op(OpKind::top_k, TopKAttrs{.k = 4}, {x});
+  EXPECT_EQ(largest[1].to_doubles(), (std::vector<double>{2, 0, 3, 1, 4, 0, 1, 2}));
+  const std::vector<double> v = largest[0].to_doubles();
+  EXPECT_TRUE(std::isnan(v[0]));
+  EXPECT_EQ(std::vector<double>(v.begin() + 1, v.end()),
+            (std::vector<double>{3, 3, 1, 5, 2, 2, 2}));
+  const auto smallest = run_op(OpKind::top_k, TopKAttrs{.k = 6, .largest = false}, {x});
+  EXPECT_EQ(smallest[1].to_doubles(), (std::vector<double>{4, 5, 1, 0, 3, 2, 5, 3, 0, 1, 2, 4}));
+  EXPECT_EQ(largest[0].dtype(), DType::f32);
+  EXPECT_EQ(largest[1].dtype(), DType::i64);
+}
+
+TEST(CpuTopK, MiddleAxisAgainstSortedCopies) {
+  const Tensor x = random_tensor(DType::f32, {3, 7, 4}, 5);
+  const auto out = run_op(OpKind::top_k, TopKAttrs{.k = 3, .axis = 1}, {x});
+  ASSERT_EQ(out[0].shape(), (Shape{3, 3, 4}));
+  for (int64_t o = 0; o < 3; ++o) {
+    for (int64_t i = 0; i < 4; ++i) {
+      std::vector<std::pair<double, int64_t>> row;
+      for (int64_t j = 0; j < 7; ++j) row.push_back({x.get((o * 7 + j) * 4 + i), j});
+      std::stable_sort(row.begin(), row.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (int64_t t = 0; t < 3; ++t) {
+        EXPECT_EQ(out[0].get((o * 3 + t) * 4 + i), row[size_t(t)].first);
+        EXPECT_EQ(out[1].get((o * 3 + t) * 4 + i), double(row[size_t(t)].second));
+      }
+    }
+  }
+  // Integers, and k = 0 (empty outputs).
+  const Tensor ints = Tensor::from_vector<int64_t>({5}, {7, -3, 7, 100, -3});
+  EXPECT_EQ(run_op(OpKind::top_k, TopKAttrs{.k = 3, .largest = false}, {ints})[1].to_doubles(),
+            (std::vector<double>{1, 4, 0}));
+  EXPECT_EQ(run_op(OpKind::top_k, TopKAttrs{.k = 0}, {ints})[0].numel(), 0);
+}
+
+TEST(CpuTopK, BadKNamesTheNode) {
+  const Tensor x = random_tensor(DType::f32, {2, 3}, 1);
+  for (int64_t k : {-1, 4}) {
+    try {
+      run_op(OpKind::top_k, TopKAttrs{.k = k}, {x});
+      ADD_FAILURE() << "k " << k << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("outside [0, 3]"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(CpuLogic, ComparisonsBroadcastAndNaNComparesFalse) {

@@ -142,6 +142,8 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{GatherAttrs{.axis = 1}, {x23, typed(DType::i32, {1, 3})}};
     case OpKind::cumsum:
       return Sample{CumSumAttrs{.axis = -1, .reverse = true}, {x23}};
+    case OpKind::top_k:
+      return Sample{TopKAttrs{.k = 2, .axis = -1, .largest = false}, {x23}};
     case OpKind::resize:
       return Sample{ResizeAttrs{.sizes = {4, 2}, .mode = ResizeMode::linear}, {x23}};
     case OpKind::unary_backward:
@@ -225,6 +227,7 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::gather,
                                        OpKind::gather_elements,
                                        OpKind::cumsum,
+                                       OpKind::top_k,
                                        OpKind::cross_entropy,
                                        OpKind::batch_norm_backward,
                                        OpKind::layer_norm_backward,

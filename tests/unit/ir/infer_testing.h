@@ -123,6 +123,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(shape_str(a.resize.sizes), " ", shape_str(a.input_shape));
         else if constexpr (std::is_same_v<A, CumSumAttrs>)
           return cat(a.axis, " ", a.exclusive, " ", a.reverse);
+        else if constexpr (std::is_same_v<A, TopKAttrs>)
+          return cat(a.k, " ", a.axis, " ", a.largest, " ", a.sorted);
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
           return cat(a.gather.axis, shape_str(a.data_shape));
       },

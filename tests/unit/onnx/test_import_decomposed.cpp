@@ -318,6 +318,124 @@ TEST(OnnxImport, ScatterNdOnKnownTensors) {
   EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'sc' (ScatterND)", "out of range"}));
 }
 
+// ScatterND and ScatterElements on run-time data and updates (known indices) agree with the
+// same nodes folded at import (data and updates as initializers): every reduction, repeated
+// targets (combined in order; the last one wins without a reduction), negative indices.
+TEST(OnnxImport, ScattersOnRunTimeValuesMatchTheFoldedOnes) {
+  struct Case {
+    const char* op;
+    Shape data, indices, updates;
+    std::vector<int64_t> index_values;
+    int64_t axis;
+  };
+  const Case cases[] = {
+      {"ScatterND", {4, 3}, {3, 1}, {3, 3}, {2, -4, 2}, 0},        // rows, row 2 twice
+      {"ScatterND", {2, 3, 2}, {2, 2}, {2, 2}, {1, 2, 0, -1}, 0},  // slices of 2
+      {"ScatterElements", {3, 4}, {2, 4}, {2, 4}, {0, 2, 1, 0, 2, 2, -1, 0}, 0},
+      {"ScatterElements", {3, 4}, {3, 2}, {3, 2}, {3, 3, 0, -4, 1, 1}, 1},  // repeats per row
+  };
+  for (const Case& k : cases) {
+    for (const char* reduction : {"none", "add", "mul", "max", "min"}) {
+      SCOPED_TRACE(cat(k.op, " ", shape_str(k.data), " ", reduction));
+      const Tensor data = random_tensor(DType::f32, k.data, 1, -2, 2);
+      const Tensor updates = random_tensor(DType::f32, k.updates, 2, -2, 2);
+      const Tensor indices = Tensor::from_vector<int64_t>(k.indices, k.index_values);
+      auto model = [&](bool known) {
+        TestModel m(18);
+        if (known) {
+          m.initializer("data", data);
+          m.initializer("updates", updates);
+        } else {
+          m.input("data", TensorProto::FLOAT, k.data);
+          m.input("updates", TensorProto::FLOAT, k.updates);
+        }
+        m.initializer("indices", indices);
+        onnx::NodeProto* n = m.node(k.op, {"data", "indices", "updates"}, {"y"}, "sc");
+        attr_string(n, "reduction", reduction);
+        if (std::string(k.op) == "ScatterElements") attr_int(n, "axis", k.axis);
+        m.output("y");
+        return m;
+      };
+      const Tensor want = run1(import(model(true)), {}, "y");
+      const Tensor got = run1(import(model(false)), {{"data", data}, {"updates", updates}}, "y");
+      // The fold combines in f64 and rounds once; the graph rounds after each f32 step.
+      EXPECT_TRUE(all_close(got, want, 1e-6, 1e-6));
+    }
+  }
+  // Indices computed at run time are refused, naming the input.
+  TestModel r(16);
+  r.input("data", TensorProto::FLOAT, {4});
+  r.input("indices", TensorProto::INT64, {1, 1});
+  r.input("updates", TensorProto::FLOAT, {1});
+  r.node("ScatterND", {"data", "indices", "updates"}, {"y"}, "sc");
+  r.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(r); }, {"node 'sc' (ScatterND)", "indices"}));
+  // max / min are opset 18's.
+  TestModel old(16);
+  old.input("data", TensorProto::FLOAT, {4});
+  old.initializer("indices", Tensor::from_vector<int64_t>({1, 1}, {0}));
+  old.input("updates", TensorProto::FLOAT, {1});
+  attr_string(old.node("ScatterND", {"data", "indices", "updates"}, {"y"}, "sc"), "reduction",
+              "max");
+  old.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(old); }, {"node 'sc' (ScatterND)", "reduction"}));
+}
+
+// GatherND with known indices on run-time data (Swin v2's relative-position lookup in the
+// dynamo export): index tuples with negative entries, and batch_dims 1, against hand-worked
+// values.
+TEST(OnnxImport, GatherNdOnRunTimeData) {
+  const Tensor data = Tensor::from_vector<float>({2, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  TestModel m(13);
+  m.input("data", TensorProto::FLOAT, {2, 2, 3});
+  m.initializer("pairs", Tensor::from_vector<int64_t>({2, 2}, {1, 0, -2, -1}));
+  m.initializer("batched", Tensor::from_vector<int64_t>({2, 2, 1}, {1, 0, 0, -1}));
+  m.node("GatherND", {"data", "pairs"}, {"rows"});
+  attr_int(m.node("GatherND", {"data", "batched"}, {"per_batch"}), "batch_dims", 1);
+  m.output("rows");
+  m.output("per_batch");
+  const Graph g = import(m);
+  const Tensor rows = run1(g, {{"data", data}}, "rows");
+  EXPECT_EQ(rows.shape(), (Shape{2, 3}));
+  EXPECT_EQ(rows.to_doubles(), (std::vector<double>{6, 7, 8, 3, 4, 5}));  // [1,0], [0,1]
+  const Tensor per_batch = run1(g, {{"data", data}}, "per_batch");
+  EXPECT_EQ(per_batch.shape(), (Shape{2, 2, 3}));
+  // batch 0 rows 1, 0; batch 1 rows 0, 1.
+  EXPECT_EQ(per_batch.to_doubles(), (std::vector<double>{3, 4, 5, 0, 1, 2, 6, 7, 8, 9, 10, 11}));
+  TestModel bad(13);
+  bad.input("data", TensorProto::FLOAT, {2, 2, 3});
+  bad.initializer("pairs", Tensor::from_vector<int64_t>({1, 2}, {2, 0}));
+  bad.node("GatherND", {"data", "pairs"}, {"y"}, "gnd");
+  bad.output("y");
+  EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'gnd' (GatherND)", "out of range"}));
+}
+
+// TopK: k from the input (opset 10+) or the attribute (opset 1), both outputs, and the
+// round trip through the exporter.
+TEST(OnnxImport, TopKBothOutputsAndOpsets) {
+  const Tensor x = Tensor::from_vector<float>({2, 4}, {1, 9, 3, 9, -1, -5, 0, 2});
+  TestModel m(11);
+  m.input("x", TensorProto::FLOAT, {2, 4});
+  m.initializer("k", Tensor::from_vector<int64_t>({1}, {2}));
+  attr_int(m.node("TopK", {"x", "k"}, {"v", "i"}, "top"), "largest", 0);
+  m.output("v");
+  m.output("i");
+  const Graph g = import(m);
+  EXPECT_EQ(run1(g, {{"x", x}}, "v").to_doubles(), (std::vector<double>{1, 3, -5, -1}));
+  EXPECT_EQ(run1(g, {{"x", x}}, "i").to_doubles(), (std::vector<double>{0, 2, 1, 0}));
+  TestModel one(9);
+  one.input("x", TensorProto::FLOAT, {2, 4});
+  attr_int(one.node("TopK", {"x"}, {"v", "i"}, "top"), "k", 1);
+  one.output("i");
+  EXPECT_EQ(run1(import(one), {{"x", x}}, "i").to_doubles(), (std::vector<double>{1, 3}));
+  TestModel big(11);
+  big.input("x", TensorProto::FLOAT, {2, 4});
+  big.initializer("k", Tensor::from_vector<int64_t>({1}, {5}));
+  big.node("TopK", {"x", "k"}, {"v", "i"}, "top");
+  big.output("v");
+  EXPECT_TRUE(throws_error_with([&] { import(big); }, {"top", "k 5 is outside [0, 4]"}));
+}
+
 // Bilinear Resize by integer factors (half_pixel: PyTorch's align_corners=False) against the
 // definition: source x = (i + 1/2) / s - 1/2 clamped at 0, weights on floor(x), floor(x) + 1
 // clamped at the last index.

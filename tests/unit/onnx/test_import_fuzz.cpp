@@ -175,6 +175,27 @@ std::vector<Seed> seeds() {
                  return m;
                }});
   s.push_back(
+      {"ScatterElements", [] {
+         TestModel m(18);
+         m.input("x", TensorProto::FLOAT, {3, 4});
+         m.initializer("indices", ints({2, 2}, {0, 2, -1, 1}));
+         m.initializer("updates", floats({2, 2}, 9));
+         onnx::NodeProto* n = m.node("ScatterElements", {"x", "indices", "updates"}, {"y"}, "n");
+         attr_int(n, "axis", 1);
+         attr_string(n, "reduction", "add");
+         m.output("y");
+         return m;
+       }});
+  s.push_back({"TopK", [] {
+                 TestModel m;
+                 m.input("x", TensorProto::FLOAT, {3, 5});
+                 m.initializer("k", ints({1}, {2}));
+                 attr_int(m.node("TopK", {"x", "k"}, {"v", "i"}, "n"), "axis", -1);
+                 m.output("v");
+                 m.output("i");
+                 return m;
+               }});
+  s.push_back(
       {"Resize", [] {
          TestModel m;
          m.input("x", TensorProto::FLOAT, {1, 2, 3, 3});

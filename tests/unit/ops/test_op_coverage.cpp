@@ -155,6 +155,10 @@ std::optional<Example> tiny_example(OpKind op) {
     case OpKind::cumsum:
       return Example{CumSumAttrs{.axis = 1, .exclusive = true, .reverse = true},
                      {uniform({2, 3, 4})}};
+    case OpKind::top_k:  // ties among the values (small integers) keep the lower index first
+      return Example{TopKAttrs{.k = 3, .axis = 1},
+                     {Tensor::from_vector<float>(
+                         {2, 5, 2}, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4})}};
     case OpKind::resize:  // bilinear, align_corners: up along one dim, down along the other
       return Example{ResizeAttrs{.sizes = {1, 2, 5, 2},
                                  .mode = ResizeMode::linear,
