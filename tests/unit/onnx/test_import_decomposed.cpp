@@ -410,8 +410,8 @@ TEST(OnnxImport, GatherNdOnRunTimeData) {
   EXPECT_TRUE(throws_error_with([&] { import(bad); }, {"node 'gnd' (GatherND)", "out of range"}));
 }
 
-// TopK: k from the input (opset 10+) or the attribute (opset 1), both outputs, and the
-// round trip through the exporter.
+// TopK: k from the input (opset 10+) or the attribute (opset 1), both outputs, k out of range
+// (the exporter: test_round_trip.cpp).
 TEST(OnnxImport, TopKBothOutputsAndOpsets) {
   const Tensor x = Tensor::from_vector<float>({2, 4}, {1, 9, 3, 9, -1, -5, 0, 2});
   TestModel m(11);

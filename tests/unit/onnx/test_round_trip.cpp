@@ -322,6 +322,11 @@ TEST(OnnxRoundTrip, ReductionsAndSoftmax) {
   g.mark_output(b.reduce_max(x, {-1}, true));
   g.mark_output(b.softmax(x, 1));
   g.mark_output(b.log_softmax(x, -1));
+  for (const TopKAttrs& a : {TopKAttrs{.k = 2, .axis = 1}, TopKAttrs{.k = 3, .largest = false}}) {
+    const std::vector<ValueId> top = b.op(OpKind::top_k, a, {x});
+    g.mark_output(top.at(0));
+    g.mark_output(top.at(1));
+  }
   expect_round_trip(g, feeds, true, 1e-6, 1e-6);
 }
 
