@@ -143,7 +143,7 @@ std::optional<Sample> sample(OpKind op) {
     case OpKind::cumsum:
       return Sample{CumSumAttrs{.axis = -1, .reverse = true}, {x23}};
     case OpKind::top_k:
-      return Sample{TopKAttrs{.k = 2, .axis = -1, .largest = false}, {x23}};
+      return Sample{TopKAttrs{.k = 2, .axis = -1, .largest = false}, {x23}, 2};
     case OpKind::resize:
       return Sample{ResizeAttrs{.sizes = {4, 2}, .mode = ResizeMode::linear}, {x23}};
     case OpKind::unary_backward:
