@@ -13,7 +13,8 @@ zero, e.g. ViT's head, drawn N(0, 0.02^2) so the logits are not trivially 0), ev
 input U(-1, 1) of the
 model's usual size; PyTorch computes the reference in f32 with TF32 off on --device; the
 export is fed the same input (`--input input=x.npy`). DECODERS: a GPT-2-style decoder written
-as Hugging Face's GPT-2 (HfStyleDecoder), fed random token ids of its sequence length. Status: `match` (relative L2 error of the
+as Hugging Face's GPT-2 (HfStyleDecoder), fed random token ids of its sequence length; ENCODERS: a BERT-style encoder
+with a padding mask (HfStyleEncoder), fed token ids and an attention_mask. Status: `match` (relative L2 error of the
 logits <= 1e-3, the issue's bar), `mismatch`, `import` (fusebox refused or failed the model:
 the first line of its error), `run` (fusebox failed after import), `export` (PyTorch could not
 export it). Prints a table and a summary; --json writes the rows.
@@ -63,6 +64,8 @@ class Logits(torch.nn.Module):
 
 
 def build(name):
+    if name == "hf_style_bert":
+        return HfStyleEncoder()
     if name == "hf_style_gpt2":
         return HfStyleDecoder()
     if any(name == n for n, _ in SEGMENTATION):
@@ -122,8 +125,50 @@ class HfStyleDecoder(torch.nn.Module):
         return torch.matmul(self.ln_f(h), self.wte.weight.t())  # tied lm_head
 
 
-# name, sequence length: models fed token ids (i64) instead of images.
+class HfStyleEncoder(torch.nn.Module):
+    """A BERT-style encoder written as Hugging Face's BertModel (eager attention) with a padding
+    mask: the (B, T) 0/1 attention_mask becomes (1 - mask[:, None, None, :]) * finfo.min, added
+    to the scaled scores. Its export adds a second run-time input and the mask arithmetic
+    (Unsqueeze, Cast, Sub, Mul, Add) before the softmax: the additive-bias attention."""
+
+    def __init__(self, vocab=1000, n_pos=128, d=128, heads=4, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Embedding(n_pos, d)
+        self.ln = torch.nn.LayerNorm(d)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(torch.nn.ModuleDict({
+                "q": torch.nn.Linear(d, d), "k": torch.nn.Linear(d, d), "v": torch.nn.Linear(d, d),
+                "o": torch.nn.Linear(d, d), "ln_1": torch.nn.LayerNorm(d),
+                "fc": torch.nn.Linear(d, 4 * d), "proj": torch.nn.Linear(4 * d, d),
+                "ln_2": torch.nn.LayerNorm(d)}))
+        self.head = torch.nn.Linear(d, 16)
+
+    def attention(self, blk, h, bias):
+        b, t, d = h.shape
+        q, k, v = (blk[n](h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for n in ("q", "k", "v"))
+        w = torch.matmul(q, k.transpose(-1, -2)) / (d // self.heads) ** 0.5 + bias
+        o = torch.matmul(torch.softmax(w, dim=-1), v)
+        return blk["o"](o.transpose(1, 2).contiguous().view(b, t, d))
+
+    def forward(self, ids, attention_mask):
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        h = self.ln(self.embed(ids) + self.pos(pos))
+        extended = attention_mask[:, None, None, :].to(h.dtype)
+        bias = (1.0 - extended) * torch.finfo(h.dtype).min
+        for blk in self.blocks:
+            h = blk["ln_1"](h + self.attention(blk, h, bias))
+            h = blk["ln_2"](h + blk["proj"](torch.nn.functional.gelu(blk["fc"](h))))
+        return self.head(h)
+
+
+# name, sequence length: models fed token ids (i64) instead of images; the encoders also an
+# attention_mask (i64 0/1: the last quarter of the sequence padded in every other sequence).
 DECODERS = [("hf_style_gpt2", 64)]
+ENCODERS = [("hf_style_bert", 64)]
 
 
 def first_line(text):
@@ -142,31 +187,39 @@ def run_one(name, size, args, work):
             if p.abs().max() == 0:
                 p.normal_(0.0, 0.02)
     model = model.to(args.device)
-    if any(name == n for n, _ in DECODERS):  # size: the sequence length
+    if any(name == n for n, _ in DECODERS + ENCODERS):  # size: the sequence length
         row["input"] = [args.batch, size]
-        x = torch.randint(0, model.wte.num_embeddings, (args.batch, size), device=args.device)
+        vocab = model.wte if hasattr(model, "wte") else model.embed
+        x = torch.randint(0, vocab.num_embeddings, (args.batch, size), device=args.device)
     else:
         x = torch.rand(args.batch, 3, size, size, device=args.device) * 2 - 1
+    inputs = {"input": x}
+    if any(name == n for n, _ in ENCODERS):
+        mask = torch.ones(args.batch, size, dtype=torch.int64, device=args.device)
+        mask[::2, size - size // 4:] = 0
+        inputs["attention_mask"] = mask
     with torch.no_grad():
-        want = model(x).float().cpu().numpy()
+        want = model(*inputs.values()).float().cpu().numpy()
     path = work / f"{name}.onnx"
     try:
         if args.exporter == "dynamo":  # what torch.onnx.export does by default since 2.9
-            torch.onnx.export(model, (x,), str(path), input_names=["input"],
-                              output_names=["logits"], dynamo=True)
+            torch.onnx.export(model, tuple(inputs.values()), str(path),
+                              input_names=list(inputs), output_names=["logits"], dynamo=True)
         else:
-            torch.onnx.export(model, (x,), str(path), opset_version=17, input_names=["input"],
-                              output_names=["logits"], dynamo=False)
+            torch.onnx.export(model, tuple(inputs.values()), str(path), opset_version=17,
+                              input_names=list(inputs), output_names=["logits"], dynamo=False)
         import onnx  # the opset the exporter wrote
         row["opset"] = next(o.version for o in onnx.load(str(path), load_external_data=False)
                             .opset_import if o.domain in ("", "ai.onnx"))
     except Exception as e:  # noqa: BLE001 -- the exporter's own failures are data here
         row.update(status="export", detail=first_line(str(e)))
         return row
-    np.save(work / f"{name}_x.npy", x.cpu().numpy())
     out_dir = work / f"{name}_out"
-    command = [args.fusebox, "run", str(path), "--device", args.device, "--input",
-               f"input={work / f'{name}_x.npy'}", "--output-dir", str(out_dir)]
+    command = [args.fusebox, "run", str(path), "--device", args.device, "--output-dir",
+               str(out_dir)]
+    for input_name, value in inputs.items():
+        np.save(work / f"{name}_{input_name}.npy", value.cpu().numpy())
+        command += ["--input", f"{input_name}={work / f'{name}_{input_name}.npy'}"]
     start = time.time()
     proc = subprocess.run(command, capture_output=True, text=True)
     row["fusebox_seconds"] = round(time.time() - start, 2)
@@ -202,7 +255,7 @@ def main():
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    table = CLASSIFIERS + SEGMENTATION + DECODERS
+    table = CLASSIFIERS + SEGMENTATION + DECODERS + ENCODERS
     if args.models:
         wanted = args.models.split(",")
         unknown = set(wanted) - {n for n, _ in table}

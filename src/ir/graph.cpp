@@ -328,7 +328,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, TopKAttrs>)
           return cat("k=", a.k, " axis=", a.axis, " largest=", a.largest, " sorted=", a.sorted);
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
-          return cat("scale=", a.scale, " causal=", a.causal, a.with_lse ? " with_lse=1" : "");
+          return cat("scale=", a.scale, " causal=", a.causal, a.with_lse ? " with_lse=1" : "",
+                     a.bias_grad ? " bias_grad=1" : "");
         else if constexpr (std::is_same_v<A, PoolAttrs>)
           return cat("kernel=", ints(a.kernel), " strides=", ints(a.strides),
                      " dilations=", ints(a.dilations), " pads_begin=", ints(a.pads_begin),

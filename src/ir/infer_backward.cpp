@@ -160,15 +160,21 @@ Types infer_softmax_backward(Context& c) {
   return {c.type(1)};
 }
 
-// attention_backward: (dy, q, k, v, y, lse) -> (dq, dk, dv), the types of q, k and v.
+// attention_backward: (dy, q, k, v, y, lse, bias?) -> (dq, dk, dv, dbias?), the types of q, k,
+// v (and bias).
 Types infer_attention_backward(Context& c) {
   AttentionAttrs forward = c.attrs<AttentionAttrs>();
   forward.with_lse = true;
-  const Types fwd = forward_types(c, OpKind::attention, forward, {c.type(1), c.type(2), c.type(3)},
-                                  cat("q ", type_str(c.type(1))));
+  forward.bias_grad = false;
+  Inputs forward_inputs = {c.type(1), c.type(2), c.type(3)};
+  if (c.has(6)) forward_inputs.push_back(c.type(6));
+  const Types fwd =
+      forward_types(c, OpKind::attention, forward, forward_inputs, cat("q ", type_str(c.type(1))));
   expect_type(c, 0, fwd[0], "output y");
   expect_type(c, 4, fwd[0], "output y");
   expect_type(c, 5, fwd[1], "output lse");
+  c.check(!c.attrs<AttentionAttrs>().bias_grad || c.has(6), "bias_grad without a bias input");
+  if (c.attrs<AttentionAttrs>().bias_grad) return {c.type(1), c.type(2), c.type(3), c.type(6)};
   return {c.type(1), c.type(2), c.type(3)};
 }
 

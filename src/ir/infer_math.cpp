@@ -214,7 +214,7 @@ Types infer_softmax(Context& c) {
   return {c.type(0)};
 }
 
-// attention: q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv] (ir/ops.h).
+// attention: q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv], bias? -> [..., Tq, dv] (ir/ops.h).
 Types infer_attention(Context& c) {
   const AttentionAttrs& a = c.attrs<AttentionAttrs>();
   c.expect_float(0);
@@ -232,8 +232,16 @@ Types infer_attention(Context& c) {
   c.check(k[r - 1] == q[r - 1], c.shaped(0), " and ", c.shaped(1), " differ in the head dim");
   c.check(v[r - 2] == k[r - 2], c.shaped(1), " and ", c.shaped(2), " differ in the key count");
   c.check(std::isfinite(a.scale), "scale ", a.scale, " is not finite");
+  c.check(!a.bias_grad, "bias_grad is attention_backward's attribute, not attention's");
   c.check(!a.causal || q[r - 2] <= k[r - 2], "causal attention needs Tq <= Tk, got ", c.shaped(0),
           " and ", c.shaped(1));
+  if (c.has(3)) {
+    c.expect_float(3);
+    Shape scores = q, joined;
+    scores[r - 1] = k[r - 2];
+    c.check(c.rank(3) <= r && broadcast_shapes(c.shape(3), scores, &joined) && joined == scores,
+            c.shaped(3), " does not broadcast to the scores ", shape_str(scores));
+  }
   Shape y = q;
   y[r - 1] = v[r - 1];
   if (!a.with_lse) return {{c.dtype(0), y}};

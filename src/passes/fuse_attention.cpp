@@ -12,7 +12,10 @@
 // scores and the softmax there may also be a causal mask in Hugging Face's form,
 // where(tril, scores, fill): tril a known bool [.., Tq, Tk] (leading dims 1) holding
 // j <= i, fill a known scalar <= -65504 (finfo.min of f16, bf16 or f32, or -inf), so that
-// exp(fill - max) is 0 and the masked keys drop out as the causal attention drops them. This covers
+// exp(fill - max) is 0 and the masked keys drop out as the causal attention drops them. And
+// there may be one add of a bias (an additive mask: padding, relative position), any float
+// value that broadcasts to the scores, as long as no scale comes after it (the attention adds
+// its bias after the scale). This covers
 // the zoo's ViT (scale after the product) and PyTorch's exported scaled_dot_product_attention
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
 // fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
@@ -107,7 +110,8 @@ class Matcher {
       return false;
     replaced_.clear();
     double scale = 1.0;
-    bool causal = false;
+    bool causal = false, scaled_below = false;
+    ValueId bias = kNoValue;
     const int64_t queries = s_type.shape[rank - 2], keys = s_type.shape[rank - 1];
     // Up from the softmax: casts and scales, to the scores matmul.
     ValueId v = softmax.inputs[0];
@@ -118,7 +122,15 @@ class Matcher {
       if (w->op == OpKind::cast && is_floating(g_.value(w->inputs[0]).type.dtype)) {
         replaced_.push_back(w->id), v = w->inputs[0];
       } else if (auto s = scaled_by_constant(g_, *w)) {
-        replaced_.push_back(w->id), v = s->first, scale *= s->second;
+        replaced_.push_back(w->id), v = s->first, scale *= s->second, scaled_below = true;
+      } else if (w->op == OpKind::add && bias == kNoValue && !scaled_below) {
+        // scores + bias (a mask): the scores side continues the chain.
+        const int side = chain_side(*w);
+        if (side < 0) return false;
+        bias = w->inputs[size_t(1 - side)];
+        const TensorType& b = g_.value(bias).type;
+        if (!is_floating(b.dtype) || b.shape.size() > rank) return false;
+        replaced_.push_back(w->id), v = w->inputs[size_t(side)];
       } else if (w->op == OpKind::where && !causal &&
                  is_causal_mask(g_, w->inputs[0], queries, keys) &&
                  g_.value(w->outputs[0]).type.shape == g_.value(w->inputs[1]).type.shape) {
@@ -191,8 +203,9 @@ class Matcher {
       return false;
 
     std::sort(replaced_.begin(), replaced_.end());
-    t = Takeover{
-        replaced_, product->outputs[0], {}, {{0, q}, {1, k}, {2, values}}, OpKind::attention};
+    std::vector<std::pair<size_t, ValueId>> inputs = {{0, q}, {1, k}, {2, values}};
+    if (bias != kNoValue) inputs.push_back({3, bias});
+    t = Takeover{replaced_, product->outputs[0], {}, std::move(inputs), OpKind::attention};
     attrs = AttentionAttrs{scale, causal};
     ops.clear();
     for (NodeId n : replaced_) ops.push_back(op_text(g_.node(n)));
@@ -207,6 +220,21 @@ class Matcher {
   }
 
  private:
+  // Which operand of the add `w` carries the scores (its output's shape, read only by the add,
+  // made by a node the chain can hold); the other is the bias. -1 when neither; 0 when both.
+  int chain_side(const Node& w) const {
+    const Shape& out = g_.value(w.outputs[0]).type.shape;
+    for (int side = 0; side < 2; ++side) {
+      const ValueId v = w.inputs[size_t(side)];
+      const Node* p = producer(v);
+      if (p == nullptr || r_.only_reader(v) < 0 || g_.value(v).type.shape != out) continue;
+      if (p->op == OpKind::matmul || p->op == OpKind::cast || p->op == OpKind::where ||
+          scaled_by_constant(g_, *p))
+        return side;
+    }
+    return -1;
+  }
+
   const Node* producer(ValueId v) const {
     const NodeId n = g_.value(v).producer;
     return n >= 0 ? &g_.node(n) : nullptr;

@@ -170,23 +170,28 @@ Grads vjp_softmax(VjpArgs& a) {
   return {a.e.op1(back, a.node.attrs, {a.dy[0], a.output(0)}, "dx")};
 }
 
-// attention: one attention_backward for dq, dk and dv, reading the forward's y and lse (a
-// node formed without lse is computed again with it: fuse_attention(with_lse) avoids that).
-// lse is a statistic: no gradient flows into it.
+// attention: one attention_backward for dq, dk and dv (and dbias when the bias needs one),
+// reading the forward's y and lse (a node formed without lse is computed again with it:
+// fuse_attention(with_lse) avoids that). lse is a statistic: no gradient flows into it.
 Grads vjp_attention(VjpArgs& a) {
   a.expect_gradient_only_on_first(1, "attention's lse output has no gradient rule");
   AttentionAttrs attrs = std::get<AttentionAttrs>(a.node.attrs);
+  const bool has_bias = a.node.inputs.size() > 3;
+  std::vector<ValueId> forward_inputs = {a.input(0), a.input(1), a.input(2)};
+  if (has_bias) forward_inputs.push_back(a.input(3));
   ValueId y = a.output(0), lse = kNoValue;
   if (attrs.with_lse) {
     lse = a.output(1);
   } else {
     attrs.with_lse = true;
     const std::vector<ValueId> again =
-        a.e.op(OpKind::attention, attrs, {a.input(0), a.input(1), a.input(2)}, "forward_lse");
+        a.e.op(OpKind::attention, attrs, forward_inputs, "forward_lse");
     y = again[0], lse = again[1];
   }
-  return a.e.op(OpKind::attention_backward, attrs,
-                {a.dy[0], a.input(0), a.input(1), a.input(2), y, lse}, "dqkv");
+  std::vector<ValueId> in = {a.dy[0], a.input(0), a.input(1), a.input(2), y, lse};
+  if (has_bias) in.push_back(a.input(3));
+  attrs.bias_grad = has_bias && a.needs_input(3);
+  return a.e.op(OpKind::attention_backward, attrs, std::move(in), "dqkv");
 }
 
 // cross_entropy: outputs loss and log_prob.

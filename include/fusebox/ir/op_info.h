@@ -100,8 +100,8 @@ inline constexpr const char* kDy[] = {"dy"};
 inline constexpr const char* kGather[] = {"data", "indices"};
 inline constexpr const char* kGatherBackward[] = {"dy", "indices"};
 inline constexpr const char* kDyY[] = {"dy", "y"};
-inline constexpr const char* kAttention[] = {"q", "k", "v"};
-inline constexpr const char* kAttentionBackward[] = {"dy", "q", "k", "v", "y", "lse"};
+inline constexpr const char* kAttention[] = {"q", "k", "v", "bias"};
+inline constexpr const char* kAttentionBackward[] = {"dy", "q", "k", "v", "y", "lse", "bias"};
 inline constexpr const char* kDyXY[] = {"dy", "x", "y"};
 inline constexpr const char* kBinaryBackward[] = {"dy", "a", "b"};
 inline constexpr const char* kBatchNormBackward[] = {
@@ -396,10 +396,10 @@ inline constexpr OpInfo kOpTable[] = {
      .max_inputs = 16, .roles = op_roles::kFusedPointwise, .attrs = attrs_index<PointwiseProgram>(),
      .layout = LayoutRole::elementwise, .cuda_strided_inputs = true, .differentiable = false},
     // ---- fused attention
-    {FUSEBOX_OP_ROW(attention), .family = OpFamily::attention, .min_inputs = 3, .max_inputs = 3,
+    {FUSEBOX_OP_ROW(attention), .family = OpFamily::attention, .min_inputs = 3, .max_inputs = 4,
      .roles = op_roles::kAttention, .attrs = attrs_index<AttentionAttrs>()},
     {FUSEBOX_OP_ROW(attention_backward), .family = OpFamily::backward, .min_inputs = 6,
-     .max_inputs = 6, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
+     .max_inputs = 7, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
      .differentiable = false},
 };
 

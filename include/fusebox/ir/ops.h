@@ -248,20 +248,24 @@ struct SoftmaxAttrs {
 };
 
 // ---- attention ---------------------------------------------------------------
-// attention: (q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]) -> y [..., Tq, dv], the
-//   leading dims ([B, H] or [B]) the same for all three:
-//     y = softmax(scale * q k^T, over the keys) v
-//   with causal: key j > query i masked out (top-left aligned: Tq <= Tk). The scores and the
-//   softmax in f32 whatever the storage; q, k, v and y one float dtype. Formed by
-//   fuse_attention (passes/fusion.h). with_lse adds a second output, lse [..., Tq] f32:
-//   log(sum_j exp(scale * q_i . k_j)) over the kept keys, what the backward reads.
-// attention_backward: (dy, q, k, v, y, lse) -> (dq, dk, dv), with the forward's attributes:
-//   p = exp(scale q k^T - lse); dv = p^T dy; ds = p * (dy v^T - rowsum(dy * y));
-//   dq = scale ds k; dk = scale ds^T q.
+// attention: (q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv], bias?) -> y [..., Tq, dv], the
+//   leading dims ([B, H] or [B]) the same for q, k and v:
+//     y = softmax(scale * q k^T + bias, over the keys) v
+//   with causal: key j > query i masked out (top-left aligned: Tq <= Tk). bias (optional) is
+//   additive, any float dtype, broadcast (numpy rules) to the scores [..., Tq, Tk]: a padding
+//   mask [B, 1, 1, Tk] of 0 / -inf (or finfo.min), a relative-position bias [1, H, Tq, Tk].
+//   The scores and the softmax in f32 whatever the storage; q, k, v and y one float dtype.
+//   Formed by fuse_attention (passes/fusion.h). with_lse adds a second output, lse [..., Tq]
+//   f32: log(sum_j exp(scale * q_i . k_j + bias_ij)) over the kept keys, what the backward reads.
+// attention_backward: (dy, q, k, v, y, lse, bias?) -> (dq, dk, dv, dbias?), with the forward's
+//   attributes: p = exp(scale q k^T + bias - lse); dv = p^T dy; ds = p * (dy v^T - rowsum(dy * y));
+//   dq = scale ds k; dk = scale ds^T q; with bias_grad, dbias = ds summed over the dims the
+//   bias broadcasts (bias's shape and dtype).
 struct AttentionAttrs {
   double scale = 1.0;
   bool causal = false;
   bool with_lse = false;
+  bool bias_grad = false;  // attention_backward only: also output dbias
 };
 
 // ---- pooling ---------------------------------------------------------------

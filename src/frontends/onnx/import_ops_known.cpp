@@ -3,9 +3,9 @@
 // constant masks (Shape -> Equal -> Where -> Reshape, window padding via Mod, index ranges). Their
 // results are known tensors, so the chain folds to constants before any node reaches the
 // graph. On values computed at run time: the comparisons, logic ops and Where become the
-// graph's ops of the same names (a causal mask applied with Where); float Mod becomes
-// arithmetic; the scatters and GatherND with known indices become gathers (and wheres); integer Mod
-// and Range are refused as unsupported, naming the input (NodeContext::const_input). Expand is
+// graph's ops of the same names (a causal mask applied with Where); Mod (float or integer) becomes
+// arithmetic; the scatters and GatherND with known indices become gathers (and wheres); Range
+// is refused as unsupported, naming the input (NodeContext::const_input). Expand is
 // imported as the graph's expand op (any input; the shape must be known).
 #include <algorithm>
 #include <cmath>
@@ -240,11 +240,40 @@ void emit_float_mod(NodeContext& c) {
   c.set_output(0, c.emit1(OpKind::where, {}, {infinite, a, rest}));  // where broadcasts a
 }
 
+// Mod of integer tensors on run-time data: r = a - b * div(a, b) (div truncates: C's %, the
+// dividend's sign, fmod = 1); fmod = 0 (Python's %) adds b where r is not 0 and its sign
+// differs from b's. The wrap of the integer ops makes MIN % -1 = 0; a zero divisor is div's
+// run-time error ("integer division by zero"), naming this node's quotient.
+void emit_integer_mod(NodeContext& c, bool fmod) {
+  const DType t = c.input_type(0).dtype;
+  c.check(c.input_type(1).dtype == t, "inputs have different element types ", dtype_name(t),
+          " and ", dtype_name(c.input_type(1).dtype));
+  const ValueId a = c.input(0), b = c.input(1);
+  const ValueId q = c.emit1(OpKind::div, {}, {a, b}, "quotient");
+  const ValueId product = c.emit1(OpKind::mul, {}, {b, q}, "product");
+  const ValueId rest = c.emit1(OpKind::sub, {}, {a, product}, fmod ? "" : "rest");
+  if (fmod) return c.set_output(0, rest);
+  const ValueId zero = c.constant(Tensor::scalar(t, 0.0), "zero");
+  const ValueId rest_negative = c.emit1(OpKind::less, {}, {rest, zero}, "rest_negative");
+  const ValueId divisor_negative = c.emit1(OpKind::less, {}, {b, zero}, "divisor_negative");
+  const ValueId signs_differ =
+      c.emit1(OpKind::logical_xor, {}, {rest_negative, divisor_negative}, "signs_differ");
+  const ValueId rest_zero = c.emit1(OpKind::equal, {}, {rest, zero}, "rest_zero");
+  const ValueId rest_nonzero = c.emit1(OpKind::logical_not, {}, {rest_zero}, "rest_nonzero");
+  const ValueId shift =
+      c.emit1(OpKind::logical_and, {}, {rest_nonzero, signs_differ}, "takes_divisor_sign");
+  const ValueId shifted = c.emit1(OpKind::add, {}, {rest, b}, "shifted");
+  c.set_output(0, c.emit1(OpKind::where, {}, {shift, shifted, rest}));
+}
+
 void import_mod(NodeContext& c) {
   const bool fmod_attr = c.attrs().get_int("fmod", 0) != 0;
-  if (!(c.input_known(0) && c.input_known(1)) && is_floating(c.input_type(0).dtype)) {
-    if (!fmod_attr) c.attrs().fail("fmod", "must be 1 for floating-point inputs");
-    return emit_float_mod(c);
+  if (!(c.input_known(0) && c.input_known(1))) {
+    if (is_integer(c.input_type(0).dtype)) return emit_integer_mod(c, fmod_attr);
+    if (is_floating(c.input_type(0).dtype)) {
+      if (!fmod_attr) c.attrs().fail("fmod", "must be 1 for floating-point inputs");
+      return emit_float_mod(c);
+    }
   }
   const Values a = known(c, 0, "A"), b = known(c, 1, "B");
   c.check(a.dtype == b.dtype, "inputs have different element types ", dtype_name(a.dtype), " and ",

@@ -100,12 +100,12 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{SoftmaxAttrs{}, {x23}};
     case OpKind::attention:
       return Sample{AttentionAttrs{0.5, true},
-                    {f32({2, 3, 4, 8}), f32({2, 3, 6, 8}), f32({2, 3, 6, 5})}};
-    case OpKind::attention_backward:  // dy, q, k, v, y, lse
-      return Sample{AttentionAttrs{0.5, true, true},
+                    {f32({2, 3, 4, 8}), f32({2, 3, 6, 8}), f32({2, 3, 6, 5}), f32({2, 1, 1, 6})}};
+    case OpKind::attention_backward:  // dy, q, k, v, y, lse, bias -> dq, dk, dv, dbias
+      return Sample{AttentionAttrs{0.5, true, true, true},
                     {f32({2, 4, 5}), f32({2, 4, 8}), f32({2, 6, 8}), f32({2, 6, 5}), f32({2, 4, 5}),
-                     f32({2, 4})},
-                    3};
+                     f32({2, 4}), f32({4, 6})},
+                    4};
     case OpKind::max_pool:
       return Sample{PoolAttrs{.kernel = {2, 2}, .return_indices = true}, {f32({1, 1, 4, 4})}, 2};
     case OpKind::avg_pool:

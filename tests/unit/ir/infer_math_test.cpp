@@ -200,5 +200,35 @@ TEST(InferSoftmax, AxisNormalised) {
                          {"input 0 (x) is i64 but softmax needs a floating-point dtype"}));
 }
 
+// ---- attention ---------------------------------------------------------------
+
+TEST(InferAttention, BiasBroadcastsToTheScores) {
+  const AttentionAttrs a{0.5, false, true};
+  for (const Shape& bias : {Shape{2, 3, 4, 6}, Shape{2, 1, 1, 6}, Shape{4, 1}, Shape{}}) {
+    SCOPED_TRACE(shape_str(bias));
+    const Inferred r = infer(OpKind::attention, a,
+                             {f32({2, 3, 4, 8}), f32({2, 3, 6, 8}), f32({2, 3, 6, 5}), f32(bias)});
+    ASSERT_EQ(r.types.size(), 2u);
+    EXPECT_EQ(r.types[0].shape, (Shape{2, 3, 4, 5}));
+  }
+}
+
+TEST(InferAttentionErrors, Bias) {
+  const In q = f32({2, 3, 4, 8}), k = f32({2, 3, 6, 8}), v = f32({2, 3, 6, 5});
+  EXPECT_TRUE(fails_with(OpKind::attention, AttentionAttrs{}, {q, k, v, f32({4, 5})},
+                         {"bias", "[4, 5] does not broadcast to the scores [2, 3, 4, 6]"}));
+  EXPECT_TRUE(fails_with(OpKind::attention, AttentionAttrs{}, {q, k, v, f32({1, 2, 3, 4, 6})},
+                         {"does not broadcast to the scores"}));
+  EXPECT_TRUE(fails_with(OpKind::attention, AttentionAttrs{}, {q, k, v, typed(DType::boolean, {6})},
+                         {"bias", "floating-point"}));
+  EXPECT_TRUE(fails_with(OpKind::attention, AttentionAttrs{1.0, false, false, true}, {q, k, v},
+                         {"bias_grad is attention_backward's attribute"}));
+  // attention_backward: dbias needs a bias.
+  EXPECT_TRUE(fails_with(
+      OpKind::attention_backward, AttentionAttrs{1.0, false, true, true},
+      {f32({2, 4, 5}), f32({2, 4, 8}), f32({2, 6, 8}), f32({2, 6, 5}), f32({2, 4, 5}), f32({2, 4})},
+      {"bias_grad without a bias input"}));
+}
+
 }  // namespace
 }  // namespace fusebox::ir_test

@@ -111,7 +111,7 @@ inline std::string attrs_text(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, PointwiseProgram>)
           return pointwise_program_text(a);
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
-          return cat(a.scale, " ", a.causal, " ", a.with_lse);
+          return cat(a.scale, " ", a.causal, " ", a.with_lse, " ", a.bias_grad);
         else if constexpr (std::is_same_v<A, ArgReduceAttrs>)
           return cat(a.axis, " ", a.keepdims, " ", a.select_last_index);
         else if constexpr (std::is_same_v<A, GatherAttrs>)

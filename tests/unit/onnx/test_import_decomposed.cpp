@@ -479,11 +479,13 @@ TEST(OnnxImport, ResizeLinearIntegerUpsamplingMatchesTheDefinition) {
 
 TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   TestModel m(17);
-  m.input("a", TensorProto::INT64, {3});
-  m.initializer("b", Tensor::from_vector<int64_t>({3}, {1, 2, 3}));
-  m.node("Mod", {"a", "b"}, {"r"}, "mod_a");
+  m.input("limit", TensorProto::INT64, {});
+  m.initializer("start", Tensor::from_vector<int64_t>({}, {0}));
+  m.initializer("delta", Tensor::from_vector<int64_t>({}, {1}));
+  m.node("Range", {"start", "limit", "delta"}, {"r"}, "range");
   m.output("r", TensorProto::INT64);
-  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"unsupported: node 'mod_a' (Mod)", "'a'"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { import(m); }, {"unsupported: node 'range' (Range)", "'limit'"}));
   // The comparisons, logic ops and Where on run-time values are the graph's ops.
   TestModel w(17);
   w.input("a", TensorProto::INT64, {3});
@@ -523,6 +525,60 @@ TEST(OnnxImport, KnownOnlyOpsOnRunTimeValuesAreUnsupported) {
   EXPECT_EQ(run1(g, {}, "py").to_doubles(), (std::vector<double>{2, -2, 7}));
   EXPECT_EQ(run1(g, {}, "c").to_doubles(), (std::vector<double>{-1, 1, 7}));
   EXPECT_EQ(run1(g, {}, "kept").data<int64_t>()[2], std::numeric_limits<int64_t>::max());
+}
+
+// Integer Mod on run-time values: Python's sign (fmod = 0) and C's (fmod = 1), every sign
+// combination, a broadcast divisor, i32 and i64, MIN % -1 = 0; a zero divisor is a run-time
+// error naming the node.
+TEST(OnnxImport, IntegerModOnRunTimeValues) {
+  for (auto [proto, dtype] :
+       {std::pair{TensorProto::INT64, DType::i64}, std::pair{TensorProto::INT32, DType::i32}}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    TestModel m(17);
+    m.input("a", proto, {2, 4});
+    m.input("b", proto, {4});
+    m.node("Mod", {"a", "b"}, {"py"}, "mod");
+    attr_int(m.node("Mod", {"a", "b"}, {"c"}, "cmod"), "fmod", 1);
+    m.output("py", proto);
+    m.output("c", proto);
+    const Graph g = import(m);
+    const double min = dtype == DType::i64 ? double(std::numeric_limits<int64_t>::min())
+                                           : double(std::numeric_limits<int32_t>::min());
+    const Tensor a = Tensor::from_doubles(dtype, {2, 4}, {-7, 7, -7, 7, 6, -6, min, 0});
+    const Tensor b = Tensor::from_doubles(dtype, {4}, {3, -3, -3, 3});
+    const NamedTensors out = run_graph(g, {{"a", a}, {"b", b}});
+    // Python: -7 % 3 = 2, 7 % -3 = -2, -7 % -3 = -1, 7 % 3 = 1, 6 % 3 = 0, -6 % -3 = 0.
+    const std::vector<double> py = out.at("py").to_doubles(), c = out.at("c").to_doubles();
+    const std::vector<double> av = a.to_doubles(), bv = b.to_doubles();
+    for (size_t i = 0; i < py.size(); ++i) {
+      const int64_t x = int64_t(av[i]), y = int64_t(bv[i % 4]);
+      int64_t r = x % y;
+      EXPECT_EQ(int64_t(c[i]), r) << x << " fmod " << y;
+      if (r != 0 && ((r < 0) != (y < 0))) r += y;
+      EXPECT_EQ(int64_t(py[i]), r) << x << " mod " << y;
+    }
+  }
+  // MIN % -1: 0, not a trap.
+  TestModel w(17);
+  w.input("a", TensorProto::INT64, {1});
+  w.input("b", TensorProto::INT64, {1});
+  w.node("Mod", {"a", "b"}, {"r"}, "mod");
+  w.output("r", TensorProto::INT64);
+  const Graph wg = import(w);
+  EXPECT_EQ(run1(wg,
+                 {{"a", Tensor::from_vector<int64_t>({1}, {std::numeric_limits<int64_t>::min()})},
+                  {"b", Tensor::from_vector<int64_t>({1}, {-1})}},
+                 "r")
+                .to_doubles(),
+            (std::vector<double>{0}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        run1(wg,
+             {{"a", Tensor::from_vector<int64_t>({1}, {5})},
+              {"b", Tensor::from_vector<int64_t>({1}, {0})}},
+             "r");
+      },
+      {"mod", "integer division by zero"}));
 }
 
 // Float Mod (fmod = 1) on run-time values is a - b * trunc(a / b), as C's fmod: signs follow

@@ -248,14 +248,17 @@ std::optional<Example> tiny_example(OpKind op) {
       return Example{
           PointwiseProgram{3, {{OpKind::mul, {0, 1}}, {OpKind::gelu, {3}}, {OpKind::add, {4, 2}}}},
           {uniform({2, 3}), uniform({3}), uniform({})}};
-    case OpKind::attention:  // q [1, 2, 3, 4], k and v [1, 2, 5, 4]
+    case OpKind::attention:  // q [1, 2, 3, 4], k and v [1, 2, 5, 4], a bias per head and key
       return Example{AttentionAttrs{0.5, false, true},
-                     {uniform({1, 2, 3, 4}), uniform({1, 2, 5, 4}), uniform({1, 2, 5, 4})}};
-    case OpKind::attention_backward: {  // y and lse from the forward, causal
+                     {uniform({1, 2, 3, 4}), uniform({1, 2, 5, 4}), uniform({1, 2, 5, 4}),
+                      uniform({2, 1, 5})}};
+    case OpKind::attention_backward: {  // y and lse from the forward, causal, with dbias
       const AttentionAttrs attrs{0.5, true, true};
-      const Tensor q = uniform({2, 3, 4}), k = uniform({2, 5, 4}), v = uniform({2, 5, 3});
-      const std::vector<Tensor> fwd = run_op(OpKind::attention, attrs, {q, k, v});
-      return Example{attrs, {uniform({2, 3, 3}), q, k, v, fwd[0], fwd[1]}};
+      const Tensor q = uniform({2, 3, 4}), k = uniform({2, 5, 4}), v = uniform({2, 5, 3}),
+                   bias = uniform({3, 5});
+      const std::vector<Tensor> fwd = run_op(OpKind::attention, attrs, {q, k, v, bias});
+      return Example{AttentionAttrs{0.5, true, true, true},
+                     {uniform({2, 3, 3}), q, k, v, fwd[0], fwd[1], bias}};
     }
   }
   return std::nullopt;

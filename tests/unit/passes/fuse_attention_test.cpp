@@ -2,7 +2,8 @@
 // On the CPU backend: the zoo's ViT (scale after the product, bf16 with the casts mixed
 // precision puts around the softmax) and PyTorch's exported SDPA form (sqrt(scale) on q and
 // on k^T) fuse and compute what the chain computes, and so does Hugging Face's causal-mask
-// form (where over a lower-triangular mask, as causal attention); f32 chains and a chain whose
+// form (where over a lower-triangular mask, as causal attention), and an additive mask (padding
+// or a trainable bias, whose gradient the backward then writes); f32 chains and a chain whose
 // values are read elsewhere do not fuse; the gradient rule (with or without the forward's lse; its
 // numbers: gradcheck_norm_test.cpp). The CUDA lowering (cuDNN's fused attention, the row kernels):
 // tests/unit/cuda/kernels/test_ops_attention.cpp.
@@ -101,9 +102,11 @@ TEST(FuseAttention, ExportedSdpaFormFusesWithTheScalesMultiplied) {
   ASSERT_EQ(fuse_attention(g), 1u);
   ASSERT_EQ(count_op(g, OpKind::attention), 1u);
   EXPECT_EQ(g.nodes().size(), 1u);  // the scales, transpose and both products went with it
-  for (const Node& n : g.nodes())
-    if (n.op == OpKind::attention)  // bf16's sqrt(0.2), squared
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::attention) {  // bf16's sqrt(0.2), squared
       EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 0.2, 2e-3);
+    }
+  }
   const NamedTensors feeds = {{"q", random_tensor(DType::bf16, {2, 3, 5, 8}, 1)},
                               {"k", random_tensor(DType::bf16, {2, 3, 5, 8}, 2)},
                               {"v", random_tensor(DType::bf16, {2, 3, 5, 8}, 3)}};
@@ -186,6 +189,89 @@ TEST(FuseAttention, HuggingFaceCausalMaskFusesAsCausal) {
   // The fill behind a cast of an f32 constant (f32's finfo.min) still fuses.
   Graph g4 = hf_causal_form(tril, -3.4028234663852886e38, /*fill_cast=*/true);
   EXPECT_EQ(fuse_attention(g4), 1u);
+}
+
+// Hugging Face's eager attention with a padding mask: scores / sqrt(d) cast to f32 (mixed
+// precision's softmax), + an f32 mask [B, 1, 1, Tk] made at run time from the model's
+// attention_mask, softmax, cast back, product. `scale_after`: the mask added before the
+// scale, which the attention cannot take (it adds its bias after the scale).
+Graph hf_padding_form(bool scale_after = false, const Shape& mask_shape = {2, 1, 1, 5}) {
+  Graph g("hf_padding");
+  const DType t = DType::bf16;
+  const Shape shape = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", t, shape);
+  const ValueId k = g.add_input("k", t, shape);
+  const ValueId v = g.add_input("v", t, shape);
+  const ValueId mask = g.add_input("mask", DType::f32, mask_shape);
+  const ValueId kt = g.add_node(OpKind::transpose, TransposeAttrs{{0, 1, 3, 2}}, {k}, "k_t")[0];
+  const ValueId s = g.add_node(OpKind::matmul, {}, {q, kt}, "scores")[0];
+  const ValueId s32 = g.add_node(OpKind::cast, CastAttrs{DType::f32}, {s}, "scores_f32")[0];
+  const ValueId c = g.add_constant("root_d", Tensor::scalar(DType::f32, std::sqrt(8.0)));
+  ValueId x = s32;
+  if (!scale_after) x = g.add_node(OpKind::div, {}, {x, c}, "scaled")[0];
+  x = g.add_node(OpKind::add, {}, {x, mask}, "masked")[0];
+  if (scale_after) x = g.add_node(OpKind::div, {}, {x, c}, "scaled")[0];
+  const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {x}, "softmax")[0];
+  const ValueId p16 = g.add_node(OpKind::cast, CastAttrs{t}, {p}, "probs_bf16")[0];
+  const ValueId y = g.add_node(OpKind::matmul, {}, {p16, v}, "context")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  return g;
+}
+
+// A padding mask: 0 for the kept keys, f32's finfo.min for the padded ones (HF's form).
+Tensor padding_mask(const Shape& shape, int64_t keep_first) {
+  Tensor m = Tensor::zeros(DType::f32, shape);
+  for (int64_t e = 0; e < m.numel(); ++e)
+    if (e % shape.back() >= keep_first) m.data<float>()[e] = -3.4028234663852886e38f;
+  return m;
+}
+
+TEST(FuseAttention, PaddingMaskBecomesTheBias) {
+  Graph g = hf_padding_form();
+  const Graph before = g;
+  FusionLog log;
+  ASSERT_EQ(fuse_attention(g, &log), 1u);
+  EXPECT_EQ(count_op(g, OpKind::add), 0u);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::attention) continue;
+    ASSERT_EQ(n.inputs.size(), 4u);
+    EXPECT_EQ(g.value(n.inputs[3]).name, "mask");
+    EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 1 / std::sqrt(8.0), 1e-6);
+  }
+  const NamedTensors feeds = {{"q", random_tensor(DType::bf16, {2, 3, 5, 8}, 1)},
+                              {"k", random_tensor(DType::bf16, {2, 3, 5, 8}, 2)},
+                              {"v", random_tensor(DType::bf16, {2, 3, 5, 8}, 3)},
+                              {"mask", padding_mask({2, 1, 1, 5}, 3)}};
+  const Tensor fused = run_graph(g, feeds).at("y"), plain = run_graph(before, feeds).at("y");
+  EXPECT_TRUE(all_close(fused, plain, 2e-2, 2e-2));
+  // A scale after the add would scale the mask too: not fused.
+  Graph after = hf_padding_form(/*scale_after=*/true);
+  EXPECT_EQ(fuse_attention(after), 0u);
+  // A bias with its own full shape (a relative-position bias) fuses the same way.
+  Graph full = hf_padding_form(false, {1, 3, 5, 5});
+  EXPECT_EQ(fuse_attention(full), 1u);
+}
+
+// Training with a trainable bias (Swin-style relative-position bias, a graph input here): the
+// gradient asks attention_backward for dbias; a mask without a gradient does not.
+TEST(FuseAttention, TrainableBiasGetsItsGradient) {
+  for (bool bias_needs_grad : {true, false}) {
+    SCOPED_TRACE(bias_needs_grad ? "bias differentiated" : "mask only");
+    Graph g = hf_padding_form(false, {1, 3, 5, 5});
+    ASSERT_EQ(fuse_attention(g, nullptr, /*training=*/true), 1u);
+    const ValueId loss =
+        g.add_node(OpKind::reduce_sum, ReduceAttrs{.keepdims = false}, {g.outputs()[0]}, "loss")[0];
+    std::vector<ValueId> wrt = {g.inputs()[0]};
+    if (bias_needs_grad) wrt.push_back(g.inputs()[3]);
+    grad(g, loss, wrt, {});
+    ASSERT_EQ(count_op(g, OpKind::attention_backward), 1u);
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::attention_backward) continue;
+      EXPECT_EQ(std::get<AttentionAttrs>(n.attrs).bias_grad, bias_needs_grad);
+      EXPECT_EQ(n.outputs.size(), bias_needs_grad ? 4u : 3u);
+    }
+  }
 }
 
 TEST(FuseAttention, ScoresReadElsewhereOrF32StayUnfused) {

@@ -220,6 +220,40 @@ TEST(GradCheckAttention, Attention) {
   }
 }
 
+// attention with an additive bias: its gradient (dbias, summed over the dims it broadcasts)
+// and the others' through it, for biases of the scores' whole shape, a padding mask's
+// [B, 1, 1, Tk], [Tq, 1] and a head-shared [H, Tq, Tk]; one trial leaves the bias without
+// a gradient (attention_backward without dbias).
+TEST(GradCheckAttention, AttentionWithBias) {
+  std::mt19937_64 rng(208);
+  for (int trial = 0; trial < 8; ++trial) {
+    const bool causal = trial % 2 == 1;
+    const int64_t tq = pick(rng, 1, 4), tk = causal ? tq + pick(rng, 0, 2) : pick(rng, 1, 5);
+    const int64_t d = pick(rng, 1, 3), dv = pick(rng, 1, 3);
+    const Shape lead = {pick(rng, 1, 2), 2};
+    auto shaped = [&](int64_t t, int64_t c) { return Shape{lead[0], lead[1], t, c}; };
+    const Shape bias_shapes[] = {
+        {lead[0], lead[1], tq, tk}, {lead[0], 1, 1, tk}, {tq, 1}, {lead[1], tq, tk}};
+    const Shape bias_shape = bias_shapes[trial % 4];
+    const bool bias_grad = trial != 5;
+    const AttentionAttrs attrs{0.6, causal, trial % 3 == 0};
+    const uint64_t seed = 6600 + 10 * uint64_t(trial);
+    const std::string config =
+        cat("q ", shape_str(shaped(tq, d)), " k ", shape_str(shaped(tk, d)), " bias ",
+            shape_str(bias_shape), causal ? " causal" : "", bias_grad ? "" : " (no dbias)");
+    SCOPED_TRACE(config);
+    Forward f = [attrs](Builder& b, const std::vector<ValueId>& v) {
+      return std::vector<ValueId>{b.op(OpKind::attention, attrs, {v[0], v[1], v[2], v[3]}).at(0)};
+    };
+    Leaf bias = input("bias", bias_shape, seed + 3, -2, 2);
+    bias.differentiate = bias_grad;
+    EXPECT_TRUE(check_gradients(
+        {input("q", shaped(tq, d), seed, -2, 2), input("k", shaped(tk, d), seed + 1, -2, 2),
+         input("v", shaped(tk, dv), seed + 2), bias},
+        f, {"attention", config, {}, 48, seed}));
+  }
+}
+
 // cross_entropy: every reduction, class weights, ignore_index (a class or -100), extra
 // spatial dims, and the log_prob output read by the loss too.
 TEST(GradCheckLoss, CrossEntropy) {

@@ -3,7 +3,8 @@
 // cudnn/attention_graph.cpp is the translation unit that includes cudnn_frontend.h.
 //
 // Tensor uids: q = 1, k = 2, v = 3, o = 4, lse = 5 (f32 [B, H, Tq, 1]), do = 6, dq = 7,
-// dk = 8, dv = 9; every tensor dense (row-major) [B, H, T, d].
+// dk = 8, dv = 9, bias = 10 and dbias = 11 ([Bb, Hb, Tq, Tk] in the io dtype, Bb 1 or B and
+// Hb 1 or H: cuDNN broadcasts those two); every tensor dense (row-major) [B, H, T, d].
 #pragma once
 
 #include <cudnn.h>
@@ -21,9 +22,11 @@ struct AttentionProblem {
   int64_t batch = 1, heads = 1, tq = 1, tk = 1, d = 1, dv = 1;
   double scale = 1.0;
   bool causal = false;
-  bool with_lse = false;         // forward: also write lse (training)
-  bool backward = false;         // the backward: dq, dk, dv from do, q, k, v, o, lse
-  std::string describe() const;  // "bf16 b64 h12 tq197 tk197 d64 dv64 scale 0.125"
+  int64_t bias_batch = 0, bias_heads = 1;  // the bias [Bb, Hb, Tq, Tk]; Bb = 0: none
+  bool bias_grad = false;                  // the backward also writes dbias
+  bool with_lse = false;                   // forward: also write lse (training)
+  bool backward = false;                   // the backward: dq, dk, dv from do, q, k, v, o, lse
+  std::string describe() const;            // "bf16 b64 h12 tq197 tk197 d64 dv64 scale 0.125"
 };
 
 // The device addresses a plan reads and writes (null where its direction has none).
@@ -33,6 +36,8 @@ struct AttentionBuffers {
   void* lse = nullptr;
   const void* d_o = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  const void* bias = nullptr;
+  void* dbias = nullptr;
 };
 
 struct AttentionPlan;  // a built cudnn-frontend graph (cudnn/attention_graph.cpp)

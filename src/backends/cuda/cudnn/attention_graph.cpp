@@ -23,7 +23,7 @@ struct AttentionPlan {
 namespace {
 
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidLse = 5, kUidDo = 6, kUidDq = 7,
-                  kUidDk = 8, kUidDv = 9;
+                  kUidDk = 8, kUidDv = 9, kUidBias = 10, kUidDbias = 11;
 
 void check_fe(fe::error_t status, const char* step) {
   if (status.is_bad()) throw CudnnRefused{cat(step, ": ", one_line(status.get_message()))};
@@ -51,13 +51,17 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
   auto k = tensor("k", kUidK, {p.batch, p.heads, p.tk, p.d});
   auto v = tensor("v", kUidV, {p.batch, p.heads, p.tk, p.dv});
   const std::vector<int64_t> o_dims = {p.batch, p.heads, p.tq, p.dv},
-                             lse_dims = {p.batch, p.heads, p.tq, 1};
+                             lse_dims = {p.batch, p.heads, p.tq, 1},
+                             bias_dims = {p.bias_batch, p.bias_heads, p.tq, p.tk};
+  std::shared_ptr<fe::graph::Tensor_attributes> bias;
+  if (p.bias_batch > 0) bias = tensor("bias", kUidBias, bias_dims);
   if (!p.backward) {
     auto attributes = fe::graph::SDPA_attributes()
                           .set_name("attention")
                           .set_generate_stats(p.with_lse)
                           .set_attn_scale(float(p.scale));
     if (p.causal) attributes.set_causal_mask(true);
+    if (bias) attributes.set_bias(bias);
     auto [o, stats] = g.sdpa(q, k, v, attributes);
     o->set_output(true).set_uid(kUidO).set_dim(o_dims).set_stride(contiguous_strides(o_dims));
     if (p.with_lse)
@@ -75,6 +79,8 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
                           .set_name("attention_backward")
                           .set_attn_scale(float(p.scale));
     if (p.causal) attributes.set_causal_mask(true);
+    if (bias) attributes.set_bias(bias);
+    if (p.bias_grad) attributes.set_dbias(tensor("dbias", kUidDbias, bias_dims));
     auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, d_o, lse, attributes);
     dq->set_output(true)
         .set_uid(kUidDq)
@@ -110,7 +116,9 @@ struct Cached {
 std::string AttentionProblem::describe() const {
   return cat(backward ? "backward " : "", dtype_name(dtype), " b", batch, " h", heads, " tq", tq,
              " tk", tk, " d", d, " dv", dv, " scale ", scale, causal ? " causal" : "",
-             with_lse && !backward ? " with lse" : "");
+             bias_batch > 0 ? cat(" bias [", bias_batch, ", ", bias_heads, ", ", tq, ", ", tk, "]")
+                            : std::string(),
+             bias_grad ? " dbias" : "", with_lse && !backward ? " with lse" : "");
 }
 
 std::shared_ptr<AttentionPlan> attention_plan(cudnnHandle_t handle, const AttentionProblem& p,
@@ -147,6 +155,7 @@ bool execute_attention(AttentionPlan& plan, cudnnHandle_t handle, const Attentio
   };
   bind(kUidQ, b.q), bind(kUidK, b.k), bind(kUidV, b.v), bind(kUidO, b.o), bind(kUidLse, b.lse);
   bind(kUidDo, b.d_o), bind(kUidDq, b.dq), bind(kUidDk, b.dk), bind(kUidDv, b.dv);
+  bind(kUidBias, b.bias), bind(kUidDbias, b.dbias);
   fe::error_t status = plan.graph.execute(handle, pack, workspace);
   if (status.is_bad()) why = one_line(status.get_message());
   return status.is_good();

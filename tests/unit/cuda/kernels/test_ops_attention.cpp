@@ -1,7 +1,8 @@
 // The attention op and its backward on the GPU against the CPU reference (f64): cuDNN's fused
 // attention for bf16/f16 and the project's row kernels (FUSEBOX_ATTENTION=own, and f32, which
 // cuDNN does not take), causal and not, ViT-B's shape, odd lengths, Tq != Tk, rank 3; the
-// training forward's lse. Outputs are poisoned.
+// training forward's lse; additive biases (padding masks, trainable biases with dbias).
+// Outputs are poisoned.
 // Tolerances: cuDNN rounds the probabilities to the io dtype before the product with v.
 #include <functional>
 
@@ -88,6 +89,60 @@ TEST_F(AttentionTest, TrainingForwardAndBackwardMatchCpu) {
       EXPECT_TRUE(all_close(grads[i], expected[i], tol, tol)) << "d"
                                                               << "qkv"[i];
   });
+}
+
+// With an additive bias: a padding mask (f32, finfo.min on the padded keys, [B, 1, 1, Tk]),
+// a trainable relative-position bias in the io dtype ([1, H, Tq, Tk], with dbias), a rank-3
+// problem's [Tq, Tk] f32 bias with dbias, and causal + a bias; forward with lse and backward,
+// each path and dtype, against the CPU fed the same forward.
+TEST_F(AttentionTest, BiasMatchesCpuOnEveryPath) {
+  struct Case {
+    Shape q, k, bias;
+    bool causal, bias_grad, mask, io_bias;
+  };
+  const Case cases[] = {
+      {{2, 12, 197, 64}, {2, 12, 197, 64}, {2, 1, 1, 197}, false, false, true, false},
+      {{4, 4, 49, 32}, {4, 4, 49, 32}, {1, 4, 49, 49}, false, true, false, true},
+      {{3, 17, 32}, {3, 17, 32}, {17, 17}, false, true, false, false},
+      {{2, 2, 33, 64}, {2, 2, 33, 64}, {1, 1, 33, 33}, true, false, false, true},
+  };
+  OpHarness h;
+  uint64_t seed = 3000;
+  for (const char* path : {"auto", "own"}) {
+    ScopedEnv env("FUSEBOX_ATTENTION", std::string(path));
+    for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(cat(path, " ", dtype_name(t), " q", shape_str(c.q), " bias", shape_str(c.bias),
+                         c.causal ? " causal" : "", c.bias_grad ? " dbias" : ""));
+        const Tensor q = random_tensor(t, c.q, seed++, -1, 1),
+                     k = random_tensor(t, c.k, seed++, -1, 1),
+                     v = random_tensor(t, c.k, seed++, -1, 1);
+        Tensor bias = random_tensor(c.io_bias ? t : DType::f32, c.bias, seed++, -2, 2);
+        if (c.mask) {  // every batch keeps a different number of keys, at least one
+          const int64_t tk = c.bias.back();
+          for (int64_t e = 0; e < bias.numel(); ++e)
+            bias.set(e, e % tk < tk - 1 - 37 * (e / tk) ? 0.0 : -3.4028234663852886e38);
+        }
+        const double tol = t == DType::f32 ? 1e-4 : t == DType::f16 ? 1e-2 : 5e-2;
+        const AttentionAttrs attrs{1.0 / std::sqrt(double(c.q.back())), c.causal, true};
+        const std::vector<Tensor> want = run_op(OpKind::attention, attrs, {q, k, v, bias});
+        const std::vector<Tensor> got = h.run(attention, OpKind::attention, attrs, {q, k, v, bias});
+        EXPECT_TRUE(all_close(got[0], want[0], tol, tol)) << "y";
+        EXPECT_TRUE(all_close(got[1], want[1], 1e-3, 2e-3)) << "lse";
+        AttentionAttrs backward = attrs;
+        backward.bias_grad = c.bias_grad;
+        const Tensor dy = random_tensor(t, want[0].shape(), seed++, -1, 1);
+        const std::vector<Tensor> inputs = {dy, q, k, v, want[0], want[1], bias};
+        const std::vector<Tensor> grads =
+            h.run(attention_backward, OpKind::attention_backward, backward, inputs);
+        const std::vector<Tensor> expected = run_op(OpKind::attention_backward, backward, inputs);
+        ASSERT_EQ(grads.size(), c.bias_grad ? 4u : 3u);
+        for (size_t i = 0; i < grads.size(); ++i)
+          EXPECT_TRUE(all_close(grads[i], expected[i], tol, tol))
+              << (i < 3 ? std::string(1, "qkv"[i]) : std::string("bias")) << " gradient";
+      }
+    }
+  }
 }
 
 TEST_F(AttentionTest, BadSettingIsAnError) {

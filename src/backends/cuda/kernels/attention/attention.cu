@@ -5,12 +5,17 @@
 //
 // The row kernels are the fallback and the test oracle, not fast. One block per (leading
 // index, query row), the row's Tk scores in shared memory:
-//   forward   s_j = scale q . k_j (the kept keys); m = max s, p_j = exp(s_j - m), l = sum p;
-//             y = sum_j p_j v_j / l, lse = m + log l.
+//   forward   s_j = scale q . k_j + bias_ij (the kept keys); m = max s, p_j = exp(s_j - m),
+//             l = sum p; y = sum_j p_j v_j / l, lse = m + log l.
 //   backward  p_j = exp(s_j - lse); D = dy . y; ds_j = p_j (dy . v_j - D);
-//             dq = scale sum_j ds_j k_j (written), dk_j += scale ds_j q and dv_j += p_j dy
-//             (f32 atomics into zeroed scratch, then rounded into dk and dv: rows of one
-//             leading index all add to its keys).
+//             dq = scale sum_j ds_j k_j (written), dk_j += scale ds_j q, dv_j += p_j dy and
+//             dbias_ij += ds_j (f32 atomics into zeroed scratch, then rounded into dk, dv
+//             and dbias: rows of one leading index all add to its keys).
+//
+// The bias (an additive mask) reaches cuDNN as [Bb, Hb, Tq, Tk] in the io dtype (Bb, Hb: 1
+// or the extent; cuDNN broadcasts those), converted / expanded into a temporary when it is
+// not already that (a padding mask [B, 1, 1, Tk], an f32 mask); the row kernels read it as
+// f32 in its own shape through broadcast strides.
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -19,37 +24,50 @@
 #include "backends/cuda/device/block_reduce.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/common/elementwise.cuh"
 #include "backends/cuda/runtime/settings.h"
 
 namespace fusebox::cuda {
 
 namespace {
 
-struct RowGeometry {
-  int64_t tq, tk, d, dv;
-  float scale;
-  bool causal;
+// The bias's element strides over (batch, head, query, key); 0 along the dims it broadcasts.
+struct BiasStrides {
+  int64_t batch = 0, head = 0, query = 0, key = 0;
 };
 
-// s_j = scale q_i . k_j into scores (the kept keys); returns their count.
+struct RowGeometry {
+  int64_t tq, tk, d, dv, heads;
+  float scale;
+  bool causal;
+  BiasStrides bias;
+};
+
+__device__ __forceinline__ int64_t bias_offset(const RowGeometry& g, int64_t lead, int64_t i,
+                                               int64_t j) {
+  return (lead / g.heads) * g.bias.batch + (lead % g.heads) * g.bias.head + i * g.bias.query +
+         j * g.bias.key;
+}
+
+// s_j = scale q_i . k_j + bias_ij into scores (the kept keys); returns their count.
 template <class T>
-__device__ int64_t row_scores(const T* qi, const T* kb, const RowGeometry& g, int64_t i,
-                              float* scores) {
+__device__ int64_t row_scores(const T* qi, const T* kb, const float* bias, const RowGeometry& g,
+                              int64_t lead, int64_t i, float* scores) {
   const int64_t keys = g.causal ? min(g.tk, i + 1) : g.tk;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     float s = 0.f;
     for (int64_t c = 0; c < g.d; ++c) s += convert<float>(qi[c]) * convert<float>(kb[j * g.d + c]);
-    scores[j] = g.scale * s;
+    scores[j] = g.scale * s + (bias != nullptr ? bias[bias_offset(g, lead, i, j)] : 0.f);
   }
   return keys;
 }
 
 template <class T>
-__global__ void attention_rows(const T* q, const T* k, const T* v, T* y, float* lse,
-                               RowGeometry g) {
+__global__ void attention_rows(const T* q, const T* k, const T* v, const float* bias, T* y,
+                               float* lse, RowGeometry g) {
   extern __shared__ float scores[];
   const int64_t row = blockIdx.x, lead = row / g.tq, i = row % g.tq;
-  const int64_t keys = row_scores(q + row * g.d, k + lead * g.tk * g.d, g, i, scores);
+  const int64_t keys = row_scores(q + row * g.d, k + lead * g.tk * g.d, bias, g, lead, i, scores);
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) m = fmaxf(m, scores[j]);
   m = block_max(m);
@@ -67,15 +85,15 @@ __global__ void attention_rows(const T* q, const T* k, const T* v, T* y, float* 
 
 template <class T>
 __global__ void attention_rows_backward(const T* dy, const T* q, const T* k, const T* v, const T* y,
-                                        const float* lse, T* dq, float* dk, float* dv,
-                                        RowGeometry g) {
+                                        const float* lse, const float* bias, T* dq, float* dk,
+                                        float* dv, float* dbias, RowGeometry g) {
   extern __shared__ float p[];
   const int64_t row = blockIdx.x, lead = row / g.tq, i = row % g.tq;
   const T* qi = q + row * g.d;
   const T* kb = k + lead * g.tk * g.d;
   const T* vb = v + lead * g.tk * g.dv;
   const T* dyi = dy + row * g.dv;
-  const int64_t keys = row_scores(qi, kb, g, i, p);
+  const int64_t keys = row_scores(qi, kb, bias, g, lead, i, p);
   float D = 0.f;
   for (int64_t c = threadIdx.x; c < g.dv; c += blockDim.x)
     D += convert<float>(dyi[c]) * convert<float>(y[row * g.dv + c]);
@@ -90,6 +108,7 @@ __global__ void attention_rows_backward(const T* dy, const T* q, const T* k, con
     }
     const float ds = pj * (dp - D);
     p[j] = ds;
+    if (dbias != nullptr) atomicAdd(dbias + bias_offset(g, lead, i, j), ds);
     for (int64_t c = 0; c < g.d; ++c)
       atomicAdd(dk + (lead * g.tk + j) * g.d + c, g.scale * ds * convert<float>(qi[c]));
   }
@@ -115,8 +134,18 @@ void note_once(const AttentionProblem& p, const std::string& what) {
     std::fprintf(stderr, "fusebox: attention %s: %s\n", p.describe().c_str(), what.c_str());
 }
 
+// The bias viewed with four dims aligned to the scores [B, H, Tq, Tk] (H = 1 for [B, T, d]
+// problems of rank 3): its own extents (1 where it broadcasts) and strides.
+DeviceTensor bias_view4(const DeviceTensor& bias, size_t rank) {
+  Shape dims(rank - bias.shape.size(), 1), strides(rank - bias.shape.size(), 0);
+  dims.insert(dims.end(), bias.shape.begin(), bias.shape.end());
+  strides.insert(strides.end(), bias.strides.begin(), bias.strides.end());
+  if (rank == 3) dims.insert(dims.begin() + 1, 1), strides.insert(strides.begin() + 1, 0);
+  return bias.view(bias.offset, dims, strides);
+}
+
 AttentionProblem problem_of(const Node& n, const DeviceTensor& q, const DeviceTensor& k,
-                            const DeviceTensor& v, bool backward) {
+                            const DeviceTensor& v, const DeviceTensor* bias, bool backward) {
   const auto& a = std::get<AttentionAttrs>(n.attrs);
   const size_t r = q.shape.size();
   AttentionProblem p;
@@ -125,17 +154,60 @@ AttentionProblem problem_of(const Node& n, const DeviceTensor& q, const DeviceTe
   p.batch = q.shape[0], p.heads = r == 4 ? q.shape[1] : 1;
   p.scale = a.scale, p.causal = a.causal, p.with_lse = a.with_lse || backward;
   p.backward = backward;
+  if (bias != nullptr) {
+    const Shape dims = bias_view4(*bias, r).shape;
+    p.bias_batch = dims[0], p.bias_heads = dims[1];
+    p.bias_grad = backward && a.bias_grad;
+  }
   return p;
+}
+
+template <class Out>
+struct ConvertTo {
+  template <class In>
+  __device__ __forceinline__ Out operator()(In v) const {
+    return convert<Out>(v);
+  }
+};
+
+// dst (contiguous) = src converted to dst's dtype; src any float dtype and strides.
+void convert_into(Context& ctx, const Node& n, const DeviceTensor& src, const DeviceTensor& dst) {
+  visit_device_float(n, src.dtype, [&](auto from_tag) {
+    visit_device_float(n, dst.dtype, [&](auto to_tag) {
+      using From = decltype(from_tag);
+      using To = decltype(to_tag);
+      launch_map1<From, To>(ctx, n, src, dst, ConvertTo<To>{});
+    });
+  });
+}
+
+// The bias as cuDNN reads it: [Bb, Hb, Tq, Tk] dense in the io dtype; the bias itself when
+// it is that already, else a converted / expanded temporary.
+DeviceTensor bias_for_cudnn(Context& ctx, const Node& n, const AttentionProblem& p,
+                            const DeviceTensor& bias, size_t rank) {
+  const Shape to = {p.bias_batch, p.bias_heads, p.tq, p.tk};
+  if (bias.dtype == p.dtype && bias.is_contiguous() && numel(bias.shape) == numel(to))
+    return bias.view(bias.offset, to, contiguous_strides(to));
+  const DeviceTensor own = bias_view4(bias, rank);
+  const DeviceTensor wide = own.view(own.offset, to, broadcast_strides(own.shape, own.strides, to));
+  const DeviceTensor dense = temporary_tensor(ctx, p.dtype, to);
+  convert_into(ctx, n, wide, dense);
+  return dense;
+}
+
+// Whether cuDNN has a plan for `p` (built and cached on first use); `why` says why not.
+bool cudnn_takes(Context& ctx, const AttentionProblem& p, std::string& why) {
+  if (settings().attention_own) {
+    why = "FUSEBOX_ATTENTION=own";
+    return false;
+  }
+  return attention_plan(ctx.device.cudnn_handle(ctx.encoder.stream()), p, why) != nullptr;
 }
 
 // Records cuDNN's plan for `p` on `b`; false with `why` when cuDNN refuses or the plan does not
 // run (tried once outside any capture, so that a failure is found here, not in a recording).
 bool record_cudnn(Context& ctx, const Node& n, const AttentionProblem& p, const AttentionBuffers& b,
                   const BufferList& reads, BufferList writes, std::string& why) {
-  if (settings().attention_own) {
-    why = "FUSEBOX_ATTENTION=own";
-    return false;
-  }
   cudnnHandle_t handle = ctx.device.cudnn_handle(ctx.encoder.stream());
   std::shared_ptr<AttentionPlan> plan = attention_plan(handle, p, why);
   if (!plan) return false;
@@ -172,62 +244,133 @@ void check_row_kernel(Context& ctx, const Node& n, const AttentionProblem& p,
                 "too many query rows for the fallback attention kernel");
 }
 
+// The bias as the row kernels read it: f32 in its own (4-d) shape, and its strides over
+// (batch, head, query, key), 0 where it broadcasts. An f32 bias is read where it is.
+std::pair<DeviceTensor, BiasStrides> bias_for_rows(Context& ctx, const Node& n,
+                                                   const DeviceTensor& bias, size_t rank) {
+  DeviceTensor own = bias_view4(bias, rank);
+  if (own.dtype != DType::f32) {
+    const DeviceTensor dense = temporary_tensor(ctx, DType::f32, own.shape);
+    convert_into(ctx, n, own, dense);
+    own = dense;
+  }
+  auto along = [&](int d) { return own.shape[size_t(d)] == 1 ? 0 : own.strides[size_t(d)]; };
+  return {own, BiasStrides{along(0), along(1), along(2), along(3)}};
+}
+
 }  // namespace
 
 void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<AttentionAttrs>(n.attrs);
   const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
+  const DeviceTensor* bias = in.size() > 3 ? in[3] : nullptr;
   const DeviceTensor& y = out[0];
   FUSEBOX_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && y.is_contiguous(),
                 node_label(n), "expects contiguous q, k, v and y");
-  const AttentionProblem p = problem_of(n, q, k, v, false);
+  const AttentionProblem p = problem_of(n, q, k, v, bias, false);
   if (y.numel() == 0) return;
   float* lse = a.with_lse ? out[1].as<float>() : nullptr;
-  const BufferList reads{q.range(), k.range(), v.range()};
   BufferList writes{y.range()};
   if (lse) writes.push_back(out[1].range());
-  AttentionBuffers b;
-  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse;
   std::string why;
-  if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
+  if (cudnn_takes(ctx, p, why)) {
+    BufferList reads{q.range(), k.range(), v.range()};
+    AttentionBuffers b;
+    b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse;
+    if (bias) {
+      const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
+      b.bias = dense.data(), reads.push_back(dense.range());
+    }
+    if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
+  }
   check_row_kernel(ctx, n, p, why);
-  const RowGeometry g{p.tq, p.tk, p.d, p.dv, float(p.scale), p.causal};
+  RowGeometry g{p.tq, p.tk, p.d, p.dv, p.heads, float(p.scale), p.causal, {}};
+  BufferList reads{q.range(), k.range(), v.range()};
+  const float* bias32 = nullptr;
+  if (bias) {
+    const auto [own, strides] = bias_for_rows(ctx, n, *bias, q.shape.size());
+    bias32 = own.as<float>(), g.bias = strides, reads.push_back(own.range());
+  }
   visit_device_float(n, q.dtype, [&](auto tag) {
     using T = decltype(tag);
     ctx.encoder.launch(attention_rows<T>, dim3(unsigned(p.batch * p.heads * p.tq)), dim3(128),
                        size_t(p.tk) * sizeof(float), reads, writes, q.as<T>(), k.as<T>(), v.as<T>(),
-                       y.as<T>(), lse, g);
+                       bias32, y.as<T>(), lse, g);
   });
 }
 
 void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3], &y = *in[4],
                      &lse = *in[5];
+  const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
   const DeviceTensor &dq = out[0], &dk = out[1], &dv = out[2];
+  const DeviceTensor* dbias = out.size() > 3 ? &out[3] : nullptr;
   for (const DeviceTensor* t : {&dy, &q, &k, &v, &y, &lse, &dq, &dk, &dv})
     FUSEBOX_CHECK(t->is_contiguous(), node_label(n), "expects contiguous operands");
-  const AttentionProblem p = problem_of(n, q, k, v, true);
+  FUSEBOX_CHECK(!dbias || dbias->is_contiguous(), node_label(n), "expects a contiguous dbias");
+  const AttentionProblem p = problem_of(n, q, k, v, bias, true);
   if (q.numel() == 0 && k.numel() == 0) return;
-  const BufferList reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
-  const BufferList writes{dq.range(), dk.range(), dv.range()};
-  AttentionBuffers b;
-  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse.data();
-  b.d_o = dy.data(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
+  const BufferList base_reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
   std::string why;
-  if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
+  if (dbias && numel(bias->shape) != p.bias_batch * p.bias_heads * p.tq * p.tk) {
+    why = cat("cuDNN's dBias takes a bias of whole [Tq, Tk] rows, not ", shape_str(bias->shape));
+  } else if (cudnn_takes(ctx, p, why)) {
+    BufferList reads = base_reads, writes{dq.range(), dk.range(), dv.range()};
+    AttentionBuffers b;
+    b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse.data();
+    b.d_o = dy.data(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
+    if (bias) {
+      const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
+      b.bias = dense.data(), reads.push_back(dense.range());
+    }
+    // cuDNN writes dbias in the io dtype: into dbias itself when that is its dtype.
+    DeviceTensor dbias_io;
+    if (dbias) {
+      dbias_io = dbias->dtype == p.dtype ? *dbias : temporary_tensor(ctx, p.dtype, dbias->shape);
+      b.dbias = dbias_io.data(), writes.push_back(dbias_io.range());
+    }
+    if (record_cudnn(ctx, n, p, b, reads, writes, why)) {
+      if (dbias && dbias->dtype != p.dtype) convert_into(ctx, n, dbias_io, *dbias);
+      return;
+    }
+  }
   check_row_kernel(ctx, n, p, why);
-  const RowGeometry g{p.tq, p.tk, p.d, p.dv, float(p.scale), p.causal};
+  RowGeometry g{p.tq, p.tk, p.d, p.dv, p.heads, float(p.scale), p.causal, {}};
+  BufferList reads = base_reads;
+  const float* bias32 = nullptr;
+  if (bias) {
+    const auto [own, strides] = bias_for_rows(ctx, n, *bias, q.shape.size());
+    bias32 = own.as<float>(), g.bias = strides, reads.push_back(own.range());
+  }
   const BufferRange dk32 = ctx.encoder.temporary(ctx.allocator, size_t(dk.numel()) * 4);
   const BufferRange dv32 = ctx.encoder.temporary(ctx.allocator, size_t(dv.numel()) * 4);
   ctx.encoder.memset(dk32, 0);
   ctx.encoder.memset(dv32, 0);
+  BufferList all_writes = {dq.range(), dk32, dv32};
+  DeviceTensor dbias32;
+  if (dbias) {
+    // The atomics land at the bias's own (dense) offsets: g.bias must describe that layout.
+    dbias32 = temporary_tensor(ctx, DType::f32, dbias->shape);
+    const DeviceTensor own = bias_view4(dbias32, q.shape.size());
+    auto along = [&](int d) { return own.shape[size_t(d)] == 1 ? 0 : own.strides[size_t(d)]; };
+    g.bias = BiasStrides{along(0), along(1), along(2), along(3)};
+    if (bias32 != nullptr && bias->dtype == DType::f32 && !bias->is_contiguous()) {
+      // bias read in place with other strides than dbias's: read a dense copy instead.
+      const DeviceTensor dense = temporary_tensor(ctx, DType::f32, bias->shape);
+      copy_strided(ctx, *bias, dense);
+      bias32 = dense.as<float>(), reads.push_back(dense.range());
+    }
+    ctx.encoder.memset(dbias32.range(), 0);
+    all_writes.push_back(dbias32.range());
+  }
   visit_device_float(n, q.dtype, [&](auto tag) {
     using T = decltype(tag);
-    BufferList all_writes = {dq.range(), dk32, dv32};
     ctx.encoder.launch(attention_rows_backward<T>, dim3(unsigned(p.batch * p.heads * p.tq)),
                        dim3(128), size_t(p.tk) * sizeof(float), reads, all_writes, dy.as<T>(),
-                       q.as<T>(), k.as<T>(), v.as<T>(), y.as<T>(), lse.as<float>(), dq.as<T>(),
-                       static_cast<float*>(dk32.data()), static_cast<float*>(dv32.data()), g);
+                       q.as<T>(), k.as<T>(), v.as<T>(), y.as<T>(), lse.as<float>(), bias32,
+                       dq.as<T>(), static_cast<float*>(dk32.data()),
+                       static_cast<float*>(dv32.data()),
+                       dbias ? dbias32.as<float>() : static_cast<float*>(nullptr), g);
     ctx.encoder.launch(round_into<T>, launch_blocks(dk.numel()), kDefaultThreads, 0, {dk32},
                        {dk.range()}, static_cast<const float*>(dk32.data()), dk.as<T>(),
                        dk.numel());
@@ -235,6 +378,7 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
                        {dv.range()}, static_cast<const float*>(dv32.data()), dv.as<T>(),
                        dv.numel());
   });
+  if (dbias) convert_into(ctx, n, dbias32, *dbias);
 }
 
 }  // namespace fusebox::cuda
