@@ -4,7 +4,8 @@
 //
 // The pattern, every value in it read only by the next node and no graph output:
 //   scores = matmul(q', k')             q' = q or q * c;  k' = transpose(k) (last two dims
-//                                        swapped), or that times c, or transpose(k * c)
+//                                        swapped), or that times c, or transpose(k * c); float
+//                                        casts around each scale (scaled in f32 between casts)
 //   p      = softmax(scores [* c | / c], last axis)
 //   y      = matmul(p, v)
 // with float casts anywhere between the scores and the last matmul (mixed precision runs the
@@ -20,9 +21,12 @@
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
 // fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
 // far faster than a fused kernel on CUDA cores would. In training graphs the node also
-// outputs lse for its gradient rule (passes/vjp_norm.cpp).
+// outputs lse for its gradient rule (passes/vjp_norm.cpp). A transpose on the scores' right
+// operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters fold
+// permute + transpose) is first split into the head split and the swap.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 
 #include "fusebox/passes/fusion.h"
@@ -146,30 +150,20 @@ class Matcher {
     }
     if (r_.only_reader(scores->outputs[0]) < 0) return false;
     replaced_.push_back(scores->id);
-    // The scores' operands: q [* c] and k^T [* c] (the scale on either side of the transpose).
-    ValueId q = scores->inputs[0], kt = scores->inputs[1];
-    if (const Node* w = producer(q); w && r_.only_reader(q) >= 0) {
-      if (auto s = scaled_by_constant(g_, *w))
-        replaced_.push_back(w->id), q = s->first, scale *= s->second;
+    // The scores' operands: q [* c] and k^T [* c] (the scale on either side of the transpose),
+    // float casts around the scales (mixed precision scaling in f32 between two casts).
+    const Operand qw = walk_operand(scores->inputs[0]);
+    const Operand ktw = walk_operand(scores->inputs[1]);
+    const Node* transpose = producer(ktw.value);
+    if (transpose == nullptr || r_.only_reader(ktw.value) < 0 || !swaps_last_two(*transpose, rank))
+      return false;
+    const Operand kw = walk_operand(transpose->inputs[0]);
+    for (const Operand* o : {&qw, &ktw, &kw}) {
+      replaced_.insert(replaced_.end(), o->nodes.begin(), o->nodes.end());
+      scale *= o->scale;
     }
-    ValueId k = kNoValue;
-    for (int step = 0; step < 3 && k == kNoValue; ++step) {
-      const Node* w = producer(kt);
-      if (w == nullptr || r_.only_reader(kt) < 0) return false;
-      if (swaps_last_two(*w, rank)) {
-        replaced_.push_back(w->id);
-        k = w->inputs[0];
-        if (const Node* m = producer(k); m && r_.only_reader(k) >= 0) {
-          if (auto s = scaled_by_constant(g_, *m))
-            replaced_.push_back(m->id), k = s->first, scale *= s->second;
-        }
-      } else if (auto s = scaled_by_constant(g_, *w)) {
-        replaced_.push_back(w->id), kt = s->first, scale *= s->second;
-      } else {
-        return false;
-      }
-    }
-    if (k == kNoValue) return false;
+    replaced_.push_back(transpose->id);
+    const ValueId q = qw.value, k = kw.value;
     // Down from the softmax: casts, then the product with v.
     replaced_.push_back(softmax.id);
     v = softmax.outputs[0];
@@ -220,6 +214,33 @@ class Matcher {
   }
 
  private:
+  // An operand of a product, walked up through float casts and constant scales, each read only
+  // by the next node: the topmost value of the operand's own dtype reached, and the nodes and
+  // scales passed to get there.
+  struct Operand {
+    ValueId value;
+    double scale = 1.0;
+    std::vector<NodeId> nodes;
+  };
+
+  Operand walk_operand(ValueId v) const {
+    const DType io = g_.value(v).type.dtype;
+    Operand best{v, 1.0, {}}, at = best;
+    for (;;) {
+      const Node* w = producer(at.value);
+      if (w == nullptr || r_.only_reader(at.value) < 0) break;
+      if (w->op == OpKind::cast && is_floating(g_.value(w->inputs[0]).type.dtype)) {
+        at.nodes.push_back(w->id), at.value = w->inputs[0];
+      } else if (auto s = scaled_by_constant(g_, *w)) {
+        at.nodes.push_back(w->id), at.value = s->first, at.scale *= s->second;
+      } else {
+        break;
+      }
+      if (g_.value(at.value).type.dtype == io) best = at;
+    }
+    return best;
+  }
+
   // Which operand of the add `w` carries the scores (its output's shape, read only by the add,
   // made by a node the chain can hold); the other is the bias. -1 when neither; 0 when both.
   int chain_side(const Node& w) const {
@@ -245,9 +266,81 @@ class Matcher {
   std::vector<NodeId> replaced_;
 };
 
+// Whether `v` reaches a softmax along single readers through what may lie between the scores
+// and the softmax (casts, scales, a mask's add or where).
+bool leads_to_softmax(const Graph& g, const Readers& r, ValueId v) {
+  for (int step = 0; step < 8; ++step) {
+    const NodeId next = r.only_reader(v);
+    if (next < 0) return false;
+    const Node& n = g.node(next);
+    if (n.op == OpKind::softmax) return true;
+    if (n.op != OpKind::cast && n.op != OpKind::mul && n.op != OpKind::div && n.op != OpKind::add &&
+        n.op != OpKind::where)
+      return false;
+    v = n.outputs[0];
+  }
+  return false;
+}
+
+// Exporters fold the head split and k's transpose into one Transpose (permute(0, 2, 1, 3) then
+// transpose(-1, -2) is perm [0, 2, 3, 1]: Hugging Face's BERT). On the scores' right operand
+// such a transpose becomes the head split alone, then a swap of the last two dims, which the
+// pattern takes; the head split's output is the attention's k. Returns the number split.
+size_t split_key_transposes(Graph& g) {
+  const Readers r(g);
+  std::vector<std::vector<int64_t>> split(g.nodes().size());  // by transpose: the head split
+  size_t count = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::matmul || !leads_to_softmax(g, r, n.outputs[0])) continue;
+    ValueId v = n.inputs[1];
+    const Node* t = nullptr;
+    for (int step = 0; step < 4 && t == nullptr; ++step) {  // through casts and scales
+      const NodeId p = g.value(v).producer;
+      if (p < 0 || r.only_reader(v) < 0) break;
+      const Node& w = g.node(p);
+      if (w.op == OpKind::transpose)
+        t = &w;
+      else if (w.op == OpKind::cast)
+        v = w.inputs[0];
+      else if (auto s = scaled_by_constant(g, w))
+        v = s->first;
+      else
+        break;
+    }
+    if (t == nullptr) continue;
+    std::vector<int64_t> perm = std::get<TransposeAttrs>(t->attrs).perm;
+    const size_t rank = perm.size();
+    if (rank < 3 || swaps_last_two(*t, rank)) continue;
+    std::swap(perm[rank - 2], perm[rank - 1]);
+    split[size_t(t->id)] = perm;
+    ++count;
+  }
+  if (count == 0) return 0;
+  fusion::rebuild_expanding(
+      g,
+      [&](const Node& n, Graph& out,
+          const std::function<ValueId(ValueId)>& mapped) -> std::optional<std::vector<ValueId>> {
+        const std::vector<int64_t>& heads = split[size_t(n.id)];
+        if (heads.empty()) return std::nullopt;
+        const std::string& name = g.value(n.outputs[0]).name;
+        const ValueId k =
+            out.add_node(OpKind::transpose, TransposeAttrs{heads}, {mapped(n.inputs[0])},
+                         n.name + "/heads", {name + "/heads"})[0];
+        std::vector<int64_t> swap(heads.size());
+        for (size_t d = 0; d < swap.size(); ++d) swap[d] = int64_t(d);
+        std::swap(swap[swap.size() - 2], swap[swap.size() - 1]);
+        return out.add_node(OpKind::transpose, TransposeAttrs{swap}, {k}, n.name, {name});
+      });
+  return count;
+}
+
 }  // namespace
 
 size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
+  // The split is undone when nothing fuses (a graph without attention is left as it was); a
+  // split transpose whose chain does not fuse while others do stays split.
+  std::optional<Graph> unsplit = g;
+  if (split_key_transposes(g) == 0) unsplit.reset();
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   size_t count = 0;
@@ -265,7 +358,10 @@ size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
     takeover[size_t(anchor)] = std::move(t);
     ++count;
   }
-  if (count > 0) fusion::rebuild(g, takeover);
+  if (count > 0)
+    fusion::rebuild(g, takeover);
+  else if (unsplit)
+    g = std::move(*unsplit);
   return count;
 }
 

@@ -74,6 +74,36 @@ void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
   g = std::move(out);
 }
 
+void rebuild_expanding(Graph& g, const Expansion& expand) {
+  Graph out(g.name());
+  std::vector<ValueId> map(g.values().size(), kNoValue);
+  for (ValueId v : g.inputs()) {
+    const Value& value = g.value(v);
+    map[size_t(v)] = out.add_input(value.name, value.type.dtype, value.type.shape);
+  }
+  const std::function<ValueId(ValueId)> mapped = [&](ValueId v) {
+    if (v == kNoValue) return kNoValue;
+    ValueId& m = map[size_t(v)];
+    if (m == kNoValue && g.is_constant(v))
+      m = out.add_constant(g.value(v).name, g.constants().at(v));
+    return m;
+  };
+  for (const Node& n : g.nodes()) {
+    std::optional<std::vector<ValueId>> outs = expand(n, out, mapped);
+    if (!outs) {
+      std::vector<ValueId> inputs = n.inputs;
+      std::vector<std::string> names;
+      for (ValueId& v : inputs) v = mapped(v);
+      for (ValueId v : n.outputs) names.push_back(g.value(v).name);
+      outs = out.add_node(n.op, n.attrs, std::move(inputs), n.name, names);
+    }
+    for (size_t i = 0; i < outs->size() && i < n.outputs.size(); ++i)
+      map[size_t(n.outputs[i])] = (*outs)[i];
+  }
+  for (ValueId v : g.outputs()) out.mark_output(mapped(v));
+  g = std::move(out);
+}
+
 void Chain::take(const Node& n) {
   t.replaced.push_back(n.id);
   t.writes = n.outputs.at(0);

@@ -4,6 +4,7 @@
 // Graph only appends, so the graph is rebuilt node by node.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -61,6 +62,16 @@ struct Chain {
 // itself keeps its place when `replaced` is {its own id}). Constants nothing reads any more
 // (a weight replaced by its folded copy, added to g as a constant before) are dropped.
 void rebuild(Graph& g, const std::vector<Takeover>& takeover);
+
+// A rewrite that puts nodes of its own in a node's place (form_linears, the split of a key
+// transpose): given the node, the new graph and the map from g's values to it, it either emits
+// what replaces the node and returns the values its outputs become (kNoValue for an output
+// nothing reads any more), or returns nothing, and the node is copied as it is.
+using Expansion = std::function<std::optional<std::vector<ValueId>>(
+    const Node& n, Graph& out, const std::function<ValueId(ValueId)>& mapped)>;
+// Rebuilds g node by node with `expand` (names of inputs, outputs and copied nodes kept;
+// constants on first use, the unread ones dropped).
+void rebuild_expanding(Graph& g, const Expansion& expand);
 
 // The activation an op computes, when it is one a fused epilogue can take (relu, gelu, silu,
 // sigmoid, tanh, clip); none otherwise.

@@ -40,6 +40,7 @@ Graph prepare_inference_graph(const Graph& model, Precision precision,
   Graph g = model;
   // Folding first, on the model's own (f32) weights: the folded ones are rounded once.
   if (options.fold_batch_norm) fold_batch_norms(g, log);
+  if (options.conv_epilogue) form_linears(g, log);
   g = apply_mixed_precision(g, precision, nullptr, {.fold_constants = true});
   if (options.conv_epilogue) {
     fuse_conv_epilogues(g, log);

@@ -176,6 +176,9 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
                 "only the cross_entropy loss is supported");
   RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
                                             .batch_norm = BatchNormForm::training});
+  // Linear layers written as matmul + add (ONNX imports) as one gemm, so that mixed precision
+  // runs them in the low dtype with their bias (passes/fusion.h form_linears).
+  form_linears(rw.graph);
   // Mixed precision on the forward pass, parameters being inputs by now (so they stay f32,
   // read through casts); values keep their names, so they are found by name from here on.
   StepGraph step{apply_mixed_precision(rw.graph, precision), {}};

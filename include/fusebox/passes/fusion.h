@@ -18,6 +18,7 @@
 //   1. fold_batch_norms: conv -> batch_norm (inference form, constant weights and
 //      statistics) becomes one conv with folded weights and bias (computed in f64, rounded
 //      once: exact to the dtype's rounding in f32; bf16's error is measured in the tests);
+//   1b. form_linears: matmul + bias add (nn.Linear as exported) as one gemm;
 //   2. mixed precision (passes/mixed_precision.h), the folded constants cast once;
 //   3. fuse_conv_epilogues: conv -> activation -> add(residual) -> activation becomes one
 //      conv with its epilogue (ir/ops.h ConvAttrs), which the CUDA backend lowers to ONE
@@ -100,6 +101,14 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
 // its output. Batched (N-D) matmuls are left alone. Inference graphs only (no gradient
 // rule). Returns the number of products that took something over.
 size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
+
+// form_linears: matmul(x [..., K], w [K, N]) -> add(bias along the last dim), nn.Linear as
+// ONNX exporters write it (for N-D activations too), becomes one gemm with the bias (x as
+// [M, K] rows through reshape views; passes/form_linears.cpp). Run it before mixed precision
+// (prepare_inference_graph and the training step graph do): as a gemm the layer runs in the
+// low dtype with its bias, as PyTorch's autocast runs nn.Linear, where the add of an f32 bias
+// would promote the output to f32. The same sums. Returns the number formed.
+size_t form_linears(Graph& g, FusionLog* log = nullptr);
 
 // fuse_attention: scaled dot-product attention spelled out (matmul(q, transpose(k)) ->
 // scale -> softmax over the keys -> matmul with v, float casts between, constant scalar

@@ -121,6 +121,80 @@ TEST(FuseAttention, ExportedSdpaFormFusesWithTheScalesMultiplied) {
   EXPECT_EQ(count_op(g, OpKind::attention), 2u);
 }
 
+// The scales in f32 between casts, as mixed precision leaves an exported SDPA whose scale
+// constant has dims ([1]: it promotes the mul to f32): cast -> mul -> cast on q and on k^T.
+TEST(FuseAttention, ScalesBetweenCastsFuse) {
+  Graph g("sdpa_f32_scales");
+  const DType t = DType::bf16;
+  const Shape shape = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", t, shape);
+  const ValueId k = g.add_input("k", t, shape);
+  const ValueId v = g.add_input("v", t, shape);
+  const ValueId c = g.add_constant("c", Tensor::from_vector<float>({1}, {std::sqrt(0.2f)}));
+  auto scaled = [&](ValueId x, const std::string& name) {
+    const ValueId up = g.add_node(OpKind::cast, CastAttrs{DType::f32}, {x}, name + "_f32")[0];
+    const ValueId m = g.add_node(OpKind::mul, {}, {up, c}, name + "_scaled")[0];
+    return g.add_node(OpKind::cast, CastAttrs{t}, {m}, name + "_bf16")[0];
+  };
+  const ValueId kt = g.add_node(OpKind::transpose, TransposeAttrs{{0, 1, 3, 2}}, {k}, "k_t")[0];
+  const ValueId s =
+      g.add_node(OpKind::matmul, {}, {scaled(q, "q"), scaled(kt, "k_t")}, "scores")[0];
+  const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {s}, "softmax")[0];
+  const ValueId y = g.add_node(OpKind::matmul, {}, {p, v}, "context")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  const Graph before = g;
+  ASSERT_EQ(fuse_attention(g), 1u);
+  EXPECT_EQ(g.nodes().size(), 1u);  // the casts and scales went with it
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::attention) {
+      EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 0.2, 1e-6);
+      EXPECT_EQ(n.inputs[0], g.inputs()[0]);
+    }
+  }
+  const NamedTensors feeds = {{"q", random_tensor(t, shape, 1)},
+                              {"k", random_tensor(t, shape, 2)},
+                              {"v", random_tensor(t, shape, 3)}};
+  EXPECT_TRUE(all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
+}
+
+// Exporters fold k's head split and its transpose into one Transpose (perm [0, 2, 3, 1] from
+// k [B, T, H, d]: Hugging Face's BERT): split into the head split and the swap, it fuses; a
+// graph where nothing then fuses (f32) is left as it was.
+TEST(FuseAttention, FoldedHeadSplitAndKeyTransposeFuse) {
+  for (DType t : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    Graph g("bert_keys");
+    const ValueId q = g.add_input("q", t, {2, 3, 5, 8});
+    const ValueId k = g.add_input("k_rows", t, {2, 5, 3, 8});  // [B, T, H, d]
+    const ValueId v = g.add_input("v", t, {2, 3, 5, 8});
+    const ValueId kt =
+        g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 3, 1}}, {k}, "k_heads_t")[0];
+    const ValueId s = g.add_node(OpKind::matmul, {}, {q, kt}, "scores")[0];
+    const ValueId c = g.add_constant("c", Tensor::scalar(t, 0.25));
+    const ValueId sc = g.add_node(OpKind::mul, {}, {s, c}, "scaled")[0];
+    const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {sc}, "softmax")[0];
+    const ValueId y = g.add_node(OpKind::matmul, {}, {p, v}, "context")[0];
+    g.rename_value(y, "y");
+    g.mark_output(y);
+    const Graph before = g;
+    if (t == DType::f32) {
+      EXPECT_EQ(fuse_attention(g), 0u);
+      EXPECT_EQ(g.nodes().size(), before.nodes().size());  // the split undone
+      EXPECT_EQ(count_op(g, OpKind::transpose), 1u);
+      continue;
+    }
+    ASSERT_EQ(fuse_attention(g), 1u);
+    EXPECT_EQ(count_op(g, OpKind::attention), 1u);
+    EXPECT_EQ(count_op(g, OpKind::transpose), 1u);  // the head split: the attention's k
+    const NamedTensors feeds = {{"q", random_tensor(t, {2, 3, 5, 8}, 1)},
+                                {"k_rows", random_tensor(t, {2, 5, 3, 8}, 2)},
+                                {"v", random_tensor(t, {2, 3, 5, 8}, 3)}};
+    EXPECT_TRUE(
+        all_close(run_graph(g, feeds).at("y"), run_graph(before, feeds).at("y"), 2e-2, 2e-2));
+  }
+}
+
 // Training fuses with lse: the gradient reads the forward's own lse, no second forward.
 TEST(FuseAttention, TrainingFormOutputsLseForItsGradient) {
   Graph g = sdpa_export_form(false);

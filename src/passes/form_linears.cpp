@@ -1,0 +1,88 @@
+// form_linears (passes/fusion.h): nn.Linear as ONNX exporters write it, matmul by a 2-D
+// weight then an add of a bias along the last dim, becomes one gemm with that bias:
+//
+//   y = add(matmul(x [..., K], w [K, N]), bias [N] or [1, .., 1, N])
+//     -> y = reshape(gemm(reshape(x, [M, K]), w, bias [N]), [..., N])     M = the rows of x
+//
+// (no reshapes for a 2-D x; the bias reshaped to [N] when it has leading 1s). The same sums,
+// so the same values; the reshapes are views. Run before mixed precision: a gemm runs in the
+// low dtype with its bias, as PyTorch's autocast runs nn.Linear, where matmul + add of an f32
+// bias would promote the layer's output to f32 (a cast and a pass in f32 per layer, and an
+// f32 activation for everything after it). The gemm is emitted where the add was, so a bias
+// computed between the two is there by then.
+#include <map>
+
+#include "fusebox/passes/fusion.h"
+#include "fusion_rewrite.h"
+
+namespace fusebox {
+
+namespace {
+
+struct Linear {
+  NodeId matmul;
+  ValueId bias;
+};
+
+// The bias of `add` when it adds one along the last dim of the matmul's output y.
+ValueId bias_of(const Graph& g, const Node& add, ValueId y) {
+  const ValueId other = add.inputs[0] == y ? add.inputs[1] : add.inputs[0];
+  if (other == y) return kNoValue;  // y + y
+  const TensorType &b = g.value(other).type, &out = g.value(y).type;
+  if (b.dtype != out.dtype || b.shape.empty() || b.shape.size() > out.shape.size() ||
+      b.shape.back() != out.shape.back() || numel(b.shape) != out.shape.back())
+    return kNoValue;
+  return other;
+}
+
+}  // namespace
+
+size_t form_linears(Graph& g, FusionLog* log) {
+  const fusion::Readers r(g);
+  std::map<NodeId, Linear> at_add;  // the add's node -> its linear
+  std::vector<bool> skipped(g.nodes().size(), false);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::matmul) continue;
+    const TensorType &x = g.value(n.inputs[0]).type, &w = g.value(n.inputs[1]).type,
+                     &y = g.value(n.outputs[0]).type;
+    if (!is_floating(y.dtype) || w.shape.size() != 2 || x.shape.size() < 2) continue;
+    const NodeId next = r.only_reader(n.outputs[0]);
+    if (next < 0 || g.node(next).op != OpKind::add) continue;
+    const ValueId bias = bias_of(g, g.node(next), n.outputs[0]);
+    if (bias == kNoValue) continue;
+    at_add[next] = {n.id, bias};
+    skipped[size_t(n.id)] = true;
+  }
+  if (at_add.empty()) return 0;
+
+  fusion::rebuild_expanding(
+      g,
+      [&](const Node& n, Graph& out,
+          const std::function<ValueId(ValueId)>& mapped) -> std::optional<std::vector<ValueId>> {
+        if (skipped[size_t(n.id)]) return std::vector<ValueId>{kNoValue};  // emitted at its add
+        const auto linear = at_add.find(n.id);
+        if (linear == at_add.end()) return std::nullopt;
+        const Node& matmul = g.node(linear->second.matmul);
+        const Shape &x = g.value(matmul.inputs[0]).type.shape,
+                    &y = g.value(n.outputs[0]).type.shape;
+        const std::string& y_name = g.value(n.outputs[0]).name;
+        const int64_t k = x.back(), cols = y.back(), rows = k == 0 ? 0 : numel(x) / k;
+        ValueId x2 = mapped(matmul.inputs[0]);
+        if (x.size() > 2)
+          x2 = out.add_node(OpKind::reshape, ReshapeAttrs{{rows, k}}, {x2}, matmul.name + "/rows",
+                            {y_name + "/rows"})[0];
+        ValueId bias = mapped(linear->second.bias);
+        if (g.value(linear->second.bias).type.shape.size() > 1)
+          bias = out.add_node(OpKind::reshape, ReshapeAttrs{{cols}}, {bias}, n.name + "/bias_row",
+                              {y_name + "/bias_row"})[0];
+        const bool flat = x.size() == 2;
+        ValueId y2 = out.add_node(OpKind::gemm, GemmAttrs{}, {x2, mapped(matmul.inputs[1]), bias},
+                                  matmul.name, {flat ? y_name : y_name + "/gemm"})[0];
+        if (!flat) y2 = out.add_node(OpKind::reshape, ReshapeAttrs{y}, {y2}, n.name, {y_name})[0];
+        if (log) log->add(matmul.name, {fusion::op_text(matmul), fusion::op_text(n)});
+        return std::vector<ValueId>{y2};
+      });
+  return at_add.size();
+}
+
+}  // namespace fusebox
