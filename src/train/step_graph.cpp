@@ -106,12 +106,15 @@ ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const Sessio
 
   // Which constants the nodes read, and which are batch-norm running statistics.
   std::map<ValueId, std::string> statistic_reader;  // constant -> the batch_norm reading it
-  std::set<ValueId> read;
+  std::set<ValueId> read, read_beyond_arithmetic;
   for (const Node& n : model.nodes()) {
+    const bool arithmetic = n.op == OpKind::add || n.op == OpKind::sub || n.op == OpKind::mul ||
+                            n.op == OpKind::div || n.op == OpKind::pow;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId v = n.inputs[i];
       if (v == kNoValue) continue;
       read.insert(v);
+      if (!arithmetic) read_beyond_arithmetic.insert(v);
       if (!is_batch_norm_statistic(n, i)) continue;
       FUSEBOX_CHECK(model.is_constant(v), where, node_label(n), " reads running statistic '",
                     model.value(v).name,
@@ -127,7 +130,7 @@ ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const Sessio
     if (statistic_reader.count(v)) {
       layout.buffers.push_back(name);
     } else if (read.count(v) && is_floating(t.dtype()) && t.rank() > 0 &&
-               !opts.frozen.count(name)) {
+               !opts.frozen.count(name) && (t.numel() != 1 || read_beyond_arithmetic.count(v))) {
       layout.parameters.push_back(name);
     }
   }

@@ -88,7 +88,12 @@ void import_elu(NodeContext& c) {
 void import_prelu(NodeContext& c) {
   const ValueId x = c.input(0);
   const ValueId below = c.emit1(OpKind::relu, {}, {c.emit1(OpKind::neg, {}, {x}, "neg")}, "below");
-  const ValueId scaled = c.emit1(OpKind::mul, {}, {c.input(1), below}, "scaled");
+  // The slope through an expand to its own shape (no work: a view): training takes a
+  // one-element constant that only arithmetic reads for a literal an export left behind
+  // (train/session.h), and a shared slope [1] (nn.PReLU()'s default) is a parameter.
+  const ValueId slope =
+      c.emit1(OpKind::expand, ExpandAttrs{c.input_type(1).shape}, {c.input(1)}, "slope");
+  const ValueId scaled = c.emit1(OpKind::mul, {}, {slope, below}, "scaled");
   c.set_output(0, c.emit1(OpKind::sub, {}, {c.emit1(OpKind::relu, {}, {x}, "relu"), scaled}));
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "fusebox/train/session.h"
 #include "onnx_test_util.h"
 
 namespace fusebox::testing {
@@ -85,6 +86,18 @@ TEST(OnnxImport, DecomposedActivationsMatchTheirFormulas) {
   expect("softplus", [](double v) { return v > 30 ? v : std::log1p(std::exp(v)); });
   expect("elu", [](double v) { return v > 0 ? v : 2 * (std::exp(v) - 1); });
   expect("prelu", [](double v) { return v > 0 ? v : 0.25 * v; });
+}
+
+// A shared PReLU slope [1] (nn.PReLU()'s default) stays a parameter for training, unlike a
+// one-element literal that only arithmetic reads (train/session.h).
+TEST(OnnxImport, SharedPReluSlopeIsTrained) {
+  TestModel m(17);
+  m.input("x", TensorProto::FLOAT, {2, 3});
+  m.initializer("act.weight", Tensor::from_vector<float>({1}, {0.25f}));
+  m.node("PRelu", {"x", "act.weight"}, {"logits"});
+  m.output("logits");
+  const TrainingSession session(import(m), LossSpec{}, SgdOptions{});
+  EXPECT_TRUE(session.parameters().count("act.weight"));
 }
 
 // InstanceNormalization as reshape + layer_norm + per-channel affine, against the formula.

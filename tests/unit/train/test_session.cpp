@@ -242,6 +242,27 @@ TEST(TrainSession, FrozenConstantsStayConstants) {
   EXPECT_THROW(TrainingSession(small_cnn(2, 8), LossSpec{}, SgdOptions{}, opts), Error);
 }
 
+// One-element constants an export leaves as literals with dims (PyTorch's SDPA export scales
+// q and k^T by a [1]) are not trained when only arithmetic reads them; one read by another op
+// (a shared PReLU slope [1]) is.
+TEST(TrainSession, OneElementLiteralsAreNotTrained) {
+  Graph g("literals");
+  const ValueId x = g.add_input("input", DType::f32, {2, 4});
+  const ValueId w = g.add_constant("fc.weight", random_tensor(DType::f32, {4, 3}, 1));
+  const ValueId c = g.add_constant("onnx::Mul_7", Tensor::from_vector<float>({1}, {0.5f}));
+  const ValueId shift = g.add_constant("shift", Tensor::from_vector<float>({1}, {0.25f}));
+  ValueId y = g.add_node(OpKind::matmul, {}, {x, w}, "fc")[0];
+  y = g.add_node(OpKind::mul, {}, {y, c}, "scale")[0];
+  const ValueId s = g.add_node(OpKind::expand, ExpandAttrs{{1}}, {shift}, "shift_view")[0];
+  y = g.add_node(OpKind::add, {}, {y, s}, "shifted")[0];
+  g.rename_value(y, "logits");
+  g.mark_output(y);
+  TrainingSession session(g, LossSpec{}, SgdOptions{});
+  EXPECT_TRUE(session.parameters().count("fc.weight"));
+  EXPECT_TRUE(session.parameters().count("shift"));  // read by an expand
+  EXPECT_FALSE(session.parameters().count("onnx::Mul_7"));
+}
+
 // The model with an identity between each batch norm and its relu: the pass
 // (passes/fusion.h) leaves such pairs alone, so this is the unfused computation.
 Graph with_identity_before_relus(const Graph& model) {
