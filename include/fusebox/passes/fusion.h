@@ -125,7 +125,7 @@ size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false)
 // off (for comparisons), 1 (default) on.
 struct InferenceFusionOptions {
   bool fold_batch_norm = true;
-  bool conv_epilogue = true;  // and fuse_gemm_epilogues
+  bool conv_epilogue = true;  // and form_linears, fuse_gemm_epilogues
   bool batch_norm = true;     // fuse_batch_norm_residual, fuse_batch_norm_relu
   bool pointwise = true;      // fuse_pointwise_chains
   bool attention = true;      // fuse_attention
