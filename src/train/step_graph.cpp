@@ -106,15 +106,16 @@ ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const Sessio
 
   // Which constants the nodes read, and which are batch-norm running statistics.
   std::map<ValueId, std::string> statistic_reader;  // constant -> the batch_norm reading it
-  std::set<ValueId> read, read_beyond_arithmetic;
+  std::set<ValueId> read, read_beyond_scaling;
   for (const Node& n : model.nodes()) {
-    const bool arithmetic = n.op == OpKind::add || n.op == OpKind::sub || n.op == OpKind::mul ||
-                            n.op == OpKind::div || n.op == OpKind::pow;
+    // A one-element constant only scalings read (x * c, x / c, x ^ c) is a literal an export
+    // left behind (session.h); one an add reads may be a layer's bias (Linear(d, 1)).
+    const bool scaling = n.op == OpKind::mul || n.op == OpKind::div || n.op == OpKind::pow;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId v = n.inputs[i];
       if (v == kNoValue) continue;
       read.insert(v);
-      if (!arithmetic) read_beyond_arithmetic.insert(v);
+      if (!scaling) read_beyond_scaling.insert(v);
       if (!is_batch_norm_statistic(n, i)) continue;
       FUSEBOX_CHECK(model.is_constant(v), where, node_label(n), " reads running statistic '",
                     model.value(v).name,
@@ -130,7 +131,7 @@ ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const Sessio
     if (statistic_reader.count(v)) {
       layout.buffers.push_back(name);
     } else if (read.count(v) && is_floating(t.dtype()) && t.rank() > 0 &&
-               !opts.frozen.count(name) && (t.numel() != 1 || read_beyond_arithmetic.count(v))) {
+               !opts.frozen.count(name) && (t.numel() != 1 || read_beyond_scaling.count(v))) {
       layout.parameters.push_back(name);
     }
   }

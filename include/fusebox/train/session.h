@@ -49,9 +49,10 @@
 // Which constants are trained: every floating-point constant the model's nodes read,
 // except the batch-norm running statistics (inputs 3 and 4 of a batch_norm: state, not
 // trained), rank-0 constants (literal numbers an ONNX export leaves behind, e.g. a
-// divisor), one-element constants read only by add / sub / mul / div / pow (the same literals
-// with dims: PyTorch's SDPA export scales q and k^T by a [1]; a shared PReLU slope [1] is read
-// by prelu and trained) and the names in SessionOptions::frozen. Parameter names are the constants'
+// divisor), one-element constants read only by mul / div / pow (the same literals with dims:
+// PyTorch's SDPA export scales q and k^T by a [1]; a bias [1] read by an add, Linear(d, 1)'s,
+// and a shared PReLU slope [1], read through an expand, are trained) and the names in
+// SessionOptions::frozen. Parameter names are the constants'
 // names (torchvision names for zoo models, initializer names for ONNX models).
 #pragma once
 

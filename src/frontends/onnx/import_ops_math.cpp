@@ -89,7 +89,7 @@ void import_prelu(NodeContext& c) {
   const ValueId x = c.input(0);
   const ValueId below = c.emit1(OpKind::relu, {}, {c.emit1(OpKind::neg, {}, {x}, "neg")}, "below");
   // The slope through an expand to its own shape (no work: a view): training takes a
-  // one-element constant that only arithmetic reads for a literal an export left behind
+  // one-element constant that only scalings read for a literal an export left behind
   // (train/session.h), and a shared slope [1] (nn.PReLU()'s default) is a parameter.
   const ValueId slope =
       c.emit1(OpKind::expand, ExpandAttrs{c.input_type(1).shape}, {c.input(1)}, "slope");

@@ -243,8 +243,8 @@ TEST(TrainSession, FrozenConstantsStayConstants) {
 }
 
 // One-element constants an export leaves as literals with dims (PyTorch's SDPA export scales
-// q and k^T by a [1]) are not trained when only arithmetic reads them; one read by another op
-// (a shared PReLU slope [1]) is.
+// q and k^T by a [1]) are not trained when only scalings read them; one an add reads (a
+// Linear(d, 1)'s bias) or another op reads (a shared PReLU slope [1], through an expand) is.
 TEST(TrainSession, OneElementLiteralsAreNotTrained) {
   Graph g("literals");
   const ValueId x = g.add_input("input", DType::f32, {2, 4});
@@ -253,13 +253,16 @@ TEST(TrainSession, OneElementLiteralsAreNotTrained) {
   const ValueId shift = g.add_constant("shift", Tensor::from_vector<float>({1}, {0.25f}));
   ValueId y = g.add_node(OpKind::matmul, {}, {x, w}, "fc")[0];
   y = g.add_node(OpKind::mul, {}, {y, c}, "scale")[0];
-  const ValueId s = g.add_node(OpKind::expand, ExpandAttrs{{1}}, {shift}, "shift_view")[0];
-  y = g.add_node(OpKind::add, {}, {y, s}, "shifted")[0];
+  const ValueId gain = g.add_constant("gain", Tensor::from_vector<float>({1}, {2.0f}));
+  const ValueId s = g.add_node(OpKind::expand, ExpandAttrs{{1}}, {gain}, "gain_view")[0];
+  y = g.add_node(OpKind::add, {}, {y, shift}, "shifted")[0];
+  y = g.add_node(OpKind::mul, {}, {y, s}, "gained")[0];
   g.rename_value(y, "logits");
   g.mark_output(y);
   TrainingSession session(g, LossSpec{}, SgdOptions{});
   EXPECT_TRUE(session.parameters().count("fc.weight"));
-  EXPECT_TRUE(session.parameters().count("shift"));  // read by an expand
+  EXPECT_TRUE(session.parameters().count("shift"));  // a bias: read by an add
+  EXPECT_TRUE(session.parameters().count("gain"));   // read by an expand
   EXPECT_FALSE(session.parameters().count("onnx::Mul_7"));
 }
 
