@@ -101,6 +101,34 @@ bool swaps_last_two(const Node& n, size_t rank) {
   return perm[rank - 2] == int64_t(rank - 1) && perm[rank - 1] == int64_t(rank - 2);
 }
 
+// An operand of a product, walked up through float casts and constant scales, each read only
+// by the next node: the topmost value of the operand's own dtype reached, and the nodes and
+// scales passed to get there.
+struct Operand {
+  ValueId value;
+  double scale = 1.0;
+  std::vector<NodeId> nodes;
+};
+
+Operand walk_operand(const Graph& g, const Readers& r, ValueId v) {
+  const DType io = g.value(v).type.dtype;
+  Operand best{v, 1.0, {}}, at = best;
+  for (;;) {
+    const NodeId p = g.value(at.value).producer;
+    if (p < 0 || r.only_reader(at.value) < 0) break;
+    const Node& w = g.node(p);
+    if (w.op == OpKind::cast && is_floating(g.value(w.inputs[0]).type.dtype)) {
+      at.nodes.push_back(w.id), at.value = w.inputs[0];
+    } else if (auto s = scaled_by_constant(g, w)) {
+      at.nodes.push_back(w.id), at.value = s->first, at.scale *= s->second;
+    } else {
+      break;
+    }
+    if (g.value(at.value).type.dtype == io) best = at;
+  }
+  return best;
+}
+
 // Matches the pattern at a softmax; fills `t` and the scale. Nodes are the graph's.
 class Matcher {
  public:
@@ -152,12 +180,12 @@ class Matcher {
     replaced_.push_back(scores->id);
     // The scores' operands: q [* c] and k^T [* c] (the scale on either side of the transpose),
     // float casts around the scales (mixed precision scaling in f32 between two casts).
-    const Operand qw = walk_operand(scores->inputs[0]);
-    const Operand ktw = walk_operand(scores->inputs[1]);
+    const Operand qw = walk_operand(g_, r_, scores->inputs[0]);
+    const Operand ktw = walk_operand(g_, r_, scores->inputs[1]);
     const Node* transpose = producer(ktw.value);
     if (transpose == nullptr || r_.only_reader(ktw.value) < 0 || !swaps_last_two(*transpose, rank))
       return false;
-    const Operand kw = walk_operand(transpose->inputs[0]);
+    const Operand kw = walk_operand(g_, r_, transpose->inputs[0]);
     for (const Operand* o : {&qw, &ktw, &kw}) {
       replaced_.insert(replaced_.end(), o->nodes.begin(), o->nodes.end());
       scale *= o->scale;
@@ -214,33 +242,6 @@ class Matcher {
   }
 
  private:
-  // An operand of a product, walked up through float casts and constant scales, each read only
-  // by the next node: the topmost value of the operand's own dtype reached, and the nodes and
-  // scales passed to get there.
-  struct Operand {
-    ValueId value;
-    double scale = 1.0;
-    std::vector<NodeId> nodes;
-  };
-
-  Operand walk_operand(ValueId v) const {
-    const DType io = g_.value(v).type.dtype;
-    Operand best{v, 1.0, {}}, at = best;
-    for (;;) {
-      const Node* w = producer(at.value);
-      if (w == nullptr || r_.only_reader(at.value) < 0) break;
-      if (w->op == OpKind::cast && is_floating(g_.value(w->inputs[0]).type.dtype)) {
-        at.nodes.push_back(w->id), at.value = w->inputs[0];
-      } else if (auto s = scaled_by_constant(g_, *w)) {
-        at.nodes.push_back(w->id), at.value = s->first, at.scale *= s->second;
-      } else {
-        break;
-      }
-      if (g_.value(at.value).type.dtype == io) best = at;
-    }
-    return best;
-  }
-
   // Which operand of the add `w` carries the scores (its output's shape, read only by the add,
   // made by a node the chain can hold); the other is the bias. -1 when neither; 0 when both.
   int chain_side(const Node& w) const {
@@ -285,28 +286,20 @@ bool leads_to_softmax(const Graph& g, const Readers& r, ValueId v) {
 // Exporters fold the head split and k's transpose into one Transpose (permute(0, 2, 1, 3) then
 // transpose(-1, -2) is perm [0, 2, 3, 1]: Hugging Face's BERT). On the scores' right operand
 // such a transpose becomes the head split alone, then a swap of the last two dims, which the
-// pattern takes; the head split's output is the attention's k. Returns the number split.
-size_t split_key_transposes(Graph& g) {
+// pattern takes; the head split's output is the attention's k. Returns the number split;
+// `unsplit` gets g as it was when there is any.
+size_t split_key_transposes(Graph& g, std::optional<Graph>& unsplit) {
   const Readers r(g);
   std::vector<std::vector<int64_t>> split(g.nodes().size());  // by transpose: the head split
   size_t count = 0;
   for (const Node& n : g.nodes()) {
     if (n.op != OpKind::matmul || !leads_to_softmax(g, r, n.outputs[0])) continue;
-    ValueId v = n.inputs[1];
-    const Node* t = nullptr;
-    for (int step = 0; step < 4 && t == nullptr; ++step) {  // through casts and scales
-      const NodeId p = g.value(v).producer;
-      if (p < 0 || r.only_reader(v) < 0) break;
-      const Node& w = g.node(p);
-      if (w.op == OpKind::transpose)
-        t = &w;
-      else if (w.op == OpKind::cast)
-        v = w.inputs[0];
-      else if (auto s = scaled_by_constant(g, w))
-        v = s->first;
-      else
-        break;
-    }
+    // The transpose where the matcher will look for it: above k^T's casts and scales.
+    const ValueId kt = walk_operand(g, r, n.inputs[1]).value;
+    const NodeId p = g.value(kt).producer;
+    const Node* t = p >= 0 && r.only_reader(kt) >= 0 && g.node(p).op == OpKind::transpose
+                        ? &g.node(p)
+                        : nullptr;
     if (t == nullptr) continue;
     std::vector<int64_t> perm = std::get<TransposeAttrs>(t->attrs).perm;
     const size_t rank = perm.size();
@@ -316,6 +309,7 @@ size_t split_key_transposes(Graph& g) {
     ++count;
   }
   if (count == 0) return 0;
+  unsplit = g;
   fusion::rebuild_expanding(
       g,
       [&](const Node& n, Graph& out,
@@ -339,8 +333,8 @@ size_t split_key_transposes(Graph& g) {
 size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
   // The split is undone when nothing fuses (a graph without attention is left as it was); a
   // split transpose whose chain does not fuse while others do stays split.
-  std::optional<Graph> unsplit = g;
-  if (split_key_transposes(g) == 0) unsplit.reset();
+  std::optional<Graph> unsplit;
+  split_key_transposes(g, unsplit);
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   size_t count = 0;

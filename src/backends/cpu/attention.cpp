@@ -59,25 +59,6 @@ double scores(const AttentionAttrs& a, const Dims& m, const T* qi, const T* kb,
   return mx + std::log(sum);
 }
 
-// `full` (row-major over `from`) summed over the dims that `to` broadcasts (numpy rules).
-std::vector<double> sum_to_shape(const std::vector<double>& full, const Shape& from,
-                                 const Shape& to) {
-  std::vector<double> out(size_t(numel(to)), 0.0);
-  const Shape st = broadcast_strides(to, from);
-  Shape index(from.size(), 0);
-  for (size_t e = 0; e < full.size(); ++e) {
-    int64_t at = 0;
-    for (size_t d = 0; d < from.size(); ++d) at += index[d] * st[d];
-    out[size_t(at)] += full[e];
-    for (size_t d = from.size(); d-- > 0;)
-      if (++index[d] < from[d])
-        break;
-      else
-        index[d] = 0;
-  }
-  return out;
-}
-
 }  // namespace
 
 void attention(const Node& n, Inputs in, Outputs out) {

@@ -19,21 +19,6 @@ namespace fusebox::cpu {
 
 namespace {
 
-// `full` (row-major over `full_shape`) summed down to `to`, a shape that broadcasts to
-// full_shape: each element adds into the element of `to` it was broadcast from.
-std::vector<double> sum_to_shape(const std::vector<double>& full, const Shape& full_shape,
-                                 const Shape& to) {
-  std::vector<double> out(size_t(numel(to)), 0.0);
-  StridedNest<2> nest{full_shape,
-                      {contiguous_strides(full_shape), broadcast_strides(to, full_shape)}};
-  nest.simplify();
-  const int64_t s = nest.inner_stride(1);
-  nest.for_each_run(0, numel(full_shape), [&](const std::array<int64_t, 2>& off, int64_t count) {
-    for (int64_t j = 0; j < count; ++j) out[size_t(off[1] + j * s)] += full[size_t(off[0] + j)];
-  });
-  return out;
-}
-
 // layer_norm (centre) and rms_norm over `rows` contiguous rows of `cols` elements:
 // stat[r] is the row's inverse std (inverse rms), mean[r] its mean (empty for rms).
 // Writes dx and returns the per-column sums (dscale, dbias) over the normalised dims.

@@ -144,6 +144,12 @@ DeviceTensor bias_view4(const DeviceTensor& bias, size_t rank) {
   return bias.view(bias.offset, dims, strides);
 }
 
+// A 4-d bias view's strides as the row kernels walk it: 0 along the dims of extent 1.
+BiasStrides strides_of(const DeviceTensor& view4) {
+  auto along = [&](int d) { return view4.shape[size_t(d)] == 1 ? 0 : view4.strides[size_t(d)]; };
+  return {along(0), along(1), along(2), along(3)};
+}
+
 AttentionProblem problem_of(const Node& n, const DeviceTensor& q, const DeviceTensor& k,
                             const DeviceTensor& v, const DeviceTensor* bias, bool backward) {
   const auto& a = std::get<AttentionAttrs>(n.attrs);
@@ -186,7 +192,7 @@ void convert_into(Context& ctx, const Node& n, const DeviceTensor& src, const De
 DeviceTensor bias_for_cudnn(Context& ctx, const Node& n, const AttentionProblem& p,
                             const DeviceTensor& bias, size_t rank) {
   const Shape to = {p.bias_batch, p.bias_heads, p.tq, p.tk};
-  if (bias.dtype == p.dtype && bias.is_contiguous() && numel(bias.shape) == numel(to))
+  if (bias.dtype == p.dtype && numel(bias.shape) == numel(to))  // contiguous (checked)
     return bias.view(bias.offset, to, contiguous_strides(to));
   const DeviceTensor own = bias_view4(bias, rank);
   const DeviceTensor wide = own.view(own.offset, to, broadcast_strides(own.shape, own.strides, to));
@@ -254,8 +260,7 @@ std::pair<DeviceTensor, BiasStrides> bias_for_rows(Context& ctx, const Node& n,
     convert_into(ctx, n, own, dense);
     own = dense;
   }
-  auto along = [&](int d) { return own.shape[size_t(d)] == 1 ? 0 : own.strides[size_t(d)]; };
-  return {own, BiasStrides{along(0), along(1), along(2), along(3)}};
+  return {own, strides_of(own)};
 }
 
 }  // namespace
@@ -265,8 +270,9 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
   const DeviceTensor* bias = in.size() > 3 ? in[3] : nullptr;
   const DeviceTensor& y = out[0];
-  FUSEBOX_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && y.is_contiguous(),
-                node_label(n), "expects contiguous q, k, v and y");
+  FUSEBOX_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && y.is_contiguous() &&
+                    (!bias || bias->is_contiguous()),
+                node_label(n), "expects contiguous q, k, v, bias and y");
   const AttentionProblem p = problem_of(n, q, k, v, bias, false);
   if (y.numel() == 0) return;
   float* lse = a.with_lse ? out[1].as<float>() : nullptr;
@@ -307,7 +313,8 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor* dbias = out.size() > 3 ? &out[3] : nullptr;
   for (const DeviceTensor* t : {&dy, &q, &k, &v, &y, &lse, &dq, &dk, &dv})
     FUSEBOX_CHECK(t->is_contiguous(), node_label(n), "expects contiguous operands");
-  FUSEBOX_CHECK(!dbias || dbias->is_contiguous(), node_label(n), "expects a contiguous dbias");
+  FUSEBOX_CHECK((!bias || bias->is_contiguous()) && (!dbias || dbias->is_contiguous()),
+                node_label(n), "expects a contiguous bias and dbias");
   const AttentionProblem p = problem_of(n, q, k, v, bias, true);
   if (q.numel() == 0 && k.numel() == 0) return;
   const BufferList base_reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
@@ -349,17 +356,9 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   BufferList all_writes = {dq.range(), dk32, dv32};
   DeviceTensor dbias32;
   if (dbias) {
-    // The atomics land at the bias's own (dense) offsets: g.bias must describe that layout.
+    // The atomics land at dbias32's dense offsets, which are the (contiguous) bias's too.
     dbias32 = temporary_tensor(ctx, DType::f32, dbias->shape);
-    const DeviceTensor own = bias_view4(dbias32, q.shape.size());
-    auto along = [&](int d) { return own.shape[size_t(d)] == 1 ? 0 : own.strides[size_t(d)]; };
-    g.bias = BiasStrides{along(0), along(1), along(2), along(3)};
-    if (bias32 != nullptr && bias->dtype == DType::f32 && !bias->is_contiguous()) {
-      // bias read in place with other strides than dbias's: read a dense copy instead.
-      const DeviceTensor dense = temporary_tensor(ctx, DType::f32, bias->shape);
-      copy_strided(ctx, *bias, dense);
-      bias32 = dense.as<float>(), reads.push_back(dense.range());
-    }
+    g.bias = strides_of(bias_view4(dbias32, q.shape.size()));
     ctx.encoder.memset(dbias32.range(), 0);
     all_writes.push_back(dbias32.range());
   }
