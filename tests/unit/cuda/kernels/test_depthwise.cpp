@@ -71,13 +71,52 @@ TEST_F(DepthwiseTest, RandomConfigurationsMatchCpuOwnAndAuto) {
   }
 }
 
-// The rows kernels (depthwise/rows.cuh) at the sizes they are for: each filter width, stride
-// 1 and 2, runs that end inside a row, row blocks that do not divide the rows, C = 8 (one
-// vector) to 96, every epilogue (3- and 5-wide fprops with activation and residual, 7-wide
-// with the bias alone). Under own the plan must say which kernel ran ("rows": all but the
-// strided dgrad); by default (auto, no autotuning) these kernels must take the stride-1
-// dgrads and 7-wide fprops (depthwise_beats_cudnn) and cuDNN the rest.
-TEST_F(DepthwiseTest, RowsKernelsMatchCpuAtModelSizes) {
+// The kernel depthwise.cu picks for a 2-D channels-last problem of the rows kernels' shape
+// (3/5/7-wide filters, stride 1 or 2): "ring" (ring.cuh) where C / V divides by 4 for
+// weight gradients and for stride-1 fprops and dgrads with rows of 7+ outputs, "rows"
+// (rows.cuh) for the other fprops, wgrads and stride-1 dgrads, "" (the generic kernel) for
+// strided dgrads. The rule of ring_shape, restated so that a change to it shows here.
+std::string depthwise_kernel(const ConvConfig& c) {
+  const int64_t vectors = c.in_channels / (16 / int64_t(dtype_size(c.dtype)));
+  const bool stride1 = c.strides[0] == 1 && c.strides[1] == 1;
+  const int64_t out_w = c.y_shape()[3], in_w = c.spatial[1];
+  if (c.op == OpKind::conv_backward_data && !stride1) return "";
+  if (vectors % 4 != 0) return "rows";
+  switch (c.op) {
+    case OpKind::conv_backward_filter:
+      return "ring";
+    case OpKind::conv_backward_data:
+      return in_w >= 7 ? "ring" : "rows";
+    default:
+      return stride1 && out_w >= 7 ? "ring" : "rows";
+  }
+}
+
+// A 2-D channels-last depthwise problem with the bias where the op has one.
+ConvConfig depthwise_2d(OpKind op, DType dtype, int64_t batch, int64_t channels, Shape spatial,
+                        int64_t filter, int64_t stride, int64_t dilation_h,
+                        std::vector<int64_t> pads_begin, std::vector<int64_t> pads_end) {
+  ConvConfig c;
+  c.op = op;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.in_channels = c.out_channels = c.groups = channels;
+  c.spatial = std::move(spatial), c.filter = {filter, filter};
+  c.strides = {stride, stride}, c.dilations = {dilation_h, 1};
+  c.pads_begin = std::move(pads_begin), c.pads_end = std::move(pads_end);
+  c.channels_last = true;
+  c.bias = op != OpKind::conv_backward_filter;
+  return c;
+}
+
+// The rows and ring kernels (depthwise/rows.cuh, ring.cuh) at the sizes they are for: each
+// filter width, stride 1 and 2, runs that end inside a row, row blocks that do not divide
+// the rows, rows too short for the ring (5 outputs), C = 8 (one vector) to 96, every epilogue (3-
+// and 5-wide fprops with activation and residual, 7-wide with the bias alone). Under own the plan
+// must name the kernel depthwise_kernel says; by default (auto, no autotuning) these kernels must
+// take what depthwise_beats_cudnn names (stride-1 dgrads, unfused 7-wide and ring 3-wide fprops,
+// ring 3-wide wgrads, in bf16 / f16) and cuDNN the rest.
+TEST_F(DepthwiseTest, RowsAndRingKernelsMatchCpuAtModelSizes) {
   OpHarness h;
   TempDir cache("depthwise_rows");
   ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", cache.str());
@@ -88,20 +127,13 @@ TEST_F(DepthwiseTest, RowsKernelsMatchCpuAtModelSizes) {
   };
   const Case cases[] = {{64, 56, 3, 1, DType::bf16}, {64, 29, 3, 2, DType::bf16},
                         {48, 27, 5, 1, DType::f16},  {96, 23, 7, 1, DType::bf16},
-                        {32, 14, 7, 2, DType::f32},  {8, 9, 5, 2, DType::bf16}};
+                        {32, 14, 7, 2, DType::f32},  {8, 9, 5, 2, DType::bf16},
+                        {16, 3, 3, 1, DType::bf16}};
   int seed = 0;
   for (const Case& k : cases) {
     for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
-      ConvConfig c;
-      c.op = op;
-      c.dtype = k.dtype;
-      c.batch = 2;
-      c.in_channels = c.out_channels = c.groups = k.channels;
-      c.spatial = {k.size, k.size + 3}, c.filter = {k.filter, k.filter};
-      c.strides = {k.stride, k.stride}, c.dilations = {1, 1};
-      c.pads_begin = {k.filter / 2, k.filter / 2}, c.pads_end = {k.filter / 2, 0};
-      c.channels_last = true;
-      c.bias = op != OpKind::conv_backward_filter;
+      ConvConfig c = depthwise_2d(op, k.dtype, 2, k.channels, {k.size, k.size + 3}, k.filter,
+                                  k.stride, 1, {k.filter / 2, k.filter / 2}, {k.filter / 2, 0});
       if (op == OpKind::conv && k.filter != 7) {
         c.activation.kind = Activation::relu;
         c.residual = true;
@@ -109,20 +141,67 @@ TEST_F(DepthwiseTest, RowsKernelsMatchCpuAtModelSizes) {
       SCOPED_TRACE(c.describe());
       const std::vector<Tensor> in = conv_inputs(c, 500 + uint64_t(seed++));
       const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      const std::string kernel = depthwise_kernel(c);
+      const bool half = k.dtype != DType::f32;
+      bool beats_cudnn = false;  // depthwise_beats_cudnn
+      if (op == OpKind::conv_backward_data) beats_cudnn = half && k.stride == 1;
+      if (op == OpKind::conv_backward_filter)
+        beats_cudnn = half && k.filter == 3 && kernel == "ring";
+      if (op == OpKind::conv)
+        beats_cudnn = half && k.stride == 1 && !c.residual &&
+                      (k.filter == 7 || (k.filter == 3 && kernel == "ring"));
       for (const char* backend : {"own", "auto"}) {
         ScopedEnv env("FUSEBOX_CONV_BACKEND", backend);
         clear_conv_decisions();
         const Tensor got = run_conv_on_gpu(h, c, in);
         const std::string plan = conv_decisions().back().plan;
-        bool rows = op != OpKind::conv_backward_data || k.stride == 1;
-        if (std::string(backend) == "auto")
-          rows = k.stride == 1 &&
-                 (op == OpKind::conv_backward_data || (op == OpKind::conv && k.filter == 7));
-        EXPECT_EQ(plan.find(", rows") != std::string::npos, rows) << backend << ": " << plan;
+        const bool ours = std::string(backend) == "own" || beats_cudnn;
+        EXPECT_EQ(plan.find(", rows") != std::string::npos, ours && kernel == "rows")
+            << backend << ": " << plan;
+        EXPECT_EQ(plan.find(", ring") != std::string::npos, ours && kernel == "ring")
+            << backend << ": " << plan;
         const bool cudnn = plan.rfind("depthwise", 0) != 0;  // may use TF32 for f32
         EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, cudnn))
             << backend << ": " << plan;
       }
+    }
+  }
+}
+
+// The ring kernels' corners: a dilated filter along the rows and asymmetric pads (rows read
+// outside the image are skipped, columns are zeros), rows that do not divide into the
+// blocks' ranges, several channel chunks (C256: fprop 2 chunks of 16 vectors, wgrad 4 of 8),
+// a chunk that is not a power of two (C96 f16: 12 vectors), f32, strided weight gradients
+// (S = 2, s_h = 2), the fused activation / residual and the dgrad bias, batch 3.
+TEST_F(DepthwiseTest, RingKernelsMatchCpuAtTheirCorners) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Case {
+    DType dtype;
+    int64_t channels, h, w, filter, stride, dilation_h, pad_top, pad_bottom, pad_left, pad_right;
+  };
+  const Case cases[] = {{DType::bf16, 256, 30, 56, 3, 1, 2, 2, 1, 1, 0},
+                        {DType::f16, 96, 17, 20, 7, 1, 1, 3, 2, 3, 4},
+                        {DType::f32, 32, 15, 31, 5, 1, 1, 2, 2, 2, 2},
+                        {DType::bf16, 64, 21, 33, 3, 2, 1, 1, 0, 1, 1}};
+  int seed = 0;
+  for (const Case& k : cases) {
+    for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
+      ConvConfig c =
+          depthwise_2d(op, k.dtype, 3, k.channels, {k.h, k.w}, k.filter, k.stride, k.dilation_h,
+                       {k.pad_top, k.pad_left}, {k.pad_bottom, k.pad_right});
+      if (op == OpKind::conv && seed % 2 == 0) {
+        c.activation.kind = Activation::relu;
+        c.residual = true;
+      }
+      SCOPED_TRACE(c.describe());
+      const std::vector<Tensor> in = conv_inputs(c, 700 + uint64_t(seed++));
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(h, c, in);
+      const std::string plan = conv_decisions().back().plan;
+      EXPECT_EQ(plan.find(", ring") != std::string::npos, depthwise_kernel(c) == "ring") << plan;
+      EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, false)) << plan;
     }
   }
 }

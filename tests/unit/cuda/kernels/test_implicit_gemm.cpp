@@ -239,15 +239,20 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       {OpKind::conv, DType::f32, "64x128", 8, 72, 1, 21, 5, 1, 1},
       {OpKind::conv, DType::bf16, "", 3, 5, 1, 8, 3, 1, 2},
       {OpKind::conv_backward_data, DType::f32, "", 5, 7, 1, 5, 3, 2, 3},
-      // Depthwise (kernels/conv/depthwise/ under own): the rows kernels (3x3 fprop, 3x3x3
-      // wgrad, 7x7 dgrad flipped, 1-D 5-wide stride-2 fprop, 7x7 stride-2 wgrad) and the
-      // generic strided dgrad.
+      // Depthwise (kernels/conv/depthwise/ under own): the ring kernels (2-D: 3x3 fprops, 7x7
+      // dgrads flipped, 3x3 stride-2 and 7x7 wgrads), the rows kernels (3x3x3 wgrad, 1-D
+      // 5-wide stride-2 fprop, 7x7 stride-2 wgrad of 3 channel vectors) and the generic
+      // strided dgrad.
       {OpKind::conv, DType::bf16, "", 16, 16, 16, 9, 3, 1, 2},
       {OpKind::conv_backward_data, DType::f16, "", 8, 8, 8, 9, 3, 2, 2},
       {OpKind::conv_backward_filter, DType::f32, "", 8, 8, 8, 7, 3, 1, 3},
       {OpKind::conv_backward_data, DType::bf16, "", 16, 16, 16, 11, 7, 1, 2},
       {OpKind::conv, DType::f16, "", 8, 8, 8, 12, 5, 2, 1},
       {OpKind::conv_backward_filter, DType::bf16, "", 24, 24, 24, 12, 7, 2, 2},
+      {OpKind::conv, DType::bf16, "", 32, 32, 32, 16, 3, 1, 2},
+      {OpKind::conv_backward_data, DType::f16, "", 16, 16, 16, 16, 7, 1, 2},
+      {OpKind::conv_backward_filter, DType::bf16, "", 32, 32, 32, 12, 7, 1, 2},
+      {OpKind::conv_backward_filter, DType::bf16, "", 32, 32, 32, 11, 3, 2, 2},
       // The CUTLASS kernels (kernels/conv/cutlass/, compute capability 9.0).
       {OpKind::conv, DType::bf16, "cutlass128x128", 32, 136, 1, 9, 3, 2, 2},
       {OpKind::conv_backward_data, DType::f16, "cutlass128x64", 24, 16, 1, 9, 3, 1, 3},

@@ -12,8 +12,10 @@
 //          [split][tap][C]; a second kernel adds the splits in order (deterministic).
 // The filter is read as [taps][C] (a transposed copy of the [C, 1, R...] tensor: a few KiB).
 // Filters 3, 5 or 7 wide with stride 1 or 2 and no dilation along the last dim take the rows
-// kernels instead (rows.cuh: each input vector loaded once per run, not once per tap); these
-// generic kernels keep every other shape (and strided dgrad).
+// kernels instead (rows.cuh: each input vector loaded once per run, not once per tap), and
+// 2-D problems among them the ring kernels (ring.cuh: rows streamed through shared memory)
+// where those were measured faster (ring_shape); these generic kernels keep every other shape
+// (and strided dgrad).
 #include "backends/cuda/kernels/conv/depthwise/depthwise.h"
 
 #include <algorithm>
@@ -22,6 +24,8 @@
 #include "backends/common/activation.h"
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
+#include "backends/cuda/kernels/common/occupancy.cuh"
+#include "backends/cuda/kernels/conv/depthwise/ring.cuh"
 #include "backends/cuda/kernels/conv/depthwise/rows.cuh"
 #include "backends/cuda/kernels/conv/operand_layout.h"
 #include "backends/cuda/kernels/conv/split_sum.cuh"
@@ -332,6 +336,175 @@ int64_t rows_wgrad_splits(const DwRowsParams& p) {
   return p.threads / p.jobs.divisor;
 }
 
+// ---- ring kernels (ring.cuh) ------------------------------------------------------------
+//
+// Measured on the H200 (bench/results/2026-11-28_h200_session19.md, bf16, N=64; ms, rows
+// kernel -> ring): fprop 3x3 C256 at 56^2 0.099 -> 0.080, 7x7 C96 at 56^2 0.131 -> 0.087,
+// C192 at 28^2 0.069 -> 0.054, C384 at 14^2 0.041 -> 0.030, C768 at 7^2 0.022 -> 0.017;
+// the stride-2 3x3 fprop stays on the rows kernel (0.042 vs 0.045); weight gradients 3x3
+// C256 0.117 -> 0.095, 7x7 C96 0.27 -> 0.175.
+
+// Outputs per thread along a row (fprop / dgrad): 8 on rows of 56+ (fewer input
+// conversions per output: 3x3 0.080 vs 0.082 ms, 7x7 C96 0.087 vs 0.111), else 4 (the
+// shorter rows measured faster with 4). wgrad: half a vector of channels a thread (7x7:
+// acc[7][4], three blocks per SM instead of two: C96 0.160 -> 0.133 ms at 2 outputs), 8
+// outputs for 7-wide filters (0.123 ms), 4 for the others.
+template <int KW>
+constexpr int kRingWgradRun = KW == 7 ? 8 : 4;
+int ring_fprop_run(int64_t dst_w) {
+  return dst_w >= 56 ? 8 : 4;
+}
+
+// Whether the ring kernels take the problem: a 2-D one (dim 0 of the geometry untouched)
+// of the rows kernels' shape whose C / V divides by 4 (the channel chunks measured: 4 to 32
+// vectors); fprop / dgrad at stride 1 with rows of at least 7 outputs; wgrad with at most 8
+// filter rows (a warp per filter row).
+bool ring_shape(const ConvGeometry& g, ConvOp op, std::pair<int, int> rows, int vec_width) {
+  if (rows.first == 0 || (g.in_channels / vec_width) % 4 != 0) return false;
+  if (g.filter[0] != 1 || g.stride[0] != 1 || g.pad_lo[0] != 0 || g.in[0] != g.out[0]) return false;
+  if (op == ConvOp::wgrad) return g.filter[1] <= 8;
+  const int64_t dst_w = op == ConvOp::dgrad ? g.in[2] : g.out[2];
+  return g.stride[1] == 1 && g.stride[2] == 1 && dst_w >= 7;
+}
+
+struct RingLaunch {
+  DwRingParams params;
+  dim3 block;
+  unsigned blocks = 0;
+  int shared_bytes = 0;
+  int run = 0;
+};
+
+// The ring's extents for a channel chunk of `chunk` vectors and `step_rows` output rows a
+// step (fprop; wgrad: 1).
+DwRingParams ring_params(const ConvGeometry& g, ConvOp op, int kw, int s, int run, int chunk,
+                         int step_rows, int vec_width) {
+  DwRingParams p;
+  const bool dgrad = op == ConvOp::dgrad;
+  p.channels = int32_t(g.in_channels);
+  p.chunk = chunk;
+  p.src_h = int32_t(dgrad ? g.out[1] : g.in[1]);
+  p.src_w = int32_t(dgrad ? g.out[2] : g.in[2]);
+  p.dst_h = int32_t(dgrad ? g.in[1] : g.out[1]);
+  p.dst_w = int32_t(dgrad ? g.in[2] : g.out[2]);
+  p.filter_h = int32_t(g.filter[1]);
+  p.stride_h = int32_t(dgrad ? 1 : g.stride[1]);
+  p.dilation_h = int32_t(g.dilation[1]);
+  p.pad_h = int32_t(dgrad ? (g.filter[1] - 1) * g.dilation[1] - g.pad_lo[1] : g.pad_lo[1]);
+  p.pad_w = int32_t(dgrad ? g.filter[2] - 1 - g.pad_lo[2] : g.pad_lo[2]);
+  p.runs = (p.dst_w + run - 1) / run;
+  p.cols = (p.runs * run - 1) * s + kw;
+  p.slots =
+      (p.filter_h - 1) * p.dilation_h + 1 + ((kRingLookahead + 1) * step_rows - 1) * p.stride_h;
+  p.chunks = FastDivmod(int32_t(g.in_channels / vec_width / chunk));
+  p.stage = FastDivmod(chunk);
+  return p;
+}
+
+// Splits each image's rows into k ranges of ceil(rows / k), each at least min(rows, filter
+// rows) long (a range re-reads filter rows - stride rows). fprop (`resident` = blocks the
+// device holds at once): the k that wastes the least of the last wave (a block is long;
+// 3x3 C256: one full wave 0.080 ms, 1.3 waves 0.092), the fewest blocks among equals.
+// wgrad (`resident` = 0): the most ranges whose blocks stay within four per SM.
+void split_rows(DwRingParams& p, int64_t images, int64_t resident, int sm_count) {
+  const int64_t per_range = int64_t(p.chunks.divisor) * images;
+  const int shortest = std::min(p.dst_h, p.filter_h);
+  int best = 1;
+  double best_use = 0;
+  for (int k = 1; k <= p.dst_h; ++k) {
+    const int rows = (p.dst_h + k - 1) / k;
+    if (rows < shortest || (k > 1 && rows == (p.dst_h + k - 2) / (k - 1))) continue;
+    const int64_t blocks = per_range * ((p.dst_h + rows - 1) / rows);
+    if (resident == 0) {
+      if (k == 1 || blocks <= int64_t(4) * sm_count) best = k;
+      continue;
+    }
+    const double use = double(blocks) / double((blocks + resident - 1) / resident * resident);
+    if (use > best_use + 1e-9) best = k, best_use = use;
+  }
+  p.rows_per_split = (p.dst_h + best - 1) / best;
+  p.splits = FastDivmod((p.dst_h + p.rows_per_split - 1) / p.rows_per_split);
+}
+
+// fprop / dgrad: chunk = the largest of 16, 12, 8, 4 vectors dividing C / V whose shared
+// memory stays within 100 KiB; G = the runs of a row; R = 4 output rows a step (2 where
+// chunk * G is past 64: at most 256 threads) — a step's rows share the ring (7x7 C96: 0.111
+// ms at R = 1, 0.087 at 4). nullopt when nothing launches.
+template <class T, int KW, DwRowsMode kMode, int RUN>
+std::optional<RingLaunch> plan_ring_fprop_run(const ConvGeometry& g, ConvOp op,
+                                              const DeviceProperties& props) {
+  constexpr int V = kVecWidth<T>;
+  const int vectors = int(g.in_channels / V);
+  for (int chunk : {16, 12, 8, 4}) {
+    if (vectors % chunk != 0) continue;
+    RingLaunch l;
+    l.run = RUN;
+    const int runs = int((op == ConvOp::dgrad ? g.in[2] : g.out[2]) + RUN - 1) / RUN;
+    const int G = std::min(runs, 256 / chunk);
+    int step_rows = 4;
+    while (step_rows > 1 && chunk * G * step_rows > 256) step_rows /= 2;
+    l.params = ring_params(g, op, KW, 1, RUN, chunk, step_rows, V);
+    l.shared_bytes = ring_shared_bytes<T, RUN>(l.params, KW, false);
+    if (l.shared_bytes > 100 * 1024) continue;
+    l.block = dim3(unsigned(chunk), unsigned(G), unsigned(step_rows));
+    const unsigned resident = persistent_grid(
+        BoundKernel<decltype(&depthwise_ring_fprop<T, KW, 1, kMode, RUN>)>{
+            &depthwise_ring_fprop<T, KW, 1, kMode, RUN>, 256},
+        chunk * G * step_rows, size_t(l.shared_bytes), props, int64_t(1) << 40);
+    if (resident == 0) continue;
+    split_rows(l.params, g.batch * g.out[0], resident, props.sm_count);
+    l.blocks =
+        unsigned(int64_t(l.params.chunks.divisor) * l.params.splits.divisor * g.batch * g.out[0]);
+    return l;
+  }
+  return std::nullopt;
+}
+
+template <class T, int KW, DwRowsMode kMode>
+std::optional<RingLaunch> plan_ring_fprop(const ConvGeometry& g, ConvOp op,
+                                          const DeviceProperties& props) {
+  if (ring_fprop_run(op == ConvOp::dgrad ? g.in[2] : g.out[2]) == 8)
+    return plan_ring_fprop_run<T, KW, kMode, 8>(g, op, props);
+  return plan_ring_fprop_run<T, KW, kMode, 4>(g, op, props);
+}
+
+// wgrad: chunk = the largest power of two from 16 down to 4 dividing C / V whose shared
+// memory stays within 80 KiB (3x3 C256: 8, 7x7 C768: 16), a warp of G = 32 / (2 chunk) runs
+// per filter row; about four blocks per SM (its ranges are summed after: fewer, longer ranges
+// than the fprop's one wave measured best).
+template <class T, int KW, int S>
+std::optional<RingLaunch> plan_ring_wgrad(const ConvGeometry& g, const DeviceProperties& props) {
+  constexpr int V = kVecWidth<T>, L = V / 2, RUN = kRingWgradRun<KW>;
+  const int vectors = int(g.in_channels / V);
+  for (int chunk = 16; chunk >= 4; chunk /= 2) {
+    if (vectors % chunk != 0) continue;
+    RingLaunch l;
+    l.run = RUN;
+    l.params = ring_params(g, ConvOp::wgrad, KW, S, RUN, chunk, 1, V);
+    l.shared_bytes = ring_shared_bytes<T, RUN>(l.params, KW, true);
+    if (l.shared_bytes > 80 * 1024) continue;
+    const int pieces = chunk * V / L;
+    l.block = dim3(unsigned(pieces), unsigned(32 / pieces), unsigned(g.filter[1]));
+    const unsigned resident = persistent_grid(
+        BoundKernel<decltype(&depthwise_ring_wgrad<T, KW, S, RUN, L>)>{
+            &depthwise_ring_wgrad<T, KW, S, RUN, L>, 256},
+        32 * int(g.filter[1]), size_t(l.shared_bytes), props, int64_t(1) << 40);
+    if (resident == 0) continue;
+    split_rows(l.params, g.batch * g.out[0], 0, props.sm_count);
+    l.blocks =
+        unsigned(int64_t(l.params.chunks.divisor) * l.params.splits.divisor * g.batch * g.out[0]);
+    return l;
+  }
+  return std::nullopt;
+}
+
+// ", ring (12 vectors x 7 runs of 4 x 2 rows a step, 14 rows a block, 256 blocks)".
+std::string ring_description(const RingLaunch& l, ConvOp op) {
+  return cat(", ring (", l.params.chunk, " vectors x ", l.params.runs, " runs of ", l.run, " x ",
+             op == ConvOp::wgrad ? 1u : l.block.z, " rows a step, ", l.params.rows_per_split,
+             " rows a block, ", l.blocks, " blocks)");
+}
+
 }  // namespace
 
 std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, Inputs in,
@@ -367,8 +540,10 @@ bool depthwise_beats_cudnn(const Node& n, ConvOp op, Inputs in, const DeviceTens
   const std::pair<int, int> rows = rows_kernel_shape(g, op);
   if (rows.first == 0) return false;
   if (op == ConvOp::dgrad) return true;  // rows_kernel_shape: stride 1 on every dim
-  return op == ConvOp::fprop && rows.first == 7 && rows.second == 1 && !e.activation &&
-         e.residual == nullptr;
+  const int v = 16 / int(dtype_size(out.dtype));
+  if (op == ConvOp::wgrad) return rows.first == 3 && ring_shape(g, op, rows, v);
+  if (e.activation || e.residual != nullptr || rows.second != 1) return false;
+  return rows.first == 7 || (rows.first == 3 && ring_shape(g, op, rows, v));
 }
 
 std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
@@ -409,7 +584,26 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
         DeviceTensor summed = temporary_tensor(ctx, dtype, {taps, int64_t(p.channels)});
         DeviceTensor partial;
         int64_t splits = 1;
-        if (const auto rows = rows_kernel_shape(g, op); rows.first != 0) {
+        const auto rows = rows_kernel_shape(g, op);
+        bool ring = false;
+        if (ring_shape(g, op, rows, kVecWidth<T>)) {
+          with_rows_kernel(rows, [&](auto kw, auto s) {
+            constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
+            const std::optional<RingLaunch> l =
+                plan_ring_wgrad<T, KW, S>(g, ctx.device.properties());
+            if (!l) return;
+            splits = int64_t(l->params.splits.divisor) * g.batch * g.out[0];
+            partial = temporary_tensor(ctx, DType::f32, {splits * count});
+            ctx.encoder.launch(&depthwise_ring_wgrad<T, KW, S, kRingWgradRun<KW>, kVecWidth<T> / 2>,
+                               dim3(l->blocks), l->block, size_t(l->shared_bytes),
+                               {xs.range(), dys.range()}, {partial.range()}, l->params,
+                               xs.as<const T>(), dys.as<const T>(), partial.as<float>());
+            plan += ring_description(*l, op);
+            ring = true;
+          });
+        }
+        if (ring) {
+        } else if (rows.first != 0) {
           with_rows_kernel(rows, [&](auto kw, auto s) {
             constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
             DwRowsParams rp = rows_params(g, op, kVecWidth<T>, kDepthwiseWgradRun<KW, S>);
@@ -477,13 +671,40 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
       if (const auto rows = rows_kernel_shape(g, op); rows.first != 0) {
         with_rows_kernel(rows, [&](auto kw, auto s) {
           constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
+          // dgrad's epilogue is the bias alone.
+          const bool fused =
+              op == ConvOp::fprop && (residual || p.activation.kind != ActivationFn::none);
+          if constexpr (S == 1) {
+            auto launch_ring = [&](auto mode) {
+              constexpr DwRowsMode kMode = decltype(mode)::value;
+              std::optional<RingLaunch> l =
+                  plan_ring_fprop<T, KW, kMode>(g, op, ctx.device.properties());
+              if (!l) return false;
+              l->params.activation = p.activation;
+              l->params.residual_activation = p.residual_activation;
+              const auto kernel = l->run == 8 ? &depthwise_ring_fprop<T, KW, 1, kMode, 8>
+                                              : &depthwise_ring_fprop<T, KW, 1, kMode, 4>;
+              ctx.encoder.launch(kernel, dim3(l->blocks), l->block, size_t(l->shared_bytes), reads,
+                                 {written.range()}, l->params, src.as<const T>(), wt.as<const T>(),
+                                 bias ? bias->as<const T>() : nullptr,
+                                 fused && residual ? residual->as<const T>() : nullptr,
+                                 written.as<T>());
+              plan += ring_description(*l, op);
+              return true;
+            };
+            using Mode = DwRowsMode;
+            if (ring_shape(g, op, rows, kVecWidth<T>) &&
+                (op == ConvOp::dgrad ? launch_ring(std::integral_constant<Mode, Mode::dgrad>{})
+                 : fused ? launch_ring(std::integral_constant<Mode, Mode::fprop_fused>{})
+                         : launch_ring(std::integral_constant<Mode, Mode::fprop>{}))) {
+              launched = true;
+              return;
+            }
+          }
           DwRowsParams rp = rows_params(g, op, kVecWidth<T>, kDepthwiseFpropRun);
           const std::optional<int32_t> threads = rows_fprop_threads(rp, g.batch);
           if (!threads) return;
           rp.threads = *threads;
-          // dgrad's epilogue is the bias alone.
-          const bool fused =
-              op == ConvOp::fprop && (residual || p.activation.kind != ActivationFn::none);
           if (fused) rp.activation = p.activation, rp.residual_activation = p.residual_activation;
           auto kernel = fused ? &depthwise_rows_fprop<T, KW, S, DwRowsMode::fprop_fused>
                               : &depthwise_rows_fprop<T, KW, S, DwRowsMode::fprop>;

@@ -85,6 +85,29 @@ __device__ __forceinline__ void load_row(Vec<T> (&v)[N], const T* row, int first
 // bias. Compile-time, so neither costs the others a select per tap.
 enum class DwRowsMode { fprop, fprop_fused, dgrad };
 
+// Output vector `at` of an fprop / dgrad from its f32 sums: + bias (b, when `bias`), then
+// under fprop_fused the activation, the residual and its activation; one rounding.
+template <class T, DwRowsMode kMode>
+__device__ __forceinline__ void store_output(T* dst, int at, const float (&acc)[kVecWidth<T>],
+                                             const T* bias, const Vec<T>& b, const T* residual,
+                                             ActivationFn activation,
+                                             ActivationFn residual_activation) {
+  constexpr bool fused = kMode == DwRowsMode::fprop_fused;
+  Vec<T> out, res;
+  if (fused && residual) res = load_vec(residual, at);
+#pragma unroll
+  for (int e = 0; e < kVecWidth<T>; ++e) {
+    float v = acc[e];
+    if (bias) v += float(b.v[e]);
+    if constexpr (fused) {
+      v = activate(activation, v);
+      if (residual) v = activate(residual_activation, v + float(res.v[e]));
+    }
+    out.v[e] = convert<T>(v);
+  }
+  store_vec(dst, at, out);
+}
+
 template <class T, int KW, int S, DwRowsMode kMode, int RUN = kDepthwiseFpropRun>
 __global__ void __launch_bounds__(256)
     depthwise_rows_fprop(DwRowsParams p, const T* __restrict__ src, const T* __restrict__ w,
@@ -140,21 +163,8 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int j = 0; j < RUN; ++j) {
     if (o2 + j >= p.dst[2]) break;
-    const int at = base + j * (C / V);
-    Vec<T> out, res;
-    constexpr bool fused = kMode == DwRowsMode::fprop_fused;
-    if (fused && residual) res = load_vec(residual, at);
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      float v = acc[j][e];
-      if (bias) v += float(b.v[e]);
-      if constexpr (fused) {
-        v = activate(p.activation, v);
-        if (residual) v = activate(p.residual_activation, v + float(res.v[e]));
-      }
-      out.v[e] = convert<T>(v);
-    }
-    store_vec(dst, at, out);
+    store_output<T, kMode>(dst, base + j * (C / V), acc[j], bias, b, residual, p.activation,
+                           p.residual_activation);
   }
 }
 
