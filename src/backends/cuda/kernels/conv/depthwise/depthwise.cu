@@ -360,7 +360,8 @@ int ring_fprop_run(int64_t dst_w) {
 // vectors); fprop / dgrad at stride 1 with rows of at least 7 outputs; wgrad with at most 8
 // filter rows (a warp per filter row).
 bool ring_shape(const ConvGeometry& g, ConvOp op, std::pair<int, int> rows, int vec_width) {
-  if (rows.first == 0 || (g.in_channels / vec_width) % 4 != 0) return false;
+  // An empty batch (a wgrad of zeros) stays on the rows kernel: no block to launch here.
+  if (rows.first == 0 || (g.in_channels / vec_width) % 4 != 0 || g.batch < 1) return false;
   if (g.filter[0] != 1 || g.stride[0] != 1 || g.pad_lo[0] != 0 || g.in[0] != g.out[0]) return false;
   if (op == ConvOp::wgrad) return g.filter[1] <= 8;
   const int64_t dst_w = op == ConvOp::dgrad ? g.in[2] : g.out[2];
