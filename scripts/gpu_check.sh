@@ -16,7 +16,8 @@ echo "== $(date -u +%FT%TZ) commit ${GPU_CHECK_COMMIT:-$(git rev-parse --short H
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 cudnn_dir=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null \
             || python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
-cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+# The MPI collectives are the CPU backend's (tested on CI): not built here.
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFUSEBOX_WITH_MPI=OFF)
 # The GPU image has no libonnx-testdata: a run there carries a copy in .gpudeps/testdata, or
 # packed as .gpudeps/testdata.tgz (4 MB instead of 27: the carry limit is 64 MiB, and .deps
 # with CUTLASS's headers takes 31).

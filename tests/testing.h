@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fusebox/core/error.h"
+
 #include "fusebox/ir/builder.h"
 #include "fusebox/runtime/executor.h"
 
@@ -81,5 +83,19 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+// The message of the fusebox::Error that `f` throws; otherwise a text saying what happened
+// instead (which no expectation matches).
+template <class F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not a fusebox::Error: ") + e.what() + ">";
+  }
+  return "<no error>";
+}
 
 }  // namespace fusebox::testing

@@ -11,6 +11,8 @@
 
 #include "fusebox/core/tensor.h"
 
+#include "testing.h"
+
 namespace fusebox::iotest {
 
 // A fresh directory for one test, removed with everything in it at destruction.
@@ -42,19 +44,7 @@ inline std::string fixture(const std::string& name) {
   return std::string(FUSEBOX_SOURCE_DIR) + "/tests/data/io/" + name;
 }
 
-// The message of the fusebox::Error that `f` throws; otherwise a text saying what happened
-// instead (which no expectation matches).
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a fusebox::Error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
+using testing::error_message;  // tests/testing.h
 
 // Expects `statement` to throw a fusebox::Error whose message contains `text`.
 #define EXPECT_IO_ERROR(statement, text)                                                        \
