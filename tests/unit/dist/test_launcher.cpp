@@ -1,0 +1,56 @@
+// launch_local (fusebox/dist/launcher.h) with shell scripts as ranks: every rank sees its own
+// rendezvous variables; a failing rank is named, and stops the others (one that would sleep
+// for minutes ends within the grace period); a program that cannot run is named.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "fusebox/dist/launcher.h"
+
+namespace fusebox::dist {
+namespace {
+
+using std::chrono::milliseconds;
+
+LaunchResult sh(int world, const std::string& script, milliseconds grace = milliseconds(2000)) {
+  return launch_local(world, {"/bin/sh", "-c", script}, grace);
+}
+
+TEST(LaunchLocal, EveryRankSeesItsVariables) {
+  const LaunchResult r = sh(3,
+                            "test \"$FUSEBOX_WORLD_SIZE\" = 3 && test \"$FUSEBOX_RANK\" -lt 3 && "
+                            "test \"$FUSEBOX_LOCAL_RANK\" = \"$FUSEBOX_RANK\" && "
+                            "test \"$FUSEBOX_MASTER_ADDR\" = 127.0.0.1 && "
+                            "test \"$FUSEBOX_MASTER_PORT\" -gt 0");
+  EXPECT_TRUE(r.ok) << r.why;
+  EXPECT_EQ(r.failed_rank, -1);
+}
+
+TEST(LaunchLocal, AFailingRankIsNamedAndStopsTheOthers) {
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 fails at once; ranks 0 and 2 would sleep for five minutes.
+  const LaunchResult r = sh(3, "if [ \"$FUSEBOX_RANK\" = 1 ]; then exit 3; fi; sleep 300");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_EQ(r.why, "rank 1 exited with status 3");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(LaunchLocal, ARankThatIgnoresSigtermIsKilledAfterTheGrace) {
+  const auto start = std::chrono::steady_clock::now();
+  const LaunchResult r =
+      sh(2, "if [ \"$FUSEBOX_RANK\" = 0 ]; then exit 1; fi; trap '' TERM; sleep 300",
+         milliseconds(300));
+  EXPECT_EQ(r.failed_rank, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(LaunchLocal, AProgramThatCannotRunIsNamed) {
+  const LaunchResult r = launch_local(2, {"/nonexistent/fusebox-rank"});
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.why.find("status 127"), std::string::npos) << r.why;
+  EXPECT_NE(r.why.find("/nonexistent/fusebox-rank"), std::string::npos) << r.why;
+}
+
+}  // namespace
+}  // namespace fusebox::dist
