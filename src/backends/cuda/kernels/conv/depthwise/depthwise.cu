@@ -338,11 +338,11 @@ int64_t rows_wgrad_splits(const DwRowsParams& p) {
 
 // ---- ring kernels (ring.cuh) ------------------------------------------------------------
 //
-// Measured on the H200 (bench/results/2026-11-28_h200_session19.md, bf16, N=64; ms, rows
-// kernel -> ring): fprop 3x3 C256 at 56^2 0.099 -> 0.080, 7x7 C96 at 56^2 0.131 -> 0.087,
-// C192 at 28^2 0.069 -> 0.054, C384 at 14^2 0.041 -> 0.030, C768 at 7^2 0.022 -> 0.017;
-// the stride-2 3x3 fprop stays on the rows kernel (0.042 vs 0.045); weight gradients 3x3
-// C256 0.117 -> 0.095, 7x7 C96 0.27 -> 0.175.
+// Measured on the H200 (bench/results/2026-11-28_h200_session19.md, bf16, N=64): vs cuDNN's
+// best plan fprop 1.10-1.60x, dgrad 1.01-3.78x, wgrad 0.90-1.58x; vs the rows kernels (ms)
+// fprop 3x3 C256 at 56^2 0.099 -> 0.080, 7x7 C96 at 56^2 0.131 -> 0.087, C768 at 7^2 0.022
+// -> 0.017, wgrad 7x7 C96 0.27 -> 0.11. The stride-2 3x3 fprop stays on the rows kernel
+// (0.042 vs 0.045).
 
 // Outputs per thread along a row (fprop / dgrad): 8 on rows of 56+ (fewer input
 // conversions per output: 3x3 0.080 vs 0.082 ms, 7x7 C96 0.087 vs 0.111), else 4 (the
@@ -356,7 +356,7 @@ int ring_fprop_run(int64_t dst_w) {
 }
 
 // Whether the ring kernels take the problem: a 2-D one (dim 0 of the geometry untouched)
-// of the rows kernels' shape whose C / V divides by 4 (the channel chunks measured: 4 to 32
+// of the rows kernels' shape whose C / V divides by 4 (the channel chunks measured: 4 to 16
 // vectors); fprop / dgrad at stride 1 with rows of at least 7 outputs; wgrad with at most 8
 // filter rows (a warp per filter row).
 bool ring_shape(const ConvGeometry& g, ConvOp op, std::pair<int, int> rows, int vec_width) {
