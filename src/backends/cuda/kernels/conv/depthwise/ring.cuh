@@ -58,7 +58,7 @@ struct DwRingParams {
   int32_t filter_h = 1, stride_h = 1, pad_h = 0, dilation_h = 1, pad_w = 0;
   int32_t runs = 0;            // runs of RUN outputs along a dst row
   int32_t cols = 0;            // ring pixels per row: (runs * RUN - 1) * S + KW
-  int32_t slots = 0;           // ring rows: (KH - 1) * d_h + 1 + s_h
+  int32_t slots = 0;           // ring rows: span + ((lookahead + 1) * R - 1) * s_h
   int32_t rows_per_split = 0;  // output rows a block streams
   FastDivmod chunks, splits;   // blockIdx.x -> (chunk, split, image)
   FastDivmod stage;            // staging index -> (pixel, vector): divisor CB
@@ -127,7 +127,7 @@ __host__ __device__ inline int ring_filter_bytes(int taps, int chunk, int vec_wi
 
 }  // namespace depthwise_ring_detail
 
-// Shared-memory bytes a ring kernel needs (wgrad: with its two dy rows, no filter).
+// Shared-memory bytes a ring kernel needs (wgrad: its lookahead + 1 dy rows, no filter).
 template <class T, int RUN>
 __host__ __device__ inline int ring_shared_bytes(const DwRingParams& p, int kw, bool wgrad) {
   constexpr int V = kVecWidth<T>;
