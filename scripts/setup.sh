@@ -3,7 +3,7 @@
 # second run checks and does nothing). Needs root (apt). Reaches only Debian's
 # package mirrors and PyPI.
 #
-#   scripts/setup.sh            # packages + .deps/ (cudnn-frontend and CUTLASS headers)
+#   scripts/setup.sh            # packages + .deps/ (cudnn-frontend, CUTLASS and NCCL headers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,22 +38,31 @@ fetch_wheel() {
   ls "$dir"/*.whl
 }
 
+# wheel_headers DIR HEADER FOLDER SPEC [PIP_ARGS...]: unless DIR/include/HEADER exists, fetches
+# the pinned wheel SPEC and unpacks its FOLDER (a folder of headers) as DIR/include.
+wheel_headers() {
+  local dir=$1 header=$2 folder=$3 spec=$4 wheel
+  shift 4
+  [ -f "$dir/include/$header" ] && return 0
+  echo "setup: fetching $spec headers"
+  wheel=$(fetch_wheel "$spec" "$@")
+  rm -rf "$dir.partial"
+  mkdir -p "$dir.partial/x"
+  unzip -q "$wheel" "$folder/*" -d "$dir.partial/x"
+  mv "$dir.partial/x/$folder" "$dir.partial/include"
+  rm -rf "$dir.partial/x"
+  test -f "$dir.partial/include/$header"
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+}
+
 # cudnn-frontend C++ headers: taken (headers only) from the pinned PyPI wheel,
 # whose top-level include/ folder holds them. 1.23.0 is the version probed
 # against cuDNN 9.19 on the H100 (shared/research/cudnn_frontend.md).
 CUDNN_FE_VERSION=1.23.0
-FE_DIR=.deps/cudnn_frontend-$CUDNN_FE_VERSION
-if [ ! -f "$FE_DIR/include/cudnn_frontend.h" ]; then
-  echo "setup: fetching cudnn-frontend $CUDNN_FE_VERSION headers"
-  wheel=$(fetch_wheel "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" --python-version 3.11 \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64)
-  rm -rf "$FE_DIR.partial"
-  mkdir -p "$FE_DIR.partial"
-  unzip -q "$wheel" 'include/*' -d "$FE_DIR.partial"
-  test -f "$FE_DIR.partial/include/cudnn_frontend.h"
-  rm -rf "$FE_DIR"
-  mv "$FE_DIR.partial" "$FE_DIR"
-fi
+wheel_headers ".deps/cudnn_frontend-$CUDNN_FE_VERSION" cudnn_frontend.h include \
+  "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" --python-version 3.11 \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
 ln -sfn "cudnn_frontend-$CUDNN_FE_VERSION" .deps/cudnn_frontend
 
 # CUTLASS / CuTe C++ headers (the Hopper convolutions, src/backends/cuda/kernels/conv/cutlass/):
@@ -79,6 +88,15 @@ if [ ! -f "$CUTLASS_DIR/include/cutlass/util/packed_stride.hpp" ]; then
 fi
 ln -sfn "cutlass-$CUTLASS_VERSION" .deps/cutlass
 
+# NCCL's headers (backends/cuda/runtime/nccl.cpp; the library is loaded at run time: on the GPU
+# machines the PyTorch environment's). 2.28.9 is the NCCL PyTorch 2.11 loads there: one NCCL
+# throughout (docs/distributed.md).
+NCCL_VERSION=2.28.9
+wheel_headers ".deps/nccl-$NCCL_VERSION" nccl.h nvidia/nccl/include \
+  "nvidia-nccl-cu13==$NCCL_VERSION" --python-version 3.11 \
+  --platform manylinux_2_18_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
+ln -sfn "nccl-$NCCL_VERSION" .deps/nccl
+
 # onnxruntime (CPU), onnx and numpy for the cross-check of the CPU backend
 # (tests/onnxruntime/crosscheck.py), pinned, from PyPI, in a virtual environment .venv (not
 # under .deps/: 300 MB that the GPU runs need not carry).
@@ -94,5 +112,5 @@ if ! "$VENV/bin/python" -c "import onnxruntime, onnx, numpy" 2>/dev/null; then
   mv "$VENV.partial" "$VENV"
 fi
 ln -sfn "$VENV" .venv
-echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION headers in .deps/;" \
+echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION, NCCL $NCCL_VERSION headers in .deps/;" \
   "onnxruntime $ORT_VERSION in .venv)"

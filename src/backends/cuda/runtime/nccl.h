@@ -1,0 +1,52 @@
+// NCCL for data-parallel runs (docs/distributed.md): a communicator per process, made from
+// the unique id rank 0 shares through the store (fusebox/dist/store.h), and its all-reduce on
+// a stream — also while that stream is captured into a CUDA graph (NCCL's kernels are
+// capturable), so a step's gradient all-reduce replays with the step.
+//
+//   if (rank == 0) store.set("nccl_id", nccl_unique_id());
+//   NcclComm comm(store.get("nccl_id"), rank, world, device);
+//   comm.all_reduce_sum(grads, count, DType::f32, stream);
+//
+// NCCL is loaded at the first use (dlopen of libnccl.so.2 from the library path: on the GPU
+// machines the PyTorch environment's nvidia/nccl/lib), and must be the version whose headers
+// the build used (scripts/setup.sh pins nvidia-nccl-cu13 2.28.9, PyTorch 2.11's): one NCCL
+// throughout. Nothing links it: a process that makes no communicator never loads it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "fusebox/core/dtype.h"
+
+namespace fusebox::cuda {
+
+// A new NCCL unique id (ncclGetUniqueId), as the bytes to put in the store.
+std::string nccl_unique_id();
+
+class NcclComm {
+ public:
+  // ncclCommInitRank on `device` (which becomes current). An Error naming the rank when NCCL
+  // cannot be loaded, has another version, or refuses (a wrong id size included).
+  NcclComm(const std::string& unique_id, int rank, int world_size, int device);
+  ~NcclComm();  // ncclCommDestroy, or nothing after abort()
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Queues the in-place sum of `count` elements of `data` (f32, f64, f16, bf16 or i64)
+  // across the ranks on `stream`.
+  void all_reduce_sum(void* data, size_t count, DType dtype, cudaStream_t stream);
+
+  // Stops every operation of this communicator (ncclCommAbort): after a peer died or hung.
+  void abort();
+
+ private:
+  void* comm_ = nullptr;  // ncclComm_t
+  int rank_ = 0, world_size_ = 1;
+};
+
+}  // namespace fusebox::cuda
