@@ -188,6 +188,7 @@ class TcpStore::Server {
             break;
           }
           case kAdd: {
+            if (value.size() != 8) return;  // not our protocol: drop the connection
             int64_t counter = 0;
             if (auto it = data_.find(key); it != data_.end() && it->second.size() == 8)
               counter =
