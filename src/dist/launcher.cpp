@@ -107,14 +107,19 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
 
   LaunchResult result;
   auto deadline = std::chrono::steady_clock::time_point::max();
+  // Each of our children by its pid (waitpid(-1) would also reap children this process made
+  // elsewhere, stealing their status), polled every 20 ms.
   while (!running.empty()) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, result.ok ? 0 : WNOHANG);
-    if (pid > 0) {
-      const auto it = running.find(pid);
-      if (it == running.end()) continue;  // not one of ours
+    for (auto it = running.begin(); it != running.end();) {
+      int status = 0;
+      const pid_t pid = ::waitpid(it->first, &status, WNOHANG);
+      if (pid == 0 || (pid < 0 && errno == EINTR)) {
+        ++it;
+        continue;
+      }
       const int rank = it->second;
-      running.erase(it);
+      it = running.erase(it);
+      if (pid < 0) continue;  // not waitable (gone already): nothing to report
       if (failed(status) && result.ok) {
         result.ok = false;
         result.failed_rank = rank;
@@ -124,10 +129,9 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
         stop_all(SIGTERM);
         deadline = std::chrono::steady_clock::now() + grace;
       }
-      continue;
     }
-    if (pid < 0 && errno != EINTR) break;
-    // Stopping after a failure: poll until all are gone, SIGKILL after the grace period.
+    if (running.empty()) break;
+    // Stopping after a failure: SIGKILL to what is left after the grace period.
     if (std::chrono::steady_clock::now() >= deadline) {
       stop_all(SIGKILL);
       deadline = std::chrono::steady_clock::time_point::max();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 
 #include "fusebox/core/error.h"
@@ -57,7 +58,8 @@ class MpiWorld final : public Communicator {
     if (d == DType::f16 || d == DType::bf16) {
       Tensor wide = t.cast(DType::f32);
       all_reduce_sum(wide);
-      t = wide.cast(d);
+      const Tensor narrow = wide.cast(d);
+      std::memcpy(t.raw(), narrow.raw(), t.nbytes());  // in t's buffer: views of it see the sum
       return;
     }
     MPI_Datatype type = MPI_DATATYPE_NULL;

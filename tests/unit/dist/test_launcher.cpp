@@ -2,6 +2,8 @@
 // rendezvous variables; a failing rank is named, and stops the others (one that would sleep
 // for minutes ends within the grace period); a program that cannot run is named.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -50,6 +52,21 @@ TEST(LaunchLocal, AProgramThatCannotRunIsNamed) {
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.why.find("status 127"), std::string::npos) << r.why;
   EXPECT_NE(r.why.find("/nonexistent/fusebox-rank"), std::string::npos) << r.why;
+}
+
+// A child this process made elsewhere keeps its status for its own waiter.
+TEST(LaunchLocal, OtherChildrenAreNotReaped) {
+  const pid_t other = ::fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    ::usleep(200 * 1000);
+    ::_exit(7);
+  }
+  EXPECT_TRUE(sh(2, "sleep 0.5").ok);
+  int status = 0;
+  ASSERT_EQ(::waitpid(other, &status, 0), other);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 7);
 }
 
 }  // namespace
