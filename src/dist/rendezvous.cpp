@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "fusebox/core/error.h"
 
@@ -55,6 +56,56 @@ std::optional<DistEnv> DistEnv::from_env() {
   if (auto timeout = env("FUSEBOX_DIST_TIMEOUT"))
     e.timeout = std::chrono::seconds(integer("FUSEBOX_DIST_TIMEOUT", *timeout, 1, 86400));
   return e;
+}
+
+namespace {
+
+// "name\0value\0" pairs, in the map's order.
+std::string encode(const std::map<std::string, std::string>& signature) {
+  std::string out;
+  for (const auto& [name, value] : signature) out += name + '\0' + value + '\0';
+  return out;
+}
+
+std::map<std::string, std::string> decode(const std::string& bytes) {
+  std::map<std::string, std::string> out;
+  std::vector<std::string> parts;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const size_t end = bytes.find('\0', at);
+    if (end == std::string::npos) break;
+    parts.push_back(bytes.substr(at, end - at));
+    at = end + 1;
+  }
+  for (size_t i = 0; i + 1 < parts.size(); i += 2) out[parts[i]] = parts[i + 1];
+  return out;
+}
+
+}  // namespace
+
+void check_same_run(TcpStore& store, int rank, int world_size,
+                    const std::map<std::string, std::string>& signature) {
+  std::map<std::string, std::string> mine = signature;
+  mine["world size"] = std::to_string(world_size);
+  store.set("signature/" + std::to_string(rank), encode(mine));
+  const std::map<std::string, std::string> first = decode(store.get("signature/0"));
+  // The world size first: a rank that counts more ranks would wait for ranks that never come.
+  FUSEBOX_CHECK(first.count("world size") && first.at("world size") == mine["world size"], kWhere,
+                "rank ", rank, "'s world size is ", world_size, " where rank 0's is ",
+                first.count("world size") ? first.at("world size") : "unknown");
+  for (int r = 1; r < world_size; ++r) {
+    const std::map<std::string, std::string> other =
+        r == rank ? mine : decode(store.get("signature/" + std::to_string(r)));
+    for (const auto& [name, value] : first) {
+      const auto it = other.find(name);
+      FUSEBOX_CHECK(it != other.end() && it->second == value, kWhere, "rank ", r, "'s ", name,
+                    " is ", it == other.end() ? std::string("missing") : "'" + it->second + "'",
+                    " where rank 0's is '", value, "'");
+    }
+    for (const auto& [name, value] : other)
+      FUSEBOX_CHECK(first.count(name), kWhere, "rank ", r, " has ", name, " '", value,
+                    "' where rank 0 has none");
+  }
 }
 
 }  // namespace fusebox::dist

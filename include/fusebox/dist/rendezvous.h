@@ -8,8 +8,11 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
+
+#include "fusebox/dist/store.h"
 
 namespace fusebox::dist {
 
@@ -26,5 +29,13 @@ struct DistEnv {
   // set and others not, or a value is not a number or out of range.
   static std::optional<DistEnv> from_env();
 };
+
+// Checks at start-up that every rank runs the same thing. Each rank publishes its `signature`
+// (entries such as "world size", "model", "precision", "batch") in the store, then compares
+// rank 0's with every rank's; the first difference is an Error, the same on every rank, naming
+// the ranks and the entry ("rank 2's model is 'resnet18' where rank 0's is 'resnet50'"). A
+// rank that never publishes is the store's timeout error naming its key.
+void check_same_run(TcpStore& store, int rank, int world_size,
+                    const std::map<std::string, std::string>& signature);
 
 }  // namespace fusebox::dist

@@ -2,6 +2,9 @@
 // of them a rank of a run; some, or a value out of range, an Error naming the variable.
 #include <gtest/gtest.h>
 
+#include <thread>
+#include <vector>
+
 #include "fusebox/core/error.h"
 #include "fusebox/dist/rendezvous.h"
 #include "testing.h"
@@ -75,6 +78,36 @@ TEST(DistEnv, BadValuesAreErrorsNamingTheVariable) {
     EXPECT_NE(error_of(v).find("FUSEBOX_DIST_TIMEOUT=0 is outside"), std::string::npos)
         << error_of(v);
   }
+}
+
+// Ranks on threads, one store: the same signature passes everywhere; a different model or
+// world size stops every rank with the same error naming the ranks and the entry.
+std::vector<std::string> run_ranks(const std::vector<std::map<std::string, std::string>>& sigs,
+                                   const std::vector<int>& worlds) {
+  TcpStore server("127.0.0.1", 0, true, std::chrono::milliseconds(3000));
+  std::vector<std::string> errors(sigs.size());
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < sigs.size(); ++r)
+    ranks.emplace_back([&, r] {
+      TcpStore c("127.0.0.1", server.port(), false, std::chrono::milliseconds(3000));
+      errors[r] = testing::error_message([&] { check_same_run(c, int(r), worlds[r], sigs[r]); });
+    });
+  for (std::thread& t : ranks) t.join();
+  return errors;
+}
+
+TEST(CheckSameRun, EqualSignaturesPassAndADifferenceStopsEveryRank) {
+  const std::map<std::string, std::string> a = {{"model", "resnet50"}, {"batch", "256"}};
+  std::map<std::string, std::string> b = a;
+  b["model"] = "resnet18";
+  for (const std::string& e : run_ranks({a, a, a}, {3, 3, 3})) EXPECT_EQ(e, "<no error>");
+  for (const std::string& e : run_ranks({a, a, b}, {3, 3, 3}))
+    EXPECT_NE(e.find("rank 2's model is 'resnet18' where rank 0's is 'resnet50'"),
+              std::string::npos)
+        << e;
+  const std::vector<std::string> worlds = run_ranks({a, a}, {2, 3});
+  EXPECT_NE(worlds[1].find("rank 1's world size is 3 where rank 0's is 2"), std::string::npos)
+      << worlds[1];
 }
 
 }  // namespace
