@@ -4,6 +4,7 @@
 
 #include "fusebox/ir/builder.h"
 #include "infer_testing.h"
+#include "testing.h"
 
 // Designated initialisers (ConvAttrs{.strides = ...}) leave the other fields defaulted.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
@@ -11,16 +12,7 @@
 namespace fusebox::ir_test {
 namespace {
 
-// Catches the Error `f` throws and returns its message ("" when nothing is thrown).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_message;  // tests/testing.h
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -72,7 +64,7 @@ TEST(Builder, ErrorsNameTheNodeAndAddNothing) {
   Builder b(g);
   ValueId x = g.add_input("x", DType::f32, {1, 3, 8, 8});
   ValueId w = g.add_constant("w", Tensor::zeros(DType::f32, {8, 2, 3, 3}));
-  std::string msg = error_of([&] { b.name("c1").conv(x, w); });
+  std::string msg = error_message([&] { b.name("c1").conv(x, w); });
   EXPECT_EQ(msg.rfind("[conv 'c1'] ", 0), 0u) << msg;
   EXPECT_TRUE(contains(msg, "x has 3 channels but w expects 2 (w [8, 2, 3, 3], groups 1)")) << msg;
   EXPECT_TRUE(g.nodes().empty());
@@ -132,16 +124,16 @@ TEST(Graph, NodeAndValueNamesStayUnique) {
 TEST(Graph, AddNodeRejectsBadInputs) {
   Graph g("net");
   ValueId x = g.add_input("x", DType::f32, {4});
-  std::string msg = error_of([&] { g.add_node(OpKind::relu, {}, {99}, "r"); });
+  std::string msg = error_message([&] { g.add_node(OpKind::relu, {}, {99}, "r"); });
   EXPECT_TRUE(contains(msg, "[relu 'r'] input 0 refers to value id 99 which does not exist"))
       << msg;
-  msg = error_of([&] { g.add_node(OpKind::add, {}, {x, -7}, "a"); });
+  msg = error_message([&] { g.add_node(OpKind::add, {}, {x, -7}, "a"); });
   EXPECT_TRUE(contains(msg, "input 1 refers to value id -7")) << msg;
-  msg = error_of([&] { g.add_node(OpKind::relu, {}, {kNoValue}, "r"); });
+  msg = error_message([&] { g.add_node(OpKind::relu, {}, {kNoValue}, "r"); });
   EXPECT_TRUE(contains(msg, "[relu 'r'] input 0 (x) is required but absent")) << msg;
-  msg = error_of([&] { g.add_node(OpKind::relu, {}, {x}, "r", {"x"}); });
+  msg = error_message([&] { g.add_node(OpKind::relu, {}, {x}, "r", {"x"}); });
   EXPECT_TRUE(contains(msg, "output name 'x' is already used")) << msg;
-  msg = error_of([&] { g.mark_output(42); });
+  msg = error_message([&] { g.mark_output(42); });
   EXPECT_TRUE(contains(msg, "output value id 42 does not exist")) << msg;
   EXPECT_TRUE(g.nodes().empty());
   EXPECT_NO_THROW(g.verify());

@@ -13,17 +13,6 @@ namespace {
 
 using onnx::TensorProto;
 
-// The exact text of the error `body` throws ("" when it throws none).
-template <class F>
-std::string error_text(F&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // x [1, 2, 4, 4] -> Conv (w, b initializers) -> Relu -> y: a small valid model.
 TestModel small_conv_model() {
   TestModel m(13);
@@ -100,7 +89,7 @@ TEST(OnnxImportErrors, TruncatedModels) {
 }
 
 TEST(OnnxImportErrors, NotAModel) {
-  EXPECT_EQ(error_text([] { import_onnx_bytes("\xff\xff\xff\xff", "m.onnx"); }),
+  EXPECT_EQ(error_message([] { import_onnx_bytes("\xff\xff\xff\xff", "m.onnx"); }),
             "[onnx import: m.onnx] not a valid ONNX model (protobuf parse failed)");
   onnx::ModelProto empty_model;
   empty_model.set_ir_version(8);
@@ -165,7 +154,7 @@ TEST(OnnxImportErrors, MissingRequiredAttribute) {
   m.input("x", TensorProto::FLOAT, {2});
   m.node("Concat", {"x", "x"}, {"y"}, "cat");
   m.output("y");
-  const std::string text = error_text([&] { import(m); });
+  const std::string text = error_message([&] { import(m); });
   EXPECT_EQ(text,
             "[onnx import: m.onnx] node 'cat' (Concat): attribute 'axis' is required but "
             "missing");
