@@ -90,6 +90,7 @@ class MpiWorld final : public Communicator {
   }
 
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void abort() override { MPI_Abort(MPI_COMM_WORLD, 1); }
 
  private:
   int rank_ = 0, size_ = 1;

@@ -327,6 +327,8 @@ std::string attr_str(const Attrs& attrs) {
                      a.select_last_index ? " select_last_index=1" : "");
         else if constexpr (std::is_same_v<A, TopKAttrs>)
           return cat("k=", a.k, " axis=", a.axis, " largest=", a.largest, " sorted=", a.sorted);
+        else if constexpr (std::is_same_v<A, AllReduceAttrs>)
+          return cat(a.mean ? "mean" : "sum", " reduce_dtype=", dtype_name(a.reduce_dtype));
         else if constexpr (std::is_same_v<A, AttentionAttrs>)
           return cat("scale=", a.scale, " causal=", a.causal, a.with_lse ? " with_lse=1" : "",
                      a.bias_grad ? " bias_grad=1" : "");

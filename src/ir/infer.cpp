@@ -16,7 +16,7 @@ namespace {
 
 // Names of Attrs' alternatives, in order, for messages.
 // clang-format off
-constexpr std::array<const char*, 41> kAttrsNames = {
+constexpr std::array<const char*, 42> kAttrsNames = {
     "no attributes (std::monostate)", "ConvAttrs", "ConvBackwardDataAttrs",
     "ConvBackwardFilterAttrs", "BatchNormAttrs", "NormAttrs", "LeakyReluAttrs", "GeluAttrs",
     "ClipAttrs", "GemmAttrs", "ReduceAttrs", "SoftmaxAttrs", "PoolAttrs", "ReshapeAttrs",
@@ -25,11 +25,11 @@ constexpr std::array<const char*, 41> kAttrsNames = {
     "BinaryBackwardAttrs", "PoolBackwardAttrs", "SliceBackwardAttrs", "PadBackwardAttrs",
     "SgdAttrs", "AdamWAttrs", "LossScaleAttrs", "PointwiseProgram", "AttentionAttrs",
     "ArgReduceAttrs", "GatherAttrs", "GatherBackwardAttrs",
-    "CumSumAttrs", "ResizeAttrs", "ResizeBackwardAttrs", "TopKAttrs"};
+    "CumSumAttrs", "ResizeAttrs", "ResizeBackwardAttrs", "TopKAttrs", "AllReduceAttrs"};
 // clang-format on
 static_assert(kAttrsNames.size() == std::variant_size_v<Attrs>);
 static_assert(attrs_index<ConvAttrs>() == 1 && attrs_index<PoolAttrs>() == 12 &&
-              attrs_index<TopKAttrs>() == kAttrsNames.size() - 1);
+              attrs_index<AllReduceAttrs>() == kAttrsNames.size() - 1);
 
 template <size_t... I>
 Attrs default_attrs(size_t index, std::index_sequence<I...>) {
@@ -325,6 +325,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_loss_scale_update(c);
     case OpKind::fused_pointwise:
       return infer_fused_pointwise(c);
+    case OpKind::all_reduce:
+      return infer_all_reduce(c);
   }
   c.fail("unknown op kind");
 }

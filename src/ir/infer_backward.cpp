@@ -319,6 +319,21 @@ Types infer_nonfinite_any(Context& c) {
   return {TensorType{DType::f32, {}}};
 }
 
+// all_reduce: (x1, ..., xn) -> (y1, ..., yn), each yi of xi's type; floating-point inputs,
+// reduced as f32, bf16 or f16.
+Types infer_all_reduce(Context& c) {
+  const AllReduceAttrs& a = c.attrs<AllReduceAttrs>();
+  c.check(
+      a.reduce_dtype == DType::f32 || a.reduce_dtype == DType::bf16 || a.reduce_dtype == DType::f16,
+      "reduce_dtype ", dtype_name(a.reduce_dtype), " must be f32, bf16 or f16");
+  Types out;
+  for (int i = 0; i < c.count(); ++i) {
+    c.expect_float(i);
+    out.push_back(c.type(i));
+  }
+  return out;
+}
+
 // loss_scale_update: (scale, growth_tracker, found_inf, skipped?) -> (new_scale,
 // new_growth_tracker, new_skipped?), each output of its input's type.
 Types infer_loss_scale_update(Context& c) {

@@ -150,6 +150,7 @@ Types infer_gather_backward(Context& c);  // and gather_elements_backward
 Types infer_resize_backward(Context& c);
 Types infer_optimizer(Context& c);  // sgd_update, adamw_update
 Types infer_nonfinite_any(Context& c);
+Types infer_all_reduce(Context& c);
 Types infer_loss_scale_update(Context& c);
 
 // pointwise_program.cpp

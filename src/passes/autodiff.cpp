@@ -107,6 +107,7 @@ Grads vjp(VjpArgs& a) {
     case OpKind::adamw_update:
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
+    case OpKind::all_reduce:
       return no_gradient_second_order(a);
     case OpKind::fused_pointwise:
       a.no_gradient(

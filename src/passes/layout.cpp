@@ -22,6 +22,8 @@ const char* layout_role_name(LayoutRole r) {
       return "elementwise";
     case LayoutRole::channelwise:
       return "channelwise";
+    case LayoutRole::pairwise:
+      return "pairwise";
   }
   return "?";
 }
@@ -111,6 +113,9 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
       for (ValueId v : n.inputs)
         if (v != kNoValue && g.value(v).type.shape.size() >= 3) conv_operand[size_t(v)] = true;
       for (ValueId v : n.outputs) conv_operand[size_t(v)] = true;
+    } else if (role == LayoutRole::pairwise) {
+      for (size_t i = 0; i < n.inputs.size() && i < n.outputs.size(); ++i)
+        groups.join(size_t(n.inputs[i]), size_t(n.outputs[i]));
     } else if (role != LayoutRole::contiguous) {
       const std::vector<ValueId> operands = ordered_operands(g, n, role);
       for (size_t i = 1; i < operands.size(); ++i)
@@ -136,6 +141,15 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
     const LayoutRole role = layout_role(n);
     MemoryFormat wanted = MemoryFormat::contiguous;
     std::vector<ValueId> readers_of_order;
+    if (role == LayoutRole::pairwise) {
+      // Input i in output i's order (the kernels convert one that is not).
+      for (size_t i = 0; i < n.inputs.size() && i < n.outputs.size(); ++i) {
+        const ValueId v = n.inputs[i];
+        if (orders_differ(g.value(v).type.shape) && plan.of(v) != plan.of(n.outputs[i]))
+          plan.conversions.push_back({n.id, v, plan.of(v), plan.of(n.outputs[i])});
+      }
+      continue;
+    }
     if (role == LayoutRole::contiguous) {
       readers_of_order = n.inputs;
     } else if (role == LayoutRole::convolution) {

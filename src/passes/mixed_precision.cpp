@@ -153,6 +153,7 @@ AutocastRule autocast_rule(OpKind op) {
     case OpKind::adamw_update:
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
+    case OpKind::all_reduce:
     case OpKind::fused_pointwise:  // formed after this pass (passes/fuse_pointwise.h)
     case OpKind::attention:        // likewise (passes/fusion.h)
       return AutocastRule::keep;

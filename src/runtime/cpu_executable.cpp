@@ -96,12 +96,12 @@ class CpuExecutable final : public Executable {
         if (options_.poison) outs.back().poison();
       }
       if (times == nullptr) {
-        cpu::run_node(graph_, n, in_ptrs, outs);
+        cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
       } else {
         std::vector<double> ms;
         for (int r = 0; r < repeats; ++r) {
           const auto start = std::chrono::steady_clock::now();
-          cpu::run_node(graph_, n, in_ptrs, outs);
+          cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
           ms.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count());

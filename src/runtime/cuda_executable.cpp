@@ -30,6 +30,7 @@
 #include <deque>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/runtime/nccl.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/passes/layout.h"
 #include "runtime/device_array.h"
@@ -76,6 +77,15 @@ class CudaExecutable final : public Executable {
       : graph_(g), options_(options), where_("run " + g.name()), ctx_(cuda_context()) {
     const auto start = std::chrono::steady_clock::now();
     const size_t in_use_before = ctx_.allocator.stats().bytes_in_use;
+    if (options_.communicator) {
+      ctx_.world = dynamic_cast<cuda::NcclCommunicator*>(options_.communicator.get());
+      FUSEBOX_CHECK(ctx_.world != nullptr, where_,
+                    "the CUDA backend's collectives run on NCCL: give an nccl_communicator() "
+                    "(CompileOptions::communicator), not another kind");
+      FUSEBOX_CHECK(ctx_.world->comm().device() == ctx_.device.id(), where_, "the communicator is ",
+                    "on GPU ", ctx_.world->comm().device(), " but this process runs on GPU ",
+                    ctx_.device.id(), " (use_cuda_device)");
+    }
     direct_ = !ctx_.encoder.options().use_graphs;
     if (!direct_) copy_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
     io_ = plan_io(graph_, options_, where_);

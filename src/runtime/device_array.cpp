@@ -12,8 +12,9 @@ namespace fusebox {
 namespace runtime {
 
 cuda::Context cuda_context() {
-  return cuda::Context{cuda::Device::get(0), cuda::CommandEncoder::for_device(0),
-                       cuda::CachingAllocator::for_device(0)};
+  const int device = cuda_device();
+  return cuda::Context{cuda::Device::get(device), cuda::CommandEncoder::for_device(device),
+                       cuda::CachingAllocator::for_device(device)};
 }
 
 cuda::DeviceTensor upload(cuda::Context& ctx, const Tensor& t) {

@@ -1,7 +1,12 @@
 // Executable::compile, Executable::run, and run_graph: compile, run once.
 #include "fusebox/runtime/executor.h"
 
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+
 #include "backends/cuda/runtime/allocator.h"
+#include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
 #include "fusebox/runtime/executable.h"
 #include "runtime/executables.h"
@@ -15,6 +20,26 @@ const char* device_name(Device d) {
 bool cuda_available() {
   static const bool present = cuda::device_present();
   return present;
+}
+
+namespace {
+std::atomic<int> g_cuda_device{0};
+}
+
+int cuda_device_count() {
+  return cuda_available() ? cuda::device_count() : 0;
+}
+
+void use_cuda_device(int index) {
+  const int count = cuda_device_count();
+  FUSEBOX_CHECK(index >= 0 && index < count, "cuda device",
+                cat("GPU ", index, " does not exist: this machine has ", count));
+  FUSEBOX_CUDA_CHECK(cudaSetDevice(index));
+  g_cuda_device.store(index, std::memory_order_relaxed);
+}
+
+int cuda_device() {
+  return g_cuda_device.load(std::memory_order_relaxed);
 }
 
 Device parse_device(const std::string& s) {
@@ -47,13 +72,13 @@ NamedTensors Executable::run(const NamedTensors& feeds) {
 
 DeviceMemoryStats device_memory_stats(Device device) {
   if (device != Device::cuda || !cuda_available()) return {};
-  const cuda::AllocatorStats s = cuda::CachingAllocator::for_device(0).stats();
+  const cuda::AllocatorStats s = cuda::CachingAllocator::for_device(cuda_device()).stats();
   return {.in_use = s.bytes_in_use, .peak = s.peak_bytes_in_use, .cached = s.bytes_cached};
 }
 
 void reset_peak_device_memory(Device device) {
   if (device == Device::cuda && cuda_available())
-    cuda::CachingAllocator::for_device(0).reset_peak();
+    cuda::CachingAllocator::for_device(cuda_device()).reset_peak();
 }
 
 NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptions& opts) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "fusebox/ir/op_info.h"
+
 namespace fusebox::runtime {
 
 Liveness liveness(const Graph& g) {
@@ -15,6 +17,13 @@ Liveness liveness(const Graph& g) {
       if (v != kNoValue) life.last[size_t(v)] = int(i);
     for (ValueId v : n.outputs) life.first[size_t(v)] = int(i);
   }
+  // A collective runs beside the nodes after it (all_reduce, ops.h): its inputs are kept to
+  // the step's end, so that no later node writes their bytes and waits for it.
+  const int last_node = int(g.nodes().size()) - 1;
+  for (const Node& n : g.nodes())
+    if (op_info(n.op).family == OpFamily::collective)
+      for (ValueId v : n.inputs)
+        if (v != kNoValue) life.last[size_t(v)] = std::max(life.last[size_t(v)], last_node);
   for (ValueId v : g.outputs()) life.last[size_t(v)] = Liveness::kAfterLastNode;
   return life;
 }

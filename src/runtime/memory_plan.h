@@ -26,7 +26,8 @@
 namespace fusebox::runtime {
 
 // For each value: the node that writes it (-1 for inputs and constants) and the last node
-// that reads it (-1 when none does); graph outputs are read "after the last node".
+// that reads it (-1 when none does); graph outputs are read "after the last node", and the
+// inputs of a collective (all_reduce) at the last node: it runs beside the nodes after it.
 struct Liveness {
   std::vector<int> first;
   std::vector<int> last;

@@ -1,5 +1,5 @@
 // The collectives of a data-parallel run (docs/distributed.md), over the library that serves
-// the backend: MPI for the CPU backend (mpi_world(), here), NCCL for CUDA (to come).
+// the backend: MPI for the CPU backend (mpi_world()), NCCL for CUDA (nccl_communicator()).
 //
 //   std::shared_ptr<Communicator> world = mpi_world();   // a process started by mpirun
 //   world->all_reduce_sum(gradient);                      // every rank: the same bits
@@ -24,10 +24,21 @@ class Communicator {
   // Replaces `t` by rank `root`'s `t`.
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+  // Stops this world's collectives in progress for good, after a peer died or hangs (NCCL:
+  // ncclCommAbort, so that a process waiting in one can exit; MPI: MPI_Abort, which ends the
+  // whole job). Nothing may be called afterwards.
+  virtual void abort() = 0;
 };
 
 // The MPI world of this process: MPI is initialised on the first call (mpirun says the rank
 // and the world size) and finalised at exit. An Error when MPI fails.
 std::shared_ptr<Communicator> mpi_world();
+
+// NCCL (CUDA backend): a new unique id (made by rank 0, shared through the store), and the
+// communicator of `rank` on `device` (this process's GPU: runtime's use_cuda_device) made
+// from it. Errors name the rank (NCCL not loadable, another version, a refusal).
+std::string nccl_unique_id();
+std::shared_ptr<Communicator> nccl_communicator(const std::string& unique_id, int rank,
+                                                int world_size, int device);
 
 }  // namespace fusebox::dist

@@ -37,10 +37,12 @@ enum class OpFamily : uint8_t {
   logic,       // comparisons and logic ops: bool results (FUSEBOX_LOGIC_OPS)
   select,      // where: condition ? a : b
   scan,        // cumsum: running sums along one axis
+  collective,  // all_reduce: values summed across the ranks of a data-parallel world
 };
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
-enum class LayoutRole : uint8_t { contiguous, convolution, elementwise, channelwise };
+// pairwise: input i and output i share an order (all_reduce: each pair is copied flat).
+enum class LayoutRole : uint8_t { contiguous, convolution, elementwise, channelwise, pairwise };
 
 // Index of attribute struct A among Attrs' alternatives (0: std::monostate, no attributes).
 template <class A, size_t I = 0>
@@ -400,6 +402,12 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kAttention, .attrs = attrs_index<AttentionAttrs>()},
     {FUSEBOX_OP_ROW(attention_backward), .family = OpFamily::backward, .min_inputs = 6,
      .max_inputs = 7, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
+     .differentiable = false},
+    // ---- collectives (added after autodiff: no VJP); the kernels take strided inputs and
+    // copy any that is not in its output's order into that order first
+    {FUSEBOX_OP_ROW(all_reduce), .family = OpFamily::collective, .min_inputs = 1,
+     .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<AllReduceAttrs>(),
+     .attrs_defaultable = true, .layout = LayoutRole::pairwise, .cuda_strided_inputs = true,
      .differentiable = false},
 };
 

@@ -42,7 +42,9 @@ namespace fusebox {
   /* generated pointwise kernels (passes/fuse_pointwise.h) */                                      \
   X(fused_pointwise)                                                                               \
   /* fused attention (passes/fusion.h fuse_attention) */                                           \
-  X(attention) X(attention_backward)
+  X(attention) X(attention_backward)                                                               \
+  /* collectives of data-parallel training (docs/distributed.md) */                                \
+  X(all_reduce)
 // clang-format on
 
 enum class OpKind : uint8_t {
@@ -571,6 +573,23 @@ struct LossScaleAttrs {
   int64_t growth_interval = 2000;
 };
 
+// ---- collectives (data-parallel training, docs/distributed.md) ------------
+// all_reduce: (x1, ..., xn) -> (y1, ..., yn), yi of xi's type and shape: the elementwise sum
+//   (mean: times 1 / world size, rounded to f32) of xi over the ranks of the world the
+//   executable was compiled for (CompileOptions::communicator; none: a world of one, whose
+//   sum is xi). Floating-point inputs. The values travel and are summed as reduce_dtype
+//   (f32, bf16 or f16): xi is rounded to it first and yi = dtype_i(float(sum) * scale), so a
+//   world of one with reduce_dtype bf16 returns xi rounded through bf16. Every rank gets the
+//   same bits. One node is one bucket: its inputs are packed, reduced in one collective and
+//   unpacked. Every rank must run the same all_reduce nodes, with the same types, in the same
+//   order (the step graph's node order); on the GPU they are chained in that order and
+//   overlap the nodes after them (the memory plan keeps their inputs to the step's end, so
+//   no later node waits for one: runtime/memory_plan.h).
+struct AllReduceAttrs {
+  bool mean = true;
+  DType reduce_dtype = DType::f32;
+};
+
 using Attrs =
     std::variant<std::monostate, ConvAttrs, ConvBackwardDataAttrs, ConvBackwardFilterAttrs,
                  BatchNormAttrs, NormAttrs, LeakyReluAttrs, GeluAttrs, ClipAttrs, GemmAttrs,
@@ -580,6 +599,6 @@ using Attrs =
                  PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
                  LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
                  GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs,
-                 TopKAttrs>;
+                 TopKAttrs, AllReduceAttrs>;
 
 }  // namespace fusebox

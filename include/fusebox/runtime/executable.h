@@ -62,6 +62,7 @@
 #include <variant>
 #include <vector>
 
+#include "fusebox/dist/communicator.h"
 #include "fusebox/ir/graph.h"
 #include "fusebox/runtime/executor.h"
 
@@ -129,6 +130,10 @@ struct CompileOptions {
   std::map<std::string, DeviceArray> bound;
   // (output name, input name) pairs: see "Aliases" above.
   std::vector<std::pair<std::string, std::string>> aliases;
+  // The data-parallel world the graph's all_reduce nodes sum over (null: a world of one).
+  // CPU: any Communicator (mpi_world()); CUDA: an NCCL one (nccl_communicator()) of the
+  // device this process uses.
+  std::shared_ptr<dist::Communicator> communicator;
 };
 
 // What compile() did and what the executable holds.

@@ -14,6 +14,13 @@ const char* device_name(Device d);
 // "cpu" | "cuda" | "auto" (cuda when a GPU is present and the CUDA backend is built, else cpu).
 Device parse_device(const std::string& s);
 bool cuda_available();
+int cuda_device_count();  // 0 without a usable GPU
+// The GPU this process runs on (0 unless set): each data-parallel rank on a machine uses its
+// own (its local rank), seeing every GPU, as NCCL needs for its peer-to-peer paths. Set it
+// before the first CUDA use (it also becomes the calling thread's current device); an Error
+// when the index is not a device of this machine.
+void use_cuda_device(int index);
+int cuda_device();
 
 using NamedTensors = std::map<std::string, Tensor>;
 

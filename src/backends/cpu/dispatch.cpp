@@ -6,7 +6,7 @@
 namespace fusebox::cpu {
 
 void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inputs,
-              std::span<Tensor> outputs) {
+              std::span<Tensor> outputs, dist::Communicator* world) {
   (void)g;
   switch (n.op) {
     case OpKind::conv:
@@ -124,6 +124,8 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return attention(n, inputs, outputs);
     case OpKind::attention_backward:
       return attention_backward(n, inputs, outputs);
+    case OpKind::all_reduce:
+      return all_reduce(world, n, inputs, outputs);
   }
   throw Error(node_label(n), "no CPU kernel for this op");
 }

@@ -10,6 +10,10 @@
 
 #include "fusebox/ir/graph.h"
 
+namespace fusebox::dist {
+class Communicator;
+}
+
 namespace fusebox::cpu {
 
 using Inputs = std::span<const Tensor* const>;
@@ -93,5 +97,8 @@ void sgd_update(const Node& n, Inputs in, Outputs out);
 void adamw_update(const Node& n, Inputs in, Outputs out);
 void nonfinite_any(const Node& n, Inputs in, Outputs out);
 void loss_scale_update(const Node& n, Inputs in, Outputs out);
+
+// collective.cpp: all_reduce over `world` (null: a world of one)
+void all_reduce(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
 
 }  // namespace fusebox::cpu

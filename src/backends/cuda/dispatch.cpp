@@ -73,6 +73,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::fused_pointwise: return fused_pointwise(ctx, n, in, out);
     case OpKind::attention: return attention(ctx, n, in, out);
     case OpKind::attention_backward: return attention_backward(ctx, n, in, out);
+    case OpKind::all_reduce: return all_reduce(ctx, n, in, out);
   }
   throw Error(node_label(n), "no CUDA kernel for this op");
 }
@@ -92,6 +93,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //  - channelwise ops (batch_norm, pools and their backward ops) whose outputs are
 //    channels-last: inputs of the outputs' rank are converted to channels-last when they
 //    are not; the kernels take NCHW or channels-last operands, all in one order;
+//  - pairwise ops (all_reduce) take every pair as it is: the kernels copy an input that is not
+//    in its output's order into that order;
 //  - otherwise, and whenever the outputs are in neither order: strided inputs are made
 //    contiguous (unless the op takes strides), outputs that are not contiguous are computed
 //    into contiguous temporaries and copied into place.
@@ -220,6 +223,8 @@ void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case LayoutRole::channelwise:
       if (runs_channels_last(in, out)) return run_channelwise_channels_last(ctx, n, in, out);
       break;
+    case LayoutRole::pairwise:
+      return run_contiguous(ctx, n, in, out);  // the kernels take each pair as it is
     case LayoutRole::contiguous:
       break;
   }

@@ -98,6 +98,8 @@ void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 // f16 loss scaling, also in kernels/optimizer/optimizer.cu: inputs in any dense order
 void nonfinite_any(Context& ctx, const Node& n, Inputs in, Outputs out);
 void loss_scale_update(Context& ctx, const Node& n, Inputs in, Outputs out);
+// kernels/collective/all_reduce.cu: pack, one NCCL all-reduce over ctx.world, unpack
+void all_reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 
 // ---- norm_*.cu, kernels/batch_norm/batch_norm.cu, kernels/pool/pool.cu, kernels/conv/direct.cu,
 // kernels/matmul/matmul.cpp -------

@@ -195,6 +195,8 @@ std::optional<Sample> sample(OpKind op) {
     case OpKind::fused_pointwise:
       return Sample{PointwiseProgram{2, {{OpKind::mul, {0, 1}}, {OpKind::relu, {2}}}},
                     {x23, f32({3})}};
+    case OpKind::all_reduce:
+      return Sample{AllReduceAttrs{}, {x23, f32({4})}, 2};
   }
   return std::nullopt;
 }
@@ -237,7 +239,8 @@ const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::cross_entropy_backward,
                                        OpKind::sgd_update,
                                        OpKind::adamw_update,
-                                       OpKind::loss_scale_update};
+                                       OpKind::loss_scale_update,
+                                       OpKind::all_reduce};
 
 TEST(InferGeneric, EveryOpHasAValidSample) {
   for (OpKind op : kAllOps) {

@@ -127,6 +127,8 @@ inline std::string attrs_text(const Attrs& attrs) {
           return cat(a.k, " ", a.axis, " ", a.largest, " ", a.sorted);
         else if constexpr (std::is_same_v<A, GatherBackwardAttrs>)
           return cat(a.gather.axis, shape_str(a.data_shape));
+        else if constexpr (std::is_same_v<A, AllReduceAttrs>)
+          return cat(a.mean, " ", dtype_name(a.reduce_dtype));
       },
       attrs);
 }

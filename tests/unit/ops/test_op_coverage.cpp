@@ -240,6 +240,8 @@ std::optional<Example> tiny_example(OpKind op) {
                       Tensor::scalar(DType::f32, 0.5), Tensor::scalar(DType::f32, 0)}};
     case OpKind::nonfinite_any:
       return Example{{}, {uniform({2, 3}), uniform({4})}};
+    case OpKind::all_reduce:  // a bucket of two, in a world of one
+      return Example{AllReduceAttrs{}, {uniform({2, 3}), uniform({4})}};
     case OpKind::loss_scale_update:
       return Example{LossScaleAttrs{},
                      {Tensor::scalar(DType::f32, 1024), Tensor::scalar(DType::i64, 5),

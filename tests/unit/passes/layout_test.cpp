@@ -72,6 +72,29 @@ TEST(LayoutPass, ConvolutionRegionIsChannelsLastWithoutConversions) {
   EXPECT_EQ(plan.channels_last_values, 11);
 }
 
+// all_reduce is pairwise: a channels-last filter gradient is reduced and returned channels-last,
+// with no conversion at the bucket; a contiguous one beside it stays contiguous.
+TEST(LayoutPass, AllReduceKeepsEachGradientInItsOrder) {
+  Graph g("bucket");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 4, 6, 6});
+  const ValueId dy = g.add_input("dy", DType::f32, {2, 8, 6, 6});
+  const ValueId dw = b.conv_backward_filter(
+      x, dy,
+      ConvBackwardFilterAttrs{.conv = {.pads_begin = {1, 1}, .pads_end = {1, 1}},
+                              .filter_spatial = {3, 3}});
+  const ValueId dx = b.op(OpKind::reshape, ReshapeAttrs{{2, 4, 36, 1}}, {x}).at(0);
+  const std::vector<ValueId> avg = g.add_node(OpKind::all_reduce, AllReduceAttrs{}, {dw, dx}, "dp");
+  g.mark_output(avg[0]);
+  g.mark_output(avg[1]);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(dw), kCL);
+  EXPECT_EQ(plan.of(avg[0]), kCL);
+  EXPECT_EQ(plan.of(avg[1]), kContig);
+  for (const LayoutPlan::Conversion& c : plan.conversions)
+    EXPECT_NE(c.node, g.value(avg[0]).producer) << plan.describe(g);
+}
+
 TEST(LayoutPass, ContiguousPolicyAndEnvironment) {
   Block k = make_block();
   const LayoutPlan plan = plan_layouts(k.g, LayoutPolicy::contiguous);

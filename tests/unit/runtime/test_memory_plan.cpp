@@ -163,3 +163,31 @@ TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {
 
 }  // namespace
 }  // namespace fusebox::testing
+
+namespace fusebox::testing {
+namespace {
+
+// A collective's inputs live to the last node (so no later node writes their bytes and waits
+// for it); its outputs and everything else keep their usual lives.
+TEST(MemoryPlan, AllReduceInputsLiveToTheStepsEnd) {
+  Graph g("collective");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {64});
+  const ValueId grad = b.name("grad").op(OpKind::relu, {}, {x}).at(0);
+  const ValueId avg = g.add_node(OpKind::all_reduce, AllReduceAttrs{}, {grad}, "bucket")[0];
+  const ValueId later = b.name("later").op(OpKind::neg, {}, {x}).at(0);
+  const ValueId last = b.name("last").op(OpKind::add, {}, {avg, later}).at(0);
+  g.mark_output(last);
+  const runtime::Liveness life = runtime::liveness(g);
+  EXPECT_EQ(life.last[size_t(grad)], int(g.nodes().size()) - 1);
+  EXPECT_EQ(life.last[size_t(avg)], g.value(last).producer);
+  EXPECT_EQ(life.last[size_t(later)], g.value(last).producer);
+  const std::vector<size_t> bytes = intermediate_bytes(g);
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true);
+  EXPECT_TRUE(no_live_overlap(g, life, bytes, plan));
+  // `later` is written after the collective: it must not take the gradient's bytes.
+  EXPECT_NE(plan.offset[size_t(later)], plan.offset[size_t(grad)]);
+}
+
+}  // namespace
+}  // namespace fusebox::testing

@@ -1,5 +1,6 @@
 // What every kernel entry records its work with: the device, the command encoder of the
-// step being recorded, and the allocator its outputs and temporaries come from.
+// step being recorded, the allocator its outputs and temporaries come from, and the
+// data-parallel world its collectives reduce over (null: a world of one).
 #pragma once
 
 #include "backends/cuda/runtime/allocator.h"
@@ -9,10 +10,13 @@
 
 namespace fusebox::cuda {
 
+class NcclCommunicator;  // runtime/nccl.h
+
 struct Context {
   Device& device;
   CommandEncoder& encoder;
   CachingAllocator& allocator;
+  NcclCommunicator* world = nullptr;
 };
 
 // A temporary of the operation being recorded (CommandEncoder::temporary): bytes of the

@@ -4,10 +4,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 
 #include "backends/cuda/runtime/check.h"
+#include "backends/cuda/runtime/device.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda {
@@ -23,6 +26,7 @@ struct NcclApi {
   decltype(&::ncclCommDestroy) comm_destroy = nullptr;
   decltype(&::ncclCommAbort) comm_abort = nullptr;
   decltype(&::ncclAllReduce) all_reduce = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
   decltype(&::ncclGetErrorString) error_string = nullptr;
 };
 
@@ -55,6 +59,7 @@ const NcclApi& nccl() {
       resolve(lib, "ncclCommDestroy", a.comm_destroy);
       resolve(lib, "ncclCommAbort", a.comm_abort);
       resolve(lib, "ncclAllReduce", a.all_reduce);
+      resolve(lib, "ncclBroadcast", a.broadcast);
       resolve(lib, "ncclGetErrorString", a.error_string);
       int version = 0;
       a.get_version(&version);
@@ -96,14 +101,8 @@ ncclDataType_t nccl_type(DType d) {
 
 }  // namespace
 
-std::string nccl_unique_id() {
-  ncclUniqueId id;
-  check(nccl().get_unique_id(&id), "ncclGetUniqueId", -1);
-  return std::string(id.internal, sizeof id.internal);
-}
-
 NcclComm::NcclComm(const std::string& unique_id, int rank, int world_size, int device)
-    : rank_(rank), world_size_(world_size) {
+    : rank_(rank), world_size_(world_size), device_(device) {
   FUSEBOX_CHECK(unique_id.size() == sizeof(ncclUniqueId), "nccl", "rank ", rank,
                 ": a unique id of ", unique_id.size(), " bytes (NCCL's are ", sizeof(ncclUniqueId),
                 ")");
@@ -128,10 +127,85 @@ void NcclComm::all_reduce_sum(void* data, size_t count, DType dtype, cudaStream_
         "ncclAllReduce", rank_);
 }
 
+void NcclComm::broadcast(void* data, size_t bytes, int root, cudaStream_t stream) {
+  FUSEBOX_CHECK(comm_ != nullptr, "nccl", "rank ", rank_, ": broadcast after abort()");
+  check(
+      nccl().broadcast(data, data, bytes, ncclUint8, root, static_cast<ncclComm_t>(comm_), stream),
+      "ncclBroadcast", rank_);
+}
+
 void NcclComm::abort() {
   if (comm_ == nullptr) return;
   nccl().comm_abort(static_cast<ncclComm_t>(comm_));
   comm_ = nullptr;
 }
 
+// ---- NcclCommunicator ---------------------------------------------------------------------
+
+NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int world_size,
+                                   int device)
+    : comm_(unique_id, rank, world_size, device) {
+  DeviceGuard guard(device);
+  order_ = CachingAllocator::for_device(device).allocate(sizeof(int32_t));
+  FUSEBOX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+// f16 and bf16 travel as f32 (the interface's promise: summed in f32, rounded once).
+void NcclCommunicator::all_reduce_sum(Tensor& t) {
+  const bool half = t.dtype() == DType::f16 || t.dtype() == DType::bf16;
+  Tensor wire = half ? t.cast(DType::f32) : t;
+  if (wire.nbytes() > 0) {
+    DeviceGuard guard(comm_.device());
+    DeviceBuffer d = CachingAllocator::for_device(comm_.device()).allocate(wire.nbytes());
+    FUSEBOX_CUDA_CHECK(
+        cudaMemcpyAsync(d.data(), wire.raw(), wire.nbytes(), cudaMemcpyHostToDevice, stream_));
+    comm_.all_reduce_sum(d.data(), size_t(wire.numel()), wire.dtype(), stream_);
+    FUSEBOX_CUDA_CHECK(
+        cudaMemcpyAsync(wire.raw(), d.data(), wire.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  if (half) {  // into t's own buffer, as the MPI world does
+    const Tensor sum = wire.cast(t.dtype());
+    std::memcpy(t.raw(), sum.raw(), sum.nbytes());
+  }
+}
+
+void NcclCommunicator::broadcast(Tensor& t, int root) {
+  Tensor& wire = t;
+  if (wire.nbytes() > 0) {
+    DeviceGuard guard(comm_.device());
+    DeviceBuffer d = CachingAllocator::for_device(comm_.device()).allocate(wire.nbytes());
+    FUSEBOX_CUDA_CHECK(
+        cudaMemcpyAsync(d.data(), wire.raw(), wire.nbytes(), cudaMemcpyHostToDevice, stream_));
+    comm_.broadcast(d.data(), wire.nbytes(), root, stream_);
+    FUSEBOX_CUDA_CHECK(
+        cudaMemcpyAsync(wire.raw(), d.data(), wire.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+void NcclCommunicator::barrier() {
+  Tensor one = Tensor::scalar(DType::f32, 1.0);
+  all_reduce_sum(one);
+}
+
 }  // namespace fusebox::cuda
+
+namespace fusebox::dist {
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  cuda::check(cuda::nccl().get_unique_id(&id), "ncclGetUniqueId", -1);
+  return std::string(id.internal, sizeof id.internal);
+}
+
+std::shared_ptr<Communicator> nccl_communicator(const std::string& unique_id, int rank,
+                                                int world_size, int device) {
+  return std::make_shared<cuda::NcclCommunicator>(unique_id, rank, world_size, device);
+}
+
+}  // namespace fusebox::dist

@@ -21,7 +21,7 @@ namespace {
 #define FUSEBOX_REQUIRE_NCCL(id)                                                                  \
   std::string id;                                                                                 \
   try {                                                                                           \
-    id = nccl_unique_id();                                                                        \
+    id = dist::nccl_unique_id();                                                                  \
   } catch (const Error& e) {                                                                      \
     if (std::string(e.what()).find("cannot load") != std::string::npos) GTEST_SKIP() << e.what(); \
     throw;                                                                                        \
