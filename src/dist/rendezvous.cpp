@@ -84,18 +84,18 @@ std::map<std::string, std::string> decode(const std::string& bytes) {
 }  // namespace
 
 void check_same_run(TcpStore& store, int rank, int world_size,
-                    const std::map<std::string, std::string>& signature) {
+                    const std::map<std::string, std::string>& signature, const std::string& key) {
   std::map<std::string, std::string> mine = signature;
   mine["world size"] = std::to_string(world_size);
-  store.set("signature/" + std::to_string(rank), encode(mine));
-  const std::map<std::string, std::string> first = decode(store.get("signature/0"));
+  store.set(key + "/" + std::to_string(rank), encode(mine));
+  const std::map<std::string, std::string> first = decode(store.get(key + "/0"));
   // The world size first: a rank that counts more ranks would wait for ranks that never come.
   FUSEBOX_CHECK(first.count("world size") && first.at("world size") == mine["world size"], kWhere,
                 "rank ", rank, "'s world size is ", world_size, " where rank 0's is ",
                 first.count("world size") ? first.at("world size") : "unknown");
   for (int r = 1; r < world_size; ++r) {
     const std::map<std::string, std::string> other =
-        r == rank ? mine : decode(store.get("signature/" + std::to_string(r)));
+        r == rank ? mine : decode(store.get(key + "/" + std::to_string(r)));
     for (const auto& [name, value] : first) {
       const auto it = other.find(name);
       FUSEBOX_CHECK(it != other.end() && it->second == value, kWhere, "rank ", r, "'s ", name,
@@ -106,6 +106,14 @@ void check_same_run(TcpStore& store, int rank, int world_size,
       FUSEBOX_CHECK(first.count(name), kWhere, "rank ", r, " has ", name, " '", value,
                     "' where rank 0 has none");
   }
+}
+
+void wait_for_ranks(TcpStore& store, int rank, int world_size, const std::string& key) {
+  if (rank != 0) {
+    store.set(key + "/" + std::to_string(rank), "arrived");
+    return;
+  }
+  for (int r = 1; r < world_size; ++r) store.get(key + "/" + std::to_string(r));
 }
 
 }  // namespace fusebox::dist

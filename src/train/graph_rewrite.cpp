@@ -52,7 +52,14 @@ RewrittenGraph rewrite_graph(const Graph& src, const RewriteOptions& opts) {
     return m;
   };
 
-  for (const Node& n : src.nodes()) {
+  std::vector<NodeId> order = opts.node_order;
+  if (order.empty()) {
+    for (const Node& n : src.nodes()) order.push_back(n.id);
+  }
+  FUSEBOX_CHECK(order.size() == src.nodes().size(), where, "node_order holds ", order.size(),
+                " nodes, the graph ", src.nodes().size());
+  for (NodeId id : order) {
+    const Node& n = src.node(id);
     std::vector<ValueId> inputs;
     for (ValueId v : n.inputs)
       inputs.push_back(v == kNoValue ? kNoValue : mapped(v, node_label(n)));

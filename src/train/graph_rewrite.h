@@ -24,6 +24,9 @@ struct RewriteOptions {
   // added after the source graph's own inputs, in value-id order.
   std::set<std::string> constants_to_inputs;
   BatchNormForm batch_norm = BatchNormForm::keep;
+  // The source's nodes in this order (every node once, each after the writers of its inputs);
+  // empty: the source's order.
+  std::vector<NodeId> node_order;
 };
 
 struct RewrittenGraph {

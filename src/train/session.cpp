@@ -141,7 +141,7 @@ void TrainingSession::Impl::copy_state_to_host() const {
 
 std::unique_ptr<Executable> TrainingSession::Impl::compile_bound(
     const Graph& g, const train::StepGraph* updates) const {
-  CompileOptions co{.device = opts.device};
+  CompileOptions co{.device = opts.device, .communicator = opts.data_parallel.world};
   for (ValueId v : g.inputs()) {
     const std::string& name = g.value(v).name;
     if (std::find(batch_inputs.begin(), batch_inputs.end(), name) != batch_inputs.end() ||
@@ -172,16 +172,23 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     FUSEBOX_CHECK(std::isfinite(init) && init > 0, where, "loss_scaling.init_scale ", init,
                   " must be finite and > 0");
   }
-  s.step =
-      train::build_step_graph(model, s.layout, loss, optimizer, opts.precision, opts.loss_scaling);
+  const DataParallel& dp = opts.data_parallel;
+  if (dp.world) {
+    FUSEBOX_CHECK(dp.reduce_dtype == DType::f32 || dp.reduce_dtype == DType::bf16, where,
+                  "data_parallel.reduce_dtype must be f32 or bf16, got ",
+                  dtype_name(dp.reduce_dtype));
+    FUSEBOX_CHECK(dp.bucket_bytes > 0, where, "data_parallel.bucket_bytes must be > 0");
+  }
+  s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision,
+                                   opts.loss_scaling, dp);
   // (With f16, a skipped step 1 leaves the buffer at 0 and step 2 damps: PyTorch would
   // start the buffer at step 2's gradient.)
   if (const auto* sgd = std::get_if<SgdOptions>(&optimizer);
       sgd && sgd->momentum != 0 && sgd->dampening != 0) {
     SgdOptions undamped = *sgd;
     undamped.dampening = 0;
-    s.first_step =
-        train::build_step_graph(model, s.layout, loss, undamped, opts.precision, opts.loss_scaling);
+    s.first_step = train::build_step_graph(model, s.layout, loss, undamped, opts.precision,
+                                           opts.loss_scaling, dp);
   }
   s.eval = train::build_eval_graph(model, s.layout, opts.precision);
   s.batch_inputs = s.layout.data_inputs;
@@ -189,7 +196,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
 
   // Compile the step with every state input aliased to its next value, then upload the
   // initial state (the model's constants, zero optimizer state) into its arrays, once.
-  CompileOptions co{.device = opts.device};
+  CompileOptions co{.device = opts.device, .communicator = dp.world};
   for (const auto& [input, output] : s.step.state_updates) co.aliases.emplace_back(output, input);
   s.step_exe = Executable::compile(s.step.graph, co);
   NamedTensors initial;
@@ -206,6 +213,15 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     }
   }
   for (const std::string& b : s.layout.buffers) initial[b] = *model.constant(*model.find_value(b));
+  if (dp.world && dp.world->world_size() > 1) {
+    // Every rank starts from rank 0's parameters and statistics (DDP's rule); the broadcast
+    // writes into copies, never into the model's constants.
+    for (auto& [name, t] : initial) {
+      Tensor mine = t.clone();
+      dp.world->broadcast(mine, 0);
+      t = mine;
+    }
+  }
   for (const auto& [name, t] : initial) s.state(name).copy_from(t);
 }
 

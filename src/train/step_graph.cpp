@@ -5,9 +5,11 @@
 // form.
 #include "train/step_graph.h"
 
+#include <algorithm>
 #include <set>
 
 #include "fusebox/ir/builder.h"
+#include "fusebox/ir/op_info.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
@@ -61,19 +63,77 @@ struct Scaler {
 // The backward pass was seeded with a graph input (GradOptions::seed_input): it becomes
 // the loss scale, so the gradients are those of loss * scale. Adds the other state inputs,
 // the found_inf flag over every gradient (also an output) and 1 / scale.
-Scaler add_scaler(Graph& g, const GradResult& grads, const std::vector<ValueId>& params) {
+// `gradients`: what the updates read (averaged across the ranks in data-parallel training, so
+// that every rank finds the same).
+Scaler add_scaler(Graph& g, const GradResult& grads, const std::vector<ValueId>& gradients) {
   Scaler s;
   s.scale = grads.seed;
   g.rename_value(s.scale, scaler_input(kLossScale));
   s.tracker = g.add_input(scaler_input(kGrowthTracker), DType::i64, {});
   s.skipped = g.add_input(scaler_input(kSkippedSteps), DType::i64, {});
-  std::vector<ValueId> gradients;
-  for (ValueId p : params) gradients.push_back(grads.of(p));
   s.found_inf =
       g.add_node(OpKind::nonfinite_any, {}, gradients, "amp/found_inf", {kFoundInfOutput})[0];
   g.mark_output(s.found_inf);
   s.inv_scale = g.add_node(OpKind::reciprocal, {}, {s.scale}, "amp/unscale", {"amp/inv_scale"})[0];
   return s;
+}
+
+// Data parallel (session.h DataParallel): the gradients in all_reduce buckets, in the order the
+// backward pass writes them (by their writers' node order), a bucket closing once it holds
+// dp.bucket_bytes; returns each gradient's average, by position.
+std::vector<ValueId> average_gradients(Graph& g, const std::vector<ValueId>& gradients,
+                                       const DataParallel& dp) {
+  std::vector<size_t> order(gradients.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return g.value(gradients[a]).producer < g.value(gradients[b]).producer;
+  });
+  std::map<ValueId, ValueId> averaged;  // a gradient two parameters share is reduced once
+  std::vector<ValueId> bucket;
+  size_t bytes = 0;
+  int buckets = 0;
+  auto close = [&] {
+    if (bucket.empty()) return;
+    std::vector<std::string> names;
+    for (ValueId v : bucket) names.push_back(g.value(v).name + "/averaged");
+    const std::vector<ValueId> outs = g.add_node(
+        OpKind::all_reduce, AllReduceAttrs{.mean = true, .reduce_dtype = dp.reduce_dtype}, bucket,
+        cat("dp/bucket", buckets++), names);
+    for (size_t k = 0; k < bucket.size(); ++k) averaged[bucket[k]] = outs[k];
+    bucket.clear();
+    bytes = 0;
+  };
+  for (size_t i : order) {
+    const ValueId v = gradients[i];
+    if (averaged.count(v) || std::find(bucket.begin(), bucket.end(), v) != bucket.end()) continue;
+    bucket.push_back(v);
+    bytes += size_t(numel(g.value(v).type.shape)) * dtype_size(dp.reduce_dtype);
+    if (bytes >= dp.bucket_bytes) close();
+  }
+  close();
+  std::vector<ValueId> result;
+  for (ValueId v : gradients) result.push_back(averaged.at(v));
+  return result;
+}
+
+// The graph with every collective moved up to just after the last writer of its inputs (the
+// earliest place it can run), the other nodes in their order: on the GPU a bucket's
+// all_reduce then overlaps the backward nodes after it (ops.h all_reduce).
+Graph with_collectives_early(const Graph& g) {
+  std::vector<std::vector<NodeId>> after(g.nodes().size() + 1);  // by writer + 1
+  for (const Node& n : g.nodes()) {
+    if (op_info(n.op).family != OpFamily::collective) continue;
+    NodeId last = -1;
+    for (ValueId v : n.inputs) last = std::max(last, g.value(v).producer);
+    after[size_t(last + 1)].push_back(n.id);
+  }
+  std::vector<NodeId> order = after[0];
+  for (const Node& n : g.nodes()) {
+    if (op_info(n.op).family == OpFamily::collective) continue;
+    order.push_back(n.id);
+    order.insert(order.end(), after[size_t(n.id + 1)].begin(), after[size_t(n.id + 1)].end());
+  }
+  return rewrite_graph(g, {.node_order = order}).graph;
 }
 
 }  // namespace
@@ -175,7 +235,8 @@ std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling) {
 
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision,
-                           const LossScaling& scaling) {
+                           const LossScaling& scaling, const DataParallel& data_parallel) {
+  const bool parallel = data_parallel.world != nullptr;
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
   RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
@@ -213,15 +274,24 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
           .cross_entropy(logits, labels, kNoValue,
                          {.reduction = Reduction::mean, .ignore_index = loss.ignore_index})
           .at(0);
-  g.rename_value(loss_value, kLossOutput);
-  g.mark_output(loss_value);
+  if (parallel) {  // the step's loss: the mean of the ranks' losses
+    g.rename_value(loss_value, "loss/local");
+    g.mark_output(g.add_node(OpKind::all_reduce, AllReduceAttrs{}, {loss_value}, "dp/loss",
+                             {kLossOutput})[0]);
+  } else {
+    g.rename_value(loss_value, kLossOutput);
+    g.mark_output(loss_value);
+  }
 
   // Gradients, then one update per parameter.
   std::vector<ValueId> params;
   for (const std::string& p : layout.parameters) params.push_back(mapped(p));
   const bool scaled = precision == Precision::f16;
   const GradResult grads = grad(g, loss_value, params, {.seed_input = scaled});
-  const Scaler scaler = scaled ? add_scaler(g, grads, params) : Scaler{};
+  std::vector<ValueId> gradients;  // what the updates read, by parameter
+  for (ValueId p : params) gradients.push_back(grads.of(p));
+  if (parallel) gradients = average_gradients(g, gradients, data_parallel);
+  const Scaler scaler = scaled ? add_scaler(g, grads, gradients) : Scaler{};
   const ValueId lr = g.add_input(kLrInput, DType::f32, {});
   const auto* adamw = std::get_if<AdamWOptions>(&optimizer);
   ValueId step_now = adamw ? g.add_input(kStepInput, DType::i64, {}) : kNoValue;
@@ -240,10 +310,11 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     g.mark_output(next);
     step.state_updates.push_back({input, g.value(next).name});
   };
-  for (const std::string& p : layout.parameters) {
+  for (size_t i = 0; i < layout.parameters.size(); ++i) {
+    const std::string& p = layout.parameters[i];
     const ValueId param = mapped(p);
     const TensorType type = g.value(param).type;
-    const ValueId dparam = grads.of(param);
+    const ValueId dparam = gradients[i];
     if (adamw) {
       const std::string m = kOptimPrefix + p + "/exp_avg", v = kOptimPrefix + p + "/exp_avg_sq";
       const AdamWAttrs attrs{.beta1 = adamw->beta1,
@@ -298,6 +369,7 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     state_output(name, next);
   }
   g.verify();
+  if (parallel) g = with_collectives_early(g);
   return step;
 }
 

@@ -55,9 +55,12 @@ struct StepGraph {
 // `optimizer`'s lr is not used (it is the kLrInput input).
 // `precision`: passes/mixed_precision.h on the forward pass (parameters stay f32); f16 adds
 // dynamic loss scaling with `scaling`'s factors (its init_scale is initial_scaler_state's).
+// `data_parallel` with a world: the gradients averaged in all_reduce buckets and the loss
+// averaged (session.h DataParallel); the collectives placed right after their inputs' last
+// writer.
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision = Precision::f32,
-                           const LossScaling& scaling = {});
+                           const LossScaling& scaling = {}, const DataParallel& data_parallel = {});
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
                        Precision precision = Precision::f32);

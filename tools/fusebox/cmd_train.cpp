@@ -1,17 +1,26 @@
 // fusebox train: train a zoo model or an ONNX model on an .npz data set or a synthetic
 // one, with checkpoints and resume.
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <numeric>
+#include <optional>
+#include <string_view>
 
 #include "common.h"
+#include "fusebox/dist/launcher.h"
 #include "fusebox/train/data.h"
+#include "fusebox/train/data_parallel.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
 
@@ -42,6 +51,9 @@ struct TrainArgs {
   bool shuffle = false;
   int64_t log_every = 0;
   std::vector<std::string> shapes;
+  int gpus = 1;
+  double bucket_mb = 25;
+  std::string reduce_dtype = "f32";
 
   // Which options were given (CLI11 fills these after parsing).
   CLI::App* app = nullptr;
@@ -162,7 +174,77 @@ class DeviceBatches {
   std::vector<Feeds> batches_;
 };
 
+// This process's command line (/proc/self/cmdline), its program the executable itself.
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+  FUSEBOX_CHECK(!argv.empty(), "fusebox train", "cannot read /proc/self/cmdline");
+  std::vector<char> exe(4096);
+  const ssize_t n = ::readlink("/proc/self/exe", exe.data(), exe.size() - 1);
+  FUSEBOX_CHECK(n > 0, "fusebox train", "cannot read /proc/self/exe");
+  argv[0] = std::string(exe.data(), size_t(n));
+  return argv;
+}
+
+// --gpus N: the same command without --gpus, once per rank (dist/launcher.h); the ranks find
+// each other through the variables launch_local sets. Returns the run's exit status.
+int launch_ranks(const TrainArgs& args) {
+  FUSEBOX_CHECK(!dist::DistEnv::from_env(), "fusebox train",
+                "--gpus starts the ranks itself; FUSEBOX_RANK and the other rendezvous "
+                "variables are already set (drop --gpus, or unset them)");
+  if (parse_device(args.device) != Device::cuda)
+    throw UsageError(cat("--gpus ", args.gpus, " trains on CUDA: add --device cuda"));
+  if (args.gpus > cuda_device_count())
+    throw UsageError(
+        cat("--gpus ", args.gpus, ": this machine has ", cuda_device_count(), " GPU(s)"));
+  std::vector<std::string> argv;
+  const std::vector<std::string> own = own_command_line();
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (own[i] == "--gpus") {
+      ++i;  // and its value
+      continue;
+    }
+    if (own[i].rfind("--gpus=", 0) == 0) continue;
+    argv.push_back(own[i]);
+  }
+  const dist::LaunchResult r = dist::launch_local(args.gpus, argv);
+  if (!r.ok) throw Error("fusebox train", cat("--gpus ", args.gpus, ": ", r.why));
+  return 0;
+}
+
+// What every rank must agree on before training together (dist::check_same_run).
+std::map<std::string, std::string> run_signature(const TrainArgs& args) {
+  std::map<std::string, std::string> sig;
+  sig["model"] = args.model;
+  for (const char* option :
+       {"--optimizer", "--lr", "--momentum", "--weight-decay", "--batch-size", "--steps",
+        "--precision", "--seed", "--resume", "--image-size", "--num-classes", "--seq-len", "--data",
+        "--synthetic", "--samples", "--shuffle", "--shape", "--bucket-mb", "--reduce-dtype"}) {
+    const CLI::Option* o = args.app->get_option_no_throw(option);
+    if (o != nullptr && o->count() > 0) sig[option] = o->as<std::string>();
+  }
+  return sig;
+}
+
+// Data parallel, after the last step: every rank's parameters must be rank 0's, bit for bit
+// (the same averaged gradients, the same update); a drift is an Error naming the rank.
+void check_parameters_agree(DataParallelRun& run, const TrainingSession& session) {
+  size_t hash = 0;
+  for (const auto& [name, t] : session.parameters()) {
+    const size_t h = std::hash<std::string_view>{}(
+        std::string_view(static_cast<const char*>(t.raw()), t.nbytes()));
+    hash = hash * 1000003u ^ h;
+  }
+  dist::check_same_run(
+      *run.store, run.env.rank, run.env.world_size,
+      {{cat("parameters after step ", session.step_count(), " (hash)"), std::to_string(hash)}},
+      "parameters");
+  dist::wait_for_ranks(*run.store, run.env.rank, run.env.world_size, "parameters checked");
+}
+
 int train(const TrainArgs& args) {
+  if (args.gpus > 1) return launch_ranks(args);
   if (args.loss != "cross_entropy")
     throw UsageError(cat("unknown --loss '", args.loss, "': only cross_entropy is supported"));
   if (args.synthetic == !args.data.empty())
@@ -228,7 +310,21 @@ int train(const TrainArgs& args) {
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
-  TrainingSession session(g, LossSpec{}, optimizer, {.device = device, .precision = precision});
+  // A rank of a data-parallel run (--gpus, or a scheduler's variables): rank 0 speaks, writes
+  // checkpoints and reports the run's throughput; the loss is the ranks' mean.
+  std::optional<DataParallelRun> parallel = join_data_parallel_run(device, run_signature(args));
+  const int rank = parallel ? parallel->env.rank : 0;
+  const int world = parallel ? parallel->env.world_size : 1;
+  std::ostringstream quiet;
+  std::ostream& out = rank == 0 ? std::cout : quiet;
+  SessionOptions session_options{.device = device, .precision = precision};
+  if (parallel) {
+    session_options.data_parallel = {
+        .world = parallel->world,
+        .bucket_bytes = size_t(args.bucket_mb * double(1 << 20)),
+        .reduce_dtype = args.reduce_dtype == "bf16" ? DType::bf16 : DType::f32};
+  }
+  TrainingSession session(g, LossSpec{}, optimizer, session_options);
   if (resume) {
     session.restore(*resume, "checkpoint: " + args.resume);
     if (args.given("--lr")) session.set_lr(args.lr);
@@ -237,18 +333,23 @@ int train(const TrainArgs& args) {
   int64_t values = 0;
   for (const std::string& name : session.parameter_names())  // shapes only: no download
     values += numel(session.step_executable().input(name).shape());
-  std::cout << "training " << model.description << " on " << device_name(device) << ", "
-            << precision_name(precision) << "\n"
-            << "  " << session.parameter_names().size() << " parameter tensors ("
-            << with_commas(values) << " values), " << describe(session.optimizer()) << "\n"
-            << "  batch " << batch << " from " << data->size()
-            << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
-            << (args.shuffle ? ", shuffled" : ", in order") << "\n";
+  out << "training " << model.description << " on " << device_name(device) << ", "
+      << precision_name(precision) << "\n"
+      << "  " << session.parameter_names().size() << " parameter tensors (" << with_commas(values)
+      << " values), " << describe(session.optimizer()) << "\n";
+  if (parallel)
+    out << "  data parallel: " << world << " ranks (GPUs), batch " << batch << " each ("
+        << batch * world << " a step), gradients in " << fixed(args.bucket_mb, 1)
+        << " MB buckets reduced as " << args.reduce_dtype << "\n";
+  out << "  batch " << batch << " from " << data->size()
+      << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
+      << (args.shuffle ? ", shuffled" : ", in order") << "\n";
   if (resume)
-    std::cout << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
+    out << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
 
   const int64_t first = session.step_count() + 1, last = session.step_count() + args.steps;
-  Progress progress(first, last,
+  // Other ranks report nothing: a step far beyond the last never prints.
+  Progress progress(first, rank == 0 ? last : std::numeric_limits<int64_t>::max(),
                     args.log_every > 0 ? args.log_every : std::max<int64_t>(1, args.steps / 10));
   DeviceBatches device_batches(batches, input, device, args.shuffle);
   const auto start = std::chrono::steady_clock::now();
@@ -256,59 +357,87 @@ int train(const TrainArgs& args) {
   // Steps are queued (the device runs behind the host); each loss is reported once it has
   // arrived, so the host never waits for a step it does not need to.
   std::deque<std::pair<int64_t, PendingTensor>> losses;
+  // A rank that died or hangs stops this one within the timeout (data_parallel.h).
+  std::optional<PeerProgress> peers;  // before the watchdog, whose thread reads it
+  std::optional<StepWatchdog> watchdog;
+  if (parallel) {
+    peers.emplace(*parallel);
+    watchdog.emplace(rank, parallel->env.timeout, stop_on_stall(*parallel),
+                     [&peers] { return peers->describe(); });
+  }
+  // Steady state: the time from the arrival of step `settled`'s loss (the first steps hold
+  // one-time work: graph instantiation, the allocator's first blocks) to the last one's.
+  const int64_t settled = first + std::min<int64_t>(10, args.steps / 5);
+  std::optional<std::chrono::steady_clock::time_point> settled_at;
   auto report = [&](bool wait) {
     while (!losses.empty() && (wait || losses.front().second.ready())) {
       const auto [step, pending] = losses.front();
       losses.pop_front();
       loss = float(pending.get().get(0));
+      if (step == settled) settled_at = std::chrono::steady_clock::now();
+      if (watchdog) {
+        watchdog->progress(step);
+        peers->publish(step);
+      }
       if (step == first) first_loss = loss;
       FUSEBOX_CHECK(std::isfinite(loss), "fusebox train", "the loss is ", loss, " at step ", step,
                     " (is the learning rate too high?)");
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      progress.update(step,
-                      cat("loss ", fixed(loss, 4), "  ",
-                          fixed(double((step - first + 1) * batch) / seconds, 1), " ", unit, "/s"));
+      if (rank == 0)
+        progress.update(step, cat("loss ", fixed(loss, 4), "  ",
+                                  fixed(double((step - first + 1) * batch * world) / seconds, 1),
+                                  " ", unit, "/s"));
     }
   };
   const InterruptGuard interrupt;
   while (session.step_count() < last && !interrupted()) {
-    const int64_t index = session.step_count();
+    const int64_t taking = session.step_count() + 1;  // the step being queued
+    const int64_t index = shard_batch_index(session.step_count(), rank, world);
     if (device_batches.active()) {
-      losses.emplace_back(index + 1, session.step_async(device_batches.batch(index)));
+      losses.emplace_back(taking, session.step_async(device_batches.batch(index)));
     } else {
       auto [x, y] = batches.batch(index);
       if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
-      losses.emplace_back(index + 1,
-                          session.step_async(NamedTensors{{input.name, x}, {"labels", y}}));
+      losses.emplace_back(taking, session.step_async(NamedTensors{{input.name, x}, {"labels", y}}));
     }
     const int64_t step = session.step_count();
     report(false);
     if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0 && step != last) {
       report(true);  // a checkpoint only of steps known to be good
-      session.save(args.checkpoint);
+      if (rank == 0) session.save(args.checkpoint);
     }
   }
   report(true);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  watchdog.reset();  // the end's checks wait with the store's own timeout
+  const auto finished = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(finished - start).count();
   const int64_t done = session.step_count() - first + 1, end = session.step_count();
-  if (interrupted())
-    std::cout << "interrupted (SIGINT) after step " << end << " of " << last << "\n";
+  if (interrupted()) out << "interrupted (SIGINT) after step " << end << " of " << last << "\n";
 
-  std::cout << std::fixed << "trained " << done << " steps (" << first << " to " << end << ") in "
-            << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
-            << double(done * batch) / seconds << " " << unit << "/s; loss " << std::setprecision(4)
-            << first_loss << " -> " << loss << "\n";
-  if (precision == Precision::f16) {  // the scaler's state: read once, after every step
-    std::cout << "  loss scaling: " << session.skipped_steps()
-              << " steps skipped so far (inf/NaN gradients), loss scale " << std::defaultfloat
-              << std::setprecision(10) << session.loss_scale() << "\n";
+  out << std::fixed << "trained " << done << " steps (" << first << " to " << end << ") in "
+      << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
+      << double(done * batch * world) / seconds << " " << unit << "/s"
+      << (world > 1 ? cat(" (", world, " ranks)") : "") << "; loss " << std::setprecision(4)
+      << first_loss << " -> " << loss << "\n";
+  if (settled_at && end > settled) {
+    const double steady = std::chrono::duration<double>(finished - *settled_at).count();
+    out << "  steady state (steps " << settled + 1 << " to " << end << "): " << std::setprecision(1)
+        << double((end - settled) * batch * world) / steady << " " << unit << "/s, "
+        << std::setprecision(2) << 1000 * steady / double(end - settled) << " ms/step\n";
   }
-  if (!args.checkpoint.empty()) {
+  if (precision == Precision::f16) {  // the scaler's state: read once, after every step
+    out << "  loss scaling: " << session.skipped_steps()
+        << " steps skipped so far (inf/NaN gradients), loss scale " << std::defaultfloat
+        << std::setprecision(10) << session.loss_scale() << "\n";
+  }
+  if (parallel) {
+    check_parameters_agree(*parallel, session);
+    out << "  parameters identical on all " << world << " ranks (bit for bit)\n";
+  }
+  if (!args.checkpoint.empty() && rank == 0) {
     session.save(args.checkpoint);
-    std::cout << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count()
-              << ")\n";
+    out << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count() << ")\n";
   }
   return interrupted() ? 128 + SIGINT : 0;  // a shell's status for a program stopped by ^C
 }
@@ -378,6 +507,20 @@ Command add_train_command(CLI::App& parent) {
       ->type_name("N")
       ->check(CLI::PositiveNumber);
   add_shape_option(*app, &args->shapes);
+  app->add_option("--gpus", args->gpus,
+                  "Data-parallel training on N GPUs of this machine: N processes, one per GPU, "
+                  "each with --batch-size samples a step, gradients averaged through NCCL "
+                  "(docs/distributed.md); default 1. Processes a scheduler starts set "
+                  "FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR/PORT and LOCAL_RANK "
+                  "instead")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--bucket-mb", args->bucket_mb,
+                  "Data parallel: gradient megabytes per all-reduce bucket; default 25")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--reduce-dtype", args->reduce_dtype,
+                  "Data parallel: what gradients are summed in, f32 (default) or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   return {app, [args] { return train(*args); }};
 }
 

@@ -34,8 +34,16 @@ struct DistEnv {
 // (entries such as "world size", "model", "precision", "batch") in the store, then compares
 // rank 0's with every rank's; the first difference is an Error, the same on every rank, naming
 // the ranks and the entry ("rank 2's model is 'resnet18' where rank 0's is 'resnet50'"). A
-// rank that never publishes is the store's timeout error naming its key.
+// rank that never publishes is the store's timeout error naming its key. `key`: the store
+// keys' prefix ("<key>/<rank>"), one per check (e.g. "parameters" at the end of a run, to
+// show that no rank's parameters drifted).
 void check_same_run(TcpStore& store, int rank, int world_size,
-                    const std::map<std::string, std::string>& signature);
+                    const std::map<std::string, std::string>& signature,
+                    const std::string& key = "signature");
+
+// The end of a run: rank 0, whose process serves the store, returns once every rank has
+// called this with `key` (so that none is still reading the store when rank 0 exits); the
+// others return at once. A rank that never arrives is the store's timeout error naming it.
+void wait_for_ranks(TcpStore& store, int rank, int world_size, const std::string& key);
 
 }  // namespace fusebox::dist

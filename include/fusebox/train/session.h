@@ -64,6 +64,7 @@
 #include <variant>
 #include <vector>
 
+#include "fusebox/dist/communicator.h"
 #include "fusebox/ir/graph.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
@@ -99,6 +100,25 @@ struct LossScaling {
   int64_t growth_interval = 2000;
 };
 
+// Data-parallel training (docs/distributed.md): one session per rank, each on its own shard
+// of every batch, the ranks' gradients averaged inside the step. The step graph gets
+// all_reduce nodes (ops.h), each a bucket of gradients in the order the backward pass
+// produces them, placed right after the last of them so that on the GPU it overlaps the rest
+// of the backward pass; the optimizer updates (and f16's inf/NaN check) read the averages, so
+// every rank applies the same update to the same parameters. The loss a step returns is the
+// mean of the ranks' losses. At construction the parameters and batch-norm statistics are
+// taken from rank 0 (broadcast), as DDP does; later each rank keeps its own running
+// statistics (its own batches'), and checkpoints are rank 0's business.
+struct DataParallel {
+  // The world (mpi_world() for the CPU backend, nccl_communicator() for CUDA); null: one
+  // process, no all_reduce nodes. Every rank of it must build the same session.
+  std::shared_ptr<dist::Communicator> world;
+  // Gradient bytes (as reduce_dtype) per all_reduce: a bucket closes once it holds this many.
+  size_t bucket_bytes = size_t(25) << 20;
+  // What the gradients are summed in: f32, or bf16 (half the bytes; rounded once before).
+  DType reduce_dtype = DType::f32;
+};
+
 struct SessionOptions {
   Device device = Device::cpu;
   // bf16 / f16: the model's forward pass rewritten with PyTorch autocast's rules
@@ -111,6 +131,7 @@ struct SessionOptions {
   LossScaling loss_scaling;
   // Constants (by name) that are not trained and stay constants.
   std::set<std::string> frozen;
+  DataParallel data_parallel;
 };
 
 class TrainingSession {

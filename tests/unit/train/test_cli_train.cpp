@@ -273,6 +273,32 @@ TEST_F(CliTrain, CudaDeviceGivesTheExecutorsError) {
   EXPECT_TRUE(contains(r.err, "CUDA")) << r.err;
 }
 
+// Data parallel (docs/distributed.md) without GPUs: what is refused, and how. (Ranks that train:
+// tests/mpi on the CPU, the GPU runs of --gpus N in bench/results.)
+TEST_F(CliTrain, DataParallelRefusalsNameWhatIsWrong) {
+  ToolResult r = train(cat(kSmall, " --steps 1 --gpus 2"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--gpus 2 trains on CUDA: add --device cuda")) << r.err;
+  const char* rank_env =
+      "FUSEBOX_RANK=0 FUSEBOX_WORLD_SIZE=1 FUSEBOX_MASTER_ADDR=127.0.0.1 FUSEBOX_MASTER_PORT=1";
+  r = train(cat(kSmall, " --steps 1 --gpus 2 --device cuda"), rank_env);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "--gpus starts the ranks itself")) << r.err;
+  if (!cuda_available()) {
+    r = train(cat(kSmall, " --steps 1 --gpus 2 --device cuda"));
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "--gpus 2: this machine has 0 GPU(s)")) << r.err;
+  }
+  // A rank started by a scheduler on the CPU backend: refused (its world is MPI's, under mpirun).
+  r = train(
+      cat(kSmall, " --steps 1"),
+      "FUSEBOX_RANK=0 FUSEBOX_WORLD_SIZE=1 FUSEBOX_MASTER_ADDR=127.0.0.1 FUSEBOX_MASTER_PORT=1");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "data-parallel training runs on CUDA")) << r.err;
+  r = train(cat(kSmall, " --steps 1 --reduce-dtype f16"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
 // `fusebox bench`: both modes on the CPU print every figure and write them as JSON.
 TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
   for (const char* mode : {"train", "infer"}) {
