@@ -76,7 +76,12 @@ StepWatchdog::OnStall stop_on_stall(const DataParallelRun& run) {
   return [world](const std::string& message) {
     std::fprintf(stderr, "fusebox: error: %s; stopping\n", message.c_str());
     std::fflush(stderr);
-    if (world) world->abort();
+    // ncclCommAbort can block while a kernel of the step's graph still waits for the missing
+    // rank (seen on the H200s: a rank stopped with SIGSTOP kept its peer's abort waiting): it
+    // gets two seconds on a thread of its own, then the process ends, and the driver frees the
+    // GPU's work and memory with it.
+    if (world) std::thread([world] { world->abort(); }).detach();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
     std::_Exit(1);
   };
 }

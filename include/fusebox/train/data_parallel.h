@@ -73,7 +73,8 @@ class StepWatchdog {
   std::thread thread_;
 };
 
-// StepWatchdog's default action for `run`: stderr, run.world->abort(), std::_Exit(1).
+// StepWatchdog's default action for `run`: stderr, run.world->abort() (given two seconds: it
+// can block), std::_Exit(1).
 StepWatchdog::OnStall stop_on_stall(const DataParallelRun& run);
 
 // Each rank's last completed step, kept in the run's store ("progress/<rank>"), so that a stalled
