@@ -107,8 +107,9 @@ Grads vjp(VjpArgs& a) {
     case OpKind::adamw_update:
     case OpKind::nonfinite_any:
     case OpKind::loss_scale_update:
-    case OpKind::all_reduce:
       return no_gradient_second_order(a);
+    case OpKind::all_reduce:
+      return vjp_all_reduce(a);
     case OpKind::fused_pointwise:
       a.no_gradient(
           "fused_pointwise has no gradient rule: fuse pointwise chains only in graphs that are "

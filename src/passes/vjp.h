@@ -118,5 +118,7 @@ Grads vjp_cumsum(VjpArgs& a);
 Grads vjp_top_k(VjpArgs& a);
 Grads vjp_resize(VjpArgs& a);
 Grads vjp_where(VjpArgs& a);
+// vjp_math.cpp: all_reduce (the cotangents reduced the same way).
+Grads vjp_all_reduce(VjpArgs& a);
 
 }  // namespace fusebox::autodiff

@@ -75,6 +75,26 @@ Grads vjp_binary(VjpArgs& a) {
   return out;
 }
 
+// all_reduce: data-parallel training averages every rank's parameter gradients at the end
+// (the objective is the ranks' mean loss), so each rank propagates W times its share of the
+// true gradient. Through a sum y = sum_r x_r that is sum_r dy_r, through a mean it is
+// mean_r dy_r: the cotangents all-reduced with the node's own attributes, in one bucket (every
+// rank builds the same graph, so the collectives match). A world of one: the identity.
+Grads vjp_all_reduce(VjpArgs& a) {
+  std::vector<ValueId> dys;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < a.node.inputs.size(); ++i) {
+    if (!a.needs_input(i) || a.dy[i] == kNoValue) continue;
+    dys.push_back(a.dy[i]);
+    which.push_back(i);
+  }
+  Grads out(a.node.inputs.size(), kNoValue);
+  if (dys.empty()) return out;
+  const std::vector<ValueId> dx = a.e.op(OpKind::all_reduce, a.node.attrs, dys, "dx");
+  for (size_t k = 0; k < which.size(); ++k) out[which[k]] = dx[k];
+  return out;
+}
+
 // cumsum: x[j] reaches every y[i] with i >= j (reverse: i <= j), so dx is the cumsum of dy
 // the other way, exclusive as the forward.
 Grads vjp_cumsum(VjpArgs& a) {

@@ -4,9 +4,11 @@
 //     (f32 and bf16 gradient buckets);
 //   - the losses (the ranks' mean) and parameters match one process training on the whole
 //     step's samples (batch world * B), within f32 rounding: the averaged gradient of B-sample
-//     shards is the gradient of the world * B batch.
-// The model is linear (no batch norm, whose batch statistics would differ by shard). Exits
-// non-zero on the first failure, naming the rank and the check.
+//     shards is the gradient of the world * B batch;
+//   - with synchronized batch norm, a batch-norm model on B-image shards trains as one
+//     process with plain batch norm on the world * B batch.
+// The model is linear (no batch norm, whose batch statistics would differ by shard) but in the
+// sync batch norm check. Exits non-zero on the first failure, naming the rank and the check.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +18,10 @@
 
 #include "fusebox/dist/communicator.h"
 #include "fusebox/ir/builder.h"
+#include "fusebox/train/data.h"
+#include "fusebox/train/data_parallel.h"
 #include "fusebox/train/session.h"
+#include "fusebox/zoo.h"
 
 namespace {
 
@@ -109,6 +114,51 @@ void train_and_check(const std::shared_ptr<dist::Communicator>& world, DType red
     expect(same_everywhere(*world, t), cat(what, ": optimizer state ", name, " differs"));
 }
 
+// small_cnn (two batch norms) with synchronized batch norm on B-image shards against one
+// process with plain batch norm on the whole n * B batch: the same statistics, so the same
+// losses and parameters up to rounding; every rank's parameters and running statistics rank 0's.
+void train_sync_batch_norm(const std::shared_ptr<dist::Communicator>& world) {
+  const int rank = world->rank(), n = world->world_size();
+  const int64_t shard = 4;
+  auto model = [](int64_t batch) {
+    return build_zoo_model(
+        "small_cnn",
+        {.batch = batch, .image_size = 8, .num_classes = 10, .seed = 3, .training = true});
+  };
+  const Dataset data = synthetic_dataset(48, 3, 8, 10, 7);
+  const BatchSampler shards(data, shard, false, 0), whole_batches(data, shard * n, false, 0);
+  SessionOptions opts;
+  opts.data_parallel = {.world = world, .sync_batch_norm = true};
+  const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+  TrainingSession parallel(model(shard), LossSpec{}, sgd, opts);
+  TrainingSession whole(model(shard * n), LossSpec{}, sgd);
+  for (int64_t step = 0; step < 10; ++step) {
+    auto [x, y] = shards.batch(shard_batch_index(step, rank, n));
+    auto [wx, wy] = whole_batches.batch(step);
+    const float mine = parallel.step({{"input", x}, {"labels", y}});
+    const float all = whole.step({{"input", wx}, {"labels", wy}});
+    expect(relative(mine, all) <= 1e-4,
+           cat("sync batch norm: step ", step + 1, " loss ", mine, " vs one process's ", all));
+  }
+  auto close = [&](const NamedTensors& got, const NamedTensors& want, const char* kind) {
+    for (const auto& [name, p] : got) {
+      expect(same_everywhere(*world, p), cat("sync batch norm: ", kind, " ", name, " differs"));
+      const Tensor& q = want.at(name);
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < p.numel(); ++i) {
+        const double a = p.data<float>()[i], b = q.data<float>()[i];
+        diff += (a - b) * (a - b);
+        norm += b * b;
+      }
+      expect(std::sqrt(diff) <= 1e-4 * std::sqrt(norm) + 1e-7,
+             cat("sync batch norm: ", kind, " ", name, " is ", std::sqrt(diff / norm),
+                 " of its norm from one process's"));
+    }
+  };
+  close(parallel.parameters(), whole.parameters(), "parameter");
+  close(parallel.buffers(), whole.buffers(), "running statistic");
+}
+
 }  // namespace
 
 int main() {
@@ -118,11 +168,12 @@ int main() {
   train_and_check(world, DType::f32, SgdOptions{.lr = 0.2, .momentum = 0.9});
   train_and_check(world, DType::f32, AdamWOptions{.lr = 0.01});
   train_and_check(world, DType::bf16, SgdOptions{.lr = 0.2, .momentum = 0.9});
+  train_sync_batch_norm(world);
   world->barrier();
   if (g_rank == 0)
     std::printf(
         "mpi training: %d ranks: parameters identical on every rank, losses as one "
-        "process's\n",
+        "process's (sync batch norm too)\n",
         world->world_size());
   return 0;
 }

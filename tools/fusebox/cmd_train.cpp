@@ -54,6 +54,7 @@ struct TrainArgs {
   int gpus = 1;
   double bucket_mb = 25;
   std::string reduce_dtype = "f32";
+  bool sync_bn = false;
 
   // Which options were given (CLI11 fills these after parsing).
   CLI::App* app = nullptr;
@@ -218,9 +219,10 @@ std::map<std::string, std::string> run_signature(const TrainArgs& args) {
   std::map<std::string, std::string> sig;
   sig["model"] = args.model;
   for (const char* option :
-       {"--optimizer", "--lr", "--momentum", "--weight-decay", "--batch-size", "--steps",
-        "--precision", "--seed", "--resume", "--image-size", "--num-classes", "--seq-len", "--data",
-        "--synthetic", "--samples", "--shuffle", "--shape", "--bucket-mb", "--reduce-dtype"}) {
+       {"--optimizer",   "--lr",        "--momentum",  "--weight-decay", "--batch-size",
+        "--steps",       "--precision", "--seed",      "--resume",       "--image-size",
+        "--num-classes", "--seq-len",   "--data",      "--synthetic",    "--samples",
+        "--shuffle",     "--shape",     "--bucket-mb", "--reduce-dtype", "--sync-bn"}) {
     const CLI::Option* o = args.app->get_option_no_throw(option);
     if (o != nullptr && o->count() > 0) sig[option] = o->as<std::string>();
   }
@@ -322,7 +324,8 @@ int train(const TrainArgs& args) {
     session_options.data_parallel = {
         .world = parallel->world,
         .bucket_bytes = size_t(args.bucket_mb * double(1 << 20)),
-        .reduce_dtype = args.reduce_dtype == "bf16" ? DType::bf16 : DType::f32};
+        .reduce_dtype = args.reduce_dtype == "bf16" ? DType::bf16 : DType::f32,
+        .sync_batch_norm = args.sync_bn};
   }
   TrainingSession session(g, LossSpec{}, optimizer, session_options);
   if (resume) {
@@ -340,7 +343,8 @@ int train(const TrainArgs& args) {
   if (parallel)
     out << "  data parallel: " << world << " ranks (GPUs), batch " << batch << " each ("
         << batch * world << " a step), gradients in " << fixed(args.bucket_mb, 1)
-        << " MB buckets reduced as " << args.reduce_dtype << "\n";
+        << " MB buckets reduced as " << args.reduce_dtype
+        << (args.sync_bn ? ", batch norms synchronized" : "") << "\n";
   out << "  batch " << batch << " from " << data->size()
       << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
       << (args.shuffle ? ", shuffled" : ", in order") << "\n";
@@ -521,6 +525,11 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--reduce-dtype", args->reduce_dtype,
                   "Data parallel: what gradients are summed in, f32 (default) or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app->add_flag("--sync-bn", args->sync_bn,
+                "Data parallel: batch norms use the statistics of the whole step's batch (all "
+                "GPUs), as PyTorch's SyncBatchNorm. For now decomposed into separate reductions "
+                "and pointwise ops: several times slower on convolutional networks "
+                "(docs/distributed.md)");
   return {app, [args] { return train(*args); }};
 }
 

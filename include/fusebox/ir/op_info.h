@@ -403,12 +403,12 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(attention_backward), .family = OpFamily::backward, .min_inputs = 6,
      .max_inputs = 7, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
      .differentiable = false},
-    // ---- collectives (added after autodiff: no VJP); the kernels take strided inputs and
-    // copy any that is not in its output's order into that order first
+    // ---- collectives (differentiable: sync batch norm's statistics; passes/vjp_math.cpp);
+    // the kernels take strided inputs and copy any that is not in its output's order into
+    // that order first
     {FUSEBOX_OP_ROW(all_reduce), .family = OpFamily::collective, .min_inputs = 1,
      .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<AllReduceAttrs>(),
-     .attrs_defaultable = true, .layout = LayoutRole::pairwise, .cuda_strided_inputs = true,
-     .differentiable = false},
+     .attrs_defaultable = true, .layout = LayoutRole::pairwise, .cuda_strided_inputs = true},
 };
 
 #undef FUSEBOX_OP_ROW

@@ -117,6 +117,13 @@ struct DataParallel {
   size_t bucket_bytes = size_t(25) << 20;
   // What the gradients are summed in: f32, or bf16 (half the bytes; rounded once before).
   DType reduce_dtype = DType::f32;
+  // Synchronized batch norm: every training batch norm normalises with the statistics of the
+  // whole step's batch (all ranks' shards), forward and backward, as PyTorch's
+  // SyncBatchNorm; its running statistics are then the same on every rank. It costs two small
+  // all-reduces per batch norm in the forward pass and two in the backward, on the critical
+  // path, and, for now, the decomposed normalisation instead of the fused kernels
+  // (train/sync_batch_norm.cpp: ResNet-50 on 2 H200s trains 6x slower with it).
+  bool sync_batch_norm = false;
 };
 
 struct SessionOptions {

@@ -159,6 +159,37 @@ TEST(DataParallelSession, MirroredRanksTrainBitForBitAsOneProcess) {
   }
 }
 
+// Synchronized batch norm in a mirror world (every rank the same shard: the whole batch's
+// statistics are this process's) trains as plain batch norm, up to the decomposed
+// arithmetic's rounding: no batch_norm node is left, its statistics and their gradients cross
+// the ranks (two all_reduces forward, two backward, per batch norm), and the running
+// statistics follow.
+TEST(DataParallelSession, SyncBatchNormInAMirrorWorldTrainsAsPlainBatchNorm) {
+  const Dataset data = synthetic_dataset(16, 3, 8, 10, 7);
+  const BatchSampler sampler(data, 4, false, 0);
+  for (Precision precision : {Precision::f32, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    SessionOptions sync{.precision = precision};
+    sync.data_parallel = {.world = std::make_shared<MirrorWorld>(2), .sync_batch_norm = true};
+    TrainingSession a(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9},
+                      {.precision = precision});
+    TrainingSession b(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9}, sync);
+    const Graph& g = b.step_graph();
+    EXPECT_EQ(count_ops(g, OpKind::batch_norm), 0);
+    // 2 batch norms x (2 forward + 2 backward) + 1 gradient bucket + the loss.
+    EXPECT_EQ(count_ops(g, OpKind::all_reduce), 2 * 4 + 1 + 1);
+    const double tolerance = precision == Precision::f32 ? 1e-5 : 2e-2;
+    for (int64_t i = 0; i < 4; ++i) {
+      const float la = a.step(zoo_batch(sampler, i)), lb = b.step(zoo_batch(sampler, i));
+      EXPECT_NEAR(lb, la, tolerance * std::abs(la)) << "step " << i;
+    }
+    for (const auto& [name, t] : a.parameters())
+      EXPECT_TRUE(all_close(b.parameters().at(name), t, 10 * tolerance, 10 * tolerance)) << name;
+    for (const auto& [name, t] : a.buffers())
+      EXPECT_TRUE(all_close(b.buffers().at(name), t, 10 * tolerance, 10 * tolerance)) << name;
+  }
+}
+
 TEST(DataParallelSession, RefusesAReduceDtypeItDoesNotOffer) {
   SessionOptions opts;
   opts.data_parallel = {.world = std::make_shared<MirrorWorld>(2), .reduce_dtype = DType::f16};
