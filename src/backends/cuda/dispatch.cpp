@@ -93,6 +93,9 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //  - channelwise ops (batch_norm, pools and their backward ops) whose outputs are
 //    channels-last: inputs of the outputs' rank are converted to channels-last when they
 //    are not; the kernels take NCHW or channels-last operands, all in one order;
+//  - reductions of a channels-last input that keep C alone run in its physical order
+//    (reduced_channels_last: a column reduction, no copy; the layout plan still lists the
+//    conversion it would have been);
 //  - pairwise ops (all_reduce) take every pair as it is: the kernels copy an input that is not
 //    in its output's order into that order;
 //  - otherwise, and whenever the outputs are in neither order: strided inputs are made
@@ -211,9 +214,46 @@ void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outpu
   run_contiguous(ctx, n, inputs.get(), out);
 }
 
+// A reduction of a dense channels-last x whose only kept dim of extent > 1 is C (per-channel
+// statistics, a bias's gradient): reduced in x's physical order (N, D..., C), where it is a
+// column reduction, instead of after a contiguous copy of x. The output's elements come in
+// the same order either way (one non-unit dim), so it is written as it lies. False: not such
+// a case.
+bool reduced_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  if (op_info(n.op).family != OpFamily::reduce || in.empty() || in[0] == nullptr) return false;
+  const DeviceTensor& x = *in[0];
+  if (x.rank() < 3 || x.is_contiguous() || !x.is_channels_last() || !out[0].is_contiguous())
+    return false;
+  const auto& a = std::get<ReduceAttrs>(n.attrs);
+  const size_t rank = size_t(x.rank());
+  std::vector<bool> reduced(rank, false);
+  for (int64_t axis : a.axes) reduced[size_t(axis)] = true;
+  for (size_t d = 0; d < rank; ++d)
+    if (d != 1 && !reduced[d] && x.shape[d] != 1) return false;
+  const std::vector<int> order = physical_order(rank, MemoryFormat::channels_last);
+  const DeviceTensor physical = x.permuted(order);  // contiguous
+  Node node = n;
+  ReduceAttrs pa = a;
+  pa.axes.clear();
+  Shape shape;  // the output in physical order
+  for (size_t p = 0; p < rank; ++p) {
+    const size_t d = size_t(order[p]);
+    if (reduced[d]) pa.axes.push_back(int64_t(p));
+    if (!reduced[d] || a.keepdims) shape.push_back(reduced[d] ? 1 : x.shape[d]);
+  }
+  node.attrs = pa;
+  DeviceTensor y = out[0];
+  y.shape = shape;
+  y.strides = contiguous_strides(shape);
+  const DeviceTensor* xs[] = {&physical};
+  run_contiguous(ctx, node, xs, std::span<DeviceTensor>(&y, 1));
+  return true;
+}
+
 }  // namespace
 
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  if (reduced_channels_last(ctx, n, in, out)) return;
   switch (layout_role(n)) {
     case LayoutRole::convolution:
       return run_convolution(ctx, n, in, out);

@@ -72,6 +72,27 @@ void expect_matches_cpu(OpHarness& h, OpKind op, Attrs attrs, const std::vector<
         << op_name(op) << " output " << i << " (out " << memory_format_name(out_format) << ")";
 }
 
+// Reductions of a channels-last x that keep C alone (per-channel statistics, bias gradients)
+// run in x's physical order; the others (another kept dim) after a contiguous copy.
+TEST(CudaLayout, ReductionsOfChannelsLastInputs) {
+  FUSEBOX_REQUIRE_GPU();
+  OpHarness h;
+  const Tensor x = random_tensor(DType::f32, {3, 6, 5, 7}, 4);
+  const Tensor x16 = random_tensor(DType::bf16, {4, 40, 9, 9}, 5);
+  for (OpKind op : {OpKind::reduce_sum, OpKind::reduce_mean, OpKind::reduce_max}) {
+    for (bool keepdims : {true, false}) {
+      for (const std::vector<int64_t>& axes :
+           {std::vector<int64_t>{0, 2, 3}, std::vector<int64_t>{2, 3},
+            std::vector<int64_t>{0, 3}}) {
+        SCOPED_TRACE(cat(op_name(op), " keepdims ", keepdims, " axes ", shape_str(axes)));
+        expect_matches_cpu(h, op, ReduceAttrs{axes, keepdims}, {x}, {kCL}, kContig, 1e-5, 1e-5);
+      }
+      expect_matches_cpu(h, op, ReduceAttrs{{0, 2, 3}, keepdims}, {x16}, {kCL}, kContig, 1e-2,
+                         1e-2);
+    }
+  }
+}
+
 TEST(CudaLayout, ElementwiseOpsInEveryMixOfLayouts) {
   FUSEBOX_REQUIRE_GPU();
   OpHarness h;
