@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -45,6 +46,13 @@ std::string describe(int rank, int status) {
 
 bool failed(int status) {
   return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+// SIGINT while the ranks run (Ctrl-C reaches the launcher's process group only: each rank
+// leads its own): forwarded to every rank, which stops after a step all ranks agree on.
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_launcher_interrupt(int) {
+  g_interrupted = 1;
 }
 
 }  // namespace
@@ -107,6 +115,12 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
 
   LaunchResult result;
   auto deadline = std::chrono::steady_clock::time_point::max();
+  g_interrupted = 0;
+  struct sigaction interrupt {
+  }, previous{};
+  interrupt.sa_handler = on_launcher_interrupt;
+  ::sigemptyset(&interrupt.sa_mask);
+  ::sigaction(SIGINT, &interrupt, &previous);
   // Each of our children by its pid (waitpid(-1) would also reap children this process made
   // elsewhere, stealing their status), polled every 20 ms.
   while (!running.empty()) {
@@ -120,7 +134,10 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
       const int rank = it->second;
       it = running.erase(it);
       if (pid < 0) continue;  // not waitable (gone already): nothing to report
-      if (failed(status) && result.ok) {
+      // After a forwarded SIGINT a rank ends with 130 (128 + SIGINT: it stopped and, rank 0,
+      // wrote its checkpoint), which is no failure.
+      const bool stopped = result.interrupted && WIFEXITED(status) && WEXITSTATUS(status) == 130;
+      if (failed(status) && !stopped && result.ok) {
         result.ok = false;
         result.failed_rank = rank;
         result.why = describe(rank, status);
@@ -131,6 +148,10 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
       }
     }
     if (running.empty()) break;
+    if (g_interrupted && !result.interrupted) {
+      result.interrupted = true;
+      stop_all(SIGINT);
+    }
     // Stopping after a failure: SIGKILL to what is left after the grace period.
     if (std::chrono::steady_clock::now() >= deadline) {
       stop_all(SIGKILL);
@@ -138,6 +159,7 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ::sigaction(SIGINT, &previous, nullptr);
   return result;
 }
 

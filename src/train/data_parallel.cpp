@@ -1,5 +1,6 @@
 #include "fusebox/train/data_parallel.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -120,6 +121,14 @@ std::string PeerProgress::describe() const {
   } catch (const Error& e) {
     return cat("the store at rank 0 cannot be read: ", e.what());
   }
+}
+
+int64_t agree_on_last_step(DataParallelRun& run, int64_t queued) {
+  run.store->set(cat("stop/", run.env.rank), std::to_string(queued));
+  int64_t last = queued;
+  for (int r = 0; r < run.env.world_size; ++r)
+    last = std::max<int64_t>(last, std::stoll(run.store->get(cat("stop/", r))));
+  return last;
 }
 
 }  // namespace fusebox

@@ -210,7 +210,13 @@ int launch_ranks(const TrainArgs& args) {
     argv.push_back(own[i]);
   }
   const dist::LaunchResult r = dist::launch_local(args.gpus, argv);
-  if (!r.ok) throw Error("fusebox train", cat("--gpus ", args.gpus, ": ", r.why));
+  if (!r.ok)
+    throw Error("fusebox train",
+                cat("--gpus ", args.gpus, ": ", r.why, r.interrupted ? " (after SIGINT)" : ""));
+  if (r.interrupted) {
+    std::cout << "interrupted (SIGINT): every rank stopped after the same step\n";
+    return 128 + SIGINT;
+  }
   return 0;
 }
 
@@ -315,6 +321,10 @@ int train(const TrainArgs& args) {
   // A rank of a data-parallel run (--gpus, or a scheduler's variables): rank 0 speaks, writes
   // checkpoints and reports the run's throughput; the loss is the ranks' mean.
   std::optional<DataParallelRun> parallel = join_data_parallel_run(device, run_signature(args));
+  // A rank takes the launcher's forwarded SIGINT from here on (even while compiling), so that
+  // every rank stops after the same step.
+  std::optional<InterruptGuard> interrupt_guard;
+  if (parallel) interrupt_guard.emplace();
   const int rank = parallel ? parallel->env.rank : 0;
   const int world = parallel ? parallel->env.world_size : 1;
   std::ostringstream quiet;
@@ -394,8 +404,8 @@ int train(const TrainArgs& args) {
                                   " ", unit, "/s"));
     }
   };
-  const InterruptGuard interrupt;
-  while (session.step_count() < last && !interrupted()) {
+  if (!interrupt_guard) interrupt_guard.emplace();
+  auto take_step = [&] {
     const int64_t taking = session.step_count() + 1;  // the step being queued
     const int64_t index = shard_batch_index(session.step_count(), rank, world);
     if (device_batches.active()) {
@@ -411,6 +421,13 @@ int train(const TrainArgs& args) {
       report(true);  // a checkpoint only of steps known to be good
       if (rank == 0) session.save(args.checkpoint);
     }
+  };
+  while (session.step_count() < last && !interrupted()) take_step();
+  // Data parallel: the launcher forwarded SIGINT to every rank; they stop after one step (the
+  // most any has queued), so that none waits in a collective for a step a peer never takes.
+  if (parallel && interrupted()) {
+    const int64_t stop = agree_on_last_step(*parallel, session.step_count());
+    while (session.step_count() < stop) take_step();
   }
   report(true);
   watchdog.reset();  // the end's checks wait with the store's own timeout

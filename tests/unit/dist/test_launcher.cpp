@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <thread>
 
 #include "fusebox/dist/launcher.h"
 
@@ -45,6 +47,31 @@ TEST(LaunchLocal, ARankThatIgnoresSigtermIsKilledAfterTheGrace) {
          milliseconds(300));
   EXPECT_EQ(r.failed_rank, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Ctrl-C reaches the launcher alone (each rank leads its own process group): it is forwarded,
+// and ranks that stop on it with status 130 are no failure; one that ends otherwise still is.
+TEST(LaunchLocal, SigintIsForwardedAndRanksStoppingOnItAreNoFailure) {
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(milliseconds(500));
+    ::kill(::getpid(), SIGINT);  // the launcher's handler takes it while the ranks run
+  });
+  LaunchResult r = sh(2, "trap 'exit 130' INT; while true; do sleep 0.05; done");
+  interrupter.join();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_TRUE(r.ok) << r.why;
+
+  std::thread again([] {
+    std::this_thread::sleep_for(milliseconds(500));
+    ::kill(::getpid(), SIGINT);
+  });
+  r = sh(2,
+         "if [ \"$FUSEBOX_RANK\" = 1 ]; then trap 'exit 4' INT; else trap 'exit 130' INT; fi; "
+         "while true; do sleep 0.05; done");
+  again.join();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.why, "rank 1 exited with status 4");
 }
 
 TEST(LaunchLocal, AProgramThatCannotRunIsNamed) {
