@@ -55,6 +55,25 @@ extern "C" void on_launcher_interrupt(int) {
   g_interrupted = 1;
 }
 
+// Installs on_launcher_interrupt for SIGINT (before the first fork: no SIGINT is lost; a child's
+// exec resets it to the default), and puts the previous action back.
+class ForwardInterrupts {
+ public:
+  ForwardInterrupts() {
+    g_interrupted = 0;
+    struct sigaction action {};
+    action.sa_handler = on_launcher_interrupt;
+    ::sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &previous_);
+  }
+  ~ForwardInterrupts() { ::sigaction(SIGINT, &previous_, nullptr); }
+  ForwardInterrupts(const ForwardInterrupts&) = delete;
+  ForwardInterrupts& operator=(const ForwardInterrupts&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
+
 }  // namespace
 
 LaunchResult launch_local(int world, const std::vector<std::string>& argv,
@@ -89,6 +108,7 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
   args.push_back(nullptr);
   const pid_t parent = ::getpid();
 
+  const ForwardInterrupts forwarding;
   std::map<pid_t, int> running;  // pid -> rank
   // Each rank leads a process group of its own: stopping it stops what it started too.
   auto stop_all = [&](int sig) {
@@ -115,12 +135,6 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
 
   LaunchResult result;
   auto deadline = std::chrono::steady_clock::time_point::max();
-  g_interrupted = 0;
-  struct sigaction interrupt {
-  }, previous{};
-  interrupt.sa_handler = on_launcher_interrupt;
-  ::sigemptyset(&interrupt.sa_mask);
-  ::sigaction(SIGINT, &interrupt, &previous);
   // Each of our children by its pid (waitpid(-1) would also reap children this process made
   // elsewhere, stealing their status), polled every 20 ms.
   while (!running.empty()) {
@@ -159,7 +173,6 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ::sigaction(SIGINT, &previous, nullptr);
   return result;
 }
 
