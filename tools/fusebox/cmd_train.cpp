@@ -12,7 +12,6 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
-#include <limits>
 #include <numeric>
 #include <optional>
 #include <string_view>
@@ -362,8 +361,7 @@ int train(const TrainArgs& args) {
     out << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
 
   const int64_t first = session.step_count() + 1, last = session.step_count() + args.steps;
-  // Other ranks report nothing: a step far beyond the last never prints.
-  Progress progress(first, rank == 0 ? last : std::numeric_limits<int64_t>::max(),
+  Progress progress(first, last,
                     args.log_every > 0 ? args.log_every : std::max<int64_t>(1, args.steps / 10));
   DeviceBatches device_batches(batches, input, device, args.shuffle);
   const auto start = std::chrono::steady_clock::now();

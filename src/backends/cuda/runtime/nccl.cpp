@@ -154,20 +154,27 @@ NcclCommunicator::~NcclCommunicator() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
+// Host tensors go through the device: `t`'s bytes up, `collective` on them, back into `t`.
+template <class Collective>
+void NcclCommunicator::through_device(Tensor& t, Collective&& collective) {
+  if (t.nbytes() == 0) return;
+  DeviceGuard guard(comm_.device());
+  DeviceBuffer d = CachingAllocator::for_device(comm_.device()).allocate(t.nbytes());
+  FUSEBOX_CUDA_CHECK(
+      cudaMemcpyAsync(d.data(), t.raw(), t.nbytes(), cudaMemcpyHostToDevice, stream_));
+  collective(d.data());
+  FUSEBOX_CUDA_CHECK(
+      cudaMemcpyAsync(t.raw(), d.data(), t.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 // f16 and bf16 travel as f32 (the interface's promise: summed in f32, rounded once).
 void NcclCommunicator::all_reduce_sum(Tensor& t) {
   const bool half = t.dtype() == DType::f16 || t.dtype() == DType::bf16;
   Tensor wire = half ? t.cast(DType::f32) : t;
-  if (wire.nbytes() > 0) {
-    DeviceGuard guard(comm_.device());
-    DeviceBuffer d = CachingAllocator::for_device(comm_.device()).allocate(wire.nbytes());
-    FUSEBOX_CUDA_CHECK(
-        cudaMemcpyAsync(d.data(), wire.raw(), wire.nbytes(), cudaMemcpyHostToDevice, stream_));
-    comm_.all_reduce_sum(d.data(), size_t(wire.numel()), wire.dtype(), stream_);
-    FUSEBOX_CUDA_CHECK(
-        cudaMemcpyAsync(wire.raw(), d.data(), wire.nbytes(), cudaMemcpyDeviceToHost, stream_));
-    FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
+  through_device(wire, [&](void* data) {
+    comm_.all_reduce_sum(data, size_t(wire.numel()), wire.dtype(), stream_);
+  });
   if (half) {  // into t's own buffer, as the MPI world does
     const Tensor sum = wire.cast(t.dtype());
     std::memcpy(t.raw(), sum.raw(), sum.nbytes());
@@ -175,17 +182,7 @@ void NcclCommunicator::all_reduce_sum(Tensor& t) {
 }
 
 void NcclCommunicator::broadcast(Tensor& t, int root) {
-  Tensor& wire = t;
-  if (wire.nbytes() > 0) {
-    DeviceGuard guard(comm_.device());
-    DeviceBuffer d = CachingAllocator::for_device(comm_.device()).allocate(wire.nbytes());
-    FUSEBOX_CUDA_CHECK(
-        cudaMemcpyAsync(d.data(), wire.raw(), wire.nbytes(), cudaMemcpyHostToDevice, stream_));
-    comm_.broadcast(d.data(), wire.nbytes(), root, stream_);
-    FUSEBOX_CUDA_CHECK(
-        cudaMemcpyAsync(wire.raw(), d.data(), wire.nbytes(), cudaMemcpyDeviceToHost, stream_));
-    FUSEBOX_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
+  through_device(t, [&](void* data) { comm_.broadcast(data, t.nbytes(), root, stream_); });
 }
 
 void NcclCommunicator::barrier() {

@@ -75,6 +75,9 @@ class NcclCommunicator final : public dist::Communicator {
   const DeviceBuffer& order() const { return order_; }
 
  private:
+  template <class Collective>
+  void through_device(Tensor& t, Collective&& collective);
+
   NcclComm comm_;
   DeviceBuffer order_;
   cudaStream_t stream_ = nullptr;
