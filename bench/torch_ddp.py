@@ -8,6 +8,9 @@ wrapped: the single-GPU baseline of the scaling efficiency.
         --batch 256 [--steps 40] [--warmup 10] [--json FILE]
     python3 bench/torch_ddp.py --batch 256            # one GPU, no DDP
 
+--sync-bn converts the batch norms to torch.nn.SyncBatchNorm (DDP runs only): the comparison
+for fusebox train --sync-bn.
+
 Rank 0 prints and writes: images/s of the whole run (all ranks' images over the wall time of
 --steps steps after --warmup, one synchronize at each end and a barrier), ms per step.
 """
@@ -33,6 +36,7 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--json", default="")
+    p.add_argument("--sync-bn", action="store_true")
     a = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -43,6 +47,8 @@ def main():
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.backends.cudnn.benchmark = True
     model = getattr(torchvision.models, a.model)(weights=None, num_classes=1000)
+    if a.sync_bn and world > 1:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.cuda().to(memory_format=torch.channels_last)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
@@ -76,12 +82,13 @@ def main():
     seconds = time.perf_counter() - start
     images = a.steps * a.batch * world
     result = {"bench": "torch_ddp", "model": a.model, "gpus": world, "batch_per_gpu": a.batch,
-              "precision": "bf16", "steps": a.steps, "warmup": a.warmup,
+              "precision": "bf16", "sync_bn": a.sync_bn and world > 1, "steps": a.steps, "warmup": a.warmup,
               "images_per_s": images / seconds, "ms_per_step": 1000 * seconds / a.steps,
               "final_loss": float(loss), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(local)}
     if rank == 0:
-        print(f"torch_ddp {a.model} {world} GPU(s), batch {a.batch} each, bf16: "
+        sync = ", SyncBatchNorm" if result["sync_bn"] else ""
+        print(f"torch_ddp {a.model} {world} GPU(s), batch {a.batch} each, bf16{sync}: "
               f"{result['images_per_s']:.1f} images/s, {result['ms_per_step']:.2f} ms/step")
         if a.json:
             with open(a.json, "w") as f:

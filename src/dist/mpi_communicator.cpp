@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "fusebox/core/error.h"
@@ -78,6 +79,18 @@ class MpiWorld final : public Communicator {
             "MPI_Reduce");
       check(MPI_Bcast(p, n, type, 0, MPI_COMM_WORLD), "MPI_Bcast");
     }
+  }
+
+  Tensor all_gather(const Tensor& t) override {
+    Shape shape = t.shape();
+    shape.insert(shape.begin(), size_);
+    Tensor all = Tensor::empty(t.dtype(), shape);
+    FUSEBOX_CHECK(t.nbytes() <= size_t(std::numeric_limits<int>::max()), kWhere, "all_gather of ",
+                  t.nbytes(), " bytes per rank (at most 2^31 - 1)");
+    const int n = int(t.nbytes());
+    check(MPI_Allgather(t.raw(), n, MPI_BYTE, all.raw(), n, MPI_BYTE, MPI_COMM_WORLD),
+          "MPI_Allgather");
+    return all;
   }
 
   void broadcast(Tensor& t, int root) override {

@@ -50,6 +50,9 @@ Types infer_batch_norm(Context& c) {
   }
   expect_epsilon(c, a.epsilon);
   c.check(std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
+  c.check(a.training || !a.sync,
+          "sync (statistics over every rank's batch) needs the training form: inference "
+          "normalises with the running statistics");
   if (!a.training) return {c.type(0)};
   // Batch statistics need at least one element per channel.
   c.check(C == 0 || c.product(x, 0, x.size()) > 0, "training needs batch statistics but ",

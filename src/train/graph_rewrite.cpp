@@ -69,7 +69,7 @@ RewrittenGraph rewrite_graph(const Graph& src, const RewriteOptions& opts) {
 
     if (n.op == OpKind::batch_norm && opts.batch_norm != BatchNormForm::keep) {
       auto& bn = std::get<BatchNormAttrs>(attrs);
-      const bool training = opts.batch_norm == BatchNormForm::training;
+      const bool training = opts.batch_norm != BatchNormForm::inference;
       if (training && !bn.training) {
         for (const char* suffix : kTrainingOutputs)
           names.push_back(fresh_name(src, dst, cat(n.name, ":", suffix)));
@@ -77,6 +77,7 @@ RewrittenGraph rewrite_graph(const Graph& src, const RewriteOptions& opts) {
         names.resize(1);
       }
       bn.training = training;
+      bn.sync = opts.batch_norm == BatchNormForm::synchronized_training;
     }
 
     std::vector<ValueId> outs =

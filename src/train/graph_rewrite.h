@@ -13,10 +13,11 @@ namespace fusebox::train {
 // What to do with batch_norm nodes.
 enum class BatchNormForm : uint8_t {
   keep,
-  training,   // inference nodes become training nodes (5 outputs); the extra outputs get
-              // fresh names
-  inference,  // training nodes become inference nodes; reading a training-only output
-              // (running statistics, saved mean / inv std) is then an Error
+  training,  // inference nodes become training nodes (5 outputs); the extra outputs get
+             // fresh names
+  synchronized_training,  // as training, each with BatchNormAttrs::sync (data parallel)
+  inference,              // training nodes become inference nodes; reading a training-only output
+                          // (running statistics, saved mean / inv std) is then an Error
 };
 
 struct RewriteOptions {

@@ -14,7 +14,6 @@
 #include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "train/graph_rewrite.h"
-#include "train/sync_batch_norm.h"
 
 namespace fusebox::train {
 
@@ -240,8 +239,11 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   const bool parallel = data_parallel.world != nullptr;
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
-  RewrittenGraph rw = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
-                                            .batch_norm = BatchNormForm::training});
+  // Sync batch norm: the batch norms' statistics over every rank's shard (BatchNormAttrs::sync).
+  const bool sync = parallel && data_parallel.sync_batch_norm;
+  RewrittenGraph rw = rewrite_graph(
+      model, {.constants_to_inputs = state_constants(layout),
+              .batch_norm = sync ? BatchNormForm::synchronized_training : BatchNormForm::training});
   // Linear layers written as matmul + add (ONNX imports) as one gemm, so that mixed precision
   // runs them in the low dtype with their bias (passes/fusion.h form_linears).
   form_linears(rw.graph);
@@ -249,9 +251,6 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   // read through casts); values keep their names, so they are found by name from here on.
   StepGraph step{apply_mixed_precision(rw.graph, precision), {}};
   Graph& g = step.graph;
-  // Before the fusions (which would take the batch norms into fused nodes) and autodiff.
-  std::vector<std::pair<std::string, std::string>> synchronized;
-  if (parallel && data_parallel.sync_batch_norm) synchronized = synchronize_batch_norms(g);
   // Fused ops before autodiff, so that the backward pass is derived from them.
   fuse_batch_norm_residual(g);
   fuse_batch_norm_relu(g);
@@ -266,8 +265,6 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     statistic_outputs.push_back({n.inputs[3], n.outputs[1]});
     statistic_outputs.push_back({n.inputs[4], n.outputs[2]});
   }
-  for (const auto& [input, next] : synchronized)
-    if (buffers.count(input)) statistic_outputs.push_back({mapped(input), mapped(next)});
 
   // The loss.
   const ValueId logits = mapped(layout.logits);

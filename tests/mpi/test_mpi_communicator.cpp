@@ -1,8 +1,8 @@
 // The CPU backend's collectives (dist/mpi_communicator.cpp) across the processes mpirun
 // starts (ctest runs it with 2 and with 3): sums of every supported dtype against the sums
 // computed here, the same bits on every rank (each compares its result with rank 0's),
-// broadcast from a rank other than 0, an unsupported dtype as an Error. Exits non-zero on
-// the first failure, naming the rank and the check.
+// broadcast from a rank other than 0, all_gather, an unsupported dtype as an Error. Exits non-zero
+// on the first failure, naming the rank and the check.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +76,18 @@ int main() {
   Tensor v = Tensor::from_vector<float>({2}, {float(g_rank), -1.0f});
   world->broadcast(v, n - 1);
   expect(v.data<float>()[0] == float(n - 1), "broadcast from rank n - 1");
+
+  // All-gather: [world, 2, 3] with rank r's values at [r] on every rank, f64 exactly.
+  std::vector<double> own(6);
+  for (size_t k = 0; k < own.size(); ++k) own[k] = g_rank * 10.0 + double(k) / 3.0;
+  const Tensor gathered = world->all_gather(Tensor::from_doubles(DType::f64, {2, 3}, own));
+  expect(gathered.shape() == fusebox::Shape({n, 2, 3}), "all_gather's shape is [world, 2, 3]");
+  bool gathered_ok = true;
+  for (int r = 0; r < n; ++r)
+    for (size_t k = 0; k < own.size(); ++k)
+      gathered_ok = gathered_ok && gathered.data<double>()[size_t(r) * own.size() + k] ==
+                                       r * 10.0 + double(k) / 3.0;
+  expect(gathered_ok, "all_gather puts rank r's values at [r]");
 
   // An unsupported dtype is an Error, on every rank alike (nothing was sent).
   bool threw = false;

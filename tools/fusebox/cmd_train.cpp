@@ -542,9 +542,8 @@ Command add_train_command(CLI::App& parent) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   app->add_flag("--sync-bn", args->sync_bn,
                 "Data parallel: batch norms use the statistics of the whole step's batch (all "
-                "GPUs), as PyTorch's SyncBatchNorm. For now decomposed into separate reductions "
-                "and pointwise ops: several times slower on convolutional networks "
-                "(docs/distributed.md)");
+                "GPUs), as PyTorch's SyncBatchNorm: each exchanges its per-channel totals, one "
+                "small all-gather forward and one backward (docs/distributed.md)");
   return {app, [args] { return train(*args); }};
 }
 

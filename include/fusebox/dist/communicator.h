@@ -21,6 +21,9 @@ class Communicator {
   // rank gets the same bits (the sum is made once, then sent to all), and the same inputs give
   // the same bits run after run.
   virtual void all_reduce_sum(Tensor& t) = 0;
+  // Every rank's `t` (one dtype and shape on every rank), stacked in rank order:
+  // [world size, t's shape...], the same bits on every rank.
+  virtual Tensor all_gather(const Tensor& t) = 0;
   // Replaces `t` by rank `root`'s `t`.
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;

@@ -123,11 +123,19 @@ struct ConvBackwardFilterAttrs {
 //   residual (optional input 5, x's type and shape: a fused residual add): output 0 is
 //     y + residual (y rounded to its dtype, the sum as the add op computes it), then the
 //     relu if any: bit for bit batch_norm, add, relu. The block end of a residual network.
+//   sync (training only: synchronized batch norm in a data-parallel step): the batch
+//     statistics are those of every rank's x together (the compile's communicator; a run
+//     without one is a world of one rank). Every rank merges the ranks' (count, mean, M2)
+//     in rank order, so all get the same statistics, bit for bit.
+//   batch_norm_backward with sync and training: mean(dy) and mean(dy * x_hat) of dx are
+//     over every rank's dy; dscale and dbias stay this rank's sums (the data-parallel
+//     gradient average then makes them the whole batch's).
 struct BatchNormAttrs {
   double epsilon = 1e-5;
   double momentum = 0.9;
   bool training = false;
   bool relu = false;
+  bool sync = false;
 };
 // layer_norm: x, scale?, bias? (shape of x's dims from `axis` on, or broadcastable to it).
 //   Normalises over dims [axis, rank). 3 outputs: y, mean, inv_std_dev; mean and

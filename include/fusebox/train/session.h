@@ -119,10 +119,10 @@ struct DataParallel {
   DType reduce_dtype = DType::f32;
   // Synchronized batch norm: every training batch norm normalises with the statistics of the
   // whole step's batch (all ranks' shards), forward and backward, as PyTorch's
-  // SyncBatchNorm; its running statistics are then the same on every rank. It costs two small
-  // all-reduces per batch norm in the forward pass and two in the backward, on the critical
-  // path, and, for now, the decomposed normalisation instead of the fused kernels
-  // (train/sync_batch_norm.cpp: ResNet-50 on 2 H200s trains 4.4x slower with it).
+  // SyncBatchNorm; its running statistics are then the same on every rank. The fused batch
+  // norm kernels exchange their per-channel totals (BatchNormAttrs::sync): one small
+  // all-gather per batch norm in the forward pass and one in the backward, on the critical
+  // path.
   bool sync_batch_norm = false;
 };
 

@@ -50,4 +50,12 @@ void all_reduce(dist::Communicator* world, const Node& n, Inputs in, Outputs out
   }
 }
 
+std::vector<double> gather_ranks(dist::Communicator* world, const std::vector<double>& own) {
+  if (world == nullptr) return own;
+  const Tensor all =
+      world->all_gather(Tensor::from_doubles(DType::f64, {int64_t(own.size())}, own));
+  const double* p = all.data<double>();
+  return std::vector<double>(p, p + all.numel());
+}
+
 }  // namespace fusebox::cpu

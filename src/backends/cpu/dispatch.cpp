@@ -16,7 +16,7 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
     case OpKind::conv_backward_filter:
       return conv_backward_filter(n, inputs, outputs);
     case OpKind::batch_norm:
-      return batch_norm(n, inputs, outputs);
+      return batch_norm(world, n, inputs, outputs);
     case OpKind::layer_norm:
       return layer_norm(n, inputs, outputs);
     case OpKind::rms_norm:
@@ -90,7 +90,7 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
     case OpKind::binary_backward:
       return binary_backward(n, inputs, outputs);
     case OpKind::batch_norm_backward:
-      return batch_norm_backward(n, inputs, outputs);
+      return batch_norm_backward(world, n, inputs, outputs);
     case OpKind::layer_norm_backward:
       return layer_norm_backward(n, inputs, outputs);
     case OpKind::rms_norm_backward:

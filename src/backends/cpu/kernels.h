@@ -30,7 +30,7 @@ void avg_pool(const Node& n, Inputs in, Outputs out);
 void global_avg_pool(const Node& n, Inputs in, Outputs out);
 
 // norm.cpp
-void batch_norm(const Node& n, Inputs in, Outputs out);
+void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
 void layer_norm(const Node& n, Inputs in, Outputs out);
 void rms_norm(const Node& n, Inputs in, Outputs out);
 
@@ -81,7 +81,7 @@ void resize_backward(const Node& n, Inputs in, Outputs out);
 void expand(const Node& n, Inputs in, Outputs out);
 void unary_backward(const Node& n, Inputs in, Outputs out);
 void binary_backward(const Node& n, Inputs in, Outputs out);
-void batch_norm_backward(const Node& n, Inputs in, Outputs out);
+void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
 void layer_norm_backward(const Node& n, Inputs in, Outputs out);
 void rms_norm_backward(const Node& n, Inputs in, Outputs out);
 void softmax_backward(const Node& n, Inputs in, Outputs out);  // softmax and log_softmax
@@ -98,7 +98,9 @@ void adamw_update(const Node& n, Inputs in, Outputs out);
 void nonfinite_any(const Node& n, Inputs in, Outputs out);
 void loss_scale_update(const Node& n, Inputs in, Outputs out);
 
-// collective.cpp: all_reduce over `world` (null: a world of one)
+// collective.cpp: all_reduce over `world` (null: a world of one); gather_ranks: every
+// rank's `own` (one length on every rank), in rank order.
 void all_reduce(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
+std::vector<double> gather_ranks(dist::Communicator* world, const std::vector<double>& own);
 
 }  // namespace fusebox::cpu

@@ -72,6 +72,35 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
                });
 }
 
+// A sync batch norm's statistics: this rank's per-channel mean and population variance over
+// `count` elements replaced by those of every rank's together.
+void merge_ranks(dist::Communicator* world, int64_t count, std::vector<double>& mean,
+                 std::vector<double>& var) {
+  const size_t channels = mean.size();
+  std::vector<double> own(channels * 3);
+  for (size_t c = 0; c < channels; ++c) {
+    own[3 * c] = double(count);
+    own[3 * c + 1] = mean[c];
+    own[3 * c + 2] = var[c] * double(count);  // M2
+  }
+  const std::vector<double> all = gather_ranks(world, own);
+  const size_t ranks = all.size() / own.size();
+  for (size_t c = 0; c < channels; ++c) {
+    double n = 0, m = 0, m2 = 0;
+    for (size_t r = 0; r < ranks; ++r) {
+      const double* t = &all[(r * channels + c) * 3];
+      const double total = n + t[0];
+      if (total == 0) continue;
+      const double delta = t[1] - m, weight = t[0] / total;
+      m2 += t[2] + delta * delta * n * weight;
+      m += delta * weight;
+      n = total;
+    }
+    mean[c] = m;
+    var[c] = n > 0 ? m2 / n : 0.0;
+  }
+}
+
 }  // namespace
 
 // batch_norm over x [N, C, D...]: channel c's elements are the N rows
@@ -84,7 +113,10 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
 //   residual:  (input 5) y rounded to T plus the residual, as pointwise.cpp's add (in
 //              compute_t<T>, rounded to T), before the relu: bit for bit batch_norm, add,
 //              relu.
-void batch_norm(const Node& n, Inputs in, Outputs out) {
+//   sync:      (training) each rank's (count, mean, M2) per channel, gathered from every
+//              rank of `world` and merged in rank order (Chan et al.): the statistics of
+//              the ranks' x together, the same bits on every rank.
+void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
   FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
@@ -126,6 +158,7 @@ void batch_norm(const Node& n, Inputs in, Outputs out) {
           var[size_t(c)] = sq / double(count);
         }
       });
+      if (attrs.sync) merge_ranks(world, count, mean, var);
     }
     std::vector<double> inv_std(size_t(channels), 0.0);
     for (size_t c = 0; c < inv_std.size(); ++c)

@@ -108,8 +108,10 @@ void norm_backward(const Node& n, Inputs in, Outputs out, bool centre) {
 // elements are the N rows x[n, c, :] of `inner` = prod(D) elements each. With relu, every
 // read of dy reads relu's gradient at y instead, rounded to T as backward.cpp's
 // unary_backward writes it (dy * 1 where y > 0, else dy * 0 in compute_t<T>), so that the
-// fused node is bit for bit unary_backward then batch_norm_backward.
-void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
+// fused node is bit for bit unary_backward then batch_norm_backward. With sync (and
+// training) mean(dy) and mean(dy * x_hat) are over every rank of `world` (their sums gathered
+// and added in rank order); dscale and dbias stay this rank's sums.
+void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const bool training = attrs.training;
   const Tensor &dy = *in[0], &x = *in[1];
@@ -157,15 +159,33 @@ void batch_norm_backward(const Node& n, Inputs in, Outputs out) {
       }
     });
     // scale is constant per channel: dx = scale * inv_std * (dy - mean(dy) - xhat mean(dy xhat)).
-    const double count = double(batch * inner);
+    double count = double(batch * inner);
+    std::vector<double> sum_dy = dbias, sum_dy_xhat = dscale;
+    if (attrs.sync && training) {
+      std::vector<double> own(size_t(channels) * 2);
+      for (size_t c = 0; c < size_t(channels); ++c) {
+        own[2 * c] = dbias[c];
+        own[2 * c + 1] = dscale[c];
+      }
+      const std::vector<double> all = gather_ranks(world, own);
+      const size_t ranks = all.size() / own.size();
+      for (size_t c = 0; c < size_t(channels); ++c) {
+        sum_dy[c] = sum_dy_xhat[c] = 0.0;
+        for (size_t r = 0; r < ranks; ++r) {
+          sum_dy[c] += all[(r * size_t(channels) + c) * 2];
+          sum_dy_xhat[c] += all[(r * size_t(channels) + c) * 2 + 1];
+        }
+      }
+      count *= double(ranks);  // the ranks' shards have one shape
+    }
     T* pdx = out[0].data<T>();
     parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
                  [&](int64_t r0, int64_t r1) {
                    for (int64_t r = r0; r < r1; ++r) {
                      const size_t c = size_t(r % channels);
                      const double k = scale[c] * inv_std[c];
-                     const double mean_dy = training ? dbias[c] / count : 0.0;
-                     const double mean_dy_xhat = training ? dscale[c] / count : 0.0;
+                     const double mean_dy = training ? sum_dy[c] / count : 0.0;
+                     const double mean_dy_xhat = training ? sum_dy_xhat[c] / count : 0.0;
                      for (int64_t i = r * inner; i < (r + 1) * inner; ++i) {
                        pdx[i] = convert<T>(k * (grad(i) - mean_dy - xhat(c, i) * mean_dy_xhat));
                      }

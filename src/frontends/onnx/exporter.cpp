@@ -260,6 +260,8 @@ void Exporter::export_node(const Node& n) {
       fail(n, "conv_backward_filter has no ONNX operator (ONNX graphs hold no gradients)");
     case OpKind::batch_norm: {
       const auto& a = std::get<BatchNormAttrs>(n.attrs);
+      if (a.sync)
+        fail(n, "a synchronized batch_norm (statistics over every rank) has no ONNX operator");
       std::vector<std::string> o{out(n, 0)};
       if (a.training) {
         // ONNX's training form has no saved statistics: they must be unused.

@@ -109,6 +109,8 @@ TEST(InferBatchNormErrors, Params) {
                          {"epsilon -1 must be finite and >= 0"}));
   EXPECT_TRUE(fails_with(OpKind::batch_norm, BatchNormAttrs{.training = true}, bn_inputs({0, 3, 4}),
                          {"training needs batch statistics"}));
+  EXPECT_TRUE(fails_with(OpKind::batch_norm, BatchNormAttrs{.sync = true}, bn_inputs({2, 3, 4}),
+                         {"sync (statistics over every rank's batch) needs the training form"}));
 }
 
 TEST(InferLayerNorm, OutputsAndStatisticsShape) {

@@ -50,7 +50,7 @@ inline std::string attrs_text(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, ConvBackwardFilterAttrs>)
           return conv(a.conv) + shape_str(a.filter_spatial);
         else if constexpr (std::is_same_v<A, BatchNormAttrs>)
-          return cat(a.epsilon, " ", a.momentum, " ", a.training, " ", a.relu);
+          return cat(a.epsilon, " ", a.momentum, " ", a.training, " ", a.relu, " ", a.sync);
         else if constexpr (std::is_same_v<A, NormAttrs>)
           return cat(a.axis, " ", a.epsilon);
         else if constexpr (std::is_same_v<A, LeakyReluAttrs>)

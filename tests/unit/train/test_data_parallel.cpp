@@ -40,10 +40,19 @@ class MirrorWorld final : public dist::Communicator {
     const Tensor sum = Tensor::from_doubles(DType::f32, t.shape(), values).cast(t.dtype());
     std::memcpy(t.raw(), sum.raw(), sum.nbytes());
   }
+  Tensor all_gather(const Tensor& t) override {  // every rank holds this rank's t
+    ++gathers;
+    Shape shape = t.shape();
+    shape.insert(shape.begin(), ranks_);
+    Tensor all = Tensor::empty(t.dtype(), shape);
+    for (int r = 0; r < ranks_; ++r)
+      std::memcpy(static_cast<char*>(all.raw()) + size_t(r) * t.nbytes(), t.raw(), t.nbytes());
+    return all;
+  }
   void broadcast(Tensor&, int) override { ++broadcasts; }
   void barrier() override {}
   void abort() override {}
-  int sums = 0, broadcasts = 0;
+  int sums = 0, gathers = 0, broadcasts = 0;
 
  private:
   int ranks_;
@@ -160,25 +169,28 @@ TEST(DataParallelSession, MirroredRanksTrainBitForBitAsOneProcess) {
 }
 
 // Synchronized batch norm in a mirror world (every rank the same shard: the whole batch's
-// statistics are this process's) trains as plain batch norm, up to the decomposed
-// arithmetic's rounding: no batch_norm node is left, its statistics and their gradients cross
-// the ranks (two all_reduces forward, two backward, per batch norm), and the running
-// statistics follow.
+// statistics are this process's) trains as plain batch norm, up to the f64 merge's rounding:
+// every batch norm and its backward carry `sync`, and each exchanges its per-channel totals
+// (one all_gather forward, one backward, per batch norm); the running statistics follow.
 TEST(DataParallelSession, SyncBatchNormInAMirrorWorldTrainsAsPlainBatchNorm) {
   const Dataset data = synthetic_dataset(16, 3, 8, 10, 7);
   const BatchSampler sampler(data, 4, false, 0);
   for (Precision precision : {Precision::f32, Precision::bf16}) {
     SCOPED_TRACE(precision_name(precision));
+    auto world = std::make_shared<MirrorWorld>(2);
     SessionOptions sync{.precision = precision};
-    sync.data_parallel = {.world = std::make_shared<MirrorWorld>(2), .sync_batch_norm = true};
+    sync.data_parallel = {.world = world, .sync_batch_norm = true};
     TrainingSession a(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9},
                       {.precision = precision});
     TrainingSession b(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9}, sync);
     const Graph& g = b.step_graph();
-    EXPECT_EQ(count_ops(g, OpKind::batch_norm), 0);
-    // 2 batch norms x (2 forward + 2 backward) + 1 gradient bucket + the loss.
-    EXPECT_EQ(count_ops(g, OpKind::all_reduce), 2 * 4 + 1 + 1);
-    const double tolerance = precision == Precision::f32 ? 1e-5 : 2e-2;
+    int synced = 0;
+    for (const Node& n : g.nodes())
+      if (n.op == OpKind::batch_norm || n.op == OpKind::batch_norm_backward)
+        synced += std::get<BatchNormAttrs>(n.attrs).sync ? 1 : 0;
+    EXPECT_EQ(synced, 2 * 2);                            // 2 batch norms, forward and backward
+    EXPECT_EQ(count_ops(g, OpKind::all_reduce), 1 + 1);  // a gradient bucket and the loss
+    const double tolerance = precision == Precision::f32 ? 1e-6 : 1e-2;
     for (int64_t i = 0; i < 4; ++i) {
       const float la = a.step(zoo_batch(sampler, i)), lb = b.step(zoo_batch(sampler, i));
       EXPECT_NEAR(lb, la, tolerance * std::abs(la)) << "step " << i;
@@ -187,6 +199,7 @@ TEST(DataParallelSession, SyncBatchNormInAMirrorWorldTrainsAsPlainBatchNorm) {
       EXPECT_TRUE(all_close(b.parameters().at(name), t, 10 * tolerance, 10 * tolerance)) << name;
     for (const auto& [name, t] : a.buffers())
       EXPECT_TRUE(all_close(b.buffers().at(name), t, 10 * tolerance, 10 * tolerance)) << name;
+    EXPECT_EQ(world->gathers, 4 * 2 * 2);  // 4 steps, 2 batch norms, forward and backward
   }
 }
 
@@ -273,21 +286,29 @@ TEST(AllReduceCuda, RefusesAWorldThatIsNotNccl) {
 }
 
 // A data-parallel session on the GPU in an NCCL world of one: the same bits as without a
-// world (the sum of one rank is a copy; the mean's scale is 1).
+// world (the sum of one rank is a copy; the mean's scale is 1), with sync batch norm too (the
+// ranks' totals gathered through NCCL and merged: one rank's, exactly).
 TEST(DataParallelSessionCuda, AWorldOfOneTrainsAsOneProcess) {
   REQUIRE_NCCL(world);
   const Dataset data = synthetic_dataset(16, 3, 8, 10, 7);
   const BatchSampler sampler(data, 4, false, 0);
-  SessionOptions parallel{.device = Device::cuda};
-  parallel.data_parallel = {.world = world, .bucket_bytes = 4096};
-  TrainingSession a(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9},
-                    {.device = Device::cuda});
-  TrainingSession b(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9}, parallel);
-  for (int64_t i = 0; i < 4; ++i) {
-    const float la = a.step(zoo_batch(sampler, i)), lb = b.step(zoo_batch(sampler, i));
-    EXPECT_TRUE(same_bits(la, lb)) << "step " << i << ": " << la << " vs " << lb;
+  for (Precision precision : {Precision::f32, Precision::bf16}) {
+    for (bool sync : {false, true}) {
+      SCOPED_TRACE(cat(precision_name(precision), sync ? " sync batch norm" : ""));
+      SessionOptions parallel{.device = Device::cuda, .precision = precision};
+      parallel.data_parallel = {.world = world, .bucket_bytes = 4096, .sync_batch_norm = sync};
+      TrainingSession a(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9},
+                        {.device = Device::cuda, .precision = precision});
+      TrainingSession b(small_cnn(4, 8), LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9},
+                        parallel);
+      for (int64_t i = 0; i < 4; ++i) {
+        const float la = a.step(zoo_batch(sampler, i)), lb = b.step(zoo_batch(sampler, i));
+        EXPECT_TRUE(same_bits(la, lb)) << "step " << i << ": " << la << " vs " << lb;
+      }
+      EXPECT_TRUE(same_tensors(a.parameters(), b.parameters()));
+      EXPECT_TRUE(same_tensors(a.buffers(), b.buffers()));
+    }
   }
-  EXPECT_TRUE(same_tensors(a.parameters(), b.parameters()));
 }
 
 }  // namespace

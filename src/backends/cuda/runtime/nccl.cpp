@@ -27,6 +27,7 @@ struct NcclApi {
   decltype(&::ncclCommAbort) comm_abort = nullptr;
   decltype(&::ncclAllReduce) all_reduce = nullptr;
   decltype(&::ncclBroadcast) broadcast = nullptr;
+  decltype(&::ncclAllGather) all_gather = nullptr;
   decltype(&::ncclGetErrorString) error_string = nullptr;
 };
 
@@ -60,6 +61,7 @@ const NcclApi& nccl() {
       resolve(lib, "ncclCommAbort", a.comm_abort);
       resolve(lib, "ncclAllReduce", a.all_reduce);
       resolve(lib, "ncclBroadcast", a.broadcast);
+      resolve(lib, "ncclAllGather", a.all_gather);
       resolve(lib, "ncclGetErrorString", a.error_string);
       int version = 0;
       a.get_version(&version);
@@ -134,6 +136,13 @@ void NcclComm::broadcast(void* data, size_t bytes, int root, cudaStream_t stream
       "ncclBroadcast", rank_);
 }
 
+void NcclComm::all_gather(void* data, size_t bytes, cudaStream_t stream) {
+  FUSEBOX_CHECK(comm_ != nullptr, "nccl", "rank ", rank_, ": all_gather after abort()");
+  const void* own = static_cast<const char*>(data) + size_t(rank_) * bytes;
+  check(nccl().all_gather(own, data, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), stream),
+        "ncclAllGather", rank_);
+}
+
 void NcclComm::abort() {
   if (comm_ == nullptr) return;
   nccl().comm_abort(static_cast<ncclComm_t>(comm_));
@@ -179,6 +188,15 @@ void NcclCommunicator::all_reduce_sum(Tensor& t) {
     const Tensor sum = wire.cast(t.dtype());
     std::memcpy(t.raw(), sum.raw(), sum.nbytes());
   }
+}
+
+Tensor NcclCommunicator::all_gather(const Tensor& t) {
+  Shape shape = t.shape();
+  shape.insert(shape.begin(), world_size());
+  Tensor all = Tensor::zeros(t.dtype(), shape);
+  std::memcpy(static_cast<char*>(all.raw()) + size_t(rank()) * t.nbytes(), t.raw(), t.nbytes());
+  through_device(all, [&](void* data) { comm_.all_gather(data, t.nbytes(), stream_); });
+  return all;
 }
 
 void NcclCommunicator::broadcast(Tensor& t, int root) {

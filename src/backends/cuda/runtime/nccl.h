@@ -41,6 +41,9 @@ class NcclComm {
   // Queues the in-place sum of `count` elements of `data` (f32, f64, f16, bf16 or i64)
   // across the ranks on `stream`.
   void all_reduce_sum(void* data, size_t count, DType dtype, cudaStream_t stream);
+  // Queues the in-place gather of every rank's `bytes` into `data`: rank r's are at
+  // data + r * bytes (this rank's are read from there), on `stream`.
+  void all_gather(void* data, size_t bytes, cudaStream_t stream);
   // Queues the in-place copy of rank `root`'s `bytes` at `data` to every rank on `stream`.
   void broadcast(void* data, size_t bytes, int root, cudaStream_t stream);
 
@@ -67,6 +70,7 @@ class NcclCommunicator final : public dist::Communicator {
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.world_size(); }
   void all_reduce_sum(Tensor& t) override;
+  Tensor all_gather(const Tensor& t) override;
   void broadcast(Tensor& t, int root) override;
   void barrier() override;
   void abort() override { comm_.abort(); }

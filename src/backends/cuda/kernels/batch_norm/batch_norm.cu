@@ -28,6 +28,14 @@
 // the copy bandwidth; the stats pass runs a division per element (Welford), which keeps
 // it near, not at, the bandwidth limit. Deterministic (no atomics).
 //
+// Sync (BatchNormAttrs::sync, training: data-parallel synchronized batch norm): stage 2 runs
+// twice around one NCCL all-gather over ctx.world (RankTotals). Forward: the first pass merges
+// this rank's chunks into one f64 triple per channel, the gather brings every rank's, the
+// second pass merges those in rank order (so every rank gets the same statistics, bit for bit)
+// and writes what stage 2 always writes. Backward: the first pass writes dscale and dbias (this
+// rank's sums) and its (sum dy, sum dy * x_hat); the second sums the ranks' in rank order into
+// dx's coefficients. Stages 1 and 3 are unchanged; a world of one gives the unsynced bits.
+//
 // Mixed precision: with f16 / bf16 activations the per-channel operands (scale, bias,
 // running and saved statistics, dscale, dbias) may be f32 (the IR's rule, as PyTorch AMP and
 // cuDNN). Their device type P is a template parameter of the kernels that read or write
@@ -50,6 +58,7 @@
 #include "backends/cuda/kernels/batch_norm/common.cuh"
 #include "backends/cuda/kernels/batch_norm/direct.h"
 #include "backends/cuda/kernels/norm/common.h"
+#include "backends/cuda/runtime/nccl.h"
 
 namespace fusebox::cuda {
 namespace bn {
@@ -136,23 +145,27 @@ __global__ void bn_stats(const T* x, int64_t channels, int64_t inner, int64_t pe
   if (threadIdx.x == 0) partial[c * gridDim.y + blockIdx.y] = shared[0];
 }
 
-// Stage 2 (training): warp w of the grid merges channel w's chunks in f64: lane l merges
-// chunks l, l + 32, ... in order, then the lanes' triples merge down a fixed shuffle tree
-// (lane l takes lane l + s's for s = 16, 8, ..., 1); lane 0 writes the statistics
-// outputs and the coefficients.
-template <class T, class P>
-__global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64_t chunks,
-                                     int64_t channels, const P* scale, const P* bias,
-                                     const P* running_mean, const P* running_var, double eps,
-                                     double momentum, P* new_mean, P* new_var, P* saved_mean,
-                                     P* saved_inv_std, Coefficients<compute_t<T>>* coef) {
-  using C = compute_t<T>;
-  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
-  const int lane = int(threadIdx.x % 32);
-  if (c >= channels) return;  // the whole warp: the shuffles below need every lane
+// Where stage 2 finds channel c's entries: entry j at c * channel_stride + j * entry_stride
+// (stage 1's partials: [C][chunks]; the ranks' gathered totals of a sync batch norm:
+// [world][C]).
+struct Entries {
+  int64_t count = 0;
+  int64_t channel_stride = 0;
+  int64_t entry_stride = 1;
+  __device__ int64_t at(int64_t c, int64_t j) const {
+    return c * channel_stride + j * entry_stride;
+  }
+};
+
+// The merge of channel c's entries by its warp, in a fixed order (the result in lane 0):
+// lane l merges entries l, l + 32, ... in order, then the lanes' triples merge down a fixed
+// shuffle tree (lane l takes lane l + s's for s = 16, 8, ..., 1).
+template <class Q>
+__device__ Moments<double> merge_channel(const Moments<Q>* entries, Entries e, int64_t c,
+                                         int lane) {
   Moments<double> m{0, 0, 0};
-  for (int64_t j = lane; j < chunks; j += 32) {
-    const Moments<C>& p = partial[c * chunks + j];
+  for (int64_t j = lane; j < e.count; j += 32) {
+    const Moments<Q>& p = entries[e.at(c, j)];
     m = merge(m, Moments<double>{double(p.count), double(p.mean), double(p.m2)});
   }
   for (int s = 16; s > 0; s /= 2) {
@@ -161,7 +174,28 @@ __global__ void bn_finalize_training(const Moments<compute_t<T>>* partial, int64
                                 __shfl_down_sync(0xffffffffu, m.m2, s)};
     if (lane < s) m = merge(m, other);
   }
+  return m;
+}
+
+// Stage 2 (training): warp w of the grid merges channel w's entries in f64; lane 0 writes
+// the statistics outputs and the coefficients. With `totals` (a sync batch norm's first
+// pass) it writes only the merged triple there: this rank's part of the gather.
+template <class T, class P, class Q>
+__global__ void bn_finalize_training(const Moments<Q>* entries, Entries e, int64_t channels,
+                                     const P* scale, const P* bias, const P* running_mean,
+                                     const P* running_var, double eps, double momentum, P* new_mean,
+                                     P* new_var, P* saved_mean, P* saved_inv_std,
+                                     Coefficients<compute_t<T>>* coef, Moments<double>* totals) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (c >= channels) return;  // the whole warp: the shuffles need every lane
+  const Moments<double> m = merge_channel(entries, e, c, lane);
   if (lane != 0) return;
+  if (totals) {
+    totals[c] = m;
+    return;
+  }
   const double var = m.count > 0 ? m.m2 / m.count : 0.0;
   const double inv_std = 1.0 / sqrt(var + eps);
   if (new_mean)
@@ -265,21 +299,24 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* s
   }
 }
 
-// Stage 2: per channel totals in f64 (a warp per channel, in a fixed order as
-// bn_finalize_training), dscale / dbias, dx coefficients.
-template <class T, class P, class G>
-__global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks, int64_t channels,
+// Stage 2: per channel totals in f64 of the entries' (sum dy, sum dy * x_hat) pairs (a warp
+// per channel, in a fixed order as bn_finalize_training), dscale / dbias, and the dx
+// coefficients with `count` elements behind the totals. A sync batch norm's first pass
+// (`totals` given) writes dscale and dbias (this rank's sums) and the totals (its part of the
+// gather), not the coefficients; its second pass sums the gathered totals into them.
+template <class T, class P, class G, class Q>
+__global__ void bn_backward_finalize(const Q* entries /* pairs */, Entries e, int64_t channels,
                                      int64_t count, bool training, const P* scale,
                                      const P* saved_mean, const P* saved_inv_std, G* dscale,
-                                     G* dbias, Coefficients<compute_t<T>>* coef) {
+                                     G* dbias, Coefficients<compute_t<T>>* coef, double* totals) {
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x % 32);
   if (c >= channels) return;  // the whole warp
   double sum_dy = 0, sum_dyx = 0;
-  for (int64_t j = lane; j < chunks; j += 32) {
-    sum_dy += double(partial[(c * chunks + j) * 2]);
-    sum_dyx += double(partial[(c * chunks + j) * 2 + 1]);
+  for (int64_t j = lane; j < e.count; j += 32) {
+    sum_dy += double(entries[e.at(c, j) * 2]);
+    sum_dyx += double(entries[e.at(c, j) * 2 + 1]);
   }
   for (int s = 16; s > 0; s /= 2) {
     const double other_dy = __shfl_down_sync(0xffffffffu, sum_dy, s);
@@ -292,6 +329,11 @@ __global__ void bn_backward_finalize(const compute_t<T>* partial, int64_t chunks
   if (lane != 0) return;
   if (dscale) dscale[c] = convert<G>(sum_dyx);
   if (dbias) dbias[c] = convert<G>(sum_dy);
+  if (totals) {
+    totals[2 * c] = sum_dy;
+    totals[2 * c + 1] = sum_dyx;
+    return;
+  }
   const double inv_std = convert<double>(saved_inv_std[c]);
   coef[c] = {convert<C>(saved_mean[c]),
              C(convert<double>(scale[c]) * inv_std),
@@ -476,6 +518,42 @@ unsigned finalize_blocks(int64_t channels) {
   return unsigned((channels + kFinalizeWarps - 1) / kFinalizeWarps);
 }
 
+// A sync batch norm's per-channel totals of every rank: [world][bytes of one rank]. Each rank
+// writes its own slot, then one NCCL all-gather over ctx.world fills the others (no world:
+// a world of one, nothing to gather). The gather declares the communicator's order byte like
+// every collective, so the encoder issues it in recording order on every rank.
+struct RankTotals {
+  DeviceBuffer buffer;
+  size_t bytes = 0;  // one rank's
+  int rank = 0, ranks = 1;
+
+  static RankTotals make(Context& ctx, size_t bytes) {
+    RankTotals t;
+    t.bytes = bytes;
+    if (ctx.world != nullptr) {
+      t.rank = ctx.world->rank();
+      t.ranks = ctx.world->world_size();
+    }
+    t.buffer = ctx.allocator.allocate(bytes * size_t(t.ranks));
+    ctx.encoder.add_temporary(t.buffer);
+    return t;
+  }
+  template <class E>
+  E* own() const {
+    return reinterpret_cast<E*>(static_cast<char*>(buffer.data()) + size_t(rank) * bytes);
+  }
+  BufferRange own_range() const { return BufferRange(buffer, size_t(rank) * bytes, bytes); }
+  BufferRange whole() const { return BufferRange(buffer, 0, bytes * size_t(ranks)); }
+  void gather(Context& ctx) const {
+    if (ctx.world == nullptr) return;
+    NcclCommunicator& world = *ctx.world;
+    const BufferRange order(world.order(), 0, world.order().size());
+    ctx.encoder.capture_library_call(
+        {own_range(), order}, {whole(), order},
+        [&](cudaStream_t stream) { world.comm().all_gather(buffer.data(), bytes, stream); });
+  }
+};
+
 void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
@@ -522,13 +600,35 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       auto output = [&](size_t o) { return o < out.size() ? out[o].as<P>() : nullptr; };
       BufferList writes = {coef};
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
+      const Entries chunks{partial.chunks, partial.chunks, 1};
+      const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
+      if (!attrs.sync) {
+        BufferList reads = params;
+        reads.push_back(partial.buffer);
+        ctx.encoder.launch(&bn_finalize_training<T, P, C>, grid, block, 0, reads, writes,
+                           partial.buffer.as<const Moments<C>>(), chunks, g.channels, scale, bias,
+                           running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
+                           output(2), output(3), output(4), coef.as<Coefficients<C>>(),
+                           static_cast<Moments<double>*>(nullptr));
+        return;
+      }
+      // Sync: this rank's triples, gathered from every rank, merged in rank order.
+      const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * sizeof(Moments<double>));
+      ctx.encoder.launch(&bn_finalize_training<T, P, C>, grid, block, 0, {partial.buffer},
+                         {totals.own_range()}, partial.buffer.as<const Moments<C>>(), chunks,
+                         g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
+                         attrs.momentum, static_cast<P*>(nullptr), static_cast<P*>(nullptr),
+                         static_cast<P*>(nullptr), static_cast<P*>(nullptr),
+                         static_cast<Coefficients<C>*>(nullptr), totals.own<Moments<double>>());
+      totals.gather(ctx);
       BufferList reads = params;
-      reads.push_back(partial.buffer);
-      ctx.encoder.launch(&bn_finalize_training<T, P>, dim3(finalize_blocks(g.channels)),
-                         dim3(32 * kFinalizeWarps), 0, reads, writes,
-                         partial.buffer.as<const Moments<C>>(), partial.chunks, g.channels, scale,
-                         bias, running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
-                         output(2), output(3), output(4), coef.as<Coefficients<C>>());
+      reads.push_back(totals.whole());
+      ctx.encoder.launch(&bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
+                         static_cast<const Moments<double>*>(totals.buffer.data()),
+                         Entries{totals.ranks, 1, g.channels}, g.channels, scale, bias,
+                         running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
+                         output(2), output(3), output(4), coef.as<Coefficients<C>>(),
+                         static_cast<Moments<double>*>(nullptr));
     });
     if (g.total() == 0) return;
     if (layout == Layout::channels_last)
@@ -539,7 +639,8 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
 }
 
 // relu_y: the forward's output y of a fused relu (masks dy), or null.
-void run_batch_norm_backward(Context& ctx, const std::string& where, bool training,
+// sync (training only): the dx coefficients from every rank's sums (BatchNormAttrs::sync).
+void run_batch_norm_backward(Context& ctx, const std::string& where, bool training, bool sync,
                              const DeviceTensor& x, const DeviceTensor& dy,
                              const DeviceTensor* relu_y, const DeviceTensor& scale,
                              const DeviceTensor& saved_mean, const DeviceTensor& saved_inv_std,
@@ -583,19 +684,42 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
             layout == Layout::channels_last
                 ? channels_last_backward_sums<T, P>(ctx, x, dy, relu_y, saved_mean, saved_inv_std)
                 : contiguous_backward_sums<T, P>(ctx, g, x, dy, relu_y, saved_mean, saved_inv_std);
-        BufferList writes = norm::ranges({dscale, dbias});
-        writes.push_back(coef);
-        const BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
-                                  saved_inv_std.range()};
+        const Entries chunks{partial.chunks, partial.chunks, 1};
+        const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
         auto finalize = [&](auto grad_tag) {
           using G = decltype(grad_tag);
-          ctx.encoder.launch(&bn_backward_finalize<T, P, G>, dim3(finalize_blocks(g.channels)),
-                             dim3(32 * kFinalizeWarps), 0, reads, writes,
-                             partial.buffer.as<const C>(), partial.chunks, g.channels,
-                             g.per_channel(), training, scale.as<const P>(),
+          G* dscale_out = dscale ? dscale->as<G>() : nullptr;
+          G* dbias_out = dbias ? dbias->as<G>() : nullptr;
+          BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
+                              saved_inv_std.range()};
+          BufferList writes = norm::ranges({dscale, dbias});
+          if (!(sync && training)) {
+            writes.push_back(coef);
+            ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+                               partial.buffer.as<const C>(), chunks, g.channels, g.per_channel(),
+                               training, scale.as<const P>(), saved_mean.as<const P>(),
+                               saved_inv_std.as<const P>(), dscale_out, dbias_out,
+                               coef.as<Coefficients<C>>(), static_cast<double*>(nullptr));
+            return;
+          }
+          // Sync: this rank's sums are dscale and dbias; every rank's, gathered and summed in
+          // rank order, make the coefficients (the shards have one shape: count * world).
+          const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * 2 * sizeof(double));
+          writes.push_back(totals.own_range());
+          ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+                             partial.buffer.as<const C>(), chunks, g.channels, g.per_channel(),
+                             training, scale.as<const P>(), saved_mean.as<const P>(),
+                             saved_inv_std.as<const P>(), dscale_out, dbias_out,
+                             static_cast<Coefficients<C>*>(nullptr), totals.own<double>());
+          totals.gather(ctx);
+          reads[0] = totals.whole();
+          ctx.encoder.launch(&bn_backward_finalize<T, P, G, double>, grid, block, 0, reads, {coef},
+                             static_cast<const double*>(totals.buffer.data()),
+                             Entries{totals.ranks, 1, g.channels}, g.channels,
+                             g.per_channel() * totals.ranks, training, scale.as<const P>(),
                              saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-                             dscale ? dscale->as<G>() : nullptr, dbias ? dbias->as<G>() : nullptr,
-                             coef.as<Coefficients<C>>());
+                             static_cast<G*>(nullptr), static_cast<G*>(nullptr),
+                             coef.as<Coefficients<C>>(), static_cast<double*>(nullptr));
         };
         if (grad_dtype == DType::f32)
           finalize(float{});
@@ -624,8 +748,8 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          const DeviceTensor& scale, const DeviceTensor& saved_mean,
                          const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
                          DeviceTensor* dbias) {
-  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, x, dy, nullptr, scale, saved_mean,
-                              saved_inv_std, dx, dscale, dbias);
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, false, x, dy, nullptr, scale,
+                              saved_mean, saved_inv_std, dx, dscale, dbias);
 }
 
 // (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias): dx in x's dtype,
@@ -638,7 +762,7 @@ void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
                 attrs.relu ? ", y" : "", ") -> (dx, dscale, dbias)");
   FUSEBOX_CHECK(out[1].dtype == in[2]->dtype && out[2].dtype == in[2]->dtype, node_label(n),
                 "dscale and dbias must be ", dtype_name(in[2]->dtype), " like scale");
-  bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, *in[1], *in[0],
+  bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, attrs.sync, *in[1], *in[0],
                               attrs.relu ? in[5] : nullptr, *in[2], *in[3], *in[4], &out[0],
                               &out[1], &out[2]);
 }
