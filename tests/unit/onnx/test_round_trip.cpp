@@ -448,6 +448,18 @@ TEST(OnnxExport, BatchNormTrainingWithUsedSavedStatistics) {
       throws_error_with([&] { export_onnx_bytes(g); }, {"batch_norm 'bn1'", "saved statistic"}));
 }
 
+TEST(OnnxExport, SyncBatchNormHasNoOnnxForm) {
+  Graph g("bn");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 3, 4});
+  std::vector<ValueId> p;
+  for (const char* n : {"s", "b", "m", "v"})
+    p.push_back(g.add_constant(n, Tensor::full(DType::f32, {3}, 1)));
+  g.mark_output(b.name("bn1").batch_norm_training(x, p[0], p[1], p[2], p[3], {.sync = true}).at(0));
+  EXPECT_TRUE(throws_error_with([&] { export_onnx_bytes(g); },
+                                {"batch_norm 'bn1'", "synchronized", "no ONNX operator"}));
+}
+
 TEST(OnnxExport, FileRoundTrip) {
   Graph g("file");
   Builder b(g);
