@@ -13,11 +13,13 @@ namespace fusebox::train {
 // What to do with batch_norm nodes.
 enum class BatchNormForm : uint8_t {
   keep,
-  training,  // inference nodes become training nodes (5 outputs); the extra outputs get
-             // fresh names
-  synchronized_training,  // as training, each with BatchNormAttrs::sync (data parallel)
-  inference,              // training nodes become inference nodes; reading a training-only output
-                          // (running statistics, saved mean / inv std) is then an Error
+  // Inference nodes become training nodes (5 outputs); the extra outputs get fresh names.
+  training,
+  // As training, each with BatchNormAttrs::sync (a data-parallel step's synchronized ones).
+  synchronized_training,
+  // Training nodes become inference nodes; reading a training-only output (running
+  // statistics, saved mean / inv std) is then an Error.
+  inference,
 };
 
 struct RewriteOptions {

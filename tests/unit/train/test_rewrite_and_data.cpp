@@ -58,6 +58,18 @@ TEST(GraphRewrite, BatchNormFormsSwitchBothWays) {
   const Node& bn = *std::find_if(to_training.graph.nodes().begin(), to_training.graph.nodes().end(),
                                  [](const Node& n) { return n.op == OpKind::batch_norm; });
   EXPECT_EQ(back.value_map[size_t(bn.outputs[1])], kNoValue);
+
+  // Synchronized training sets sync on each (training) batch norm; inference clears it.
+  auto synced = rewrite_graph(inference, {.batch_norm = BatchNormForm::synchronized_training});
+  auto unsynced = rewrite_graph(synced.graph, {.batch_norm = BatchNormForm::inference});
+  for (const auto* g : {&synced.graph, &unsynced.graph, &to_training.graph}) {
+    for (const Node& n : g->nodes()) {
+      if (n.op != OpKind::batch_norm) continue;
+      const auto& a = std::get<BatchNormAttrs>(n.attrs);
+      EXPECT_EQ(a.sync, g == &synced.graph) << n.name;
+      EXPECT_EQ(a.training, g != &unsynced.graph) << n.name;
+    }
+  }
 }
 
 TEST(GraphRewrite, ReadingARemovedTrainingOutputIsAnError) {
