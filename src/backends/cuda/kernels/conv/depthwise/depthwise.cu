@@ -339,7 +339,8 @@ int64_t rows_wgrad_splits(const DwRowsParams& p) {
 // ---- ring kernels (ring.cuh) ------------------------------------------------------------
 //
 // Measured on the H200 (bench/results/2026-11-28_h200_session19.md, bf16, N=64): vs cuDNN's
-// best plan fprop 1.10-1.60x, dgrad 1.01-3.78x, wgrad 0.90-1.58x; vs the rows kernels (ms)
+// best plan fprop 1.10-1.60x, dgrad 1.01-3.78x, wgrad 0.90-1.58x (1.01-1.57x with the runs of
+// 7: bench/results/2026-11-28_h200_session21_dw_wgrad_sweep.md); vs the rows kernels (ms)
 // fprop 3x3 C256 at 56^2 0.099 -> 0.080, 7x7 C96 at 56^2 0.131 -> 0.087, C768 at 7^2 0.022
 // -> 0.017, wgrad 7x7 C96 0.27 -> 0.11. The stride-2 3x3 fprop stays on the rows kernel
 // (0.042 vs 0.045).
@@ -348,11 +349,22 @@ int64_t rows_wgrad_splits(const DwRowsParams& p) {
 // conversions per output: 3x3 0.080 vs 0.082 ms, 7x7 C96 0.087 vs 0.111), else 4 (the
 // shorter rows measured faster with 4). wgrad: half a vector of channels a thread (7x7:
 // acc[7][4], three blocks per SM instead of two: C96 0.160 -> 0.133 ms at 2 outputs), 8
-// outputs for 7-wide filters (0.123 ms), 4 for the others.
-template <int KW>
-constexpr int kRingWgradRun = KW == 7 ? 8 : 4;
+// outputs for 7-wide filters (0.123 ms), 7 where the rows are a multiple of 7 but not of 8
+// (ConvNeXt's 28, 14 and 7: runs of 8 there compute 12.5% padding), 4 for the others.
 int ring_fprop_run(int64_t dst_w) {
   return dst_w >= 56 ? 8 : 4;
+}
+// Calls f(std::integral_constant<int, RUN>{}) with the wgrad's run for rows of dst_w outputs.
+template <int KW, class F>
+void with_ring_wgrad_run(int64_t dst_w, F&& f) {
+  if constexpr (KW == 7) {
+    if (dst_w % 8 != 0 && dst_w % 7 == 0)
+      f(std::integral_constant<int, 7>{});
+    else
+      f(std::integral_constant<int, 8>{});
+  } else {
+    f(std::integral_constant<int, 4>{});
+  }
 }
 
 // Whether the ring kernels take the problem: a 2-D one (dim 0 of the geometry untouched)
@@ -473,9 +485,9 @@ std::optional<RingLaunch> plan_ring_fprop(const ConvGeometry& g, ConvOp op,
 // memory stays within 80 KiB (3x3 C256: 8, 7x7 C768: 16), a warp of G = 32 / (2 chunk) runs
 // per filter row; about four blocks per SM (its ranges are summed after: fewer, longer ranges
 // than the fprop's one wave measured best).
-template <class T, int KW, int S>
+template <class T, int KW, int S, int RUN>
 std::optional<RingLaunch> plan_ring_wgrad(const ConvGeometry& g, const DeviceProperties& props) {
-  constexpr int V = kVecWidth<T>, L = V / 2, RUN = kRingWgradRun<KW>;
+  constexpr int V = kVecWidth<T>, L = V / 2;
   const int vectors = int(g.in_channels / V);
   for (int chunk = 16; chunk >= 4; chunk /= 2) {
     if (vectors % chunk != 0) continue;
@@ -590,17 +602,20 @@ std::string run_depthwise(Context& ctx, const Node& n, ConvOp op, Inputs in, Out
         if (ring_shape(g, op, rows, kVecWidth<T>)) {
           with_rows_kernel(rows, [&](auto kw, auto s) {
             constexpr int KW = decltype(kw)::value, S = decltype(s)::value;
-            const std::optional<RingLaunch> l =
-                plan_ring_wgrad<T, KW, S>(g, ctx.device.properties());
-            if (!l) return;
-            splits = int64_t(l->params.splits.divisor) * g.batch * g.out[0];
-            partial = temporary_tensor(ctx, DType::f32, {splits * count});
-            ctx.encoder.launch(&depthwise_ring_wgrad<T, KW, S, kRingWgradRun<KW>, kVecWidth<T> / 2>,
-                               dim3(l->blocks), l->block, size_t(l->shared_bytes),
-                               {xs.range(), dys.range()}, {partial.range()}, l->params,
-                               xs.as<const T>(), dys.as<const T>(), partial.as<float>());
-            plan += ring_description(*l, op);
-            ring = true;
+            with_ring_wgrad_run<KW>(g.out[2], [&](auto run) {
+              constexpr int RUN = decltype(run)::value;
+              const std::optional<RingLaunch> l =
+                  plan_ring_wgrad<T, KW, S, RUN>(g, ctx.device.properties());
+              if (!l) return;
+              splits = int64_t(l->params.splits.divisor) * g.batch * g.out[0];
+              partial = temporary_tensor(ctx, DType::f32, {splits * count});
+              ctx.encoder.launch(&depthwise_ring_wgrad<T, KW, S, RUN, kVecWidth<T> / 2>,
+                                 dim3(l->blocks), l->block, size_t(l->shared_bytes),
+                                 {xs.range(), dys.range()}, {partial.range()}, l->params,
+                                 xs.as<const T>(), dys.as<const T>(), partial.as<float>());
+              plan += ring_description(*l, op);
+              ring = true;
+            });
           });
         }
         if (ring) {
