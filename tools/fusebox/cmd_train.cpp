@@ -260,6 +260,14 @@ int train(const TrainArgs& args) {
     throw UsageError("--checkpoint-every needs --checkpoint FILE");
   if (args.given("--samples") && !args.synthetic)
     throw UsageError("--samples applies to --synthetic only");
+  // The data-parallel options would change nothing in one process: refused, not ignored.
+  if (!dist::DistEnv::from_env()) {
+    for (const char* option : {"--sync-bn", "--bucket-mb", "--reduce-dtype"})
+      if (args.given(option))
+        throw UsageError(cat(option,
+                             " applies to data-parallel runs (--gpus N with N > 1, or a rank "
+                             "started with the FUSEBOX_* rendezvous variables)"));
+  }
 
   std::optional<Checkpoint> resume;
   if (!args.resume.empty()) resume = load_checkpoint(args.resume);
