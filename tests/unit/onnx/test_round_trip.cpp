@@ -434,14 +434,19 @@ TEST(OnnxExport, ConvBackwardFilterHasNoOnnxForm) {
                                 {"onnx export", "conv_backward_filter 'dw'", "no ONNX"}));
 }
 
-TEST(OnnxExport, BatchNormTrainingWithUsedSavedStatistics) {
-  Graph g("bn");
-  Builder b(g);
+// A training batch_norm 'bn1' of an x [2, 3, 4] input with constant per-channel operands: its
+// five outputs, none marked.
+std::vector<ValueId> training_batch_norm(Graph& g, BatchNormAttrs a = {}) {
   ValueId x = g.add_input("x", DType::f32, {2, 3, 4});
   std::vector<ValueId> p;
   for (const char* n : {"s", "b", "m", "v"})
     p.push_back(g.add_constant(n, Tensor::full(DType::f32, {3}, 1)));
-  std::vector<ValueId> outs = b.name("bn1").batch_norm_training(x, p[0], p[1], p[2], p[3]);
+  return Builder(g).name("bn1").batch_norm_training(x, p[0], p[1], p[2], p[3], a);
+}
+
+TEST(OnnxExport, BatchNormTrainingWithUsedSavedStatistics) {
+  Graph g("bn");
+  std::vector<ValueId> outs = training_batch_norm(g);
   g.mark_output(outs[0]);
   g.mark_output(outs[3]);  // saved mean: ONNX has no such output
   EXPECT_TRUE(
@@ -450,12 +455,7 @@ TEST(OnnxExport, BatchNormTrainingWithUsedSavedStatistics) {
 
 TEST(OnnxExport, SyncBatchNormHasNoOnnxForm) {
   Graph g("bn");
-  Builder b(g);
-  ValueId x = g.add_input("x", DType::f32, {2, 3, 4});
-  std::vector<ValueId> p;
-  for (const char* n : {"s", "b", "m", "v"})
-    p.push_back(g.add_constant(n, Tensor::full(DType::f32, {3}, 1)));
-  g.mark_output(b.name("bn1").batch_norm_training(x, p[0], p[1], p[2], p[3], {.sync = true}).at(0));
+  g.mark_output(training_batch_norm(g, {.sync = true}).at(0));
   EXPECT_TRUE(throws_error_with([&] { export_onnx_bytes(g); },
                                 {"batch_norm 'bn1'", "synchronized", "no ONNX operator"}));
 }
