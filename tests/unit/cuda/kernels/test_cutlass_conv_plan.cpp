@@ -141,11 +141,37 @@ TEST(CutlassConvPlan, PointwiseWgradIsABatchedGemmOverPixelChunks) {
                                     DType::bf16, {}, 132)
                 .tile,
             Tile::t128x128);
-  // Few pixels (layer 4's 3136): the conv kernel's whole-image chunks.
+  // Few pixels and few output tiles (layer 3's 1024 -> 256, 12544 pixels: 32 of 64x128):
+  // the conv kernel's whole-image chunks.
+  const cutlass_conv::Plan l3 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 1024, 256, 14, 1, 1, 0), DType::bf16, {}, 132);
+  EXPECT_FALSE(l3.gemm);
+  EXPECT_GT(l3.chunk_images, 0);
+  EXPECT_GT(l3.partial_bytes, 0u);
+  // Few pixels but output tiles for every SM (layer 4's 2048 -> 512 at 7x7: 64 of 128x128,
+  // 128 of 64x128): one unsplit GEMM writing dw, no f32 slices.
   const cutlass_conv::Plan l4 = cutlass_conv::make_plan(
       ConvOp::wgrad, geometry(64, 2048, 512, 7, 1, 1, 0), DType::bf16, {}, 132);
-  EXPECT_FALSE(l4.gemm);
-  EXPECT_GT(l4.chunk_images, 0);
+  EXPECT_TRUE(l4.gemm);
+  EXPECT_EQ(l4.tile, Tile::t64x128);
+  EXPECT_EQ(l4.chunks, 1);
+  EXPECT_EQ(l4.chunk_rows, 64 * 7 * 7);
+  EXPECT_EQ(l4.partial_bytes, 0u);
+  EXPECT_NE(l4.describe().find("gemm, dw written directly"), std::string::npos) << l4.describe();
+  // 2048 x 1024: 128 tiles of 128x128 already; a forced tile is kept where it fills the GPU,
+  // and where it does not, the chunked plans run it.
+  const ConvGeometry wide = geometry(64, 1024, 2048, 7, 1, 1, 0);
+  EXPECT_EQ(cutlass_conv::direct_wgrad_tile(wide, 132), Tile::t128x128);
+  EXPECT_EQ(cutlass_conv::direct_wgrad_tile(wide, 132, Tile::t64x128), Tile::t64x128);
+  EXPECT_EQ(
+      cutlass_conv::direct_wgrad_tile(geometry(64, 2048, 512, 7, 1, 1, 0), 132, Tile::t128x128),
+      std::nullopt);
+  // The narrow tile where the wide one's 128 would leave a quarter of 200 SMs idle; neither
+  // on 400 SMs (256 of 64x128).
+  EXPECT_EQ(cutlass_conv::direct_wgrad_tile(wide, 200), Tile::t64x128);
+  EXPECT_EQ(cutlass_conv::direct_wgrad_tile(wide, 400), std::nullopt);
+  EXPECT_EQ(cutlass_conv::direct_wgrad_tile(geometry(64, 1024, 2048, 14, 1, 2, 0), 132),
+            std::nullopt);  // not pointwise (the caller gathers x first)
   // Chunks are whole K steps and cover the pixels, the last possibly short.
   for (const auto [n, hw] :
        {std::pair<int64_t, int64_t>{64, 57}, {11, 57}, {64, 23}, {3, 105}, {1, 200}, {1, 1000}}) {

@@ -165,8 +165,9 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // The problems the CUTLASS path lowers before its kernels (implicit_gemm.cpp, H100/H200 only):
 // an RGB-stem-like 7x7 stride 2 through im2col (fprop with its epilogue, dgrad through
 // col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
-// chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks; a 1x1 stride-2 fprop on
-// the gathered sub-lattice.
+// chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
+// many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
+// sub-lattice.
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -191,6 +192,10 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
        "gemm, 58 chunks"},
       {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "tma-im2col"},
       {OpKind::conv, DType::bf16, 2, 64, 128, 33, 1, 2, 0, true, "gathered"},
+      {OpKind::conv_backward_filter, DType::bf16, 2, 896, 1024, 9, 1, 1, 0, false,
+       "gemm, dw written directly"},
+      {OpKind::conv_backward_filter, DType::f16, 1, 512, 2048, 14, 1, 2, 0, false,
+       "dw written directly, x gathered at stride 2"},
   };
   for (const Case& k : cases) {
     ConvConfig c;

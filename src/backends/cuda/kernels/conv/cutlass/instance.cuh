@@ -5,7 +5,8 @@
 //
 // The kernel: CUTLASS's sm90 implicit-GEMM collective (KernelImplicitTmaWarpSpecializedSm90:
 // one producer warp issuing TMA loads, im2col mode for the gathered operand, into a pipeline
-// of as many 64-deep K stages as shared memory holds after the epilogue's; one consumer
+// of 64-deep K stages (as many as shared memory holds after the epilogue's, or 4 for two
+// CTAs an SM: Stages below); one consumer
 // warpgroup on wgmma), f32 accumulation, and a TMA epilogue computing
 //   D = clamp(acc + bias[n] + beta * C, lower, upper)        (plan.h Epilogue; beta 0 or 1)
 // All problems use the 3-D (NDHWC) form: 1-D and 2-D convolutions have leading extents of 1,
@@ -36,9 +37,14 @@
 
 namespace fusebox::cuda::cutlass_conv {
 
-template <cutlass::conv::Operator Op, class T, class TD, int TM, int TN>
+template <cutlass::conv::Operator Op, class T, class TD, int TM, int TN, bool kPlain = false>
 struct Instance {
   static constexpr bool kWgrad = Op == cutlass::conv::Operator::kWgrad;
+  // D = acc: no source, bias or clamp to read or compute (wgrad's sums, or kPlain where the
+  // plan's epilogue is plain()). It saves ~2.5 us a launch: the 64-channel 3x3 fprop 51.5 ->
+  // 48.8 us, a 1-tap dgrad phase 14.4 -> 11.9 (H200, bench/results/
+  // 2026-11-28_h200_session22_dense.md).
+  static constexpr bool kPlainEpilogue = kWgrad || kPlain;
   // K is a mode of its own (the reduction runs over taps and channels, or images and pixels);
   // so is wgrad's N, which covers (C, S, R, T).
   using TileN = std::conditional_t<kWgrad, cute::Shape<cute::Int<TN>>, cute::Int<TN>>;
@@ -48,12 +54,12 @@ struct Instance {
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;  // 16-byte rows
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<TD>::value;
   // The output, through the TMA epilogue: activations NDHWC with the fused bias, residual and
-  // clamp; wgrad's f32 filter sums KTRSC (CUTLASS's KCSRT tag: K rows of (C, S, R, T), C
-  // fastest), no source (its chunks are summed afterwards).
+  // clamp (or plain); wgrad's f32 filter sums KTRSC (CUTLASS's KCSRT tag: K rows of (C, S, R,
+  // T), C fastest), no source (its chunks are summed afterwards).
   using LayoutD = std::conditional_t<kWgrad, cutlass::layout::TensorKCSRT, Layout>;
-  using ElementC = std::conditional_t<kWgrad, void, TD>;
+  using ElementC = std::conditional_t<kPlainEpilogue, void, TD>;
   using Fusion = std::conditional_t<
-      kWgrad, cutlass::epilogue::fusion::LinearCombination<TD, float, void, float>,
+      kPlainEpilogue, cutlass::epilogue::fusion::LinearCombination<TD, float, void, float>,
       cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::Clamp, TD,
                                                          float, TD, TD, float>>;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
@@ -61,11 +67,20 @@ struct Instance {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, LayoutD, kAlignD, TD,
       LayoutD, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
+  // The kernel is not persistent: a CTA's prologue and epilogue stall its SM unless another
+  // CTA shares it. The narrow tile (104 registers) therefore takes 4 stages, 97 KiB of shared
+  // memory, and two CTAs run on each SM: ResNet-50's 64-channel 3x3 fprop and dgrad 70 -> 52
+  // us on an H200 (bench/results/2026-11-28_h200_session22_dense.md). The wide tiles keep
+  // the deepest pipeline: at 168 registers two CTAs would not fit (forced to 128, they spill
+  // and run 2-6x slower).
+  static constexpr bool kTwoPerSm = TN == 64 && !kWgrad;
+  using Stages =
+      std::conditional_t<kTwoPerSm, cutlass::conv::collective::StageCount<4>,
+                         cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename Epilogue::SharedStorage))>>;
   using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Op, T, Layout, kAlign, T, Layout, kAlign,
-      float, TileShape, Cluster,
-      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+      float, TileShape, Cluster, Stages,
       cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
   using ProblemShape = cutlass::conv::ConvProblemShape<Op, 3>;
   using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, Mainloop, Epilogue>;
@@ -130,7 +145,7 @@ struct Instance {
     Arguments args{shape,
                    {static_cast<const T*>(a), static_cast<const T*>(b)},
                    {{}, static_cast<const TD*>(c), stride_c, static_cast<TD*>(d), stride_d}};
-    if constexpr (!kWgrad) {
+    if constexpr (!kPlainEpilogue) {
       auto& fusion = args.epilogue.thread;
       fusion.alpha = 1.0f;
       fusion.beta = c != nullptr ? 1.0f : 0.0f;

@@ -14,8 +14,9 @@ std::optional<std::string> record(Context& ctx, const Plan& plan, const ConvGeom
       if (plan.gemm) return record_gemm_dgrad(ctx, plan, g, o, reads, written);
       return record_dgrad(ctx, plan, g, o, reads, written);
     case ConvOp::wgrad:
-      if (partial == nullptr) throw Error("CUTLASS wgrad", "no partial buffer for the chunk sums");
-      if (plan.gemm) return record_gemm_wgrad(ctx, plan, g, o, reads, written, *partial);
+      if (partial == nullptr && plan.partial_bytes > 0)
+        throw Error("CUTLASS wgrad", "no partial buffer for the chunk sums");
+      if (plan.gemm) return record_gemm_wgrad(ctx, plan, g, o, reads, written, partial);
       return record_wgrad(ctx, plan, g, o, reads, written, *partial);
   }
   return std::string("unknown op");

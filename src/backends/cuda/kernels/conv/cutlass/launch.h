@@ -33,7 +33,8 @@ struct Operands {
 
 // Records the convolution, or says why CUTLASS's own can_implement refused it (nothing is
 // recorded then; plan.cpp's cannot_implement is meant to have caught it). `reads`: the
-// buffers read; `written`: result's bytes; `partial`: the wgrad sums' bytes.
+// buffers read; `written`: result's bytes; `partial`: the wgrad sums' bytes (null where the
+// plan has none).
 std::optional<std::string> record(Context& ctx, const Plan& plan, const ConvGeometry& g,
                                   const Operands& o, const BufferList& reads,
                                   const BufferRange& written, const BufferRange* partial);
@@ -54,9 +55,10 @@ std::optional<std::string> record_gemm_dgrad(Context& ctx, const Plan& plan, con
 std::optional<std::string> record_wgrad(Context& ctx, const Plan& plan, const ConvGeometry& g,
                                         const Operands& o, const BufferList& reads,
                                         const BufferRange& written, const BufferRange& partial);
+// `partial`: null when the plan is unsplit (partial_bytes 0).
 std::optional<std::string> record_gemm_wgrad(Context& ctx, const Plan& plan, const ConvGeometry& g,
                                              const Operands& o, const BufferList& reads,
                                              const BufferRange& written,
-                                             const BufferRange& partial);
+                                             const BufferRange* partial);
 
 }  // namespace fusebox::cuda::cutlass_conv

@@ -217,10 +217,22 @@ bool is_pointwise(const ConvGeometry& g) {
   return true;
 }
 
+std::optional<Tile> direct_wgrad_tile(const ConvGeometry& g, int sm_count,
+                                      std::optional<Tile> forced) {
+  if (!is_pointwise(g)) return std::nullopt;
+  const auto [m, n] = gemm_mn(ConvOp::wgrad, g);
+  for (Tile t : {Tile::t128x128, Tile::t64x128})
+    if ((!forced || *forced == t) && 4 * cdiv(m, tile_m(t)) * cdiv(n, tile_n(t)) >= 3 * sm_count)
+      return t;
+  return std::nullopt;
+}
+
 std::string Plan::describe() const {
   std::string s =
       cat(tile_name(tile), "x64 sm90 ", dtype_name(dtype), gemm ? " gemm" : " tma-im2col");
-  if (op == ConvOp::wgrad) s += cat(", ", chunks, chunks == 1 ? " chunk" : " chunks");
+  if (op == ConvOp::wgrad && partial_bytes == 0) s += ", dw written directly";
+  if (op == ConvOp::wgrad && partial_bytes > 0)
+    s += cat(", ", chunks, chunks == 1 ? " chunk" : " chunks");
   if (!phases.empty()) s += cat(", ", phases.size(), " phases");
   return s;
 }
@@ -236,9 +248,16 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
   // A pointwise wgrad on the GEMM only when it has many pixels (layers 1-2 of ResNet-50 and
   // an im2col'd stem: 0.36-0.54x -> 0.9-1.05x cuDNN); with few (layers 3-4, 3136-12544
   // pixels) the conv kernel's whole-image chunks were faster on the H100 (0.56-0.91x against
-  // the GEMM's 0.42-0.61x, bench/results/2026-11-25_h100_session13.md).
-  p.gemm = is_pointwise(g) && (op != ConvOp::wgrad || g.batch * g.out_size() >= kGemmWgradRows);
-  if (tile && tile_available(op, *tile)) {
+  // the GEMM's 0.42-0.61x, bench/results/2026-11-25_h100_session13.md, chunked through f32
+  // slices) -- unless its output tiles alone fill the GPU: then one unsplit GEMM writes dw
+  // (direct_wgrad_tile; layer 4's 0.45-0.55x on the image chunks).
+  const std::optional<Tile> direct =
+      op == ConvOp::wgrad ? direct_wgrad_tile(g, int(sms), tile) : std::nullopt;
+  p.gemm = is_pointwise(g) &&
+           (op != ConvOp::wgrad || direct || g.batch * g.out_size() >= kGemmWgradRows);
+  if (direct) {
+    p.tile = *direct;
+  } else if (tile && tile_available(op, *tile)) {
     p.tile = *tile;
   } else if (p.gemm && op != ConvOp::wgrad) {
     // Persistent: waves matter little; the narrow tile when N is narrow.
@@ -260,7 +279,10 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     dgrad_phases(g, &p.phases);  // cannot_implement has checked them
     for (const DgradPhase& ph : p.phases) p.zero_fill |= ph.empty();
   }
-  if (op == ConvOp::wgrad && p.gemm) {
+  if (direct) {
+    p.chunks = 1;
+    p.chunk_rows = g.batch * g.out_size();
+  } else if (op == ConvOp::wgrad && p.gemm) {
     // About two output tiles per SM over the chunks (the ping-pong kernel overlaps one's
     // epilogue with the other's main loop), each chunk at least 8 K steps, and the f32
     // slices' bytes no more than the operands' (a weight gradient of few rows and many

@@ -53,6 +53,10 @@ struct Epilogue {
   bool residual = false;
   float lower = -3.4028234663852886e38f;  // -FLT_MAX: no lower clamp
   float upper = 3.4028234663852886e38f;
+  // D = acc: no bias, residual or clamp (a convolution followed by a batch norm).
+  bool plain() const {
+    return !bias && !residual && lower == Epilogue{}.lower && upper == Epilogue{}.upper;
+  }
 };
 // Why the epilogue cannot be computed by CUTLASS's (nullopt: it can; *out is set).
 std::optional<std::string> map_epilogue(bool bias, const ActivationFn& activation, bool residual,
@@ -100,6 +104,14 @@ ConvGeometry phase_geometry(const ConvGeometry& g, const DgradPhase& p);
 // tensors (gemm_instance.cuh runs the three ops of these on a persistent GEMM kernel).
 bool is_pointwise(const ConvGeometry& g);
 
+// The tile on which a pointwise wgrad runs as one unsplit GEMM writing dw directly, or
+// nullopt: the first of 128x128 and 64x128 (or `forced`, if one of them) whose K x C output
+// tiles give at least three quarters of the SMs one each. ResNet-50's layer-4 1x1 weight
+// gradients (3136 pixels, 2048 x 512): 64 tiles of 128x128, 128 of 64x128 -> 23 us on the
+// im2col kernel's chunks, ~12 us so (H200, bench/results/2026-11-28_h200_session22_dense.md).
+std::optional<Tile> direct_wgrad_tile(const ConvGeometry& g, int sm_count,
+                                      std::optional<Tile> forced = std::nullopt);
+
 struct Plan {
   ConvOp op = ConvOp::fprop;
   DType dtype = DType::bf16;
@@ -107,13 +119,15 @@ struct Plan {
   bool gemm = false;  // a pointwise problem: the ping-pong GEMM
   Epilogue epilogue;
   // wgrad: the reduction is cut into `chunks`, each writing its f32 sums to its own slice of
-  // a partial buffer; a second kernel adds them in order (deterministic). chunks == 1 still
-  // goes through the f32 buffer (one rounding into dw's dtype at the end).
+  // a partial buffer; a second kernel adds them in order (deterministic). chunks == 1 on the
+  // im2col kernel still goes through the f32 buffer (one rounding into dw's dtype at the end).
   //   im2col kernel: runs of `chunk_images` images (the last may have fewer), one graph node
   //     each (independent: they run concurrently).
   //   GEMM (pointwise): runs of `chunk_rows` pixels (the last may have fewer), the batch mode
   //     of one persistent GEMM (the short last run a second launch): no split-K in CUTLASS's
-  //     sm90 conv kernel, but a batched GEMM is one.
+  //     sm90 conv kernel, but a batched GEMM is one. With output tiles enough for the GPU
+  //     (direct_wgrad_tile) there is one chunk and no partial buffer (partial_bytes 0): the
+  //     GEMM's epilogue writes dw in its dtype.
   int64_t chunks = 1;
   int64_t chunk_images = 0;
   int64_t chunk_rows = 0;

@@ -31,34 +31,6 @@ struct ConvTensors {
   const DeviceTensor *x, *w, *y, *bias, *residual, *written;
 };
 
-// How try_cutlass hands a problem to the CUTLASS kernels.
-enum class CutlassLowering {
-  direct,  // as it is
-  // A strided 1x1 fprop without padding reads only x's sub-lattice: gathered dense (a quarter
-  // of x at stride 2), it is a pointwise problem, which runs on the persistent GEMM instead
-  // of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample fprop). Not wgrad:
-  // gathered, ResNet-50's three fell from 0.65-1.1x to 0.47-0.66x (few pixels per weight).
-  gather,
-  // Channels that are not a multiple of 8 (an RGB stem's 3), or 8: TMA cannot move such rows,
-  // or 8 channels would fill an eighth of each 64-deep K step. The patches written out as a
-  // matrix (im2col.h) make the problem pointwise, a GEMM over taps*C columns.
-  im2col,
-};
-
-CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g) {
-  if (g.groups != 1 || cutlass_conv::is_pointwise(g)) return CutlassLowering::direct;
-  if (op == ConvOp::fprop && g.filter_size() == 1) {
-    bool unpadded = true;
-    for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
-    if (unpadded) return CutlassLowering::gather;
-  }
-  // The patch matrix under 2^30 elements (2 GiB of 16-bit values).
-  const int64_t col = g.batch * g.out_size() * im2col_width(g);
-  if ((g.in_channels % 8 != 0 || g.in_channels < 16) && col < (int64_t(1) << 30))
-    return CutlassLowering::im2col;
-  return CutlassLowering::direct;
-}
-
 // The pointwise problem a gathered or im2col'd one becomes: rows = N*O pixels of `channels`.
 ConvGeometry pointwise_geometry(const ConvGeometry& g, int64_t channels) {
   ConvGeometry p;
@@ -70,6 +42,39 @@ ConvGeometry pointwise_geometry(const ConvGeometry& g, int64_t channels) {
   return p;
 }
 
+// How try_cutlass hands a problem to the CUTLASS kernels.
+enum class CutlassLowering {
+  direct,  // as it is
+  // A strided 1x1 fprop or wgrad without padding reads only x's sub-lattice: gathered dense (a
+  // quarter of x at stride 2), it is a pointwise problem, which runs on the persistent GEMM
+  // instead of the im2col kernel (0.55x cuDNN on ResNet-50's stride-2 downsample fprop). A
+  // wgrad only where the GEMM runs unsplit (cutlass_conv::direct_wgrad_tile: layer 4's
+  // 0.55x); chunked through f32 slices, ResNet-50's three fell from 0.65-1.1x to 0.47-0.66x.
+  gather,
+  // Channels that are not a multiple of 8 (an RGB stem's 3), or 8: TMA cannot move such rows,
+  // or 8 channels would fill an eighth of each 64-deep K step. The patches written out as a
+  // matrix (im2col.h) make the problem pointwise, a GEMM over taps*C columns.
+  im2col,
+};
+
+CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g, int sm_count,
+                                 std::optional<cutlass_conv::Tile> tile) {
+  if (g.groups != 1 || cutlass_conv::is_pointwise(g)) return CutlassLowering::direct;
+  if (op != ConvOp::dgrad && g.filter_size() == 1) {
+    bool unpadded = true;
+    for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
+    if (unpadded &&
+        (op == ConvOp::fprop ||
+         cutlass_conv::direct_wgrad_tile(pointwise_geometry(g, g.in_channels), sm_count, tile)))
+      return CutlassLowering::gather;
+  }
+  // The patch matrix under 2^30 elements (2 GiB of 16-bit values).
+  const int64_t col = g.batch * g.out_size() * im2col_width(g);
+  if ((g.in_channels % 8 != 0 || g.in_channels < 16) && col < (int64_t(1) << 30))
+    return CutlassLowering::im2col;
+  return CutlassLowering::direct;
+}
+
 // Records the problem on the CUTLASS Hopper kernels and returns the plan's description, or
 // nullopt (nothing recorded) where they do not take it: cutlass_conv::cannot_implement, an
 // epilogue theirs cannot compute, or CUTLASS's own can_implement refusing (said once).
@@ -79,7 +84,7 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
                                        std::optional<cutlass_conv::Tile> tile, bool aligned) {
   const DeviceProperties& device = ctx.device.properties();
   const DType dtype = t.written->dtype;
-  const CutlassLowering lowering = cutlass_lowering(op, g);
+  const CutlassLowering lowering = cutlass_lowering(op, g, device.sm_count, tile);
   const int64_t c = g.in_channels, width = im2col_width(g);
   ConvGeometry gw = g;  // the problem the kernels see
   if (lowering == CutlassLowering::gather) gw = pointwise_geometry(g, c);
