@@ -167,7 +167,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
 // chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
 // many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
-// sub-lattice.
+// sub-lattice; a 3x3 stride-2 dgrad of odd extent (phases of 8 and 7 rows) as four stride
+// phases run concurrently in one child graph.
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -196,6 +197,7 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
        "gemm, dw written directly"},
       {OpKind::conv_backward_filter, DType::f16, 1, 512, 2048, 14, 1, 2, 0, false,
        "dw written directly, x gathered at stride 2"},
+      {OpKind::conv_backward_data, DType::bf16, 3, 64, 128, 15, 3, 2, 1, false, "4 phases"},
   };
   for (const Case& k : cases) {
     ConvConfig c;

@@ -6,8 +6,8 @@
 // The kernel: CUTLASS's sm90 implicit-GEMM collective (KernelImplicitTmaWarpSpecializedSm90:
 // one producer warp issuing TMA loads, im2col mode for the gathered operand, into a pipeline
 // of 64-deep K stages (as many as shared memory holds after the epilogue's, or 4 for two
-// CTAs an SM: Stages below); one consumer
-// warpgroup on wgmma), f32 accumulation, and a TMA epilogue computing
+// CTAs an SM: Stages below); one consumer warpgroup on wgmma), f32 accumulation, and a TMA
+// epilogue computing
 //   D = clamp(acc + bias[n] + beta * C, lower, upper)        (plan.h Epilogue; beta 0 or 1)
 // All problems use the 3-D (NDHWC) form: 1-D and 2-D convolutions have leading extents of 1,
 // as ConvGeometry stores them, so one instantiation serves every rank.
@@ -41,9 +41,9 @@ template <cutlass::conv::Operator Op, class T, class TD, int TM, int TN, bool kP
 struct Instance {
   static constexpr bool kWgrad = Op == cutlass::conv::Operator::kWgrad;
   // D = acc: no source, bias or clamp to read or compute (wgrad's sums, or kPlain where the
-  // plan's epilogue is plain()). It saves ~2.5 us a launch: the 64-channel 3x3 fprop 51.5 ->
-  // 48.8 us, a 1-tap dgrad phase 14.4 -> 11.9 (H200, bench/results/
-  // 2026-11-28_h200_session22_dense.md).
+  // plan's epilogue is plain()). It saves ~2.5 us a launch on an H200: the 64-channel 3x3
+  // fprop 51.5 -> 48.8 us, a 1-tap dgrad phase 14.4 -> 11.9
+  // (bench/results/2026-11-28_h200_session22_dense.md).
   static constexpr bool kPlainEpilogue = kWgrad || kPlain;
   // K is a mode of its own (the reduction runs over taps and channels, or images and pixels);
   // so is wgrad's N, which covers (C, S, R, T).
