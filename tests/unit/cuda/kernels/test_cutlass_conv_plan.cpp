@@ -79,8 +79,17 @@ TEST(CutlassConvPlan, EpilogueMapsOntoOneClampAfterBiasAndResidual) {
   ASSERT_FALSE(cutlass_conv::map_epilogue(true, none, true, relu, &e));
   EXPECT_TRUE(e.residual);
   EXPECT_EQ(e.lower, 0.0f);
+  EXPECT_FALSE(e.plain());
   ASSERT_FALSE(cutlass_conv::map_epilogue(false, none, false, none, &e));
   EXPECT_EQ(e.lower, std::numeric_limits<float>::lowest());
+  // Nothing to add or clamp: the plain instances (no source, no bias) run it.
+  EXPECT_TRUE(e.plain());
+  ASSERT_FALSE(cutlass_conv::map_epilogue(false, relu, false, none, &e));
+  EXPECT_FALSE(e.plain());
+  ASSERT_FALSE(cutlass_conv::map_epilogue(true, none, false, none, &e));
+  EXPECT_FALSE(e.plain());
+  ASSERT_FALSE(cutlass_conv::map_epilogue(false, none, true, none, &e));
+  EXPECT_FALSE(e.plain());
   // An activation before the residual add, or one that is not a clamp: not CUTLASS's.
   EXPECT_TRUE(cutlass_conv::map_epilogue(true, relu, true, none, &e));
   EXPECT_TRUE(cutlass_conv::map_epilogue(true, gelu, false, none, &e));
