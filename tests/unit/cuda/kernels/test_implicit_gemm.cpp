@@ -167,7 +167,7 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
 // chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
 // many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
-// sub-lattice; a 3x3 stride-2 dgrad of odd extent (phases of 8 and 7 rows) as four stride
+// sub-lattice (through im2col where C is not a multiple of 8); a 3x3 stride-2 dgrad of odd extent (phases of 8 and 7 rows) as four stride
 // phases run concurrently in one child graph.
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
@@ -193,6 +193,7 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
        "gemm, 58 chunks"},
       {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "tma-im2col"},
       {OpKind::conv, DType::bf16, 2, 64, 128, 33, 1, 2, 0, true, "gathered"},
+      {OpKind::conv, DType::bf16, 2, 5, 64, 17, 1, 2, 0, true, "im2col"},
       {OpKind::conv_backward_filter, DType::bf16, 2, 896, 1024, 9, 1, 1, 0, false,
        "gemm, dw written directly"},
       {OpKind::conv_backward_filter, DType::f16, 1, 512, 2048, 14, 1, 2, 0, false,

@@ -60,7 +60,8 @@ enum class CutlassLowering {
 CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g, int sm_count,
                                  std::optional<cutlass_conv::Tile> tile) {
   if (g.groups != 1 || cutlass_conv::is_pointwise(g)) return CutlassLowering::direct;
-  if (op != ConvOp::dgrad && g.filter_size() == 1) {
+  // Channels TMA cannot move (below) take the im2col lowering instead, a gather too.
+  if (op != ConvOp::dgrad && g.filter_size() == 1 && g.in_channels % 8 == 0) {
     bool unpadded = true;
     for (int d = 0; d < 3; ++d) unpadded = unpadded && g.pad_lo[d] == 0 && g.pad_hi[d] == 0;
     if (unpadded &&
