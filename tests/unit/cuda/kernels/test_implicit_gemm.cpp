@@ -167,8 +167,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
 // chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
 // many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
-// sub-lattice (through im2col where C is not a multiple of 8); a 3x3 stride-2 dgrad of odd extent (phases of 8 and 7 rows) as four stride
-// phases run concurrently in one child graph.
+// sub-lattice (through im2col where C is not a multiple of 8); a 3x3 stride-2 dgrad of odd
+// extent (phases of 8 and 7 rows) as four stride phases run concurrently in one child graph.
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
