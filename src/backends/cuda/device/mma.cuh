@@ -3,6 +3,7 @@
 // includes nothing outside device/.
 //
 //   cp_async_16(smem, gmem, valid)   16 bytes global -> shared, zeros when !valid
+//   cp_async_16_l1(smem, gmem, valid)  ... cached in L1 too
 //   cp_async_commit() / cp_async_wait<N>()
 //   ldmatrix_x4(r, smem) / ldmatrix_x4_trans(r, smem)
 //                                    four 8x8 16-bit matrices; lane l gives row l % 8 of
@@ -28,6 +29,14 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)),
+               "l"(gmem), "r"(bytes));
+}
+
+// The same, allocating in L1 too: for bytes this thread block fetches again right away (one
+// row copied at three column shifts).
+__device__ __forceinline__ void cp_async_16_l1(void* smem, const void* gmem, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)),
                "l"(gmem), "r"(bytes));
 }
 

@@ -98,7 +98,7 @@ TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
       // Depthwise configurations with C a multiple of the vector width take the depthwise
       // kernels (test_depthwise.cpp); everything else the implicit GEMM.
       EXPECT_TRUE(plan.rfind("igemm", 0) == 0 || plan.rfind("depthwise", 0) == 0 ||
-                  plan.rfind("cutlass", 0) == 0)
+                  plan.rfind("cutlass", 0) == 0 || plan.rfind("halo", 0) == 0)
           << plan;
       // Epilogues round the activation in f32 as the CPU does, but after one more rounding
       // step on the CPU (its conv output is rounded first): twice the conv tolerance.
@@ -220,6 +220,54 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
     EXPECT_EQ(last_plan().rfind("cutlass", 0), 0u) << last_plan();
     EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
     EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << last_plan();
+  }
+}
+
+// The halo wgrad (kernels/conv/halo_wgrad/, H100/H200 only) against the CPU: rows padded to
+// 16, 32, 48 and 64 pixels (every kernel instance), two row segments with their halos across
+// the cut, several channel and filter blocks, runs crossing images, a run per row, NCHW
+// operands copied, f16 and bf16; the heuristic's choice (64 filters) and
+// FUSEBOX_CONV_IGEMM_TILE=halo.
+TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the halo wgrad is sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Case {
+    DType dtype;
+    int64_t batch, c, k, height, width;
+    bool channels_last;
+    const char* tile;
+    const char* plan_part;
+  };
+  const Case cases[] = {
+      {DType::bf16, 2, 64, 64, 20, 20, true, "", "rows of 32 px"},
+      {DType::f16, 3, 128, 64, 9, 70, true, "halo", "rows of 48 px (2 segments)"},
+      {DType::bf16, 1, 64, 128, 7, 7, false, "halo", "rows of 16 px"},
+      {DType::bf16, 4, 64, 64, 56, 56, true, "", "rows of 64 px"},
+      {DType::f16, 2, 192, 128, 5, 13, true, "halo", "rows of 16 px"},
+      {DType::bf16, 1, 64, 64, 1, 3, true, "", "1 splits"},
+  };
+  for (const Case& k : cases) {
+    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
+                   *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
+    ConvConfig c;
+    c.op = OpKind::conv_backward_filter;
+    c.dtype = k.dtype;
+    c.batch = k.batch;
+    c.in_channels = k.c, c.out_channels = k.k;
+    c.spatial = {k.height, k.width}, c.filter = {3, 3};
+    c.strides = {1, 1}, c.dilations = {1, 1};
+    c.pads_begin = c.pads_end = {1, 1};
+    c.channels_last = k.channels_last;
+    SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'"));
+    const std::vector<Tensor> in = conv_inputs(c, 83);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    clear_conv_decisions();
+    const Tensor got = run_conv_on_gpu(h, c, in);
+    EXPECT_EQ(last_plan().rfind("halo wgrad", 0), 0u) << last_plan();
+    EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
+    EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
   }
 }
 

@@ -9,6 +9,7 @@
 #include "backends/common/activation.h"
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/conv/cutlass/launch.h"
+#include "backends/cuda/kernels/conv/halo_wgrad/halo_wgrad.h"
 #include "backends/cuda/kernels/conv/im2col.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/launch.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
@@ -205,6 +206,24 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   return std::nullopt;
 }
 
+// Records a 3x3 weight gradient on the halo wgrad (kernels/conv/halo_wgrad/) where it takes
+// the problem and the heuristic (or FUSEBOX_CONV_IGEMM_TILE=halo, `forced`) asks for it;
+// returns the plan's description, or nullopt (nothing recorded).
+std::optional<std::string> try_halo_wgrad(Context& ctx, const ConvGeometry& g,
+                                          const DeviceTensor& x, const DeviceTensor& dy,
+                                          const DeviceTensor& dw, bool aligned, bool forced) {
+  const DeviceProperties& device = ctx.device.properties();
+  if (halo_wgrad::cannot_implement(g, dw.dtype, device.compute_capability(), aligned) ||
+      (!forced && !halo_wgrad::preferred(g)))
+    return std::nullopt;
+  const halo_wgrad::Plan plan = halo_wgrad::make_plan(g, dw.dtype, device.sm_count);
+  const DeviceTensor partial =
+      temporary_tensor(ctx, DType::f32, {int64_t(plan.partial_bytes / sizeof(float))});
+  halo_wgrad::record(ctx, plan, g, {x.data(), dy.data(), dw.data(), partial.as<float>()},
+                     {x.range(), dy.range()}, dw.range(), partial.range());
+  return plan.describe();
+}
+
 }  // namespace
 
 std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
@@ -235,11 +254,19 @@ std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in,
       aligned16(x) && aligned16(w) && aligned16(y) && aligned16(&written) && aligned16(residual);
   const DeviceProperties& device = ctx.device.properties();
   options.wgmma = device.compute_capability() == 90;
-  // Hopper: the CUTLASS kernels (kernels/conv/cutlass/) run what they take, unless a tile of
-  // the project's main loops is forced.
+  // Hopper: a 3x3 weight gradient the halo wgrad takes runs there; the CUTLASS kernels
+  // (kernels/conv/cutlass/) run what they take, unless a tile of the project's main loops is
+  // forced.
+  const bool halo_forced = settings.igemm_tile == halo_wgrad::kTileName;
+  if (op == ConvOp::wgrad && (settings.igemm_tile.empty() || halo_forced)) {
+    if (auto plan = try_halo_wgrad(ctx, g, *x, *y, written, options.aligned, halo_forced)) {
+      if (staged) copy_strided(ctx, *staged, result);
+      return *plan;
+    }
+  }
   const std::optional<cutlass_conv::Tile> cutlass_tile =
       cutlass_conv::parse_tile(settings.igemm_tile);
-  if (settings.igemm_tile.empty() || cutlass_tile) {
+  if (settings.igemm_tile.empty() || cutlass_tile || halo_forced) {
     const ConvTensors t{x, w, y, bias, residual, &written};
     // CUTLASS's epilogue reads the bias in 16-byte vectors too.
     const bool aligned = options.aligned && aligned16(bias);
