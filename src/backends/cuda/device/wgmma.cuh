@@ -4,7 +4,7 @@
 //   uint64_t d = wgmma_descriptor_sw128(tile);   // a [rows][64] 16-bit tile, 128-byte swizzle
 //   wgmma_fence();                               // before the first wgmma reading new registers
 //   wgmma_m64k16<T, N>(acc, desc_a, desc_b);     // acc (64 x N over the warpgroup) += A B
-//   wgmma_m64n192k16_mn<T>(acc, desc_a, desc_b); // the same, MN-major tiles (descriptor_mn)
+//   wgmma_m64k16_mn<T, N>(acc, desc_a, desc_b);  // the same, MN-major tiles (descriptor_mn)
 //   wgmma_commit(); wgmma_wait<0>();
 //   fence_proxy_async();                         // generic-proxy smem writes (cp.async) -> wgmma
 //
@@ -124,7 +124,7 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 128>(float (&d)[64], uint64
       : "l"(a), "l"(b), "r"(1));
 }
 
-// An MN-major tile in the 128-byte swizzle (wgmma_m64n192k16_mn's operands): K rows of 64
+// An MN-major tile in the 128-byte swizzle (wgmma_m64k16_mn's operands): K rows of 64
 // 16-bit elements (128 bytes, swizzled as above, groups of 8 rows 1024 bytes apart); a wider
 // M or N is atoms of 64 columns `atom_stride` bytes apart (a multiple of 16, below 256 KiB).
 __device__ __forceinline__ uint64_t wgmma_descriptor_mn_sw128(const void* smem,
@@ -137,14 +137,58 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_mn_sw128(const void* smem,
   return d;
 }
 
-// acc[96] += A (64 x 16, descriptor a) * B (16 x 192, descriptor b), both MN-major (rows of
-// K, as a channels-last tensor's pixels are).
-template <class T>
-__device__ void wgmma_m64n192k16_mn(float (&d)[96], uint64_t a, uint64_t b);
+// acc[N / 2] += A (64 x 16, descriptor a) * B (16 x N, descriptor b), both MN-major (rows of
+// K, as a channels-last tensor's pixels are). N: 128, 192.
+template <class T, int N>
+__device__ void wgmma_m64k16_mn(float (&d)[N / 2], uint64_t a, uint64_t b);
 
 template <>
-__device__ __forceinline__ void wgmma_m64n192k16_mn<__nv_bfloat16>(float (&d)[96], uint64_t a,
-                                                                   uint64_t b) {
+__device__ __forceinline__ void wgmma_m64k16_mn<__nv_bfloat16, 128>(float (&d)[64], uint64_t a,
+                                                                    uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "
+      "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
+      "%60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64k16_mn<__half, 128>(float (&d)[64], uint64_t a,
+                                                             uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+      "%61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64k16_mn<__nv_bfloat16, 192>(float (&d)[96], uint64_t a,
+                                                                    uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
@@ -171,8 +215,8 @@ __device__ __forceinline__ void wgmma_m64n192k16_mn<__nv_bfloat16>(float (&d)[96
       : "l"(a), "l"(b), "r"(1));
 }
 template <>
-__device__ __forceinline__ void wgmma_m64n192k16_mn<__half>(float (&d)[96], uint64_t a,
-                                                            uint64_t b) {
+__device__ __forceinline__ void wgmma_m64k16_mn<__half, 192>(float (&d)[96], uint64_t a,
+                                                             uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "

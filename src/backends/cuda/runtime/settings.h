@@ -57,10 +57,10 @@ struct ConvSettings {
   bool refuse_fusion = false;
   // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64 (the project's
   // main loops, kernels/conv/implicit_gemm/plan.h) or cutlass128x128|cutlass128x64|
-  // cutlass64x128 (the CUTLASS Hopper kernels, kernels/conv/cutlass/plan.h) or halo (the 3x3
-  // wgrad of kernels/conv/halo_wgrad/plan.h), for benchmarks and diagnosis: the implicit GEMM's
-  // CTA tile where that tile is compiled for the problem, instead of the heuristic's. A tile of
-  // ours keeps the problem off CUTLASS. Empty: unset.
+  // cutlass64x128 (the CUTLASS Hopper kernels, kernels/conv/cutlass/plan.h) or halo / patch
+  // (the wgrads of kernels/conv/halo_wgrad/ and patch_wgrad/), for benchmarks and diagnosis: the
+  // implicit GEMM's CTA tile where that tile is compiled for the problem, instead of the
+  // heuristic's. A tile of ours keeps the problem off CUTLASS. Empty: unset.
   std::string igemm_tile;
 };
 

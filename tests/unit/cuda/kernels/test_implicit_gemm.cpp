@@ -98,7 +98,8 @@ TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
       // Depthwise configurations with C a multiple of the vector width take the depthwise
       // kernels (test_depthwise.cpp); everything else the implicit GEMM.
       EXPECT_TRUE(plan.rfind("igemm", 0) == 0 || plan.rfind("depthwise", 0) == 0 ||
-                  plan.rfind("cutlass", 0) == 0 || plan.rfind("halo", 0) == 0)
+                  plan.rfind("cutlass", 0) == 0 || plan.rfind("halo", 0) == 0 ||
+                  plan.rfind("patch", 0) == 0)
           << plan;
       // Epilogues round the activation in f32 as the CPU does, but after one more rounding
       // step on the CPU (its conv output is rounded first): twice the conv tolerance.
@@ -187,7 +188,7 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
       {OpKind::conv, DType::f16, 2, 5, 16, 17, 3, 1, 1, false, "im2col"},
       {OpKind::conv_backward_data, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
       {OpKind::conv_backward_data, DType::f16, 3, 8, 24, 19, 3, 2, 1, false, "im2col"},
-      {OpKind::conv_backward_filter, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
+      {OpKind::conv_backward_filter, DType::bf16, 2, 3, 32, 40, 7, 2, 3, false, "im2col"},
       {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "im2col"},
       {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 105, 1, 1, 0, false,
        "gemm, 58 chunks"},
@@ -266,6 +267,52 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
     clear_conv_decisions();
     const Tensor got = run_conv_on_gpu(h, c, in);
     EXPECT_EQ(last_plan().rfind("halo wgrad", 0), 0u) << last_plan();
+    EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
+    EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
+  }
+}
+
+// The patch wgrad (kernels/conv/patch_wgrad/, H100/H200 only) against the CPU: RGB-stem-like
+// 7x7 stride-2 pad-3 problems (rows padded to 32 and 64 pixels), 1 and 4 channels, stride 1,
+// asymmetric strides and pads, two filter blocks, NCHW operands, f16 and bf16; the heuristic's
+// choice and FUSEBOX_CONV_IGEMM_TILE=patch.
+TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the patch wgrad is sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Case {
+    DType dtype;
+    int64_t batch, c, k, height, width, stride_h, stride_w, pad_lo, pad_hi;
+    bool channels_last;
+    const char* tile;
+    const char* plan_part;
+  };
+  const Case cases[] = {
+      {DType::bf16, 2, 3, 64, 40, 40, 2, 2, 3, 3, true, "", "rows of 32 px"},
+      {DType::f16, 3, 1, 128, 29, 37, 1, 1, 3, 3, true, "patch", "rows of 48 px"},
+      {DType::bf16, 2, 4, 64, 50, 64, 2, 2, 2, 1, false, "", "rows of 32 px"},
+      {DType::f16, 1, 3, 64, 33, 120, 1, 2, 0, 2, true, "", "rows of 64 px"},
+      {DType::bf16, 4, 3, 64, 8, 7, 2, 2, 3, 3, true, "patch", "rows of 16 px"},
+  };
+  for (const Case& k : cases) {
+    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
+                   *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
+    ConvConfig c;
+    c.op = OpKind::conv_backward_filter;
+    c.dtype = k.dtype;
+    c.batch = k.batch;
+    c.in_channels = k.c, c.out_channels = k.k;
+    c.spatial = {k.height, k.width}, c.filter = {7, 7};
+    c.strides = {k.stride_h, k.stride_w}, c.dilations = {1, 1};
+    c.pads_begin = {k.pad_lo, k.pad_lo}, c.pads_end = {k.pad_hi, k.pad_hi};
+    c.channels_last = k.channels_last;
+    SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'"));
+    const std::vector<Tensor> in = conv_inputs(c, 91);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    clear_conv_decisions();
+    const Tensor got = run_conv_on_gpu(h, c, in);
+    EXPECT_EQ(last_plan().rfind("patch wgrad", 0), 0u) << last_plan();
     EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
     EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
   }

@@ -5,21 +5,13 @@
 
 #include "backends/common/conv_geometry.h"
 #include "backends/cuda/kernels/conv/halo_wgrad/plan.h"
+#include "backends/cuda/kernels/conv/wgrad_operands.h"
 #include "backends/cuda/runtime/context.h"
 
 namespace fusebox::cuda::halo_wgrad {
 
-// Dense channels-last operands: x [N][H][W][C], dy [N][H][W][K], dw [K][3][3][C];
-// partial: plan.partial_bytes of f32.
-struct Operands {
-  const void* x = nullptr;
-  const void* dy = nullptr;
-  void* dw = nullptr;
-  float* partial = nullptr;
-};
-
 // `reads`: x's and dy's bytes; `written`: dw's; `partial`: the partial buffer's.
-void record(Context& ctx, const Plan& plan, const ConvGeometry& g, const Operands& o,
+void record(Context& ctx, const Plan& plan, const ConvGeometry& g, const WgradOperands& o,
             const BufferList& reads, const BufferRange& written, const BufferRange& partial);
 
 }  // namespace fusebox::cuda::halo_wgrad

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) halo_wgrad_kernel(const __grid_co
     wgmma_fence();
 #pragma unroll
     for (int q = 0; q < KSteps; ++q)
-      wgmma_m64n192k16_mn<T>(acc, dy_desc + q * kStepUnits, x_desc + q * kStepUnits);
+      wgmma_m64k16_mn<T, 192>(acc, dy_desc + q * kStepUnits, x_desc + q * kStepUnits);
     wgmma_commit();
     if (t + kLookahead < steps) load(x_row, t + kLookahead + 2, dy_row, t + kLookahead, true);
     x_row.advance(p);
@@ -224,7 +224,7 @@ void launch_steps(Context& ctx, const Plan& plan, const Params& params, const Bu
 
 }  // namespace
 
-void record(Context& ctx, const Plan& plan, const ConvGeometry& g, const Operands& o,
+void record(Context& ctx, const Plan& plan, const ConvGeometry& g, const WgradOperands& o,
             const BufferList& reads, const BufferRange& written, const BufferRange& partial) {
   Params params{};
   params.x = o.x;

@@ -14,6 +14,7 @@
 #include "backends/cuda/kernels/conv/implicit_gemm/launch.h"
 #include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
 #include "backends/cuda/kernels/conv/operand_layout.h"
+#include "backends/cuda/kernels/conv/patch_wgrad/patch_wgrad.h"
 
 namespace fusebox::cuda {
 
@@ -206,22 +207,36 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   return std::nullopt;
 }
 
-// Records a 3x3 weight gradient on the halo wgrad (kernels/conv/halo_wgrad/) where it takes
-// the problem and the heuristic (or FUSEBOX_CONV_IGEMM_TILE=halo, `forced`) asks for it;
-// returns the plan's description, or nullopt (nothing recorded).
-std::optional<std::string> try_halo_wgrad(Context& ctx, const ConvGeometry& g,
-                                          const DeviceTensor& x, const DeviceTensor& dy,
-                                          const DeviceTensor& dw, bool aligned, bool forced) {
+// Records a weight gradient on a wgrad kernel of our own where one takes the problem and the
+// heuristic (or FUSEBOX_CONV_IGEMM_TILE=halo / patch: `tile`) asks for it: a 3x3 stride-1 one
+// with 64 filters on the halo wgrad (kernels/conv/halo_wgrad/), a 7x7 one over at most 4
+// channels (an RGB stem) on the patch wgrad (kernels/conv/patch_wgrad/). Returns the plan's
+// description, or nullopt (nothing recorded).
+std::optional<std::string> try_own_wgrad(Context& ctx, const ConvGeometry& g, const DeviceTensor& x,
+                                         const DeviceTensor& dy, const DeviceTensor& dw,
+                                         bool aligned, const std::string& tile) {
   const DeviceProperties& device = ctx.device.properties();
-  if (halo_wgrad::cannot_implement(g, dw.dtype, device.compute_capability(), aligned) ||
-      (!forced && !halo_wgrad::preferred(g)))
-    return std::nullopt;
-  const halo_wgrad::Plan plan = halo_wgrad::make_plan(g, dw.dtype, device.sm_count);
-  const DeviceTensor partial =
-      temporary_tensor(ctx, DType::f32, {int64_t(plan.partial_bytes / sizeof(float))});
-  halo_wgrad::record(ctx, plan, g, {x.data(), dy.data(), dw.data(), partial.as<float>()},
-                     {x.range(), dy.range()}, dw.range(), partial.range());
-  return plan.describe();
+  const int cc = device.compute_capability();
+  auto partial_for = [&](size_t bytes) {
+    return temporary_tensor(ctx, DType::f32, {int64_t(bytes / sizeof(float))});
+  };
+  if (!halo_wgrad::cannot_implement(g, dw.dtype, cc, aligned) &&
+      (tile == halo_wgrad::kTileName || (tile.empty() && halo_wgrad::preferred(g)))) {
+    const halo_wgrad::Plan plan = halo_wgrad::make_plan(g, dw.dtype, device.sm_count);
+    const DeviceTensor partial = partial_for(plan.partial_bytes);
+    halo_wgrad::record(ctx, plan, g, {x.data(), dy.data(), dw.data(), partial.as<float>()},
+                       {x.range(), dy.range()}, dw.range(), partial.range());
+    return plan.describe();
+  }
+  if (!patch_wgrad::cannot_implement(g, dw.dtype, cc, aligned) &&
+      (tile == patch_wgrad::kTileName || tile.empty())) {
+    const patch_wgrad::Plan plan = patch_wgrad::make_plan(g, dw.dtype, device.sm_count);
+    const DeviceTensor partial = partial_for(plan.partial_bytes);
+    patch_wgrad::record(ctx, plan, g, {x.data(), dy.data(), dw.data(), partial.as<float>()},
+                        {x.range(), dy.range()}, dw.range(), partial.range());
+    return plan.describe();
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -254,19 +269,20 @@ std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in,
       aligned16(x) && aligned16(w) && aligned16(y) && aligned16(&written) && aligned16(residual);
   const DeviceProperties& device = ctx.device.properties();
   options.wgmma = device.compute_capability() == 90;
-  // Hopper: a 3x3 weight gradient the halo wgrad takes runs there; the CUTLASS kernels
+  // Hopper: a weight gradient one of our wgrad kernels takes runs there; the CUTLASS kernels
   // (kernels/conv/cutlass/) run what they take, unless a tile of the project's main loops is
   // forced.
-  const bool halo_forced = settings.igemm_tile == halo_wgrad::kTileName;
-  if (op == ConvOp::wgrad && (settings.igemm_tile.empty() || halo_forced)) {
-    if (auto plan = try_halo_wgrad(ctx, g, *x, *y, written, options.aligned, halo_forced)) {
+  const bool own_wgrad_forced =
+      settings.igemm_tile == halo_wgrad::kTileName || settings.igemm_tile == patch_wgrad::kTileName;
+  if (op == ConvOp::wgrad && (settings.igemm_tile.empty() || own_wgrad_forced)) {
+    if (auto plan = try_own_wgrad(ctx, g, *x, *y, written, options.aligned, settings.igemm_tile)) {
       if (staged) copy_strided(ctx, *staged, result);
       return *plan;
     }
   }
   const std::optional<cutlass_conv::Tile> cutlass_tile =
       cutlass_conv::parse_tile(settings.igemm_tile);
-  if (settings.igemm_tile.empty() || cutlass_tile || halo_forced) {
+  if (settings.igemm_tile.empty() || cutlass_tile || own_wgrad_forced) {
     const ConvTensors t{x, w, y, bias, residual, &written};
     // CUTLASS's epilogue reads the bias in 16-byte vectors too.
     const bool aligned = options.aligned && aligned16(bias);
