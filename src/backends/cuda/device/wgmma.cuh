@@ -124,6 +124,12 @@ __device__ __forceinline__ void wgmma_m64k16<__half, 128>(float (&d)[64], uint64
       : "l"(a), "l"(b), "r"(1));
 }
 
+// Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` in the 128-byte swizzle
+// above, from a 1024-byte aligned tile start: what a loader writes where a descriptor reads.
+__device__ __forceinline__ int sw128_offset(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+
 // An MN-major tile in the 128-byte swizzle (wgmma_m64k16_mn's operands): K rows of 64
 // 16-bit elements (128 bytes, swizzled as above, groups of 8 rows 1024 bytes apart); a wider
 // M or N is atoms of 64 columns `atom_stride` bytes apart (a multiple of 16, below 256 KiB).

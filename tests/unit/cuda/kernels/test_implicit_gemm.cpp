@@ -224,6 +224,22 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   }
 }
 
+// Runs the wgrad `c` on the GPU under FUSEBOX_CONV_IGEMM_TILE=`tile` ("" unset) against the
+// CPU: the plan must be `kernel`'s and say `plan_part`.
+void expect_own_wgrad(OpHarness& h, const ConvConfig& c, const char* tile, uint64_t seed,
+                      const std::string& kernel, const char* plan_part) {
+  ScopedEnv forced("FUSEBOX_CONV_IGEMM_TILE",
+                   *tile ? std::optional<std::string>(tile) : std::nullopt);
+  SCOPED_TRACE(cat(c.describe(), " tile '", tile, "'"));
+  const std::vector<Tensor> in = conv_inputs(c, seed);
+  const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+  clear_conv_decisions();
+  const Tensor got = run_conv_on_gpu(h, c, in);
+  EXPECT_EQ(last_plan().rfind(kernel, 0), 0u) << last_plan();
+  EXPECT_NE(last_plan().find(plan_part), std::string::npos) << last_plan();
+  EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
+}
+
 // The halo wgrad (kernels/conv/halo_wgrad/, H100/H200 only) against the CPU: rows padded to
 // 16, 32, 48 and 64 pixels (every kernel instance), two row segments with their halos across
 // the cut, several channel and filter blocks, runs crossing images, a run per row, NCHW
@@ -250,8 +266,6 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
       {DType::bf16, 1, 64, 64, 1, 3, true, "", "1 splits"},
   };
   for (const Case& k : cases) {
-    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
-                   *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
     ConvConfig c;
     c.op = OpKind::conv_backward_filter;
     c.dtype = k.dtype;
@@ -261,14 +275,7 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
     c.strides = {1, 1}, c.dilations = {1, 1};
     c.pads_begin = c.pads_end = {1, 1};
     c.channels_last = k.channels_last;
-    SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'"));
-    const std::vector<Tensor> in = conv_inputs(c, 83);
-    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
-    clear_conv_decisions();
-    const Tensor got = run_conv_on_gpu(h, c, in);
-    EXPECT_EQ(last_plan().rfind("halo wgrad", 0), 0u) << last_plan();
-    EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
-    EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
+    expect_own_wgrad(h, c, k.tile, 83, "halo wgrad", k.plan_part);
   }
 }
 
@@ -296,8 +303,6 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
       {DType::bf16, 4, 3, 64, 8, 7, 2, 2, 3, 3, true, "patch", "rows of 16 px"},
   };
   for (const Case& k : cases) {
-    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
-                   *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
     ConvConfig c;
     c.op = OpKind::conv_backward_filter;
     c.dtype = k.dtype;
@@ -307,14 +312,7 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
     c.strides = {k.stride_h, k.stride_w}, c.dilations = {1, 1};
     c.pads_begin = {k.pad_lo, k.pad_lo}, c.pads_end = {k.pad_hi, k.pad_hi};
     c.channels_last = k.channels_last;
-    SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'"));
-    const std::vector<Tensor> in = conv_inputs(c, 91);
-    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
-    clear_conv_decisions();
-    const Tensor got = run_conv_on_gpu(h, c, in);
-    EXPECT_EQ(last_plan().rfind("patch wgrad", 0), 0u) << last_plan();
-    EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
-    EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
+    expect_own_wgrad(h, c, k.tile, 91, "patch wgrad", k.plan_part);
   }
 }
 

@@ -53,12 +53,6 @@ constexpr size_t shared_bytes() {
   return size_t((kXSlots + 1) * 3 + kDySlots) * KSteps * 16 * kPixelBytes;
 }
 
-// Byte offset of 16-byte chunk `chunk` of pixel `pixel` in a row: the 128-byte swizzle
-// (wgmma.cuh).
-__device__ __forceinline__ int swizzled(int pixel, int chunk) {
-  return pixel * kPixelBytes + ((chunk ^ (pixel & 7)) << 4);
-}
-
 // A row of the reduction (N*H*segments order) as the loads need it, advanced one row at a
 // time (no division a row): valid (inside 0 .. rows), its image row n*H + h, h, the first
 // column of its segment.
@@ -110,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) halo_wgrad_kernel(const __grid_co
     for (int item = 0; item < kItems; ++item) {
       const int i = int(threadIdx.x) + item * kThreads;
       if (i >= kRowPixels * 8) break;
-      const int pixel = i / 8, chunk = i % 8, offset = swizzled(pixel, chunk);
+      const int pixel = i / 8, chunk = i % 8, offset = sw128_offset(pixel, chunk);
 #pragma unroll
       for (int copy = 0; copy < 3; ++copy) {
         const int column = xr.column0 + pixel + copy - 1;

@@ -12,9 +12,9 @@
 // the H200 (bench/results/2026-11-28_h200_session22_dense.md). Here a CTA keeps three x rows
 // (with their one-column halos) in shared memory and reduces dy's row against all nine taps:
 //
-//   op     M           N                 K (reduced)              A (registers)   B (smem)
-//   wgrad  64 filters  3 x 64 channels   W' pixels of one row     dy row          x row h+r-1
-//          (a block)   (taps s of row r) (per output row h)       (ldmatrix)      shifted by s
+//   op     M           N                 K (reduced)              A (smem)        B (smem)
+//   wgrad  64 filters  3 x 64 channels   W' pixels of one row     dy row, read    x row h+r-1
+//          (a block)   (taps s of row r) (per output row h)       transposed      shifted by s
 //
 // Warpgroup r of three owns tap row r: per output row, W'/16 wgmmas of m64 n192 k16 whose B is
 // x's row h + r - 1 stored three times, shifted by s - 1 columns (so every descriptor starts

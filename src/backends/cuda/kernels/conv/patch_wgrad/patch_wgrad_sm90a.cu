@@ -57,10 +57,6 @@ struct Layout {
   __host__ __device__ int total() const { return kDySlots * dy_slot + 2 * patches + 2 * x_rows; }
 };
 
-__device__ __forceinline__ int swizzled(int pixel, int chunk) {
-  return pixel * kPixelBytes + ((chunk ^ (pixel & 7)) << 4);
-}
-
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     patch_wgrad_kernel(const __grid_constant__ Params p) {
@@ -84,7 +80,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = int(threadIdx.x); i < p.row_pixels * 8; i += kThreads) {
       const int pixel = i / 8, chunk = i % 8;
       const bool ok = pixel < p.out_width;
-      cp_async_16(dst + swizzled(pixel, chunk), ok ? src + pixel * p.filters + chunk * 8 : dy, ok);
+      cp_async_16(dst + sw128_offset(pixel, chunk), ok ? src + pixel * p.filters + chunk * 8 : dy,
+                  ok);
     }
   };
   // x's 7 rows for output row `row` as 8-byte vectors (channels padded with zeros): thread
@@ -133,14 +130,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto gather_taps = [&]<int First, int Last>(int buffer) {
     const uint2* src =
         reinterpret_cast<const uint2*>(sx + buffer * layout.x_rows) + ow * p.stride_w;
-    unsigned char* dst = spatches + buffer * layout.patches + ow * kPixelBytes;
+    unsigned char* dst = spatches + buffer * layout.patches;
 #pragma unroll
     for (int tap = First; tap < Last; ++tap) {
-      constexpr int kColumnsPerTap = kChannels;
-      const int r = tap / kTap, s = tap % kTap, column = tap * kColumnsPerTap;
+      const int r = tap / kTap, s = tap % kTap, column = tap * kChannels;
       const uint2 v = src[r * p.x_row_pixels + s];
       *reinterpret_cast<uint2*>(dst + (column / 64) * atom_bytes +
-                                ((((column % 64) / 8) ^ (ow & 7)) << 4) + (column % 8) * 2) = v;
+                                sw128_offset(ow, (column % 64) / 8) + (column % 8) * 2) = v;
     }
   };
   auto gather = [&](int buffer) {
