@@ -396,7 +396,7 @@ void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& 
   if (o.own_tiles)
     tiles.insert(tiles.end(),
                  {"128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64", "cutlass128x128",
-                  "cutlass128x64", "cutlass64x128", "halo", "patch"});
+                  "cutlass128x64", "cutlass64x128", "halo", "patch", "phase"});
   for (const char* tile : tiles) {
     if (*tile) {
       set_env("FUSEBOX_CONV_IGEMM_TILE", tile);

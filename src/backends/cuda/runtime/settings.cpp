@@ -57,10 +57,11 @@ ConvSettings conv_settings_from_env() {
     const bool known = *text == "128x128" || *text == "128x64" || *text == "64x128" ||
                        *text == "64x64" || *text == "wg128x128" || *text == "wg128x64" ||
                        *text == "cutlass128x128" || *text == "cutlass128x64" ||
-                       *text == "cutlass64x128" || *text == "halo" || *text == "patch";
+                       *text == "cutlass64x128" || *text == "halo" || *text == "patch" ||
+                       *text == "phase";
     FUSEBOX_CHECK(known, "cuda", "FUSEBOX_CONV_IGEMM_TILE='", *text,
                   "' must be one of 128x128, 128x64, 64x128, 64x64, wg128x128, wg128x64, "
-                  "cutlass128x128, cutlass128x64, cutlass64x128, halo, patch");
+                  "cutlass128x128, cutlass128x64, cutlass64x128, halo, patch, phase");
     s.igemm_tile = *text;
   }
   return s;

@@ -58,7 +58,8 @@ struct ConvSettings {
   // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64 (the project's
   // main loops, kernels/conv/implicit_gemm/plan.h) or cutlass128x128|cutlass128x64|
   // cutlass64x128 (the CUTLASS Hopper kernels, kernels/conv/cutlass/plan.h) or halo / patch
-  // (the wgrads of kernels/conv/halo_wgrad/ and patch_wgrad/), for benchmarks and diagnosis: the
+  // (the wgrads of kernels/conv/halo_wgrad/ and patch_wgrad/) or phase (the dgrad of
+  // kernels/conv/phase_dgrad/), for benchmarks and diagnosis: the
   // implicit GEMM's CTA tile where that tile is compiled for the problem, instead of the
   // heuristic's. A tile of ours keeps the problem off CUTLASS. Empty: unset.
   std::string igemm_tile;

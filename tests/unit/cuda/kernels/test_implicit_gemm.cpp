@@ -224,10 +224,10 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   }
 }
 
-// Runs the wgrad `c` on the GPU under FUSEBOX_CONV_IGEMM_TILE=`tile` ("" unset) against the
-// CPU: the plan must be `kernel`'s and say `plan_part`.
-void expect_own_wgrad(OpHarness& h, const ConvConfig& c, const char* tile, uint64_t seed,
-                      const std::string& kernel, const char* plan_part) {
+// Runs the convolution `c` on the GPU under FUSEBOX_CONV_IGEMM_TILE=`tile` ("" unset) against
+// the CPU: the plan must be `kernel`'s and say `plan_part`.
+void expect_own_kernel(OpHarness& h, const ConvConfig& c, const char* tile, uint64_t seed,
+                       const std::string& kernel, const char* plan_part) {
   ScopedEnv forced("FUSEBOX_CONV_IGEMM_TILE",
                    *tile ? std::optional<std::string>(tile) : std::nullopt);
   SCOPED_TRACE(cat(c.describe(), " tile '", tile, "'"));
@@ -275,7 +275,7 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
     c.strides = {1, 1}, c.dilations = {1, 1};
     c.pads_begin = c.pads_end = {1, 1};
     c.channels_last = k.channels_last;
-    expect_own_wgrad(h, c, k.tile, 83, "halo wgrad", k.plan_part);
+    expect_own_kernel(h, c, k.tile, 83, "halo wgrad", k.plan_part);
   }
 }
 
@@ -312,7 +312,47 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
     c.strides = {k.stride_h, k.stride_w}, c.dilations = {1, 1};
     c.pads_begin = {k.pad_lo, k.pad_lo}, c.pads_end = {k.pad_hi, k.pad_hi};
     c.channels_last = k.channels_last;
-    expect_own_wgrad(h, c, k.tile, 91, "patch wgrad", k.plan_part);
+    expect_own_kernel(h, c, k.tile, 91, "patch wgrad", k.plan_part);
+  }
+}
+
+// The phase dgrad (kernels/conv/phase_dgrad/, H100/H200 only) against the CPU: 3x3 stride-2
+// pad-1 backward data with even and odd extents (dx's last row or column then has one
+// phase fewer), trailing pads of 0 (dy one smaller), a lattice not a multiple of the 128-point
+// tile, one and two K steps, several channel blocks (each with CTAs of its own), more tiles
+// than CTAs, NCHW operands, f16 and bf16; the heuristic's choice and
+// FUSEBOX_CONV_IGEMM_TILE=phase.
+TEST_F(ImplicitGemmTest, PhaseDgradMatchesCpu) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the phase dgrad is sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  struct Case {
+    DType dtype;
+    int64_t batch, c, k, height, width, pad_hi;
+    bool channels_last;
+    const char* tile;
+    const char* plan_part;
+  };
+  const Case cases[] = {
+      {DType::bf16, 2, 64, 64, 16, 16, 1, true, "", "1 x 1 tiles"},
+      {DType::f16, 3, 128, 128, 15, 13, 1, true, "phase", "2 x 2 tiles"},
+      {DType::bf16, 1, 192, 64, 10, 9, 0, true, "", "1 x 3 tiles"},
+      {DType::bf16, 2, 64, 128, 11, 20, 0, false, "phase", "1 x 1 tiles"},
+      {DType::f16, 8, 128, 128, 56, 56, 1, true, "", "49 x 2 tiles"},
+      {DType::bf16, 64, 128, 128, 56, 56, 1, true, "", "392 x 2 tiles on"},
+  };
+  for (const Case& k : cases) {
+    ConvConfig c;
+    c.op = OpKind::conv_backward_data;
+    c.dtype = k.dtype;
+    c.batch = k.batch;
+    c.in_channels = k.c, c.out_channels = k.k;
+    c.spatial = {k.height, k.width}, c.filter = {3, 3};
+    c.strides = {2, 2}, c.dilations = {1, 1};
+    c.pads_begin = {1, 1}, c.pads_end = {k.pad_hi, k.pad_hi};
+    c.channels_last = k.channels_last;
+    expect_own_kernel(h, c, k.tile, 97, "phase dgrad", k.plan_part);
   }
 }
 

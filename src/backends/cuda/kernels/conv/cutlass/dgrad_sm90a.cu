@@ -3,33 +3,33 @@
 // ones as one launch per stride phase (plan.h DgradPhase) writing dx's sub-lattice.
 #include "backends/cuda/kernels/conv/cutlass/instance.cuh"
 
+#include <algorithm>
 #include <vector>
 
 namespace fusebox::cuda::cutlass_conv {
 
 namespace {
 
-// Records launches of one kernel that are independent of each other as one operation: a
-// child graph of kernel nodes without edges among them, so they run concurrently. The stride
-// phases write disjoint, interleaved sub-lattices of dx, which the encoder's byte ranges
-// cannot tell apart: as separate operations on dx's range they would run one after another.
-// Concurrent, ResNet-50's 3x3 stride-2 dgrads on an H200: 62.7 -> 57.0 us (layer 2), 52.4 ->
-// 41.9 (layer 3), 42.9 -> 35.9 (layer 4) (bench/results/2026-11-28_h200_session22_dense.md).
-template <class Kernel>
-void record_concurrent_kernels(Context& ctx,
-                               const std::vector<typename Kernel::Arguments>& launches,
-                               const BufferList& reads, const BufferList& writes) {
-  auto* kernel = &cutlass::device_kernel<Kernel>;
-  constexpr int smem = Kernel::SharedStorageSize;
-  FUSEBOX_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaGraph_t child = nullptr;
-  FUSEBOX_CUDA_CHECK(cudaGraphCreate(&child, 0));
-  struct Owned {
-    cudaGraph_t graph;
-    ~Owned() { (void)cudaGraphDestroy(graph); }
-  } owned{child};
-  for (const auto& args : launches) {
+// Launches that are independent of each other, recorded as one operation: a child graph of
+// kernel nodes without edges among them, so they run concurrently. The stride phases write
+// disjoint, interleaved sub-lattices of dx, which the encoder's byte ranges cannot tell
+// apart: as separate operations on dx's range they would run one after another. Concurrent,
+// ResNet-50's 3x3 stride-2 dgrads on an H200: 62.7 -> 57.0 us (layer 2), 52.4 -> 41.9 (layer
+// 3), 42.9 -> 35.9 (layer 4) (bench/results/2026-11-28_h200_session22_dense.md).
+class ConcurrentKernels {
+ public:
+  ConcurrentKernels() { FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph_, 0)); }
+  ~ConcurrentKernels() { (void)cudaGraphDestroy(graph_); }
+  ConcurrentKernels(const ConcurrentKernels&) = delete;
+  ConcurrentKernels& operator=(const ConcurrentKernels&) = delete;
+
+  // Nodes start in the order they are added.
+  template <class Kernel>
+  void add(const typename Kernel::Arguments& args) {
+    auto* kernel = &cutlass::device_kernel<Kernel>;
+    constexpr int smem = Kernel::SharedStorageSize;
+    FUSEBOX_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
     void* pointers[] = {&params};
     cudaKernelNodeParams node{};
@@ -39,10 +39,15 @@ void record_concurrent_kernels(Context& ctx,
     node.sharedMemBytes = unsigned(smem);
     node.kernelParams = pointers;  // copied into the node
     cudaGraphNode_t added = nullptr;
-    FUSEBOX_CUDA_CHECK(cudaGraphAddKernelNode(&added, child, nullptr, 0, &node));
+    FUSEBOX_CUDA_CHECK(cudaGraphAddKernelNode(&added, graph_, nullptr, 0, &node));
   }
-  ctx.encoder.add_child_graph(reads, writes, child);  // copies the graph
-}
+  void record(Context& ctx, const BufferList& reads, const BufferList& writes) {
+    ctx.encoder.add_child_graph(reads, writes, graph_);  // copies the graph
+  }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+};
 
 template <class T, int TM, int TN, bool kPlain>
 std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometry& g,
@@ -58,10 +63,22 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
                                 g.in[2] * g.in_channels, g.in_channels, 1};
   const int64_t dy_stride[5] = {g.out_size() * g.out_channels, g.out[1] * g.out[2] * g.out_channels,
                                 g.out[2] * g.out_channels, g.out_channels, 1};
-  std::vector<typename I::Arguments> launches;
-  for (size_t i = 0; i < plan.phases.size(); ++i) {
+  // The phases with the most taps first: their CTAs run longest, and the short phases' CTAs
+  // then fill the last wave (H200, ResNet-50's 3x3 stride-2 dgrads against the phases in
+  // order: layer 2 57.4 -> 56.4 us, layer 3 41.7 -> 39.9, layer 4 35.7 -> 34.0;
+  // bench/results/2026-11-29_h200_session24_strided_dgrad.md).
+  auto taps = [&](size_t i) {
     const DgradPhase& p = plan.phases[i];
-    if (p.empty()) continue;
+    return p.taps[0] * p.taps[1] * p.taps[2];
+  };
+  std::vector<size_t> order;
+  for (size_t i = 0; i < plan.phases.size(); ++i)
+    if (!plan.phases[i].empty()) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return taps(a) > taps(b); });
+  ConcurrentKernels phases;
+  for (size_t i : order) {
+    const DgradPhase& p = plan.phases[i];
     typename I::Strides strides;
     int64_t offset = 0;
     strides.act[0] = dx_stride[0];
@@ -71,16 +88,14 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
       strides.act[d + 1] = g.stride[d] * dx_stride[d + 1];
     }
     for (int k = 0; k < 5; ++k) strides.xformed[k] = dy_stride[k];
-    launches.push_back(I::arguments(phase_geometry(g, p), o.y, o.phase_filters[i], nullptr,
-                                    static_cast<T*>(o.result) + offset, o.bias, plan.epilogue,
-                                    &strides));
-    if (auto why = I::refusal(launches.back())) return cat("stride phase ", i, ": ", *why);
+    const auto args =
+        I::arguments(phase_geometry(g, p), o.y, o.phase_filters[i], nullptr,
+                     static_cast<T*>(o.result) + offset, o.bias, plan.epilogue, &strides);
+    if (auto why = I::refusal(args)) return cat("stride phase ", i, ": ", *why);
+    phases.add<typename I::Kernel>(args);
   }
   // The phases write disjoint parts of dx: one operation, the phases concurrent inside it.
-  if (launches.size() == 1)
-    I::record(ctx, launches[0], reads, {written});
-  else if (launches.size() > 1)
-    record_concurrent_kernels<typename I::Kernel>(ctx, launches, reads, {written});
+  if (!order.empty()) phases.record(ctx, reads, {written});
   return std::nullopt;
 }
 

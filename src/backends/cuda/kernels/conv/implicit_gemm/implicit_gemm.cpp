@@ -15,6 +15,7 @@
 #include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
 #include "backends/cuda/kernels/conv/operand_layout.h"
 #include "backends/cuda/kernels/conv/patch_wgrad/patch_wgrad.h"
+#include "backends/cuda/kernels/conv/phase_dgrad/phase_dgrad.h"
 
 namespace fusebox::cuda {
 
@@ -239,6 +240,26 @@ std::optional<std::string> try_own_wgrad(Context& ctx, const ConvGeometry& g, co
   return std::nullopt;
 }
 
+// Records a 3x3 stride-2 backward-data convolution without an epilogue on the phase dgrad
+// (kernels/conv/phase_dgrad/) where it takes the problem and the heuristic (or
+// FUSEBOX_CONV_IGEMM_TILE=phase: `tile`) asks for it. Returns the plan's description, or
+// nullopt (nothing recorded).
+std::optional<std::string> try_phase_dgrad(Context& ctx, const ConvGeometry& g,
+                                           const DeviceTensor& dy, const DeviceTensor& w,
+                                           const DeviceTensor& dx, const ConvEpilogueOperands& e,
+                                           bool aligned, const std::string& tile) {
+  const DeviceProperties& device = ctx.device.properties();
+  const bool plain =
+      e.bias == nullptr && e.residual == nullptr && !e.activation && !e.residual_activation;
+  if (!plain || phase_dgrad::cannot_implement(g, dx.dtype, device.compute_capability(), aligned))
+    return std::nullopt;
+  if (tile != phase_dgrad::kTileName && !tile.empty()) return std::nullopt;
+  const phase_dgrad::Plan plan = phase_dgrad::make_plan(g, dx.dtype, device.sm_count);
+  phase_dgrad::record(ctx, plan, g, dy.data(), w.data(), dx.data(), {dy.range(), w.range()},
+                      dx.range());
+  return plan.describe();
+}
+
 }  // namespace
 
 std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in, Outputs out,
@@ -272,17 +293,25 @@ std::string run_implicit_gemm(Context& ctx, const Node& n, ConvOp op, Inputs in,
   // Hopper: a weight gradient one of our wgrad kernels takes runs there; the CUTLASS kernels
   // (kernels/conv/cutlass/) run what they take, unless a tile of the project's main loops is
   // forced.
-  const bool own_wgrad_forced =
-      settings.igemm_tile == halo_wgrad::kTileName || settings.igemm_tile == patch_wgrad::kTileName;
-  if (op == ConvOp::wgrad && (settings.igemm_tile.empty() || own_wgrad_forced)) {
+  const bool own_kernel_forced = settings.igemm_tile == halo_wgrad::kTileName ||
+                                 settings.igemm_tile == patch_wgrad::kTileName ||
+                                 settings.igemm_tile == phase_dgrad::kTileName;
+  if (op == ConvOp::wgrad && (settings.igemm_tile.empty() || own_kernel_forced)) {
     if (auto plan = try_own_wgrad(ctx, g, *x, *y, written, options.aligned, settings.igemm_tile)) {
+      if (staged) copy_strided(ctx, *staged, result);
+      return *plan;
+    }
+  }
+  if (op == ConvOp::dgrad && (settings.igemm_tile.empty() || own_kernel_forced)) {
+    if (auto plan =
+            try_phase_dgrad(ctx, g, *y, *w, written, e, options.aligned, settings.igemm_tile)) {
       if (staged) copy_strided(ctx, *staged, result);
       return *plan;
     }
   }
   const std::optional<cutlass_conv::Tile> cutlass_tile =
       cutlass_conv::parse_tile(settings.igemm_tile);
-  if (settings.igemm_tile.empty() || cutlass_tile || own_wgrad_forced) {
+  if (settings.igemm_tile.empty() || cutlass_tile || own_kernel_forced) {
     const ConvTensors t{x, w, y, bias, residual, &written};
     // CUTLASS's epilogue reads the bias in 16-byte vectors too.
     const bool aligned = options.aligned && aligned16(bias);
