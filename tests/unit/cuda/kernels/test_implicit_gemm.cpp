@@ -169,7 +169,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 // chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
 // many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
 // sub-lattice (through im2col where C is not a multiple of 8); a 3x3 stride-2 dgrad of odd
-// extent (phases of 8 and 7 rows) as four stride phases run concurrently in one child graph.
+// extent (phases of 8 and 7 rows) as four stride phases run concurrently in one child graph
+// (192 filters: with at most 128 the phase dgrad takes it).
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -199,7 +200,7 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
        "gemm, dw written directly"},
       {OpKind::conv_backward_filter, DType::f16, 1, 512, 2048, 14, 1, 2, 0, false,
        "dw written directly, x gathered at stride 2"},
-      {OpKind::conv_backward_data, DType::bf16, 3, 64, 128, 15, 3, 2, 1, false, "4 phases"},
+      {OpKind::conv_backward_data, DType::bf16, 3, 64, 192, 15, 3, 2, 1, false, "4 phases"},
   };
   for (const Case& k : cases) {
     ConvConfig c;
@@ -403,6 +404,8 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       {OpKind::conv_backward_data, DType::f16, "", 40, 128, 1, 300, 1, 1, 1},
       // 1x1 stride 2: x's sub-lattice gathered, then the GEMM.
       {OpKind::conv, DType::bf16, "", 64, 72, 1, 301, 1, 2, 1},
+      // 3x3 stride 2 on the phase dgrad (compute capability 9.0; no bias: it takes none).
+      {OpKind::conv_backward_data, DType::bf16, "phase", 64, 64, 1, 9, 3, 2, 2},
   };
   for (const bool exact : {false, true}) {
     ScopedEnv tf32("FUSEBOX_ALLOW_TF32", exact ? "0" : "1");
@@ -420,18 +423,20 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
         c.dilations.push_back(1), c.pads_begin.push_back(k.r / 2), c.pads_end.push_back(d % 2);
       }
       c.channels_last = true;
-      c.bias = k.op != OpKind::conv_backward_filter;
+      const bool phase = std::string(k.tile) == "phase";
+      c.bias = k.op != OpKind::conv_backward_filter && !phase;
       SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'", exact ? " exact" : ""));
       const std::vector<Tensor> in = conv_inputs(c, 31);
       const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
       clear_conv_decisions();
       const Tensor got = run_conv_on_gpu(h, c, in);
       const bool depthwise = k.groups == k.c && k.k == k.c;
-      const bool cutlass = (std::string(k.tile).rfind("cutlass", 0) == 0 || k.r == 1) &&
-                           h.ctx().device.properties().compute_capability() == 90;
-      EXPECT_EQ(last_plan().rfind(depthwise ? "depthwise"
-                                  : cutlass ? "cutlass"
-                                            : "igemm",
+      const bool hopper = h.ctx().device.properties().compute_capability() == 90;
+      const bool cutlass = (std::string(k.tile).rfind("cutlass", 0) == 0 || k.r == 1) && hopper;
+      EXPECT_EQ(last_plan().rfind(depthwise         ? "depthwise"
+                                  : phase && hopper ? "phase dgrad"
+                                  : cutlass         ? "cutlass"
+                                                    : "igemm",
                                   0),
                 0u)
           << last_plan();

@@ -66,7 +66,7 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
   // The phases with the most taps first: their CTAs run longest, and the short phases' CTAs
   // then fill the last wave (H200, ResNet-50's 3x3 stride-2 dgrads against the phases in
   // order: layer 2 57.4 -> 56.4 us, layer 3 41.7 -> 39.9, layer 4 35.7 -> 34.0;
-  // bench/results/2026-11-29_h200_session24_strided_dgrad.md).
+  // bench/results/2026-11-29_h200_session24_phase_dgrad.md).
   auto taps = [&](size_t i) {
     const DgradPhase& p = plan.phases[i];
     return p.taps[0] * p.taps[1] * p.taps[2];
