@@ -17,12 +17,14 @@
 //      MN-major: the KRSC filter's rows of C channels as they are).
 //   3. Every thread issues its share of the loads kLookahead stages ahead (cp.async) into the
 //      buffer of the stage two back, then waits for its warpgroup's previous stage.
-// After a tile's last stage the accumulators go to dx (f32 -> T, pairs of channels), each
-// phase (a, b) of lattice point (n, i, j) to pixel (n, 2i + a, 2j + b) when inside dx; the
-// next tile's first stages are in flight meanwhile.
+// After a tile's last stage the accumulators go to dx, a phase at a time through the
+// warpgroup's staging tile (f32 -> T), each phase (a, b) of lattice point (n, i, j) to pixel
+// (n, 2i + a, 2j + b) when inside dx, as 16-byte stores; the next tile's first stages are in
+// flight meanwhile.
 //
 // Shared memory: the filter block, 9 * K/64 tiles of 64 x 64 (8 KiB each, MN-major), then
-// kBuffers A buffers of 16 KiB; every tile 1024-byte aligned. K = 128: 224 KiB.
+// kBuffers A buffers of 16 KiB, then a staging tile of 8 KiB a warpgroup; every tile
+// 1024-byte aligned. K = 128: 224 KiB.
 #include "backends/cuda/device/wgmma.cuh"
 #include "backends/cuda/kernels/conv/phase_dgrad/phase_dgrad.h"
 #include "backends/cuda/runtime/check.h"
