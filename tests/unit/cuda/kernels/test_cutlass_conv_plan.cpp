@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/cuda/kernels/conv/cutlass/plan.h"
+#include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {
 namespace {
@@ -19,14 +20,7 @@ using cutlass_conv::Tile;
 // A 2-D problem (3-D form, leading extents 1): N x C x H x W, K filters R x R.
 ConvGeometry geometry(int64_t n, int64_t c, int64_t k, int64_t hw, int64_t r, int64_t stride,
                       int64_t pad) {
-  ConvGeometry g;
-  g.spatial_rank = 2;
-  g.batch = n, g.in_channels = c, g.out_channels = k;
-  for (int d = 1; d < 3; ++d) {
-    g.in[d] = hw, g.filter[d] = r, g.stride[d] = stride, g.pad_lo[d] = g.pad_hi[d] = pad;
-    g.out[d] = conv_output_extent(hw, r, stride, 1, pad, pad);
-  }
-  return g;
+  return conv2d_geometry(n, c, k, hw, hw, r, stride, pad, pad);
 }
 
 const Facts kH100{90, true};

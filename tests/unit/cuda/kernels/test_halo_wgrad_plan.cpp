@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/kernels/conv/halo_wgrad/plan.h"
+#include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {
 namespace {
@@ -11,16 +12,7 @@ namespace {
 // A 2-D problem (3-D form, leading extents 1): N x C x H x W, K filters R x R.
 ConvGeometry geometry(int64_t n, int64_t c, int64_t k, int64_t h, int64_t w, int64_t r,
                       int64_t stride, int64_t pad) {
-  ConvGeometry g;
-  g.spatial_rank = 2;
-  g.batch = n, g.in_channels = c, g.out_channels = k;
-  const int64_t extents[3] = {1, h, w};
-  for (int d = 1; d < 3; ++d) {
-    g.in[d] = extents[d], g.filter[d] = r, g.stride[d] = stride;
-    g.pad_lo[d] = g.pad_hi[d] = pad;
-    g.out[d] = conv_output_extent(extents[d], r, stride, 1, pad, pad);
-  }
-  return g;
+  return conv2d_geometry(n, c, k, h, w, r, stride, pad, pad);
 }
 
 std::string refusal(const ConvGeometry& g, DType dtype = DType::bf16, int cc = 90,

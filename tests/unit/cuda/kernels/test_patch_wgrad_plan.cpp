@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/kernels/conv/patch_wgrad/plan.h"
+#include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {
 namespace {
@@ -11,14 +12,7 @@ namespace {
 // N x C x H x W, K filters R x R, one stride and pad for both dims.
 ConvGeometry geometry(int64_t n, int64_t c, int64_t k, int64_t hw, int64_t r, int64_t stride,
                       int64_t pad) {
-  ConvGeometry g;
-  g.spatial_rank = 2;
-  g.batch = n, g.in_channels = c, g.out_channels = k;
-  for (int d = 1; d < 3; ++d) {
-    g.in[d] = hw, g.filter[d] = r, g.stride[d] = stride, g.pad_lo[d] = g.pad_hi[d] = pad;
-    g.out[d] = conv_output_extent(hw, r, stride, 1, pad, pad);
-  }
-  return g;
+  return conv2d_geometry(n, c, k, hw, hw, r, stride, pad, pad);
 }
 
 std::string refusal(const ConvGeometry& g, DType dtype = DType::bf16, int cc = 90,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/kernels/conv/phase_dgrad/plan.h"
+#include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {
 namespace {
@@ -12,16 +13,7 @@ namespace {
 // R x R, leading pads 1, trailing pads `pad_hi`.
 ConvGeometry dgrad_geometry(int64_t n, int64_t c, int64_t k, int64_t h, int64_t w, int64_t r = 3,
                             int64_t stride = 2, int64_t pad_hi = 1) {
-  ConvGeometry g;
-  g.spatial_rank = 2;
-  g.batch = n, g.in_channels = c, g.out_channels = k;
-  const int64_t extents[3] = {1, h, w};
-  for (int d = 1; d < 3; ++d) {
-    g.in[d] = extents[d], g.filter[d] = r, g.stride[d] = stride;
-    g.pad_lo[d] = 1, g.pad_hi[d] = pad_hi;
-    g.out[d] = conv_output_extent(extents[d], r, stride, 1, 1, pad_hi);
-  }
-  return g;
+  return conv2d_geometry(n, c, k, h, w, r, stride, 1, pad_hi);
 }
 
 std::string refusal(const ConvGeometry& g, DType dtype = DType::bf16, int cc = 90,
