@@ -122,35 +122,44 @@ TEST(CutlassConvPlan, TilesAndWgradChunks) {
 }
 
 TEST(CutlassConvPlan, PointwiseWgradIsABatchedGemmOverPixelChunks) {
-  // The 64x64 1x1 layer at 56x56: one output tile, so 200704 pixels are cut into two waves
-  // of chunks of whole K steps (768 pixels: 262 chunks, the last 256 short).
+  // The 64x64 1x1 layer at 56x56: one output tile, so 200704 pixels are cut into a quarter
+  // wave (33) of chunks of whole K steps (6144 pixels, the last 4096).
   const ConvGeometry small = geometry(64, 64, 64, 56, 1, 1, 0);
   const cutlass_conv::Plan p = cutlass_conv::make_plan(ConvOp::wgrad, small, DType::bf16, {}, 132);
   EXPECT_TRUE(p.gemm);
   EXPECT_EQ(p.tile, Tile::t64x128);
-  EXPECT_EQ(p.chunk_rows, 768);
-  EXPECT_EQ(p.chunks, 262);
-  EXPECT_EQ(p.partial_bytes, size_t(262) * 64 * 64 * sizeof(float));
-  EXPECT_NE(p.describe().find("gemm, 262 chunks"), std::string::npos) << p.describe();
-  // Layer 2's 512 -> 128 at 28x28 (50176 pixels): 4 tiles of 128x128 would leave most SMs
-  // idle: 8 of 64x128, in 33 chunks for about two tiles per SM.
+  EXPECT_EQ(p.chunk_rows, 6144);
+  EXPECT_EQ(p.chunks, 33);
+  EXPECT_EQ(p.partial_bytes, size_t(33) * 64 * 64 * sizeof(float));
+  EXPECT_NE(p.describe().find("gemm, 33 chunks"), std::string::npos) << p.describe();
+  // Layer 2's 512 -> 128 at 28x28 (50176 pixels): 4 tiles of 128x128 in 9 chunks of 5632
+  // pixels, about a quarter of the SMs.
   const cutlass_conv::Plan l2 = cutlass_conv::make_plan(
       ConvOp::wgrad, geometry(64, 512, 128, 28, 1, 1, 0), DType::bf16, {}, 132);
   EXPECT_TRUE(l2.gemm);
-  EXPECT_EQ(l2.tile, Tile::t64x128);
-  EXPECT_EQ(l2.chunks, 33);
+  EXPECT_EQ(l2.tile, Tile::t128x128);
+  EXPECT_EQ(l2.chunks, 9);
+  EXPECT_EQ(l2.chunk_rows, 5632);
+  // 64 filters (128 -> 64 at 56x56): the narrow tile, two of them, 17 chunks.
+  const cutlass_conv::Plan l1 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 256, 64, 56, 1, 1, 0), DType::bf16, {}, 132);
+  EXPECT_EQ(l1.tile, Tile::t64x128);
+  EXPECT_EQ(l1.chunks, 17);
   // Enough 128x128 tiles for every SM (2048 x 2048: 256) keep that tile.
   EXPECT_EQ(cutlass_conv::make_plan(ConvOp::wgrad, geometry(64, 2048, 2048, 28, 1, 1, 0),
                                     DType::bf16, {}, 132)
                 .tile,
             Tile::t128x128);
   // Few pixels and few output tiles (layer 3's 1024 -> 256, 12544 pixels: 32 of 64x128):
-  // the conv kernel's whole-image chunks.
+  // the conv kernel's whole-image chunks, 16 tiles of 128x128 over a quarter wave: 3 chunks
+  // of 22 images (a 3x3 wgrad takes a whole wave, above).
   const cutlass_conv::Plan l3 = cutlass_conv::make_plan(
       ConvOp::wgrad, geometry(64, 1024, 256, 14, 1, 1, 0), DType::bf16, {}, 132);
   EXPECT_FALSE(l3.gemm);
-  EXPECT_GT(l3.chunk_images, 0);
-  EXPECT_GT(l3.partial_bytes, 0u);
+  EXPECT_EQ(l3.tile, Tile::t128x128);
+  EXPECT_EQ(l3.chunk_images, 22);
+  EXPECT_EQ(l3.chunks, 3);
+  EXPECT_EQ(l3.partial_bytes, size_t(3) * 1024 * 256 * sizeof(float));
   // Few pixels but output tiles for every SM (layer 4's 2048 -> 512 at 7x7: 64 of 128x128,
   // 128 of 64x128): one unsplit GEMM writing dw, no f32 slices.
   const cutlass_conv::Plan l4 = cutlass_conv::make_plan(

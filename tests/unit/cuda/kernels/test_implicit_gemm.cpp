@@ -192,7 +192,7 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
       {OpKind::conv_backward_filter, DType::bf16, 2, 3, 32, 40, 7, 2, 3, false, "im2col"},
       {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "im2col"},
       {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 105, 1, 1, 0, false,
-       "gemm, 58 chunks"},
+       "gemm, 33 chunks"},
       {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "tma-im2col"},
       {OpKind::conv, DType::bf16, 2, 64, 128, 33, 1, 2, 0, true, "gathered"},
       {OpKind::conv, DType::bf16, 2, 5, 64, 17, 1, 2, 0, true, "im2col"},

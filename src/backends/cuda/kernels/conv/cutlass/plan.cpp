@@ -263,10 +263,11 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     // Persistent: waves matter little; the narrow tile when N is narrow.
     p.tile = n <= 64 ? Tile::t128x64 : Tile::t128x128;
   } else if (op == ConvOp::wgrad && p.gemm) {
-    // Few 128x128 tiles (layer 4's 512x2048 has 64): the narrow tile doubles the CTAs, so
-    // fewer pixel chunks fill the GPU, and fewer f32 slices are written and summed.
-    p.tile =
-        m <= 64 || n <= 64 || cdiv(m, 128) * cdiv(n, 128) < sms ? Tile::t64x128 : Tile::t128x128;
+    // The pixel chunks below fill the GPU, so the wide tile (fewer f32 slices per output
+    // element); the narrow one only for 64 filters. With a quarter wave of chunks 128x128
+    // beat 64x128 by 1.1-1.4x on every ResNet-50 GEMM wgrad with more than 64 filters, 64
+    // channels included (H200, bench/results/2026-11-29_h200_session25.md).
+    p.tile = m <= 64 ? Tile::t64x128 : Tile::t128x128;
   } else if (op == ConvOp::wgrad) {
     p.tile = m <= 64 || n <= 64 ? Tile::t64x128 : Tile::t128x128;
   } else {
@@ -283,24 +284,29 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     p.chunks = 1;
     p.chunk_rows = g.batch * g.out_size();
   } else if (op == ConvOp::wgrad && p.gemm) {
-    // About two output tiles per SM over the chunks (the ping-pong kernel overlaps one's
-    // epilogue with the other's main loop), each chunk at least 8 K steps, and the f32
-    // slices' bytes no more than the operands' (a weight gradient of few rows and many
-    // channels: layer 4's 2048x512 at 7x7 would write more sums than it reads).
+    // About a quarter of the SMs' worth of output tiles over the chunks, each chunk at least
+    // 8 K steps, and the f32 slices' bytes no more than the operands' (a weight gradient of
+    // few rows and many channels: layer 4's 2048x512 at 7x7 would write more sums than it
+    // reads). Fewer, longer chunks won everywhere measured: every chunk's tile writes a 32-64
+    // KB f32 slice that is read back and summed, and two tiles per SM (the old rule) made that
+    // traffic the cost (ResNet-50's 1x1 wgrads 1.3-1.8x faster with a quarter, H200,
+    // bench/results/2026-11-29_h200_session24_phase_dgrad.md).
     const int64_t rows = g.batch * g.out_size();
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t operand_bytes = rows * (m + n) * int64_t(dtype_size(dtype));
-    int64_t chunks = std::max<int64_t>(1, (2 * sms + ctas / 2) / ctas);
+    int64_t chunks = cdiv(std::max<int64_t>(sms / 4, 1), ctas);
     chunks = std::min({chunks, std::max<int64_t>(1, operand_bytes / (m * n * 4)),
                        std::max<int64_t>(1, rows / 512)});
     p.chunk_rows = std::max<int64_t>(1, cdiv(cdiv(rows, chunks), 64) * 64);
     p.chunks = std::max<int64_t>(1, cdiv(rows, p.chunk_rows));
     p.partial_bytes = size_t(p.chunks) * size_t(m) * size_t(n) * sizeof(float);
   } else if (op == ConvOp::wgrad) {
-    // Chunks: enough CTAs for a wave, each chunk still reducing at least 16 K steps.
+    // Chunks: enough CTAs for a wave, each chunk still reducing at least 16 K steps; a
+    // pointwise wgrad (few K steps per image) a quarter wave, as the GEMM path above (layer
+    // 3-4's 1x1 wgrads 1.2-1.3x faster with 2-3 chunks than with 5-8).
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t depth = g.batch * g.out_size();
-    int64_t chunks = cdiv(sms, ctas);
+    int64_t chunks = cdiv(is_pointwise(g) ? std::max<int64_t>(sms / 4, 1) : sms, ctas);
     chunks = std::min({chunks, g.batch, std::max<int64_t>(1, depth / 1024), int64_t(64)});
     chunks = std::max<int64_t>(chunks, 1);
     p.chunk_images = cdiv(g.batch, chunks);
