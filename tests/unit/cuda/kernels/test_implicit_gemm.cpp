@@ -164,13 +164,14 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
 }
 
 // The problems the CUTLASS path lowers before its kernels (implicit_gemm.cpp, H100/H200 only):
-// an RGB-stem-like 7x7 stride 2 through im2col (fprop with its epilogue, dgrad through
-// col2im, wgrad); 1x1 weight gradients as a batched GEMM over pixel chunks, with a short last
-// chunk; a 1x1 wgrad of few pixels on the conv kernel's image chunks, and of few pixels but
-// many output tiles as one GEMM writing dw; a 1x1 stride-2 fprop and wgrad on the gathered
-// sub-lattice (through im2col where C is not a multiple of 8); a 3x3 stride-2 dgrad of odd
-// extent (phases of 8 and 7 rows) as four stride phases run concurrently in one child graph
-// (192 filters: with at most 128 the phase dgrad takes it).
+// an RGB-stem-like 7x7 stride 2 through space-to-depth (fprop with its epilogue, dgrad and
+// wgrad through the fold), and few-channel ones through im2col where the wide channels would
+// be under 32 (3x3 stride 2 and 5x5 stride 1 on 3 channels: 24 and 15); 1x1 weight gradients as a
+// batched GEMM over pixel chunks, with a short last chunk; a 1x1 wgrad of few pixels on the conv
+// kernel's image chunks, and of few pixels but many output tiles as one GEMM writing dw; a 1x1
+// stride-2 fprop and wgrad on the gathered sub-lattice (through im2col where C is not a multiple of
+// 8); a 3x3 stride-2 dgrad of odd extent (phases of 8 and 7 rows) as four stride phases run
+// concurrently in one child graph (192 filters: with at most 128 the phase dgrad takes it).
 TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -185,12 +186,14 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
     const char* plan_part;  // what the plan must say
   };
   const Case cases[] = {
-      {OpKind::conv, DType::bf16, 2, 3, 64, 40, 7, 2, 3, true, "im2col"},
+      {OpKind::conv, DType::bf16, 2, 3, 64, 40, 7, 2, 3, true, "space-to-depth: 4x1 taps of 48"},
       {OpKind::conv, DType::f16, 2, 5, 16, 17, 3, 1, 1, false, "im2col"},
-      {OpKind::conv_backward_data, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "im2col"},
-      {OpKind::conv_backward_data, DType::f16, 3, 8, 24, 19, 3, 2, 1, false, "im2col"},
-      {OpKind::conv_backward_filter, DType::bf16, 2, 3, 32, 40, 7, 2, 3, false, "im2col"},
-      {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "im2col"},
+      {OpKind::conv_backward_data, DType::bf16, 2, 3, 64, 40, 7, 2, 3, false, "space-to-depth"},
+      {OpKind::conv_backward_data, DType::f16, 3, 8, 24, 19, 3, 2, 1, false, "space-to-depth"},
+      {OpKind::conv_backward_data, DType::f16, 3, 3, 24, 19, 3, 2, 1, false, "im2col"},
+      {OpKind::conv_backward_filter, DType::bf16, 2, 3, 32, 40, 7, 2, 3, false, "space-to-depth"},
+      {OpKind::conv_backward_filter, DType::f16, 2, 7, 32, 21, 5, 1, 2, false, "space-to-depth"},
+      {OpKind::conv_backward_filter, DType::f16, 2, 3, 32, 21, 5, 1, 2, false, "im2col"},
       {OpKind::conv_backward_filter, DType::bf16, 3, 64, 64, 105, 1, 1, 0, false,
        "gemm, 33 chunks"},
       {OpKind::conv_backward_filter, DType::f16, 2, 96, 136, 9, 1, 1, 0, false, "tma-im2col"},
@@ -223,6 +226,70 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
     EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
     EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << last_plan();
   }
+}
+
+// The space-to-depth lowering (kernels/conv/space_to_depth.h, H100/H200 only) against the
+// CPU, each direction: 1-D (its wide problem pointwise: the GEMM), 2-D and 3-D; strides 2, 3
+// and mixed, asymmetric pads, a trailing input row no window reads (its dx zero), the stride-1
+// unfold, 4 and 5 channels, NCHW operands copied, f16 and bf16; an epilogue on the fprop.
+TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
+  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
+  struct Case {
+    DType dtype;
+    int64_t batch, c, k;
+    Shape spatial, filter;
+    std::vector<int64_t> strides, pads_begin, pads_end;
+    bool channels_last;
+    const char* plan_part;
+  };
+  const Case cases[] = {
+      {DType::bf16, 3, 3, 16, {50}, {7}, {3}, {2}, {1}, true, "1 taps of 32 channels"},
+      {DType::f16, 2, 3, 64, {41, 38}, {7, 7}, {2, 2}, {3, 3}, {0, 3}, true, "4x1 taps of 48"},
+      {DType::bf16, 2, 4, 24, {23, 30}, {5, 5}, {2, 3}, {1, 0}, {2, 1}, false, "3x1 taps of 48"},
+      {DType::bf16, 1, 5, 32, {13, 15}, {5, 5}, {1, 1}, {2, 1}, {1, 2}, true, "5x1 taps of 32"},
+      {DType::f16,
+       2,
+       3,
+       16,
+       {9, 10, 11},
+       {5, 5, 5},
+       {2, 2, 2},
+       {2, 1, 2},
+       {2, 2, 1},
+       true,
+       "3x3x1 taps of 72"},
+  };
+  for (const Case& k : cases)
+    for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
+      ConvConfig c;
+      c.op = op;
+      c.dtype = k.dtype;
+      c.batch = k.batch;
+      c.in_channels = k.c, c.out_channels = k.k;
+      c.spatial = k.spatial, c.filter = k.filter;
+      c.strides = k.strides, c.dilations = std::vector<int64_t>(k.spatial.size(), 1);
+      c.pads_begin = k.pads_begin, c.pads_end = k.pads_end;
+      c.channels_last = k.channels_last;
+      if (op == OpKind::conv) {
+        c.bias = true;
+        c.activation.kind = Activation::relu;
+      }
+      SCOPED_TRACE(c.describe());
+      const std::vector<Tensor> in = conv_inputs(c, 61);
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(h, c, in);
+      // The stem-like wgrad is the patch wgrad's (its own test); the rest run here.
+      if (last_plan().rfind("patch wgrad", 0) != 0) {
+        EXPECT_EQ(last_plan().rfind("cutlass", 0), 0u) << last_plan();
+        EXPECT_NE(last_plan().find(k.plan_part), std::string::npos) << last_plan();
+      }
+      EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << last_plan();
+    }
 }
 
 // Runs the convolution `c` on the GPU under FUSEBOX_CONV_IGEMM_TILE=`tile` ("" unset) against
