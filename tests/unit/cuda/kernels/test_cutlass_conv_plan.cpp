@@ -103,15 +103,20 @@ TEST(CutlassConvPlan, TilesAndWgradChunks) {
   EXPECT_EQ(cutlass_conv::make_plan(ConvOp::fprop, wide, DType::bf16, {}, 132, Tile::t64x128).tile,
             Tile::t128x128);
   // wgrad of the 64-channel 3x3 layer: five 64x128 tiles, so the batch is cut into chunks of
-  // 3 images for about a wave, every chunk's sums in f32.
+  // 10 images for about a quarter wave, every chunk's sums in f32.
   const ConvGeometry l1 = geometry(64, 64, 64, 56, 3, 1, 1);
   const cutlass_conv::Plan w = cutlass_conv::make_plan(ConvOp::wgrad, l1, DType::bf16, {}, 132);
   EXPECT_FALSE(w.gemm);
   EXPECT_EQ(w.tile, Tile::t64x128);
-  EXPECT_EQ(w.chunk_images, 3);
-  EXPECT_EQ(w.chunks, 22);
-  EXPECT_EQ(w.partial_bytes, size_t(22) * 64 * 64 * 9 * sizeof(float));
-  EXPECT_NE(w.describe().find("22 chunks"), std::string::npos) << w.describe();
+  EXPECT_EQ(w.chunk_images, 10);
+  EXPECT_EQ(w.chunks, 7);
+  EXPECT_EQ(w.partial_bytes, size_t(7) * 64 * 64 * 9 * sizeof(float));
+  EXPECT_NE(w.describe().find("7 chunks"), std::string::npos) << w.describe();
+  // Layer 3's 256-channel 3x3: 36 tiles of 128x128, past a quarter wave: one chunk.
+  const cutlass_conv::Plan l3 = cutlass_conv::make_plan(
+      ConvOp::wgrad, geometry(64, 256, 256, 14, 3, 1, 1), DType::bf16, {}, 132);
+  EXPECT_EQ(l3.tile, Tile::t128x128);
+  EXPECT_EQ(l3.chunks, 1);
   // Chunks always cover the batch, the last possibly short.
   for (int64_t n : {1, 3, 7, 50, 64, 129}) {
     const cutlass_conv::Plan p = cutlass_conv::make_plan(

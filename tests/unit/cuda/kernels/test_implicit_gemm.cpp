@@ -231,7 +231,8 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
 // The space-to-depth lowering (kernels/conv/space_to_depth.h, H100/H200 only) against the
 // CPU, each direction: 1-D (its wide problem pointwise: the GEMM), 2-D and 3-D; strides 2, 3
 // and mixed, asymmetric pads, a trailing input row no window reads (its dx zero), the stride-1
-// unfold, 4 and 5 channels, NCHW operands copied, f16 and bf16; an epilogue on the fprop.
+// unfold, 4 and 5 channels, NCHW operands copied, f16 and bf16; an epilogue on the fprop; rows
+// too long for the row kernels' shared memory (9000 wide: the gather kernels).
 TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -248,6 +249,7 @@ TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
   };
   const Case cases[] = {
       {DType::bf16, 3, 3, 16, {50}, {7}, {3}, {2}, {1}, true, "1 taps of 32 channels"},
+      {DType::f16, 1, 3, 16, {9000}, {7}, {3}, {2}, {1}, true, "1 taps of 32 channels"},
       {DType::f16, 2, 3, 64, {41, 38}, {7, 7}, {2, 2}, {3, 3}, {0, 3}, true, "4x1 taps of 48"},
       {DType::bf16, 2, 4, 24, {23, 30}, {5, 5}, {2, 3}, {1, 0}, {2, 1}, false, "3x1 taps of 48"},
       {DType::bf16, 1, 5, 32, {13, 15}, {5, 5}, {1, 1}, {2, 1}, {1, 2}, true, "5x1 taps of 32"},

@@ -60,6 +60,27 @@ TEST(SpaceToDepthPlan, RefusesWhatItCannotMap) {
   EXPECT_FALSE(space_to_depth_lowering(conv2d_geometry(4096, 3, 8, 1024, 1024, 7, 2, 3, 3)));
 }
 
+// Stepping a channel's digits to the next one (how the kernels walk a vector) gives the digits
+// decoded from scratch, and says where a new group (plain position) starts.
+TEST(SpaceToDepthPlan, SteppedDigitsAreTheDecodedOnes) {
+  for (const ConvGeometry& g : {conv2d_geometry(2, 3, 8, 224, 224, 7, 2, 3, 3),
+                                conv2d_geometry(2, 5, 8, 30, 31, 5, 3, 2, 1),
+                                conv2d_geometry(1, 7, 8, 21, 21, 5, 1, 2, 2)}) {
+    const std::optional<SpaceToDepth> s = space_to_depth_lowering(g);
+    ASSERT_TRUE(s);
+    const PhaseMap& m = s->activations;
+    PhaseDigits stepped(m, 0);
+    for (int j = 1; j < m.used_channels(); ++j) {
+      const bool new_group = stepped.next(m);
+      const PhaseDigits decoded(m, j);
+      EXPECT_EQ(new_group, j % m.channels == 0) << j;
+      EXPECT_EQ(stepped.c, decoded.c) << j;
+      EXPECT_EQ(stepped.u, decoded.u) << j;
+      for (int d = 0; d < 3; ++d) EXPECT_EQ(stepped.a[d], decoded.a[d]) << j;
+    }
+  }
+}
+
 // NDHWC tensors as doubles.
 using Values = std::vector<double>;
 

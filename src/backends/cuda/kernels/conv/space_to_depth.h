@@ -46,16 +46,43 @@ struct PhaseMap {
   }
 };
 
+// Wide channel j's digits, j = (((u * s0 + a0) * s1 + a1) * s2 + a2) * C + c: decoded by
+// division once, then stepped to j + 1 without (the kernels walk a vector's channels so).
+struct PhaseDigits {
+  int c, a[3], u;  // u: the folded tap of the last dim
+
+  FUSEBOX_HOST_DEVICE PhaseDigits(const PhaseMap& m, int j) {
+    c = j % m.channels;
+    u = j / m.channels;
+    for (int d = 2; d >= 0; --d) a[d] = u % m.stride[d], u /= m.stride[d];
+  }
+  // To channel j + 1; true where that starts a new group (u, a), whose C channels are the
+  // next plain position's.
+  FUSEBOX_HOST_DEVICE bool next(const PhaseMap& m) {
+    if (++c < m.channels) return false;
+    c = 0;
+    if (++a[2] == m.stride[2]) {
+      a[2] = 0;
+      if (++a[1] == m.stride[1]) {
+        a[1] = 0;
+        if (++a[0] == m.stride[0]) a[0] = 0, ++u;
+      }
+    }
+    return true;
+  }
+  // The plain position channel c of wide position q comes from (outside [0, T): zero).
+  FUSEBOX_HOST_DEVICE int source(const PhaseMap& m, const int q[3], int d) const {
+    return m.stride[d] * (q[d] + (d == 2 ? u : 0)) + a[d] - m.pad[d];
+  }
+};
+
 // The plain position t (possibly outside [0, T): zero there) and channel c that wide channel
 // j < used_channels() of wide position q holds.
 FUSEBOX_HOST_DEVICE inline void phase_source(const PhaseMap& m, const int q[3], int j, int t[3],
                                              int* c) {
-  *c = j % m.channels;
-  int k = j / m.channels;
-  int a[3];
-  for (int d = 2; d >= 0; --d) a[d] = k % m.stride[d], k /= m.stride[d];
-  const int u = k;  // the folded tap of the last dim
-  for (int d = 0; d < 3; ++d) t[d] = m.stride[d] * (q[d] + (d == 2 ? u : 0)) + a[d] - m.pad[d];
+  const PhaseDigits digits(m, j);
+  *c = digits.c;
+  for (int d = 0; d < 3; ++d) t[d] = digits.source(m, q, d);
 }
 
 // The problem the CUTLASS kernels see and the two maps.

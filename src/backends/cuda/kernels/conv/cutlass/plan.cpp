@@ -301,12 +301,14 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     p.chunks = std::max<int64_t>(1, cdiv(rows, p.chunk_rows));
     p.partial_bytes = size_t(p.chunks) * size_t(m) * size_t(n) * sizeof(float);
   } else if (op == ConvOp::wgrad) {
-    // Chunks: enough CTAs for a wave, each chunk still reducing at least 16 K steps; a
-    // pointwise wgrad (few K steps per image) a quarter wave, as the GEMM path above (layer
-    // 3-4's 1x1 wgrads 1.2-1.3x faster with 2-3 chunks than with 5-8).
+    // Image chunks: a quarter wave of CTAs, as the GEMM path above, each chunk still reducing
+    // at least 16 K steps. A wave's worth (the earlier rule) wrote and summed more f32 slices
+    // than it gained: layer 3-4's 1x1 wgrads 1.2-1.3x faster with 2-3 chunks than 5-8, the
+    // 3x3 ones of layers 2-3 1.1-1.2x with 4 and 1 than 13 and 4 (H200,
+    // bench/results/2026-11-29_h200_session25.md).
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t depth = g.batch * g.out_size();
-    int64_t chunks = cdiv(is_pointwise(g) ? std::max<int64_t>(sms / 4, 1) : sms, ctas);
+    int64_t chunks = cdiv(std::max<int64_t>(sms / 4, 1), ctas);
     chunks = std::min({chunks, g.batch, std::max<int64_t>(1, depth / 1024), int64_t(64)});
     chunks = std::max<int64_t>(chunks, 1);
     p.chunk_images = cdiv(g.batch, chunks);

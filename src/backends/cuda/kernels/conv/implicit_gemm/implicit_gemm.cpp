@@ -213,7 +213,7 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
 // Records a convolution over channels TMA cannot move as they are (an RGB stem's 3) on the
 // CUTLASS kernels through the space-to-depth lowering (space_to_depth.h), where it applies and
 // the kernels take the wide problem: the wide x and filter, the stride-1 problem, a
-// gradient's fold. The stem against im2col (H200): fprop 0.47 -> 0.24 ms, dgrad 1.13 -> 0.19
+// gradient's fold. The stem against im2col (H200): fprop 0.47 -> 0.21 ms, dgrad 1.13 -> 0.19
 // ms (cuDNN 0.44 / 0.81).
 // Returns the plan's description, or nullopt (nothing recorded).
 std::optional<std::string> try_space_to_depth(Context& ctx, const Node& n, ConvOp op,
