@@ -215,7 +215,9 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
 // the kernels take the wide problem: the wide x and filter, the stride-1 problem, a
 // gradient's fold. The stem against im2col (H200): fprop 0.47 -> 0.21 ms, dgrad 1.13 -> 0.19
 // ms (cuDNN 0.44 / 0.81).
-// Returns the plan's description, or nullopt (nothing recorded).
+// Returns the plan's description, or nullopt: nothing recorded, except where CUTLASS's own
+// can_implement refuses the wide problem after the transforms (said once; the caller's
+// fallback then writes the whole result).
 std::optional<std::string> try_space_to_depth(Context& ctx, const Node& n, ConvOp op,
                                               const ConvGeometry& g, const ConvTensors& t,
                                               const ConvEpilogueOperands& e,
@@ -231,7 +233,12 @@ std::optional<std::string> try_space_to_depth(Context& ctx, const Node& n, ConvO
   if (op != ConvOp::fprop && !plain) return std::nullopt;
   const DType dtype = t.written->dtype;
   const DeviceProperties& device = ctx.device.properties();
-  if (cutlass_conv::cannot_implement(op, s->problem, dtype, {device.compute_capability(), aligned}))
+  cutlass_conv::Epilogue epilogue;  // try_cutlass's checks, made before anything is recorded
+  if (cutlass_conv::cannot_implement(op, s->problem, dtype,
+                                     {device.compute_capability(), aligned}) ||
+      cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
+                                 t.residual != nullptr, activation_fn(e.residual_activation),
+                                 &epilogue))
     return std::nullopt;
   std::vector<DeviceTensor> wide;  // held while recorded
   wide.reserve(3);
