@@ -8,7 +8,7 @@
 // lattice q = o + u with no padding, whose channels are (a, c). The last dim's R' taps are
 // folded into the channels too (its filter extent becomes 1), so a wide channel j is
 //
-//   j = ((u2 * s0 + a0) * s1 + a1) * s2 + a2) * C + c,   C' = R'2 * s0 s1 s2 * C rounded up to 8
+//   j = (((u2 * s0 + a0) * s1 + a1) * s2 + a2) * C + c,  C' = R'2 * s0 s1 s2 * C rounded to 8
 //
 //   xs[n][q0][q1][q2][j] = x[n][s0 q0 + a0 - p0][s1 q1 + a1 - p1][s2 (q2 + u2) + a2 - p2][c]
 //   ws[k][u0][u1][0][j]  = w[k][s0 u0 + a0][s1 u1 + a1][s2 u2 + a2][c]   (0 past R)
