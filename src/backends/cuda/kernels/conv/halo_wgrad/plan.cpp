@@ -4,19 +4,15 @@
 #include <algorithm>
 #include <limits>
 
+#include "backends/cuda/kernels/conv/own_kernel_checks.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda::halo_wgrad {
 
 std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
                                             int compute_capability, bool aligned) {
-  if (compute_capability != 90)
-    return cat("the halo wgrad is sm_90a code; compute capability ", compute_capability / 10, ".",
-               compute_capability % 10);
-  if (dtype != DType::bf16 && dtype != DType::f16)
-    return cat("the halo wgrad takes bf16 and f16, not ", dtype_name(dtype));
-  if (g.groups != 1) return std::string("the halo wgrad takes no groups");
-  if (g.spatial_rank != 2) return cat("the halo wgrad is 2-D; this is ", g.spatial_rank, "-D");
+  if (auto why = own_sm90_2d_refusal("the halo wgrad", g, dtype, compute_capability, aligned))
+    return why;
   for (int d = 1; d < 3; ++d) {
     if (g.filter[d] != 3 || g.stride[d] != 1 || g.dilation[d] != 1 || g.pad_lo[d] != 1 ||
         g.out[d] != g.in[d])
@@ -25,7 +21,6 @@ std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
   if (g.in_channels % kChannelBlock != 0 || g.out_channels % kChannelBlock != 0)
     return cat("the halo wgrad needs channels and filters in multiples of ", kChannelBlock, " (C ",
                g.in_channels, ", K ", g.out_channels, ")");
-  if (!aligned) return std::string("the halo wgrad needs 16-byte aligned operands");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   const int64_t pixels = g.batch * g.in_size();
   if (pixels * std::max(g.in_channels, g.out_channels) > kMax || pixels > kMax / 2)

@@ -81,6 +81,23 @@ CutlassLowering cutlass_lowering(ConvOp op, const ConvGeometry& g, int sm_count,
   return CutlassLowering::direct;
 }
 
+// True when the node asks for no epilogue (no bias, residual or activation).
+bool no_epilogue(const ConvEpilogueOperands& e) {
+  return e.bias == nullptr && e.residual == nullptr && !e.activation && !e.residual_activation;
+}
+
+// The CUTLASS kernels' own checks of problem `gw` and the epilogue (cutlass_conv::
+// cannot_implement, map_epilogue): true, with the epilogue in *out, where they take it.
+bool cutlass_takes(const Context& ctx, ConvOp op, const ConvGeometry& gw, DType dtype,
+                   const ConvTensors& t, const ConvEpilogueOperands& e, bool aligned,
+                   cutlass_conv::Epilogue* out) {
+  const int cc = ctx.device.properties().compute_capability();
+  return !cutlass_conv::cannot_implement(op, gw, dtype, {cc, aligned}) &&
+         !cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
+                                     t.residual != nullptr, activation_fn(e.residual_activation),
+                                     out);
+}
+
 // Records the problem on the CUTLASS Hopper kernels and returns the plan's description, or
 // nullopt (nothing recorded) where they do not take it: cutlass_conv::cannot_implement, an
 // epilogue theirs cannot compute, or CUTLASS's own can_implement refusing (said once).
@@ -99,11 +116,7 @@ std::optional<std::string> try_cutlass(Context& ctx, const Node& n, ConvOp op,
   if (lowering == CutlassLowering::im2col && op == ConvOp::dgrad && t.bias != nullptr)
     return std::nullopt;
   cutlass_conv::Epilogue epilogue;
-  if (cutlass_conv::cannot_implement(op, gw, dtype, {device.compute_capability(), aligned}) ||
-      cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
-                                 t.residual != nullptr, activation_fn(e.residual_activation),
-                                 &epilogue))
-    return std::nullopt;
+  if (!cutlass_takes(ctx, op, gw, dtype, t, e, aligned, &epilogue)) return std::nullopt;
   const cutlass_conv::Plan plan =
       cutlass_conv::make_plan(op, gw, dtype, epilogue, device.sm_count, tile);
   if (plan.zero_fill && t.bias != nullptr) return std::nullopt;  // empty phases need the bias
@@ -228,18 +241,10 @@ std::optional<std::string> try_space_to_depth(Context& ctx, const Node& n, ConvO
   if (!s) return std::nullopt;
   // The epilogue's bias, activation and residual are over y; a gradient's wide result is not
   // dx or dw yet.
-  const bool plain =
-      t.bias == nullptr && t.residual == nullptr && !e.activation && !e.residual_activation;
-  if (op != ConvOp::fprop && !plain) return std::nullopt;
+  if (op != ConvOp::fprop && !no_epilogue(e)) return std::nullopt;
   const DType dtype = t.written->dtype;
-  const DeviceProperties& device = ctx.device.properties();
   cutlass_conv::Epilogue epilogue;  // try_cutlass's checks, made before anything is recorded
-  if (cutlass_conv::cannot_implement(op, s->problem, dtype,
-                                     {device.compute_capability(), aligned}) ||
-      cutlass_conv::map_epilogue(t.bias != nullptr, activation_fn(e.activation),
-                                 t.residual != nullptr, activation_fn(e.residual_activation),
-                                 &epilogue))
-    return std::nullopt;
+  if (!cutlass_takes(ctx, op, s->problem, dtype, t, e, aligned, &epilogue)) return std::nullopt;
   std::vector<DeviceTensor> wide;  // held while recorded
   wide.reserve(3);
   auto wide_tensor = [&](const PhaseMap& m) {
@@ -309,9 +314,8 @@ std::optional<std::string> try_phase_dgrad(Context& ctx, const ConvGeometry& g,
                                            const DeviceTensor& dx, const ConvEpilogueOperands& e,
                                            bool aligned, const std::string& tile) {
   const DeviceProperties& device = ctx.device.properties();
-  const bool plain =
-      e.bias == nullptr && e.residual == nullptr && !e.activation && !e.residual_activation;
-  if (!plain || phase_dgrad::cannot_implement(g, dx.dtype, device.compute_capability(), aligned))
+  if (!no_epilogue(e) ||
+      phase_dgrad::cannot_implement(g, dx.dtype, device.compute_capability(), aligned))
     return std::nullopt;
   if (tile != phase_dgrad::kTileName && !tile.empty()) return std::nullopt;
   const phase_dgrad::Plan plan = phase_dgrad::make_plan(g, dx.dtype, device.sm_count);

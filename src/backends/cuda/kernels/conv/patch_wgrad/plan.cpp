@@ -4,19 +4,15 @@
 #include <algorithm>
 #include <limits>
 
+#include "backends/cuda/kernels/conv/own_kernel_checks.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda::patch_wgrad {
 
 std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
                                             int compute_capability, bool aligned) {
-  if (compute_capability != 90)
-    return cat("the patch wgrad is sm_90a code; compute capability ", compute_capability / 10, ".",
-               compute_capability % 10);
-  if (dtype != DType::bf16 && dtype != DType::f16)
-    return cat("the patch wgrad takes bf16 and f16, not ", dtype_name(dtype));
-  if (g.groups != 1) return std::string("the patch wgrad takes no groups");
-  if (g.spatial_rank != 2) return cat("the patch wgrad is 2-D; this is ", g.spatial_rank, "-D");
+  if (auto why = own_sm90_2d_refusal("the patch wgrad", g, dtype, compute_capability, aligned))
+    return why;
   for (int d = 1; d < 3; ++d) {
     if (g.filter[d] != kTap || g.dilation[d] != 1)
       return std::string("the patch wgrad takes 7x7 filters of dilation 1");
@@ -34,7 +30,6 @@ std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
   if ((g.out[2] - 1) * g.stride[2] + kTap > kMaxXRowPixels)
     return cat("the patch wgrad reads x rows of at most ", kMaxXRowPixels, " pixels (OW ", g.out[2],
                ", stride ", g.stride[2], ")");
-  if (!aligned) return std::string("the patch wgrad needs 16-byte aligned operands");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (g.batch * g.out_size() * g.out_channels > kMax || g.batch * g.in_size() * 4 > kMax)
     return std::string("the patch wgrad indexes tensors below 2^31 elements");

@@ -4,19 +4,15 @@
 #include <algorithm>
 #include <limits>
 
+#include "backends/cuda/kernels/conv/own_kernel_checks.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda::phase_dgrad {
 
 std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
                                             int compute_capability, bool aligned) {
-  if (compute_capability != 90)
-    return cat("the phase dgrad is sm_90a code; compute capability ", compute_capability / 10, ".",
-               compute_capability % 10);
-  if (dtype != DType::bf16 && dtype != DType::f16)
-    return cat("the phase dgrad takes bf16 and f16, not ", dtype_name(dtype));
-  if (g.groups != 1) return std::string("the phase dgrad takes no groups");
-  if (g.spatial_rank != 2) return cat("the phase dgrad is 2-D; this is ", g.spatial_rank, "-D");
+  if (auto why = own_sm90_2d_refusal("the phase dgrad", g, dtype, compute_capability, aligned))
+    return why;
   for (int d = 1; d < 3; ++d) {
     // dy's extent is then (D + pad_hi - 1) / 2 + 1 for any trailing pad: the kernel reads dy
     // at i and i + 1 within it and writes every dx position 2i + a below D.
@@ -30,7 +26,6 @@ std::optional<std::string> cannot_implement(const ConvGeometry& g, DType dtype,
   if (g.out_channels > kMaxFilterSteps * kChannelBlock)
     return cat("the phase dgrad keeps at most ", kMaxFilterSteps * kChannelBlock,
                " filters in shared memory (K ", g.out_channels, ")");
-  if (!aligned) return std::string("the phase dgrad needs 16-byte aligned operands");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (g.batch * g.in_size() * g.in_channels > kMax ||
       g.batch * g.out_size() * g.out_channels > kMax || 9 * g.in_channels * g.out_channels > kMax)
