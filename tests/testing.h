@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fusebox/core/error.h"
+#include "fusebox/core/memory.h"
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/runtime/executor.h"
@@ -82,6 +83,16 @@ class ScopedEnv {
  private:
   std::string name_;
   std::optional<std::string> old_;
+};
+
+// Sets the host memory budget's limit (core/memory.h) until the end of the scope, then puts the
+// default back.
+class ScopedHostMemoryLimit {
+ public:
+  explicit ScopedHostMemoryLimit(size_t bytes) { set_host_memory_limit(bytes); }
+  ~ScopedHostMemoryLimit() { set_host_memory_limit(std::nullopt); }
+  ScopedHostMemoryLimit(const ScopedHostMemoryLimit&) = delete;
+  ScopedHostMemoryLimit& operator=(const ScopedHostMemoryLimit&) = delete;
 };
 
 // The message of the fusebox::Error that `f` throws; otherwise a text saying what happened

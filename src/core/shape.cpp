@@ -2,11 +2,18 @@
 
 #include <sstream>
 
+#include "fusebox/core/error.h"
+
 namespace fusebox {
 
 int64_t numel(const Shape& s) {
+  // Graph values are held to kMaxTensorBytes when they are made (core/memory.h), so this
+  // cannot wrap for them; anything else that would is an error, never a wrapped count.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    FUSEBOX_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape", "the element count of ",
+                  shape_str(s), d < 0 ? " (a negative extent)" : " overflows int64");
+  }
   return n;
 }
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "fusebox/core/memory.h"
+
 namespace fusebox {
 
 namespace {
@@ -52,15 +54,13 @@ Tensor Tensor::adopt(DType dtype, Shape shape, std::shared_ptr<std::byte[]> stor
 }
 
 Tensor Tensor::empty(DType dtype, Shape shape) {
-  for (int64_t d : shape) {
-    FUSEBOX_CHECK(d >= 0, "tensor", "negative extent in shape ", shape_str(shape));
-  }
+  const TensorSize size = tensor_size_or_throw(shape, dtype, "tensor", "a tensor");
   Tensor t;
   t.dtype_ = dtype;
-  t.numel_ = fusebox::numel(shape);
+  t.numel_ = size.elements;
+  // At least one byte, so that defined() holds for empty tensors; counted by the host budget.
+  t.buffer_ = allocate_host(size.bytes, cat(dtype_name(dtype), shape_str(shape)));
   t.shape_ = std::move(shape);
-  // Always allocate at least one byte so that defined() holds for empty tensors.
-  t.buffer_ = std::shared_ptr<std::byte[]>(new std::byte[std::max<size_t>(t.nbytes(), 1)]);
   return t;
 }
 

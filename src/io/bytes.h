@@ -69,28 +69,4 @@ inline void byteswap_elements(void* data, size_t count, size_t elem_size) {
   }
 }
 
-// No tensor file describes more bytes than this; it keeps size arithmetic far from overflow.
-constexpr uint64_t kMaxTensorBytes = uint64_t(1) << 62;
-
-// The byte size of a tensor of `shape` with `elem_size`-byte elements, or false when an
-// extent is negative or the size exceeds `limit`. Zero extents are skipped in the overflow
-// check too, so that a zero-size shape read from a corrupt file cannot make numel()
-// overflow later.
-inline bool shape_nbytes(const Shape& shape, size_t elem_size, uint64_t limit, uint64_t* nbytes) {
-  uint64_t total = elem_size;
-  bool zero = false;
-  for (int64_t d : shape) {
-    if (d < 0) return false;
-    if (d == 0) {
-      zero = true;
-      continue;
-    }
-    if (uint64_t(d) > limit / total) return false;
-    total *= uint64_t(d);
-  }
-  if (total > limit) return false;
-  *nbytes = zero ? 0 : total;
-  return true;
-}
-
 }  // namespace fusebox::io

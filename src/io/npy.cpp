@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "fusebox/core/memory.h"
 #include "fusebox/io/tensor_file.h"
 #include "io/bytes.h"
 
@@ -249,9 +250,10 @@ Tensor parse_npy(const std::string& bytes, const std::string& where) {
   const size_t elem_size = dtype_size(h.dtype);
   const uint64_t data_offset = prefix_len + header_len;
   const uint64_t available = bytes.size() - data_offset;
-  uint64_t expected = 0;
-  FUSEBOX_CHECK(io::shape_nbytes(h.shape, elem_size, io::kMaxTensorBytes, &expected), where,
-                "shape ", shape_str(h.shape), " of ", dtype_name(h.dtype), " is impossibly large");
+  const std::optional<TensorSize> size = checked_tensor_size(h.shape, elem_size);
+  FUSEBOX_CHECK(size, where, "shape ", shape_str(h.shape), " of ", dtype_name(h.dtype),
+                " is impossibly large (more than ", format_bytes(kMaxTensorBytes), ")");
+  const uint64_t expected = size->bytes;
   FUSEBOX_CHECK(expected == available, where, "expected ", expected, " bytes of data (shape ",
                 shape_str(h.shape), " of ", dtype_name(h.dtype), "), file has ", available);
 

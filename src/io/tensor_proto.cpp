@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "fusebox/core/memory.h"
 #include "fusebox/io/tensor_file.h"
 #include "io/bytes.h"
 
@@ -189,10 +190,12 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& where,
   for (int64_t d : shape) {
     if (d < 0) ctx.fail("negative extent in dims ", shape_str(shape));
   }
-  uint64_t nbytes = 0;
-  if (!io::shape_nbytes(shape, dtype_size(dtype), io::kMaxTensorBytes, &nbytes)) {
-    ctx.fail("dims ", shape_str(shape), " describe an impossibly large tensor");
+  const std::optional<TensorSize> size = checked_tensor_size(shape, dtype_size(dtype));
+  if (!size) {
+    ctx.fail("dims ", shape_str(shape), " describe an impossibly large tensor (more than ",
+             format_bytes(kMaxTensorBytes), ")");
   }
+  const uint64_t nbytes = size->bytes;
 
   // Exactly one place may hold the elements: name every non-empty one.
   const bool external = p.data_location() == onnx::TensorProto::EXTERNAL;

@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "fusebox/core/memory.h"
 #include "fusebox/ir/op_info.h"
 #include "fusebox/ir/pointwise_program.h"
 
@@ -95,6 +96,19 @@ std::string node_label(const Node& n) {
   return cat(op_name(n.op), " '", n.name, "'");
 }
 
+namespace {
+
+// Every value a graph holds is held to kMaxTensorBytes (core/memory.h) where it is made: shape
+// inference multiplies extents (Expand to [2^44 + 1, 2^20], a Tile, a Resize's sizes) past what
+// memory or int64 holds, and every op's outputs are checked here alike, so that no backend
+// allocates, indexes or writes by a wrapped size.
+void check_output_sizes(const Node& n, const std::vector<TensorType>& types) {
+  for (size_t i = 0; i < types.size(); ++i)
+    tensor_size_or_throw(types[i].shape, types[i].dtype, node_label(n), cat("output ", i));
+}
+
+}  // namespace
+
 std::string Graph::unique_name(const std::string& base) {
   std::string b = base.empty() ? "v" : base;
   if (!value_names_.count(b)) return b;
@@ -123,6 +137,7 @@ ValueId Graph::add_input(const std::string& name, DType dtype, Shape shape) {
     FUSEBOX_CHECK(d >= 0, "graph " + name_, "input '", name, "' has a negative extent in ",
                   shape_str(shape));
   }
+  tensor_size_or_throw(shape, dtype, "graph " + name_, cat("input '", name, "'"));
   ValueId v = new_value(name, {dtype, std::move(shape)}, -1);
   inputs_.push_back(v);
   return v;
@@ -158,6 +173,7 @@ std::vector<ValueId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId
     in_types.push_back(values_[size_t(v)].type);
   }
   std::vector<TensorType> out_types = infer_and_normalize(n, in_types);
+  check_output_sizes(n, out_types);
   for (size_t i = 0; i < out_types.size(); ++i) {
     std::string out_name = i < output_names.size() && !output_names[i].empty()
                                ? output_names[i]
@@ -251,6 +267,7 @@ void Graph::verify() const {
     }
     Node copy = n;
     std::vector<TensorType> types = infer_and_normalize(copy, in_types);
+    check_output_sizes(n, types);
     FUSEBOX_CHECK(types.size() == n.outputs.size(), where, node_label(n), " has ", n.outputs.size(),
                   " outputs, inference gives ", types.size());
     for (size_t o = 0; o < types.size(); ++o) {

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "fusebox/backends/cpu.h"
+#include "fusebox/core/memory.h"
 #include "runtime/device_array.h"
 #include "runtime/executables.h"
 #include "runtime/io_plan.h"
@@ -36,6 +37,7 @@ class CpuExecutable final : public Executable {
     }
     stats_.nodes = graph_.nodes().size();
     for (const auto& [v, t] : graph_.constants()) stats_.constant_bytes += t.nbytes();
+    check_memory_budget();
     stats_.compile_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
@@ -57,6 +59,35 @@ class CpuExecutable final : public Executable {
     std::vector<NodeTime> times;
     run_now({}, {}, &times, repeats);
     return times;
+  }
+
+  // The most host memory a run holds at once (what the memory plan counts: every node's
+  // outputs from the node that writes them to their last reader; graph outputs to the end),
+  // against what the host budget has left: a run that cannot fit is refused now, naming its
+  // largest value, not part way through with the host's memory taken.
+  void check_memory_budget() {
+    const size_t values = graph_.values().size();
+    std::vector<size_t> bytes(values, 0);
+    for (const Node& n : graph_.nodes())
+      for (ValueId v : n.outputs) {
+        const TensorType& t = graph_.value(v).type;
+        bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
+      }
+    const MemoryPlan plan = plan_memory(graph_, life_, bytes, /*reuse=*/false);
+    stats_.arena_bytes = plan.peak_live_bytes;  // the CPU's "arena": what a run holds at most
+    stats_.unshared_bytes = plan.unshared_bytes;
+    if (plan.largest != kNoValue) {
+      stats_.largest_value = graph_.value(plan.largest).name;
+      stats_.largest_value_bytes = bytes[size_t(plan.largest)];
+    }
+    const HostMemoryStats host = host_memory_stats();
+    const size_t free = host.limit > host.in_use ? host.limit - host.in_use : 0;
+    if (plan.peak_live_bytes <= free) return;
+    throw OutOfMemory(
+        where_, cat("a run needs ", format_bytes(plan.peak_live_bytes),
+                    " of host memory for its intermediates at once (the largest, '",
+                    stats_.largest_value, "', ", format_bytes(stats_.largest_value_bytes), "), ",
+                    host_memory_summary(), "; try a smaller batch"));
   }
 
   // With `times`: each node runs `repeats` times (its outputs are new tensors each time, so
@@ -87,27 +118,13 @@ class CpuExecutable final : public Executable {
     std::vector<Tensor> outs;
     for (size_t k = 0; k < graph_.nodes().size(); ++k) {
       const Node& n = graph_.nodes()[k];
-      in_ptrs.clear();
-      for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
-      outs.clear();
-      for (ValueId v : n.outputs) {
-        const TensorType& t = graph_.value(v).type;
-        outs.push_back(Tensor::empty(t.dtype, t.shape));
-        if (options_.poison) outs.back().poison();
-      }
-      if (times == nullptr) {
-        cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
-      } else {
-        std::vector<double> ms;
-        for (int r = 0; r < repeats; ++r) {
-          const auto start = std::chrono::steady_clock::now();
-          cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
-          ms.push_back(
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                  .count());
-        }
-        std::sort(ms.begin(), ms.end());
-        times->push_back({n.name, n.op, ms[ms.size() / 2]});
+      try {
+        execute_node(n, slots, in_ptrs, outs, times, repeats);
+      } catch (const OutOfMemory& e) {
+        throw OutOfMemory(node_label(n), error_message(e));
+      } catch (const std::bad_alloc&) {  // a kernel's own scratch (a std::vector), say
+        throw OutOfMemory(node_label(n), cat("out of host memory in the kernel (std::bad_alloc), ",
+                                             host_memory_summary()));
       }
       // An output nobody reads (e.g. batch_norm's saved statistics) is dropped at once.
       for (size_t i = 0; i < n.outputs.size(); ++i)
@@ -132,6 +149,34 @@ class CpuExecutable final : public Executable {
       }
     }
     return result;
+  }
+
+  // Node `n`'s outputs into `outs`, from its inputs in `slots` (timed into `times` when given).
+  void execute_node(const Node& n, const std::vector<Tensor>& slots,
+                    std::vector<const Tensor*>& in_ptrs, std::vector<Tensor>& outs,
+                    std::vector<NodeTime>* times, int repeats) {
+    in_ptrs.clear();
+    for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
+    outs.clear();
+    for (ValueId v : n.outputs) {
+      const TensorType& t = graph_.value(v).type;
+      outs.push_back(Tensor::empty(t.dtype, t.shape));
+      if (options_.poison) outs.back().poison();
+    }
+    if (times == nullptr) {
+      cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+    } else {
+      std::vector<double> ms;
+      for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count());
+      }
+      std::sort(ms.begin(), ms.end());
+      times->push_back({n.name, n.op, ms[ms.size() / 2]});
+    }
   }
 
   void check_errors() override {}  // kernels throw where they find bad data

@@ -55,6 +55,7 @@ struct BenchArgs {
   std::string json;
   bool report = false;
   std::string dot;
+  std::string memory_limit;
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
 };
@@ -202,6 +203,7 @@ std::string mib(size_t bytes) {
 }
 
 int bench(const BenchArgs& args) {
+  apply_memory_limit(args.memory_limit);
   const bool train = args.mode == "train";
   // The training step updates its state in place: it is not profiled node by node
   // (Executable::profile refuses aliased state), nor drawn.
@@ -301,6 +303,7 @@ Command add_bench_command(CLI::App& parent) {
                 "each node's time (the slowest nodes with what ran, the time by op)");
   app->add_option("--dot", args->dot, "Inference: write the fused graph as Graphviz to FILE")
       ->type_name("FILE");
+  add_memory_limit_option(*app, &args->memory_limit);
   return {app, [args] { return bench(*args); }};
 }
 

@@ -36,6 +36,7 @@ struct RunArgs {
   bool report = false;
   bool autotune = false;
   std::string dot;
+  std::string memory_limit;
 };
 
 // Imports with the --shape shapes. A model with symbolic dims may need the shapes of
@@ -77,6 +78,7 @@ void write_outputs(const Graph& g, const NamedTensors& outputs, const std::strin
 }
 
 int run(const RunArgs& args) {
+  apply_memory_limit(args.memory_limit);
   // Inputs given as files; their shapes also fix symbolic dims in the model.
   NamedTensors given;
   std::map<std::string, std::string> given_paths;
@@ -190,6 +192,7 @@ Command add_run_command(CLI::App& parent) {
   app->add_flag("--autotune", args->autotune,
                 "Time cuDNN's candidate plans for each convolution and keep the fastest "
                 "(as FUSEBOX_AUTOTUNE=1; tuned plans go to the disk plan cache)");
+  add_memory_limit_option(*app, &args->memory_limit);
   return {app, [args] { return run(*args); }};
 }
 

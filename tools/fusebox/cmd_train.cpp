@@ -28,6 +28,7 @@ namespace {
 
 struct TrainArgs {
   std::string model;
+  std::string memory_limit;
   std::string loss = "cross_entropy";
   std::string optimizer = "sgd";
   double lr = 0;
@@ -251,6 +252,7 @@ void check_parameters_agree(DataParallelRun& run, const TrainingSession& session
 }
 
 int train(const TrainArgs& args) {
+  apply_memory_limit(args.memory_limit);
   if (args.gpus > 1) return launch_ranks(args);
   if (args.loss != "cross_entropy")
     throw UsageError(cat("unknown --loss '", args.loss, "': only cross_entropy is supported"));
@@ -552,6 +554,7 @@ Command add_train_command(CLI::App& parent) {
                 "Data parallel: batch norms use the statistics of the whole step's batch (all "
                 "GPUs), as PyTorch's SyncBatchNorm: each exchanges its per-channel totals, one "
                 "small all-gather forward and one backward (docs/distributed.md)");
+  add_memory_limit_option(*app, &args->memory_limit);
   return {app, [args] { return train(*args); }};
 }
 

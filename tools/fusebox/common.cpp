@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "fusebox/core/memory.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 
@@ -36,6 +37,30 @@ void add_shape_option(CLI::App& app, std::vector<std::string>* specs) {
                  "Concrete shape for an input with symbolic dims, e.g. input=1,3,224,224 "
                  "(repeatable)")
       ->type_name("NAME=DIMS");
+}
+
+void add_memory_limit_option(CLI::App& app, std::string* limit) {
+  app.add_option("--memory-limit", *limit,
+                 "The most memory the command may take, e.g. 8G: host memory for tensors and, on "
+                 "CUDA, each GPU's memory (as FUSEBOX_CPU_MEMORY_LIMIT and "
+                 "FUSEBOX_CUDA_MEMORY_LIMIT); past it, an error naming what asked. Default: 90% "
+                 "of the host's memory, all of each GPU's")
+      ->type_name("BYTES");
+}
+
+void apply_memory_limit(const std::string& limit) {
+  if (limit.empty()) return;
+  size_t bytes = 0;
+  try {
+    bytes = parse_byte_count(limit, "--memory-limit");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  // Through the variables too: the CUDA backend reads its settings once, from the
+  // environment, and data-parallel ranks inherit it.
+  setenv("FUSEBOX_CPU_MEMORY_LIMIT", limit.c_str(), 1);
+  setenv("FUSEBOX_CUDA_MEMORY_LIMIT", limit.c_str(), 1);
+  set_host_memory_limit(bytes);
 }
 
 std::pair<std::string, std::string> split_assignment(const std::string& spec,

@@ -49,6 +49,10 @@ Graph load_model_argument(const std::string& model, const std::vector<std::strin
 // Adds the repeatable "--shape NAME=D0,D1,..." option (concrete shapes for inputs
 // whose ONNX shapes have symbolic dims).
 void add_shape_option(CLI::App& app, std::vector<std::string>* specs);
+// Adds "--memory-limit BYTES" (512M, 8G, ...); apply_memory_limit sets it, for the host and
+// the GPUs, before anything is allocated (a malformed value is a UsageError).
+void add_memory_limit_option(CLI::App& app, std::string* limit);
+void apply_memory_limit(const std::string& limit);
 // Parses the --shape values; a malformed one is a UsageError.
 std::map<std::string, Shape> parse_shape_specs(const std::vector<std::string>& specs);
 // Splits "NAME=VALUE" at the first '='; `option` names the option for the error.

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "common.h"
+#include "fusebox/core/memory.h"
 
 int main(int argc, char** argv) {
   using namespace fusebox::cli;
@@ -22,6 +23,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version arrive here too, with exit code 0.
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::bad_alloc&) {
+    // Tensors are counted by the host budget and name themselves when refused; this is memory
+    // beyond them (a library's own), so say what is known.
+    std::cerr << "fusebox: error: out of memory outside fusebox's tensors (std::bad_alloc), "
+              << fusebox::host_memory_summary() << "\n";
   } catch (const std::exception& e) {  // fusebox::Error, and anything else the libraries throw
     std::cerr << "fusebox: error: " << e.what() << "\n";
   }

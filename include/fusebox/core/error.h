@@ -28,10 +28,17 @@ class Error : public std::runtime_error {
   std::string where_;
 };
 
+// Memory refused: a budget (core/memory.h, the CUDA allocator's limit) or the system. An Error
+// of its own type so that a caller that knows more (the node being run) can say so.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace fusebox
 
 // FUSEBOX_CHECK(cond, where, message parts...) throws fusebox::Error("where", cat(parts...)).
-#define FUSEBOX_CHECK(cond, where, ...)                        \
-  do {                                                         \
+#define FUSEBOX_CHECK(cond, where, ...)                                        \
+  do {                                                                         \
     if (!(cond)) throw ::fusebox::Error((where), ::fusebox::cat(__VA_ARGS__)); \
   } while (0)

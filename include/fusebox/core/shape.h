@@ -9,7 +9,9 @@ namespace fusebox {
 
 using Shape = std::vector<int64_t>;
 
-int64_t numel(const Shape& s);             // 1 for a scalar (rank 0)
+// 1 for a scalar (rank 0); an Error for a negative extent or a count past int64 (sizes with a
+// bound and bytes: checked_tensor_size, core/memory.h).
+int64_t numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);  // row-major, in elements
 std::string shape_str(const Shape& s);     // "[2, 3, 4]"
 // The position of flat (row-major) index i in `shape`, as "[1, 0, 2]" (for messages).

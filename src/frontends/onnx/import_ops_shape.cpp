@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "frontends/onnx/import_context.h"
+#include "fusebox/core/memory.h"
 #include "io/bytes.h"
 #include "io/tensor_proto.h"
 
@@ -232,8 +233,7 @@ void import_constant_of_shape(NodeContext& c) {
       c.attrs().fail("value", cat("must hold one element, got shape ", shape_str(v.shape())));
     value = v.get(0);
   }
-  uint64_t nbytes = 0;
-  c.check(io::shape_nbytes(shape, dtype_size(dtype), kMaxKnownTensorBytes, &nbytes),
+  c.check(checked_tensor_size(shape, dtype_size(dtype), kMaxKnownTensorBytes).has_value(),
           "input 0 (shape) ", shape_str(shape), " must be non-negative and at most ",
           kMaxKnownTensorBytes, " bytes of ", dtype_name(dtype));
   c.set_output(0, Tensor::full(dtype, shape, value));
@@ -380,7 +380,10 @@ void import_tile(NodeContext& c) {
     c.check(repeats[d] >= 0, "input 1 (repeats) has a negative repeat ", repeats[d]);
     spread.insert(spread.end(), {1, x[d]});
     expanded.insert(expanded.end(), {repeats[d], x[d]});
-    out.push_back(repeats[d] * x[d]);
+    int64_t extent = 0;
+    c.check(!__builtin_mul_overflow(repeats[d], x[d], &extent), "dim ", d, " repeated ", repeats[d],
+            " times overflows int64");
+    out.push_back(extent);
   }
   const ValueId s = c.emit1(OpKind::reshape, ReshapeAttrs{spread, true}, {c.input(0)}, "spread");
   const ValueId e = c.emit1(OpKind::expand, ExpandAttrs{expanded}, {s}, "repeat");
@@ -584,8 +587,7 @@ void import_trilu(NodeContext& c) {
   }
   const bool upper = c.attrs().get_int("upper", 1) != 0;
   const int64_t m = x[x.size() - 2], n = x[x.size() - 1];
-  uint64_t nbytes = 0;
-  c.check(io::shape_nbytes({m, n}, 1, kMaxKnownTensorBytes, &nbytes), "its [", m, ", ", n,
+  c.check(checked_tensor_size({m, n}, 1, kMaxKnownTensorBytes).has_value(), "its [", m, ", ", n,
           "] mask would pass ", kMaxKnownTensorBytes, " bytes");
   Tensor mask = Tensor::empty(DType::boolean, {m, n});
   for (int64_t i = 0; i < m; ++i)

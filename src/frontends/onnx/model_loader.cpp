@@ -19,6 +19,7 @@
 #include <set>
 
 #include "frontends/onnx/import_context.h"
+#include "fusebox/core/memory.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 #include "io/bytes.h"
@@ -242,11 +243,9 @@ class Loader {
     }
     for (int64_t e : type.shape)
       check(e >= 0, "graph input '", name, "' has a negative extent in ", shape_str(type.shape));
-    // Element counts are int64 everywhere; refuse shapes whose byte size overflows.
-    uint64_t nbytes = 0;
-    check(io::shape_nbytes(type.shape, dtype_size(type.dtype), uint64_t(1) << 62, &nbytes),
-          "graph input '", name, "' has the shape ", shape_str(type.shape),
-          ", too large to allocate");
+    check(checked_tensor_size(type.shape, dtype_size(type.dtype)).has_value(), "graph input '",
+          name, "' has the shape ", shape_str(type.shape), ", more than the ",
+          format_bytes(kMaxTensorBytes), " one tensor may hold");
     return type;
   }
 

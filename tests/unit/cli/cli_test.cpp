@@ -1,6 +1,7 @@
 // The fusebox command-line tool, end to end through the built binary.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -211,6 +212,27 @@ TEST_F(Cli, BadInputFileIsAnError) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err.rfind("fusebox: error: ", 0), 0u) << r.err;
   EXPECT_TRUE(contains(r.err, "'input'")) << r.err;
+}
+
+// --memory-limit (run, bench, train): what does not fit is one line naming what asked, the
+// bytes and the limit, never a bare std::bad_alloc or the OOM killer; a malformed value is a
+// usage error.
+TEST_F(Cli, MemoryLimitIsEnforcedByNameAndChecked) {
+  const std::string model = make_small_cnn();
+  ToolResult r = tool(cat("run '", model, "' --memory-limit 2K"));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("fusebox: error: [host memory] out of host memory: f32[", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, "of the 2.0 KiB host memory limit")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+
+  r = tool(cat("run '", model, "' --memory-limit 64M"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  for (const char* command : {"run", "bench", "train"}) {
+    r = tool(cat(command, " '", model, "' --memory-limit 5x"));
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, "--memory-limit='5x' is not a byte count")) << r.err;
+  }
 }
 
 TEST_F(Cli, MissingModelIsAnError) {

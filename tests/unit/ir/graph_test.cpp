@@ -18,6 +18,35 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// Every node's outputs are held to kMaxTensorBytes where they are made, whatever the op: an
+// expand to [2^44 + 1, 2^20] (2^66 bytes of f32, which wraps 2^64 to 4 MiB) is refused when
+// the node is added, naming the node, the shape and the limit; so is a graph input.
+TEST(Graph, ValuesPastTheTensorLimitAreRefusedWhereTheyAreMade) {
+  Graph g("net");
+  const ValueId x = g.add_input("x", DType::f32, {1, 1});
+  const std::string message = error_message([&] {
+    g.add_node(OpKind::expand, ExpandAttrs{{(int64_t(1) << 44) + 1, int64_t(1) << 20}}, {x}, "big");
+  });
+  EXPECT_TRUE(contains(message, "[expand 'big'] output 0 would be f32[17592186044417, 1048576]"))
+      << message;
+  EXPECT_TRUE(contains(message, "1.0 TiB one tensor may hold")) << message;
+  EXPECT_EQ(g.nodes().size(), 0u);  // nothing was added
+  // Within the limit, and empty but with extents whose product passes it.
+  EXPECT_NO_THROW(g.add_node(OpKind::expand, ExpandAttrs{{1024, 1024}}, {x}, "fine"));
+  const ValueId empty = g.add_input("empty", DType::f32, {0, 1});
+  const std::string wide = error_message([&] {
+    g.add_node(OpKind::expand, ExpandAttrs{{0, int64_t(1) << 30, int64_t(1) << 20}}, {empty},
+               "wide");
+  });
+  EXPECT_TRUE(contains(wide, "[expand 'wide'] output 0 would be f32[0, 1073741824, 1048576]"))
+      << wide;
+  EXPECT_TRUE(contains(wide, "over its nonzero extents")) << wide;
+  EXPECT_TRUE(contains(error_message([&] {
+                         g.add_input("huge", DType::bf16, {int64_t(1) << 62, 4});
+                       }),
+                       "[graph net] input 'huge' would be bf16[4611686018427387904, 4]"));
+}
+
 struct SmallCnn {
   Graph g{"net"};
   ValueId x, conv, pool, logits, probs;

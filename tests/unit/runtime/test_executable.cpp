@@ -193,6 +193,38 @@ TEST_P(Executables, ProfileTimesEachNodeAndComputesTheRunsOutputs) {
 INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),
                          [](const auto& info) { return std::string(device_name(info.param)); });
 
+// The host memory budget on the CPU backend: a step whose intermediates cannot fit what the
+// budget has left is refused at compile time, naming its need and largest value; an allocation
+// refused part way through a run names the node; nothing of the refused run remains counted.
+TEST(CpuExecutable, HostMemoryBudgetRefusesByNameAndKeepsNothing) {
+  constexpr size_t MiB = size_t(1) << 20;
+  Graph g = chain_graph(2, int64_t(MiB / 4));  // x [256 Ki] f32: each value 1 MiB
+  const NamedTensors feeds = chain_feeds(int64_t(MiB / 4), 3);
+  const size_t in_use = host_memory_stats().in_use;
+  {
+    // Two node outputs live at once (a node's input and output): 2 MiB, 1.5 left.
+    ScopedHostMemoryLimit limit(in_use + 3 * MiB / 2);
+    expect_error(
+        [&] { Executable::compile(g, {.device = Device::cpu}); },
+        {"[run chain] a run needs 2.0 MiB of host memory", "1.0 MiB)", "host memory limit"});
+  }
+  auto exe = Executable::compile(g, {.device = Device::cpu});
+  const Tensor want = exe->run(feeds).at("y");
+  {
+    ScopedHostMemoryLimit limit(host_memory_stats().in_use + MiB / 2);
+    try {
+      exe->run(feeds);
+      ADD_FAILURE() << "a run past the host memory limit succeeded";
+    } catch (const OutOfMemory& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("[add 'add_0'] out of host memory: f32[262144] needs 1.0 MiB", 0), 0u)
+          << message;
+    }
+  }
+  EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want, 0, 0));
+  EXPECT_LE(host_memory_stats().in_use, in_use + 4 * MiB);  // the executable's outputs, feeds
+}
+
 TEST(CudaExecutable, ARunRecordsNothing) {
   FUSEBOX_RUNTIME_REQUIRE_GPU();
   cuda::CommandEncoder& encoder = cuda::CommandEncoder::for_device(0);

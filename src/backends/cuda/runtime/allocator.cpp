@@ -8,9 +8,9 @@
 
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
-#include "backends/cuda/runtime/env.h"
 #include "backends/cuda/runtime/settings.h"
 #include "fusebox/core/error.h"
+#include "fusebox/core/memory.h"
 
 namespace fusebox::cuda {
 namespace detail {
@@ -217,7 +217,7 @@ DeviceBuffer CachingAllocator::allocate(size_t bytes) {
   if (void* ptr = pool.take_cached(rounded, block_bytes)) return hand_out(ptr, block_bytes);
   pool.release_cache();
   if (void* ptr = pool.device_malloc(rounded, failure)) return hand_out(ptr, rounded);
-  throw Error("cuda", pool.out_of_memory_message(bytes, rounded, failure));
+  throw OutOfMemory("cuda", pool.out_of_memory_message(bytes, rounded, failure));
 }
 
 void CachingAllocator::release_cache() {

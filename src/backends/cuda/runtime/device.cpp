@@ -3,8 +3,8 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cuda/runtime/env.h"
 #include "fusebox/core/error.h"
+#include "fusebox/core/memory.h"
 
 namespace fusebox::cuda {
 namespace {

@@ -124,7 +124,7 @@ const char* conv_subsample_name(ConvSubsample s) {
 BackendSettings BackendSettings::from_env() {
   BackendSettings s;
   if (auto text = env_text("FUSEBOX_CUDA_MEMORY_LIMIT"))
-    s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT");
+    s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT", "cuda");
   read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
   read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
   s.cache_dir = cache_dir_from_env();

@@ -1,15 +1,18 @@
 #include "backends/cuda/runtime/tensor.h"
 
+#include "fusebox/core/memory.h"
+
 namespace fusebox::cuda {
 
 DeviceTensor DeviceTensor::empty(CachingAllocator& alloc, DType dtype, Shape shape,
                                  MemoryFormat format) {
+  const TensorSize size = tensor_size_or_throw(shape, dtype, "cuda", "a device tensor");
   DeviceTensor t;
   t.dtype = dtype;
   t.strides = strides_for(shape, format);
   t.shape = std::move(shape);
   // A zero-size tensor still gets a (tiny) buffer so that ranges and pointers are valid.
-  t.buffer = alloc.allocate(std::max<size_t>(t.nbytes(), 1));
+  t.buffer = alloc.allocate(std::max<size_t>(size.bytes, 1));
   return t;
 }
 

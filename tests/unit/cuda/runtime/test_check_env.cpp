@@ -59,24 +59,8 @@ TEST(CudaCheck, LibraryStatusesAreNamed) {
   EXPECT_NO_THROW(FUSEBOX_CUDNN_CHECK(CUDNN_STATUS_SUCCESS));
 }
 
-TEST(CudaEnv, ByteCounts) {
-  EXPECT_EQ(parse_byte_count("1", "X"), 1u);
-  EXPECT_EQ(parse_byte_count("4096", "X"), 4096u);
-  EXPECT_EQ(parse_byte_count("4K", "X"), 4096u);
-  EXPECT_EQ(parse_byte_count("4k", "X"), 4096u);
-  EXPECT_EQ(parse_byte_count("512M", "X"), size_t(512) << 20);
-  EXPECT_EQ(parse_byte_count("2G", "X"), size_t(2) << 30);
-  EXPECT_EQ(parse_byte_count("3g", "X"), size_t(3) << 30);
-  for (const char* bad : {"", "G", "abc", "12X", "-5", "1.5G", " 5", "5 ", "5GB", "0", "0K",
-                          "99999999999999999999", "99999999999G"}) {
-    std::string message = error_of([&] { parse_byte_count(bad, "FUSEBOX_CUDA_MEMORY_LIMIT"); });
-    EXPECT_NE(message.find(std::string("FUSEBOX_CUDA_MEMORY_LIMIT='") + bad + "'"),
-              std::string::npos)
-        << "'" << bad << "' gave: " << message;
-  }
-}
-
-TEST(CudaEnv, CountsSwitchesAndSizes) {
+// Byte counts (parse_byte_count, format_bytes) are core's: tests/unit/core/test_memory.cpp.
+TEST(CudaEnv, CountsAndSwitches) {
   EXPECT_EQ(parse_count("0", "X"), 0u);
   EXPECT_EQ(parse_count("64", "X"), 64u);
   EXPECT_FALSE(error_of([] { parse_count("-1", "X"); }).empty());
@@ -87,11 +71,6 @@ TEST(CudaEnv, CountsSwitchesAndSizes) {
               parse_switch("yes", "FUSEBOX_CUDA_GRAPHS");
             }).find("FUSEBOX_CUDA_GRAPHS='yes' must be 0 or 1"),
             std::string::npos);
-  EXPECT_EQ(format_bytes(0), "0 B");
-  EXPECT_EQ(format_bytes(1023), "1023 B");
-  EXPECT_EQ(format_bytes(1024), "1.0 KiB");
-  EXPECT_EQ(format_bytes(size_t(256) << 20), "256.0 MiB");
-  EXPECT_EQ(format_bytes((size_t(3) << 30) / 2), "1.5 GiB");
 }
 
 TEST(CudaEnv, MemoryLimitFromEnvironment) {

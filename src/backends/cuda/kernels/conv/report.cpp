@@ -4,7 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "backends/cuda/runtime/env.h"
+#include "fusebox/core/memory.h"
 
 namespace fusebox::cuda {
 
