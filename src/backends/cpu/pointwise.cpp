@@ -42,8 +42,10 @@ I wrapping_neg(I v) {
 template <class T>
 void clip(const Node& n, const Tensor& x, Tensor& y) {
   const auto& a = std::get<ClipAttrs>(n.attrs);
-  auto [lo, hi] = clip_bounds<T>(a.min, a.max);
-  map_unary<T>(x, y, [lo, hi](T v) { return std::min(std::max(v, lo), hi); });
+  // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one.
+  const std::pair<T, T> bounds = clip_bounds<T>(a.min, a.max);
+  map_unary<T>(
+      x, y, [lo = bounds.first, hi = bounds.second](T v) { return std::min(std::max(v, lo), hi); });
 }
 
 // The formulas are pointwise_math.h's, shared with fused_pointwise.

@@ -96,8 +96,10 @@ bool with_float_unary(const PointwiseInstr& ins, Use&& use) {
       return call([](C v) { return std::nearbyint(v); });
     case OpKind::clip: {
       // numpy clip: min(max(x, lo), hi), so lo > hi gives hi; NaN stays NaN.
-      const auto [lo, hi] = clip_bounds<C>(ins.min, ins.max);
-      return call([lo, hi](C v) { return std::min(std::max(v, lo), hi); });
+      // Not a structured binding: clang before 16 (the fuzz build's) cannot capture one.
+      const std::pair<C, C> bounds = clip_bounds<C>(ins.min, ins.max);
+      return call(
+          [lo = bounds.first, hi = bounds.second](C v) { return std::min(std::max(v, lo), hi); });
     }
     default:
       return false;
