@@ -9,12 +9,13 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: compilers and build tools, test/bench libraries, protobuf +
 # ONNX (the importer's proto classes and the ONNX node test data), CLI11, zlib, Open MPI
-# (the CPU backend's data-parallel collectives and their tests, docs/distributed.md).
+# (the CPU backend's data-parallel collectives and their tests, docs/distributed.md), clang
+# with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, docs/fuzzing.md).
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git unzip
           libgtest-dev libgmock-dev libbenchmark-dev
           libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
           libcli11-dev zlib1g-dev clang-format python3-pip python3-venv
-          openmpi-bin libopenmpi-dev)
+          openmpi-bin libopenmpi-dev clang libclang-rt-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
