@@ -48,30 +48,36 @@ bool failed(int status) {
   return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
 }
 
-// SIGINT while the ranks run (Ctrl-C reaches the launcher's process group only: each rank
-// leads its own): forwarded to every rank, which stops after a step all ranks agree on.
-volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_launcher_interrupt(int) {
-  g_interrupted = 1;
+// SIGINT or SIGTERM while the ranks run (Ctrl-C reaches the launcher's process group only:
+// each rank leads its own; a scheduler pre-empting the job sends SIGTERM): the first is
+// forwarded to every rank, which stops after a step all ranks agree on.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_launcher_stop_signal(int signal) {
+  if (g_stop_signal == 0) g_stop_signal = signal;
 }
 
-// Installs on_launcher_interrupt for SIGINT (before the first fork: no SIGINT is lost; a child's
-// exec resets it to the default), and puts the previous action back.
-class ForwardInterrupts {
+// Installs on_launcher_stop_signal for SIGINT and SIGTERM (before the first fork: no signal is
+// lost; a child's exec resets them to the default), and puts the previous actions back.
+class ForwardStopSignals {
  public:
-  ForwardInterrupts() {
-    g_interrupted = 0;
+  ForwardStopSignals() {
+    g_stop_signal = 0;
     struct sigaction action {};
-    action.sa_handler = on_launcher_interrupt;
+    action.sa_handler = on_launcher_stop_signal;
     ::sigemptyset(&action.sa_mask);
-    ::sigaction(SIGINT, &action, &previous_);
+    ::sigaction(SIGINT, &action, &previous_interrupt_);
+    ::sigaction(SIGTERM, &action, &previous_terminate_);
   }
-  ~ForwardInterrupts() { ::sigaction(SIGINT, &previous_, nullptr); }
-  ForwardInterrupts(const ForwardInterrupts&) = delete;
-  ForwardInterrupts& operator=(const ForwardInterrupts&) = delete;
+  ~ForwardStopSignals() {
+    ::sigaction(SIGINT, &previous_interrupt_, nullptr);
+    ::sigaction(SIGTERM, &previous_terminate_, nullptr);
+  }
+  ForwardStopSignals(const ForwardStopSignals&) = delete;
+  ForwardStopSignals& operator=(const ForwardStopSignals&) = delete;
 
  private:
-  struct sigaction previous_ {};
+  struct sigaction previous_interrupt_ {};
+  struct sigaction previous_terminate_ {};
 };
 
 }  // namespace
@@ -108,7 +114,7 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
   args.push_back(nullptr);
   const pid_t parent = ::getpid();
 
-  const ForwardInterrupts forwarding;
+  const ForwardStopSignals forwarding;
   std::map<pid_t, int> running;  // pid -> rank
   // Each rank leads a process group of its own: stopping it stops what it started too.
   auto stop_all = [&](int sig) {
@@ -148,9 +154,10 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
       const int rank = it->second;
       it = running.erase(it);
       if (pid < 0) continue;  // not waitable (gone already): nothing to report
-      // After a forwarded SIGINT a rank ends with 130 (128 + SIGINT: it stopped and, rank 0,
-      // wrote its checkpoint), which is no failure.
-      const bool stopped = result.interrupted && WIFEXITED(status) && WEXITSTATUS(status) == 130;
+      // After a forwarded SIGINT (SIGTERM) a rank ends with 130 (143): 128 + the signal, it
+      // stopped and, rank 0, wrote its checkpoint; which is no failure.
+      const bool stopped = result.stop_signal != 0 && WIFEXITED(status) &&
+                           WEXITSTATUS(status) == 128 + result.stop_signal;
       if (failed(status) && !stopped && result.ok) {
         result.ok = false;
         result.failed_rank = rank;
@@ -162,9 +169,9 @@ LaunchResult launch_local(int world, const std::vector<std::string>& argv,
       }
     }
     if (running.empty()) break;
-    if (g_interrupted && !result.interrupted) {
-      result.interrupted = true;
-      stop_all(SIGINT);
+    if (g_stop_signal != 0 && result.stop_signal == 0) {
+      result.stop_signal = g_stop_signal;
+      stop_all(result.stop_signal);
     }
     // Stopping after a failure: SIGKILL to what is left after the grace period.
     if (std::chrono::steady_clock::now() >= deadline) {

@@ -136,4 +136,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   return parse_checkpoint(read_file(path), "checkpoint: " + path);
 }
 
+std::vector<std::string> prepare_checkpoint_path(const std::string& path) {
+  check_writable(path, "checkpoint: " + path);
+  return remove_stale_temporaries(path);
+}
+
 }  // namespace fusebox

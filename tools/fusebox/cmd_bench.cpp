@@ -211,6 +211,8 @@ int bench(const BenchArgs& args) {
     throw UsageError(
         "--report and --dot are for --mode infer; the training step is not "
         "profiled node by node yet");
+  // The figures' file is checked before the minutes of benchmarking, not after.
+  if (!args.json.empty()) check_writable(args.json, "--json " + args.json);
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
@@ -282,20 +284,20 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--mode", args->mode, "infer (default) or train")
       ->check(CLI::IsMember({"infer", "train"}));
   app->add_option("--batch", args->batch, "Images per step (zoo models); default 32")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--precision", args->precision,
                   "f32, tf32 (default), bf16 or f16 (see docs/mixed_precision.md)")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   app->add_option("--device", args->device, "cpu, cuda, or auto (default)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app->add_option("--steps", args->steps, "Timed steps (each of the two passes); default 30")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--warmup", args->warmup, "Untimed steps after the first; default 5")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_range(0));
   app->add_option("--image-size", args->image_size, "Zoo models; default 224")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--num-classes", args->num_classes, "Zoo models; default 1000")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   add_shape_option(*app, &args->shapes);
   app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
   app->add_flag("--report", args->report,

@@ -178,7 +178,8 @@ Command add_run_command(CLI::App& parent) {
   app->add_option("--output-dir", args->output_dir,
                   "Write each output to DIR/<name>.npy (name sanitised to [A-Za-z0-9._-])")
       ->type_name("DIR");
-  app->add_option("--seed", args->seed, "Seed for the random inputs; default 0");
+  app->add_option("--seed", args->seed, "Seed for the random inputs; default 0")
+      ->check(seed_number());
   app->add_flag(
       "--report", args->report,
       "After the run, list the fusion groups and what each became (cuDNN graph, "

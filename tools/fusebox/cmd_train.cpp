@@ -5,23 +5,25 @@
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string_view>
 
 #include "common.h"
 #include "fusebox/dist/launcher.h"
+#include "fusebox/train/checkpoint.h"
 #include "fusebox/train/data.h"
 #include "fusebox/train/data_parallel.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
+#include "stop_signals.h"
 
 namespace fusebox::cli {
 namespace {
@@ -59,31 +61,6 @@ struct TrainArgs {
   // Which options were given (CLI11 fills these after parsing).
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
-};
-
-// Ctrl-C (SIGINT) while training: the steps queued finish, the checkpoint (when one is
-// asked for) is written and train exits with 130. Further SIGINTs change nothing (a signal
-// sent to the process group, as `timeout` does, arrives twice); SIGTERM or SIGKILL stop at
-// once, and the checkpoint on disk is whole either way (written by rename).
-volatile std::sig_atomic_t g_interrupted = 0;
-
-extern "C" void on_interrupt(int) {
-  g_interrupted = 1;
-}
-
-bool interrupted() {
-  return g_interrupted != 0;
-}
-
-// Installs on_interrupt for the training loop; the default action again afterwards.
-struct InterruptGuard {
-  InterruptGuard() {
-    g_interrupted = 0;
-    std::signal(SIGINT, on_interrupt);
-  }
-  ~InterruptGuard() { std::signal(SIGINT, SIG_DFL); }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
 };
 
 // The optimizer: the checkpoint's when resuming, else the defaults of --optimizer; then
@@ -210,12 +187,13 @@ int launch_ranks(const TrainArgs& args) {
     argv.push_back(own[i]);
   }
   const dist::LaunchResult r = dist::launch_local(args.gpus, argv);
+  const char* signal = signal_name(r.stop_signal);
   if (!r.ok)
-    throw Error("fusebox train",
-                cat("--gpus ", args.gpus, ": ", r.why, r.interrupted ? " (after SIGINT)" : ""));
-  if (r.interrupted) {
-    std::cout << "interrupted (SIGINT): every rank stopped after the same step\n";
-    return 128 + SIGINT;
+    throw Error("fusebox train", cat("--gpus ", args.gpus, ": ", r.why,
+                                     r.stop_signal != 0 ? cat(" (after ", signal, ")") : ""));
+  if (r.stop_signal != 0) {
+    std::cout << "interrupted (" << signal << "): every rank stopped after the same step\n";
+    return 128 + r.stop_signal;
   }
   return 0;
 }
@@ -251,6 +229,22 @@ void check_parameters_agree(DataParallelRun& run, const TrainingSession& session
   dist::wait_for_ranks(*run.store, run.env.rank, run.env.world_size, "parameters checked");
 }
 
+// The run's last step, and the positions in the batch stream up to it ((step x world + rank) x
+// batch: shard_batch_index, BatchSampler), must count in 64 bits: a resumed checkpoint's step
+// count plus --steps too large is an error naming the file, not a run that overflows.
+void check_step_count(const TrainArgs& args, int64_t batch, int world, const Checkpoint* resume) {
+  const int64_t most = std::numeric_limits<int64_t>::max() / batch / world - 1;
+  const std::string limit =
+      cat("the last step a run can reach (batch ", batch,
+          world > 1 ? cat(" on each of ", world, " ranks") : "", ") is ", most);
+  if (!resume) {
+    if (args.steps > most) throw UsageError(cat("--steps ", args.steps, " is too many: ", limit));
+    return;
+  }
+  FUSEBOX_CHECK(args.steps <= most - resume->step, "checkpoint: " + args.resume, "its step count ",
+                resume->step, " plus --steps ", args.steps, " is too many: ", limit);
+}
+
 int train(const TrainArgs& args) {
   apply_memory_limit(args.memory_limit);
   if (args.gpus > 1) return launch_ranks(args);
@@ -263,7 +257,8 @@ int train(const TrainArgs& args) {
   if (args.given("--samples") && !args.synthetic)
     throw UsageError("--samples applies to --synthetic only");
   // The data-parallel options would change nothing in one process: refused, not ignored.
-  if (!dist::DistEnv::from_env()) {
+  const std::optional<dist::DistEnv> rank_env = dist::DistEnv::from_env();
+  if (!rank_env) {
     for (const char* option : {"--sync-bn", "--bucket-mb", "--reduce-dtype"})
       if (args.given(option))
         throw UsageError(cat(option,
@@ -271,6 +266,12 @@ int train(const TrainArgs& args) {
                              "started with the FUSEBOX_* rendezvous variables)"));
   }
 
+  // Before anything is loaded or compiled: a run that could not save its checkpoint fails now,
+  // not after its training. (Rank 0 alone writes it.)
+  if (!args.checkpoint.empty() && (!rank_env || rank_env->rank == 0)) {
+    for (const std::string& stale : prepare_checkpoint_path(args.checkpoint))
+      std::cout << "removed " << stale << " (left by a killed run)\n";
+  }
   std::optional<Checkpoint> resume;
   if (!args.resume.empty()) resume = load_checkpoint(args.resume);
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
@@ -330,12 +331,14 @@ int train(const TrainArgs& args) {
   // A rank of a data-parallel run (--gpus, or a scheduler's variables): rank 0 speaks, writes
   // checkpoints and reports the run's throughput; the loss is the ranks' mean.
   std::optional<DataParallelRun> parallel = join_data_parallel_run(device, run_signature(args));
-  // A rank takes the launcher's forwarded SIGINT from here on (even while compiling), so that
-  // every rank stops after the same step.
-  std::optional<InterruptGuard> interrupt_guard;
-  if (parallel) interrupt_guard.emplace();
+  // A rank takes SIGINT and SIGTERM (the launcher forwards them) from here on, even while
+  // compiling, so that every rank stops after the same step. One process takes them from its
+  // first step: before it, a signal ends the run at once, with nothing trained to save.
+  std::optional<StopSignals> stop_signals;
+  if (parallel) stop_signals.emplace();
   const int rank = parallel ? parallel->env.rank : 0;
   const int world = parallel ? parallel->env.world_size : 1;
+  check_step_count(args, batch, world, resume ? &*resume : nullptr);
   std::ostringstream quiet;
   std::ostream& out = rank == 0 ? std::cout : quiet;
   SessionOptions session_options{.device = device, .precision = precision};
@@ -412,7 +415,7 @@ int train(const TrainArgs& args) {
                                   " ", unit, "/s"));
     }
   };
-  if (!interrupt_guard) interrupt_guard.emplace();
+  if (!stop_signals) stop_signals.emplace();
   auto take_step = [&] {
     const int64_t taking = session.step_count() + 1;  // the step being queued
     const int64_t index = shard_batch_index(session.step_count(), rank, world);
@@ -430,10 +433,11 @@ int train(const TrainArgs& args) {
       if (rank == 0) session.save(args.checkpoint);
     }
   };
-  while (session.step_count() < last && !interrupted()) take_step();
-  // Data parallel: the launcher forwarded SIGINT to every rank; they stop after one step (the
-  // most any has queued), so that none waits in a collective for a step a peer never takes.
-  if (parallel && interrupted()) {
+  while (session.step_count() < last && stop_signal() == 0) take_step();
+  // Data parallel: the launcher forwarded the signal to every rank; they stop after one step
+  // (the most any has queued), so that none waits in a collective for a step a peer never takes.
+  const int stopped_by = stop_signal();  // later signals change nothing
+  if (parallel && stopped_by != 0) {
     const int64_t stop = agree_on_last_step(*parallel, session.step_count());
     while (session.step_count() < stop) take_step();
   }
@@ -442,7 +446,9 @@ int train(const TrainArgs& args) {
   const auto finished = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(finished - start).count();
   const int64_t done = session.step_count() - first + 1, end = session.step_count();
-  if (interrupted()) out << "interrupted (SIGINT) after step " << end << " of " << last << "\n";
+  if (stopped_by != 0)
+    out << "interrupted (" << signal_name(stopped_by) << ") after step " << end << " of " << last
+        << "\n";
 
   out << std::fixed << "trained " << done << " steps (" << first << " to " << end << ") in "
       << std::setprecision(2) << seconds << " s, " << std::setprecision(1)
@@ -468,7 +474,7 @@ int train(const TrainArgs& args) {
     session.save(args.checkpoint);
     out << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count() << ")\n";
   }
-  return interrupted() ? 128 + SIGINT : 0;  // a shell's status for a program stopped by ^C
+  return stopped_by != 0 ? 128 + stopped_by : 0;  // a shell's status for a program stopped so
 }
 
 }  // namespace
@@ -478,6 +484,12 @@ Command add_train_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "train", "Train a zoo model or an ONNX model (cross-entropy classification)");
   args->app = app;
+  app->footer(
+      "SIGINT (Ctrl-C) or SIGTERM (a scheduler's pre-emption) while training: the queued steps "
+      "finish, the checkpoint (--checkpoint) is written, and train exits with 130 (SIGINT) or "
+      "143 (SIGTERM); with --gpus N every rank stops after the same step. A signal before the "
+      "first step ends the run at once (nothing trained yet). SIGKILL leaves the last "
+      "checkpoint written, whole.");
   app->add_option("model", args->model,
                   "A zoo model name (see `fusebox zoo --list`) or an .onnx file")
       ->required()
@@ -489,11 +501,11 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--momentum", args->momentum, "SGD momentum; default 0.9");
   app->add_option("--weight-decay", args->weight_decay, "Default 0 (sgd), 0.01 (adamw)");
   app->add_option("--batch-size", args->batch_size, "Zoo models; default 16")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--steps", args->steps,
                   "Steps to take (a resumed run takes this many more); "
                   "default 100")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--device", args->device,
                   "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -504,23 +516,27 @@ Command add_train_command(CLI::App& parent) {
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   app->add_option("--seed", args->seed,
                   "Seed for zoo weights, synthetic data and shuffling; "
-                  "default 0");
-  app->add_option("--checkpoint", args->checkpoint, "Write a checkpoint here at the end")
+                  "default 0")
+      ->check(seed_number());
+  app->add_option("--checkpoint", args->checkpoint,
+                  "Write a checkpoint here at the end (and when stopped by SIGINT or SIGTERM). "
+                  "Its folder must exist and be writable: checked before training. Temporary "
+                  "files of killed runs beside it (FILE.tmp.<pid>.<n>, pid gone) are removed")
       ->type_name("FILE");
   app->add_option("--checkpoint-every", args->checkpoint_every, "Also every N steps")
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--resume", args->resume,
                   "Continue from a checkpoint (its optimizer settings "
                   "apply unless given)")
       ->type_name("FILE");
   app->add_option("--image-size", args->image_size, "Zoo models; default 32, or the data's")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--num-classes", args->num_classes, "Zoo models; default 10")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--seq-len", args->seq_len,
                   "Zoo decoders (gpt2*): tokens per sequence; default the model's, or the data's")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--data", args->data,
                   "Arrays x: float [N, C, H, W] and y: integer [N] or [N, H, W]; or x: token ids "
                   "[N, T] and y: next tokens [N, T]")
@@ -529,12 +545,12 @@ Command add_train_command(CLI::App& parent) {
                 "A fixed, seeded, learnable set: images (class patterns plus noise), per-pixel "
                 "classes for a segmentation model, token sequences for a model of token ids");
   app->add_option("--samples", args->samples, "Size of the synthetic set; default 64")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_flag("--shuffle", args->shuffle, "Shuffle each epoch (seeded by --seed)");
   app->add_option("--log-every", args->log_every,
                   "When not on a terminal, print a line every N steps; default steps/10")
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   add_shape_option(*app, &args->shapes);
   app->add_option("--gpus", args->gpus,
                   "Data-parallel training on N GPUs of this machine: N processes, one per GPU, "
@@ -543,10 +559,10 @@ Command add_train_command(CLI::App& parent) {
                   "FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR/PORT and LOCAL_RANK "
                   "instead")
       ->type_name("N")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1, std::numeric_limits<int>::max()));
   app->add_option("--bucket-mb", args->bucket_mb,
                   "Data parallel: gradient megabytes per all-reduce bucket; default 25")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_real(1 << 20));
   app->add_option("--reduce-dtype", args->reduce_dtype,
                   "Data parallel: what gradients are summed in, f32 (default) or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));

@@ -45,15 +45,15 @@ Command add_zoo_command(CLI::App& parent) {
   app->add_option("name", args->name, "Model name (see --list)")->type_name("NAME");
   app->add_option("--out", args->out, "Where to write the model")->type_name("FILE.onnx");
   app->add_flag("--list", args->list, "List the zoo's models and exit");
-  app->add_option("--batch", args->opts.batch, "Batch size; default 1")->check(CLI::PositiveNumber);
+  app->add_option("--batch", args->opts.batch, "Batch size; default 1")->check(integer_range(1));
   app->add_option("--image-size", args->opts.image_size, "Input height and width; default 224")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--num-classes", args->opts.num_classes, "Classifier outputs; default 1000")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_range(1));
   app->add_option("--seq-len", args->opts.sequence_length,
                   "Decoders (gpt2*): tokens per sequence; default the model's context")
-      ->check(CLI::PositiveNumber);
-  app->add_option("--seed", args->opts.seed, "Weight seed; default 0");
+      ->check(integer_range(1));
+  app->add_option("--seed", args->opts.seed, "Weight seed; default 0")->check(seed_number());
   return {app, [args] { return zoo(*args); }};
 }
 

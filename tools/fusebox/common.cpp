@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "fusebox/core/memory.h"
@@ -30,6 +33,66 @@ Graph load_model_argument(const std::string& model, const std::vector<std::strin
   }
   if (!shapes.empty()) throw UsageError("--shape applies to ONNX models only");
   return build_zoo_model(model, zoo);
+}
+
+namespace {
+
+// `text` as a T when it is exactly a decimal integer that fits ("-" only for a signed T).
+template <class T>
+std::optional<T> parse_decimal(const std::string& text) {
+  T value{};
+  const char* last = text.data() + text.size();
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (error != std::errc() || end != last || text.empty()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+std::string plain_number(int64_t n) {
+  if (n == std::numeric_limits<int64_t>::max()) return "2^63 - 1";
+  if (n >= (int64_t(1) << 20) && (n & (n - 1)) == 0)
+    return cat("2^", std::countr_zero(uint64_t(n)));
+  if (n == std::numeric_limits<int>::max()) return "2^31 - 1";
+  return std::to_string(n);
+}
+
+CLI::Validator integer_range(int64_t min, int64_t max) {
+  const std::string range = cat(plain_number(min), " to ", plain_number(max));
+  return CLI::Validator(
+      [=](std::string& input) -> std::string {
+        const std::optional<int64_t> value = parse_decimal<int64_t>(input);
+        if (!value || *value < min || *value > max)
+          return cat("must be an integer from ", range, ", got '", input, "'");
+        input = std::to_string(*value);
+        return "";
+      },
+      range);
+}
+
+CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        const std::optional<uint64_t> value = parse_decimal<uint64_t>(input);
+        if (!value) return cat("must be an integer from 0 to 2^64 - 1, got '", input, "'");
+        input = std::to_string(*value);
+        return "";
+      },
+      "");
+}
+
+CLI::Validator positive_real(int64_t max) {
+  return CLI::Validator(
+      [max](std::string& input) -> std::string {
+        double value = 0;
+        const char* last = input.data() + input.size();
+        const auto [end, error] = std::from_chars(input.data(), last, value);
+        if (error != std::errc() || end != last || input.empty() ||
+            !(value > 0 && value <= double(max)))
+          return cat("must be a number > 0 and <= ", plain_number(max), ", got '", input, "'");
+        return "";
+      },
+      cat("> 0 to ", plain_number(max)));
 }
 
 void add_shape_option(CLI::App& app, std::vector<std::string>* specs) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +46,19 @@ bool is_onnx_path(const std::string& model);
 // model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
                           const ZooOptions& zoo, bool zoo_options_given);
+
+// Checks for numeric options (->check(...)) whose errors print plain numbers: "--steps: must be
+// an integer from 1 to 2^63 - 1, got '0'" (CLI::PositiveNumber prints the largest double: 309
+// digits). Integers are read strictly as decimal (CLI11 alone reads "010" as octal, "-1" as
+// 2^64 - 1 for an unsigned option, and a number past 64 bits as the largest one) and handed on
+// to CLI11 rewritten as plain decimal. An int option takes max <= INT_MAX.
+CLI::Validator integer_range(int64_t min, int64_t max = std::numeric_limits<int64_t>::max());
+CLI::Validator seed_number();  // an unsigned 64-bit integer: 0 to 2^64 - 1
+// A finite number > 0 and <= max.
+CLI::Validator positive_real(int64_t max);
+// 2^63 - 1 as "2^63 - 1", 2^31 - 1 as "2^31 - 1", a power of two from 2^20 up as "2^30",
+// anything else in decimal.
+std::string plain_number(int64_t n);
 
 // Adds the repeatable "--shape NAME=D0,D1,..." option (concrete shapes for inputs
 // whose ONNX shapes have symbolic dims).

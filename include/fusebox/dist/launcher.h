@@ -17,9 +17,10 @@ struct LaunchResult {
   bool ok = true;
   int failed_rank = -1;  // the first rank that failed (-1: none)
   std::string why;       // "rank 2 exited with status 1", "rank 0 was killed by signal 9"
-  // This process got SIGINT (Ctrl-C) while the ranks ran: it was forwarded to every rank, and
-  // a rank then ending with status 130 (stopped on request) counts as no failure.
-  bool interrupted = false;
+  // SIGINT (Ctrl-C) or SIGTERM (a scheduler's pre-emption) this process got while the ranks
+  // ran (the first; 0: none): it was forwarded to every rank, and a rank then ending with status
+  // 128 + that signal (130, 143: stopped on request) counts as no failure.
+  int stop_signal = 0;
 };
 
 // Runs `world` copies of argv (argv[0]: the program, looked up in PATH) with FUSEBOX_RANK and
@@ -27,8 +28,8 @@ struct LaunchResult {
 // and FUSEBOX_MASTER_PORT = a port free when they start, added to this process's environment.
 // Returns when all have ended. After the first failure (a non-zero status, a signal) the
 // others get SIGTERM, and SIGKILL after `grace`. Children die with this process (their
-// parent-death signal is SIGTERM). SIGINT to this process while they run is forwarded to each
-// (LaunchResult::interrupted). An Error when a process cannot be started.
+// parent-death signal is SIGTERM). SIGINT or SIGTERM to this process while they run is
+// forwarded to each (LaunchResult::stop_signal). An Error when a process cannot be started.
 LaunchResult launch_local(int world, const std::vector<std::string>& argv,
                           std::chrono::milliseconds grace = std::chrono::seconds(5));
 

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "fusebox/core/tensor.h"
 
@@ -37,9 +38,20 @@ std::string serialize_npz(const std::map<std::string, Tensor>& arrays, bool comp
 Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
 void write_tensor_pb(const std::string& path, const Tensor& t, const std::string& name);
 
-// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename; on
-// failure the temporary file is removed and the Error carries the errno text.
+// Writes `bytes` to `path` atomically: a temporary file beside it ("<path>.tmp.<pid>.<n>"),
+// fsync, rename; on failure the temporary file is removed and the Error carries the errno
+// text. A process killed while writing leaves its temporary file (remove_stale_temporaries).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// That write_file_atomic(path, ...) can succeed, asked before work whose result it will
+// write: the folder exists and takes a new file (one is made and removed), and `path` is not
+// a folder. An Error from `where` saying which, otherwise.
+void check_writable(const std::string& path, const std::string& where);
+// Removes write_file_atomic's temporary files for `path` ("<path>.tmp.<pid>.<n>", nothing
+// else) whose process is gone: those of killed writers. Returns their paths. A temporary file
+// of a running process (kill(pid, 0)) is its write in progress and stays. The pids are this
+// machine's: two machines writing one path of a shared filesystem are not told apart (they
+// would replace each other's file anyway).
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
 // The whole file; an Error naming the path and the errno text on failure.
 std::string read_file(const std::string& path);
 

@@ -16,13 +16,15 @@
 //   amp/skipped_steps     i64 scalar     the steps skipped (non-finite gradients)
 //
 // Files are written atomically (temporary file, fsync, rename): a killed process leaves
-// the old file or the new one, never a torn one. The .npz members are CRC-checked, so a
-// corrupt or truncated file is an Error, never silently wrong state.
+// the old file or the new one, never a torn one, and perhaps its temporary file, which the
+// next run writing there removes (prepare_checkpoint_path). The .npz members are
+// CRC-checked, so a corrupt or truncated file is an Error, never silently wrong state.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "fusebox/core/tensor.h"
 #include "fusebox/train/optimizer.h"
@@ -48,5 +50,12 @@ Checkpoint parse_checkpoint(const std::string& bytes, const std::string& where);
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt);  // atomic
 Checkpoint load_checkpoint(const std::string& path);  // errors name "checkpoint: <path>"
+
+// Before a run's first step, so that a run whose checkpoint cannot be written fails at once
+// rather than after its training: that `path` can be written (io: check_writable: the folder
+// exists and takes a file), then the temporary files of killed writers of `path` removed
+// (io: remove_stale_temporaries; a running process's stay). Returns the paths removed.
+// Errors name "checkpoint: <path>".
+std::vector<std::string> prepare_checkpoint_path(const std::string& path);
 
 }  // namespace fusebox

@@ -92,10 +92,11 @@ class PeerProgress {
   std::chrono::steady_clock::time_point last_{};
 };
 
-// Ctrl-C in a data-parallel run (the launcher forwards SIGINT to every rank): the ranks agree,
-// through the store, on the step they all stop after, the most any of them has queued
-// (`queued`: this rank's step count); each then queues steps up to it. Every rank must call
-// it; one that does not is the store's timeout error naming its key.
+// SIGINT (Ctrl-C) or SIGTERM in a data-parallel run (the launcher forwards them to every rank;
+// a scheduler signals each rank itself): the ranks agree, through the store, on the step they
+// all stop after, the most any of them has queued (`queued`: this rank's step count); each then
+// queues steps up to it. Every rank must call it; one that does not is the store's timeout
+// error naming its key.
 int64_t agree_on_last_step(DataParallelRun& run, int64_t queued);
 
 // The batch rank `rank` of `world` trains on at step `step` (counting from 0): the ranks take

@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +103,62 @@ TEST_F(Cli, VersionAndUsageErrors) {
   ToolResult bad_input = tool(cat("run '", make_small_cnn(), "' --input just_a_name"));
   EXPECT_EQ(bad_input.exit_code, 2);
   EXPECT_TRUE(contains(bad_input.err, "NAME=VALUE")) << bad_input.err;
+}
+
+// The longest run of digits in `text`.
+size_t longest_number(const std::string& text) {
+  size_t longest = 0, run = 0;
+  for (char c : text) {
+    run = std::isdigit(static_cast<unsigned char>(c)) ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return longest;
+}
+
+// Every numeric option of train, bench, zoo and run: a value out of its range (or no number,
+// or past 64 bits) is a usage error naming the option and its range in plain numbers; never
+// the largest double's 309 digits (CLI::PositiveNumber's message), never a silent wrap-around
+// (CLI11 alone takes "-1" for an unsigned seed as 2^64 - 1).
+TEST_F(Cli, NumericOptionsPrintTheirRangesInPlainNumbers) {
+  const std::pair<const char*, std::vector<const char*>> commands[] = {
+      {"train small_cnn --synthetic",
+       {"--batch-size", "--steps", "--checkpoint-every", "--image-size", "--num-classes",
+        "--seq-len", "--samples", "--log-every", "--gpus", "--bucket-mb"}},
+      {"bench small_cnn", {"--batch", "--steps", "--image-size", "--num-classes"}},
+      {"zoo small_cnn --out m.onnx", {"--batch", "--image-size", "--num-classes", "--seq-len"}},
+  };
+  for (const auto& [command, options] : commands) {
+    for (const char* option : options) {
+      for (const char* value : {"0", "-1", "99999999999999999999", "1.5", "abc"}) {
+        if (std::string(option) == "--bucket-mb" && std::string(value) == "1.5") continue;
+        const ToolResult r = tool(cat(command, " ", option, " ", value));
+        const std::string what = cat(command, " ", option, " ", value, ": ");
+        EXPECT_EQ(r.exit_code, 2) << what << r.err;
+        EXPECT_TRUE(contains(r.err, cat(option, ": must be "))) << what << r.err;
+        EXPECT_TRUE(contains(r.err, cat("got '", value, "'"))) << what << r.err;
+        EXPECT_LE(longest_number(r.err), 20u) << what << r.err;
+      }
+    }
+  }
+  ToolResult r = tool("train small_cnn --synthetic --steps 0");
+  EXPECT_TRUE(contains(r.err, "--steps: must be an integer from 1 to 2^63 - 1, got '0'")) << r.err;
+  r = tool("train small_cnn --synthetic --gpus 0");
+  EXPECT_TRUE(contains(r.err, "--gpus: must be an integer from 1 to 2^31 - 1, got '0'")) << r.err;
+  r = tool("bench small_cnn --warmup -1");
+  EXPECT_TRUE(contains(r.err, "--warmup: must be an integer from 0 to 2^63 - 1, got '-1'"))
+      << r.err;
+  r = tool("train small_cnn --synthetic --bucket-mb 0");
+  EXPECT_TRUE(contains(r.err, "--bucket-mb: must be a number > 0 and <= 2^20, got '0'")) << r.err;
+  for (const char* command :
+       {"train small_cnn --synthetic", "zoo small_cnn --out m.onnx", "run m.onnx"}) {
+    for (const char* seed : {"-1", "18446744073709551616", "x"}) {
+      r = tool(cat(command, " --seed ", seed));
+      EXPECT_EQ(r.exit_code, 2) << command << " --seed " << seed << ": " << r.err;
+      EXPECT_TRUE(
+          contains(r.err, cat("--seed: must be an integer from 0 to 2^64 - 1, got '", seed, "'")))
+          << r.err;
+    }
+  }
 }
 
 TEST_F(Cli, ZooListsModels) {

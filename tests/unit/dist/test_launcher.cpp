@@ -58,7 +58,7 @@ TEST(LaunchLocal, SigintIsForwardedAndRanksStoppingOnItAreNoFailure) {
   });
   LaunchResult r = sh(2, "trap 'exit 130' INT; while true; do sleep 0.05; done");
   interrupter.join();
-  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.stop_signal, SIGINT);
   EXPECT_TRUE(r.ok) << r.why;
 
   std::thread again([] {
@@ -69,9 +69,33 @@ TEST(LaunchLocal, SigintIsForwardedAndRanksStoppingOnItAreNoFailure) {
          "if [ \"$FUSEBOX_RANK\" = 1 ]; then trap 'exit 4' INT; else trap 'exit 130' INT; fi; "
          "while true; do sleep 0.05; done");
   again.join();
-  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.stop_signal, SIGINT);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.why, "rank 1 exited with status 4");
+}
+
+// SIGTERM (a scheduler pre-empting the job) likewise: forwarded as SIGTERM, and ranks that stop
+// on it with 143 are no failure; 130 is not what they were asked for.
+TEST(LaunchLocal, SigtermIsForwardedAndRanksStoppingOnItAreNoFailure) {
+  std::thread terminator([] {
+    std::this_thread::sleep_for(milliseconds(500));
+    ::kill(::getpid(), SIGTERM);
+  });
+  LaunchResult r = sh(2, "trap 'exit 143' TERM; while true; do sleep 0.05; done");
+  terminator.join();
+  EXPECT_EQ(r.stop_signal, SIGTERM);
+  EXPECT_TRUE(r.ok) << r.why;
+
+  std::thread again([] {
+    std::this_thread::sleep_for(milliseconds(500));
+    ::kill(::getpid(), SIGTERM);
+  });
+  r = sh(2, "trap 'exit 130' TERM; while true; do sleep 0.05; done");
+  again.join();
+  EXPECT_EQ(r.stop_signal, SIGTERM);
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.why == "rank 0 exited with status 130" || r.why == "rank 1 exited with status 130")
+      << r.why;
 }
 
 TEST(LaunchLocal, AProgramThatCannotRunIsNamed) {

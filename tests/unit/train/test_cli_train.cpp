@@ -1,13 +1,17 @@
 // `fusebox train` through the built binary.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -52,6 +56,46 @@ class CliTrain : public ::testing::Test {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
+  }
+
+  // `fusebox train <args>` started in the background (the shell execs it: the pid is the
+  // tool's), for a test to signal; finish() waits for it.
+  pid_t start_train(const std::string& args) const {
+    const std::string command = cat("exec '", FUSEBOX_TOOL_PATH, "' train ", args, " > '",
+                                    path("stdout.txt"), "' 2> '", path("stderr.txt"), "'");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid;
+  }
+  // The exit status, or 128 + the signal that killed it (as a shell reports both).
+  ToolResult finish(pid_t pid) const {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const int code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                     : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                           : -1;
+    return {code, slurp(path("stdout.txt")), slurp(path("stderr.txt"))};
+  }
+  // Whether `file` appeared within two minutes (a loaded CI machine compiles slowly).
+  static bool appears(const std::string& file) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    while (!fs::exists(file)) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+  // The names in the test's folder holding ".tmp." (temporary files of atomic writes).
+  std::vector<std::string> temporaries() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const std::string name = e.path().filename().string();
+      if (name.find(".tmp.") != std::string::npos) names.push_back(name);
+    }
+    return names;
   }
 
   fs::path dir_;
@@ -136,6 +180,117 @@ TEST_F(CliTrain, InterruptWritesTheCheckpointAndExits130) {
   const ToolResult resumed = train(cat(kSmall, " --steps 2 --resume '", path("i.npz"), "'"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_TRUE(contains(resumed.out, cat("at step ", c.step))) << resumed.out;
+}
+
+// SIGTERM (what a scheduler sends to pre-empt a job) is taken as SIGINT is: the queued steps
+// finish, the checkpoint is written whole, exit 143; the step it holds is the one printed.
+TEST_F(CliTrain, SigtermWritesTheCheckpointAndExits143) {
+  const std::string checkpoint = path("t.npz");
+  const pid_t pid = start_train(cat(kSmall, " --steps 100000000 --log-every 1000 ",
+                                    "--checkpoint-every 5 --checkpoint '", checkpoint, "'"));
+  ASSERT_GT(pid, 0);
+  const bool saved = appears(checkpoint);  // the first periodic checkpoint: training is on
+  ::kill(pid, SIGTERM);
+  const ToolResult r = finish(pid);
+  ASSERT_TRUE(saved) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 143) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "interrupted (SIGTERM) after step")) << r.out;
+  const Checkpoint c = load_checkpoint(checkpoint);
+  EXPECT_GE(c.step, 5);
+  EXPECT_TRUE(contains(r.out, cat("wrote checkpoint ", checkpoint, " (step ", c.step, ")")))
+      << r.out;
+  EXPECT_TRUE(temporaries().empty());
+}
+
+// SIGKILL cannot be caught: the checkpoint on disk is the last one written, whole. A kill in
+// the middle of a write leaves its temporary file ("<checkpoint>.tmp.<pid>.<n>"); the next run
+// writing that checkpoint removes it, and nothing else (not a running process's).
+TEST_F(CliTrain, AfterSigkillTheCheckpointLoadsAndTheNextRunRemovesStaleTemporaries) {
+  const std::string checkpoint = path("k.npz");
+  const pid_t pid = start_train(cat(kSmall, " --steps 100000000 --log-every 1000 ",
+                                    "--checkpoint-every 3 --checkpoint '", checkpoint, "'"));
+  ASSERT_GT(pid, 0);
+  const bool saved = appears(checkpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // more checkpoints: any moment
+  ::kill(pid, SIGKILL);
+  const ToolResult killed = finish(pid);
+  ASSERT_TRUE(saved) << killed.out << killed.err;
+  EXPECT_EQ(killed.exit_code, 128 + SIGKILL);
+  const int64_t step = load_checkpoint(checkpoint).step;
+  EXPECT_GE(step, 3);
+
+  // What a kill during a write leaves (the killed process's pid: no process has it now), and
+  // the temporary file of a write in progress (this test's parent's pid: a running process).
+  const std::string stale = cat("k.npz.tmp.", pid, ".7"),
+                    live = cat("k.npz.tmp.", ::getppid(), ".0");
+  std::ofstream(path(stale)) << "torn";
+  std::ofstream(path(live)) << "in progress";
+  std::ofstream(path("k.npz.tmp.notes")) << "someone's";
+  const ToolResult r =
+      train(cat(kSmall, " --steps 2 --resume '", checkpoint, "' --checkpoint '", checkpoint, "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, cat("removed ", path(stale), " (left by a killed run)"))) << r.out;
+  EXPECT_EQ(load_checkpoint(checkpoint).step, step + 2);
+  std::vector<std::string> left = temporaries();
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{live, "k.npz.tmp.notes"}));
+}
+
+// A checkpoint that could not be written is found before anything is compiled or trained (not
+// after the training, losing it): one line naming the path and why, nothing on stdout.
+TEST_F(CliTrain, AnUnwritableCheckpointPathFailsBeforeTraining) {
+  std::ofstream(path("plain")) << "a file";
+  fs::create_directory(path("folder"));
+  const std::pair<std::string, std::string> cases[] = {
+      {path("missing/c.npz"), cat("the folder '", path("missing"), "' does not exist")},
+      {path("plain/c.npz"), cat("'", path("plain"), "' is not a folder")},
+      {path("folder"), "is a folder (give a file name)"},
+  };
+  for (const auto& [checkpoint, why] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const ToolResult r = train(cat(kSmall, " --steps 100000 --checkpoint '", checkpoint, "'"));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.exit_code, 1) << checkpoint;
+    EXPECT_EQ(r.err, cat("fusebox: error: [checkpoint: ", checkpoint, "] ", why, "\n"));
+    EXPECT_EQ(r.out, "");    // not even the model's summary: nothing was compiled
+    EXPECT_LT(seconds, 30);  // (100,000 steps would take minutes)
+  }
+  // Without write permission (root writes anyway: the check asks the filesystem, which lets it).
+  ASSERT_EQ(::chmod(path("folder").c_str(), 0555), 0);
+  if (::geteuid() != 0) {
+    const ToolResult r = train(cat(kSmall, " --steps 1 --checkpoint '", path("folder/c.npz"), "'"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_TRUE(contains(r.err, "Permission denied")) << r.err;
+  }
+  ::chmod(path("folder").c_str(), 0755);
+}
+
+// A resumed checkpoint's step count: negative is refused on load, and one that --steps more
+// would take past what 64 bits count is refused before training, naming the file (it once
+// wrapped around: no step ran, and the run exited 0).
+TEST_F(CliTrain, ResumedStepCountsThatCannotContinueAreRefused) {
+  ASSERT_EQ(train(cat(kSmall, " --steps 1 --checkpoint '", path("s.npz"), "'")).exit_code, 0);
+  std::map<std::string, Tensor> arrays = read_npz(path("s.npz"));
+  for (const int64_t step : {std::numeric_limits<int64_t>::max(), int64_t(-1)}) {
+    arrays["__meta__/step"] = Tensor::from_vector<int64_t>({}, {step});
+    write_npz(path("edited.npz"), arrays);
+    const ToolResult r = train(cat(kSmall, " --steps 100 --resume '", path("edited.npz"), "'"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_TRUE(contains(r.err, cat("[checkpoint: ", path("edited.npz"), "]"))) << r.err;
+    EXPECT_TRUE(contains(r.err, step < 0 ? "'__meta__/step' is negative (-1)"
+                                         : "its step count 9223372036854775807 plus --steps 100 "
+                                           "is too many: the last step a run can reach"))
+        << r.err;
+    EXPECT_FALSE(contains(r.out, "trained")) << r.out;
+  }
+  // Without a checkpoint: --steps alone past it is a usage error.
+  const ToolResult r = train(cat(kSmall, " --steps 9223372036854775807"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_TRUE(contains(r.err,
+                       "--steps 9223372036854775807 is too many: the last step a run "
+                       "can reach (batch 8) is 1152921504606846974"))
+      << r.err;
 }
 
 TEST_F(CliTrain, OnnxModelAndDataFile) {
@@ -335,6 +490,11 @@ TEST_F(CliTrain, BenchRefusesWhatItCannotDo) {
   r = tool("bench small_cnn --mode train --device cpu --steps 1 --report");
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--report and --dot are for --mode infer")) << r.err;
+  // A --json file that could not be written: refused before benchmarking, not after.
+  r = tool(cat("bench small_cnn --device cpu --steps 1 --json '", path("missing/b.json"), "'"));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, cat("[--json ", path("missing/b.json"), "] the folder"))) << r.err;
+  EXPECT_FALSE(contains(r.out, "images/s")) << r.out;
 }
 
 // f16 trains (dynamic loss scaling): the summary gives the skipped steps and the scale, the
