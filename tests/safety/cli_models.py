@@ -9,11 +9,11 @@ error). A signal, a hang past --timeout, or anything else is a failure. A model 
 device is refused with the same message on the others when the refusal comes before the device
 is involved (import, shape inference): the errors a user gets do not depend on --device.
 
-    cli_models.py --fusebox build/release/tools/fusebox --devices cpu cuda \\
+    cli_models.py --fusebox build/release/tools/fusebox --devices cpu,cuda \\
         tests/data/fuzz/corpus tests/data/fuzz/regressions
 
 Prints one line per failure and a summary; exits 1 when anything failed, 77 (skipped) when a
-device asked for is absent (`--devices cuda` on a machine without a GPU).
+device asked for is absent (`--devices cpu,cuda` on a machine without a GPU).
 """
 import argparse
 import json
@@ -36,14 +36,16 @@ def run(cmd, timeout, cwd):
         return None, "timed out"
 
 
-def verdict(rc, err):
+def verdict(rc, err, usage_allowed):
     """None when the ending is one a user may get; else what is wrong."""
     if rc is None:
         return "hang (no exit within the timeout)"
     if rc < 0:
         return f"killed by signal {-rc}"
-    if rc == 0 or rc == 2:
+    if rc == 0 or (rc == 2 and usage_allowed):
         return None
+    if rc == 2:
+        return f"a usage error for a well-formed command line: {err.strip()[:300]!r}"
     if rc != 1:
         return f"exit {rc}"
     lines = [l for l in err.splitlines() if l.strip()]
@@ -69,13 +71,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", help="folders of *.onnx models")
     ap.add_argument("--fusebox", required=True)
-    ap.add_argument("--devices", nargs="+", default=["cpu"], choices=["cpu", "cuda"])
+    ap.add_argument("--devices", default="cpu", help="cpu, cuda or cpu,cuda (default cpu)")
     ap.add_argument("--no-train", action="store_true", help="skip `fusebox train`")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per command")
     ap.add_argument("--memory-limit", default="4G",
-                    help="--memory-limit for every command (default 4G)")
+                    help="--memory-limit for every command (default 4G; '' gives none)")
     ap.add_argument("--json", help="write the outcome of every command here")
     args = ap.parse_args()
+    args.devices = args.devices.split(",")
+    if not args.devices or any(d not in ("cpu", "cuda") for d in args.devices):
+        ap.error(f"--devices takes cpu, cuda or cpu,cuda; got {','.join(args.devices)!r}")
 
     if "cuda" in args.devices and not cuda_present(args.fusebox):
         print("cli_models: skipped: --devices cuda, and this machine has no CUDA device")
@@ -90,17 +95,20 @@ def main():
     with tempfile.TemporaryDirectory(prefix="fusebox_cli_models_") as tmp:
         for model in models:
             first_error = None
+            limit = ["--memory-limit", args.memory_limit] if args.memory_limit else []
             commands = [(d, [fusebox, "run", str(model.resolve()), "--device", d,
-                             "--output-dir", os.path.join(tmp, "out"),
-                             "--memory-limit", args.memory_limit]) for d in args.devices]
+                             "--output-dir", os.path.join(tmp, "out")] + limit)
+                        for d in args.devices]
             if not args.no_train:
                 commands.append((f"train-{args.devices[0]}",
                                  [fusebox, "train", str(model.resolve()), "--synthetic",
-                                  "--steps", "1", "--samples", "4", "--device", args.devices[0],
-                                  "--memory-limit", args.memory_limit]))
+                                  "--steps", "1", "--samples", "4", "--device", args.devices[0]] +
+                                 limit))
             for label, cmd in commands:
                 rc, err = run(cmd, args.timeout, tmp)
-                wrong = verdict(rc, err)
+                # `run` is given a well-formed command line; `train` may find the model has
+                # nothing to train (a usage error, exit 2).
+                wrong = verdict(rc, err, usage_allowed=label.startswith("train"))
                 line = err.strip().splitlines()[0] if rc == 1 and err.strip() else ""
                 outcomes.append({"model": model.name, "command": label, "exit": rc,
                                  "error": line[:500]})
