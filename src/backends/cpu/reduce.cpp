@@ -61,7 +61,7 @@ void reduce_typed(const Node& n, const Tensor& x, Tensor& y, const StridedNest<2
       case OpKind::reduce_mean:
         return reduce_each<T>(x, y, kept, reduced, 0.0, add,
                               [count](double s) { return convert<T>(s / double(count)); });
-      case OpKind::reduce_max:  // inference rejects an empty max
+      case OpKind::reduce_max:  // over nothing: -inf, as ONNX ReduceMax
         return reduce_each<T>(
             x, y, kept, reduced, -std::numeric_limits<C>::infinity(),
             [](C acc, T v) {
