@@ -252,6 +252,23 @@ std::optional<OpExample> tiny_example(OpKind op) {
   return std::nullopt;
 }
 
+OneNodeGraph build(OpKind op, const OpExample& example) {
+  OneNodeGraph g;
+  for (size_t i = 0; i < example.inputs.size(); ++i) {
+    const Tensor& t = example.inputs[i];
+    if (!t.defined()) {
+      g.inputs.push_back(kNoValue);
+      continue;
+    }
+    const std::string name = cat("in", i);
+    g.inputs.push_back(g.graph.add_input(name, t.dtype(), t.shape()));
+    g.feeds[name] = t;
+  }
+  g.outputs = g.graph.add_node(op, example.attrs, g.inputs, "node");
+  for (ValueId v : g.outputs) g.graph.mark_output(v);
+  return g;
+}
+
 std::vector<OpKind> every_op() {
   std::vector<OpKind> ops;
   for (const OpInfo& info : kOpTable) ops.push_back(info.op);

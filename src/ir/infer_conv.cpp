@@ -122,6 +122,10 @@ Types infer_conv(Context& c) {
   const Shape& w = c.shape(1);
   normalize_conv_attrs(c, a, w.size() - 2);
 
+  // As PyTorch: a batch of 0 gives an empty y, but a window over an empty image (padding
+  // alone) has nothing to convolve.
+  for (size_t d = 2; d < x.size(); ++d)
+    c.check(x[d] >= 1, c.shaped(0), " has an empty spatial dim: no pixel to convolve");
   const int64_t C = x[1], K = w[0], g = a.groups;
   expect_groups_divide(c, C, "channels", 0, g);
   expect_groups_divide(c, K, "output channels (K)", 1, g);

@@ -132,7 +132,9 @@ Types infer_gemm(Context& c) {
 }
 
 // reduce_sum / reduce_mean / reduce_max over the listed axes (all when empty).
-// Normalises axes to an explicit, sorted list.
+// Normalises axes to an explicit, sorted list. An empty reduced axis gives the identity:
+// sum 0, max -inf (the dtype's lowest for integers: ONNX ReduceMax of an empty set), mean
+// NaN (0 / 0, as onnxruntime and torch.mean).
 Types infer_reduce(Context& c) {
   ReduceAttrs& a = c.attrs<ReduceAttrs>();
   if (c.op() == OpKind::reduce_mean)
@@ -151,9 +153,6 @@ Types infer_reduce(Context& c) {
   Shape y;
   for (int64_t d = 0; d < r; ++d) {
     const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
-    // A max or mean over no elements has no value (sum's is 0).
-    c.check(!reduced || x[size_t(d)] > 0 || c.op() == OpKind::reduce_sum, c.op_name(),
-            " over axis ", d, " of ", c.shaped(0), ", which is empty");
     if (!reduced)
       y.push_back(x[size_t(d)]);
     else if (a.keepdims)
@@ -231,6 +230,10 @@ Types infer_attention(Context& c) {
             " and ", c.shaped(2), " differ");
   c.check(k[r - 1] == q[r - 1], c.shaped(0), " and ", c.shaped(1), " differ in the head dim");
   c.check(v[r - 2] == k[r - 2], c.shaped(1), " and ", c.shaped(2), " differ in the key count");
+  // A query row over no keys has no softmax (PyTorch's fused kernels refuse it too); with
+  // no query rows there is nothing to compute.
+  c.check(k[r - 2] > 0 || numel(Shape(q.begin(), q.end() - 1)) == 0, c.shaped(1),
+          " has no keys (Tk = 0) for the queries of ", c.shaped(0), ": a softmax over nothing");
   c.check(std::isfinite(a.scale), "scale ", a.scale, " is not finite");
   c.check(!a.bias_grad, "bias_grad is attention_backward's attribute, not attention's");
   c.check(!a.causal || q[r - 2] <= k[r - 2], "causal attention needs Tq <= Tk, got ", c.shaped(0),

@@ -260,6 +260,10 @@ const GatherAttrs& check_gather_inputs(Context& c) {
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   c.check(c.dtype(1) == DType::i64 || c.dtype(1) == DType::i32, c.input(1),
           " must be i64 or i32, got ", dtype_name(c.dtype(1)));
+  // No index can name an element of an empty axis (PyTorch refuses such a gather too).
+  c.check(c.shape(0)[size_t(a.axis)] > 0 || numel(c.shape(1)) == 0, c.op_name(), " along axis ",
+          a.axis, " of ", c.shaped(0), ", which is empty, with ", c.shaped(1),
+          ": every index would be out of range");
   return a;
 }
 }  // namespace

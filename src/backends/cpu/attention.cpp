@@ -32,9 +32,10 @@ Shape scores_shape(const Tensor& q, const Tensor& k) {
 
 Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v) {
   const size_t r = q.shape().size();
-  Dims m{0, q.shape()[r - 2], k.shape()[r - 2], q.shape()[r - 1], v.shape()[r - 1]};
-  m.lead = m.tq * m.d == 0 ? 0 : q.numel() / (m.tq * m.d);
-  return m;
+  // lead from the shape, not numel / (Tq * d): a head dim of 0 (scores of the bias alone)
+  // still has its rows.
+  return {numel(Shape(q.shape().begin(), q.shape().end() - 2)), q.shape()[r - 2], k.shape()[r - 2],
+          q.shape()[r - 1], v.shape()[r - 1]};
 }
 
 int64_t kept_keys(const AttentionAttrs& a, const Dims& m, int64_t i) {

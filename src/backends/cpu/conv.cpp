@@ -47,7 +47,8 @@ Blocking plan_blocks(const ConvProblem& p, int64_t planes, bool split_for_thread
   int64_t block = std::clamp<int64_t>(kColBudget / std::max<int64_t>(p.col_rows(), 1), kMinBlock,
                                       std::max<int64_t>(o, 1));
   int64_t count = (o + block - 1) / block;
-  if (split_for_threads && planes * count < 2 * threads) {
+  // planes == 0 (a batch of 0: run_node skips the node, but the helper must not divide by it).
+  if (split_for_threads && planes > 0 && planes * count < 2 * threads) {
     int64_t most = std::max<int64_t>(1, o / kMinBlock);
     int64_t wanted = (2 * threads + planes - 1) / planes;
     wanted = (wanted + threads - 1) / threads * threads;  // whole rounds of threads

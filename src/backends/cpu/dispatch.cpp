@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "fusebox/backends/cpu.h"
 #include "fusebox/ir/op_groups.h"
 
@@ -8,6 +10,12 @@ namespace fusebox::cpu {
 void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inputs,
               std::span<Tensor> outputs, dist::Communicator* world) {
   (void)g;
+  // Outputs without elements (a batch of 0) leave nothing to compute; the kernels' work
+  // splitting (blocks per image, rows per chunk) assumes at least one element. A node with
+  // an empty input but elements to write (a reduction over an empty axis, a product over an
+  // empty inner dim) runs: its kernel writes the identity.
+  if (std::all_of(outputs.begin(), outputs.end(), [](const Tensor& t) { return t.numel() == 0; }))
+    return;
   switch (n.op) {
     case OpKind::conv:
       return conv_forward(n, inputs, outputs);

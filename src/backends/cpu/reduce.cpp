@@ -61,7 +61,7 @@ void reduce_typed(const Node& n, const Tensor& x, Tensor& y, const StridedNest<2
       case OpKind::reduce_mean:
         return reduce_each<T>(x, y, kept, reduced, 0.0, add,
                               [count](double s) { return convert<T>(s / double(count)); });
-      case OpKind::reduce_max:  // inference rejects an empty max
+      case OpKind::reduce_max:  // over nothing: -inf, as ONNX ReduceMax
         return reduce_each<T>(
             x, y, kept, reduced, -std::numeric_limits<C>::infinity(),
             [](C acc, T v) {
@@ -108,8 +108,10 @@ void for_each_softmax_row(const T* x, int64_t outer, int64_t len, int64_t inner,
                      if (v > m || std::isnan(v)) m = v;
                      if (std::isnan(m)) break;
                    }
-                   if (std::isinf(m))
-                     m = 0.0;  // all -inf (or one +inf): keeps row - m free of inf - inf
+                   // All -inf: 0 keeps row - m free of inf - inf (the row comes out NaN
+                   // through lse = -inf, as PyTorch's). A +inf: the row is NaN, as
+                   // PyTorch's and onnxruntime's (inf - inf), not [nan, 0, ...].
+                   if (std::isinf(m)) m = m > 0 ? NAN : 0.0;
                    double sum = 0.0;
                    for (int64_t j = 0; j < len; ++j)
                      sum += std::exp(double(to_compute(x[base + j * inner])) - m);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <optional>
 
 #include "backends/cuda/kernels.h"
@@ -253,6 +254,15 @@ bool reduced_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) 
 }  // namespace
 
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  // Zero extents never reach a kernel, cuDNN or cuBLASLt (a grid of 0 blocks is `invalid
+  // configuration argument`; descriptors refuse 0 dims): outputs without elements leave
+  // nothing to do, and a node with an empty input but elements to write gets what the op
+  // computes over nothing (empty_inputs.cpp).
+  const auto no_elements = [](const DeviceTensor& t) { return t.numel() == 0; };
+  if (std::all_of(out.begin(), out.end(), no_elements)) return;
+  if (std::any_of(in.begin(), in.end(),
+                  [&](const DeviceTensor* t) { return t && no_elements(*t); }))
+    return run_with_empty_inputs(ctx, n, in, out);
   if (reduced_channels_last(ctx, n, in, out)) return;
   switch (layout_role(n)) {
     case LayoutRole::convolution:

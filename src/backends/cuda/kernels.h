@@ -28,6 +28,9 @@ using Inputs = std::span<const DeviceTensor* const>;
 using Outputs = std::span<DeviceTensor>;
 
 void run_node(Context& ctx, const Node& n, Inputs in, Outputs out);
+// run_node's path for a node with an empty input whose outputs have elements
+// (empty_inputs.cpp): what the op computes over nothing, never a launch over zero extents.
+void run_with_empty_inputs(Context& ctx, const Node& n, Inputs in, Outputs out);
 
 // ---- pointwise_*.cu, reduce_*.cu, shape_*.cu, kernels/reduce/cross_entropy.cu ----------
 void unary(Context& ctx, const Node& n, Inputs in, Outputs out);   // strided inputs OK

@@ -218,9 +218,11 @@ void import_where(NodeContext& c) {
 // Mod: fmod = 0 (integers only) takes the divisor's sign, as Python's %; fmod = 1 the
 // dividend's, as C's fmod.
 // Mod of float tensors on run-time data (fmod = 1, C's fmod): a - b * trunc(a / b), trunc(q)
-// = q < 0 ? ceil(q) : floor(q); where b is infinite the result is a (fmod's), where b is 0
-// NaN. Exact while the quotient's product b * trunc(a / b) is (small quotients, the usual
-// case); for quotients past 2^24 (f32) it can differ from fmod by rounding.
+// = q < 0 ? ceil(q) : floor(q). Where b is infinite the result is a when a is finite and NaN
+// when it is not (fmod(inf, inf) is NaN in C and onnxruntime); where b is 0 it is NaN; an
+// infinite a with a finite b gives NaN through inf - inf. Exact while the quotient's product
+// b * trunc(a / b) is (small quotients, the usual case); for quotients past 2^24 (f32) it can
+// differ from fmod by rounding.
 void emit_float_mod(NodeContext& c) {
   const DType t = c.input_type(0).dtype;
   c.check(c.input_type(1).dtype == t, "inputs have different element types ", dtype_name(t),
@@ -237,7 +239,10 @@ void emit_float_mod(NodeContext& c) {
   const ValueId rest = c.emit1(OpKind::sub, {}, {a, product}, "rest");
   const ValueId size = c.emit1(OpKind::abs, {}, {b}, "divisor_size");
   const ValueId infinite = c.emit1(OpKind::equal, {}, {size, inf}, "infinite_divisor");
-  c.set_output(0, c.emit1(OpKind::where, {}, {infinite, a, rest}));  // where broadcasts a
+  // a - (a - a): a itself where a is finite (-0 kept: -0 - +0 is -0), NaN where it is not.
+  const ValueId a_minus_a = c.emit1(OpKind::sub, {}, {a, a}, "zero_unless_infinite");
+  const ValueId a_if_finite = c.emit1(OpKind::sub, {}, {a, a_minus_a}, "dividend_if_finite");
+  c.set_output(0, c.emit1(OpKind::where, {}, {infinite, a_if_finite, rest}));  // broadcasts a
 }
 
 // Mod of integer tensors on run-time data: r = a - b * div(a, b) (div truncates: C's %, the

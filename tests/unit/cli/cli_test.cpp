@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
+
+#include <onnx/onnx_pb.h>
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -289,6 +293,41 @@ TEST_F(Cli, MemoryLimitIsEnforcedByNameAndChecked) {
     r = tool(cat(command, " '", model, "' --memory-limit 5x"));
     EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
     EXPECT_TRUE(contains(r.err, "--memory-limit='5x' is not a byte count")) << r.err;
+  }
+}
+
+// A batch of 0 through convolutions, batch norm, pools and the classifier (issue 38: it
+// died with SIGFPE): small_cnn with its batch dim made symbolic, run with --shape at batch
+// 0, writes an empty logits.npy [0, 10]; on CUDA too where a GPU is present.
+TEST_F(Cli, RunsABatchOfZero) {
+  onnx::ModelProto proto;
+  {
+    std::ifstream in(make_small_cnn(), std::ios::binary);
+    ASSERT_TRUE(proto.ParseFromIstream(&in));
+  }
+  onnx::GraphProto& graph = *proto.mutable_graph();
+  for (auto* values : {graph.mutable_input(), graph.mutable_output()})
+    for (onnx::ValueInfoProto& v : *values)
+      if (v.name() == "input" || v.name() == "logits")
+        v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
+            "batch");
+  const std::string model = path("small_cnn_any_batch.onnx");
+  {
+    std::ofstream out(model, std::ios::binary);
+    ASSERT_TRUE(proto.SerializeToOstream(&out));
+  }
+  std::vector<std::string> devices = {"cpu"};
+  if (cuda_available()) devices.push_back("cuda");
+  for (const std::string& device : devices) {
+    SCOPED_TRACE(device);
+    const std::string out_dir = path(cat("out_", device));
+    ToolResult run = tool(cat("run '", model, "' --device ", device,
+                              " --shape input=0,3,8,8 --output-dir '", out_dir, "'"));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_TRUE(contains(run.out, "output logits: f32[0, 10]")) << run.out;
+    const Tensor logits = read_npy((fs::path(out_dir) / "logits.npy").string());
+    EXPECT_EQ(logits.dtype(), DType::f32);
+    EXPECT_EQ(logits.shape(), (Shape{0, 10}));
   }
 }
 

@@ -115,6 +115,13 @@ TEST(InferConvErrors, EmptyOutput) {
   EXPECT_TRUE(fails_with(OpKind::conv, ConvAttrs{.dilations = {1, 2}},
                          {f32({1, 1, 4, 4}), f32({1, 1, 3, 3})},
                          {"spatial dim 1", "dilated kernel 5 (kernel 3, dilation 2)"}));
+  // An empty image: padding alone would make windows (PyTorch refuses it too); a batch of 0
+  // is fine and gives an empty y.
+  EXPECT_TRUE(fails_with(OpKind::conv, ConvAttrs{.pads_begin = {2, 2}, .pads_end = {2, 2}},
+                         {f32({1, 1, 0, 4}), f32({1, 1, 3, 3})},
+                         {"x [1, 1, 0, 4] has an empty spatial dim: no pixel to convolve"}));
+  EXPECT_EQ(infer(OpKind::conv, {}, {f32({0, 1, 4, 4}), f32({2, 1, 3, 3})}).out(),
+            f32({0, 2, 2, 2}));
 }
 
 TEST(InferConvErrors, BadStridesDilationsPads) {

@@ -595,25 +595,34 @@ TEST(OnnxImport, IntegerModOnRunTimeValues) {
 }
 
 // Float Mod (fmod = 1) on run-time values is a - b * trunc(a / b), as C's fmod: signs follow
-// a, a broadcast divisor, an infinite divisor gives a, a zero one NaN; fmod = 0 is refused.
+// a, a broadcast divisor, an infinite divisor gives a finite a, an infinite a NaN
+// (fmod(inf, inf) too), a zero divisor NaN; on CUDA the same; fmod = 0 is refused.
 TEST(OnnxImport, FloatModOnRunTimeValuesIsFmod) {
   TestModel m(17);
-  m.input("a", TensorProto::FLOAT, {2, 4});
+  m.input("a", TensorProto::FLOAT, {4, 4});
   m.input("b", TensorProto::FLOAT, {4});
   attr_int(m.node("Mod", {"a", "b"}, {"r"}, "mod"), "fmod", 1);
   m.output("r");
   const float inf = std::numeric_limits<float>::infinity();
   const Tensor a =
-      Tensor::from_vector<float>({2, 4}, {-4.3f, 7.2f, 5.0f, 9.5f, 4.3f, -7.2f, 8.0f, -1.0f});
+      Tensor::from_vector<float>({4, 4}, {-4.3f, 7.2f, 5.0f, 9.5f, 4.3f, -7.2f, 8.0f, -1.0f,  //
+                                          inf, -inf, inf, -inf, NAN, 0.5f, -0.5f, 3.0f});
   const Tensor b = Tensor::from_vector<float>({4}, {2.1f, -3.4f, inf, 0.0f});
-  const std::vector<double> r = run1(import(m), {{"a", a}, {"b", b}}, "r").to_doubles();
+  const Graph g = import(m);
+  const Tensor got = run1(g, {{"a", a}, {"b", b}}, "r");
+  const std::vector<double> r = got.to_doubles();
   const std::vector<double> av = a.to_doubles(), bv = b.to_doubles();
   for (size_t i = 0; i < r.size(); ++i) {
-    const double want = double(std::fmod(float(av[i]), float(bv[i % 4])));
+    const float want = std::fmod(float(av[i]), float(bv[i % 4]));
+    SCOPED_TRACE(cat(i, ": fmod(", av[i], ", ", bv[i % 4], ") = ", want, ", got ", r[i]));
     if (std::isnan(want))
-      EXPECT_TRUE(std::isnan(r[i])) << i;
+      EXPECT_TRUE(std::isnan(r[i]));
     else
-      EXPECT_NEAR(r[i], want, 1e-6) << i << ": fmod(" << av[i] << ", " << bv[i % 4] << ")";
+      EXPECT_NEAR(r[i], want, 1e-6);
+  }
+  if (cuda_available()) {
+    const Tensor on_gpu = run_graph(g, {{"a", a}, {"b", b}}, {.device = Device::cuda}).at("r");
+    EXPECT_TRUE(all_close(on_gpu, got, 0, 0)) << "CUDA";
   }
   TestModel p(17);
   p.input("a", TensorProto::FLOAT, {2});

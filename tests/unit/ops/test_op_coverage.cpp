@@ -15,31 +15,6 @@
 namespace fusebox::testing {
 namespace {
 
-// The example as a one-node graph (inputs "in<i>", every output marked) and its feeds.
-struct OneNodeGraph {
-  Graph graph{"op_coverage"};
-  std::vector<ValueId> inputs;  // kNoValue for an absent optional input
-  std::vector<ValueId> outputs;
-  NamedTensors feeds;
-};
-
-OneNodeGraph build(OpKind op, const OpExample& example) {
-  OneNodeGraph g;
-  for (size_t i = 0; i < example.inputs.size(); ++i) {
-    const Tensor& t = example.inputs[i];
-    if (!t.defined()) {
-      g.inputs.push_back(kNoValue);
-      continue;
-    }
-    const std::string name = cat("in", i);
-    g.inputs.push_back(g.graph.add_input(name, t.dtype(), t.shape()));
-    g.feeds[name] = t;
-  }
-  g.outputs = g.graph.add_node(op, example.attrs, g.inputs, "node");
-  for (ValueId v : g.outputs) g.graph.mark_output(v);
-  return g;
-}
-
 // Every element finite: the executor poisons outputs with NaN, so this also catches an
 // element that the kernel never wrote.
 ::testing::AssertionResult all_finite(const Tensor& t) {

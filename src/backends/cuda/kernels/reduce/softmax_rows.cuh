@@ -2,8 +2,9 @@
 //
 // A row is `len` elements of x at stride `stride` (1 for the last axis, `inner` for
 // another axis). For a row, in the compute type C (f32, or f64 for f64 tensors):
-//   m   = max(row), NaN if any element is NaN; an infinite m (all -inf, or a +inf) is
-//         replaced by 0, which keeps row - m free of inf - inf (the CPU backend's rule)
+//   m   = max(row), NaN if any element is NaN; all -inf is replaced by 0, which keeps
+//         row - m free of inf - inf (the row comes out NaN through lse = -inf); a +inf by
+//         NaN: the whole row is NaN, as PyTorch's and onnxruntime's (the CPU backend's rule)
 //   lse = log(sum(exp(row - m)))
 // so that log_softmax = row - m - lse and softmax = exp(row - m - lse). Three variants,
 // by who walks the row: a whole warp (lanes strided by 32), a whole block (threads
@@ -23,7 +24,8 @@ struct RowStats {
 
 template <class C>
 __device__ __forceinline__ C softmax_shift(C m) {
-  return (m == C(INFINITY) || m == C(-INFINITY)) ? C(0) : m;
+  if (m == C(INFINITY)) return C(NAN);
+  return m == C(-INFINITY) ? C(0) : m;
 }
 
 // Elements first, first + step, ... of the row, folded with `step` lanes/threads.
