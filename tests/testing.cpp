@@ -37,14 +37,6 @@ Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo, 
   return t;
 }
 
-std::optional<int64_t> representable_numel(DType dtype, const Shape& shape) {
-  int64_t n = 1, bytes = 0;
-  for (int64_t d : shape)
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
-  if (__builtin_mul_overflow(n, int64_t(dtype_size(dtype)), &bytes)) return std::nullopt;
-  return n;
-}
-
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,
                                      double atol) {
   if (actual.dtype() != expected.dtype())

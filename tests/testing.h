@@ -26,11 +26,6 @@ namespace fusebox::testing {
 Tensor random_tensor(DType dtype, const Shape& shape, uint64_t seed, double lo = -1.0,
                      double hi = 1.0);
 
-// Elements of a `dtype` tensor of `shape` when no dim is negative and both the element count
-// and the byte size fit an int64_t; nullopt otherwise. Computed here, apart from core's own
-// count, for the tests that check shape inference against overflow.
-std::optional<int64_t> representable_numel(DType dtype, const Shape& shape);
-
 // |a - b| <= atol + rtol * |b| elementwise, same dtype and shape; NaN only matches NaN.
 // On failure, reports the count of mismatches and the worst element with its index.
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol,

@@ -9,6 +9,8 @@
 // imported as the graph's expand op (any input; the shape must be known).
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <unordered_map>
 
 #include "frontends/onnx/import_context.h"
 
@@ -304,6 +306,17 @@ void import_mod(NodeContext& c) {
   c.set_output(0, make_tensor(a.dtype, shape, ints, floats));
 }
 
+// Range's element count, max(ceil((limit - start) / delta), 0), in unsigned arithmetic: limit -
+// start passes int64 when they lie far apart on both sides of 0. Counts past int64 give its max.
+int64_t range_count(int64_t start, int64_t limit, int64_t delta) {
+  if (delta > 0 ? limit <= start : limit >= start) return 0;
+  const uint64_t span =
+      delta > 0 ? uint64_t(limit) - uint64_t(start) : uint64_t(start) - uint64_t(limit);
+  const uint64_t step = delta > 0 ? uint64_t(delta) : 0 - uint64_t(delta);
+  const uint64_t count = span / step + (span % step != 0 ? 1 : 0);
+  return int64_t(std::min<uint64_t>(count, uint64_t(std::numeric_limits<int64_t>::max())));
+}
+
 // Range(start, limit, delta): max(ceil((limit - start) / delta), 0) elements start + i delta.
 void import_range(NodeContext& c) {
   const Values start = known(c, 0, "start"), limit = known(c, 1, "limit"),
@@ -318,11 +331,13 @@ void import_range(NodeContext& c) {
   if (start.integer()) {
     const int64_t s = start.ints[0], l = limit.ints[0], d = delta.ints[0];
     c.check(d != 0, "input 2 (delta) is 0");
-    const int64_t span = l - s;
-    const int64_t count = std::max<int64_t>(0, (span + d + (d > 0 ? -1 : 1)) / d);
+    const int64_t count = range_count(s, l, d);
     c.check(count <= kMaxKnownElements, "the range has ", count, " elements, more than ",
             kMaxKnownElements);
-    for (int64_t i = 0; i < count; ++i) ints.push_back(s + i * d);
+    // Each element lies between start and limit, but i * delta alone may pass int64: the sum is
+    // taken modulo 2^64.
+    for (int64_t i = 0; i < count; ++i)
+      ints.push_back(int64_t(uint64_t(s) + uint64_t(i) * uint64_t(d)));
   } else {
     const double s = start.floats[0], l = limit.floats[0], d = delta.floats[0];
     c.check(d != 0 && std::isfinite(s) && std::isfinite(l) && std::isfinite(d),
@@ -453,27 +468,27 @@ void emit_scatter(NodeContext& c, const ScatterTargets& t, const std::string& re
                                   ? kNoValue
                                   : c.emit1(OpKind::reshape, ReshapeAttrs{{updates, t.row_size}},
                                             {c.input(2)}, "update_rows");
-  std::vector<int64_t> seen(size_t(t.rows), 0);  // updates dealt to each row so far
-  std::vector<std::vector<int64_t>> layers;      // layer j: row -> update index, or -1
+  // Kept per update, not per data row: the rows (data's size) may be far more than the updates,
+  // and only the layers' tensors, which the host memory budget counts, are that large.
+  std::unordered_map<int64_t, size_t> seen;                      // updates dealt to a row so far
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> layers;  // layer j: (row, update index)
   for (int64_t u = 0; u < updates; ++u) {
     const int64_t row = t.row_of_update[size_t(u)];
-    const size_t j = size_t(seen[size_t(row)]++);
-    if (j == layers.size()) layers.emplace_back(size_t(t.rows), -1);
-    layers[j][size_t(row)] = u;
+    const size_t j = seen[row]++;
+    if (j == layers.size()) layers.emplace_back();
+    layers[j].emplace_back(row, u);
   }
   static const std::pair<const char*, OpKind> kCombine[] = {
       {"add", OpKind::add}, {"mul", OpKind::mul}, {"max", OpKind::max}, {"min", OpKind::min}};
   for (size_t j = 0; j < layers.size(); ++j) {
     const std::string layer = "layer" + std::to_string(j);
-    Tensor source = Tensor::empty(DType::i64, {t.rows});
-    Tensor placed = Tensor::empty(DType::boolean, {t.rows, 1});
-    bool every_row = true;
-    for (int64_t r = 0; r < t.rows; ++r) {
-      const int64_t u = layers[j][size_t(r)];
-      source.data<int64_t>()[r] = std::max<int64_t>(u, 0);
-      placed.data<bool>()[r] = u >= 0;
-      every_row = every_row && u >= 0;
+    Tensor source = Tensor::zeros(DType::i64, {t.rows});
+    Tensor placed = Tensor::zeros(DType::boolean, {t.rows, 1});
+    for (const auto& [row, u] : layers[j]) {
+      source.data<int64_t>()[row] = u;
+      placed.data<bool>()[row] = true;
     }
+    const bool every_row = int64_t(layers[j].size()) == t.rows;  // a row at most once a layer
     const ValueId picked =
         c.emit1(OpKind::gather, GatherAttrs{0},
                 {update_rows, c.constant(source, layer + "_source")}, layer + "_pick");
