@@ -17,8 +17,10 @@
 namespace fusebox::onnx_import {
 namespace {
 
-// Known tensors are refused beyond this many elements (Range).
-constexpr int64_t kMaxKnownElements = int64_t(1) << 28;
+// Known tensors are refused beyond this many elements (Range): 16 Mi, 128 MiB of the importer's
+// own vectors, which the host budget does not see (2^28 let a 182-byte model take 1 GiB and more
+// at import). Values known at import are shapes and index tables, far below it.
+constexpr int64_t kMaxKnownElements = int64_t(1) << 24;
 
 // A known input's values: exactly as int64 for integer and bool tensors (INT64_MAX, the
 // exporters' "to the end" sentinel, survives), as double for floating ones.
