@@ -590,8 +590,11 @@ void import_trilu(NodeContext& c) {
   c.check(checked_tensor_size({m, n}, 1, kMaxKnownTensorBytes).has_value(), "its [", m, ", ", n,
           "] mask would pass ", kMaxKnownTensorBytes, " bytes");
   Tensor mask = Tensor::empty(DType::boolean, {m, n});
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) mask.data<bool>()[i * n + j] = upper ? j - i >= k : j - i <= k;
+  // Over the mask's elements, not its rows: an empty mask may have 2^31 rows of none.
+  for (int64_t e = 0; e < m * n; ++e) {
+    const int64_t i = e / n, j = e % n;
+    mask.data<bool>()[e] = upper ? j - i >= k : j - i <= k;
+  }
   const ValueId keep = c.constant(std::move(mask), "mask");
   const ValueId zero = c.constant(Tensor::scalar(c.input_type(0).dtype, 0.0), "zero");
   c.set_output(0, c.emit1(OpKind::where, {}, {keep, c.input(0), zero}));
