@@ -20,6 +20,17 @@ LaunchResult sh(int world, const std::string& script, milliseconds grace = milli
   return launch_local(world, {"/bin/sh", "-c", script}, grace);
 }
 
+// `sh` with `signal` sent to this process (the launcher) half a second in, while the ranks run.
+LaunchResult sh_signalled(int signal, int world, const std::string& script) {
+  std::thread sender([signal] {
+    std::this_thread::sleep_for(milliseconds(500));
+    ::kill(::getpid(), signal);  // the launcher's handler takes it
+  });
+  LaunchResult r = sh(world, script);
+  sender.join();
+  return r;
+}
+
 TEST(LaunchLocal, EveryRankSeesItsVariables) {
   const LaunchResult r = sh(3,
                             "test \"$FUSEBOX_WORLD_SIZE\" = 3 && test \"$FUSEBOX_RANK\" -lt 3 && "
@@ -52,23 +63,14 @@ TEST(LaunchLocal, ARankThatIgnoresSigtermIsKilledAfterTheGrace) {
 // Ctrl-C reaches the launcher alone (each rank leads its own process group): it is forwarded,
 // and ranks that stop on it with status 130 are no failure; one that ends otherwise still is.
 TEST(LaunchLocal, SigintIsForwardedAndRanksStoppingOnItAreNoFailure) {
-  std::thread interrupter([] {
-    std::this_thread::sleep_for(milliseconds(500));
-    ::kill(::getpid(), SIGINT);  // the launcher's handler takes it while the ranks run
-  });
-  LaunchResult r = sh(2, "trap 'exit 130' INT; while true; do sleep 0.05; done");
-  interrupter.join();
+  LaunchResult r = sh_signalled(SIGINT, 2, "trap 'exit 130' INT; while true; do sleep 0.05; done");
   EXPECT_EQ(r.stop_signal, SIGINT);
   EXPECT_TRUE(r.ok) << r.why;
 
-  std::thread again([] {
-    std::this_thread::sleep_for(milliseconds(500));
-    ::kill(::getpid(), SIGINT);
-  });
-  r = sh(2,
-         "if [ \"$FUSEBOX_RANK\" = 1 ]; then trap 'exit 4' INT; else trap 'exit 130' INT; fi; "
-         "while true; do sleep 0.05; done");
-  again.join();
+  r = sh_signalled(
+      SIGINT, 2,
+      "if [ \"$FUSEBOX_RANK\" = 1 ]; then trap 'exit 4' INT; else trap 'exit 130' INT; fi; "
+      "while true; do sleep 0.05; done");
   EXPECT_EQ(r.stop_signal, SIGINT);
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.why, "rank 1 exited with status 4");
@@ -77,21 +79,12 @@ TEST(LaunchLocal, SigintIsForwardedAndRanksStoppingOnItAreNoFailure) {
 // SIGTERM (a scheduler pre-empting the job) likewise: forwarded as SIGTERM, and ranks that stop
 // on it with 143 are no failure; 130 is not what they were asked for.
 TEST(LaunchLocal, SigtermIsForwardedAndRanksStoppingOnItAreNoFailure) {
-  std::thread terminator([] {
-    std::this_thread::sleep_for(milliseconds(500));
-    ::kill(::getpid(), SIGTERM);
-  });
-  LaunchResult r = sh(2, "trap 'exit 143' TERM; while true; do sleep 0.05; done");
-  terminator.join();
+  LaunchResult r =
+      sh_signalled(SIGTERM, 2, "trap 'exit 143' TERM; while true; do sleep 0.05; done");
   EXPECT_EQ(r.stop_signal, SIGTERM);
   EXPECT_TRUE(r.ok) << r.why;
 
-  std::thread again([] {
-    std::this_thread::sleep_for(milliseconds(500));
-    ::kill(::getpid(), SIGTERM);
-  });
-  r = sh(2, "trap 'exit 130' TERM; while true; do sleep 0.05; done");
-  again.join();
+  r = sh_signalled(SIGTERM, 2, "trap 'exit 130' TERM; while true; do sleep 0.05; done");
   EXPECT_EQ(r.stop_signal, SIGTERM);
   EXPECT_FALSE(r.ok);
   EXPECT_TRUE(r.why == "rank 0 exited with status 130" || r.why == "rank 1 exited with status 130")
