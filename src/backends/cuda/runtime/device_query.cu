@@ -1,5 +1,5 @@
 // Whether a usable GPU is present: the runtime's entry point into the CUDA backend
-// (runtime/executor.cpp declares it by hand, so it stays a plain function).
+// (executable/run_graph.cpp declares it by hand, so it stays a plain function).
 #include "backends/cuda/runtime/device.h"
 
 namespace fusebox::cuda {

@@ -14,7 +14,7 @@
 // Placement: values largest first, each at the lowest aligned offset free of every placed
 // value it overlaps in time (the greedy-by-size plan of TFLite's arena planner, among
 // others). It is within a few percent of the lower bound (the most bytes live at any one
-// node) on the networks we run (tests/unit/runtime print both).
+// node) on the networks we run (tests/unit/executable print both).
 #pragma once
 
 #include <cstddef>

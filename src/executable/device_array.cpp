@@ -1,4 +1,4 @@
-#include "runtime/device_array.h"
+#include "executable/device_array.h"
 
 #include <cuda_runtime_api.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "backends/cuda/kernels.h"
-#include "runtime/io_plan.h"
+#include "executable/io_plan.h"
 
 namespace fusebox {
 namespace runtime {

@@ -4,8 +4,8 @@
 
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
-#include "runtime/memory_plan.h"
-#include "runtime_test_util.h"
+#include "executable/memory_plan.h"
+#include "executable_test_util.h"
 
 namespace fusebox::testing {
 namespace {

@@ -6,7 +6,7 @@
 #include "backends/cuda/runtime/encoder.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
-#include "runtime_test_util.h"
+#include "executable_test_util.h"
 
 namespace fusebox::testing {
 namespace {

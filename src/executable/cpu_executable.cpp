@@ -7,10 +7,10 @@
 
 #include "fusebox/backends/cpu.h"
 #include "fusebox/core/memory.h"
-#include "runtime/device_array.h"
-#include "runtime/executables.h"
-#include "runtime/io_plan.h"
-#include "runtime/memory_plan.h"
+#include "executable/device_array.h"
+#include "executable/executables.h"
+#include "executable/io_plan.h"
+#include "executable/memory_plan.h"
 
 namespace fusebox::runtime {
 

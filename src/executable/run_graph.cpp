@@ -9,7 +9,7 @@
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
 #include "fusebox/runtime/executable.h"
-#include "runtime/executables.h"
+#include "executable/executables.h"
 
 namespace fusebox {
 

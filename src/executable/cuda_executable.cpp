@@ -2,7 +2,7 @@
 // every run (fusebox/runtime/executable.h).
 //
 // Compile:
-//   1. plan the layouts (passes/layout.h) and the memory (runtime/memory_plan.h);
+//   1. plan the layouts (passes/layout.h) and the memory (executable/memory_plan.h);
 //   2. give every input a buffer: the bound array; an aliased (resident) input's own, in
 //      the order the step computes it; else a contiguous one that feeds are copied into;
 //      an input the step reads in another order is converted by the step's first
@@ -33,10 +33,10 @@
 #include "backends/cuda/runtime/nccl.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/passes/layout.h"
-#include "runtime/device_array.h"
-#include "runtime/executables.h"
-#include "runtime/io_plan.h"
-#include "runtime/memory_plan.h"
+#include "executable/device_array.h"
+#include "executable/executables.h"
+#include "executable/io_plan.h"
+#include "executable/memory_plan.h"
 
 namespace fusebox::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/io_plan.h"
+#include "executable/io_plan.h"
 
 #include <set>
 
