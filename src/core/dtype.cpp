@@ -4,6 +4,8 @@
 
 namespace fusebox {
 
+// The two switches below read as tables.
+// clang-format off
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64: case DType::i64: return 8;
@@ -26,6 +28,7 @@ const char* dtype_name(DType t) {
   }
   return "?";
 }
+// clang-format on
 
 bool parse_dtype(const std::string& name, DType* out) {
   for (int i = 0; i < kNumDTypes; ++i) {
@@ -58,8 +61,10 @@ float round_to_odd_float(double d) {
   if (std::isnan(d)) return float(d);
   float f = float(d);
   if (double(f) == d) return f;
-  if (std::isinf(f)) f = std::nextafter(f, 0.0f);  // beyond float range: largest finite, odd
-  else if (std::fabs(double(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  if (std::isinf(f))
+    f = std::nextafter(f, 0.0f);  // beyond float range: largest finite, odd
+  else if (std::fabs(double(f)) > std::fabs(d))
+    f = std::nextafter(f, 0.0f);
   return bits_float(float_bits(f) | 1u);
 }
 
@@ -67,11 +72,11 @@ uint16_t float_to_half_bits(float f) {
   uint32_t x = float_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {                       // inf or NaN
+  if (abs >= 0x7f800000u) {  // inf or NaN
     return uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                        // below the smallest normal half (2^-14)
+  if (abs < 0x38800000u) {  // below the smallest normal half (2^-14)
     // Subnormal half: value = m * 2^-24. Add 0.5 (in units of 2^-24) via float magic.
     float af = bits_float(abs);
     // Adding 0.5 makes the FPU round the significand to an integer multiple of 2^-24 (RNE).
@@ -108,7 +113,9 @@ uint16_t float_to_bf16_bits(float f) {
 
 Half::Half(float f) : bits(float_to_half_bits(f)) {}
 Half::Half(double d) : bits(float_to_half_bits(round_to_odd_float(d))) {}
-Half::operator float() const { return half_bits_to_float(bits); }
+Half::operator float() const {
+  return half_bits_to_float(bits);
+}
 BFloat16::BFloat16(float f) : bits(float_to_bf16_bits(f)) {}
 BFloat16::BFloat16(double d) : bits(float_to_bf16_bits(round_to_odd_float(d))) {}
 

@@ -12,8 +12,12 @@ ValueId Builder::one(OpKind kind, Attrs attrs, std::vector<ValueId> inputs) {
   return op(kind, std::move(attrs), std::move(inputs)).at(0);
 }
 
-ValueId Builder::unary(OpKind kind, ValueId x) { return one(kind, {}, {x}); }
-ValueId Builder::binary(OpKind kind, ValueId a, ValueId b) { return one(kind, {}, {a, b}); }
+ValueId Builder::unary(OpKind kind, ValueId x) {
+  return one(kind, {}, {x});
+}
+ValueId Builder::binary(OpKind kind, ValueId a, ValueId b) {
+  return one(kind, {}, {a, b});
+}
 
 ValueId Builder::conv(ValueId x, ValueId w, ValueId bias, ConvAttrs a) {
   std::vector<ValueId> in{x, w};
@@ -103,15 +107,21 @@ ValueId Builder::transpose(ValueId x, std::vector<int64_t> perm) {
 ValueId Builder::concat(std::vector<ValueId> xs, int64_t axis) {
   return one(OpKind::concat, ConcatAttrs{axis}, std::move(xs));
 }
-ValueId Builder::slice(ValueId x, SliceAttrs a) { return one(OpKind::slice, std::move(a), {x}); }
-ValueId Builder::pad(ValueId x, PadAttrs a) { return one(OpKind::pad, std::move(a), {x}); }
+ValueId Builder::slice(ValueId x, SliceAttrs a) {
+  return one(OpKind::slice, std::move(a), {x});
+}
+ValueId Builder::pad(ValueId x, PadAttrs a) {
+  return one(OpKind::pad, std::move(a), {x});
+}
 ValueId Builder::squeeze(ValueId x, std::vector<int64_t> axes) {
   return one(OpKind::squeeze, AxesAttrs{std::move(axes)}, {x});
 }
 ValueId Builder::unsqueeze(ValueId x, std::vector<int64_t> axes) {
   return one(OpKind::unsqueeze, AxesAttrs{std::move(axes)}, {x});
 }
-ValueId Builder::cast(ValueId x, DType to) { return one(OpKind::cast, CastAttrs{to}, {x}); }
+ValueId Builder::cast(ValueId x, DType to) {
+  return one(OpKind::cast, CastAttrs{to}, {x});
+}
 ValueId Builder::constant(Tensor value) {
   return one(OpKind::constant, ConstantAttrs{std::move(value)}, {});
 }

@@ -12,12 +12,14 @@ enum class DType : uint8_t { f64, f32, f16, bf16, i64, i32, boolean };
 constexpr int kNumDTypes = 7;
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);          // "f32", "bf16", "bool", ...
+const char* dtype_name(DType t);  // "f32", "bf16", "bool", ...
 bool parse_dtype(const std::string& name, DType* out);
 inline bool is_floating(DType t) {
   return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16;
 }
-inline bool is_integer(DType t) { return t == DType::i64 || t == DType::i32; }
+inline bool is_integer(DType t) {
+  return t == DType::i64 || t == DType::i32;
+}
 
 // IEEE binary16. Conversions round to nearest, ties to even; NaN stays NaN,
 // overflow becomes infinity, subnormals are kept.
@@ -27,7 +29,11 @@ struct Half {
   explicit Half(float f);
   explicit Half(double d);
   explicit operator float() const;
-  static Half from_bits(uint16_t b) { Half h; h.bits = b; return h; }
+  static Half from_bits(uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
 };
 
 // bfloat16: the upper half of an f32, rounded to nearest even.
@@ -42,10 +48,15 @@ struct BFloat16 {
     std::memcpy(&f, &u, 4);
     return f;
   }
-  static BFloat16 from_bits(uint16_t b) { BFloat16 h; h.bits = b; return h; }
+  static BFloat16 from_bits(uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
 };
 
 // Maps a C++ type to its DType.
+// clang-format off
 template <class T> struct dtype_of;
 template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
@@ -54,18 +65,27 @@ template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::bf
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+// clang-format on
 
-// Calls f(T{}) with T the C++ type of `t`: visit_dtype(t, [&](auto tag){ using T = decltype(tag); ... }).
+// Calls f(T{}) with T the C++ type of `t`: visit_dtype(t, [&](auto tag){ using T = decltype(tag);
+// ... }).
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f64: return f(double{});
-    case DType::f32: return f(float{});
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::i64: return f(int64_t{});
-    case DType::i32: return f(int32_t{});
-    case DType::boolean: return f(bool{});
+    case DType::f64:
+      return f(double{});
+    case DType::f32:
+      return f(float{});
+    case DType::f16:
+      return f(Half{});
+    case DType::bf16:
+      return f(BFloat16{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::boolean:
+      return f(bool{});
   }
   return f(float{});
 }

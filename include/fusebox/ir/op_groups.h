@@ -35,11 +35,13 @@
 #define FUSEBOX_BINARY_POINTWISE_OPS(X) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow)
 
 // Comparisons and logic: bool results, numpy-broadcast operands (ops.h).
+// clang-format off
 #define FUSEBOX_LOGIC_OPS(X)                                                            \
   X(equal)                                                                              \
   X(less)                                                                               \
   X(greater) X(less_equal) X(greater_equal) X(logical_not) X(logical_and) X(logical_or) \
       X(logical_xor)
+// clang-format on
 
 #define FUSEBOX_REDUCE_OPS(X) X(reduce_sum) X(reduce_mean) X(reduce_max)
 

@@ -411,7 +411,7 @@ struct ResizeAttrs {
   double extrapolation_value = 0.0;
   std::vector<double> roi_start, roi_end;
 };
-const char* resize_mode_name(ResizeMode m);               // "nearest", "linear", "cubic"
+const char* resize_mode_name(ResizeMode m);                // "nearest", "linear", "cubic"
 const char* resize_coordinates_name(ResizeCoordinates c);  // the ONNX spelling
 const char* resize_nearest_name(ResizeNearest r);          // the ONNX spelling
 struct ResizeBackwardAttrs {
@@ -598,15 +598,13 @@ struct AllReduceAttrs {
   DType reduce_dtype = DType::f32;
 };
 
-using Attrs =
-    std::variant<std::monostate, ConvAttrs, ConvBackwardDataAttrs, ConvBackwardFilterAttrs,
-                 BatchNormAttrs, NormAttrs, LeakyReluAttrs, GeluAttrs, ClipAttrs, GemmAttrs,
-                 ReduceAttrs, SoftmaxAttrs, PoolAttrs, ReshapeAttrs, FlattenAttrs, TransposeAttrs,
-                 ConcatAttrs, SliceAttrs, PadAttrs, AxesAttrs, CastAttrs, ConstantAttrs,
-                 CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs, BinaryBackwardAttrs,
-                 PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs, AdamWAttrs,
-                 LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
-                 GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs,
-                 TopKAttrs, AllReduceAttrs>;
+using Attrs = std::variant<
+    std::monostate, ConvAttrs, ConvBackwardDataAttrs, ConvBackwardFilterAttrs, BatchNormAttrs,
+    NormAttrs, LeakyReluAttrs, GeluAttrs, ClipAttrs, GemmAttrs, ReduceAttrs, SoftmaxAttrs,
+    PoolAttrs, ReshapeAttrs, FlattenAttrs, TransposeAttrs, ConcatAttrs, SliceAttrs, PadAttrs,
+    AxesAttrs, CastAttrs, ConstantAttrs, CrossEntropyAttrs, ExpandAttrs, UnaryBackwardAttrs,
+    BinaryBackwardAttrs, PoolBackwardAttrs, SliceBackwardAttrs, PadBackwardAttrs, SgdAttrs,
+    AdamWAttrs, LossScaleAttrs, PointwiseProgram, AttentionAttrs, ArgReduceAttrs, GatherAttrs,
+    GatherBackwardAttrs, CumSumAttrs, ResizeAttrs, ResizeBackwardAttrs, TopKAttrs, AllReduceAttrs>;
 
 }  // namespace fusebox

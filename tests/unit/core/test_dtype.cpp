@@ -60,12 +60,12 @@ TEST(Half, KnownValues) {
   EXPECT_EQ(Half(1.0f).bits, 0x3c00);
   EXPECT_EQ(Half(-2.0f).bits, 0xc000);
   EXPECT_EQ(Half(65504.0f).bits, 0x7bff);
-  EXPECT_EQ(Half(65519.99f).bits, 0x7bff);  // below the rounding midpoint to infinity
-  EXPECT_EQ(Half(65520.0f).bits, 0x7c00);   // the midpoint rounds to even: infinity
+  EXPECT_EQ(Half(65519.99f).bits, 0x7bff);              // below the rounding midpoint to infinity
+  EXPECT_EQ(Half(65520.0f).bits, 0x7c00);               // the midpoint rounds to even: infinity
   EXPECT_EQ(Half(std::ldexp(1.0f, -24)).bits, 0x0001);  // smallest subnormal
   EXPECT_EQ(Half(std::ldexp(1.0f, -25)).bits, 0x0000);  // tie with 0 -> even (0)
   EXPECT_EQ(Half(std::ldexp(1.5f, -25)).bits, 0x0001);
-  EXPECT_EQ(Half(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);  // tie -> even
+  EXPECT_EQ(Half(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);      // tie -> even
   EXPECT_EQ(Half(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);  // tie -> even (up)
   EXPECT_TRUE(std::isinf(float(Half(std::numeric_limits<float>::infinity()))));
   EXPECT_TRUE(std::isnan(float(Half(std::numeric_limits<float>::quiet_NaN()))));
@@ -110,8 +110,8 @@ TEST(Half, RandomDoublesMatchOracle) {
 // Values one float-ulp away from a half midpoint: rounding through float first
 // would land exactly on the midpoint and round to even (wrong); direct is right.
 TEST(Half, DoubleNearMidpointNoDoubleRounding) {
-  double mid = 1.0 + std::ldexp(1.0, -11);       // midpoint between 1 and 1+2^-10
-  double above = mid + std::ldexp(1.0, -40);     // slightly above: rounds up
+  double mid = 1.0 + std::ldexp(1.0, -11);    // midpoint between 1 and 1+2^-10
+  double above = mid + std::ldexp(1.0, -40);  // slightly above: rounds up
   EXPECT_EQ(Half(above).bits, 0x3c01);
   EXPECT_EQ(Half(mid).bits, 0x3c00);
 }
