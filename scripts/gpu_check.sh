@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # Builds fusebox on a GPU machine and runs every GPU test and benchmark, writing logs
-# and JSON to $1 (default: out/gpu). Used on the lent H100 (no network there):
+# and JSON to $1 (default: out/gpu/<date>_<gpu>_gpu_check, one folder per run, named as
+# bench/results/README.md names runs). Used on the lent GPUs (no network there):
 #   scripts/gpu_check.sh "$OUT"
 # cuDNN: the PyTorch environment's nvidia/cudnn package (9.19) is linked and loaded,
 # never the older system copy, so compile-time and run-time versions agree.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-out/gpu}
+# The GPU part of a run's folder name: h200, or h200x4 for four of them; nogpu without one.
+gpu_tag() {
+  local names count
+  names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true)
+  count=$(printf '%s\n' "$names" | grep -c . || true)
+  [ "$count" -gt 0 ] || { echo nogpu; return; }
+  local model
+  model=$(printf '%s\n' "$names" | head -n 1 | tr 'A-Z' 'a-z' | sed 's/^nvidia //' | awk '{print $1}')
+  if [ "$count" -gt 1 ]; then echo "${model}x$count"; else echo "$model"; fi
+}
+out=${1:-out/gpu/$(date -u +%F)_$(gpu_tag)_gpu_check}
 mkdir -p "$out"
 log="$out/gpu_check.log"
 exec > >(tee "$log") 2>&1

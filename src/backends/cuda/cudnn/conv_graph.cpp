@@ -185,7 +185,7 @@ void build_graph(fe::graph::Graph& g, const ConvProblem& p, ConvFusion fused) {
   // With no activation between them, the residual is added before the bias: conv + z + bias
   // is the order of cuDNN's precompiled conv-bias-add-activation kernels (builds in ms);
   // conv + bias + z only has the runtime-compiled fusion engine (~1 s to build, and slower
-  // on 3 of ResNet-50's 4 block ends: bench/results/2026-11-24_h100_cudnn_fusion_probe.txt).
+  // on 3 of ResNet-50's 4 block ends: bench/results/2026-11-24_h100_cudnn_fusion_probe/).
   const bool residual_first = fused == ConvFusion::epilogue && p.residual.present && !p.activation;
   if (residual_first) result = add(result, residual());
   if (p.bias.present) result = add(result, bias_tensor(g, p, *out, attributes));

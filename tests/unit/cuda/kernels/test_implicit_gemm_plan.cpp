@@ -128,7 +128,7 @@ TEST(ImplicitGemmPlan, TilesSplitsAndVectorPath) {
       igemm::is_wgmma(igemm::make_plan(ConvOp::fprop, g, DType::f32, {.wgmma = true}, 132).tile));
   EXPECT_FALSE(igemm::tile_available(ConvOp::dgrad, DType::bf16, igemm::Math::tensor_core, false,
                                      true, igemm::TileShape::wg128x128));
-  // The measured choices (bench/results/2026-11-25_h100_issue14.md): long K takes 128x128,
+  // The measured choices (bench/results/2026-11-25_h100_issue14/): long K takes 128x128,
   // wgrad with K/g >= 128 takes 128x64.
   ConvConfig l4 = c;  // layer4's 3x3: C = K = 512 at 7x7
   l4.in_channels = l4.out_channels = 512, l4.spatial = {7, 7};

@@ -8,7 +8,7 @@
 // row's reductions and its writes of y without holding registers. The register path's
 // prefetch holds the next row in registers instead: at f32 16,384 columns that is 16 more
 // registers per thread, one row ahead, one block of 1024 per SM, and LayerNorm ran at
-// 89-90% of a copy (bench/results/2026-11-22_h100_session4.md). Per row, after the wait:
+// 89-90% of a copy (bench/results/2026-11-22_h100_session4/). Per row, after the wait:
 //   1. the thread's vectors move from its stage slots to registers (the slots are then
 //      free: the next issue reuses them);
 //   2. the register path's normalize_row (kernels/norm/forward_impl.cuh): statistics, then y.

@@ -94,7 +94,7 @@ const char* fused_kernel_preamble();
 //   steps per iteration: the grid-stride loop unrolled, that many steps' loads in flight
 //     per thread, each load instruction coalesced.
 // Defaults 1 and 4: on an H100 the 8-op bf16 chain of bench_fused_pointwise ran at 92% of
-// the copy bandwidth so, against 87% at 2 and 2 (bench/results/2026-11-24_h100_issue13.md).
+// the copy bandwidth so, against 87% at 2 and 2 (bench/results/2026-11-24_h100_issue13/).
 int fused_vectors_per_step();
 void set_fused_vectors_per_step(int vectors);
 int fused_steps_per_iteration();

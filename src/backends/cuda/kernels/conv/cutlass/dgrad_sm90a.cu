@@ -15,7 +15,7 @@ namespace {
 // disjoint, interleaved sub-lattices of dx, which the encoder's byte ranges cannot tell
 // apart: as separate operations on dx's range they would run one after another. Concurrent,
 // ResNet-50's 3x3 stride-2 dgrads on an H200: 62.7 -> 57.0 us (layer 2), 52.4 -> 41.9 (layer
-// 3), 42.9 -> 35.9 (layer 4) (bench/results/2026-11-28_h200_session22_dense.md).
+// 3), 42.9 -> 35.9 (layer 4) (bench/results/2026-11-28_h200_session22_dense/).
 class ConcurrentKernels {
  public:
   ConcurrentKernels() { FUSEBOX_CUDA_CHECK(cudaGraphCreate(&graph_, 0)); }
@@ -66,7 +66,7 @@ std::optional<std::string> run(Context& ctx, const Plan& plan, const ConvGeometr
   // The phases with the most taps first: their CTAs run longest, and the short phases' CTAs
   // then fill the last wave (H200, ResNet-50's 3x3 stride-2 dgrads against the phases in
   // order: layer 2 57.4 -> 56.4 us, layer 3 41.7 -> 39.9, layer 4 35.7 -> 34.0;
-  // bench/results/2026-11-29_h200_session24_phase_dgrad.md).
+  // bench/results/2026-11-29_h200_session24_phase_dgrad/).
   auto taps = [&](size_t i) {
     const DgradPhase& p = plan.phases[i];
     return p.taps[0] * p.taps[1] * p.taps[2];

@@ -80,7 +80,7 @@ struct PingpongGemm {
 // fprop and dgrad: D = clamp(A B + bias + residual) in T; or, kPlain, D = A B. The plain
 // epilogue reads no source and keeps no bias or clamp: on ResNet-50's short-K 1x1 layers,
 // streaming D, it is 15-25% faster (H200: the 28x28 128 -> 512 fprop 32.0 -> 23.1 us,
-// bench/results/2026-11-28_h200_session22_dense.md).
+// bench/results/2026-11-28_h200_session22_dense/).
 template <class T, class LayoutB, int TM, int TN, bool kPlain = false>
 struct GemmInstance
     : PingpongGemm<T, cutlass::layout::RowMajor, LayoutB, std::conditional_t<kPlain, void, T>, T,

@@ -43,7 +43,7 @@ struct Instance {
   // D = acc: no source, bias or clamp to read or compute (wgrad's sums, or kPlain where the
   // plan's epilogue is plain()). It saves ~2.5 us a launch on an H200: the 64-channel 3x3
   // fprop 51.5 -> 48.8 us, a 1-tap dgrad phase 14.4 -> 11.9
-  // (bench/results/2026-11-28_h200_session22_dense.md).
+  // (bench/results/2026-11-28_h200_session22_dense/).
   static constexpr bool kPlainEpilogue = kWgrad || kPlain;
   // K is a mode of its own (the reduction runs over taps and channels, or images and pixels);
   // so is wgrad's N, which covers (C, S, R, T).
@@ -70,7 +70,7 @@ struct Instance {
   // The kernel is not persistent: a CTA's prologue and epilogue stall its SM unless another
   // CTA shares it. The narrow tile (104 registers) therefore takes 4 stages, 97 KiB of shared
   // memory, and two CTAs run on each SM: ResNet-50's 64-channel 3x3 fprop and dgrad 70 -> 52
-  // us on an H200 (bench/results/2026-11-28_h200_session22_dense.md). The wide tiles keep
+  // us on an H200 (bench/results/2026-11-28_h200_session22_dense/). The wide tiles keep
   // the deepest pipeline: at 168 registers two CTAs would not fit (forced to 128, they spill
   // and run 2-6x slower).
   static constexpr bool kTwoPerSm = TN == 64 && !kWgrad;

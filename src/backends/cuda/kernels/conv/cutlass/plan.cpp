@@ -248,7 +248,7 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
   // A pointwise wgrad on the GEMM only when it has many pixels (layers 1-2 of ResNet-50 and
   // an im2col'd stem: 0.36-0.54x -> 0.9-1.05x cuDNN); with few (layers 3-4, 3136-12544
   // pixels) the conv kernel's whole-image chunks were faster on the H100 (0.56-0.91x against
-  // the GEMM's 0.42-0.61x, bench/results/2026-11-25_h100_session13.md, chunked through f32
+  // the GEMM's 0.42-0.61x, bench/results/2026-11-25_h100_session13/, chunked through f32
   // slices) -- unless its output tiles alone fill the GPU: then one unsplit GEMM writes dw
   // (direct_wgrad_tile; layer 4's 0.45-0.55x on the image chunks).
   const std::optional<Tile> direct =
@@ -266,12 +266,12 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     // The pixel chunks below fill the GPU, so the wide tile (fewer f32 slices per output
     // element); the narrow one only for 64 filters. With a quarter wave of chunks 128x128
     // beat 64x128 by 1.1-1.4x on every ResNet-50 GEMM wgrad with more than 64 filters, 64
-    // channels included (H200, bench/results/2026-11-29_h200_session25.md).
+    // channels included (H200, bench/results/2026-11-29_h200_session25_dense/).
     p.tile = m <= 64 ? Tile::t64x128 : Tile::t128x128;
   } else if (op == ConvOp::wgrad) {
     p.tile = m <= 64 || n <= 64 ? Tile::t64x128 : Tile::t128x128;
   } else {
-    // Measured on the H100 (bench/results/2026-11-25_h100_session12.md): 128x128 wins
+    // Measured on the H100 (bench/results/2026-11-25_h100_session12/): 128x128 wins
     // whenever N fills it, by up to 1.5x; 128x64 only where N <= 64 would leave half of
     // the wide tile idle.
     p.tile = n <= 64 ? Tile::t128x64 : Tile::t128x128;
@@ -290,7 +290,7 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     // reads). Fewer, longer chunks won everywhere measured: every chunk's tile writes a 32-64
     // KB f32 slice that is read back and summed, and two tiles per SM (the old rule) made that
     // traffic the cost (ResNet-50's 1x1 wgrads 1.3-1.8x faster with a quarter, H200,
-    // bench/results/2026-11-29_h200_session24_phase_dgrad.md).
+    // bench/results/2026-11-29_h200_session24_phase_dgrad/).
     const int64_t rows = g.batch * g.out_size();
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t operand_bytes = rows * (m + n) * int64_t(dtype_size(dtype));
@@ -305,7 +305,7 @@ Plan make_plan(ConvOp op, const ConvGeometry& g, DType dtype, const Epilogue& ep
     // at least 16 K steps. A wave's worth (the earlier rule) wrote and summed more f32 slices
     // than it gained: layer 3-4's 1x1 wgrads 1.2-1.3x faster with 2-3 chunks than 5-8, the
     // 3x3 ones of layers 2-3 1.1-1.2x with 4 and 1 than 13 and 4 (H200,
-    // bench/results/2026-11-29_h200_session25.md).
+    // bench/results/2026-11-29_h200_session25_dense/).
     const int64_t ctas = cdiv(m, tile_m(p.tile)) * cdiv(n, tile_n(p.tile));
     const int64_t depth = g.batch * g.out_size();
     int64_t chunks = cdiv(std::max<int64_t>(sms / 4, 1), ctas);

@@ -108,7 +108,7 @@ bool is_pointwise(const ConvGeometry& g);
 // nullopt: the first of 128x128 and 64x128 (or `forced`, if one of them) whose K x C output
 // tiles give at least three quarters of the SMs one each. ResNet-50's layer-4 1x1 weight
 // gradients (3136 pixels, 2048 x 512): 64 tiles of 128x128, 128 of 64x128 -> 23 us on the
-// im2col kernel's chunks, ~12 us so (H200, bench/results/2026-11-28_h200_session22_dense.md).
+// im2col kernel's chunks, ~12 us so (H200, bench/results/2026-11-28_h200_session22_dense/).
 std::optional<Tile> direct_wgrad_tile(const ConvGeometry& g, int sm_count,
                                       std::optional<Tile> forced = std::nullopt);
 

@@ -338,9 +338,9 @@ int64_t rows_wgrad_splits(const DwRowsParams& p) {
 
 // ---- ring kernels (ring.cuh) ------------------------------------------------------------
 //
-// Measured on the H200 (bench/results/2026-11-28_h200_session19.md, bf16, N=64): vs cuDNN's
+// Measured on the H200 (bench/results/2026-11-28_h200_session19/, bf16, N=64): vs cuDNN's
 // best plan fprop 1.10-1.60x, dgrad 1.01-3.78x, wgrad 0.90-1.58x (0.99-1.57x with the runs of
-// 7: bench/results/2026-11-28_h200_session21_dw_wgrad_sweep.md); vs the rows kernels (ms)
+// 7: bench/results/2026-11-28_h200_session21_dw_wgrad_sweep/); vs the rows kernels (ms)
 // fprop 3x3 C256 at 56^2 0.099 -> 0.080, 7x7 C96 at 56^2 0.131 -> 0.087, C768 at 7^2 0.022
 // -> 0.017, wgrad 7x7 C96 0.27 -> 0.11. The stride-2 3x3 fprop stays on the rows kernel
 // (0.042 vs 0.045).

@@ -26,7 +26,7 @@ std::optional<std::string> depthwise_cannot_implement(const Node& n, ConvOp op, 
 
 // Whether the depthwise kernels run this problem without autotuning, ahead of cuDNN: where
 // they were measured faster than cuDNN's best engine on every shape (bf16; f16 runs the same
-// loop; bench/results/2026-11-25_h100_session14.md, 2026-11-28_h200_session19.md): dgrad at
+// loop; bench/results/2026-11-25_h100_session14/, 2026-11-28_h200_session19/): dgrad at
 // stride 1 (1.5-2.6x); fprop at stride 1 without a fused activation or residual with a 7-wide
 // filter, or a 3-wide one on the ring kernel; 3-wide weight gradients on the ring kernel.
 // Elsewhere (f32 included) cuDNN was faster or not measured: cuDNN runs (autotuning still

@@ -36,7 +36,7 @@
 
 namespace fusebox::cuda {
 
-// Outputs per thread along the last dim (H100, bench/results/2026-11-25_h100_session14.md):
+// Outputs per thread along the last dim (H100, bench/results/2026-11-25_h100_session14/):
 // fprop / dgrad 4 (8 needs ~130 registers: a quarter of the warps, 1.8x slower at 3x3);
 // wgrad 8 for 3x3 and 5x5 at stride 1 (fewer x reloads per tap), else 4.
 constexpr int kDepthwiseFpropRun = 4;

@@ -9,7 +9,7 @@
 // Why a kernel of its own: as a GEMM, dw [K][9 C] = dy^T [K][P] x im2col(x) [P][9 C] over the
 // P = N*H*W pixels. With K = 64 filters (ResNet-50's layer 1) every CUTLASS tile is one tile
 // high and reads its nine im2col'd taps of x through L2 again per column tile: 0.46x cuDNN on
-// the H200 (bench/results/2026-11-28_h200_session22_dense.md). Here a CTA keeps three x rows
+// the H200 (bench/results/2026-11-28_h200_session22_dense/). Here a CTA keeps three x rows
 // (with their one-column halos) in shared memory and reduces dy's row against all nine taps:
 //
 //   op     M           N                 K (reduced)              A (smem)        B (smem)

@@ -138,7 +138,7 @@ TileShape choose_tile(ConvOp op, int64_t m, int64_t m_total, int64_t n, int64_t 
                       int sm_count) {
   auto available = [&](TileShape t) { return tile_available(op, dtype, math, vector, wgmma, t); };
   // Rules fitted to the H100 runs of bench_conv --own-tiles over ResNet-50's shapes
-  // (bench/results/2026-11-25_h100_issue14.md), where they pick the fastest tile or one within
+  // (bench/results/2026-11-25_h100_issue14/), where they pick the fastest tile or one within
   // 3% of it: the wgmma tiles beat every mma.sync tile; 128x128 wins once K is long enough for
   // its better reuse to pay for one CTA per SM (no overlap of one CTA's prologue and epilogue
   // with another's main loop); wgrad (mma.sync) runs best on 128x64 when M = K/g fills it.
