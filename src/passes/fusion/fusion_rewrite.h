@@ -1,4 +1,4 @@
-// The rewrite the fusion passes share (passes/fusion.cpp, passes/fuse_conv.cpp): a node
+// The rewrite the fusion passes share (passes/fusion/): a node
 // takes over nodes after it (an activation, an add) and is emitted where the last of them
 // was, writing the last one's value (name included), with new attributes and inputs.
 // Graph only appends, so the graph is rebuilt node by node.

@@ -21,9 +21,9 @@
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
 // fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
 // far faster than a fused kernel on CUDA cores would. In training graphs the node also
-// outputs lse for its gradient rule (passes/vjp_norm.cpp). A transpose on the scores' right
-// operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters fold
-// permute + transpose) is first split into the head split and the swap.
+// outputs lse for its gradient rule (passes/autodiff/vjp_norm.cpp). A transpose on the scores'
+// right operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters
+// fold permute + transpose) is first split into the head split and the swap.
 #include <algorithm>
 #include <cmath>
 #include <functional>
