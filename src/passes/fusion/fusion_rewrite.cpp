@@ -14,88 +14,52 @@ void rebuild(Graph& g, const std::vector<Takeover>& takeover) {
     for (NodeId n : takeover[b].replaced) fused_at[size_t(n)] = NodeId(b);
     moved[b] = true;
   }
-  Graph out(g.name());
-  std::vector<ValueId> map(g.values().size(), kNoValue);
-  for (ValueId v : g.inputs()) {
-    const Value& value = g.value(v);
-    map[size_t(v)] = out.add_input(value.name, value.type.dtype, value.type.shape);
-  }
   // Constants on first use (in node order, then outputs): the unread ones go.
-  auto mapped = [&](ValueId v) {
-    if (v == kNoValue) return kNoValue;
-    ValueId& m = map[size_t(v)];
-    if (m == kNoValue && g.is_constant(v))
-      m = out.add_constant(g.value(v).name, g.constants().at(v));
-    return m;
-  };
-  auto copy = [&](const Node& n, const Takeover* t) {
+  GraphRewriter r(g);
+  auto fused = [&](const Node& n, const Takeover& t) {
     // The takeover's inputs replace the node's before any is mapped: a replaced constant
     // (the unfolded weight) is never added to the new graph.
     std::vector<ValueId> inputs = n.inputs;
-    std::vector<std::string> names;
-    for (ValueId v : n.outputs) names.push_back(g.value(v).name);
-    Attrs attrs = n.attrs;
-    if (t) {
-      attrs = t->attrs;
-      for (const auto& [slot, v] : t->inputs) {
-        if (inputs.size() <= slot) inputs.resize(slot + 1, kNoValue);
-        inputs[slot] = v;
-      }
-      names[0] = g.value(t->writes).name;
+    for (const auto& [slot, v] : t.inputs) {
+      if (inputs.size() <= slot) inputs.resize(slot + 1, kNoValue);
+      inputs[slot] = v;
     }
-    for (ValueId& v : inputs) v = mapped(v);
-    const std::vector<ValueId> outs = out.add_node(t && t->op ? *t->op : n.op, std::move(attrs),
-                                                   std::move(inputs), n.name, names);
+    for (ValueId& v : inputs) v = r.mapped(v);
+    std::vector<std::string> names = r.output_names(n);
+    names[0] = g.value(t.writes).name;
     // A fused node may have outputs the node it replaces had not (attention's lse): those
     // are new values, read by nothing of g.
-    for (size_t i = 0; i < outs.size() && i < n.outputs.size(); ++i)
-      map[size_t(n.outputs[i])] = outs[i];
-    if (t && t->writes != n.outputs[0]) {
-      map[size_t(t->writes)] = outs[0];
-      map[size_t(n.outputs[0])] = kNoValue;  // read only by the replaced nodes, now gone
+    const std::vector<ValueId> outs =
+        r.emit(n, t.op ? *t.op : n.op, t.attrs, std::move(inputs), names);
+    if (t.writes != n.outputs[0]) {
+      r.map(t.writes, outs[0]);
+      r.map(n.outputs[0], kNoValue);  // read only by the replaced nodes, now gone
     }
   };
   for (const Node& n : g.nodes()) {
     const NodeId b = fused_at[size_t(n.id)];
     if (moved[size_t(n.id)] && b != n.id) continue;  // emitted at its last replaced node
     if (b < 0) {
-      copy(n, nullptr);
+      r.copy(n);
     } else if (takeover[size_t(b)].replaced.back() == n.id) {
-      copy(g.node(b), &takeover[size_t(b)]);
+      fused(g.node(b), takeover[size_t(b)]);
     }
   }
-  for (ValueId v : g.outputs()) out.mark_output(mapped(v));
-  g = std::move(out);
+  g = r.finish();
 }
 
 void rebuild_expanding(Graph& g, const Expansion& expand) {
-  Graph out(g.name());
-  std::vector<ValueId> map(g.values().size(), kNoValue);
-  for (ValueId v : g.inputs()) {
-    const Value& value = g.value(v);
-    map[size_t(v)] = out.add_input(value.name, value.type.dtype, value.type.shape);
-  }
-  const std::function<ValueId(ValueId)> mapped = [&](ValueId v) {
-    if (v == kNoValue) return kNoValue;
-    ValueId& m = map[size_t(v)];
-    if (m == kNoValue && g.is_constant(v))
-      m = out.add_constant(g.value(v).name, g.constants().at(v));
-    return m;
-  };
+  GraphRewriter r(g);
   for (const Node& n : g.nodes()) {
-    std::optional<std::vector<ValueId>> outs = expand(n, out, mapped);
+    const std::optional<std::vector<ValueId>> outs = expand(n, r);
     if (!outs) {
-      std::vector<ValueId> inputs = n.inputs;
-      std::vector<std::string> names;
-      for (ValueId& v : inputs) v = mapped(v);
-      for (ValueId v : n.outputs) names.push_back(g.value(v).name);
-      outs = out.add_node(n.op, n.attrs, std::move(inputs), n.name, names);
+      r.copy(n);
+      continue;
     }
     for (size_t i = 0; i < outs->size() && i < n.outputs.size(); ++i)
-      map[size_t(n.outputs[i])] = (*outs)[i];
+      r.map(n.outputs[i], (*outs)[i]);
   }
-  for (ValueId v : g.outputs()) out.mark_output(mapped(v));
-  g = std::move(out);
+  g = r.finish();
 }
 
 void Chain::take(const Node& n) {
