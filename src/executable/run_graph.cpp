@@ -1,15 +1,17 @@
-// Executable::compile, Executable::run, and run_graph: compile, run once.
+// Executable::compile (the pipeline its options name, then the backend's compile),
+// Executable::run, and run_graph: compile, run once.
 #include "fusebox/runtime/executor.h"
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <optional>
 
 #include "backends/cuda/runtime/allocator.h"
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
-#include "fusebox/runtime/executable.h"
 #include "executable/executables.h"
+#include "fusebox/runtime/executable.h"
 
 namespace fusebox {
 
@@ -50,12 +52,15 @@ Device parse_device(const std::string& s) {
 }
 
 std::unique_ptr<Executable> Executable::compile(const Graph& graph, const CompileOptions& options) {
-  if (options.device == Device::cuda) {
+  if (options.device == Device::cuda)
     FUSEBOX_CHECK(cuda_available(), "run " + graph.name(),
                   "no CUDA device is available on this machine; use --device cpu");
-    return runtime::compile_cuda(graph, options);
-  }
-  return runtime::compile_cpu(graph, options);
+  std::optional<Graph> prepared;
+  if (options.pipeline.kind != PipelineKind::none)
+    prepared = prepare_graph(graph, options.pipeline);
+  const Graph& g = prepared ? *prepared : graph;
+  return options.device == Device::cuda ? runtime::compile_cuda(g, options)
+                                        : runtime::compile_cpu(g, options);
 }
 
 NamedTensors Executable::run(const NamedTensors& feeds) {

@@ -1,8 +1,8 @@
 // apply_mixed_precision (passes/mixed_precision.h): one walk over the source graph's nodes
 // in order, adding each to a new graph (so inference re-checks every node) with its inputs
-// cast as its op's autocast rule says. Value ids differ between the graphs: `map_` takes a
-// source value to its rewritten one, whose dtype is the source's or, for f32 values, maybe
-// the low dtype.
+// cast as its op's autocast rule says (passes/rewrite/graph_rewriter.h). Value ids differ
+// between the graphs: the rewriter maps a source value to its rewritten one, whose dtype is the
+// source's or, for f32 values, maybe the low dtype.
 #include "fusebox/passes/mixed_precision.h"
 
 #include <map>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fusebox/ir/op_groups.h"
+#include "passes/rewrite/graph_rewriter.h"
 
 namespace fusebox {
 
@@ -168,26 +169,21 @@ class Rewriter {
   Rewriter(const Graph& src, DType low, const MixedPrecisionOptions& opts,
            MixedPrecisionReport& report)
       : src_(src),
-        dst_(src.name()),
+        rewriter_(src),
+        dst_(rewriter_.graph()),
         low_(low),
         opts_(opts),
         report_(report),
-        map_(src.values().size(), kNoValue),
         outputs_(src.outputs().begin(), src.outputs().end()) {}
 
   Graph run() {
-    for (ValueId v : src_.inputs()) {
-      const Value& val = src_.value(v);
-      map_[size_t(v)] = dst_.add_input(val.name, val.type.dtype, val.type.shape);
-    }
     for (const Node& n : src_.nodes()) rewrite(n);
     // Constants nothing read stay; those read only through folded casts are gone.
     std::set<ValueId> folded;
     for (const auto& [key, v] : folded_) folded.insert(key.first);
     for (const auto& [v, t] : src_.constants())
-      if (map_[size_t(v)] == kNoValue && !folded.count(v)) mapped(v);
-    for (ValueId v : src_.outputs()) dst_.mark_output(as(v, original(v)));
-    return std::move(dst_);
+      if (rewriter_.lookup(v) == kNoValue && !folded.count(v)) rewriter_.mapped(v);
+    return rewriter_.finish([&](ValueId v) { return as(v, original(v)); });
   }
 
  private:
@@ -195,31 +191,12 @@ class Rewriter {
   DType now(ValueId dst_v) const { return dst_.value(dst_v).type.dtype; }
   // A source value's dtype in the rewrite so far (a constant not copied yet: its own).
   DType current(ValueId src_v) const {
-    const ValueId m = map_[size_t(src_v)];
+    const ValueId m = rewriter_.lookup(src_v);
     return m == kNoValue ? original(src_v) : now(m);
   }
 
   // A name that neither graph uses, so that no later source value's name is taken.
-  std::string fresh(const std::string& base) const {
-    auto taken = [&](const std::string& n) { return src_.find_value(n) || dst_.find_value(n); };
-    if (!taken(base)) return base;
-    for (int i = 1;; ++i) {
-      const std::string candidate = cat(base, "_", i);
-      if (!taken(candidate)) return candidate;
-    }
-  }
-
-  // The rewritten value of a source value; a source constant is copied on its first read.
-  ValueId mapped(ValueId src_v) {
-    ValueId& m = map_[size_t(src_v)];
-    if (m == kNoValue) {
-      const Tensor* t = src_.constant(src_v);
-      FUSEBOX_CHECK(t, "mixed precision " + src_.name(), "internal: value '",
-                    src_.value(src_v).name, "' read before it was written");
-      m = dst_.add_constant(src_.value(src_v).name, *t);
-    }
-    return m;
-  }
+  std::string fresh(const std::string& base) const { return rewriter_.fresh_name(base); }
 
   // Source value src_v in dtype `to`: itself, folded (a graph constant, with
   // fold_constants: the f32 original is then copied only if something reads it as is) or
@@ -234,7 +211,7 @@ class Rewriter {
       }
       return it->second;
     }
-    return cast(mapped(src_v), to);
+    return cast(rewriter_.mapped(src_v), to);
   }
 
   // v (a rewritten value) in dtype `to`: itself, or one shared cast per (v, to). A
@@ -303,15 +280,12 @@ class Rewriter {
   void rewrite(const Node& n) {
     const AutocastRule rule = autocast_rule(n.op);
     std::vector<ValueId> inputs = inputs_for(n, rule);
-    std::vector<std::string> names;
-    for (ValueId v : n.outputs) names.push_back(src_.value(v).name);
-    const std::vector<ValueId> outs =
-        dst_.add_node(n.op, n.attrs, std::move(inputs), n.name, names);
+    const std::vector<std::string> names = rewriter_.output_names(n);
+    const std::vector<ValueId> outs = rewriter_.emit(n, n.op, n.attrs, std::move(inputs), names);
     FUSEBOX_CHECK(outs.size() == n.outputs.size(), node_label(n), "internal: the rewrite has ",
                   outs.size(), " outputs instead of ", n.outputs.size());
     count(rule, outs.empty() ? DType::boolean : now(outs[0]));
     for (size_t i = 0; i < outs.size(); ++i) {
-      map_[size_t(n.outputs[i])] = outs[i];
       const DType was = original(n.outputs[i]);
       if (!outputs_.count(n.outputs[i]) || now(outs[i]) == was) continue;
       // A graph output keeps its name and dtype: the cast back takes both.
@@ -344,11 +318,11 @@ class Rewriter {
   }
 
   const Graph& src_;
-  Graph dst_;
+  GraphRewriter rewriter_;  // source value -> rewritten value
+  Graph& dst_;              // the rewriter's graph
   const DType low_;
   const MixedPrecisionOptions& opts_;
   MixedPrecisionReport& report_;
-  std::vector<ValueId> map_;   // source value -> rewritten value
   std::set<ValueId> outputs_;  // the source's graph outputs
   // (rewritten value, dtype) -> its cast (or folded constant node).
   std::map<std::pair<ValueId, DType>, ValueId> casts_;

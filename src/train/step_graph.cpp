@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/ir/op_info.h"
 #include "fusebox/passes/autodiff.h"
-#include "fusebox/passes/fusion.h"
-#include "fusebox/passes/mixed_precision.h"
+#include "fusebox/passes/pipeline.h"
 #include "train/graph_rewrite.h"
 
 namespace fusebox::train {
@@ -244,17 +244,12 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   RewrittenGraph rw = rewrite_graph(
       model, {.constants_to_inputs = state_constants(layout),
               .batch_norm = sync ? BatchNormForm::synchronized_training : BatchNormForm::training});
-  // Linear layers written as matmul + add (ONNX imports) as one gemm, so that mixed precision
-  // runs them in the low dtype with their bias (passes/fusion.h form_linears).
-  form_linears(rw.graph);
-  // Mixed precision on the forward pass, parameters being inputs by now (so they stay f32,
-  // read through casts); values keep their names, so they are found by name from here on.
-  StepGraph step{apply_mixed_precision(rw.graph, precision), {}};
+  // The forward passes (passes/pipeline.h: linears, mixed precision, the fusions autodiff
+  // differentiates), parameters being inputs by now (so they stay f32, read through casts);
+  // values keep their names, so they are found by name from here on.
+  StepGraph step{std::move(rw.graph), {}};
   Graph& g = step.graph;
-  // Fused ops before autodiff, so that the backward pass is derived from them.
-  fuse_batch_norm_residual(g);
-  fuse_batch_norm_relu(g);
-  fuse_attention(g, nullptr, /*training=*/true);
+  run_pipeline(training_forward_pipeline(precision), g);
   auto mapped = [&](const std::string& name) { return find(g, name); };
 
   // Batch-norm running statistics: the training form's outputs 1 and 2.
@@ -377,14 +372,10 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
 }
 
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout, Precision precision) {
-  Graph g =
-      apply_mixed_precision(rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
-                                                  .batch_norm = BatchNormForm::inference})
-                                .graph,
-                            precision);
-  fuse_batch_norm_residual(g);
-  fuse_batch_norm_relu(g);
-  fuse_attention(g);
+  Graph g = rewrite_graph(model, {.constants_to_inputs = state_constants(layout),
+                                  .batch_norm = BatchNormForm::inference})
+                .graph;
+  run_pipeline(evaluation_pipeline(precision), g);
   return g;
 }
 

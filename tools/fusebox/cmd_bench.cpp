@@ -17,7 +17,7 @@
 // Data: synthetic, seeded, never zeros: images U(-1, 1) and labels 0..classes-1. Training
 // feeds them from device memory (uploaded once: the input pipeline is not measured);
 // inference copies the images in from pinned host memory and the outputs back every step,
-// as serving does. Inference runs the prepared inference graph (passes/fusion.h: batch
+// as serving does. Inference runs the inference pipeline's graph (passes/pipeline.h: batch
 // norms folded, conv epilogues, batch-norm fusions; FUSEBOX_FUSION=0: none); --report prints
 // its fusion groups and what each became, and after the timed steps each node's time
 // (Executable::profile: the slowest nodes, the time by op; also in the JSON); --dot FILE
@@ -32,6 +32,7 @@
 #include <optional>
 
 #include "common.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/io/json.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/passes/mixed_precision.h"
@@ -161,11 +162,17 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   Figures f;
   reset_peak_device_memory(device);
   const auto start = Clock::now();
-  FusionLog fusion_log;
-  const Graph g = prepare_inference_graph(load_model(args, false), precision,
-                                          InferenceFusionOptions::from_env(), &fusion_log);
-  if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(g, fusion_log));
-  auto exe = Executable::compile(g, {.device = device});
+  PipelineLog pipeline_log;
+  auto exe = Executable::compile(load_model(args, false),
+                                 {.device = device,
+                                  .pipeline = {.kind = PipelineKind::inference,
+                                               .precision = precision,
+                                               .fusion = InferenceFusionOptions::from_env(),
+                                               .log = &pipeline_log}});
+  const Graph& g = exe->graph();  // the inference pipeline's
+  const FusionLog& fusion_log = pipeline_log.fusion;
+  if (!args.dot.empty())
+    write_file_atomic(args.dot, fusion_dot(g, fusion_log, cuda::describe_lowering));
   // Inputs in pinned host memory, as a data loader hands them over (copied to the GPU
   // asynchronously, straight from there: executable.h).
   Feeds feeds;
@@ -190,7 +197,7 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log)
-                                         : describe_fusion(g, fusion_log));
+                                         : describe_fusion(g, fusion_log, cuda::describe_lowering));
     // After the timed steps, so that profiling cannot disturb them.
     f.times = time_report(g, exe->profile(device == Device::cuda ? 10 : 1), device);
     std::cout << format_time_report(*f.times, f.ms_median);

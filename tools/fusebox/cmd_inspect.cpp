@@ -1,19 +1,19 @@
 // fusebox inspect: import an ONNX model and describe it: the graph with shapes,
 // nodes per op, constants, the multiply-adds of its convs and matmuls, and the CUDA
 // backend's layout plan (which values it stores channels-last, where it converts).
-// --fusion: the inference fusion plan instead (passes/fusion.h: one line per group with
-// its intended lowering, then "fusion: G groups, F fused ops, U unfused ops"); no GPU
-// needed. --dot FILE writes the fused graph as Graphviz.
+// --fusion: the inference fusion plan instead (the inference pipeline, passes/pipeline.h: one
+// line per group with its intended lowering on CUDA, then "fusion: G groups, F fused ops, U unfused
+// ops"); no GPU needed. --dot FILE writes the fused graph as Graphviz.
 #include <iomanip>
 #include <iostream>
 
 #include "common.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/ir/op_info.h"
-#include "fusebox/passes/fusion.h"
 #include "fusebox/passes/layout.h"
-#include "fusebox/passes/mixed_precision.h"
+#include "fusebox/passes/pipeline.h"
 
 namespace fusebox::cli {
 namespace {
@@ -54,14 +54,17 @@ int inspect(const InspectArgs& args) {
   opts.report = &report;
   Graph g = import_onnx_file(args.model, opts);
   if (args.fusion || !args.dot.empty()) {
-    FusionLog log;
-    const Graph fused = prepare_inference_graph(g, parse_precision(args.precision),
-                                                InferenceFusionOptions::from_env(), &log);
-    if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(fused, log));
+    PipelineLog log;
+    const Graph fused = prepare_graph(g, {.kind = PipelineKind::inference,
+                                          .precision = parse_precision(args.precision),
+                                          .fusion = InferenceFusionOptions::from_env(),
+                                          .log = &log});
+    if (!args.dot.empty())
+      write_file_atomic(args.dot, fusion_dot(fused, log.fusion, cuda::describe_lowering));
     if (args.fusion) {
       std::cout << "fusion plan of " << g.name() << " (" << g.nodes().size() << " nodes, "
                 << args.precision << ", inference):\n"
-                << describe_fusion(fused, log);
+                << describe_fusion(fused, log.fusion, cuda::describe_lowering);
       return 0;
     }
   }

@@ -1,10 +1,10 @@
 // fusebox run: import an ONNX model, feed it (files or seeded random data), run it
 // on a device, print and optionally save each output. On CUDA the model is compiled as
-// an inference graph (passes/fusion.h: batch norms folded, conv epilogues and batch-norm
-// fusions; FUSEBOX_FUSION=0 turns that off); the CPU backend, the reference, runs the
-// model's own graph. --report lists the fusion groups and what each became, each
-// convolution with the path (cuDNN or the project's kernels) and plan it got, and each
-// node's time (Executable::profile, after the run: tools/fusebox/time_report.cpp); --autotune times
+// an inference graph (the inference pipeline, passes/pipeline.h: batch norms folded, conv
+// epilogues and batch-norm fusions; FUSEBOX_FUSION=0 turns the fusions off); the CPU backend, the
+// reference, runs the model's own graph. --report lists the fusion groups and what each became,
+// each convolution with the path (cuDNN or the project's kernels) and plan it got, and each node's
+// time (Executable::profile, after the run: tools/fusebox/time_report.cpp); --autotune times
 // cuDNN's candidate plans for each convolution problem and keeps the fastest; --dot FILE
 // writes the fused graph as Graphviz.
 #include <algorithm>
@@ -17,6 +17,7 @@
 // The backend's convolution record: a header of standard and public includes only.
 #include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/passes/layout.h"
@@ -41,7 +42,7 @@ struct RunArgs {
 
 // Imports with the --shape shapes. A model with symbolic dims may need the shapes of
 // the --input files too; they are added only on a second try, so that a file given
-// for a name the model does not have is reported as such by run_graph.
+// for a name the model does not have is reported as such (run below).
 Graph import_model(const std::string& path, std::map<std::string, Shape> shapes,
                    const NamedTensors& given) {
   OnnxImportOptions opts;
@@ -89,8 +90,7 @@ int run(const RunArgs& args) {
     given_paths[name] = path;
   }
   Graph g = import_model(args.model, parse_shape_specs(args.shapes), given);
-  RunOptions run_opts;
-  run_opts.device = parse_device(args.device);
+  const Device device = parse_device(args.device);
   if (args.autotune) cuda::set_conv_autotune_override(true);
   if (!args.output_dir.empty()) make_directory(args.output_dir);
   std::string input_names;
@@ -115,26 +115,23 @@ int run(const RunArgs& args) {
     std::cout << type_str(feeds[in.name]) << " random (seed " << args.seed << ")\n";
   }
 
-  // The graph the device runs: on CUDA the prepared inference graph (fused).
-  FusionLog fusion_log;
-  const Graph run_g = run_opts.device == Device::cuda
-                          ? prepare_inference_graph(g, Precision::f32,
-                                                    InferenceFusionOptions::from_env(), &fusion_log)
-                          : g;
-  if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(run_g, fusion_log));
+  // The graph the device runs: on CUDA the inference pipeline's (fused), the executable's
+  // graph(); on the CPU the model as imported.
+  PipelineLog pipeline_log;
+  CompileOptions compile_opts{.device = device, .poison = true};
+  if (device == Device::cuda)
+    compile_opts.pipeline = {.kind = PipelineKind::inference,
+                             .precision = Precision::f32,
+                             .fusion = InferenceFusionOptions::from_env(),
+                             .log = &pipeline_log};
+  const FusionLog& fusion_log = pipeline_log.fusion;
   auto start = std::chrono::steady_clock::now();
-  // With --report the executable stays, to time each node after the run.
-  std::unique_ptr<Executable> exe;
-  NamedTensors outputs;
-  if (args.report) {
-    for (ValueId v : run_g.inputs())  // a missing feed named before the compile
-      FUSEBOX_CHECK(feeds.count(run_g.value(v).name), "fusebox run", "no tensor given for input '",
-                    run_g.value(v).name, "'");
-    exe = Executable::compile(run_g, {.device = run_opts.device, .poison = true});
-    outputs = exe->run(feeds);
-  } else {
-    outputs = run_graph(run_g, feeds, run_opts);
-  }
+  // The executable stays, with --report to time each node after the run.
+  const std::unique_ptr<Executable> exe = Executable::compile(g, compile_opts);
+  const Graph& run_g = exe->graph();
+  if (!args.dot.empty())
+    write_file_atomic(args.dot, fusion_dot(run_g, fusion_log, cuda::describe_lowering));
+  NamedTensors outputs = exe->run(feeds);
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
@@ -143,11 +140,11 @@ int run(const RunArgs& args) {
     const Tensor& t = outputs.at(name);
     std::cout << "output " << name << ": " << type_str(t) << "  " << summarize(t) << "\n";
   }
-  std::cout << "ran " << g.name() << " on " << device_name(run_opts.device) << " in " << std::fixed
+  std::cout << "ran " << g.name() << " on " << device_name(device) << " in " << std::fixed
             << std::setprecision(1) << ms << " ms (import excluded)\n";
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
-  if (args.report && run_opts.device == Device::cuda) {
+  if (args.report && device == Device::cuda) {
     std::cout << fusion_outcome(run_g, fusion_log);
     std::cout << plan_layouts(run_g, layout_policy_from_env()).describe(run_g);
   }
@@ -155,8 +152,7 @@ int run(const RunArgs& args) {
     const std::string table = cuda::format_conv_report();
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
     std::cout << format_time_report(
-        time_report(run_g, exe->profile(run_opts.device == Device::cuda ? 10 : 1), run_opts.device),
-        -1);
+        time_report(run_g, exe->profile(device == Device::cuda ? 10 : 1), device), -1);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 // The backend's convolution record: a header of standard and public includes only.
 #include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
+#include "fusebox/backends/cuda.h"
 
 namespace fusebox::cli {
 
@@ -19,7 +20,7 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
     if (group == nullptr) continue;
     os << "group " << ++index << " [" << n.name << "]: ";
     for (size_t i = 0; i < group->ops.size(); ++i) os << (i ? " + " : "") << group->ops[i];
-    os << "\n  planned: " << planned_lowering(g, n) << "\n  ran: ";
+    os << "\n  planned: " << cuda::describe_lowering(n) << "\n  ran: ";
     const cuda::ConvDecision* d = nullptr;
     for (const cuda::ConvDecision& c : decisions)
       if (c.node == node_label(n) && c.op == "conv_fprop") d = &c;

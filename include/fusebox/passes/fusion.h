@@ -11,10 +11,10 @@
 // every backend. A batch norm whose output is read elsewhere too (a residual add) or is a
 // graph output keeps its own relu.
 //
-// Run it on the forward graph before autodiff (train/step_graph.cpp does), so that the
-// backward pass is derived from the fused node.
+// Run it on the forward graph before autodiff (the training forward pipeline does:
+// passes/pipeline.h), so that the backward pass is derived from the fused node.
 //
-// Inference graphs (prepare_inference_graph, below) go further, in this order:
+// Inference graphs (the inference pipeline, passes/pipeline.h) go further, in this order:
 //   1. fold_batch_norms: conv -> batch_norm (inference form, constant weights and
 //      statistics) becomes one conv with folded weights and bias (computed in f64, rounded
 //      once: exact to the dtype's rounding in f32; bf16's error is measured in the tests);
@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -104,25 +105,26 @@ size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
 
 // form_linears: matmul(x [..., K], w [K, N]) -> add(bias along the last dim), nn.Linear as
 // ONNX exporters write it (for N-D activations too), becomes one gemm with the bias (x as
-// [M, K] rows through reshape views; passes/form_linears.cpp). Run it before mixed precision
-// (prepare_inference_graph and the training step graph do): as a gemm the layer runs in the
-// low dtype with its bias, as PyTorch's autocast runs nn.Linear, where the add of an f32 bias
+// [M, K] rows through reshape views; passes/fusion/form_linears.cpp). Run it before mixed precision
+// (the inference and training forward pipelines do: passes/pipeline.h): as a gemm the layer runs in
+// the low dtype with its bias, as PyTorch's autocast runs nn.Linear, where the add of an f32 bias
 // would promote the output to f32. The same sums. Returns the number formed.
 size_t form_linears(Graph& g, FusionLog* log = nullptr);
 
 // fuse_attention: scaled dot-product attention spelled out (matmul(q, transpose(k)) ->
 // scale -> softmax over the keys -> matmul with v, float casts between, constant scalar
-// scales on q, k^T or the scores; passes/fuse_attention.cpp lists the forms), in bf16 or f16,
-// becomes one attention node (ir/ops.h), run by cuDNN's fused flash attention on the GPU. Why: the
+// scales on q, k^T or the scores; passes/fusion/fuse_attention.cpp lists the forms), in bf16 or
+// f16, becomes one attention node (ir/ops.h), run by cuDNN's fused flash attention on the GPU. Why:
+// the
 // [.., Tq, Tk] scores and probabilities are otherwise written and read four times (ViT-B/16:
 // 30M elements a layer at batch 64) and the softmax runs in f32 between casts. `training`:
 // the nodes also output lse (AttentionAttrs::with_lse), which their gradient rule reads; run
-// it on the forward graph before autodiff (train/step_graph.cpp does). Returns the number
-// fused.
+// it on the forward graph before autodiff (the training forward pipeline does). Returns the
+// number fused.
 size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false);
 
-// Which inference fusions prepare_inference_graph runs. FUSEBOX_FUSION=0 turns them all
-// off (for comparisons), 1 (default) on.
+// Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them
+// all off (for comparisons), 1 (default) on: from_env(), which the CLI passes.
 struct InferenceFusionOptions {
   bool fold_batch_norm = true;
   bool conv_epilogue = true;  // and form_linears, fuse_gemm_epilogues
@@ -133,23 +135,20 @@ struct InferenceFusionOptions {
   static InferenceFusionOptions none() { return {false, false, false, false, false}; }
 };
 
-// The model as the compiler runs it for inference: folded, in `precision` (constants
-// cast once: MixedPrecisionOptions::fold_constants), fused (the order in the header
-// comment). Names of inputs and outputs are kept.
-Graph prepare_inference_graph(const Graph& model, Precision precision,
-                              const InferenceFusionOptions& options, FusionLog* log = nullptr);
+// What a backend will run a node of a prepared graph on, in words ("cuDNN graph
+// conv_fprop+bias+relu", "own kernel batch_norm+relu"): the backend's answer, e.g.
+// cuda::describe_lowering (fusebox/backends/cuda.h).
+using LoweringDescriber = std::function<std::string(const Node&)>;
 
 // The planned groups of a prepared graph, one line each ("group 3: conv + batch_norm
-// (folded) + relu -> cuDNN graph conv_fprop+bias+relu  [layer1.0.conv1]"), then the summary
-// line "fusion: G groups, F fused ops, U unfused ops" (U: the graph's other nodes).
-std::string describe_fusion(const Graph& g, const FusionLog& log);
+// (folded) + relu -> cuDNN graph conv_fprop+bias+relu"), then the summary line "fusion: G
+// groups, F fused ops, U unfused ops" (U: the graph's other nodes).
+std::string describe_fusion(const Graph& g, const FusionLog& log,
+                            const LoweringDescriber& lowering);
 // That summary line alone.
 std::string fusion_summary(const Graph& g, const FusionLog& log);
-// The intended lowering of a node of a prepared graph ("cuDNN graph conv_fprop+bias+relu",
-// "own kernel batch_norm+relu", "own kernel").
-std::string planned_lowering(const Graph& g, const Node& n);
 // The prepared graph in Graphviz: one box per node, fused nodes filled and labelled with
-// the ops of their group.
-std::string fusion_dot(const Graph& g, const FusionLog& log);
+// the ops of their group and their lowering.
+std::string fusion_dot(const Graph& g, const FusionLog& log, const LoweringDescriber& lowering);
 
 }  // namespace fusebox

@@ -12,11 +12,12 @@
 //   StepResult r = step->run_async({{"x", batch}}, {"__loss__"});  // returns at once
 //   float loss = r.host.at("__loss__").get().get(0);                // waits for that step
 //
-// compile() (modelled on XLA's GpuExecutable and cudnn-frontend's build-once graphs) plans
-// the layouts (passes/layout.h), plans memory (intermediates share one arena by liveness,
-// see runtime/memory_plan.h), uploads the constants, resolves the convolution plans and, on
-// CUDA, records the whole step as one CUDA graph. A run copies the feeds in, replays the
-// graph and hands the outputs back: it records nothing and compares nothing.
+// compile() (modelled on XLA's GpuExecutable and cudnn-frontend's build-once graphs) runs the
+// graph passes the options name (CompileOptions::pipeline), plans the layouts (passes/layout.h),
+// plans memory (intermediates share one arena by liveness, see runtime/memory_plan.h), uploads the
+// constants, resolves the convolution plans and, on CUDA, records the whole step as one CUDA graph.
+// A run copies the feeds in, replays the graph and hands the outputs back: it records nothing and
+// compares nothing.
 //
 // Feeds from the host: a large one (over 64 KiB) is copied to the GPU on a copy stream while
 // the previous run still computes, straight from a pinned tensor (pinned_host_tensor), from
@@ -64,6 +65,7 @@
 
 #include "fusebox/dist/communicator.h"
 #include "fusebox/ir/graph.h"
+#include "fusebox/passes/pipeline.h"
 #include "fusebox/runtime/executor.h"
 
 namespace fusebox {
@@ -119,6 +121,10 @@ class PendingTensor {
 
 struct CompileOptions {
   Device device = Device::cpu;
+  // The graph passes run first (passes/pipeline.h): none (the graph as given, the default) or
+  // the inference pipeline (folded, in pipeline.precision, fused), whose graph the executable
+  // then runs (graph()). Input and output names are kept.
+  PipelineOptions pipeline;
   // Fill every node's outputs with NaN bytes before the node runs, in every run (tests: an
   // element a kernel leaves unwritten, or a buffer reused while still read, shows as NaN).
   bool poison = false;

@@ -353,5 +353,27 @@ TEST_F(Cli, CudaWithoutADeviceIsAnError) {
   EXPECT_TRUE(contains(a.out, " on cpu ")) << a.out;
 }
 
+// The inference pipeline's plan (passes/pipeline.h) through `inspect --fusion` and `--dot`:
+// each group with its CUDA lowering, the summary line; FUSEBOX_FUSION=0 forms none.
+TEST_F(Cli, InspectFusionPrintsThePlan) {
+  const std::string model = make_small_cnn();
+  ToolResult r = tool(cat("inspect --fusion '", model, "' --dot '", path("plan.dot"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "fusion plan of small_cnn (11 nodes, f32, inference):\n"
+            "group 1: conv 'conv1' + batch_norm 'bn1' (folded) + relu 'relu1' -> cuDNN graph "
+            "conv_fprop+bias+relu\n"
+            "group 2: conv 'conv2' + batch_norm 'bn2' (folded) + relu 'relu2' -> cuDNN graph "
+            "conv_fprop+bias+relu\n"
+            "fusion: 2 groups, 6 fused ops, 5 unfused ops\n");
+  EXPECT_TRUE(contains(slurp(path("plan.dot")),
+                       "n0 [label=\"conv 'conv1'\\nbatch_norm 'bn1' (folded)\\nrelu 'relu1'\\n-> "
+                       "cuDNN graph conv_fprop+bias+relu\", style=filled"));
+  testing::ScopedEnv off("FUSEBOX_FUSION", "0");
+  ToolResult none = tool(cat("inspect --fusion '", model, "'"));
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_TRUE(contains(none.out, "fusion: 0 groups, 0 fused ops, 11 unfused ops\n")) << none.out;
+}
+
 }  // namespace
 }  // namespace fusebox

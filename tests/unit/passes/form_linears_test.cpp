@@ -4,6 +4,7 @@
 // what is not such a pair stays; in bf16 inference the layer's output stays bf16 (no f32 add).
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/fusion.h"
+#include "fusebox/passes/pipeline.h"
 #include "testing.h"
 
 namespace fusebox::testing {
@@ -82,7 +83,8 @@ TEST(FormLinears, LeavesWhatIsNotALinear) {
 // output (the matmul + f32 bias add would promote the layer's output to f32).
 TEST(FormLinears, Bf16InferenceKeepsTheLayerInBf16) {
   const Graph model = linear({2, 3, 8}, {4});
-  const Graph g = prepare_inference_graph(model, Precision::bf16, {});
+  const Graph g =
+      prepare_graph(model, {.kind = PipelineKind::inference, .precision = Precision::bf16});
   for (const Node& n : g.nodes()) {
     if (n.op != OpKind::gemm) continue;
     EXPECT_EQ(g.value(n.outputs[0]).type.dtype, DType::bf16);

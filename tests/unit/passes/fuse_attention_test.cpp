@@ -9,8 +9,10 @@
 // tests/unit/cuda/kernels/test_ops_attention.cpp.
 #include <cmath>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/fusion.h"
+#include "fusebox/passes/pipeline.h"
 #include "fusebox/zoo.h"
 #include "testing.h"
 
@@ -31,9 +33,11 @@ TEST(FuseAttention, ZooVitFusesEveryLayerAndComputesTheSame) {
     SCOPED_TRACE(precision_name(p));
     InferenceFusionOptions without;
     without.attention = false;
-    FusionLog log;
-    const Graph fused = prepare_inference_graph(model, p, {}, &log);
-    const Graph plain = prepare_inference_graph(model, p, without);
+    PipelineLog log;
+    const Graph fused =
+        prepare_graph(model, {.kind = PipelineKind::inference, .precision = p, .log = &log});
+    const Graph plain =
+        prepare_graph(model, {.kind = PipelineKind::inference, .precision = p, .fusion = without});
     EXPECT_EQ(count_op(plain, OpKind::attention), 0u);
     if (p == Precision::f32) {  // f32 chains stay (cuBLASLt's TF32 products beat a fused kernel)
       EXPECT_EQ(count_op(fused, OpKind::attention), 0u);
@@ -42,9 +46,9 @@ TEST(FuseAttention, ZooVitFusesEveryLayerAndComputesTheSame) {
     EXPECT_EQ(count_op(fused, OpKind::attention), 2u);  // vit_test: 2 layers
     EXPECT_EQ(count_op(fused, OpKind::softmax), 0u);
     bool logged = false;
-    for (const FusionGroup& group : log.groups())
+    for (const FusionGroup& group : log.fusion.groups())
       logged = logged || (group.ops.size() >= 4 && group.ops.front().rfind("transpose", 0) == 0);
-    EXPECT_TRUE(logged) << describe_fusion(fused, log);
+    EXPECT_TRUE(logged) << describe_fusion(fused, log.fusion, cuda::describe_lowering);
     // The fused node computes the scores and softmax in f64 on the CPU where the chain
     // rounds them to bf16: the logits differ by that rounding.
     EXPECT_TRUE(all_close(run_graph(fused, feeds).at("logits"),
@@ -59,8 +63,10 @@ TEST(FuseAttention, ZooGpt2FusesEveryLayerAsCausal) {
   const NamedTensors feeds = {{"input", random_tensor(DType::i64, {2, 16}, 5, 0, 128)}};
   InferenceFusionOptions without;
   without.attention = false;
-  const Graph fused = prepare_inference_graph(model, Precision::bf16, {});
-  const Graph plain = prepare_inference_graph(model, Precision::bf16, without);
+  const Graph fused =
+      prepare_graph(model, {.kind = PipelineKind::inference, .precision = Precision::bf16});
+  const Graph plain = prepare_graph(
+      model, {.kind = PipelineKind::inference, .precision = Precision::bf16, .fusion = without});
   EXPECT_EQ(count_op(fused, OpKind::attention), 2u);
   EXPECT_EQ(count_op(fused, OpKind::where), 0u);
   for (const Node& n : fused.nodes()) {

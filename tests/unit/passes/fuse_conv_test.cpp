@@ -7,10 +7,12 @@
 #include <set>
 #include <string>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/fusion.h"
+#include "fusebox/passes/pipeline.h"
 #include "fusebox/zoo.h"
 #include "testing.h"
 
@@ -85,10 +87,13 @@ TEST(FoldBatchNorms, Resnet18FoldsEveryBatchNorm) {
   EXPECT_LE(relative_l2(logits(folded, x), want), 1e-5);
 
   // Both in bf16 through mixed precision, which keeps the model's f32 input (it casts inside).
-  const Graph bf16_unfolded =
-      prepare_inference_graph(model, Precision::bf16, InferenceFusionOptions::none());
-  const Graph bf16_folded = prepare_inference_graph(
-      model, Precision::bf16, {.conv_epilogue = false, .batch_norm = false, .pointwise = false});
+  const Graph bf16_unfolded = prepare_graph(model, {.kind = PipelineKind::inference,
+                                                    .precision = Precision::bf16,
+                                                    .fusion = InferenceFusionOptions::none()});
+  const Graph bf16_folded = prepare_graph(
+      model, {.kind = PipelineKind::inference,
+              .precision = Precision::bf16,
+              .fusion = {.conv_epilogue = false, .batch_norm = false, .pointwise = false}});
   EXPECT_EQ(count_ops(bf16_folded, OpKind::batch_norm), 0);
   const double unfolded_error = relative_l2(logits(bf16_unfolded, x), want);
   const double folded_error = relative_l2(logits(bf16_folded, x), want);
@@ -203,8 +208,9 @@ TEST(FuseConvEpilogues, LeavesWhatCannotFuse) {
 // add up to the model's ops; the logits match the model's; the Graphviz file names groups.
 TEST(PrepareInferenceGraph, Resnet18GroupsReportAndValues) {
   const Graph model = resnet18();
-  FusionLog log;
-  const Graph g = prepare_inference_graph(model, Precision::f32, {}, &log);
+  PipelineLog pipeline_log;
+  const Graph g = prepare_graph(model, {.kind = PipelineKind::inference, .log = &pipeline_log});
+  const FusionLog& log = pipeline_log.fusion;
   EXPECT_EQ(count_ops(g, OpKind::batch_norm), 0);
   EXPECT_EQ(count_ops(g, OpKind::relu), 0);
   EXPECT_EQ(count_ops(g, OpKind::add), 0);
@@ -221,7 +227,7 @@ TEST(PrepareInferenceGraph, Resnet18GroupsReportAndValues) {
   size_t fused_ops = 0;
   for (const FusionGroup& group : log.groups()) fused_ops += group.ops.size();
   EXPECT_EQ(fused_ops, 20u + 20u + 17u + 8u);
-  const std::string report = describe_fusion(g, log);
+  const std::string report = describe_fusion(g, log, cuda::describe_lowering);
   const size_t unfused = g.nodes().size() - 20;
   EXPECT_NE(
       report.find(cat("fusion: 20 groups, ", fused_ops, " fused ops, ", unfused, " unfused ops")),
@@ -230,7 +236,7 @@ TEST(PrepareInferenceGraph, Resnet18GroupsReportAndValues) {
   EXPECT_EQ(fused_ops + unfused, model.nodes().size());
   EXPECT_NE(report.find("cuDNN graph conv_fprop+bias+residual+relu"), std::string::npos) << report;
   EXPECT_NE(report.find("(folded)"), std::string::npos);
-  const std::string dot = fusion_dot(g, log);
+  const std::string dot = fusion_dot(g, log, cuda::describe_lowering);
   EXPECT_EQ(dot.rfind("digraph", 0), 0u);
   EXPECT_NE(dot.find("fillcolor"), std::string::npos);
 
@@ -238,11 +244,12 @@ TEST(PrepareInferenceGraph, Resnet18GroupsReportAndValues) {
   EXPECT_LE(relative_l2(logits(g, x), logits(model, x)), 1e-5);
 
   // FUSEBOX_FUSION=0: nothing fused.
-  FusionLog none;
-  const Graph unfused_graph =
-      prepare_inference_graph(model, Precision::f32, InferenceFusionOptions::none(), &none);
+  PipelineLog none;
+  const Graph unfused_graph = prepare_graph(
+      model,
+      {.kind = PipelineKind::inference, .fusion = InferenceFusionOptions::none(), .log = &none});
   EXPECT_EQ(unfused_graph.nodes().size(), model.nodes().size());
-  EXPECT_TRUE(none.groups().empty());
+  EXPECT_TRUE(none.fusion.groups().empty());
 }
 
 TEST(FusedConv, ShapeInferenceChecksTheEpilogue) {
@@ -266,7 +273,7 @@ TEST(FusedConv, ShapeInferenceChecksTheEpilogue) {
 }
 
 TEST(FusedConv, AutodiffRefusesWithAClearError) {
-  Graph fused = prepare_inference_graph(resnet18(), Precision::f32, {});
+  Graph fused = prepare_graph(resnet18(), {.kind = PipelineKind::inference});
   const ValueId loss = fused.add_node(OpKind::reduce_sum, ReduceAttrs{.keepdims = false},
                                       {*fused.find_value("logits")}, "loss")[0];
   try {

@@ -1,7 +1,7 @@
-// The rewrite the fusion passes share (passes/fusion.cpp, passes/fuse_conv.cpp): a node
-// takes over nodes after it (an activation, an add) and is emitted where the last of them
-// was, writing the last one's value (name included), with new attributes and inputs.
-// Graph only appends, so the graph is rebuilt node by node.
+// The rewrite the fusion passes share (passes/fusion/): a node takes over nodes after it (an
+// activation, an add) and is emitted where the last of them was, writing the last one's value
+// (name included), with new attributes and inputs. Graph only appends, so the graph is rebuilt
+// node by node (passes/rewrite/graph_rewriter.h).
 #pragma once
 
 #include <functional>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "passes/rewrite/graph_rewriter.h"
 
 namespace fusebox::fusion {
 
@@ -64,11 +65,11 @@ struct Chain {
 void rebuild(Graph& g, const std::vector<Takeover>& takeover);
 
 // A rewrite that puts nodes of its own in a node's place (form_linears, the split of a key
-// transpose): given the node, the new graph and the map from g's values to it, it either emits
-// what replaces the node and returns the values its outputs become (kNoValue for an output
-// nothing reads any more), or returns nothing, and the node is copied as it is.
-using Expansion = std::function<std::optional<std::vector<ValueId>>(
-    const Node& n, Graph& out, const std::function<ValueId(ValueId)>& mapped)>;
+// transpose): given the node and the rewriter (its graph, the map from g's values to it), it
+// either emits what replaces the node and returns the values its outputs become (kNoValue for
+// an output nothing reads any more), or returns nothing, and the node is copied as it is.
+using Expansion =
+    std::function<std::optional<std::vector<ValueId>>(const Node& n, GraphRewriter& r)>;
 // Rebuilds g node by node with `expand` (names of inputs, outputs and copied nodes kept;
 // constants on first use, the unread ones dropped).
 void rebuild_expanding(Graph& g, const Expansion& expand);

@@ -1,5 +1,5 @@
 // The convolution fusions of inference graphs (passes/fusion.h): batch-norm folding and
-// conv epilogues, on the shared rewrite (passes/fusion_rewrite.h).
+// conv epilogues, on the shared rewrite (passes/fusion/fusion_rewrite.h).
 #include <cmath>
 #include <string>
 #include <vector>

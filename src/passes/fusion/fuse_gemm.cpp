@@ -1,5 +1,5 @@
 // fuse_gemm_epilogues (passes/fusion.h): a linear layer's bias add and activation taken
-// into its product, on the shared rewrite (passes/fusion_rewrite.h).
+// into its product, on the shared rewrite (passes/fusion/fusion_rewrite.h).
 #include "fusebox/passes/fusion.h"
 #include "fusion_rewrite.h"
 

@@ -56,9 +56,9 @@ size_t form_linears(Graph& g, FusionLog* log) {
   if (at_add.empty()) return 0;
 
   fusion::rebuild_expanding(
-      g,
-      [&](const Node& n, Graph& out,
-          const std::function<ValueId(ValueId)>& mapped) -> std::optional<std::vector<ValueId>> {
+      g, [&](const Node& n, GraphRewriter& rw) -> std::optional<std::vector<ValueId>> {
+        Graph& out = rw.graph();
+        auto mapped = [&](ValueId v) { return rw.mapped(v); };
         if (skipped[size_t(n.id)]) return std::vector<ValueId>{kNoValue};  // emitted at its add
         const auto linear = at_add.find(n.id);
         if (linear == at_add.end()) return std::nullopt;

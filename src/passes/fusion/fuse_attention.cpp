@@ -21,9 +21,9 @@
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
 // fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
 // far faster than a fused kernel on CUDA cores would. In training graphs the node also
-// outputs lse for its gradient rule (passes/vjp_norm.cpp). A transpose on the scores' right
-// operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters fold
-// permute + transpose) is first split into the head split and the swap.
+// outputs lse for its gradient rule (passes/autodiff/vjp_norm.cpp). A transpose on the scores'
+// right operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters
+// fold permute + transpose) is first split into the head split and the swap.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -311,14 +311,13 @@ size_t split_key_transposes(Graph& g, std::optional<Graph>& unsplit) {
   if (count == 0) return 0;
   unsplit = g;
   fusion::rebuild_expanding(
-      g,
-      [&](const Node& n, Graph& out,
-          const std::function<ValueId(ValueId)>& mapped) -> std::optional<std::vector<ValueId>> {
+      g, [&](const Node& n, GraphRewriter& rw) -> std::optional<std::vector<ValueId>> {
         const std::vector<int64_t>& heads = split[size_t(n.id)];
         if (heads.empty()) return std::nullopt;
+        Graph& out = rw.graph();
         const std::string& name = g.value(n.outputs[0]).name;
         const ValueId k =
-            out.add_node(OpKind::transpose, TransposeAttrs{heads}, {mapped(n.inputs[0])},
+            out.add_node(OpKind::transpose, TransposeAttrs{heads}, {rw.mapped(n.inputs[0])},
                          n.name + "/heads", {name + "/heads"})[0];
         std::vector<int64_t> swap(heads.size());
         for (size_t d = 0; d < swap.size(); ++d) swap[d] = int64_t(d);

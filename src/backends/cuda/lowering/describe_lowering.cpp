@@ -1,0 +1,62 @@
+// cuda::describe_lowering (fusebox/backends/cuda.h): the intended lowering of a node, as
+// dispatch.cpp routes it.
+#include "fusebox/backends/cuda.h"
+
+#include <vector>
+
+namespace fusebox::cuda {
+namespace {
+
+bool has_input(const Node& n, size_t i) {
+  return i < n.inputs.size() && n.inputs[i] != kNoValue;
+}
+
+std::string join_ops(const std::vector<std::string>& ops) {
+  std::string s;
+  for (const std::string& op : ops) s += (s.empty() ? "" : "+") + op;
+  return s;
+}
+
+}  // namespace
+
+std::string describe_lowering(const Node& n) {
+  std::vector<std::string> parts;
+  switch (n.op) {
+    case OpKind::conv: {
+      const auto& a = std::get<ConvAttrs>(n.attrs);
+      parts.push_back("conv_fprop");
+      if (has_input(n, 2)) parts.push_back("bias");
+      if (a.activation) parts.push_back(activation_name(a.activation.kind));
+      if (has_input(n, 3)) parts.push_back("residual");
+      if (a.residual_activation) parts.push_back(activation_name(a.residual_activation.kind));
+      return parts.size() > 1 ? "cuDNN graph " + join_ops(parts) : "cuDNN conv_fprop";
+    }
+    case OpKind::batch_norm: {
+      parts.push_back("batch_norm");
+      if (has_input(n, 5)) parts.push_back("residual");
+      if (std::get<BatchNormAttrs>(n.attrs).relu) parts.push_back("relu");
+      return "own kernel " + join_ops(parts);
+    }
+    case OpKind::gemm: {
+      const auto& a = std::get<GemmAttrs>(n.attrs);
+      parts.push_back("gemm");
+      if (has_input(n, 2) && a.beta != 0.0) parts.push_back("bias");
+      if (a.activation) parts.push_back(activation_name(a.activation.kind));
+      return "cuBLASLt " + join_ops(parts) +
+             (a.activation ? (a.activation.kind == Activation::relu ||
+                                      a.activation.kind == Activation::gelu_tanh
+                                  ? " (epilogue)"
+                                  : " + activation kernel")
+                           : "");
+    }
+    case OpKind::fused_pointwise:
+      return cat("generated kernel (", std::get<PointwiseProgram>(n.attrs).instrs.size(), " ops, ",
+                 n.inputs.size(), " inputs)");
+    case OpKind::attention:
+      return "cuDNN fused attention (SDPA), else the project's attention kernel";
+    default:
+      return "own kernel";
+  }
+}
+
+}  // namespace fusebox::cuda

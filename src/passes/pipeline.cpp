@@ -1,0 +1,167 @@
+// The pipelines' pass lists (passes/pipeline.h), and running them with the verifier.
+#include "fusebox/passes/pipeline.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "fusebox/passes/fuse_pointwise.h"
+
+namespace fusebox {
+namespace {
+
+// A pass of the free functions `size_t pass(Graph&, FusionLog*)`.
+Pass pass(std::string name, size_t (*fn)(Graph&, FusionLog*)) {
+  return {std::move(name), fn};
+}
+
+// Mixed precision rebuilds the graph (apply_mixed_precision returns a new one).
+Pass mixed_precision(Precision precision, MixedPrecisionOptions options = {}) {
+  return {"mixed_precision", [precision, options](Graph& g, FusionLog*) {
+            MixedPrecisionReport report;
+            g = apply_mixed_precision(g, precision, &report, options);
+            return size_t(report.casts_inserted + report.constants_folded);
+          }};
+}
+
+Pass attention(bool training) {
+  return {training ? "fuse_attention (training)" : "fuse_attention",
+          [training](Graph& g, FusionLog* log) { return fuse_attention(g, log, training); }};
+}
+
+// What a pass must leave as it found it: the graph's inputs and outputs, by name and type.
+struct Interface {
+  std::vector<std::pair<std::string, TensorType>> inputs, outputs;
+  bool operator==(const Interface&) const = default;
+
+  explicit Interface(const Graph& g) {
+    for (ValueId v : g.inputs()) inputs.push_back({g.value(v).name, g.value(v).type});
+    for (ValueId v : g.outputs()) outputs.push_back({g.value(v).name, g.value(v).type});
+  }
+};
+
+std::string describe(const std::vector<std::pair<std::string, TensorType>>& values) {
+  std::string s;
+  for (const auto& [name, type] : values)
+    s += cat(s.empty() ? "" : ", ", name, " ", dtype_name(type.dtype), shape_str(type.shape));
+  return s.empty() ? "none" : s;
+}
+
+// Graph::verify and the interface check, after the pass `culprit` names ("pass fuse_x"), its
+// Error naming it.
+void verify_after(const Pipeline& pipeline, const std::string& culprit, const Graph& g,
+                  const Interface& before) {
+  const std::string where = cat("pipeline ", pipeline.name, " of ", g.name());
+  try {
+    g.verify();
+  } catch (const Error& e) {
+    throw Error(where, cat(culprit, " left an invalid graph: ", e.what()));
+  }
+  const Interface after(g);
+  FUSEBOX_CHECK(after.inputs == before.inputs, where, culprit, " changed the graph's inputs from (",
+                describe(before.inputs), ") to (", describe(after.inputs), ")");
+  FUSEBOX_CHECK(after.outputs == before.outputs, where, culprit,
+                " changed the graph's outputs from (", describe(before.outputs), ") to (",
+                describe(after.outputs), ")");
+}
+
+}  // namespace
+
+// The orders. A comment says why a pass runs where it does.
+
+Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& fusion) {
+  std::vector<Pass> passes;
+  auto add = [&](bool enabled, Pass p) {
+    if (enabled) passes.push_back(std::move(p));
+  };
+  // Folding first, on the model's own (f32) weights: the folded ones are rounded once.
+  add(fusion.fold_batch_norm, pass("fold_batch_norms", fold_batch_norms));
+  // Before mixed precision: as a gemm, a linear layer runs in the low dtype with its bias.
+  add(fusion.conv_epilogue, pass("form_linears", form_linears));
+  add(true, mixed_precision(precision, {.fold_constants = true}));
+  add(fusion.conv_epilogue, pass("fuse_conv_epilogues", fuse_conv_epilogues));
+  add(fusion.conv_epilogue, pass("fuse_gemm_epilogues", fuse_gemm_epilogues));
+  // Before the pointwise chains, which would take the scale and the casts around the softmax.
+  add(fusion.attention, attention(/*training=*/false));
+  // The batch norms the folding left (not after a conv); the residual first, which takes the
+  // relu after the add too.
+  add(fusion.batch_norm, pass("fuse_batch_norm_residual", fuse_batch_norm_residual));
+  add(fusion.batch_norm, pass("fuse_batch_norm_relu", fuse_batch_norm_relu));
+  // Last: the elementwise chains no pass above took into a node of its own.
+  add(fusion.pointwise, pass("fuse_pointwise_chains", fuse_pointwise_chains));
+  return {"inference", std::move(passes)};
+}
+
+// The fusions here run before autodiff, so that the backward pass is derived from the fused
+// nodes; only those with a gradient rule (no conv or gemm epilogues, no pointwise chains).
+Pipeline training_forward_pipeline(Precision precision) {
+  return {"training_forward",
+          {
+              // Before mixed precision, as for inference.
+              pass("form_linears", form_linears),
+              // Parameters are graph inputs by now: they stay f32, read through casts.
+              mixed_precision(precision),
+              pass("fuse_batch_norm_residual", fuse_batch_norm_residual),
+              pass("fuse_batch_norm_relu", fuse_batch_norm_relu),
+              attention(/*training=*/true),
+          }};
+}
+
+Pipeline evaluation_pipeline(Precision precision) {
+  return {"evaluation",
+          {
+              mixed_precision(precision),
+              pass("fuse_batch_norm_residual", fuse_batch_norm_residual),
+              pass("fuse_batch_norm_relu", fuse_batch_norm_relu),
+              attention(/*training=*/false),
+          }};
+}
+
+bool verify_passes_by_default() {
+#ifdef NDEBUG
+  constexpr bool debug_build = false;
+#else
+  constexpr bool debug_build = true;
+#endif
+  const char* text = std::getenv("FUSEBOX_VERIFY_PASSES");
+  const std::string value = text == nullptr ? "" : text;
+  FUSEBOX_CHECK(value.empty() || value == "0" || value == "1", "settings",
+                "FUSEBOX_VERIFY_PASSES='", value,
+                "' must be 1 (verify the graph after every pass) or 0 (after the whole pipeline, "
+                "the default of release builds)");
+  return debug_build || value == "1";
+}
+
+void run_pipeline(const Pipeline& pipeline, Graph& g, PipelineLog* log, bool verify) {
+  if (pipeline.passes.empty()) return;
+  const Interface interface(g);
+  if (verify) {
+    try {
+      g.verify();
+    } catch (const Error& e) {
+      throw Error(cat("pipeline ", pipeline.name, " of ", g.name()),
+                  cat("the graph given to it is invalid: ", e.what()));
+    }
+  }
+  for (const Pass& p : pipeline.passes) {
+    const size_t nodes_before = g.nodes().size();
+    const size_t rewrites = p.run(g, log ? &log->fusion : nullptr);
+    if (log) log->passes.push_back({p.name, rewrites, nodes_before, g.nodes().size()});
+    if (verify) verify_after(pipeline, "pass " + p.name, g, interface);
+  }
+  if (!verify) verify_after(pipeline, "a pass (FUSEBOX_VERIFY_PASSES=1 names which)", g, interface);
+}
+
+Graph prepare_graph(const Graph& graph, const PipelineOptions& options) {
+  Graph g = graph;
+  switch (options.kind) {
+    case PipelineKind::none:
+      break;
+    case PipelineKind::inference:
+      run_pipeline(inference_pipeline(options.precision, options.fusion), g, options.log,
+                   options.verify || verify_passes_by_default());
+      break;
+  }
+  return g;
+}
+
+}  // namespace fusebox
