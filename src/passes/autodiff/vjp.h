@@ -18,7 +18,9 @@ namespace fusebox::autodiff {
 
 // Appends ops to the graph, named "<prefix>/<scope>/<part>", where the scope is the
 // forward node (or value) being differentiated. Helpers that would be a no-op (a
-// reshape to the same shape, a scale by 1) return their input unchanged.
+// reshape to the same shape, a scale by 1) return their input unchanged. It builds in
+// place, on the graph being differentiated: the passes that rebuild a graph into a new one
+// use passes/rewrite/graph_rewriter.h instead.
 class Emitter {
  public:
   Emitter(Graph& g, std::string prefix) : g_(g), prefix_(std::move(prefix)) {}
