@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/conv/report.h"
 #include "executable/device_array.h"
 #include "executable/io_plan.h"
 #include "executable/memory_plan.h"
@@ -75,6 +76,7 @@ class CudaExecutable final : public Executable {
     if (halt_) stats_.runs_not_applied = size_t(halt_->not_applied);
     return stats_;
   }
+  const ExecutableReport& report() const override { return report_.report(); }
   Device device() const override { return Device::cuda; }
 
  private:
@@ -163,6 +165,7 @@ class CudaExecutable final : public Executable {
   // the input on the device stream: the copy stream's events cost more than they hide.
   static constexpr size_t kSmallFeedBytes = 64 << 10;
   mutable ExecutableStats stats_;  // runs_not_applied refreshed by stats()
+  cuda::ConvReportSink report_;    // filled by every recording (a ConvReportScope)
 };
 
 }  // namespace fusebox::runtime

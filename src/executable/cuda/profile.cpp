@@ -16,6 +16,7 @@ std::vector<NodeTime> CudaExecutable::profile(int repeats) {
                   "' has not been fed (the profile runs on the last feeds)");
   cudaEvent_t events[2] = {nullptr, nullptr};
   std::vector<NodeTime> times;
+  const cuda::ConvReportScope reporting(report_);
   try {
     for (cudaEvent_t& e : events) FUSEBOX_CUDA_CHECK(cudaEventCreate(&e));
     Walk w = begin_walk(false);

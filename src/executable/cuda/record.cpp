@@ -17,6 +17,7 @@ DeviceTensor CudaExecutable::arena_tensor(ValueId v) const {
 
 // Step 4: the node walk (recorded once; launching directly, run by every run).
 void CudaExecutable::record_step() {
+  const cuda::ConvReportScope reporting(report_);
   cuda::ErrorFlags& flags = cuda::ErrorFlags::of(ctx_.encoder);
   if (halt_) flags.set_halt(halt_->word);
   try {
