@@ -7,31 +7,9 @@
 #include "executable/cuda/cuda_executable.h"
 #include "executable/executables.h"
 #include "fusebox/ir/op_groups.h"
+#include "fusebox/ir/op_info.h"
 
 namespace fusebox::runtime {
-
-namespace {
-
-// Which input of a node an output may be computed in place of: the optimizer updates
-// (each output is its state input's next value, elementwise), batch_norm's running
-// statistics (per channel, read and written by the same thread) and the loss scaler's
-// state (one thread reads it all, then writes). -1: none.
-int in_place_input(const Node& n, size_t output) {
-  switch (n.op) {
-    case OpKind::sgd_update:  // (param, grad, buf, lr) -> (param', buf')
-      return output == 0 ? 0 : output == 1 ? 2 : -1;
-    case OpKind::adamw_update:  // (param, grad, m, v, lr, step) -> (param', m', v')
-      return output == 0 ? 0 : output == 1 ? 2 : output == 2 ? 3 : -1;
-    case OpKind::batch_norm:  // training: (y, running mean', running var', saved...)
-      return output == 1 ? 3 : output == 2 ? 4 : -1;
-    case OpKind::loss_scale_update:  // (scale, tracker, found_inf, skipped?) -> (scale', ...)
-      return output == 0 ? 0 : output == 1 ? 1 : output == 2 ? 3 : -1;
-    default:
-      return -1;
-  }
-}
-
-}  // namespace
 
 CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
     : graph_(g), options_(options), where_("run " + g.name()), ctx_(cuda_context()) {
@@ -211,8 +189,8 @@ void CudaExecutable::plan_memory_and_buffers() {
 }
 
 // An aliased output may be written straight into its input's buffer when its producer
-// updates that very input elementwise, nothing reads the input after the producer, and
-// the buffer is in the order the producer writes.
+// may compute it in place of that very input (OpInfo::in_place), nothing reads the input
+// after the producer, and the buffer is in the order the producer writes.
 bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
   const Input& in = inputs_[input];
   const int k = life_.first[size_t(out)];
@@ -220,7 +198,7 @@ bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
   const Node& n = graph_.nodes()[size_t(k)];
   size_t which = 0;
   while (n.outputs[which] != out) ++which;
-  const int m = in_place_input(n, which);
+  const int m = in_place_input(op_info(n.op), which);
   if (m < 0 || n.inputs[size_t(m)] != in.value || life_.last[size_t(in.value)] != k) return false;
   // Running statistics are written in the forward pass, before the loss has checked the
   // labels: with a halt word they are committed at the step's end, guarded (small).
