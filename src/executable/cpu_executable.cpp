@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 
-#include "fusebox/backends/cpu.h"
-#include "fusebox/core/memory.h"
 #include "executable/device_array.h"
 #include "executable/executables.h"
 #include "executable/io_plan.h"
 #include "executable/memory_plan.h"
+#include "fusebox/backends/cpu.h"
+#include "fusebox/core/memory.h"
 
 namespace fusebox::runtime {
 
@@ -187,6 +187,7 @@ class CpuExecutable final : public Executable {
   }
   const Graph& graph() const override { return graph_; }
   const ExecutableStats& stats() const override { return stats_; }
+  const ExecutableReport& report() const override { return report_; }  // nothing to report
   Device device() const override { return Device::cpu; }
 
  private:
@@ -197,6 +198,7 @@ class CpuExecutable final : public Executable {
   Liveness life_;
   std::vector<DeviceArray> inputs_, outputs_;
   ExecutableStats stats_;
+  ExecutableReport report_;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <optional>
 
+#include "backends/cuda/kernels/conv/report.h"
 #include "backends/cuda/runtime/allocator.h"
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
@@ -42,6 +43,10 @@ void use_cuda_device(int index) {
 
 int cuda_device() {
   return g_cuda_device.load(std::memory_order_relaxed);
+}
+
+void set_conv_autotune(std::optional<bool> autotune) {
+  cuda::set_conv_autotune_override(autotune);
 }
 
 Device parse_device(const std::string& s) {

@@ -14,8 +14,6 @@
 #include <iostream>
 #include <set>
 
-// The backend's convolution record: a header of standard and public includes only.
-#include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
 #include "fusebox/backends/cuda.h"
 #include "fusebox/frontends/onnx.h"
@@ -23,6 +21,7 @@
 #include "fusebox/passes/layout.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/runtime/executor.h"
+#include "fusebox/runtime/report.h"
 
 namespace fusebox::cli {
 namespace {
@@ -91,7 +90,7 @@ int run(const RunArgs& args) {
   }
   Graph g = import_model(args.model, parse_shape_specs(args.shapes), given);
   const Device device = parse_device(args.device);
-  if (args.autotune) cuda::set_conv_autotune_override(true);
+  if (args.autotune) set_conv_autotune(true);
   if (!args.output_dir.empty()) make_directory(args.output_dir);
   std::string input_names;
   for (ValueId v : g.inputs()) input_names += (input_names.empty() ? "" : ", ") + g.value(v).name;
@@ -145,14 +144,15 @@ int run(const RunArgs& args) {
   std::cout.unsetf(std::ios::floatfield);
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
   if (args.report && device == Device::cuda) {
-    std::cout << fusion_outcome(run_g, fusion_log);
+    std::cout << fusion_outcome(run_g, fusion_log, exe->report().convolutions);
     std::cout << plan_layouts(run_g, layout_policy_from_env()).describe(run_g);
   }
   if (args.report) {
-    const std::string table = cuda::format_conv_report();
+    const std::string table = format_conv_report(exe->report());
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
+    const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
     std::cout << format_time_report(
-        time_report(run_g, exe->profile(device == Device::cuda ? 10 : 1), device), -1);
+        time_report(run_g, times, device, exe->report().convolutions), -1);
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "fusebox/passes/fusion.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
+#include "fusebox/runtime/report.h"
 #include "fusebox/zoo.h"
 
 namespace fusebox::cli {
@@ -100,11 +101,13 @@ std::string with_commas(int64_t n);
 void set_float_math(Precision p);
 
 // Each planned fusion group of `g` (prepared by passes/fusion.h with `log`) and what it
-// became on the GPU in this process (tools/fusebox/fusion_report.cpp).
-std::string fusion_outcome(const Graph& g, const FusionLog& log);
+// became on the GPU: its convolution's row of `decisions` (Executable::report)
+// (tools/fusebox/fusion_report.cpp).
+std::string fusion_outcome(const Graph& g, const FusionLog& log,
+                           const std::vector<ConvDecision>& decisions);
 
 // The time part of --report (tools/fusebox/time_report.cpp): Executable::profile()'s
-// node times with what ran for each.
+// node times with what ran for each (a convolution: its row of `decisions`, Executable::report).
 struct TimeRow {
   std::string node, op;
   double ms = 0;
@@ -114,7 +117,8 @@ struct TimeReport {
   std::vector<TimeRow> rows;  // in the graph's order
   double total_ms = 0;
 };
-TimeReport time_report(const Graph& g, const std::vector<NodeTime>& times, Device device);
+TimeReport time_report(const Graph& g, const std::vector<NodeTime>& times, Device device,
+                       const std::vector<ConvDecision>& decisions);
 // The `top` slowest nodes, the time by op, and the sum (beside `step_ms` when > 0).
 std::string format_time_report(const TimeReport& r, double step_ms, size_t top = 25);
 Json time_report_json(const TimeReport& r);

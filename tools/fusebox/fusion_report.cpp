@@ -4,15 +4,14 @@
 // for the rest and why), a generated kernel, or the project's kernel; then the summary line.
 #include <sstream>
 
-// The backend's convolution record: a header of standard and public includes only.
-#include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
 #include "fusebox/backends/cuda.h"
+#include "fusebox/runtime/report.h"
 
 namespace fusebox::cli {
 
-std::string fusion_outcome(const Graph& g, const FusionLog& log) {
-  const std::vector<cuda::ConvDecision> decisions = cuda::conv_decisions();
+std::string fusion_outcome(const Graph& g, const FusionLog& log,
+                           const std::vector<ConvDecision>& decisions) {
   std::ostringstream os;
   size_t index = 0;
   for (const Node& n : g.nodes()) {
@@ -21,8 +20,8 @@ std::string fusion_outcome(const Graph& g, const FusionLog& log) {
     os << "group " << ++index << " [" << n.name << "]: ";
     for (size_t i = 0; i < group->ops.size(); ++i) os << (i ? " + " : "") << group->ops[i];
     os << "\n  planned: " << cuda::describe_lowering(n) << "\n  ran: ";
-    const cuda::ConvDecision* d = nullptr;
-    for (const cuda::ConvDecision& c : decisions)
+    const ConvDecision* d = nullptr;
+    for (const ConvDecision& c : decisions)
       if (c.node == node_label(n) && c.op == "conv_fprop") d = &c;
     if (n.op == OpKind::fused_pointwise) {
       os << "generated kernel (NVRTC, one pass)\n";

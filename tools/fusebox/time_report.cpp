@@ -7,23 +7,21 @@
 #include <map>
 #include <sstream>
 
-// The backend's convolution record: a header of standard and public includes only.
-#include "../../src/backends/cuda/kernels/conv/report.h"
 #include "common.h"
 #include "fusebox/ir/op_info.h"
+#include "fusebox/runtime/report.h"
 
 namespace fusebox::cli {
 
 namespace {
 
 // What ran for node `n`: the convolution's recorded decision, else the kind of kernel.
-std::string what_ran(const Node& n, const std::vector<cuda::ConvDecision>& decisions,
-                     Device device) {
+std::string what_ran(const Node& n, const std::vector<ConvDecision>& decisions, Device device) {
   if (device != Device::cuda) return "";
   if (n.op == OpKind::fused_pointwise) return "generated kernel";
   if (n.op == OpKind::attention) return "fused attention";
   if (n.op != OpKind::conv) return "";
-  for (const cuda::ConvDecision& d : decisions) {
+  for (const ConvDecision& d : decisions) {
     if (d.node != node_label(n) || d.op != "conv_fprop") continue;
     return d.plan.empty() ? d.path : d.path + ", " + d.plan;
   }
@@ -32,8 +30,8 @@ std::string what_ran(const Node& n, const std::vector<cuda::ConvDecision>& decis
 
 }  // namespace
 
-TimeReport time_report(const Graph& g, const std::vector<NodeTime>& times, Device device) {
-  const std::vector<cuda::ConvDecision> decisions = cuda::conv_decisions();
+TimeReport time_report(const Graph& g, const std::vector<NodeTime>& times, Device device,
+                       const std::vector<ConvDecision>& decisions) {
   TimeReport r;
   // profile() times the nodes in the graph's order.
   FUSEBOX_CHECK(times.size() == g.nodes().size(), "--report", "the profile has ", times.size(),

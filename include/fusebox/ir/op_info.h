@@ -1,8 +1,9 @@
 // What each op is, one row per OpKind: its family, inputs and attribute struct (which
 // infer_and_normalize checks), its layout role, how the CUDA backend and the ONNX exporter
-// take it, and whether autodiff differentiates it. Passes and backends read these
-// properties here; what an op does (its inference, VJP and kernels) stays in switches over
-// OpKind with no default, so that the compiler names every switch a new op must join.
+// take it, whether autodiff differentiates it, and which outputs may be computed in place of
+// an input. Passes and backends read these properties here; what an op does (its inference,
+// VJP and kernels) stays in switches over OpKind with no default, so that the compiler names
+// every switch a new op must join.
 #pragma once
 
 #include <cstddef>
@@ -82,7 +83,20 @@ struct OpInfo {
   // Autodiff has a VJP rule for it; backward ops, conv_backward_filter and the optimizer
   // updates have none (no second-order differentiation).
   bool differentiable = true;
+  // By output: the input it may be computed in place of (written into that input's bytes),
+  // -1 for none; outputs past the end have none. An op lists a pair where its kernels read
+  // each element of the input before writing the output's element there and read nothing of
+  // the input afterwards, so that state updated through an alias (fusebox/runtime/
+  // executable.h) needs no copy: the optimizer updates (each output is its state input's next
+  // value, elementwise), batch_norm's running statistics (per channel, read and written by
+  // the same thread) and the loss scaler's state (one thread reads it all, then writes).
+  std::span<const int8_t> in_place = {};
 };
+
+// The input that output `output` of an op may be computed in place of (OpInfo::in_place), or -1.
+constexpr int in_place_input(const OpInfo& info, size_t output) {
+  return output < info.in_place.size() ? info.in_place[output] : -1;
+}
 
 namespace op_roles {
 inline constexpr const char* kX[] = {"x"};
@@ -121,6 +135,14 @@ inline constexpr const char* kFusedPointwise[] = {"in0",  "in1",  "in2",  "in3",
                                                   "in12", "in13", "in14", "in15"};
 }  // namespace op_roles
 
+// OpInfo::in_place rows, by output.
+namespace op_in_place {
+inline constexpr int8_t kSgd[] = {0, 2};            // param', momentum_buf'
+inline constexpr int8_t kAdamW[] = {0, 2, 3};       // param', m', v'
+inline constexpr int8_t kBatchNorm[] = {-1, 3, 4};  // training: running mean', running var'
+inline constexpr int8_t kLossScale[] = {0, 1, 3};   // scale', growth_tracker', skipped'
+}  // namespace op_in_place
+
 // The first two fields of a row, from the enumerator's own spelling.
 #define FUSEBOX_OP_ROW(kind) .op = OpKind::kind, .name = #kind
 
@@ -140,7 +162,8 @@ inline constexpr OpInfo kOpTable[] = {
     // ---- normalisation
     {FUSEBOX_OP_ROW(batch_norm), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 6,
      .roles = op_roles::kBatchNorm, .attrs = attrs_index<BatchNormAttrs>(),
-     .attrs_defaultable = true, .layout = LayoutRole::channelwise},
+     .attrs_defaultable = true, .layout = LayoutRole::channelwise,
+     .in_place = op_in_place::kBatchNorm},
     {FUSEBOX_OP_ROW(layer_norm), .family = OpFamily::norm, .min_inputs = 1, .max_inputs = 3,
      .roles = op_roles::kLayerNorm, .attrs = attrs_index<NormAttrs>(), .attrs_defaultable = true},
     {FUSEBOX_OP_ROW(rms_norm), .family = OpFamily::norm, .min_inputs = 1, .max_inputs = 2,
@@ -379,10 +402,10 @@ inline constexpr OpInfo kOpTable[] = {
     // ---- optimizer updates and f16 loss scaling
     {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 6,
      .roles = op_roles::kSgd, .attrs = attrs_index<SgdAttrs>(), .attrs_defaultable = true,
-     .layout = LayoutRole::elementwise, .differentiable = false},
+     .layout = LayoutRole::elementwise, .differentiable = false, .in_place = op_in_place::kSgd},
     {FUSEBOX_OP_ROW(adamw_update), .family = OpFamily::optimizer, .min_inputs = 6, .max_inputs = 8,
      .roles = op_roles::kAdamW, .attrs = attrs_index<AdamWAttrs>(), .attrs_defaultable = true,
-     .layout = LayoutRole::elementwise, .differentiable = false},
+     .layout = LayoutRole::elementwise, .differentiable = false, .in_place = op_in_place::kAdamW},
     // A reduction to a scalar that reads its inputs in whatever dense order they are in:
     // `elementwise` joins no operands (none has the rank-0 output's shape), so it causes no
     // layout conversion; the CUDA kernel takes contiguous and channels-last inputs as they
@@ -392,7 +415,7 @@ inline constexpr OpInfo kOpTable[] = {
      .cuda_strided_inputs = true, .differentiable = false},
     {FUSEBOX_OP_ROW(loss_scale_update), .family = OpFamily::optimizer, .min_inputs = 3,
      .max_inputs = 4, .roles = op_roles::kLossScaleUpdate, .attrs = attrs_index<LossScaleAttrs>(),
-     .attrs_defaultable = true, .differentiable = false},
+     .attrs_defaultable = true, .differentiable = false, .in_place = op_in_place::kLossScale},
     // ---- generated pointwise programs (formed after autodiff's graphs are built: no VJP)
     {FUSEBOX_OP_ROW(fused_pointwise), .family = OpFamily::pointwise, .min_inputs = 1,
      .max_inputs = 16, .roles = op_roles::kFusedPointwise, .attrs = attrs_index<PointwiseProgram>(),
@@ -425,7 +448,7 @@ constexpr const OpInfo& op_info(OpKind op) {
 
 namespace op_info_checks {
 // Row i describes OpKind i; every op names each of its inputs (concat aside); a
-// defaultable attribute struct exists.
+// defaultable attribute struct exists; an in-place output names an input the op has.
 constexpr bool rows_consistent() {
   for (size_t i = 0; i < std::size(kOpTable); ++i) {
     const OpInfo& r = kOpTable[i];
@@ -433,6 +456,8 @@ constexpr bool rows_consistent() {
     if (r.max_inputs != kUnboundedInputs && r.roles.size() != size_t(r.max_inputs)) return false;
     if (r.attrs >= std::variant_size_v<Attrs> || (r.attrs_defaultable && r.attrs == 0))
       return false;
+    for (int8_t input : r.in_place)
+      if (input < -1 || input >= r.max_inputs) return false;
   }
   return true;
 }
@@ -440,6 +465,6 @@ constexpr bool rows_consistent() {
 
 static_assert(std::size(kOpTable) == kOpCount, "one row per OpKind");
 static_assert(op_info_checks::rows_consistent(),
-              "rows out of enum order, or inputs, roles and attrs disagree");
+              "rows out of enum order, or inputs, roles, attrs and in_place disagree");
 
 }  // namespace fusebox

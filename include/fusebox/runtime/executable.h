@@ -67,6 +67,7 @@
 #include "fusebox/ir/graph.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/runtime/executor.h"
+#include "fusebox/runtime/report.h"
 
 namespace fusebox {
 
@@ -227,6 +228,10 @@ class Executable {
 
   virtual const Graph& graph() const = 0;
   virtual const ExecutableStats& stats() const = 0;
+  // What its recordings decided on the GPU: each convolution's path and plan, the plan
+  // caches' counters (fusebox/runtime/report.h). Grows with later recordings (profile(); every
+  // run when launching directly); empty on the CPU.
+  virtual const ExecutableReport& report() const = 0;
   virtual Device device() const = 0;
 };
 

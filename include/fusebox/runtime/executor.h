@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "fusebox/ir/graph.h"
@@ -21,6 +22,10 @@ int cuda_device_count();  // 0 without a usable GPU
 // when the index is not a device of this machine.
 void use_cuda_device(int index);
 int cuda_device();
+// `fusebox run --autotune`: the CUDA backend times cuDNN's candidate plans for each convolution
+// problem it plans from now on and keeps the fastest, as FUSEBOX_AUTOTUNE=1 would (false: never;
+// nullopt: FUSEBOX_AUTOTUNE decides again). Process-wide.
+void set_conv_autotune(std::optional<bool> autotune);
 
 using NamedTensors = std::map<std::string, Tensor>;
 

@@ -1,54 +1,31 @@
-// What the convolutions of this process did, for `fusebox run --report`, tests and
-// benchmarks: one row per convolution node and problem (path, plan, why), the plan caches'
-// counters, and the process-wide autotuning switch of `fusebox run --autotune`.
-//
-// Only standard and public headers here: the CLI includes this file without the backend's
-// include path.
+// What the convolutions did: each call's decision (path, plan, why) goes to the process's
+// record (tests and benchmarks of the kernels read it) and to the report of the executable
+// recording on this thread (fusebox/runtime/report.h: `fusebox run --report`); the plan
+// caches' counters; the process-wide autotuning switch of `fusebox run --autotune`.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include "fusebox/runtime/report.h"
 
 namespace fusebox::cuda {
 
-struct ConvDecision {
-  std::string node;     // node label: "conv 'layer1.0.conv1'"
-  std::string op;       // conv_fprop, conv_dgrad, conv_wgrad
-  std::string problem;  // ConvProblem::describe()
-  std::string path;     // "cudnn", "cudnn + bias kernel", "own"
-  std::string plan;     // cuDNN engine name ("" for own)
-  std::string reason;   // why the direct kernel ran ("" for cudnn)
-  size_t workspace_bytes = 0;
-  double tuned_ms = -1;  // the autotuned plan's time; < 0: not tuned in this process
-  uint64_t calls = 0;    // executions recorded with this decision
-};
+using fusebox::ConvDecision;
+using fusebox::ConvPlanStats;
 
 // Adds a call to the row of (node, problem), creating it; a new decision for the same
-// row replaces the old one.
+// row replaces the old one. Both in the process's record and in the report of the
+// ConvReportScope open on this thread, if any.
 void record_conv_decision(const ConvDecision& decision);
-std::vector<ConvDecision> conv_decisions();  // in first-seen order
+std::vector<ConvDecision> conv_decisions();  // the process's record, in first-seen order
 void clear_conv_decisions();
-// The rows as a fixed-width table with a summary line; "" when no convolution ran.
+// format_conv_report of the process's record and plan-cache counters.
 std::string format_conv_report();
 
 // Plan-cache counters since the process started (or the last reset).
-struct ConvPlanStats {
-  uint64_t problems = 0;            // distinct problems looked up (memory misses)
-  uint64_t memory_hits = 0;         // served by the in-memory plan cache
-  uint64_t heuristics_queries = 0;  // cuDNN heuristics queries (create_execution_plans)
-  uint64_t plans_built = 0;         // graphs built from heuristics (not from disk)
-  uint64_t autotune_runs = 0;       // problems autotuned
-  uint64_t disk_hits = 0;           // plans or refusals loaded from the disk cache
-  uint64_t disk_misses = 0;
-  uint64_t disk_writes = 0;
-  uint64_t disk_rejects = 0;        // entries found but unusable (deserialize failed); rebuilt
-  uint64_t refusals = 0;            // problems cuDNN had no plan for
-  uint64_t native_graph_nodes = 0;  // executions added through cuDNN's CUDA-graph API
-  uint64_t captured_calls = 0;      // executions recorded by stream capture
-};
 ConvPlanStats conv_plan_stats();
 void reset_conv_plan_stats();
 // Drops every plan held in memory (the disk cache stays): the next use of a problem is
@@ -58,5 +35,34 @@ void clear_conv_plan_memory_cache();
 // `fusebox run --autotune`: overrides FUSEBOX_AUTOTUNE for this process (nullopt: the
 // environment decides again).
 void set_conv_autotune_override(std::optional<bool> autotune);
+
+// One executable's report, filled while it records (Executable::report).
+class ConvReportSink {
+ public:
+  void add(const ConvDecision& decision);  // as record_conv_decision
+  const ExecutableReport& report() const { return report_; }
+
+ private:
+  friend class ConvReportScope;
+  ExecutableReport report_;
+  std::unordered_map<std::string, size_t> index_;  // node + '\n' + problem -> row
+};
+
+// While it lives, the decisions recorded on this thread also go to `sink`, and at its end
+// the plan caches' counters of its span are added to the sink's. record_conv_decision takes
+// no Context: the thread says which executable is recording. Scopes nest: the innermost one
+// receives the decisions.
+class ConvReportScope {
+ public:
+  explicit ConvReportScope(ConvReportSink& sink);
+  ~ConvReportScope();
+  ConvReportScope(const ConvReportScope&) = delete;
+  ConvReportScope& operator=(const ConvReportScope&) = delete;
+
+ private:
+  ConvReportSink& sink_;
+  ConvReportSink* outer_;  // the sink of the scope around this one
+  ConvPlanStats at_start_;
+};
 
 }  // namespace fusebox::cuda

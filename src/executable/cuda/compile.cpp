@@ -1,0 +1,233 @@
+// The CUDA executable's compile: layouts, memory, the inputs' and outputs' buffers,
+// constants, then the recording (cuda_executable.h).
+#include <algorithm>
+#include <chrono>
+
+#include "backends/cuda/runtime/nccl.h"
+#include "executable/cuda/cuda_executable.h"
+#include "executable/executables.h"
+#include "fusebox/ir/op_groups.h"
+#include "fusebox/ir/op_info.h"
+
+namespace fusebox::runtime {
+
+CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
+    : graph_(g), options_(options), where_("run " + g.name()), ctx_(cuda_context()) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t in_use_before = ctx_.allocator.stats().bytes_in_use;
+  if (options_.communicator) {
+    ctx_.world = dynamic_cast<cuda::NcclCommunicator*>(options_.communicator.get());
+    FUSEBOX_CHECK(ctx_.world != nullptr, where_,
+                  "the CUDA backend's collectives run on NCCL: give an nccl_communicator() "
+                  "(CompileOptions::communicator), not another kind");
+    FUSEBOX_CHECK(ctx_.world->comm().device() == ctx_.device.id(), where_, "the communicator is ",
+                  "on GPU ", ctx_.world->comm().device(), " but this process runs on GPU ",
+                  ctx_.device.id(), " (use_cuda_device)");
+  }
+  direct_ = !ctx_.encoder.options().use_graphs;
+  if (!direct_) copy_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
+  io_ = plan_io(graph_, options_, where_);
+  life_ = liveness(graph_);
+  layout_ = plan_layouts(graph_, layout_policy_from_env());
+  if (!options_.aliases.empty()) {
+    // State updated in place: a bad label must leave it as it was (error_flags.h).
+    halt_ = std::make_shared<HaltState>();
+    halt_->word = ctx_.allocator.allocate(sizeof(int32_t));
+    FUSEBOX_CUDA_CHECK(cudaMemset(halt_->word.data(), 0, sizeof(int32_t)));
+  }
+  plan_memory_and_buffers();
+  upload_constants();
+  if (!direct_) {
+    FUSEBOX_CHECK(cuda::ErrorFlags::of(ctx_.encoder).pending() == 0, where_,
+                  "kernel error records of an earlier run were left unchecked");
+    ctx_.encoder.commit();  // the recording starts empty
+    try {
+      record_step();
+    } catch (...) {
+      ctx_.encoder.discard_recording();
+      cuda::ErrorFlags::of(ctx_.encoder).take();
+      throw;
+    }
+    step_ = ctx_.encoder.finish_recording();
+    for (Input& in : inputs_)
+      if (in.stage_op != cuda::CommandEncoder::kNoOp) set_stage_enabled(in, false);
+    errors_ = std::make_shared<const cuda::ErrorFlags::Reserved>(
+        cuda::ErrorFlags::of(ctx_.encoder).take());
+    stats_.operations = step_ ? step_.ops() : 0;
+  }
+  const size_t in_use = ctx_.allocator.stats().bytes_in_use - in_use_before;
+  const size_t known = stats_.arena_bytes + stats_.io_bytes + stats_.constant_bytes;
+  stats_.temporary_bytes = in_use > known ? in_use - known : 0;
+  stats_.nodes = graph_.nodes().size();
+  stats_.compile_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Steps 1-2: the arena, the inputs' and outputs' buffers, which aliases run in place.
+void CudaExecutable::plan_memory_and_buffers() {
+  const size_t values = graph_.values().size();
+  std::vector<size_t> bytes(values, 0);
+  std::vector<bool> outside(values, false);  // inputs, constants, outputs
+  for (ValueId v : graph_.inputs()) outside[size_t(v)] = true;
+  for (ValueId v : graph_.outputs()) outside[size_t(v)] = true;
+  for (const auto& [v, t] : graph_.constants()) outside[size_t(v)] = true;
+  for (size_t v = 0; v < values; ++v) {
+    const TensorType& t = graph_.values()[v].type;
+    if (!outside[v]) bytes[v] = size_t(numel(t.shape)) * dtype_size(t.dtype);
+  }
+  // An input fed in another order than the step reads it (NCHW images for channels-last
+  // convolutions) is converted by the step's first operations: the copy is an arena value,
+  // live until its last reader.
+  std::vector<bool> converted_in_arena(values, false);
+  for (size_t i = 0; i < io_.input_names.size(); ++i) {
+    const ValueId v = graph_.inputs()[i];
+    const TensorType& t = graph_.value(v).type;
+    if (io_.aliased_by_input[i] >= 0 || life_.last[size_t(v)] == Liveness::kAfterLastNode) continue;
+    DeviceTensor fed;  // the order the input's buffer has: the bound array's, else dense
+    fed.dtype = t.dtype;
+    fed.shape = t.shape;
+    fed.strides = io_.bound[i] ? options_.bound.at(io_.input_names[i]).storage()->tensor.strides
+                               : strides_for(t.shape, MemoryFormat::contiguous);
+    if (in_format(fed, layout_.of(v))) continue;
+    converted_in_arena[size_t(v)] = true;
+    bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
+  }
+  // A reshape between two contiguous arena values is a view: its output shares its
+  // input's bytes and the node copies nothing (copy_reshape sees one address).
+  same_bytes_.assign(values, kNoValue);
+  for (const Node& n : graph_.nodes()) {
+    if (!is_reshape_family(n.op)) continue;
+    const ValueId in = n.inputs[0], out = n.outputs[0];
+    if (bytes[size_t(in)] == 0 || bytes[size_t(out)] != bytes[size_t(in)] ||
+        converted_in_arena[size_t(in)] || layout_.of(in) != MemoryFormat::contiguous ||
+        layout_.of(out) != MemoryFormat::contiguous)
+      continue;
+    same_bytes_[size_t(out)] = in;
+  }
+  const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
+  offsets_ = plan.offset;
+  // The nodes' temporaries go where no value is at the time (none without reuse: that
+  // plan is the reference the reusing one is tested against).
+  if (options_.reuse_memory) gaps_ = free_gaps(graph_, life_, bytes, plan);
+  stats_.arena_bytes = plan.arena_bytes;
+  stats_.unshared_bytes = plan.unshared_bytes;
+  if (plan.largest != kNoValue) {
+    stats_.largest_value = graph_.value(plan.largest).name;
+    stats_.largest_value_bytes = bytes[size_t(plan.largest)];
+  }
+  try {
+    if (plan.arena_bytes > 0) arena_ = ctx_.allocator.allocate(plan.arena_bytes);
+  } catch (const Error& e) {
+    throw Error(where_, cat("out of device memory for the step's intermediates: ",
+                            bytes_str(plan.arena_bytes), ", the largest '", stats_.largest_value,
+                            "' ", bytes_str(stats_.largest_value_bytes), " (", error_message(e),
+                            "); try a smaller batch"));
+  }
+
+  auto allocate = [&](const TensorType& t, MemoryFormat f, const std::string& what) {
+    try {
+      DeviceTensor d = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, f);
+      stats_.io_bytes += d.buffer.size();
+      return d;
+    } catch (const Error& e) {
+      throw Error(where_, cat("out of device memory for ", what, " (",
+                              bytes_str(size_t(numel(t.shape)) * dtype_size(t.dtype)),
+                              "): ", error_message(e), "; try a smaller batch"));
+    }
+  };
+  auto own_array = [&](const DeviceTensor& d) { return DeviceArray(cuda_storage(d)); };
+
+  inputs_.resize(io_.input_names.size());
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    Input& in = inputs_[i];
+    in.value = graph_.inputs()[i];
+    const TensorType& t = graph_.value(in.value).type;
+    const MemoryFormat planned = layout_.of(in.value);
+    const std::string& name = io_.input_names[i];
+    if (io_.bound[i]) {
+      in.array = options_.bound.at(name);
+      in.has_contents = true;
+    } else if (io_.aliased_by_input[i] >= 0) {
+      in.array = own_array(allocate(t, planned, "input '" + name + "'"));
+      in.has_contents = true;  // resident: the caller fills it (executable.h)
+    } else {
+      in.array = own_array(allocate(t, MemoryFormat::contiguous, "input '" + name + "'"));
+      in.staged = !direct_ && in.array.nbytes() > kSmallFeedBytes;
+    }
+    in.value_tensor = in.array.storage()->tensor;
+    in.convert = !in_format(in.value_tensor, planned);
+    if (in.convert) {
+      in.value_tensor = converted_in_arena[size_t(in.value)]
+                            ? arena_tensor(in.value)
+                            : allocate(t, planned, "input '" + name + "' in its planned order");
+    }
+  }
+  output_staging_.resize(io_.output_names.size());
+  readback_.resize(io_.output_names.size());
+  alias_buffer_.resize(io_.output_names.size());
+  input_staging_.resize(io_.input_names.size());
+  outputs_.resize(io_.output_names.size());
+  in_place_.assign(values, -1);
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const ValueId v = graph_.outputs()[i];
+    const int alias = io_.alias_of_output[i];
+    if (alias >= 0) {
+      outputs_[i] = inputs_[size_t(alias)].array;
+      if (can_compute_in_place(v, size_t(alias))) {
+        in_place_[size_t(v)] = alias;
+        ++stats_.aliases_in_place;
+      } else {
+        ++stats_.aliases_copied;
+        alias_buffer_[i] =
+            allocate(graph_.value(v).type, layout_.of(v), "output '" + io_.output_names[i] + "'");
+      }
+      continue;
+    }
+    outputs_[i] = own_array(
+        allocate(graph_.value(v).type, layout_.of(v), "output '" + io_.output_names[i] + "'"));
+  }
+}
+
+// An aliased output may be written straight into its input's buffer when its producer
+// may compute it in place of that very input (OpInfo::in_place), nothing reads the input
+// after the producer, and the buffer is in the order the producer writes.
+bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
+  const Input& in = inputs_[input];
+  const int k = life_.first[size_t(out)];
+  if (k < 0 || in.convert) return false;
+  const Node& n = graph_.nodes()[size_t(k)];
+  size_t which = 0;
+  while (n.outputs[which] != out) ++which;
+  const int m = in_place_input(op_info(n.op), which);
+  if (m < 0 || n.inputs[size_t(m)] != in.value || life_.last[size_t(in.value)] != k) return false;
+  // Running statistics are written in the forward pass, before the loss has checked the
+  // labels: with a halt word they are committed at the step's end, guarded (small).
+  if (halt_ && n.op == OpKind::batch_norm) return false;
+  if (std::count(n.inputs.begin(), n.inputs.end(), in.value) != 1) return false;
+  if (std::count(graph_.outputs().begin(), graph_.outputs().end(), out) != 1) return false;
+  return in_format(in.array.storage()->tensor, layout_.of(out));
+}
+
+// Step 3: constants, each once, in its planned order.
+void CudaExecutable::upload_constants() {
+  constants_.assign(graph_.values().size(), DeviceTensor{});
+  for (const auto& [v, t] : graph_.constants()) {
+    if (life_.last[size_t(v)] < 0) continue;  // nobody reads it
+    DeviceTensor d = upload(ctx_, t);
+    if (!in_format(d, layout_.of(v))) {
+      DeviceTensor c = DeviceTensor::empty(ctx_.allocator, d.dtype, d.shape, layout_.of(v));
+      cuda::copy_strided(ctx_, d, c);
+      ctx_.encoder.add_temporary(d.buffer);
+      d = c;
+    }
+    stats_.constant_bytes += d.buffer.size();
+    constants_[size_t(v)] = d;
+  }
+  ctx_.encoder.commit();
+}
+
+std::unique_ptr<Executable> compile_cuda(const Graph& g, const CompileOptions& options) {
+  return std::make_unique<CudaExecutable>(g, options);
+}
+
+}  // namespace fusebox::runtime

@@ -1,0 +1,171 @@
+// The CUDA executable: a graph compiled once into one recorded CUDA graph, replayed by
+// every run (fusebox/runtime/executable.h). Its jobs, one file each:
+//
+// compile.cpp  1. plans the layouts (passes/layout.h) and the memory (executable/memory_plan.h);
+//              2. gives every input a buffer: the bound array; an aliased (resident) input's
+//                 own, in the order the step computes it; else a contiguous one that feeds
+//                 are copied into; an input the step reads in another order is converted by
+//                 the step's first operations into a buffer of its own;
+//              3. uploads the constants, converted once to their planned order (committed
+//                 before the recording: replays do not repeat it);
+//              4. records the step (record.cpp) and finishes the recording.
+// record.cpp   The node walk: every node on the device's command encoder with its outputs in
+//              the arena (or in the executable's output buffers, or in place: an aliased
+//              output), then the copies of aliased outputs that could not be computed in
+//              place. The recording resolves the convolution plans (memory and disk caches,
+//              autotuning). Each node's temporaries (library workspaces, layout conversions,
+//              partial sums) take arena bytes that no value holds while it runs
+//              (memory_plan.h free_gaps); what does not fit there is allocated and held for
+//              the executable's life.
+// run.cpp      Feeds are copied into the input buffers (from the host through double-buffered
+//              pinned staging, stream-ordered; from device arrays by a device copy), the
+//              recording is replayed, the requested outputs and the kernels' error records are
+//              copied back into pinned memory, and a fence marks the run's end; nothing waits
+//              unless asked to.
+// profile.cpp  Executable::profile: the walk again, each node recorded into a graph of its own
+//              and timed.
+//
+// FUSEBOX_CUDA_GRAPHS=0 (launching directly, for debugging): every run records (runs) the
+// node walk again on the same buffers; errors are checked at the end of each run.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/conv/report.h"
+#include "executable/device_array.h"
+#include "executable/io_plan.h"
+#include "executable/memory_plan.h"
+#include "fusebox/passes/layout.h"
+#include "fusebox/runtime/executable.h"
+
+namespace fusebox::runtime {
+
+using cuda::DeviceTensor;
+
+inline bool in_format(const DeviceTensor& t, MemoryFormat f) {
+  return f == MemoryFormat::contiguous ? t.is_contiguous() : t.is_channels_last();
+}
+
+inline std::string bytes_str(size_t bytes) {
+  return cat(bytes, " bytes (", (bytes + (1 << 20) - 1) >> 20, " MiB)");
+}
+
+class CudaExecutable final : public Executable {
+ public:
+  CudaExecutable(const Graph& g, const CompileOptions& options);  // compile.cpp
+  ~CudaExecutable() override;                                     // run.cpp
+
+  StepResult run_async(const Feeds& feeds, const std::set<std::string>& to_host,
+                       const std::string& label) override;  // run.cpp
+  void check_errors() override;                             // run.cpp
+  std::vector<NodeTime> profile(int repeats) override;      // profile.cpp
+
+  DeviceArray input(const std::string& name) const override {
+    auto it = io_.input_index.find(name);
+    FUSEBOX_CHECK(it != io_.input_index.end(), where_, "'", name, "' is not an input");
+    return inputs_[it->second].array;
+  }
+  const Graph& graph() const override { return graph_; }
+  const ExecutableStats& stats() const override {
+    if (halt_) stats_.runs_not_applied = size_t(halt_->not_applied);
+    return stats_;
+  }
+  const ExecutableReport& report() const override { return report_.report(); }
+  Device device() const override { return Device::cuda; }
+
+ private:
+  struct Input {
+    ValueId value = kNoValue;
+    DeviceArray array;          // what feeds are copied into (and input() returns)
+    bool convert = false;       // the step reads a converted copy (value_tensor)
+    DeviceTensor value_tensor;  // what the step reads
+    bool has_contents = false;
+    // Double-buffered staging (recorded steps, inputs fed from the host): a batch is copied
+    // on the copy stream into stage[k] while the device still runs the step before, and
+    // the step's first operation (memcpy op `stage_op`, pointed at stage[k]) copies it in.
+    cuda::DeviceBuffer stage[2];
+    cuda::Fence stage_free[2];  // after the last step that read stage[k]
+    bool staged = false;        // fed from the host through stage[] (large inputs, recorded steps)
+    size_t stage_op = cuda::CommandEncoder::kNoOp;
+    int next_stage = 0;
+    bool stage_enabled = true;
+  };
+
+  // The values a walk over the nodes reads and writes.
+  struct Walk {
+    std::vector<DeviceTensor> slots;          // by ValueId: what readers of the value read
+    std::vector<DeviceTensor> output_tensor;  // by ValueId: an output's returned buffer
+  };
+
+  // compile.cpp
+  void plan_memory_and_buffers();
+  bool can_compute_in_place(ValueId out, size_t input) const;
+  void upload_constants();
+
+  // record.cpp
+  DeviceTensor arena_tensor(ValueId v) const;
+  void record_step();
+  Walk begin_walk(bool step);
+  std::vector<DeviceTensor> node_outputs(const Walk& w, const Node& n);
+  void record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs);
+  void record_nodes();
+  void end_walk(const Walk& w);
+
+  // run.cpp
+  void feed_inputs(const Feeds& feeds);
+  const cuda::DeviceBuffer& stage_buffer(Input& in, int k);
+  void set_stage_enabled(Input& in, bool enabled);
+  void retire_oldest_run();
+
+  Graph graph_;
+  CompileOptions options_;
+  std::string where_;
+  cuda::Context ctx_;
+  bool direct_ = false;
+  IoPlan io_;
+  Liveness life_;
+  LayoutPlan layout_;
+  std::vector<size_t> offsets_;
+  std::vector<Gap> gaps_;            // by node: arena bytes free for its temporaries
+  std::shared_ptr<HaltState> halt_;  // with state aliased in place: its halt word
+  cuda::DeviceBuffer arena_;
+  std::vector<DeviceTensor> constants_;  // by ValueId
+  std::vector<Input> inputs_;
+  std::vector<DeviceArray> outputs_;
+  std::vector<int> in_place_;        // by ValueId: the input an output is computed in
+  std::vector<ValueId> same_bytes_;  // by ValueId: the value a view's bytes are (reshapes)
+  // By output: where an aliased output that cannot be computed in place is computed, to be
+  // copied into its input at the end (empty for every other output).
+  std::vector<DeviceTensor> alias_buffer_;
+  cuda::RecordedGraph step_;
+  std::shared_ptr<const cuda::ErrorFlags::Reserved> errors_;
+  std::vector<cuda::PinnedPool> input_staging_, output_staging_;
+  std::vector<DeviceTensor> readback_;  // by output: contiguous copies of non-contiguous ones
+  cuda::PinnedPool error_staging_;
+  std::vector<std::shared_ptr<cuda::PinnedSlot>> fed_slots_;
+  std::vector<std::pair<Input*, int>> staged_now_;  // inputs staged this run, and their stage
+  std::unique_ptr<cuda::CopyStream> copy_stream_;
+  // A run queued on the device: its error check (and fence), and the feeds it copies
+  // straight from the caller's memory, held until it has completed.
+  struct RunInFlight {
+    std::shared_ptr<RunCheck> run;
+    std::vector<Tensor> pinned_feeds;
+    std::vector<DeviceArray> array_feeds;
+  };
+  RunInFlight next_run_;  // filled while a run is issued
+  std::deque<RunInFlight> in_flight_;
+  static constexpr size_t kMaxRunsInFlight = 3;
+  // Feeds up to this size (a learning rate, labels) go straight from pinned staging into
+  // the input on the device stream: the copy stream's events cost more than they hide.
+  static constexpr size_t kSmallFeedBytes = 64 << 10;
+  mutable ExecutableStats stats_;  // runs_not_applied refreshed by stats()
+  cuda::ConvReportSink report_;    // filled by every recording (a ConvReportScope)
+};
+
+}  // namespace fusebox::runtime

@@ -1,0 +1,142 @@
+// The CUDA executable's node walk: recorded once into the step (launching directly, run
+// by every run), and by profile() node by node (cuda_executable.h).
+#include "executable/cuda/cuda_executable.h"
+
+namespace fusebox::runtime {
+
+DeviceTensor CudaExecutable::arena_tensor(ValueId v) const {
+  const TensorType& t = graph_.value(v).type;
+  DeviceTensor d;
+  d.buffer = arena_;
+  d.offset = int64_t(offsets_[size_t(v)] / dtype_size(t.dtype));
+  d.dtype = t.dtype;
+  d.shape = t.shape;
+  d.strides = strides_for(t.shape, layout_.of(v));
+  return d;
+}
+
+// Step 4: the node walk (recorded once; launching directly, run by every run).
+void CudaExecutable::record_step() {
+  const cuda::ConvReportScope reporting(report_);
+  cuda::ErrorFlags& flags = cuda::ErrorFlags::of(ctx_.encoder);
+  if (halt_) flags.set_halt(halt_->word);
+  try {
+    record_nodes();
+  } catch (...) {
+    flags.clear_halt();
+    throw;
+  }
+  flags.clear_halt();
+}
+
+// Constants and inputs in their slots. The step also records each staged input's copy
+// from its staging buffer, then the input conversions; a profile (`step` false) reads the
+// inputs as the last run left them and records only the conversions (arena values).
+CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
+  Walk w;
+  w.slots.resize(graph_.values().size());
+  for (const auto& [v, t] : graph_.constants()) w.slots[size_t(v)] = constants_[size_t(v)];
+  for (Input& in : inputs_) {
+    if (in.staged && step) {
+      // The staging buffers come with the first feed from the host (a loop fed from device
+      // arrays never needs them); until then the copy reads the arena (never runs: off).
+      const cuda::DeviceTensor& dst = in.array.storage()->tensor;
+      const cuda::DeviceBuffer& src = arena_.size() >= dst.nbytes() ? arena_ : stage_buffer(in, 0);
+      in.stage_op = ctx_.encoder.memcpy(dst.range(), cuda::BufferRange(src, 0, dst.nbytes()));
+    }
+    if (in.convert) cuda::copy_strided(ctx_, in.array.storage()->tensor, in.value_tensor);
+    w.slots[size_t(in.value)] = in.value_tensor;
+  }
+  w.output_tensor.resize(graph_.values().size());
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const ValueId v = graph_.outputs()[i];
+    if (in_place_[size_t(v)] >= 0) {
+      w.output_tensor[size_t(v)] = inputs_[size_t(in_place_[size_t(v)])].value_tensor;
+    } else if (alias_buffer_[i].buffer) {
+      w.output_tensor[size_t(v)] = alias_buffer_[i];
+    } else {
+      w.output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
+    }
+  }
+  return w;
+}
+
+// Where node `n`'s outputs go: a returned buffer, the arena, or (no bytes) a buffer of
+// its own that keeps pointers valid.
+std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node& n) {
+  std::vector<DeviceTensor> outs;
+  for (ValueId v : n.outputs) {
+    if (w.output_tensor[size_t(v)].buffer) {
+      outs.push_back(w.output_tensor[size_t(v)]);
+    } else if (offsets_[size_t(v)] != MemoryPlan::kNotPlanned) {
+      outs.push_back(arena_tensor(v));
+    } else {
+      const TensorType& t = graph_.value(v).type;
+      outs.push_back(DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, layout_.of(v)));
+    }
+  }
+  return outs;
+}
+
+// Records node `i` reading the walk's slots into `outs`, its temporaries in its gap. The
+// node may replace an output by a view (a reshape of its input): `outs` then holds it.
+void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
+  const Node& n = graph_.nodes()[i];
+  std::vector<const DeviceTensor*> in_ptrs;
+  for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
+  if (i < gaps_.size() && gaps_[i].bytes > 0)
+    ctx_.encoder.set_temporary_region(cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes));
+  try {
+    cuda::run_node(ctx_, n, in_ptrs, outs);
+  } catch (...) {
+    ctx_.encoder.clear_temporary_region();
+    throw;
+  }
+  ctx_.encoder.clear_temporary_region();
+}
+
+void CudaExecutable::record_nodes() {
+  Walk w = begin_walk(true);
+  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+    const Node& n = graph_.nodes()[i];
+    std::vector<DeviceTensor> outs = node_outputs(w, n);
+    // Poison all but state updated in place (the poison would be its only value) and
+    // views (the poison would be their input's).
+    if (options_.poison)
+      for (size_t k = 0; k < outs.size(); ++k)
+        if (in_place_[size_t(n.outputs[k])] < 0 && same_bytes_[size_t(n.outputs[k])] == kNoValue)
+          ctx_.encoder.memset(outs[k].range(), 0xff);
+    record_node(i, w, outs);
+    for (size_t k = 0; k < n.outputs.size(); ++k) w.slots[size_t(n.outputs[k])] = outs[k];
+  }
+  end_walk(w);
+}
+
+// Outputs not written where they are returned (an input or a constant marked as an
+// output), then aliased outputs that could not be computed in place.
+void CudaExecutable::end_walk(const Walk& w) {
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const ValueId v = graph_.outputs()[i];
+    const DeviceTensor& want = w.output_tensor[size_t(v)];
+    if (w.slots[size_t(v)].data() != want.data())
+      cuda::copy_strided(ctx_, w.slots[size_t(v)], want);
+  }
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    if (!alias_buffer_[i].buffer) continue;
+    const DeviceTensor& state = inputs_[size_t(io_.alias_of_output[i])].array.storage()->tensor;
+    if (halt_) {
+      DeviceTensor next = alias_buffer_[i];
+      if (next.strides != state.strides) {  // into the state's order first (rare)
+        next = cuda::temporary_tensor(
+            ctx_, state.dtype, state.shape,
+            state.is_contiguous() ? MemoryFormat::contiguous : MemoryFormat::channels_last);
+        cuda::copy_strided(ctx_, alias_buffer_[i], next);
+      }
+      cuda::copy_unless_halted(ctx_, next, state, halt_->word);
+    } else {
+      cuda::copy_strided(ctx_, alias_buffer_[i], state);
+    }
+  }
+}
+
+}  // namespace fusebox::runtime

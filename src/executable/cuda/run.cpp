@@ -1,0 +1,200 @@
+// The CUDA executable's runs: feeds, staging, the replay, the copies back, and the runs
+// in flight (cuda_executable.h).
+#include <algorithm>
+#include <cstring>
+
+#include "executable/cuda/cuda_executable.h"
+
+namespace fusebox::runtime {
+
+// Runs issue copies that hold nothing (the executable's buffers outlive them): wait for
+// them before the buffers go.
+CudaExecutable::~CudaExecutable() {
+  try {
+    ctx_.encoder.synchronize();
+  } catch (...) {  // a destructor must not throw; the device's error shows at its next use
+  }
+}
+
+StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::string>& to_host,
+                                     const std::string& label) {
+  check_request(io_, feeds, to_host, where_);
+  // Runs that have completed are checked (an error surfaces at the next run), and the host
+  // queues at most a few runs ahead of the device, which bounds the pinned slots and
+  // error records in flight (and the launch queue).
+  while (!in_flight_.empty() &&
+         (in_flight_.size() >= kMaxRunsInFlight || in_flight_.front().run->fence.done()))
+    retire_oldest_run();
+  feed_inputs(feeds);
+  const int64_t index = halt_ ? halt_->issued++ : 0;
+  if (direct_) {
+    record_step();
+    ctx_.encoder.commit();
+    try {
+      cuda::check_error_flags(ctx_);
+    } catch (const Error& e) {
+      const std::string halted = halt_ ? release_halt(*halt_, index) : "";
+      throw Error(e.where(), (label.empty() ? "" : label + ": ") + error_message(e) + halted);
+    }
+  } else {
+    ctx_.encoder.replay(step_);
+  }
+
+  auto run = std::make_shared<RunCheck>();
+  run->label = label;
+  run->halt = halt_;
+  run->index = index;
+  if (errors_ && !errors_->pending.empty()) {
+    run->reserved = errors_;
+    run->records = error_staging_.acquire(errors_->bytes());
+    size_t at = 0;
+    for (const cuda::DeviceBuffer& chunk : errors_->chunks) {
+      const size_t n = std::min(cuda::ErrorFlags::kRecordsPerChunk, errors_->pending.size() - at);
+      ctx_.encoder.copy_to_host_async(run->records->bytes.get() + at * sizeof(cuda::ErrorRecord),
+                                      cuda::BufferRange(chunk, 0, n * sizeof(cuda::ErrorRecord)));
+      at += n;
+    }
+  }
+  StepResult result;
+  std::vector<std::shared_ptr<cuda::PinnedSlot>> slots;
+  for (size_t i = 0; i < io_.output_names.size(); ++i) {
+    const std::string& name = io_.output_names[i];
+    result.outputs[name] = outputs_[i];
+    if (!to_host.count(name)) continue;
+    auto state = std::make_shared<PendingTensor::State>();
+    const DeviceTensor& t = outputs_[i].storage()->tensor;
+    state->dtype = t.dtype;
+    state->shape = t.shape;
+    state->slot = output_staging_[i].acquire(t.nbytes());
+    DeviceTensor src = t;
+    if (!t.is_contiguous()) {  // read back through a contiguous copy of its own
+      if (!readback_[i].buffer)
+        readback_[i] = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape);
+      src = readback_[i];
+      cuda::copy_strided(ctx_, t, src);
+    }
+    ctx_.encoder.copy_to_host_async(state->slot->bytes.get(), src.range());
+    state->run = run;
+    slots.push_back(state->slot);
+    result.host[name] = PendingTensor(std::move(state));
+  }
+  run->fence = ctx_.encoder.fence();
+  for (auto& slot : slots) slot->last_use = run->fence;
+  if (run->records) run->records->last_use = run->fence;
+  for (auto& slot : fed_slots_) slot->last_use = run->fence;
+  fed_slots_.clear();
+  for (auto& [in, k] : staged_now_) in->stage_free[k] = run->fence;
+  staged_now_.clear();
+  next_run_.run = run;
+  in_flight_.push_back(std::move(next_run_));
+  next_run_ = {};
+  return result;
+}
+
+void CudaExecutable::check_errors() {
+  ctx_.encoder.synchronize();
+  while (!in_flight_.empty()) retire_oldest_run();
+}
+
+void CudaExecutable::feed_inputs(const Feeds& feeds) {
+  // Every feed checked before any is copied: a bad one leaves all inputs as they were.
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const std::string& name = io_.input_names[i];
+    const TensorType& type = graph_.value(inputs_[i].value).type;
+    auto it = feeds.find(name);
+    if (it == feeds.end()) {
+      FUSEBOX_CHECK(inputs_[i].has_contents, where_, "no tensor given for input '", name, "' (",
+                    dtype_name(type.dtype), shape_str(type.shape), ")");
+    } else if (const Tensor* t = std::get_if<Tensor>(&it->second)) {
+      check_feed(type, name, t->dtype(), t->shape(), where_);
+    } else {
+      const DeviceArray& a = std::get<DeviceArray>(it->second);
+      FUSEBOX_CHECK(a.defined() && a.device() == Device::cuda, where_, "input '", name,
+                    "' was fed an array that is not on the GPU");
+      check_feed(type, name, a.dtype(), a.shape(), where_);
+    }
+  }
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    Input& in = inputs_[i];
+    const std::string& name = io_.input_names[i];
+    auto it = feeds.find(name);
+    if (it == feeds.end()) continue;
+    const DeviceTensor& dst = in.array.storage()->tensor;
+    if (const Tensor* t = std::get_if<Tensor>(&it->second)) {
+      if (!dst.is_contiguous()) {
+        in.array.copy_from(*t);  // resident state in another order: converted (blocking)
+      } else if (in.stage_op != cuda::CommandEncoder::kNoOp && t->nbytes() > kSmallFeedBytes) {
+        const int k = in.next_stage;
+        in.next_stage ^= 1;
+        const void* source = t->raw();
+        if (is_pinned(source)) {
+          next_run_.pinned_feeds.push_back(*t);  // not written until copied: executable.h
+        } else {
+          std::shared_ptr<cuda::PinnedSlot> slot = input_staging_[i].acquire(t->nbytes(), 2);
+          std::memcpy(slot->bytes.get(), t->raw(), t->nbytes());
+          source = slot->bytes.get();
+          fed_slots_.push_back(std::move(slot));
+        }
+        ctx_.encoder.wait(copy_stream_->copy_to_device(
+            cuda::BufferRange(stage_buffer(in, k), 0, t->nbytes()), source, in.stage_free[k]));
+        step_.set_memcpy(in.stage_op, dst.data(), in.stage[k].data(), t->nbytes());
+        set_stage_enabled(in, true);
+        staged_now_.push_back({&in, k});
+        in.has_contents = true;
+        continue;
+      } else if (t->nbytes() > 0) {
+        std::shared_ptr<cuda::PinnedSlot> slot = input_staging_[i].acquire(t->nbytes(), 2);
+        std::memcpy(slot->bytes.get(), t->raw(), t->nbytes());
+        ctx_.encoder.copy_to_device_async(dst.range(), slot->bytes.get());
+        fed_slots_.push_back(std::move(slot));
+      }
+    } else {
+      const DeviceArray& a = std::get<DeviceArray>(it->second);
+      const DeviceTensor& src = a.storage()->tensor;
+      if (a.same_storage(in.array)) {
+        // already there
+      } else if (src.strides == dst.strides) {
+        ctx_.encoder.copy_now(dst.range(), src.range());  // same order: a plain copy
+        next_run_.array_feeds.push_back(a);  // the caller's array, until the copy is done
+      } else {
+        cuda::copy_strided(ctx_, src, dst);
+      }
+    }
+    in.has_contents = true;
+  }
+  // An input not fed from the host this run keeps its buffer: its staging copy is off.
+  for (Input& in : inputs_) {
+    const bool staged = std::any_of(staged_now_.begin(), staged_now_.end(),
+                                    [&](const auto& s) { return s.first == &in; });
+    if (in.stage_op != cuda::CommandEncoder::kNoOp && !staged) set_stage_enabled(in, false);
+  }
+}
+
+const cuda::DeviceBuffer& CudaExecutable::stage_buffer(Input& in, int k) {
+  if (!in.stage[k]) {
+    const size_t bytes = in.array.nbytes();
+    try {
+      in.stage[k] = ctx_.allocator.allocate(bytes);
+    } catch (const Error& e) {
+      throw Error(where_, cat("out of device memory for the staging buffer of input '",
+                              io_.input_names[size_t(&in - inputs_.data())], "' (",
+                              bytes_str(bytes), "): ", error_message(e)));
+    }
+  }
+  return in.stage[k];
+}
+
+void CudaExecutable::set_stage_enabled(Input& in, bool enabled) {
+  if (in.stage_enabled == enabled) return;
+  step_.set_enabled(in.stage_op, enabled);
+  in.stage_enabled = enabled;
+}
+
+// Waits for the oldest run in flight, lets go of what it held, checks its error records.
+void CudaExecutable::retire_oldest_run() {
+  const std::shared_ptr<RunCheck> run = std::move(in_flight_.front().run);
+  in_flight_.pop_front();
+  run->check();
+}
+
+}  // namespace fusebox::runtime
