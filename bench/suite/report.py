@@ -6,6 +6,8 @@ import math
 import time
 from pathlib import Path
 
+import models
+
 SCHEMA_VERSION = 1
 TORCH_VARIANTS = ("eager", "cuda_graph", "compile")
 
@@ -52,11 +54,15 @@ def geomean(values):
 
 
 def load_cells(out_dir):
+    """The folder's cells in models.py's order (unknown names last), inference first."""
     cells = []
     for p in sorted((Path(out_dir) / "models").glob("*.json")):
         with open(p) as f:
             cells.append(json.load(f))
-    return cells
+    order = {name: i for i, name in enumerate(models.BY_NAME)}
+    return sorted(cells, key=lambda c: (c.get("mode") != "infer", order.get(c.get("model"),
+                                                                             len(order)),
+                                        c.get("model", "")))
 
 
 def summarize(cells, mode):
@@ -106,7 +112,9 @@ def merge(out_dir, json_path=None, markdown_path=None):
     merged = {"schema_version": SCHEMA_VERSION, "bench": "suite",
               "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "commit": first.get("commit"), "device": first.get("device"),
-              "torch": first.get("torch", {}).get("torch"),
+              "torch": (first.get("torch", {}).get("torch")
+                        or first.get("export", {}).get("torch")),
+              "dry_run": any(c.get("dry_run") for c in cells),
               "summary": {m: summarize(cells, m) for m in modes}, "cells": cells}
     json_path = Path(json_path or Path(out_dir) / "suite.json")
     markdown_path = Path(markdown_path or Path(out_dir) / "suite.md")
@@ -133,7 +141,8 @@ def _s(v):
 
 def markdown(merged):
     lines = [f"# Model suite: fusebox against PyTorch ({merged.get('device')}, commit "
-             f"{merged.get('commit')}, torch {merged.get('torch')})", "",
+             f"{merged.get('commit')}, torch {merged.get('torch')})"
+             + (" -- dry run: export and import only" if merged.get("dry_run") else ""), "",
              "ms: one step (inference: input in from pinned host memory, logits out; training: "
              "forward, backward, optimizer step). x: PyTorch's ms over fusebox's (> 1: fusebox is "
              "faster). compile: the first step, s (fusebox cold = empty plan cache, warm = a "

@@ -104,8 +104,8 @@ class GpuMemorySampler:
 
 def run_logged(command, log, timeout, env=None, first_marker=None):
     """Runs `command`, its stdout and stderr into `log`; returns (returncode, stdout, stderr,
-    seconds, seconds until a stdout line starting with `first_marker` arrived). A timeout is
-    returncode None."""
+    seconds, seconds until a stdout line matching the compiled regex `first_marker` arrived).
+    A timeout is returncode None."""
     start = time.perf_counter()
     marker_s = None
     with open(log, "w") as log_file:
@@ -122,7 +122,7 @@ def run_logged(command, log, timeout, env=None, first_marker=None):
         timer.start()
         try:
             for line in proc.stdout:
-                if first_marker and marker_s is None and line.startswith(first_marker):
+                if first_marker and marker_s is None and first_marker.match(line):
                     marker_s = time.perf_counter() - start
                 out_lines.append(line)
                 log_file.write(line)
@@ -138,6 +138,7 @@ def run_logged(command, log, timeout, env=None, first_marker=None):
     return rc, "".join(out_lines), stderr, seconds, marker_s
 
 
+FIRST_STEP_LINE = re.compile(r"step +1/")  # fusebox train's progress line of step 1
 STEADY = re.compile(r"steady state \(steps (\d+) to (\d+)\): ([\d.]+) \S+, ([\d.]+) ms/step")
 TRAINED = re.compile(r"trained (\d+) steps .* in ([\d.]+) s, ([\d.]+) ")
 
@@ -200,6 +201,7 @@ class Suite:
             return {"status": f"export failed: {why}", "seconds": seconds}, None
         info = json.loads(out.strip().splitlines()[-1])
         return {"status": "ok", "seconds": seconds, "opset": info["opset"],
+                "torch": info["torch"], "torchvision": info["torchvision"],
                 "exporter": "torch.onnx.export, TorchScript-based (dynamo=False)",
                 "training_form": mode == "train"}, path
 
@@ -216,6 +218,22 @@ class Suite:
                 result["variants"].setdefault(v, {"status": f"run failed: {why}"})
         result["seconds"] = seconds
         return result
+
+    def reused_torch(self, spec, mode):
+        """PyTorch's figures from --reuse-torch DIR's cell of the same model, mode, device and
+        batch (PyTorch's side does not change with fusebox's commits), or None."""
+        if not self.args.reuse_torch:
+            return None
+        path = report.cell_path(self.args.reuse_torch, spec.name, mode)
+        if not path.exists():
+            return None
+        old = json.loads(path.read_text())
+        same = (old.get("device") == self.args.device and old.get("precision") ==
+                self.args.precision and old.get("config", {}).get("batch") ==
+                spec.config(mode)["batch"] and old.get("torch", {}).get("variants"))
+        if not same:
+            return None
+        return dict(old["torch"], reused_from=str(path))
 
     # -- fusebox's side ----------------------------------------------------------------------
     def fusebox_command(self, spec, mode, model_arg, runner, json_path, zoo):
@@ -249,7 +267,7 @@ class Suite:
         with GpuMemorySampler(self.cuda and runner == "train") as sampler:
             rc, out, err, seconds, first_s = run_logged(
                 cmd, self.log(f"{spec.name}_{mode}_fusebox_{tag}.log"), self.args.fusebox_timeout,
-                env=env, first_marker="step 1/")
+                env=env, first_marker=FIRST_STEP_LINE)
         if rc is None:
             return None, f"run failed: timeout after {self.args.fusebox_timeout} s"
         if rc != 0:
@@ -312,15 +330,20 @@ class Suite:
         record = {"schema_version": report.SCHEMA_VERSION, "bench": "suite", "model": spec.name,
                   "mode": mode, "device": a.device, "commit": self.commit,
                   "precision": a.precision, "steps": a.steps, "warmup": a.warmup,
-                  "dry_run": a.dry_run, "config": spec.config(mode),
+                  "dry_run": a.dry_run, "sides": a.sides, "config": spec.config(mode),
                   "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
         record["config"]["optimizer_settings"] = (models.OPTIMIZERS[spec.optimizer]
                                                   if mode == "train" else None)
         record["config"]["unit"] = spec.unit
         start = time.perf_counter()
-        record["export"], path = self.export(spec, mode)
+        fusebox_side = a.sides in ("both", "fusebox")
+        record["export"], path = (self.export(spec, mode) if fusebox_side else
+                                  ({"status": "skipped: --sides torch"}, None))
         runner = spec.fusebox_train if mode == "train" else "bench"
-        if a.dry_run:
+        if not fusebox_side:
+            record["fusebox"] = {"status": "skipped: --sides torch"}
+            record["torch"] = self.torch_times(spec, mode)
+        elif a.dry_run:
             record["fusebox"] = (self.dry_import(spec, mode, path) if path
                                  else {"status": "skipped: no export"})
         else:
@@ -333,7 +356,9 @@ class Suite:
                 fb = self.fusebox_side(spec, mode, spec.zoo, zoo_runner, zoo=True)
                 fb["onnx_status"] = onnx_status
             record["fusebox"] = fb
-            record["torch"] = self.torch_times(spec, mode)
+            record["torch"] = self.reused_torch(spec, mode) or (
+                self.torch_times(spec, mode) if a.sides == "both"
+                else {"variants": {}, "status": "skipped: --sides fusebox"})
         if path and not a.keep_onnx:
             path.unlink(missing_ok=True)
         record["seconds"] = time.perf_counter() - start
@@ -343,17 +368,23 @@ class Suite:
 
     @staticmethod
     def cell_status(record):
-        """ok, or the first failing part: export, fusebox, then PyTorch's variants."""
-        if not report.is_ok(record["export"]["status"]) and not record["fusebox"].get(
-                "source", "").startswith("zoo"):
-            return record["export"]["status"]
+        """ok, or the first failing part: export, fusebox, then PyTorch's variants; a side
+        left out (--sides) is not a failure."""
+        def skipped(status):
+            return str(status).startswith("skipped: --sides")
         fb = record["fusebox"]
-        if not report.is_ok(fb["status"]):
+        zoo = fb.get("source", "").startswith("zoo")
+        export = record["export"]["status"]
+        if not report.is_ok(export) and not skipped(export) and not zoo:
+            return export
+        if not report.is_ok(fb["status"]) and not skipped(fb["status"]):
             return "fusebox " + fb["status"]
         for v, r in record.get("torch", {}).get("variants", {}).items():
             if not report.is_ok(r.get("status")) and not r.get("status", "").startswith("skipped"):
                 return f"torch {v} {r['status']}"
-        return "ok (zoo)" if fb.get("source", "").startswith("zoo") else "ok"
+        only = ("" if record.get("dry_run") or record.get("sides", "both") == "both"
+                else f", {record['sides']} only")
+        return ("ok (zoo" + only + ")" if zoo else "ok" + (f" ({only[2:]})" if only else ""))
 
     def run(self):
         a = self.args
@@ -377,6 +408,10 @@ class Suite:
                 path.write_text(json.dumps(record, indent=1) + "\n")
                 r = report.ratios(record)
                 fb = record["fusebox"]
+                if a.dry_run:
+                    print(f"{spec.name} {mode}: export {record['export']['status']}; fusebox "
+                          f"import {fb['status']} ({record['seconds']:.0f} s)", flush=True)
+                    continue
                 print(f"{spec.name} {mode}: {record['status']}; fusebox "
                       f"{report._ms(fb.get('ms_per_step'))} ms, x eager {report._x(r['vs_eager'])}"
                       f", x graph {report._x(r['vs_cuda_graph'])}, x compile "
@@ -444,6 +479,42 @@ def self_test():
         check("merged json written", json.loads((Path(tmp) / "suite.json").read_text())
               ["summary"]["infer"]["models_in_geomean"] == ["a", "b"])
     check("ratio None without fusebox", report.ratios(cells[2])["vs_eager"] is None)
+    status = Suite.cell_status
+    ok_torch = {"variants": {"eager": {"status": "ok"},
+                             "cuda_graph": {"status": "skipped: CUDA graphs need a CUDA device"}}}
+    check("status ok", status({"export": {"status": "ok"}, "fusebox": {"status": "ok"},
+                               "torch": ok_torch}) == "ok")
+    check("status export failed", status({"export": {"status": "export failed: E"},
+                                          "fusebox": {"status": "skipped: no export"}})
+          == "export failed: E")
+    check("status zoo", status({"export": {"status": "export failed: E"}, "torch": ok_torch,
+                                "fusebox": {"status": "ok", "source": "zoo gpt2"}}) == "ok (zoo)")
+    check("status fusebox", status({"export": {"status": "ok"}, "fusebox": {
+        "status": "import refused: fusebox: error: onnx import: x"}}).startswith(
+            "fusebox import refused: "))
+    check("status torch", status({"export": {"status": "ok"}, "fusebox": {"status": "ok"},
+                                  "torch": {"variants": {"compile": {"status": "OOM: X"}}}})
+          == "torch compile OOM: X")
+    check("status one side", status({"export": {"status": "ok"}, "fusebox": {"status": "ok"},
+                                      "sides": "fusebox", "torch": {"variants": {}}})
+          == "ok (fusebox only)")
+    with tempfile.TemporaryDirectory() as tmp:
+        earlier = Path(tmp) / "earlier"
+        (earlier / "models").mkdir(parents=True)
+        cell = fake_cell("resnet50", "infer", 10, 20, 15, 13)
+        cell.update(device="cuda", precision="bf16", config={"batch": 256})
+        report.cell_path(earlier, "resnet50", "infer").write_text(json.dumps(cell))
+        args = argparse.Namespace(out=str(Path(tmp) / "now"), work=None, device="cuda",
+                                  precision="bf16", reuse_torch=str(earlier))
+        suite = Suite(args)
+        got = suite.reused_torch(models.BY_NAME["resnet50"], "infer")
+        check("torch figures reused", got and got["variants"]["eager"]["ms_per_step"] == 20
+              and got["reused_from"].endswith("resnet50_infer.json"))
+        check("torch figures of another batch not reused",
+              suite.reused_torch(models.BY_NAME["resnet50"], "train") is None)
+        args.precision = "tf32"
+        check("torch figures of another precision not reused",
+              suite.reused_torch(models.BY_NAME["resnet50"], "infer") is None)
     check("classify import", fusebox_error("x\nfusebox: error: onnx import: node 'n' (Foo): "
                                            "unsupported\n").startswith("import refused: "))
     check("classify oom", fusebox_error("fusebox: error: cuda: out of memory asking 3 GiB")
@@ -457,6 +528,8 @@ def self_test():
           and p["timed_steps"] == 24 and p["throughput"] == 42.5)
     p = parse_train_output("trained 4 steps (1 to 4) in 2.00 s, 8.0 images/s; loss 1 -> 1\n", 4)
     check("parse fusebox train whole run", p and p["ms_per_step"] == 500.0)
+    check("step 1's line", FIRST_STEP_LINE.match("step  1/30  loss 6.9") and
+          not FIRST_STEP_LINE.match("step 11/30  loss 6.9"))
     total = train_steps_for(20, 5)
     check("train steps hold 20 steady", total - 1 - min(10, total // 5) >= 20
           and min(10, total // 5) >= 5)
@@ -496,6 +569,12 @@ def main():
                     help="skip the cells whose JSON is already in OUT/models")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="start no cell after this many seconds minus the longest cell so far")
+    ap.add_argument("--sides", choices=("both", "fusebox", "torch"), default="both",
+                    help="run one side only (fusebox: PyTorch's figures from --reuse-torch "
+                         "or none)")
+    ap.add_argument("--reuse-torch", metavar="DIR",
+                    help="take PyTorch's figures from an earlier run's OUT (same model, mode, "
+                         "device, precision and batch) instead of measuring them again")
     ap.add_argument("--variants", default="eager,cuda_graph,compile",
                     help="PyTorch's variants (eager, cuda_graph, compile)")
     ap.add_argument("--steps", type=int, help=f"timed steps (default {models.TIMED_STEPS}; "

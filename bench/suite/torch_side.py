@@ -274,7 +274,9 @@ def cmd_export(args):
     warnings.filterwarnings("ignore")  # the exporter warns once per batch norm
     start = time.perf_counter()
     opset = torch_models.export(spec, batch, args.mode == "train", args.out, args.device)
-    print(json.dumps({"opset": opset, "seconds": time.perf_counter() - start, "batch": batch}))
+    import torchvision
+    print(json.dumps({"opset": opset, "seconds": time.perf_counter() - start, "batch": batch,
+                      "torch": torch.__version__, "torchvision": torchvision.__version__}))
     return 0
 
 
