@@ -9,7 +9,7 @@ CUDA-graph replay and torch.compile (`time`). suite.py runs it; by hand:
         [--device cuda] [--variants eager,cuda_graph,compile] [--steps 20] [--warmup 5]
 
 How PyTorch runs (its fastest reasonable configuration, the same work as fusebox bench):
-  inference  the model's weights in bf16 (model.to(bfloat16)), channels_last for convnets,
+  inference  the model's weights in bf16 (model.to(bfloat16); f32 on the CPU), channels_last,
              eval + inference_mode; each step copies the f32 input in from pinned host
              memory, casts it to bf16 on the device, and copies the logits back as f32 to
              pinned host memory, non_blocking -- what fusebox bench's inference step does.
@@ -92,7 +92,8 @@ def train_step_fn(spec, model, fwd, device, batch, graph):
     opt = make_optimizer(spec, model.parameters(), device, capturable=graph)
 
     def forward_backward_update():
-        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=not graph):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
+                            cache_enabled=not graph):
             loss = loss_of(spec, fwd(x), y)
         loss.backward()
         opt.step()
@@ -131,7 +132,8 @@ def infer_step_fn(spec, fwd, device, batch, graph):
     if cuda:
         host = host.pin_memory()
     fmt = torch.channels_last if spec.channels_last and spec.family != "gpt2" else None
-    low = torch.bfloat16 if spec.family != "gpt2" else None  # token ids stay integers
+    # The weights' dtype (bf16 on CUDA); token ids stay integers.
+    low = torch.bfloat16 if cuda and spec.family != "gpt2" else None
 
     def device_part(x):
         if low:
@@ -243,8 +245,8 @@ def cmd_time(args):
               "compile_mode": "default", "inductor_caches": os.environ.get(
                   "TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1" and "off" or "on",
               "variants": {}}
-    if device.type == "cpu" and args.mode == "infer":
-        result["precision"] = "infer: f32 (CPU dry run)"
+    if device.type == "cpu":
+        result["precision"] = "f32 (a CPU run: plumbing only)"
     for variant in VARIANTS:
         if variant not in variants:
             continue
@@ -288,7 +290,7 @@ def main():
         p.add_argument("--model", required=True, choices=list(models.BY_NAME))
         p.add_argument("--mode", required=True, choices=("infer", "train"))
         p.add_argument("--device", default="cuda")
-        p.add_argument("--cpu-batch", type=int, default=1)
+        p.add_argument("--cpu-batch", type=int, default=2)
     sub.choices["export"].add_argument("--out", required=True)
     t = sub.choices["time"]
     t.add_argument("--json", required=True)
