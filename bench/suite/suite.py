@@ -477,9 +477,11 @@ def main():
                     help="the batch on --device cpu (training's batch norms need 2)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch")
     ap.add_argument("--keep-onnx", action="store_true", help="keep the exports in the work dir")
-    ap.add_argument("--export-timeout", type=float, default=300)
-    ap.add_argument("--fusebox-timeout", type=float, default=300)
-    ap.add_argument("--torch-timeout", type=float, default=480)
+    ap.add_argument("--export-timeout", type=float, help="s (default 300; cpu 600)")
+    ap.add_argument("--fusebox-timeout", type=float,
+                    help="s, each fusebox process (default 300; cpu 900)")
+    ap.add_argument("--torch-timeout", type=float,
+                    help="s, PyTorch's variants together (default 480; cpu 900)")
     args = ap.parse_args()
     if args.self_test:
         import self_test
@@ -499,6 +501,9 @@ def main():
         ap.error(str(e))
     cpu = args.device == "cpu"
     args.precision = args.precision or ("f32" if cpu else "bf16")
+    args.export_timeout = args.export_timeout or (600 if cpu else 300)
+    args.fusebox_timeout = args.fusebox_timeout or (900 if cpu else 300)
+    args.torch_timeout = args.torch_timeout or (900 if cpu else 480)
     args.steps = args.steps or (3 if cpu else models.TIMED_STEPS)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else models.WARMUP_STEPS)
     if cpu and args.variants == "eager,cuda_graph,compile":

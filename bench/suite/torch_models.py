@@ -61,6 +61,14 @@ class Gpt2(HfStyleDecoder):
         super().__init__(vocab=50257, n_pos=positions, d=768, heads=12, layers=12)
         self.sdpa = sdpa
         self.vocab_first = vocab_first
+        # GPT-2's initialisation (as fusebox's zoo gpt2): weights N(0, 0.02^2), positions
+        # N(0, 0.01^2), biases 0; PyTorch's defaults would start the loss in the hundreds.
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                    m.weight.normal_(0.0, 0.01 if m is self.wpe else 0.02)
+                if isinstance(m, torch.nn.Linear):
+                    m.bias.zero_()
 
     def attention(self, blk, h):
         if not self.sdpa:
@@ -90,9 +98,9 @@ def build(spec, training):
         if spec.family == "segmentation":
             kwargs.update(weights_backbone=None, aux_loss=False)
         model = Logits(torchvision.models.get_model(spec.builder, **kwargs))
-    with torch.no_grad():  # zero-initialised layers (ViT's head) would make the logits 0
+    with torch.no_grad():  # zero-initialised weights (ViT's head) would make the logits 0
         for p in model.parameters():
-            if p.abs().max() == 0:
+            if p.dim() >= 2 and p.abs().max() == 0:
                 p.normal_(0.0, 0.02)
     if training and spec.train_dropout_off:
         for m in model.modules():

@@ -9,7 +9,7 @@ CUDA-graph replay and torch.compile (`time`). suite.py runs it; by hand:
         [--device cuda] [--variants eager,cuda_graph,compile] [--steps 20] [--warmup 5]
 
 How PyTorch runs (its fastest reasonable configuration, the same work as fusebox bench):
-  inference  the model's weights in bf16 (model.to(bfloat16); f32 on the CPU), channels_last,
+  inference  the model's weights in bf16 (model.to(bfloat16)), channels_last for convnets,
              eval + inference_mode; each step copies the f32 input in from pinned host
              memory, casts it to bf16 on the device, and copies the logits back as f32 to
              pinned host memory, non_blocking -- what fusebox bench's inference step does.
@@ -17,6 +17,7 @@ How PyTorch runs (its fastest reasonable configuration, the same work as fusebox
              master weights), channels_last for convnets, the batch and its random labels on
              the device, forward + cross-entropy + backward + optimizer step (models.py:
              SGD momentum or AdamW, fused kernels).
+  on the CPU f32 throughout (no bf16, no autocast): a CPU run only checks the plumbing.
   variants   eager; cuda_graph: the whole step captured once and replayed (training:
              PyTorch's whole-network capture, the optimizer capturable); compile:
              torch.compile(model) in its default mode (training: the model compiled, the
