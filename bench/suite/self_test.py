@@ -105,6 +105,19 @@ def main():
               and got["reused_from"].endswith("resnet50_infer.json"))
         check("torch figures of another batch not reused",
               suite.reused_torch(models.BY_NAME["resnet50"], "train") is None)
+        vars(args).update(fusebox="fb", steps=20, warmup=5)
+        cmd = [str(c) for c in suite.fusebox_command(models.BY_NAME["gpt2"], "infer", "gpt2",
+                                                     "bench", "f.json", zoo=True)]
+        check("zoo gpt2 bench command", "--batch" in cmd and "--image-size" not in cmd)
+        cmd = [str(c) for c in suite.fusebox_command(models.BY_NAME["gpt2"], "train", "gpt2",
+                                                     "train", "f.json", zoo=True)]
+        check("zoo gpt2 train command", cmd[:3] == ["fb", "train", "gpt2"] and
+              cmd[cmd.index("--seq-len") + 1] == "1024" and "--optimizer" in cmd and
+              cmd[cmd.index("--optimizer") + 1] == "adamw")
+        cmd = [str(c) for c in suite.fusebox_command(models.BY_NAME["resnet50"], "infer",
+                                                     "r.onnx", "bench", "f.json", zoo=False)]
+        check("onnx bench command", "--batch" not in cmd and cmd[cmd.index("--precision") + 1]
+              == "bf16")
         args.precision = "tf32"
         check("torch figures of another precision not reused",
               suite.reused_torch(models.BY_NAME["resnet50"], "infer") is None)
