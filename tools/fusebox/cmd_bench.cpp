@@ -196,9 +196,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
       [&] { return exe->run_async(feeds, outputs).host.at(first_output); }, f);
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
-    std::cout << (device == Device::cuda
-                      ? fusion_outcome(g, fusion_log, exe->report().convolutions)
-                      : describe_fusion(g, fusion_log, cuda::describe_lowering));
+    std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log, exe->report().convolutions)
+                                         : describe_fusion(g, fusion_log, cuda::describe_lowering));
     // After the timed steps, so that profiling cannot disturb them.
     const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
     f.times = time_report(g, times, device, exe->report().convolutions);

@@ -151,8 +151,8 @@ int run(const RunArgs& args) {
     const std::string table = format_conv_report(exe->report());
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
     const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
-    std::cout << format_time_report(
-        time_report(run_g, times, device, exe->report().convolutions), -1);
+    std::cout << format_time_report(time_report(run_g, times, device, exe->report().convolutions),
+                                    -1);
   }
   return 0;
 }

@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/runtime/encoder.h"
+#include "executable_test_util.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
-#include "executable_test_util.h"
 
 namespace fusebox::testing {
 namespace {

@@ -2,10 +2,10 @@
 // near the most bytes live at once. Needs no GPU.
 #include <gtest/gtest.h>
 
-#include "fusebox/train/session.h"
-#include "fusebox/zoo.h"
 #include "executable/memory_plan.h"
 #include "executable_test_util.h"
+#include "fusebox/train/session.h"
+#include "fusebox/zoo.h"
 
 namespace fusebox::testing {
 namespace {

@@ -33,9 +33,9 @@ namespace {
 
 using fusebox::testing::all_close;
 using fusebox::testing::bit_identical;
-using fusebox::testing::same_values;
 using fusebox::testing::random_tensor;
 using fusebox::testing::run_op;
+using fusebox::testing::same_values;
 
 class BatchNormChannelsLastTest : public ::testing::Test {
  protected:
