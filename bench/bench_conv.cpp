@@ -26,9 +26,10 @@
 // Timing: `iters` calls of one op recorded into one CUDA graph (finish_recording), replayed
 // `repeats` times between CUDA events; the median per call. The same tensors every call
 // (as PyTorch's loop), random values; outputs separate from inputs.
-// --own: each op also on the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own), with its
-// ratio to cuDNN's fastest plan (heuristic or tuned; > 1: ours is faster) and a per-op
-// summary (geometric mean, worst); --own-tiles times every implicit-GEMM tile too.
+// --own: each op also on the project's engines (FUSEBOX_CONV_BACKEND=own), with its ratio to
+// cuDNN's fastest plan (heuristic or tuned; > 1: ours is faster) and a per-op summary
+// (geometric mean, worst); --own-tiles times every engine and tile forced
+// (FUSEBOX_CONV_ENGINE) too, skipping those that cannot run the problem.
 // --select: each op also as the library runs it under autotuning with the backend unset
 // (cuDNN's engines and our kernel timed, the faster recorded): which won, its time.
 // FLOPs: 2 * N * K * Ho * Wo * C/g * R * S for each of the three ops.
@@ -277,7 +278,7 @@ std::string plan_of(const std::string& node_name) {
   std::string plan = "?";
   for (const ConvDecision& d : conv_decisions()) {
     if (d.node.find("'" + node_name + "'") != std::string::npos) {
-      plan = d.path.rfind("own", 0) == 0 && d.plan == "direct" ? "own: " + d.reason : d.plan;
+      plan = d.plan == "direct" ? "direct: " + d.reason : d.plan;
     }
   }
   return plan;
@@ -388,32 +389,41 @@ void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result
   r.tuned_ms = r.variants.back().ms, r.tuned_plan = r.variants.back().plan;
 }
 
-// The implicit GEMM (FUSEBOX_CONV_BACKEND=own): its heuristic tile, then (--own-tiles) each
-// tile; the fastest against cuDNN's fastest (heuristic or tuned).
+// The project's engines (FUSEBOX_CONV_BACKEND=own): the default policy's choice, then
+// (--own-tiles) each engine and tile forced (FUSEBOX_CONV_ENGINE), those that cannot run the
+// problem skipped; the fastest against cuDNN's fastest (heuristic or tuned).
 void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
   set_env("FUSEBOX_CONV_BACKEND", "own");
-  std::vector<const char*> tiles = {""};
+  std::vector<const char*> engines = {""};
   if (o.own_tiles)
-    tiles.insert(tiles.end(),
-                 {"128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64", "cutlass128x128",
-                  "cutlass128x64", "cutlass64x128", "halo", "patch", "phase"});
-  for (const char* tile : tiles) {
-    if (*tile) {
-      set_env("FUSEBOX_CONV_IGEMM_TILE", tile);
+    engines.insert(engines.end(),
+                   {"implicit_gemm:128x128", "implicit_gemm:128x64", "implicit_gemm:64x128",
+                    "implicit_gemm:64x64", "implicit_gemm:wg128x128", "implicit_gemm:wg128x64",
+                    "cutlass:128x128", "cutlass:128x64", "cutlass:64x128", "halo_wgrad",
+                    "patch_wgrad", "phase_dgrad", "space_to_depth", "im2col", "depthwise"});
+  for (const char* engine : engines) {
+    if (*engine) {
+      set_env("FUSEBOX_CONV_ENGINE", engine);
     } else {
-      unsetenv("FUSEBOX_CONV_IGEMM_TILE");
+      unsetenv("FUSEBOX_CONV_ENGINE");
       reread_settings();
     }
     Variant v;
-    v.name = *tile ? tile : "heuristic";
-    v.ms = time_op_ms(b, o, st, op);
+    v.name = *engine ? engine : "heuristic";
+    try {
+      v.ms = time_op_ms(b, o, st, op);
+    } catch (const Error& e) {
+      b.encoder().discard_recording();  // what it recorded before refusing
+      std::printf("    own %-23s cannot run it (%s)\n", v.name.c_str(), e.what());
+      continue;
+    }
     v.plan = plan_of(st.nodes[op].name);
     if (r.own_ms < 0 || v.ms < r.own_ms) r.own_ms = v.ms, r.own_plan = v.plan;
-    std::printf("    own %-9s %9.4f ms %7.1f TFLOP/s  %.2fx cuDNN  %s\n", v.name.c_str(), v.ms,
+    std::printf("    own %-23s %9.4f ms %7.1f TFLOP/s  %.2fx cuDNN  %s\n", v.name.c_str(), v.ms,
                 r.tflops(v.ms), r.cudnn_best_ms() / v.ms, v.plan.c_str());
     r.own_variants.push_back(v);
   }
-  unsetenv("FUSEBOX_CONV_IGEMM_TILE");
+  unsetenv("FUSEBOX_CONV_ENGINE");
   set_env("FUSEBOX_CONV_BACKEND", "cudnn");
 }
 
@@ -609,7 +619,7 @@ int main(int argc, char** argv) {
                "Also time the project's implicit GEMM (FUSEBOX_CONV_BACKEND=own) against cuDNN");
   app.add_flag_callback(
       "--own-tiles", [&] { o.own = o.own_tiles = true; },
-      "--own, with each implicit-GEMM tile (FUSEBOX_CONV_IGEMM_TILE) too");
+      "--own, with each engine and tile forced (FUSEBOX_CONV_ENGINE) too");
   app.add_flag("--select", o.select,
                "Also the library's autotuned choice between cuDNN and the project's kernels "
                "(FUSEBOX_CONV_BACKEND unset, FUSEBOX_AUTOTUNE=1)");

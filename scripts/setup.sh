@@ -66,7 +66,8 @@ wheel_headers ".deps/cudnn_frontend-$CUDNN_FE_VERSION" cudnn_frontend.h include 
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
 ln -sfn "cudnn_frontend-$CUDNN_FE_VERSION" .deps/cudnn_frontend
 
-# CUTLASS / CuTe C++ headers (the Hopper convolutions, src/backends/cuda/kernels/conv/cutlass/):
+# CUTLASS / CuTe C++ headers (the Hopper convolutions,
+# src/backends/cuda/kernels/conv/engines/cutlass/):
 # taken from the pinned PyPI wheel, which carries CUTLASS's source under
 # cutlass_library/source/. include/ plus tools/util/include/cutlass/util (packed_stride.hpp,
 # which the conv collectives include) merged into one include folder.

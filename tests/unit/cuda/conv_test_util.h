@@ -1,7 +1,7 @@
 // Helpers for the convolution tests (test_conv_*.cpp): one configuration of any of the three
 // convolution ops, its CPU reference, running it on the GPU with every tensor NCHW-contiguous
-// or channels-last (a strided view of an NHWC / NDHWC buffer), outputs poisoned, and
-// environment variables set for a scope.
+// or channels-last (a strided view of an NHWC / NDHWC buffer), outputs poisoned, environment
+// variables and a forced convolution engine (as FUSEBOX_CONV_ENGINE) set for a scope.
 #pragma once
 
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/kernels/conv/engines.h"
 #include "backends/cuda/kernels/conv/report.h"
 #include "gpu_vs_cpu.h"
 
@@ -242,6 +243,48 @@ inline Tensor run_conv_on_gpu(Context& ctx, const ConvConfig& c, const std::vect
 
 inline Tensor run_conv_on_gpu(OpHarness& h, const ConvConfig& c, const std::vector<Tensor>& in) {
   return run_conv_on_gpu(h.ctx(), c, in);
+}
+
+// Forces a convolution engine for a scope as FUSEBOX_CONV_ENGINE=`spec` does ("name[:variant]";
+// "": the default policy), in process (engines.h set_conv_engine_override).
+class ScopedConvEngine {
+ public:
+  explicit ScopedConvEngine(const std::string& spec) : previous_(conv_engine_override()) {
+    set_conv_engine_override(spec.empty() ? std::nullopt
+                                          : std::optional<ConvEngineChoice>(
+                                                parse_conv_engine(spec, "ScopedConvEngine")));
+  }
+  ~ScopedConvEngine() { set_conv_engine_override(previous_); }
+  ScopedConvEngine(const ScopedConvEngine&) = delete;
+  ScopedConvEngine& operator=(const ScopedConvEngine&) = delete;
+
+ private:
+  std::optional<ConvEngineChoice> previous_;
+};
+
+// Whether `e` says a forced engine cannot run a problem (engines.cpp run_forced).
+inline bool is_forced_engine_refusal(const Error& e) {
+  const std::string m = e.what();
+  return m.find("FUSEBOX_CONV_ENGINE=") != std::string::npos &&
+         m.find(" cannot run ") != std::string::npos;
+}
+
+// Runs c on engine `spec` where that engine takes it, else (its refusal) under the default
+// policy; *forced (when given) says which.
+inline Tensor run_conv_preferring(Context& ctx, const ConvConfig& c, const std::vector<Tensor>& in,
+                                  const std::string& spec, bool* forced = nullptr) {
+  if (forced) *forced = false;
+  if (!spec.empty()) {
+    ScopedConvEngine engine(spec);
+    try {
+      Tensor got = run_conv_on_gpu(ctx, c, in);
+      if (forced) *forced = true;
+      return got;
+    } catch (const Error& e) {
+      if (!is_forced_engine_refusal(e)) throw;
+    }
+  }
+  return run_conv_on_gpu(ctx, c, in);
 }
 
 // Relative L2 error of got against want (inf when got has a non-finite element).

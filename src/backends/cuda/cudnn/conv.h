@@ -5,7 +5,7 @@
 //
 //   ConvProblem p = make_conv_problem(node, inputs, output, settings, device);
 //   CudnnConvOutcome r = cudnn_conv_record(ctx, p, {x, w, y, bias, residual}, settings);
-//   if (!r.ran) ... the direct kernel; r.reason says why (cuDNN's message)
+//   if (!r.ran) ... the next engine (kernels/conv/engines.cpp); r.reason says why (cuDNN's message)
 //   if (r.ran) ... conv_epilogue runs what r.fused leaves (its bias, its epilogue)
 //
 // Plans. The problem's key (conv_problem_key) finds the plan in an in-memory LRU
@@ -41,6 +41,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/problem.h"
 #include "backends/cuda/runtime/plan_cache.h"
+#include "backends/cuda/runtime/settings.h"
 
 namespace fusebox::cuda {
 
@@ -67,8 +68,8 @@ struct CudnnConvOutcome {
   bool slower = false;   // not recorded: its tuned time was above beat_ms
 };
 
-// beat_ms (autotuning, kernels/conv/selection.h): the time of the project's kernel for the
-// problem; the tuned plan is recorded only when it is at most that fast, else the outcome
+// beat_ms (autotuning, kernels/conv/selection.h): the time of the project's fastest engine for
+// the problem; the tuned plan is recorded only when it is at most that fast, else the outcome
 // has ran == false, slower == true and the plan's name and time.
 CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const ConvOperands& t,
                                    const ConvSettings& settings,

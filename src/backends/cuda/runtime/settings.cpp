@@ -33,6 +33,15 @@ std::filesystem::path cache_dir_from_env() {
   return {};
 }
 
+// FUSEBOX_CONV_ENGINE's equivalent of a FUSEBOX_CONV_IGEMM_TILE value.
+std::string conv_engine_for_old_tile(const std::string& tile) {
+  if (tile == "halo") return "halo_wgrad";
+  if (tile == "patch") return "patch_wgrad";
+  if (tile == "phase") return "phase_dgrad";
+  if (tile.rfind("cutlass", 0) == 0) return "cutlass:" + tile.substr(7);
+  return "implicit_gemm:" + tile;
+}
+
 ConvSettings conv_settings_from_env() {
   ConvSettings s;
   if (auto text = env_text("FUSEBOX_CONV_BACKEND")) s.backend = parse_conv_backend(*text);
@@ -53,17 +62,16 @@ ConvSettings conv_settings_from_env() {
                   "' must be on (fused cuDNN graphs first) or refuse (every fused graph refused)");
     s.refuse_fusion = *text == "refuse";
   }
+  // The old tile setting also chose engines; FUSEBOX_CONV_ENGINE does that now, so a value
+  // left in an environment is refused with its translation rather than ignored.
   if (auto text = env_text("FUSEBOX_CONV_IGEMM_TILE")) {
-    const bool known = *text == "128x128" || *text == "128x64" || *text == "64x128" ||
-                       *text == "64x64" || *text == "wg128x128" || *text == "wg128x64" ||
-                       *text == "cutlass128x128" || *text == "cutlass128x64" ||
-                       *text == "cutlass64x128" || *text == "halo" || *text == "patch" ||
-                       *text == "phase";
-    FUSEBOX_CHECK(known, "cuda", "FUSEBOX_CONV_IGEMM_TILE='", *text,
-                  "' must be one of 128x128, 128x64, 64x128, 64x64, wg128x128, wg128x64, "
-                  "cutlass128x128, cutlass128x64, cutlass64x128, halo, patch, phase");
-    s.igemm_tile = *text;
+    throw Error("cuda", cat("FUSEBOX_CONV_IGEMM_TILE is replaced by FUSEBOX_CONV_ENGINE: set "
+                            "FUSEBOX_CONV_ENGINE=",
+                            conv_engine_for_old_tile(*text),
+                            " instead of FUSEBOX_CONV_IGEMM_TILE='", *text, "'"));
   }
+  if (auto text = env_text("FUSEBOX_CONV_ENGINE"))
+    set_conv_engine(s, parse_conv_engine(*text, "FUSEBOX_CONV_ENGINE"), "FUSEBOX_CONV_ENGINE");
   return s;
 }
 
@@ -97,8 +105,38 @@ ConvBackend parse_conv_backend(std::string_view text) {
   if (text == "auto") return ConvBackend::automatic;
   if (text == "cudnn") return ConvBackend::cudnn;
   if (text == "own") return ConvBackend::own;
-  throw Error("cuda", cat("FUSEBOX_CONV_BACKEND='", text,
-                          "' must be auto (cuDNN, else the direct kernel), cudnn or own"));
+  throw Error(
+      "cuda",
+      cat("FUSEBOX_CONV_BACKEND='", text,
+          "' must be auto (the default engine policy), cudnn or own (every engine but cuDNN)"));
+}
+
+ConvEngineChoice parse_conv_engine(std::string_view text, std::string_view setting) {
+  ConvEngineChoice c;
+  const size_t colon = text.find(':');
+  c.name = std::string(text.substr(0, colon));
+  if (colon != std::string_view::npos) c.variant = std::string(text.substr(colon + 1));
+  bool ok = !c.name.empty() && (colon == std::string_view::npos || !c.variant.empty());
+  for (char ch : c.name)
+    ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_');
+  FUSEBOX_CHECK(ok, "cuda", setting, "='", text,
+                "' must be an engine's name or name:variant (e.g. implicit_gemm:128x64, cudnn:0)");
+  return c;
+}
+
+void set_conv_engine(ConvSettings& s, const ConvEngineChoice& engine, std::string_view setting) {
+  const bool cudnn = engine.name == "cudnn";
+  FUSEBOX_CHECK(s.backend != ConvBackend::cudnn || cudnn, "cuda", setting, "='", engine.text(),
+                "' contradicts FUSEBOX_CONV_BACKEND=cudnn (cuDNN alone)");
+  FUSEBOX_CHECK(s.backend != ConvBackend::own || !cudnn, "cuda", setting, "='", engine.text(),
+                "' contradicts FUSEBOX_CONV_BACKEND=own (no cuDNN)");
+  if (cudnn && !engine.variant.empty()) {
+    const auto index = int64_t(parse_count(engine.variant, setting));
+    FUSEBOX_CHECK(s.forced_plan_index < 0 || s.forced_plan_index == index, "cuda", setting, "='",
+                  engine.text(), "' contradicts FUSEBOX_CONV_PLAN_INDEX=", s.forced_plan_index);
+    s.forced_plan_index = index;
+  }
+  s.engine = engine;
 }
 
 ConvSubsample parse_conv_subsample(std::string_view text) {

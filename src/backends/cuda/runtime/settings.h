@@ -13,8 +13,8 @@
 
 namespace fusebox::cuda {
 
-// Which implementation runs a convolution: FUSEBOX_CONV_BACKEND=auto (cuDNN, falling back
-// to the direct kernel), cudnn (cuDNN or an error), own (the direct kernel).
+// Which engines may run a convolution (kernels/conv/engines.h): FUSEBOX_CONV_BACKEND=auto (the
+// default policy over all of them), cudnn (cuDNN or an error), own (every engine but cuDNN's).
 enum class ConvBackend : uint8_t { automatic, cudnn, own };
 const char* conv_backend_name(ConvBackend b);           // "auto", "cudnn", "own"
 ConvBackend parse_conv_backend(std::string_view text);  // throws on anything else
@@ -26,6 +26,18 @@ ConvBackend parse_conv_backend(std::string_view text);  // throws on anything el
 enum class ConvSubsample : uint8_t { automatic, off, on };
 ConvSubsample parse_conv_subsample(std::string_view text);  // auto, 0, 1; throws otherwise
 const char* conv_subsample_name(ConvSubsample s);           // "auto", "0", "1"
+
+// FUSEBOX_CONV_ENGINE's value: an engine's name and its variant ("" for the engine's own choice).
+// Names are checked against the engine list when a convolution first runs (the list lives with
+// the kernels, above this layer).
+struct ConvEngineChoice {
+  std::string name;
+  std::string variant;
+  bool empty() const { return name.empty(); }
+  std::string text() const { return variant.empty() ? name : name + ":" + variant; }
+};
+// "name" or "name:variant", name in [a-z0-9_]; throws an Error naming `setting` otherwise.
+ConvEngineChoice parse_conv_engine(std::string_view text, std::string_view setting);
 
 // How convolutions run (kernels/conv, cudnn/). Defaults are the values when unset.
 struct ConvSettings {
@@ -55,15 +67,17 @@ struct ConvSettings {
   // project's epilogue kernel (tests run the suite both ways). `on` (default): fused graphs
   // are tried first. Part of the plan-cache key when set.
   bool refuse_fusion = false;
-  // FUSEBOX_CONV_IGEMM_TILE=128x128|128x64|64x128|64x64|wg128x128|wg128x64 (the project's
-  // main loops, kernels/conv/implicit_gemm/plan.h) or cutlass128x128|cutlass128x64|
-  // cutlass64x128 (the CUTLASS Hopper kernels, kernels/conv/cutlass/plan.h) or halo / patch
-  // (the wgrads of kernels/conv/halo_wgrad/ and patch_wgrad/) or phase (the dgrad of
-  // kernels/conv/phase_dgrad/), for benchmarks and diagnosis: the
-  // implicit GEMM's CTA tile where that tile is compiled for the problem, instead of the
-  // heuristic's. A tile of ours keeps the problem off CUTLASS. Empty: unset.
-  std::string igemm_tile;
+  // FUSEBOX_CONV_ENGINE=name[:variant], for benchmarks and diagnosis: every convolution runs on
+  // that engine (kernels/conv/engines.h names them; the variant is engine-specific: a tile, a
+  // cuDNN plan index), an Error where it cannot. Empty name: the default policy. Set through
+  // set_conv_engine.
+  ConvEngineChoice engine;
 };
+
+// Makes `engine` the forced engine of s (FUSEBOX_CONV_ENGINE, or an in-process override named
+// `setting`): an Error where it contradicts s.backend; cudnn's variant is a plan index
+// (forced_plan_index, as FUSEBOX_CONV_PLAN_INDEX; an Error where that says another).
+void set_conv_engine(ConvSettings& s, const ConvEngineChoice& engine, std::string_view setting);
 
 struct BackendSettings {
   // FUSEBOX_CUDA_MEMORY_LIMIT (4096, 64K, 512M, 2G): the most bytes each device's caching

@@ -428,13 +428,13 @@ TEST_F(ConvCudnnTest, ForcedCudnnOnF64IsAClearError) {
     EXPECT_NE(message.find("conv 'node'"), std::string::npos) << message;
     EXPECT_NE(message.find("f64"), std::string::npos) << message;
   }
-  // auto: the direct kernel takes it, and the decision record says why.
+  // auto: the direct engine takes it, and the decision record says why.
   ScopedEnv automatic("FUSEBOX_CONV_BACKEND", "auto");
   const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
   EXPECT_LE(relative_l2_error(run_conv_on_gpu(h, c, in), want), 1e-12);
   bool found = false;
   for (const ConvDecision& d : conv_decisions())
-    found = found || (d.path == "own" && d.reason.find("f64") != std::string::npos);
+    found = found || (d.path.rfind("direct", 0) == 0 && d.reason.find("f64") != std::string::npos);
   EXPECT_TRUE(found);
 }
 

@@ -1,5 +1,5 @@
-// The CUTLASS Hopper convolutions' planning without a GPU (kernels/conv/cutlass/plan.h): what
-// they refuse and why, how our epilogue maps onto theirs, the tile choice and the weight
+// The CUTLASS Hopper convolutions' planning without a GPU (kernels/conv/engines/cutlass/plan.h):
+// what they refuse and why, how our epilogue maps onto theirs, the tile choice and the weight
 // gradient's batch chunks. test_implicit_gemm.cpp runs the kernels on an H100.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "backends/cuda/kernels/conv/cutlass/plan.h"
+#include "backends/cuda/kernels/conv/engines/cutlass/plan.h"
 #include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {

@@ -1,9 +1,9 @@
-// The depthwise kernels (kernels/conv/depthwise/) on the GPU against the CPU reference: 240
-// random depthwise configurations per op over 1-3 spatial dims, strides, dilation, asymmetric
-// pads, C a multiple of 8, f32 / f16 / bf16, NCHW and channels-last tensors, bias and fprop
-// epilogues, under FUSEBOX_CONV_BACKEND=own (these kernels) and auto (cuDNN, but for what
-// depthwise_beats_cudnn routes here). Outputs are poisoned; the decision record must name the
-// path.
+// The depthwise kernels (kernels/conv/engines/depthwise/) on the GPU against the CPU reference:
+// 240 random depthwise configurations per op over 1-3 spatial dims, strides, dilation,
+// asymmetric pads, C a multiple of 8, f32 / f16 / bf16, NCHW and channels-last tensors, bias and
+// fprop epilogues, under FUSEBOX_CONV_BACKEND=own (these kernels) and auto (cuDNN, but for what
+// the depthwise rules of kernels/conv/engines.cpp route here). Outputs are poisoned; the
+// decision record must name the path.
 #include "conv_test_util.h"
 
 namespace fusebox::cuda::testing {
@@ -40,6 +40,7 @@ TEST_F(DepthwiseTest, RandomConfigurationsMatchCpuOwnAndAuto) {
   TempDir cache("depthwise");
   ScopedEnv cache_dir("FUSEBOX_CACHE_DIR", cache.str());
   ScopedEnv tf32("FUSEBOX_ALLOW_TF32", std::nullopt);
+  ScopedEnv autotune("FUSEBOX_AUTOTUNE", std::nullopt);  // the default policy's rules
   std::mt19937_64 rng(20261125);
   constexpr int kPerOp = 240;
   for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
@@ -56,12 +57,16 @@ TEST_F(DepthwiseTest, RandomConfigurationsMatchCpuOwnAndAuto) {
         const ConvDecision d = conv_decisions().back();
         const bool own = std::string(backend) == "own";
         const bool ours = d.plan.rfind("depthwise", 0) == 0;
-        // auto: cuDNN, but for the problems depthwise_beats_cudnn routes to these kernels.
+        // auto: cuDNN, but for the problems engines.cpp's depthwise rules route to these
+        // kernels: every fprop with an epilogue (rule 1), what was measured faster (rule 2).
         if (own) {
           EXPECT_TRUE(ours) << backend << ": " << d.path << " " << d.plan;
         } else if (ours) {
-          EXPECT_NE(d.reason.find("depthwise_beats_cudnn"), std::string::npos)
+          EXPECT_NE(d.reason.find("engines.cpp, rule"), std::string::npos)
               << d.path << " " << d.reason;
+        }
+        if (!own && op == OpKind::conv && (c.bias || c.activation || c.residual)) {
+          EXPECT_TRUE(ours) << "rule 1: " << d.path << " " << d.plan;
         }
         // f32 in f32 multiply-adds on this path (cuDNN's auto wgrad may use TF32).
         const double tol = 2 * conv_l2_tolerance(c.dtype, !ours);
@@ -114,8 +119,10 @@ ConvConfig depthwise_2d(OpKind op, DType dtype, int64_t batch, int64_t channels,
 // the rows, rows too short for the ring (5 outputs), C = 8 (one vector) to 96, every epilogue (3-
 // and 5-wide fprops with activation and residual, 7-wide with the bias alone). Under own the plan
 // must name the kernel depthwise_kernel says; by default (auto, no autotuning) these kernels must
-// take what depthwise_beats_cudnn names (stride-1 dgrads, unfused 7-wide and ring 3-wide fprops,
-// ring 3-wide wgrads, in bf16 / f16) and cuDNN the rest.
+// take what engines.cpp's depthwise rules name (rule 2: stride-1 dgrads, unfused 7-wide and
+// ring 3-wide fprops,
+// ring 3-wide wgrads, in bf16 / f16; every fprop here, which has a bias: engines.cpp's rule 1)
+// and cuDNN the rest.
 TEST_F(DepthwiseTest, RowsAndRingKernelsMatchCpuAtModelSizes) {
   OpHarness h;
   TempDir cache("depthwise_rows");
@@ -145,13 +152,11 @@ TEST_F(DepthwiseTest, RowsAndRingKernelsMatchCpuAtModelSizes) {
       const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
       const std::string kernel = depthwise_kernel(c);
       const bool half = k.dtype != DType::f32;
-      bool beats_cudnn = false;  // depthwise_beats_cudnn
+      bool beats_cudnn = false;  // engines.cpp's depthwise rules
       if (op == OpKind::conv_backward_data) beats_cudnn = half && k.stride == 1;
       if (op == OpKind::conv_backward_filter)
         beats_cudnn = half && k.filter == 3 && kernel == "ring";
-      if (op == OpKind::conv)
-        beats_cudnn = half && k.stride == 1 && !c.residual &&
-                      (k.filter == 7 || (k.filter == 3 && kernel == "ring"));
+      if (op == OpKind::conv) beats_cudnn = true;  // rule 1: the bias (and more) fused
       for (const char* backend : {"own", "auto"}) {
         ScopedEnv env("FUSEBOX_CONV_BACKEND", backend);
         clear_conv_decisions();

@@ -1,9 +1,9 @@
-// The halo weight gradient's planning without a GPU (kernels/conv/halo_wgrad/plan.h): what it
-// refuses and why, row segments and their padded width, the split into runs of rows.
+// The halo weight gradient's planning without a GPU (kernels/conv/engines/halo_wgrad/plan.h): what
+// it refuses and why, row segments and their padded width, the split into runs of rows.
 // test_implicit_gemm.cpp (HaloWgradMatchesCpu) runs the kernel on an H100/H200.
 #include <gtest/gtest.h>
 
-#include "backends/cuda/kernels/conv/halo_wgrad/plan.h"
+#include "backends/cuda/kernels/conv/engines/halo_wgrad/plan.h"
 #include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {

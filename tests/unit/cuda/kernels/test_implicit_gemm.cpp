@@ -8,7 +8,7 @@
 // must name the implicit GEMM (never the direct kernel).
 #include <map>
 
-#include "backends/cuda/kernels/conv/cutlass/plan.h"
+#include "backends/cuda/kernels/conv/engines/cutlass/plan.h"
 #include "conv_test_util.h"
 
 namespace fusebox::cuda::testing {
@@ -70,7 +70,6 @@ std::string last_plan() {
 TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
   OpHarness h;
   ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
-  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
   const Mode modes[] = {
       {DType::bf16, true}, {DType::f16, true}, {DType::f32, true}, {DType::f32, false}};
   std::mt19937_64 rng(20261125);
@@ -85,15 +84,14 @@ TEST_F(ImplicitGemmTest, RandomSweepMatchesCpuForEveryOpAndDtype) {
       SCOPED_TRACE(cat("config ", i, ": ", c.describe(), mode.tf32 ? "" : " exact"));
       ScopedEnv tf32("FUSEBOX_ALLOW_TF32", mode.tf32 ? "1" : "0");
       // Every other configuration asks for a wgmma tile (taken where it applies: 16-bit
-      // fprop and dgrad on the vector path, on an H100/H200), so both main loops are swept.
-      ScopedEnv forced_tile("FUSEBOX_CONV_IGEMM_TILE",
-                            i % 2 == 0
-                                ? std::optional<std::string>(i % 4 == 0 ? "wg128x128" : "wg128x64")
-                                : std::nullopt);
+      // fprop and dgrad on the vector path, on an H100/H200; elsewhere the engine refuses and
+      // the default policy runs it), so both main loops are swept.
+      const std::string forced =
+          i % 2 == 0 ? (i % 4 == 0 ? "implicit_gemm:wg128x128" : "implicit_gemm:wg128x64") : "";
       const std::vector<Tensor> in = conv_inputs(c, 7000 + 10 * uint64_t(i));
       const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
       clear_conv_decisions();
-      const Tensor got = run_conv_on_gpu(h, c, in);
+      const Tensor got = run_conv_preferring(h.ctx(), c, in, forced);
       const std::string plan = last_plan();
       // Depthwise configurations with C a multiple of the vector width take the depthwise
       // kernels (test_depthwise.cpp); everything else the implicit GEMM.
@@ -126,8 +124,11 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
       {64, 64, 14, 3, 1}, {64, 128, 15, 3, 2}, {128, 64, 14, 1, 1}, {32, 96, 16, 1, 2}};
   for (const char* tile_name : {"", "128x128", "128x64", "64x128", "64x64", "wg128x128", "wg128x64",
                                 "cutlass128x128", "cutlass128x64", "cutlass64x128"}) {
-    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
-                   *tile_name ? std::optional<std::string>(tile_name) : std::nullopt);
+    // The tile as FUSEBOX_CONV_ENGINE names it: a CUTLASS tile is the cutlass engine's.
+    const std::string tile(tile_name);
+    const std::string engine = tile.empty()                    ? ""
+                               : tile.rfind("cutlass", 0) == 0 ? "cutlass:" + tile.substr(7)
+                                                               : "implicit_gemm:" + tile;
     for (const Shape2d& s : shapes)
       for (OpKind op : {OpKind::conv, OpKind::conv_backward_data, OpKind::conv_backward_filter}) {
         ConvConfig c;
@@ -144,7 +145,8 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
         const std::vector<Tensor> in = conv_inputs(c, 99);
         const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
         clear_conv_decisions();
-        const Tensor got = run_conv_on_gpu(h, c, in);
+        bool forced = false;
+        const Tensor got = run_conv_preferring(h.ctx(), c, in, engine, &forced);
         const std::string plan = last_plan();
         const bool wg = std::string(tile_name).rfind("wg", 0) == 0;
         // The CUTLASS tiles: not strided dgrad; 128x64 fprop/dgrad only, 64x128 wgrad only.
@@ -156,6 +158,7 @@ TEST_F(ImplicitGemmTest, ResNetSizedProblemsThroughEveryTile) {
                                    !(conv_op == ConvOp::dgrad && s.stride != 1);
         if (*tile_name && !(wg && op == OpKind::conv_backward_filter) && (!ct || cutlass_takes) &&
             h.ctx().device.properties().compute_capability() == 90) {
+          EXPECT_TRUE(forced) << engine << " refused it";
           EXPECT_NE(plan.find(tile_name), std::string::npos) << plan;
         }
         EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << plan;
@@ -177,7 +180,6 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   if (h.ctx().device.properties().compute_capability() != 90)
     GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
   ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
-  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
   struct Case {
     OpKind op;
     DType dtype;
@@ -228,17 +230,16 @@ TEST_F(ImplicitGemmTest, CutlassLoweringsMatchCpu) {
   }
 }
 
-// The space-to-depth lowering (kernels/conv/space_to_depth.h, H100/H200 only) against the
-// CPU, each direction: 1-D (its wide problem pointwise: the GEMM), 2-D and 3-D; strides 2, 3
-// and mixed, asymmetric pads, a trailing input row no window reads (its dx zero), the stride-1
-// unfold, 4 and 5 channels, NCHW operands copied, f16 and bf16; an epilogue on the fprop; rows
-// too long for the row kernels' shared memory (9000 wide: the gather kernels).
+// The space-to-depth lowering (kernels/conv/engines/space_to_depth/space_to_depth.h, H100/H200
+// only) against the CPU, each direction: 1-D (its wide problem pointwise: the GEMM), 2-D and 3-D;
+// strides 2, 3 and mixed, asymmetric pads, a trailing input row no window reads (its dx zero), the
+// stride-1 unfold, 4 and 5 channels, NCHW operands copied, f16 and bf16; an epilogue on the fprop;
+// rows too long for the row kernels' shared memory (9000 wide: the gather kernels).
 TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
     GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
   ScopedEnv backend("FUSEBOX_CONV_BACKEND", "own");
-  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", std::nullopt);
   struct Case {
     DType dtype;
     int64_t batch, c, k;
@@ -294,13 +295,12 @@ TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
     }
 }
 
-// Runs the convolution `c` on the GPU under FUSEBOX_CONV_IGEMM_TILE=`tile` ("" unset) against
-// the CPU: the plan must be `kernel`'s and say `plan_part`.
-void expect_own_kernel(OpHarness& h, const ConvConfig& c, const char* tile, uint64_t seed,
+// Runs the convolution `c` on the GPU on engine `engine` (FUSEBOX_CONV_ENGINE's name; "": the
+// default policy's choice) against the CPU: the plan must be `kernel`'s and say `plan_part`.
+void expect_own_kernel(OpHarness& h, const ConvConfig& c, const char* engine, uint64_t seed,
                        const std::string& kernel, const char* plan_part) {
-  ScopedEnv forced("FUSEBOX_CONV_IGEMM_TILE",
-                   *tile ? std::optional<std::string>(tile) : std::nullopt);
-  SCOPED_TRACE(cat(c.describe(), " tile '", tile, "'"));
+  ScopedConvEngine forced(engine);
+  SCOPED_TRACE(cat(c.describe(), " engine '", engine, "'"));
   const std::vector<Tensor> in = conv_inputs(c, seed);
   const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
   clear_conv_decisions();
@@ -310,11 +310,11 @@ void expect_own_kernel(OpHarness& h, const ConvConfig& c, const char* tile, uint
   EXPECT_LE(relative_l2_error(got, want), conv_l2_tolerance(c.dtype, true)) << last_plan();
 }
 
-// The halo wgrad (kernels/conv/halo_wgrad/, H100/H200 only) against the CPU: rows padded to
+// The halo wgrad (kernels/conv/engines/halo_wgrad/, H100/H200 only) against the CPU: rows padded to
 // 16, 32, 48 and 64 pixels (every kernel instance), two row segments with their halos across
 // the cut, several channel and filter blocks, runs crossing images, a run per row, NCHW
-// operands copied, f16 and bf16; the heuristic's choice (64 filters) and
-// FUSEBOX_CONV_IGEMM_TILE=halo.
+// operands copied, f16 and bf16; the default policy's choice (64 filters) and
+// FUSEBOX_CONV_ENGINE=halo_wgrad.
 TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -324,15 +324,15 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
     DType dtype;
     int64_t batch, c, k, height, width;
     bool channels_last;
-    const char* tile;
+    const char* engine;
     const char* plan_part;
   };
   const Case cases[] = {
       {DType::bf16, 2, 64, 64, 20, 20, true, "", "rows of 32 px"},
-      {DType::f16, 3, 128, 64, 9, 70, true, "halo", "rows of 48 px (2 segments)"},
-      {DType::bf16, 1, 64, 128, 7, 7, false, "halo", "rows of 16 px"},
+      {DType::f16, 3, 128, 64, 9, 70, true, "halo_wgrad", "rows of 48 px (2 segments)"},
+      {DType::bf16, 1, 64, 128, 7, 7, false, "halo_wgrad", "rows of 16 px"},
       {DType::bf16, 4, 64, 64, 56, 56, true, "", "rows of 64 px"},
-      {DType::f16, 2, 192, 128, 5, 13, true, "halo", "rows of 16 px"},
+      {DType::f16, 2, 192, 128, 5, 13, true, "halo_wgrad", "rows of 16 px"},
       {DType::bf16, 1, 64, 64, 1, 3, true, "", "1 splits"},
   };
   for (const Case& k : cases) {
@@ -345,14 +345,14 @@ TEST_F(ImplicitGemmTest, HaloWgradMatchesCpu) {
     c.strides = {1, 1}, c.dilations = {1, 1};
     c.pads_begin = c.pads_end = {1, 1};
     c.channels_last = k.channels_last;
-    expect_own_kernel(h, c, k.tile, 83, "halo wgrad", k.plan_part);
+    expect_own_kernel(h, c, k.engine, 83, "halo wgrad", k.plan_part);
   }
 }
 
-// The patch wgrad (kernels/conv/patch_wgrad/, H100/H200 only) against the CPU: RGB-stem-like
-// 7x7 stride-2 pad-3 problems (rows padded to 32 and 64 pixels), 1 and 4 channels, stride 1,
-// asymmetric strides and pads, two filter blocks, NCHW operands, f16 and bf16; the heuristic's
-// choice and FUSEBOX_CONV_IGEMM_TILE=patch.
+// The patch wgrad (kernels/conv/engines/patch_wgrad/, H100/H200 only) against the CPU:
+// RGB-stem-like 7x7 stride-2 pad-3 problems (rows padded to 32 and 64 pixels), 1 and 4 channels,
+// stride 1, asymmetric strides and pads, two filter blocks, NCHW operands, f16 and bf16; the
+// default policy's choice and FUSEBOX_CONV_ENGINE=patch_wgrad.
 TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -362,15 +362,15 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
     DType dtype;
     int64_t batch, c, k, height, width, stride_h, stride_w, pad_lo, pad_hi;
     bool channels_last;
-    const char* tile;
+    const char* engine;
     const char* plan_part;
   };
   const Case cases[] = {
       {DType::bf16, 2, 3, 64, 40, 40, 2, 2, 3, 3, true, "", "rows of 32 px"},
-      {DType::f16, 3, 1, 128, 29, 37, 1, 1, 3, 3, true, "patch", "rows of 48 px"},
+      {DType::f16, 3, 1, 128, 29, 37, 1, 1, 3, 3, true, "patch_wgrad", "rows of 48 px"},
       {DType::bf16, 2, 4, 64, 50, 64, 2, 2, 2, 1, false, "", "rows of 32 px"},
       {DType::f16, 1, 3, 64, 33, 120, 1, 2, 0, 2, true, "", "rows of 64 px"},
-      {DType::bf16, 4, 3, 64, 8, 7, 2, 2, 3, 3, true, "patch", "rows of 16 px"},
+      {DType::bf16, 4, 3, 64, 8, 7, 2, 2, 3, 3, true, "patch_wgrad", "rows of 16 px"},
   };
   for (const Case& k : cases) {
     ConvConfig c;
@@ -382,16 +382,16 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
     c.strides = {k.stride_h, k.stride_w}, c.dilations = {1, 1};
     c.pads_begin = {k.pad_lo, k.pad_lo}, c.pads_end = {k.pad_hi, k.pad_hi};
     c.channels_last = k.channels_last;
-    expect_own_kernel(h, c, k.tile, 91, "patch wgrad", k.plan_part);
+    expect_own_kernel(h, c, k.engine, 91, "patch wgrad", k.plan_part);
   }
 }
 
-// The phase dgrad (kernels/conv/phase_dgrad/, H100/H200 only) against the CPU: 3x3 stride-2
+// The phase dgrad (kernels/conv/engines/phase_dgrad/, H100/H200 only) against the CPU: 3x3 stride-2
 // pad-1 backward data with even and odd extents (dx's last row or column then has one
 // phase fewer), trailing pads of 0 (dy one smaller), a lattice not a multiple of the 128-point
 // tile, one and two K steps, several channel blocks (each with CTAs of its own), more tiles
-// than CTAs, NCHW operands, f16 and bf16; the heuristic's choice and
-// FUSEBOX_CONV_IGEMM_TILE=phase.
+// than CTAs, NCHW operands, f16 and bf16; the default policy's choice and
+// FUSEBOX_CONV_ENGINE=phase_dgrad.
 TEST_F(ImplicitGemmTest, PhaseDgradMatchesCpu) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -401,14 +401,14 @@ TEST_F(ImplicitGemmTest, PhaseDgradMatchesCpu) {
     DType dtype;
     int64_t batch, c, k, height, width, pad_hi;
     bool channels_last;
-    const char* tile;
+    const char* engine;
     const char* plan_part;
   };
   const Case cases[] = {
       {DType::bf16, 2, 64, 64, 16, 16, 1, true, "", "1 x 1 tiles"},
-      {DType::f16, 3, 128, 128, 15, 13, 1, true, "phase", "2 x 2 tiles"},
+      {DType::f16, 3, 128, 128, 15, 13, 1, true, "phase_dgrad", "2 x 2 tiles"},
       {DType::bf16, 1, 192, 64, 10, 9, 0, true, "", "1 x 3 tiles"},
-      {DType::bf16, 2, 64, 128, 11, 20, 0, false, "phase", "1 x 1 tiles"},
+      {DType::bf16, 2, 64, 128, 11, 20, 0, false, "phase_dgrad", "1 x 1 tiles"},
       {DType::f16, 8, 128, 128, 56, 56, 1, true, "", "49 x 2 tiles"},
       {DType::bf16, 64, 128, 128, 56, 56, 1, true, "", "392 x 2 tiles on"},
   };
@@ -422,7 +422,7 @@ TEST_F(ImplicitGemmTest, PhaseDgradMatchesCpu) {
     c.strides = {2, 2}, c.dilations = {1, 1};
     c.pads_begin = {1, 1}, c.pads_end = {k.pad_hi, k.pad_hi};
     c.channels_last = k.channels_last;
-    expect_own_kernel(h, c, k.tile, 97, "phase dgrad", k.plan_part);
+    expect_own_kernel(h, c, k.engine, 97, "phase dgrad", k.plan_part);
   }
 }
 
@@ -436,24 +436,23 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
   struct Case {
     OpKind op;
     DType dtype;
-    const char* tile;  // FUSEBOX_CONV_IGEMM_TILE ("" unset)
+    const char* engine;  // FUSEBOX_CONV_ENGINE where it takes the problem ("": the default)
     int64_t c, k, groups, hw, r, stride;
     int rank;
   };
   const Case cases[] = {
-      {OpKind::conv, DType::bf16, "wg128x128", 32, 136, 1, 9, 3, 1, 2},
-      {OpKind::conv, DType::f16, "wg128x64", 16, 24, 1, 7, 3, 2, 2},
-      {OpKind::conv_backward_data, DType::bf16, "wg128x64", 24, 16, 1, 9, 3, 2, 2},
-      {OpKind::conv_backward_data, DType::f16, "128x128", 16, 32, 2, 6, 3, 2, 3},
-      {OpKind::conv_backward_filter, DType::bf16, "128x64", 32, 16, 1, 10, 3, 1, 2},
+      {OpKind::conv, DType::bf16, "implicit_gemm:wg128x128", 32, 136, 1, 9, 3, 1, 2},
+      {OpKind::conv, DType::f16, "implicit_gemm:wg128x64", 16, 24, 1, 7, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::bf16, "implicit_gemm:wg128x64", 24, 16, 1, 9, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::f16, "implicit_gemm:128x128", 16, 32, 2, 6, 3, 2, 3},
+      {OpKind::conv_backward_filter, DType::bf16, "implicit_gemm:128x64", 32, 16, 1, 10, 3, 1, 2},
       {OpKind::conv_backward_filter, DType::f32, "", 12, 8, 4, 9, 3, 2, 2},
-      {OpKind::conv, DType::f32, "64x128", 8, 72, 1, 21, 5, 1, 1},
+      {OpKind::conv, DType::f32, "implicit_gemm:64x128", 8, 72, 1, 21, 5, 1, 1},
       {OpKind::conv, DType::bf16, "", 3, 5, 1, 8, 3, 1, 2},
       {OpKind::conv_backward_data, DType::f32, "", 5, 7, 1, 5, 3, 2, 3},
-      // Depthwise (kernels/conv/depthwise/ under own): the ring kernels (2-D: 3x3 fprops, 7x7
-      // dgrads flipped, 3x3 stride-2 and 7x7 wgrads), the rows kernels (3x3x3 wgrad, 1-D
-      // 5-wide stride-2 fprop, 7x7 stride-2 wgrad of 3 channel vectors) and the generic
-      // strided dgrad.
+      // Depthwise (kernels/conv/engines/depthwise/ under own): the ring kernels (2-D: 3x3 fprops,
+      // 7x7 dgrads flipped, 3x3 stride-2 and 7x7 wgrads), the rows kernels (3x3x3 wgrad, 1-D 5-wide
+      // stride-2 fprop, 7x7 stride-2 wgrad of 3 channel vectors) and the generic strided dgrad.
       {OpKind::conv, DType::bf16, "", 16, 16, 16, 9, 3, 1, 2},
       {OpKind::conv_backward_data, DType::f16, "", 8, 8, 8, 9, 3, 2, 2},
       {OpKind::conv_backward_filter, DType::f32, "", 8, 8, 8, 7, 3, 1, 3},
@@ -464,24 +463,22 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
       {OpKind::conv_backward_data, DType::f16, "", 16, 16, 16, 16, 7, 1, 2},
       {OpKind::conv_backward_filter, DType::bf16, "", 32, 32, 32, 12, 7, 1, 2},
       {OpKind::conv_backward_filter, DType::bf16, "", 32, 32, 32, 11, 3, 2, 2},
-      // The CUTLASS kernels (kernels/conv/cutlass/, compute capability 9.0).
-      {OpKind::conv, DType::bf16, "cutlass128x128", 32, 136, 1, 9, 3, 2, 2},
-      {OpKind::conv_backward_data, DType::f16, "cutlass128x64", 24, 16, 1, 9, 3, 1, 3},
-      {OpKind::conv_backward_filter, DType::bf16, "cutlass64x128", 32, 16, 1, 10, 3, 1, 2},
+      // The CUTLASS kernels (kernels/conv/engines/cutlass/, compute capability 9.0).
+      {OpKind::conv, DType::bf16, "cutlass:128x128", 32, 136, 1, 9, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::f16, "cutlass:128x64", 24, 16, 1, 9, 3, 1, 3},
+      {OpKind::conv_backward_filter, DType::bf16, "cutlass:64x128", 32, 16, 1, 10, 3, 1, 2},
       // 1-D 1x1, no padding: the ping-pong GEMM.
       {OpKind::conv, DType::bf16, "", 64, 72, 1, 300, 1, 1, 1},
       {OpKind::conv_backward_data, DType::f16, "", 40, 128, 1, 300, 1, 1, 1},
       // 1x1 stride 2: x's sub-lattice gathered, then the GEMM.
       {OpKind::conv, DType::bf16, "", 64, 72, 1, 301, 1, 2, 1},
       // 3x3 stride 2 on the phase dgrad (compute capability 9.0; no bias: it takes none).
-      {OpKind::conv_backward_data, DType::bf16, "phase", 64, 64, 1, 9, 3, 2, 2},
+      {OpKind::conv_backward_data, DType::bf16, "phase_dgrad", 64, 64, 1, 9, 3, 2, 2},
   };
   for (const bool exact : {false, true}) {
     ScopedEnv tf32("FUSEBOX_ALLOW_TF32", exact ? "0" : "1");
     for (const Case& k : cases) {
       if (exact && k.dtype != DType::f32) continue;
-      ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE",
-                     *k.tile ? std::optional<std::string>(k.tile) : std::nullopt);
       ConvConfig c;
       c.op = k.op;
       c.dtype = k.dtype;
@@ -492,16 +489,16 @@ TEST_F(ImplicitGemmTest, SanitizerSample) {
         c.dilations.push_back(1), c.pads_begin.push_back(k.r / 2), c.pads_end.push_back(d % 2);
       }
       c.channels_last = true;
-      const bool phase = std::string(k.tile) == "phase";
+      const bool phase = std::string(k.engine) == "phase_dgrad";
       c.bias = k.op != OpKind::conv_backward_filter && !phase;
-      SCOPED_TRACE(cat(c.describe(), " tile '", k.tile, "'", exact ? " exact" : ""));
+      SCOPED_TRACE(cat(c.describe(), " engine '", k.engine, "'", exact ? " exact" : ""));
       const std::vector<Tensor> in = conv_inputs(c, 31);
       const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
       clear_conv_decisions();
-      const Tensor got = run_conv_on_gpu(h, c, in);
+      const Tensor got = run_conv_preferring(h.ctx(), c, in, k.engine);
       const bool depthwise = k.groups == k.c && k.k == k.c;
       const bool hopper = h.ctx().device.properties().compute_capability() == 90;
-      const bool cutlass = (std::string(k.tile).rfind("cutlass", 0) == 0 || k.r == 1) && hopper;
+      const bool cutlass = (std::string(k.engine).rfind("cutlass", 0) == 0 || k.r == 1) && hopper;
       EXPECT_EQ(last_plan().rfind(depthwise         ? "depthwise"
                                   : phase && hopper ? "phase dgrad"
                                   : cutlass         ? "cutlass"

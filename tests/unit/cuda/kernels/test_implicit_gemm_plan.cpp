@@ -9,8 +9,8 @@
 #include <random>
 
 #include "backends/common/fast_divmod.h"
-#include "backends/cuda/kernels/conv/implicit_gemm/operands.cuh"
-#include "backends/cuda/kernels/conv/implicit_gemm/plan.h"
+#include "backends/cuda/kernels/conv/engines/implicit_gemm/operands.cuh"
+#include "backends/cuda/kernels/conv/engines/implicit_gemm/plan.h"
 #include "conv_test_util.h"
 
 namespace fusebox::cuda::testing {
@@ -143,22 +143,6 @@ TEST(ImplicitGemmPlan, TilesSplitsAndVectorPath) {
   EXPECT_EQ(
       igemm::make_plan(ConvOp::dgrad, geometry_of(s2), DType::bf16, {.wgmma = true}, 132).tile,
       igemm::TileShape::wg128x64);
-}
-
-TEST(ImplicitGemmPlan, TileSettingIsCheckedAndParsed) {
-  {
-    ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", "128x64");
-    EXPECT_EQ(settings().conv.igemm_tile, "128x64");
-    EXPECT_EQ(igemm::parse_tile(settings().conv.igemm_tile), igemm::TileShape::t128x64);
-  }
-  ScopedEnv tile("FUSEBOX_CONV_IGEMM_TILE", "96x96");
-  try {
-    (void)settings();
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FUSEBOX_CONV_IGEMM_TILE='96x96'"), std::string::npos)
-        << e.what();
-  }
 }
 
 // Dense channels-last storage of a logical [N, C, S...] (or filter [K, C/g, R...]) tensor.

@@ -1,9 +1,9 @@
-// The patch weight gradient's planning without a GPU (kernels/conv/patch_wgrad/plan.h): what it
-// refuses and why, the row widths, the split into runs of output rows. test_implicit_gemm.cpp
-// (PatchWgradMatchesCpu) runs the kernel on an H100/H200.
+// The patch weight gradient's planning without a GPU (kernels/conv/engines/patch_wgrad/plan.h):
+// what it refuses and why, the row widths, the split into runs of output rows.
+// test_implicit_gemm.cpp (PatchWgradMatchesCpu) runs the kernel on an H100/H200.
 #include <gtest/gtest.h>
 
-#include "backends/cuda/kernels/conv/patch_wgrad/plan.h"
+#include "backends/cuda/kernels/conv/engines/patch_wgrad/plan.h"
 #include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {

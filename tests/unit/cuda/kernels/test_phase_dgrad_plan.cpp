@@ -1,9 +1,9 @@
-// The phase dgrad's planning without a GPU (kernels/conv/phase_dgrad/plan.h): what it refuses
-// and why, the lattice, its tiles and how the persistent CTAs share the channel blocks.
+// The phase dgrad's planning without a GPU (kernels/conv/engines/phase_dgrad/plan.h): what it
+// refuses and why, the lattice, its tiles and how the persistent CTAs share the channel blocks.
 // test_implicit_gemm.cpp (PhaseDgradMatchesCpu) runs the kernel on an H100/H200.
 #include <gtest/gtest.h>
 
-#include "backends/cuda/kernels/conv/phase_dgrad/plan.h"
+#include "backends/cuda/kernels/conv/engines/phase_dgrad/plan.h"
 #include "conv_geometry_2d.h"
 
 namespace fusebox::cuda::testing {

@@ -1,14 +1,15 @@
-// The space-to-depth lowering's geometry and index map (kernels/conv/space_to_depth.h), without
-// a GPU: the stem's wide problem, the refusals, and on random problems the identity itself --
-// the wide problem computes the convolution, its dgrad and its wgrad exactly (integer data),
-// the wide tensors built with phase_source and folded as its adjoint.
-// test_implicit_gemm.cpp's SpaceToDepthMatchesCpu runs the kernels on an H100/H200.
+// The space-to-depth lowering's geometry and index map
+// (kernels/conv/engines/space_to_depth/space_to_depth.h), without a GPU: the stem's wide problem,
+// the refusals, and on random problems the identity itself -- the wide problem computes the
+// convolution, its dgrad and its wgrad exactly (integer data), the wide tensors built with
+// phase_source and folded as its adjoint. test_implicit_gemm.cpp's SpaceToDepthMatchesCpu runs the
+// kernels on an H100/H200.
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
-#include "backends/cuda/kernels/conv/space_to_depth.h"
+#include "backends/cuda/kernels/conv/engines/space_to_depth/space_to_depth.h"
 #include "conv_geometry_2d.h"
 
 namespace fusebox::cuda {

@@ -1,6 +1,5 @@
-// The direct convolution kernels (kernels/conv/direct.cu): the test oracle, and the last resort
-// for what neither cuDNN nor the implicit GEMM (kernels/conv/implicit_gemm/) takes (f64, ...).
-// kernels/conv/conv.cpp dispatches.
+// The direct convolution kernels (kernels/conv/direct.cu): the test oracle, and the direct
+// engine's (engines/direct/engine.cpp), the last resort for what no other engine takes (f64, ...).
 //
 // The three entries take the ops' inputs and outputs as the kernels.h entries do, all
 // CONTIGUOUS (kernels/conv/conv.cpp copies strided views first). conv_epilogue

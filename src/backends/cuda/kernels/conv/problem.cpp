@@ -5,7 +5,9 @@
 #include <cstdio>
 
 #include "backends/common/conv_geometry.h"
+#include "backends/cuda/kernels/conv/engines.h"
 #include "backends/cuda/runtime/plan_cache.h"
+#include "backends/cuda/runtime/settings.h"
 
 namespace fusebox::cuda {
 
@@ -170,6 +172,8 @@ ConvSettings conv_settings() {
   ConvSettings s = settings().conv;
   const int override_value = g_autotune_override.load();
   if (override_value >= 0) s.autotune = override_value == 1;
+  if (std::optional<ConvEngineChoice> engine = conv_engine_override())
+    set_conv_engine(s, *engine, "set_conv_engine_override");
   return s;
 }
 

@@ -27,11 +27,14 @@
 #include <vector>
 
 #include "backends/cuda/kernels/conv/report.h"
-#include "backends/cuda/runtime/settings.h"
 #include "backends/cuda/runtime/tensor.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
+
+// runtime/settings.h; declared only, so that the kernels including this header (the sm_90a
+// ones among them) do not depend on the settings' definition.
+struct ConvSettings;
 
 enum class ConvOp : uint8_t { fprop, dgrad, wgrad };
 const char* conv_op_name(ConvOp op);  // "conv_fprop", "conv_dgrad", "conv_wgrad"

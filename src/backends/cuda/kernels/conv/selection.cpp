@@ -1,8 +1,11 @@
 // The cuDNN / own selection's cache and our kernels' timing (selection.h).
 //
-// Disk payload (inside DiskPlanCache's checked file): six text lines,
-//   "fusebox-conv-select 1", "own" or "cudnn", our time in ms, cuDNN's time in ms (-1: none),
-//   our plan, cuDNN's engine.
+// Disk payload (inside DiskPlanCache's checked file): eight text lines,
+//   "fusebox-conv-select 2", "own" or "cudnn", our time in ms, cuDNN's time in ms (-1: none),
+//   our plan, cuDNN's engine, our engine's name, "fused" or "unfused".
+// Version 1 (six lines, no engine) is read as it was meant: own_engine empty, the default
+// policy's engine (ConvSelection::own_engine). Any other version is refused with a warning and
+// timed again.
 #include "backends/cuda/kernels/conv/selection.h"
 
 #include <algorithm>
@@ -22,7 +25,8 @@ namespace fusebox::cuda {
 
 namespace {
 
-constexpr const char* kMagic = "fusebox-conv-select 1";
+constexpr const char* kMagic = "fusebox-conv-select 2";
+constexpr const char* kMagicV1 = "fusebox-conv-select 1";
 
 struct Selections {
   std::mutex mutex;
@@ -55,12 +59,19 @@ std::optional<double> parse_ms(const std::string& text) {
   return v;
 }
 
-std::optional<ConvSelection> decode(const std::vector<uint8_t>& bytes, std::string& why) {
+}  // namespace
+
+std::optional<ConvSelection> decode_conv_selection(const std::vector<uint8_t>& bytes,
+                                                   std::string& why) {
   std::istringstream in(std::string(bytes.begin(), bytes.end()));
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
-  if (lines.size() != 6 || lines[0] != kMagic) {
-    why = "not a selection payload";
+  const bool v1 = lines.size() == 6 && lines[0] == kMagicV1;
+  if (!v1 && (lines.size() != 8 || lines[0] != kMagic)) {
+    why = lines.empty() || lines[0].rfind("fusebox-conv-select ", 0) != 0
+              ? std::string("not a selection payload")
+              : cat("a '", lines[0], "' payload of ", lines.size(), " lines; this build reads '",
+                    kMagic, "' (8 lines) and '", kMagicV1, "' (6)");
     return std::nullopt;
   }
   ConvSelection s;
@@ -76,10 +87,18 @@ std::optional<ConvSelection> decode(const std::vector<uint8_t>& bytes, std::stri
   }
   s.own_ms = *own_ms, s.cudnn_ms = *cudnn_ms;
   s.own_plan = lines[4], s.cudnn_plan = lines[5];
+  if (!v1) {
+    if (lines[7] != "fused" && lines[7] != "unfused") {
+      why = cat("form '", lines[7], "'");
+      return std::nullopt;
+    }
+    s.own_engine = lines[6];
+    s.own_unfused = lines[7] == "unfused";
+  }
   return s;
 }
 
-std::string encode(const ConvSelection& s) {
+std::string encode_conv_selection(const ConvSelection& s) {
   char own[32], cudnn[32];
   std::snprintf(own, sizeof own, "%.6f", s.own_ms);
   std::snprintf(cudnn, sizeof cudnn, "%.6f", s.cudnn_ms);
@@ -88,10 +107,9 @@ std::string encode(const ConvSelection& s) {
     return t;
   };
   return cat(kMagic, "\n", s.own ? "own" : "cudnn", "\n", own, "\n", cudnn, "\n", flat(s.own_plan),
-             "\n", flat(s.cudnn_plan), "\n");
+             "\n", flat(s.cudnn_plan), "\n", flat(s.own_engine), "\n",
+             s.own_unfused ? "unfused" : "fused", "\n");
 }
-
-}  // namespace
 
 std::string ConvSelection::describe() const {
   auto ms = [](double v) {
@@ -99,8 +117,11 @@ std::string ConvSelection::describe() const {
     std::snprintf(text, sizeof text, "%.4f ms", v);
     return std::string(text);
   };
-  if (cudnn_ms < 0) return cat("autotuned: own ", ms(own_ms), "; cuDNN had no plan that ran");
-  const std::string mine = cat("own ", ms(own_ms), " (", own_plan, ")");
+  const std::string engine =
+      cat(own_engine.empty() ? "own" : own_engine, own_unfused ? " + epilogue kernel" : "");
+  if (cudnn_ms < 0)
+    return cat("autotuned: ", engine, " ", ms(own_ms), "; cuDNN had no plan that ran");
+  const std::string mine = cat(engine, " ", ms(own_ms), " (", own_plan, ")");
   const std::string theirs = cat("cuDNN ", ms(cudnn_ms), " (", cudnn_plan, ")");
   return own ? cat("autotuned: ", mine, " < ", theirs) : cat("autotuned: ", theirs, " <= ", mine);
 }
@@ -115,7 +136,7 @@ std::optional<ConvSelection> find_conv_selection(const ConvProblem& p) {
   const auto payload = disk->load(key);
   if (!payload) return std::nullopt;
   std::string why;
-  std::optional<ConvSelection> found = decode(*payload, why);
+  std::optional<ConvSelection> found = decode_conv_selection(*payload, why);
   if (!found) {
     plan_cache_warning(cat("conv selection cache entry in ", disk->dir().string(), " for ",
                            p.describe(), " is unusable (", why, "); timing both again"));
@@ -131,7 +152,7 @@ void store_conv_selection(const ConvProblem& p, const ConvSelection& sel) {
   const std::string key = conv_problem_key(p);
   s.memory[key] = sel;
   if (DiskPlanCache* disk = disk_cache(s, p.device)) {
-    const std::string bytes = encode(sel);
+    const std::string bytes = encode_conv_selection(sel);
     disk->store(key, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
                                               bytes.size()));
   }

@@ -1,0 +1,45 @@
+// The halo_wgrad engine: the 3x3 stride-1 weight gradient of kernels/conv/engines/halo_wgrad/ (x's
+// rows fetched once for all nine taps; compute capability 9.0). The default policy runs it where
+// halo_wgrad::preferred says (64 filters); forced, wherever it applies.
+#include "backends/cuda/kernels/conv/engines/engine_list.h"
+#include "backends/cuda/kernels/conv/engines/halo_wgrad/halo_wgrad.h"
+#include "backends/cuda/kernels/conv/kernel_operands.h"
+
+namespace fusebox::cuda {
+namespace {
+
+class HaloWgradEngine final : public ConvEngine {
+ public:
+  const char* name() const override { return "halo_wgrad"; }
+  bool implements(ConvOp op) const override { return op == ConvOp::wgrad; }
+
+  std::optional<std::string> cannot_implement(const ConvCall& call) const override {
+    if (auto why = variant_refusal(call.variant)) return why;
+    if (auto why = implicit_gemm_family_refusal(call)) return why;
+    return halo_wgrad::cannot_implement(call.geometry, call.dtype(), call.device.compute_capability,
+                                        kernel_operands_aligned(call));
+  }
+
+  ConvRecorded record(Context& ctx, const ConvCall& call,
+                      const ConvEnginePlan& plan) const override {
+    KernelOperands k(ctx, call);
+    const halo_wgrad::Plan p =
+        halo_wgrad::make_plan(call.geometry, call.dtype(), ctx.device.properties().sm_count);
+    const DeviceTensor partial =
+        temporary_tensor(ctx, DType::f32, {int64_t(p.partial_bytes / sizeof(float))});
+    halo_wgrad::record(ctx, p, call.geometry,
+                       {k.x->data(), k.y->data(), k.written->data(), partial.as<float>()},
+                       {k.x->range(), k.y->range()}, k.written->range(), partial.range());
+    k.finish(ctx);
+    return {.ran = true, .fused = plan.fused, .plan = p.describe()};
+  }
+};
+
+}  // namespace
+
+const ConvEngine& halo_wgrad_engine() {
+  static const HaloWgradEngine engine;
+  return engine;
+}
+
+}  // namespace fusebox::cuda
