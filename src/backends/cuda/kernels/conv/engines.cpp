@@ -26,8 +26,8 @@
 //     depthwise kernel; unfused, cuDNN's convolution would be followed by a pass over y that
 //     alone reads and writes more bytes than the depthwise kernel's whole pass.
 //  2. Elsewhere, where the depthwise kernels were measured faster than cuDNN's best engine on
-//     every shape (bf16, f16 runs the same loop; bench/results/2026-11-25_h100_session14.md,
-//     2026-11-28_h200_session19.md): dgrad at stride 1 (1.5-2.6x); fprop at stride 1 with a
+//     every shape (bf16, f16 runs the same loop; bench/results/2026-11-25_h100_session14/,
+//     2026-11-28_h200_session19/): dgrad at stride 1 (1.5-2.6x); fprop at stride 1 with a
 //     7-wide filter, or a 3-wide one on the ring kernel; 3-wide weight gradients on the ring
 //     kernel. f32 and other shapes: cuDNN (autotuning still times both).
 //
