@@ -48,12 +48,9 @@ report "a relative include climbs into src/ (include the public fusebox/... head
 below_train="src/core src/ir src/passes src/backends src/executable src/io src/frontends src/zoo
   include/fusebox/core include/fusebox/ir include/fusebox/passes include/fusebox/backends
   include/fusebox/runtime include/fusebox/io include/fusebox/frontends include/fusebox/zoo.h"
-# Known, to be removed (not new ones): the Communicator interface that the backends'
-# collectives and CompileOptions::communicator use lives in fusebox/dist; it belongs below them.
-dist_known='^(src/backends/cuda/runtime/nccl\.h|src/backends/cpu/collective\.cpp|include/fusebox/runtime/executable\.h):[0-9]+:#include "fusebox/dist/communicator\.h"$'
 # shellcheck disable=SC2086  # below_train is a list of paths
 report "fusebox/dist (the data-parallel launch) included below train" \
-  "$(grep -rnE '#include\s+[<"](fusebox/dist/|dist/)' $below_train | grep -vE "$dist_known")"
+  "$(grep -rnE '#include\s+[<"](fusebox/dist/|dist/)' $below_train)"
 top=$(find "$cuda" -maxdepth 1 -type f | sort)
 if [ "$(echo "$top" | grep -c .)" -gt 3 ]; then
   report "more than three files at the top of $cuda" "$top"

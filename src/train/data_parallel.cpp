@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox {

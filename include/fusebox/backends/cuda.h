@@ -1,9 +1,12 @@
-// The CUDA backend's answers about a graph that tools and reports ask for without running
-// it. (Running a graph on CUDA goes through Executable::compile, runtime/executable.h.)
+// The CUDA backend's public entry points besides the executable: the answers about a graph that
+// tools and reports ask for without running it, and the NCCL world of a data-parallel run.
+// (Running a graph on CUDA goes through Executable::compile, runtime/executable.h.)
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "fusebox/core/communicator.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cuda {
@@ -16,3 +19,14 @@ namespace fusebox::cuda {
 std::string describe_lowering(const Node& n);
 
 }  // namespace fusebox::cuda
+
+namespace fusebox::dist {
+
+// NCCL (CUDA backend): a new unique id (made by rank 0, shared through the store), and the
+// communicator of `rank` on `device` (this process's GPU: runtime's use_cuda_device) made
+// from it. Errors name the rank (NCCL not loadable, another version, a refusal).
+std::string nccl_unique_id();
+std::shared_ptr<Communicator> nccl_communicator(const std::string& unique_id, int rank,
+                                                int world_size, int device);
+
+}  // namespace fusebox::dist

@@ -63,7 +63,7 @@
 #include <variant>
 #include <vector>
 
-#include "fusebox/dist/communicator.h"
+#include "fusebox/core/communicator.h"
 #include "fusebox/ir/graph.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/runtime/executor.h"

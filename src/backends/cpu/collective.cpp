@@ -4,7 +4,7 @@
 // size for a mean, as an f32), rounded to its dtype. Without a world (a world of one) the sum
 // is the bucket itself, so the result is the input rounded through reduce_dtype; a world of
 // one rank still goes through its communicator.
-#include "fusebox/dist/communicator.h"
+#include "fusebox/core/communicator.h"
 #include "kernel_util.h"
 #include "kernels.h"
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/data_parallel.h"
 #include "train_test_util.h"

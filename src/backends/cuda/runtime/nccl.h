@@ -19,8 +19,8 @@
 #include <string>
 
 #include "backends/cuda/runtime/allocator.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/core/dtype.h"
-#include "fusebox/dist/communicator.h"
 
 namespace fusebox::cuda {
 
