@@ -24,6 +24,8 @@ const char* layout_role_name(LayoutRole r) {
       return "channelwise";
     case LayoutRole::pairwise:
       return "pairwise";
+    case LayoutRole::any_order:
+      return "any_order";
   }
   return "?";
 }
@@ -116,7 +118,7 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
     } else if (role == LayoutRole::pairwise) {
       for (size_t i = 0; i < n.inputs.size() && i < n.outputs.size(); ++i)
         groups.join(size_t(n.inputs[i]), size_t(n.outputs[i]));
-    } else if (role != LayoutRole::contiguous) {
+    } else if (role != LayoutRole::contiguous && role != LayoutRole::any_order) {
       const std::vector<ValueId> operands = ordered_operands(g, n, role);
       for (size_t i = 1; i < operands.size(); ++i)
         groups.join(size_t(operands[0]), size_t(operands[i]));
@@ -150,6 +152,7 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
       }
       continue;
     }
+    if (role == LayoutRole::any_order) continue;  // reads any strides, writes any order
     if (role == LayoutRole::contiguous) {
       readers_of_order = n.inputs;
     } else if (role == LayoutRole::convolution) {
@@ -182,14 +185,34 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
   for (ValueId v : g.outputs())
     if (plan.of(v) == MemoryFormat::channels_last)
       plan.conversions.push_back({-1, v, MemoryFormat::channels_last, MemoryFormat::contiguous});
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::transpose) continue;
+    const ValueId in = n.inputs[0], out = n.outputs[0];
+    if (transpose_keeps_bytes(g.value(in).type.shape, std::get<TransposeAttrs>(n.attrs).perm,
+                              plan.of(in), plan.of(out)))
+      ++plan.transpose_views;
+  }
   return plan;
+}
+
+bool transpose_keeps_bytes(const Shape& in_shape, const std::vector<int64_t>& perm,
+                           MemoryFormat from, MemoryFormat to) {
+  if (perm.size() != in_shape.size()) return false;
+  const Shape in_strides = strides_for(in_shape, from);
+  Shape shape(perm.size()), strides(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    if (perm[i] < 0 || perm[i] >= int64_t(perm.size())) return false;
+    shape[i] = in_shape[size_t(perm[i])];
+    strides[i] = in_strides[size_t(perm[i])];
+  }
+  return is_dense_in(shape, strides, to);
 }
 
 std::string LayoutPlan::describe(const Graph& g) const {
   std::ostringstream os;
   os << "layout: " << channels_last_values << " of " << format.size() << " values channels-last ("
      << loads_converted << " inputs/constants converted at load), " << conversions.size()
-     << " conversions\n";
+     << " conversions, " << transpose_views << " transposes copy nothing\n";
   for (const Conversion& c : conversions) {
     os << "  " << g.value(c.value).name << " " << shape_str(g.value(c.value).type.shape) << ": "
        << memory_format_name(c.from) << " -> " << memory_format_name(c.to) << " for "

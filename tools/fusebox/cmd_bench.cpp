@@ -240,7 +240,8 @@ int bench(const BenchArgs& args) {
             << "memory plan           arena " << mib(f.exe.arena_bytes) << " (unshared "
             << mib(f.exe.unshared_bytes) << "), inputs/outputs " << mib(f.exe.io_bytes)
             << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
-            << mib(f.exe.temporary_bytes) << "\n";
+            << mib(f.exe.temporary_bytes) << ", " << f.exe.views
+            << " views (reshapes, transposes: no copy)\n";
   if (train) std::cout << "final loss            " << fixed(f.final_loss, 4) << "\n";
 
   if (!args.json.empty()) {
@@ -265,7 +266,8 @@ int bench(const BenchArgs& args) {
                            {"io_bytes", f.exe.io_bytes},
                            {"constant_bytes", f.exe.constant_bytes},
                            {"workspace_bytes", f.exe.temporary_bytes},
-                           {"operations", f.exe.operations}});
+                           {"operations", f.exe.operations},
+                           {"views", f.exe.views}});
     if (train) j.set("final_loss", f.final_loss);
     if (f.times) j.set("time_by_node", time_report_json(*f.times));
     std::ofstream out(args.json);

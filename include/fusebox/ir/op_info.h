@@ -43,7 +43,16 @@ enum class OpFamily : uint8_t {
 
 // Which memory orders an op reads and writes; passes/layout.h explains the roles.
 // pairwise: input i and output i share an order (all_reduce: each pair is copied flat).
-enum class LayoutRole : uint8_t { contiguous, convolution, elementwise, channelwise, pairwise };
+// any_order: reads any strides and writes any order (transpose: a strided copy, or none where
+// its output's planned order is its input's bytes permuted).
+enum class LayoutRole : uint8_t {
+  contiguous,
+  convolution,
+  elementwise,
+  channelwise,
+  pairwise,
+  any_order
+};
 
 // Index of attribute struct A among Attrs' alternatives (0: std::monostate, no attributes).
 template <class A, size_t I = 0>
@@ -320,9 +329,13 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(flatten), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<FlattenAttrs>(), .attrs_defaultable = true},
     {FUSEBOX_OP_ROW(transpose), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<TransposeAttrs>(), .attrs_defaultable = true},
+     .roles = op_roles::kX, .attrs = attrs_index<TransposeAttrs>(), .attrs_defaultable = true,
+     .layout = LayoutRole::any_order},
+    // channelwise: a concatenation of channels-last convolution outputs is written
+    // channels-last, slab by slab, for the convolution that reads it (DenseNet).
     {FUSEBOX_OP_ROW(concat), .family = OpFamily::shape, .min_inputs = 1,
-     .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<ConcatAttrs>()},
+     .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<ConcatAttrs>(),
+     .layout = LayoutRole::channelwise, .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(slice), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<SliceAttrs>()},
     {FUSEBOX_OP_ROW(pad), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,

@@ -13,17 +13,23 @@
 // How values are chosen:
 //   1. Each op has a layout role (layout_role, from the op table in ir/op_info.h):
 //      `convolution` ops prefer channels-last and read their activations and filters in
-//      the output's order (an input written contiguous, by a pad or a concat, is
-//      converted: a conversion); `elementwise` and `channelwise` ops run in either order,
-//      with all their operands of the output's shape (elementwise) or rank (channelwise)
-//      in one order; `contiguous` ops need contiguous inputs and write contiguous outputs.
+//      the output's order (an input written contiguous, by a pad, is converted: a
+//      conversion); `elementwise` and `channelwise` ops (concat among them) run in either
+//      order, with all their operands of the output's shape (elementwise) or rank
+//      (channelwise) in one order; `any_order` ops (transpose) read any strides and write
+//      whichever order their output is given; `contiguous` ops need contiguous inputs and
+//      write contiguous outputs.
 //   2. Values are joined into groups through the elementwise and channelwise ops (the
 //      operands that must share an order). A group that holds an operand of a convolution
 //      is stored channels-last.
 //   3. A value is channels-last only when its group is, its rank is at least 3, the two
 //      orders differ for its shape (not C == 1 or all spatial extents 1), and its producer
-//      can write it so (a convolution, an elementwise or channelwise op, a graph input or
-//      a constant); otherwise contiguous. Every other value is contiguous.
+//      can write it so (a convolution, an elementwise, channelwise or any_order op, a graph
+//      input or a constant); otherwise contiguous. Every other value is contiguous.
+// A transpose whose output's order is its input's bytes permuted copies nothing: the
+// executable plans its output as a view of its input (cuda_executable.h). The permutes
+// around a channels-last convolution's layer norm (ConvNeXt, Swin: NCHW channels-last ->
+// NHWC contiguous, and back into a channels-last residual) are such views.
 // The plan only says what is fast; the CUDA dispatcher gives every op what it needs
 // whatever the layouts of its operands (cuda::run_node), so any plan computes the same.
 #pragma once
@@ -55,6 +61,7 @@ struct LayoutPlan {
   std::vector<Conversion> conversions;  // in node order, graph outputs last
   int64_t channels_last_values = 0;
   int64_t loads_converted = 0;  // graph inputs and constants stored channels-last
+  int64_t transpose_views = 0;  // transposes whose output is their input's bytes
 
   MemoryFormat of(ValueId v) const { return format.at(size_t(v)); }
   // One line per conversion and a summary line: for `fusebox inspect` and --report.
@@ -73,5 +80,12 @@ LayoutPolicy layout_policy_from_env();
 void reread_layout_policy();
 
 LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy = LayoutPolicy::channels_last_convs);
+
+// Whether transposing a dense `in_shape` stored in order `from` by `perm` gives a tensor
+// dense in order `to` (dims of extent 1 aside): then the transpose's output is its input's
+// bytes and nothing need be copied (NCHW channels-last -> NHWC contiguous by {0, 2, 3, 1},
+// NHWC contiguous -> NCHW channels-last by {0, 3, 1, 2}).
+bool transpose_keeps_bytes(const Shape& in_shape, const std::vector<int64_t>& perm,
+                           MemoryFormat from, MemoryFormat to);
 
 }  // namespace fusebox

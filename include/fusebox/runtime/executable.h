@@ -155,6 +155,7 @@ struct ExecutableStats {
   size_t io_bytes = 0;             // inputs (unbound) and outputs the executable owns
   size_t constant_bytes = 0;       // constants as uploaded (in their planned layouts)
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
+  size_t views = 0;                // reshapes and transposes that copy nothing
   size_t aliases_in_place = 0;     // aliased outputs computed in their input's buffer
   size_t aliases_copied = 0;       // ... copied there at the end of the step
   // CUDA, state aliased in place: runs whose state updates were not applied because a run

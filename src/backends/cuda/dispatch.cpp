@@ -99,6 +99,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //    conversion it would have been);
 //  - pairwise ops (all_reduce) take every pair as it is: the kernels copy an input that is not
 //    in its output's order into that order;
+//  - any_order ops (transpose) copy from any strides into any order, or nothing where the
+//    executable planned the output as the input's bytes;
 //  - otherwise, and whenever the outputs are in neither order: strided inputs are made
 //    contiguous (unless the op takes strides), outputs that are not contiguous are computed
 //    into contiguous temporaries and copied into place.
@@ -275,6 +277,8 @@ void run_node(Context& ctx, const Node& n, Inputs in, Outputs out) {
       break;
     case LayoutRole::pairwise:
       return run_contiguous(ctx, n, in, out);  // the kernels take each pair as it is
+    case LayoutRole::any_order:
+      return run_contiguous(ctx, n, in, out);  // a strided copy between any two orders
     case LayoutRole::contiguous:
       break;
   }

@@ -92,17 +92,24 @@ void CudaExecutable::plan_memory_and_buffers() {
     converted_in_arena[size_t(v)] = true;
     bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
   }
-  // A reshape between two contiguous arena values is a view: its output shares its
-  // input's bytes and the node copies nothing (copy_reshape sees one address).
+  // Views: a reshape between two contiguous arena values, and a transpose whose output's
+  // planned order is its input's bytes permuted (passes/layout.h), share their input's
+  // bytes; the node copies nothing (copy_reshape and transpose see one address).
   same_bytes_.assign(values, kNoValue);
   for (const Node& n : graph_.nodes()) {
-    if (!is_reshape_family(n.op)) continue;
+    if (!is_reshape_family(n.op) && n.op != OpKind::transpose) continue;
     const ValueId in = n.inputs[0], out = n.outputs[0];
     if (bytes[size_t(in)] == 0 || bytes[size_t(out)] != bytes[size_t(in)] ||
-        converted_in_arena[size_t(in)] || layout_.of(in) != MemoryFormat::contiguous ||
-        layout_.of(out) != MemoryFormat::contiguous)
+        converted_in_arena[size_t(in)])
+      continue;
+    if (n.op == OpKind::transpose ? !transpose_keeps_bytes(graph_.value(in).type.shape,
+                                                           std::get<TransposeAttrs>(n.attrs).perm,
+                                                           layout_.of(in), layout_.of(out))
+                                  : layout_.of(in) != MemoryFormat::contiguous ||
+                                        layout_.of(out) != MemoryFormat::contiguous)
       continue;
     same_bytes_[size_t(out)] = in;
+    ++stats_.views;
   }
   const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
   offsets_ = plan.offset;

@@ -231,5 +231,71 @@ TEST(LayoutPass, TrainingGraphStaysChannelsLast) {
   }
 }
 
+// ConvNeXt's block: a depthwise convolution, a permute to NHWC for the layer norm and the
+// linear layers, a permute back and a residual add. Both permutes are the input's bytes:
+// the first reads the convolution's channels-last output as NHWC contiguous, the second
+// writes the residual's channels-last order from NHWC contiguous; nothing is converted.
+TEST(LayoutPass, ConvNextPermutesCopyNothing) {
+  Graph g("convnext_block");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 8, 6, 6});
+  ValueId d = b.conv(x, param(g, "dw", {8, 1, 3, 3}, 1), param(g, "dw.b", {8}, 2),
+                     ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}, .groups = 8});
+  ValueId nhwc = b.transpose(d, {0, 2, 3, 1});
+  ValueId ln = b.layer_norm(nhwc, param(g, "ln.s", {8}, 3), param(g, "ln.b", {8}, 4));
+  ValueId h = b.gelu(b.matmul(ln, param(g, "fc1", {8, 32}, 5)));
+  ValueId o = b.matmul(h, param(g, "fc2", {32, 8}, 6));
+  ValueId nchw = b.transpose(o, {0, 3, 1, 2});
+  ValueId scaled = b.mul(nchw, param(g, "gamma", {8, 1, 1}, 7));
+  ValueId sum = b.add(scaled, x);
+  ValueId next = b.conv(sum, param(g, "w2", {8, 8, 1, 1}, 8));
+  g.mark_output(next);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(d), kCL);
+  EXPECT_EQ(plan.of(nhwc), kContig);
+  EXPECT_EQ(plan.of(o), kContig);
+  EXPECT_EQ(plan.of(nchw), kCL);  // a transpose writes the order its readers' group has
+  EXPECT_EQ(plan.of(sum), kCL);
+  EXPECT_EQ(plan.transpose_views, 2) << plan.describe(g);
+  for (const LayoutPlan::Conversion& c : plan.conversions)
+    EXPECT_EQ(c.node, -1) << "conversion inside the block: " << plan.describe(g);
+  EXPECT_NE(plan.describe(g).find("2 transposes copy nothing"), std::string::npos)
+      << plan.describe(g);
+}
+
+// Which transposes are their input's bytes, by order.
+TEST(LayoutPass, TransposeKeepsBytes) {
+  const Shape nchw{2, 8, 6, 5}, nhwc{2, 6, 5, 8};
+  EXPECT_TRUE(transpose_keeps_bytes(nchw, {0, 2, 3, 1}, kCL, kContig));
+  EXPECT_FALSE(transpose_keeps_bytes(nchw, {0, 2, 3, 1}, kContig, kContig));
+  EXPECT_FALSE(transpose_keeps_bytes(nchw, {0, 2, 3, 1}, kCL, kCL));
+  EXPECT_TRUE(transpose_keeps_bytes(nhwc, {0, 3, 1, 2}, kContig, kCL));
+  EXPECT_FALSE(transpose_keeps_bytes(nhwc, {0, 3, 1, 2}, kCL, kCL));
+  EXPECT_TRUE(transpose_keeps_bytes(nchw, {0, 1, 2, 3}, kContig, kContig));
+  // Dims of extent 1 move freely: [N, 1, L] -> [N, L, 1].
+  EXPECT_TRUE(transpose_keeps_bytes({4, 1, 9}, {0, 2, 1}, kContig, kContig));
+  EXPECT_FALSE(transpose_keeps_bytes({4, 3, 9}, {0, 2, 1}, kContig, kContig));
+  EXPECT_FALSE(transpose_keeps_bytes(nchw, {0, 2, 3}, kCL, kContig));  // malformed perm
+  EXPECT_FALSE(transpose_keeps_bytes(nchw, {0, 2, 3, 4}, kCL, kContig));
+}
+
+// DenseNet: the concatenation of channels-last convolution outputs is written channels-last
+// for the convolution that reads it (no conversion on either side of the concat).
+TEST(LayoutPass, ConcatOfConvolutionsIsChannelsLast) {
+  Graph g("dense_block");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 4, 6, 6});
+  ValueId c1 = b.conv(x, param(g, "w1", {4, 4, 3, 3}, 1), kNoValue,
+                      ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}});
+  ValueId cat = b.concat({x, c1}, 1);
+  ValueId c2 = b.conv(b.relu(cat), param(g, "w2", {4, 8, 1, 1}, 2));
+  g.mark_output(c2);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(cat), kCL);
+  EXPECT_EQ(plan.of(c1), kCL);
+  for (const LayoutPlan::Conversion& c : plan.conversions)
+    EXPECT_EQ(c.node, -1) << plan.describe(g);
+}
+
 }  // namespace
 }  // namespace fusebox::testing

@@ -40,14 +40,15 @@ std::string describe_lowering(const Node& n) {
     case OpKind::gemm: {
       const auto& a = std::get<GemmAttrs>(n.attrs);
       parts.push_back("gemm");
-      if (has_input(n, 2) && a.beta != 0.0) parts.push_back("bias");
+      const bool bias = has_input(n, 2) && a.beta != 0.0;
+      if (bias) parts.push_back("bias");
       if (a.activation) parts.push_back(activation_name(a.activation.kind));
-      return "cuBLASLt " + join_ops(parts) +
-             (a.activation ? (a.activation.kind == Activation::relu ||
-                                      a.activation.kind == Activation::gelu_tanh
-                                  ? " (epilogue)"
-                                  : " + activation kernel")
-                           : "");
+      // matmul.cpp: a [N] bias with beta 1 and relu / gelu_tanh are cuBLASLt epilogues
+      // (where it has an algorithm and the bias is 16-byte aligned); other activations a pass.
+      const bool activation_in_epilogue =
+          a.activation.kind == Activation::relu || a.activation.kind == Activation::gelu_tanh;
+      return "cuBLASLt " + join_ops(parts) + (bias || activation_in_epilogue ? " (epilogue)" : "") +
+             (a.activation && !activation_in_epilogue ? " + activation kernel" : "");
     }
     case OpKind::fused_pointwise:
       return cat("generated kernel (", std::get<PointwiseProgram>(n.attrs).instrs.size(), " ops, ",

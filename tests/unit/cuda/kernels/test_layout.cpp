@@ -2,10 +2,12 @@
 // the layouts of its operands (dispatch.cpp), and whole graphs run with the layout plan
 // match the CPU and the all-contiguous plan: a ResNet-like block (inference) and its
 // training graph (autodiff: conv backward ops, batch-norm and pool backward, elementwise
-// gradients).
+// gradients), ConvNeXt's block (its permutes compiled as views of their inputs) and a
+// DenseNet-like concatenation written channels-last.
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/layout.h"
+#include "fusebox/runtime/executable.h"
 #include "fusebox/runtime/executor.h"
 #include "gpu_vs_cpu.h"
 
@@ -262,6 +264,93 @@ TEST(CudaLayout, TrainingGradientsMatchCpu) {
   EXPECT_EQ(plan.of(r.of(w1)), MemoryFormat::channels_last) << plan.describe(g);
   const NamedTensors got = run_graph(g, feeds, {.device = fusebox::Device::cuda});
   for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 2e-4, 2e-5)) << name;
+}
+
+// ConvNeXt's block: depthwise conv -> permute to NHWC -> layer norm -> linear -> GELU ->
+// linear -> permute back -> layer scale -> + residual -> conv. Both permutes are compiled as
+// views of their inputs (no copy; poisoned outputs elsewhere), and the block and its
+// gradients match the CPU.
+Graph convnext_block(bool with_gradients) {
+  Graph g("layout_convnext");
+  Builder b(g);
+  auto param = [&](const std::string& name, Shape shape, uint64_t seed, double lo = -0.3,
+                   double hi = 0.3) {
+    return g.add_constant(name, random_tensor(DType::f32, shape, seed, lo, hi));
+  };
+  ValueId x = g.add_input("x", DType::f32, {2, 16, 7, 7});
+  ValueId dw = g.add_input("dw", DType::f32, {16, 1, 7, 7});
+  ValueId d = b.conv(x, dw, param("dw.b", {16}, 2),
+                     ConvAttrs{.pads_begin = {3, 3}, .pads_end = {3, 3}, .groups = 16});
+  ValueId ln = b.layer_norm(b.transpose(d, {0, 2, 3, 1}), param("ln.s", {16}, 3, 0.5, 1.5),
+                            param("ln.b", {16}, 4));
+  ValueId fc1 = g.add_input("fc1", DType::f32, {16, 64});
+  ValueId h = b.gelu(b.matmul(ln, fc1));
+  ValueId o = b.matmul(h, param("fc2", {64, 16}, 6));
+  ValueId sum = b.add(b.mul(b.transpose(o, {0, 3, 1, 2}), param("gamma", {16, 1, 1}, 7)), x);
+  ValueId y = b.conv(sum, param("w2", {8, 16, 1, 1}, 8));
+  g.mark_output(y);
+  if (with_gradients) {
+    ValueId loss = b.reduce_mean(b.mul(y, y), {}, false);
+    g.mark_output(loss);
+    GradResult r = grad(g, loss, {dw, fc1, x});
+    for (ValueId v : {dw, fc1, x}) g.mark_output(r.of(v));
+  }
+  return g;
+}
+
+TEST(CudaLayout, ConvNextPermutesAreViewsAndMatchCpu) {
+  FUSEBOX_REQUIRE_GPU();
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
+  ScopedEnv layout("FUSEBOX_LAYOUT", "auto");
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 16, 7, 7}, 1)},
+                           {"dw", random_tensor(DType::f32, {16, 1, 7, 7}, 2, -0.2, 0.2)},
+                           {"fc1", random_tensor(DType::f32, {16, 64}, 3, -0.3, 0.3)}};
+  for (bool with_gradients : {false, true}) {
+    const Graph g = convnext_block(with_gradients);
+    EXPECT_GE(plan_layouts(g).transpose_views, 2) << plan_layouts(g).describe(g);
+    const NamedTensors want = run_graph(g, feeds);
+    auto exe = Executable::compile(g, {.device = fusebox::Device::cuda, .poison = true});
+    EXPECT_GE(exe->stats().views, 2u) << "gradients " << with_gradients;
+    for (int run = 0; run < 2; ++run) {  // the second replays the recorded step
+      const NamedTensors got = exe->run(feeds);
+      for (const auto& [name, t] : want)
+        EXPECT_TRUE(all_close(got.at(name), t, 2e-4, 2e-5))
+            << name << " (gradients " << with_gradients << ", run " << run << ")";
+    }
+  }
+}
+
+// A DenseNet-like block: concatenations of channels-last convolution outputs, each read by
+// batch norm, ReLU and a convolution; written channels-last, slab by slab.
+TEST(CudaLayout, ConcatOfConvolutionsMatchesCpu) {
+  FUSEBOX_REQUIRE_GPU();
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
+  ScopedEnv layout("FUSEBOX_LAYOUT", "auto");
+  Graph g("layout_dense");
+  Builder b(g);
+  auto param = [&](const std::string& name, Shape shape, uint64_t seed, double lo = -0.3,
+                   double hi = 0.3) {
+    return g.add_constant(name, random_tensor(DType::f32, shape, seed, lo, hi));
+  };
+  ValueId features = g.add_input("x", DType::f32, {2, 8, 9, 9});
+  for (int layer = 0; layer < 3; ++layer) {
+    const int64_t c = 8 + 4 * layer;
+    const std::string p = "l" + std::to_string(layer);
+    ValueId h = b.relu(b.batch_norm(features, param(p + ".s", {c}, 10 + layer, 0.5, 1.5),
+                                    param(p + ".b", {c}, 20 + layer), param(p + ".m", {c}, 30),
+                                    param(p + ".v", {c}, 40, 0.5, 1.5)));
+    h = b.conv(h, param(p + ".w", {4, c, 3, 3}, 50 + layer, -0.2, 0.2), kNoValue,
+               ConvAttrs{.pads_begin = {1, 1}, .pads_end = {1, 1}});
+    features = b.concat({features, h}, 1);
+  }
+  g.mark_output(features);
+  const LayoutPlan plan = plan_layouts(g);
+  EXPECT_EQ(plan.of(features), MemoryFormat::channels_last) << plan.describe(g);
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 8, 9, 9}, 5)}};
+  const NamedTensors want = run_graph(g, feeds);
+  auto exe = Executable::compile(g, {.device = fusebox::Device::cuda, .poison = true});
+  const NamedTensors got = exe->run(feeds);
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 1e-4, 1e-5)) << name;
 }
 
 }  // namespace

@@ -180,6 +180,44 @@ TEST_F(MatmulTest, GemmActivationsMatchCpu) {
   }
 }
 
+// A linear layer's bias ([N], beta 1) is cuBLASLt's BIAS epilogue (with RELU or GELU where
+// gemm has that activation; the others after it): ViT-sized and odd problems, every float
+// dtype but f64, each activation. A bias one element into its buffer (not 16-byte aligned)
+// takes the copy-then-accumulate path and must give the same.
+TEST_F(MatmulTest, GemmBiasEpilogueMatchesCpu) {
+  OpHarness h;
+  const FusedActivation activations[] = {
+      {Activation::none}, {Activation::relu}, {Activation::gelu_tanh}, {Activation::gelu}};
+  struct Size {
+    int64_t m, n, k;
+  };
+  const Size sizes[] = {{256, 768, 768}, {197, 72, 40}, {3, 8, 5}};
+  uint64_t seed = 900;
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    for (const FusedActivation& act : activations) {
+      for (const Size& z : sizes) {
+        for (bool aligned : {true, false}) {
+          SCOPED_TRACE(cat(dtype_name(t), " ", activation_name(act.kind), " m ", z.m, " n ", z.n,
+                           " k ", z.k, aligned ? " aligned" : " bias one element in"));
+          GemmAttrs attrs{false, true, 1.0, 1.0};
+          attrs.activation = act;
+          Tensor a = random_tensor(t, {z.m, z.k}, seed++, -2, 2);
+          Tensor b = random_tensor(t, {z.n, z.k}, seed++);  // nn.Linear's [out, in]
+          Tensor base = random_tensor(t, {1 + z.n}, seed++);
+          Tensor bias = gather(base, {z.n}, {1}, aligned ? 0 : 1);
+          const BuiltNode built = build_node(OpKind::gemm, attrs, {a, b, bias});
+          DeviceTensor da = h.upload(a), db = h.upload(b);
+          DeviceTensor dc = aligned ? h.upload(bias) : h.view(base, {z.n}, {1}, 1);
+          const std::vector<Tensor> got = h.run_device(&gemm, built, {&da, &db, &dc});
+          const std::vector<Tensor> want = run_op(OpKind::gemm, attrs, {a, b, bias});
+          const double tol = t == DType::f32 ? 1e-5 : matmul_tolerance(t);
+          EXPECT_TRUE(close_in_norm(got[0], want[0], tol));
+        }
+      }
+    }
+  }
+}
+
 TEST_F(MatmulTest, RepeatedShapesReuseThePlanAndStayCorrect) {
   OpHarness h;
   for (int step = 0; step < 3; ++step) {

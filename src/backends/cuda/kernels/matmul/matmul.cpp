@@ -15,8 +15,12 @@
 // takes a batch stride of 0 for a broadcast operand) and any outer dims a loop of calls
 // inside one captured library call. When b has no batch and a is contiguous, the batch
 // folds into M: one plain GEMM of [batch * M, K] x [K, N].
-// gemm: y = alpha * op(A) op(B) + beta * C. C (broadcast to [M, N]) is first copied into
-// y (copy_strided), then the product is accumulated onto y with beta.
+// gemm: y = alpha * op(A) op(B) + beta * C. A bias (C a contiguous vector over y's columns,
+// [N] or [1, N], beta 1; a linear layer's) is cuBLASLt's BIAS epilogue (with RELU or GELU
+// where gemm has that activation), added in f32 before the store: y is written once. Any
+// other C (broadcast to [M, N]) is first copied into y (copy_strided), then the product is
+// accumulated onto y with beta; so is a bias where cuBLASLt has no algorithm with the epilogue
+// or the vector is not 16-byte aligned.
 // K = 0: the product is empty: matmul writes zeros; gemm runs a K = 1 product of zeros so
 // that y = beta * C still holds.
 // gemm's fused activation (GemmAttrs::activation): relu and gelu (tanh form; not in f64) as
@@ -60,8 +64,22 @@ struct GemmProblem {
   int64_t lda = 0, ldb = 0, ldy = 0;  // row strides of the stored matrices
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_y = 0;
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // RELU or GELU: gemm's activation
+  // RELU or GELU: gemm's activation; BIAS, RELU_BIAS or GELU_BIAS with a bias vector.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
 };
+
+// The epilogue that also adds a bias vector (per column of the row-major y: per row of
+// cuBLASLt's column-major [N, M] result, as its BIAS epilogues add).
+cublasLtEpilogue_t with_bias(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_RELU:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case CUBLASLT_EPILOGUE_GELU:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
+    default:
+      return CUBLASLT_EPILOGUE_BIAS;
+  }
+}
 
 // The cuBLASLt epilogue computing `a` in `dtype`, or DEFAULT where it has none. Its GELU is
 // not f64-accurate (1e-10 off the formula on an H100, 2026-11-24): f64 takes the pass.
@@ -89,6 +107,9 @@ struct Plan {
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
   bool scale_is_double = false;
+  // A BIAS epilogue's vector is an attribute of the (shared) descriptor: set and used under
+  // this lock, so that two recordings of the same plan cannot swap vectors.
+  std::mutex bias_mutex;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -238,15 +259,12 @@ struct GemmOperands {
   std::vector<std::array<int64_t, 3>> offsets = {{0, 0, 0}};
 };
 
-// Records the GEMMs (one per offset triple) as one library call. Returns whether p's
-// epilogue ran in it: where cuBLASLt has no algorithm with it, the GEMM runs without (the
-// caller applies the activation).
-bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
-                 double alpha, double beta, const BufferList& reads) {
+// The alignments cuBLASLt may assume of the operands (a, b, y) of every call in `ops`.
+std::array<uint32_t, 3> operand_alignments(const GemmProblem& p, const GemmOperands& ops) {
   const size_t elem = dtype_size(p.dtype);
   const char* pa = static_cast<const char*>(ops.a->data());
   const char* pb = static_cast<const char*>(ops.b->data());
-  char* py = static_cast<char*>(ops.y->data());
+  const char* py = static_cast<const char*>(ops.y->data());
   std::array<uint32_t, 3> align = {alignment(pa, p.lda, p.stride_a, elem),
                                    alignment(pb, p.ldb, p.stride_b, elem),
                                    alignment(py, p.ldy, p.stride_y, elem)};
@@ -255,6 +273,63 @@ bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
     align[1] = std::min(align[1], alignment(pb + off[1] * int64_t(elem), 0, 0, elem));
     align[2] = std::min(align[2], alignment(py + off[2] * int64_t(elem), 0, 0, elem));
   }
+  return align;
+}
+
+// Captures `plan`'s GEMMs (one per offset) as one library call; `bias`: the BIAS epilogue's
+// vector (the plan has one) or null.
+void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProblem& p,
+                 const GemmOperands& ops, const std::vector<std::array<int64_t, 3>>& offsets,
+                 double alpha, double beta, const BufferList& reads, const void* bias) {
+  const size_t elem = dtype_size(p.dtype);
+  const char* pa = static_cast<const char*>(ops.a->data());
+  const char* pb = static_cast<const char*>(ops.b->data());
+  char* py = static_cast<char*>(ops.y->data());
+  const size_t workspace_bytes = plan->heuristic.workspaceSize;
+  const BufferRange workspace = ctx.encoder.scratch(ctx.allocator, workspace_bytes);
+  BufferList writes = {ops.y->range()};
+  if (workspace_bytes > 0) writes.push_back(workspace);
+  cublasLtHandle_t handle = ctx.device.cublaslt_handle();  // created before the capture
+  const float alpha_f = float(alpha), beta_f = float(beta);
+  const void* alpha_p = plan->scale_is_double ? static_cast<const void*>(&alpha) : &alpha_f;
+  const void* beta_p = plan->scale_is_double ? static_cast<const void*>(&beta) : &beta_f;
+  std::unique_lock<std::mutex> bias_lock(plan->bias_mutex, std::defer_lock);
+  if (bias != nullptr) {
+    bias_lock.lock();
+    FUSEBOX_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
+  ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t stream) {
+    for (const auto& off : offsets) {
+      void* y = py + off[2] * int64_t(elem);
+      FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem),
+                                          plan->first, pa + off[0] * int64_t(elem), plan->second,
+                                          beta_p, y, plan->out, y, plan->out, &plan->heuristic.algo,
+                                          workspace.data(), workspace_bytes, stream));
+    }
+  });
+  ctx.encoder.keep_alive(plan);
+}
+
+// Records y = alpha * op(A) op(B) + bias (a vector over y's columns, p.epilogue one of the
+// BIAS epilogues) as one cuBLASLt call. False, recording nothing, where cuBLASLt has no
+// algorithm for it.
+bool record_gemm_with_bias(Context& ctx, const GemmProblem& p, const GemmOperands& ops,
+                           double alpha, const DeviceTensor& bias, BufferList reads) {
+  const std::shared_ptr<Plan> plan = find_plan(ctx.device, p, operand_alignments(p, ops));
+  if (!plan) return false;
+  reads.push_back(bias.range());
+  record_plan(ctx, plan, p, ops, ops.offsets, alpha, 0.0, reads, bias.data());
+  return true;
+}
+
+// Records the GEMMs (one per offset triple) as one library call. Returns whether p's
+// epilogue ran in it: where cuBLASLt has no algorithm with it, the GEMM runs without (the
+// caller applies the activation).
+bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
+                 double alpha, double beta, const BufferList& reads) {
+  const size_t elem = dtype_size(p.dtype);
+  std::array<uint32_t, 3> align = operand_alignments(p, ops);
   std::vector<std::array<int64_t, 3>> offsets = ops.offsets;
   std::shared_ptr<Plan> plan = find_plan(ctx.device, p, align);
   if (!plan && p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
@@ -277,26 +352,19 @@ bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const Ge
   }
   FUSEBOX_CHECK(plan != nullptr, where, "cuBLASLt has no algorithm for a ", dtype_name(p.dtype),
                 " GEMM of M ", p.m, ", N ", p.n, ", K ", p.k, " (batch ", p.batch, ")");
-
-  const size_t workspace_bytes = plan->heuristic.workspaceSize;
-  const BufferRange workspace = ctx.encoder.scratch(ctx.allocator, workspace_bytes);
-  BufferList writes = {ops.y->range()};
-  if (workspace_bytes > 0) writes.push_back(workspace);
-  cublasLtHandle_t handle = ctx.device.cublaslt_handle();  // created before the capture
-  const float alpha_f = float(alpha), beta_f = float(beta);
-  const void* alpha_p = plan->scale_is_double ? static_cast<const void*>(&alpha) : &alpha_f;
-  const void* beta_p = plan->scale_is_double ? static_cast<const void*>(&beta) : &beta_f;
-  ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t stream) {
-    for (const auto& off : offsets) {
-      void* y = py + off[2] * int64_t(elem);
-      FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem),
-                                          plan->first, pa + off[0] * int64_t(elem), plan->second,
-                                          beta_p, y, plan->out, y, plan->out, &plan->heuristic.algo,
-                                          workspace.data(), workspace_bytes, stream));
-    }
-  });
-  ctx.encoder.keep_alive(plan);
+  record_plan(ctx, plan, p, ops, offsets, alpha, beta, reads, nullptr);
   return p.epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// C as a linear layer's bias: a dense vector over y's `cols` columns ([N] or [1, N]),
+// added with beta 1, 16-byte aligned (cuBLASLt's epilogue reads it in vectors), not f64;
+// null otherwise.
+const DeviceTensor* bias_vector(const DeviceTensor* c, const GemmAttrs& attrs, int64_t cols) {
+  if (c == nullptr || attrs.beta != 1.0 || c->dtype == DType::f64 || c->numel() != cols ||
+      c->shape.empty() || c->shape.back() != cols || c->strides.back() != 1 ||
+      reinterpret_cast<uintptr_t>(c->data()) % 16 != 0)
+    return nullptr;
+  return c;
 }
 
 void check_float(const std::string& where, DType t) {
@@ -436,17 +504,6 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
     if (attrs.activation && !epilogue_ran)
       conv_epilogue(ctx, n, ConvEpilogueOperands{.activation = attrs.activation}, y);
   };
-  if (add_c) {
-    DeviceTensor broadcast = *c;
-    broadcast.shape = {m, cols};
-    broadcast.strides = Shape(2, 0);
-    const Shape own = c->strides;
-    for (size_t d = 0; d < c->shape.size(); ++d) {
-      const size_t to = 2 - c->shape.size() + d;
-      broadcast.strides[to] = c->shape[d] == 1 ? 0 : own[d];
-    }
-    copy_strided(ctx, broadcast, y);
-  }
   GemmProblem p;
   p.dtype = a.dtype;
   p.trans_a = attrs.trans_a;
@@ -458,6 +515,26 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   p.ldb = b.shape[1];
   p.ldy = cols;
   p.epilogue = cublaslt_epilogue(attrs.activation, a.dtype);
+  if (const DeviceTensor* bias = k > 0 ? bias_vector(c, attrs, cols) : nullptr) {
+    GemmProblem pb = p;
+    pb.epilogue = with_bias(p.epilogue);
+    if (record_gemm_with_bias(ctx, pb, GemmOperands{&a, &b, &y}, attrs.alpha, *bias,
+                              {a.range(), b.range()})) {
+      finish(p.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
+      return;
+    }
+  }
+  if (add_c) {
+    DeviceTensor broadcast = *c;
+    broadcast.shape = {m, cols};
+    broadcast.strides = Shape(2, 0);
+    const Shape own = c->strides;
+    for (size_t d = 0; d < c->shape.size(); ++d) {
+      const size_t to = 2 - c->shape.size() + d;
+      broadcast.strides[to] = c->shape[d] == 1 ? 0 : own[d];
+    }
+    copy_strided(ctx, broadcast, y);
+  }
   BufferList reads = {a.range(), b.range()};
   if (add_c) reads.push_back(y.range());
   if (k > 0) {

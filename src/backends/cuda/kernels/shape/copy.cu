@@ -209,7 +209,8 @@ void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out) {
   ctx.encoder.memcpy(y.range(), x.range());
 }
 
-// y = x viewed with permuted strides: y's dim i walks x's dim perm[i].
+// y = x viewed with permuted strides: y's dim i walks x's dim perm[i]; nothing to do where
+// the executable planned y as that very view (x's bytes in y's order: passes/layout.h).
 void transpose(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& perm = std::get<TransposeAttrs>(n.attrs).perm;
   const DeviceTensor& x = *in[0];
@@ -220,7 +221,12 @@ void transpose(Context& ctx, const Node& n, Inputs in, Outputs out) {
     shape[i] = x.shape[size_t(perm[i])];
     strides[i] = x.strides[size_t(perm[i])];
   }
-  copy_views(ctx, n, x.view(x.offset, std::move(shape), std::move(strides)), out[0]);
+  const DeviceTensor& y = out[0];
+  bool view = x.data() == y.data();
+  for (size_t i = 0; i < shape.size() && view; ++i)
+    view = shape[i] == 1 || strides[i] == y.strides[i];
+  if (view) return;
+  copy_views(ctx, n, x.view(x.offset, std::move(shape), std::move(strides)), y);
 }
 
 // Each input is copied into its slab of y: y's strides, offset along `axis`. The slabs are
