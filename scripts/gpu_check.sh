@@ -132,6 +132,22 @@ fi
 fi
 
 # The device tool brings back only a few files: merge the JSONs into one, drop the arrays.
+if [[ " $parts " == *" suite "* ]]; then
+echo "== model suite (bench/suite: fusebox vs PyTorch eager, CUDA graph, torch.compile)"
+# GPU_CHECK_SUITE_MODE infer|train|both (default infer), GPU_CHECK_SUITE_MODELS a,b,...
+# (default all, in models.py's order), GPU_CHECK_SUITE_LIMIT seconds after which no new
+# model starts (default 480: a call's limit is 600 s). The suite's folder stays in the tree
+# (out/suite: a later call on the warm machine continues it, --resume); its table, JSON and
+# logs come back as one suite.tgz (the device tool returns a few files only).
+suite_dir=${GPU_CHECK_SUITE_DIR:-out/suite}
+bench/suite/run.sh --fusebox build/gpu/tools/fusebox --out "$suite_dir" --resume \
+  --mode "${GPU_CHECK_SUITE_MODE:-infer}" --time-limit "${GPU_CHECK_SUITE_LIMIT:-480}" \
+  ${GPU_CHECK_SUITE_MODELS:+--models "$GPU_CHECK_SUITE_MODELS"} 2>&1 | grep -v '^|' | tail -30 || status=1
+grep '^|' "$suite_dir/suite.md" || true
+tar czf "$out/suite.tgz" --exclude='*.onnx' --exclude='work' -C "$(dirname "$suite_dir")" \
+  "$(basename "$suite_dir")" || status=1
+fi
+
 python3 - "$out" <<'PY' || status=1
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])

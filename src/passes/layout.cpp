@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <numeric>
 #include <sstream>
 
 #include "fusebox/core/error.h"
+#include "fusebox/ir/op_groups.h"
 
 namespace fusebox {
 
@@ -193,6 +195,88 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy) {
       ++plan.transpose_views;
   }
   return plan;
+}
+
+namespace {
+
+size_t value_bytes(const Graph& g, ValueId v) {
+  const TensorType& t = g.value(v).type;
+  return size_t(numel(t.shape)) * dtype_size(t.dtype);
+}
+
+// Why node `n` copies, or "" where it is a view (or no data-movement op).
+std::string copy_reason(const Graph& g, const LayoutPlan& plan, const Node& n) {
+  if (n.inputs.empty() || n.outputs.empty() || n.inputs[0] == kNoValue) return "";
+  const ValueId in = n.inputs[0], out = n.outputs[0];
+  const char* from = memory_format_name(plan.of(in));
+  const char* to = memory_format_name(plan.of(out));
+  if (is_reshape_family(n.op)) {
+    if (plan.of(in) == MemoryFormat::contiguous && plan.of(out) == MemoryFormat::contiguous)
+      return "";
+    return cat("reshapes view contiguous bytes only (input ", from, ", output ", to, ")");
+  }
+  switch (n.op) {
+    case OpKind::transpose:
+      if (transpose_keeps_bytes(g.value(in).type.shape, std::get<TransposeAttrs>(n.attrs).perm,
+                                plan.of(in), plan.of(out)))
+        return "";
+      return cat("its output's order (", to, ") is not its input's (", from,
+                 ") bytes permuted: a strided copy");
+    case OpKind::slice:
+      return "its readers take no offset view: a strided copy";
+    case OpKind::concat:
+      return "each input is copied into its slab (producers do not write into it)";
+    case OpKind::pad:
+      return "copied into a larger buffer (no reader takes the padding itself)";
+    case OpKind::expand:
+      return "a broadcast written out (no reader takes stride-0 views)";
+    case OpKind::cast:
+      return "no generated kernel took it (its producer and readers are not pointwise)";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan) {
+  std::vector<LayoutCopy> copies;
+  for (const Node& n : g.nodes()) {
+    const std::string reason = copy_reason(g, plan, n);
+    if (!reason.empty())
+      copies.push_back({n.id, node_label(n), value_bytes(g, n.outputs[0]), reason});
+  }
+  for (const LayoutPlan::Conversion& c : plan.conversions) {
+    copies.push_back(
+        {c.node,
+         cat("conversion of '", g.value(c.value).name, "' ",
+             shape_str(g.value(c.value).type.shape)),
+         value_bytes(g, c.value),
+         cat("stored ", memory_format_name(c.from), ", read ", memory_format_name(c.to), " by ",
+             c.node < 0 ? std::string("the graph output") : node_label(g.node(c.node)))});
+  }
+  return copies;
+}
+
+std::string describe_copies(const std::vector<LayoutCopy>& copies, size_t max_lines) {
+  // Per kind: the first word of `what` (the op, or "conversion").
+  std::map<std::string, std::pair<size_t, size_t>> kinds;  // count, bytes
+  size_t total = 0;
+  for (const LayoutCopy& c : copies) {
+    auto& [count, bytes] = kinds[c.what.substr(0, c.what.find(' '))];
+    ++count;
+    bytes += c.bytes;
+    total += c.bytes;
+  }
+  std::ostringstream os;
+  os << "copies: " << copies.size() << " nodes move data (" << total / (1 << 20) << " MiB)";
+  for (const auto& [kind, cb] : kinds)
+    os << "; " << kind << " " << cb.first << " (" << cb.second / (1 << 20) << " MiB)";
+  os << "\n";
+  for (size_t i = 0; i < copies.size() && i < max_lines; ++i)
+    os << "  " << copies[i].what << ": " << copies[i].reason << "\n";
+  if (copies.size() > max_lines) os << "  ... " << copies.size() - max_lines << " more\n";
+  return os.str();
 }
 
 bool transpose_keeps_bytes(const Shape& in_shape, const std::vector<int64_t>& perm,

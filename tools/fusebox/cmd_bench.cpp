@@ -35,6 +35,7 @@
 #include "fusebox/backends/cuda.h"
 #include "fusebox/io/json.h"
 #include "fusebox/io/tensor_file.h"
+#include "fusebox/passes/layout.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/session.h"
@@ -198,6 +199,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log, exe->report().convolutions)
                                          : describe_fusion(g, fusion_log, cuda::describe_lowering));
+    if (device == Device::cuda)
+      std::cout << describe_copies(layout_copies(g, plan_layouts(g, layout_policy_from_env())));
     // After the timed steps, so that profiling cannot disturb them.
     const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
     f.times = time_report(g, times, device, exe->report().convolutions);

@@ -145,7 +145,8 @@ int run(const RunArgs& args) {
   if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
   if (args.report && device == Device::cuda) {
     std::cout << fusion_outcome(run_g, fusion_log, exe->report().convolutions);
-    std::cout << plan_layouts(run_g, layout_policy_from_env()).describe(run_g);
+    const LayoutPlan plan = plan_layouts(run_g, layout_policy_from_env());
+    std::cout << plan.describe(run_g) << describe_copies(layout_copies(run_g, plan));
   }
   if (args.report) {
     const std::string table = format_conv_report(exe->report());

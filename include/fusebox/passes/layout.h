@@ -81,6 +81,22 @@ void reread_layout_policy();
 
 LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy = LayoutPolicy::channels_last_convs);
 
+// What still moves data instead of computing, once the plan is made (issue 40: what remains
+// as a copy is listed, with why): the plan's conversions, and every data-movement node
+// (transpose, reshape, slice, concat, pad, expand, cast) that is not a view of its input
+// (views: a reshape between contiguous values, a transpose that keeps its input's bytes; as
+// the CUDA executable plans them, graph inputs and outputs aside). `bytes`: what it writes.
+struct LayoutCopy {
+  NodeId node = -1;  // the node that copies, or the reader a conversion is made for (-1: a
+                     // graph output read back)
+  std::string what;  // "transpose 'x'", "conversion of 'v' [2, 8, 6, 6]"
+  size_t bytes = 0;
+  std::string reason;
+};
+std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan);
+// Count and bytes per kind, then each copy (at most `max_lines`): for `--report`.
+std::string describe_copies(const std::vector<LayoutCopy>& copies, size_t max_lines = 30);
+
 // Whether transposing a dense `in_shape` stored in order `from` by `perm` gives a tensor
 // dense in order `to` (dims of extent 1 aside): then the transpose's output is its input's
 // bytes and nothing need be copied (NCHW channels-last -> NHWC contiguous by {0, 2, 3, 1},

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
 
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/autodiff.h"
@@ -295,6 +297,45 @@ TEST(LayoutPass, ConcatOfConvolutionsIsChannelsLast) {
   EXPECT_EQ(plan.of(c1), kCL);
   for (const LayoutPlan::Conversion& c : plan.conversions)
     EXPECT_EQ(c.node, -1) << plan.describe(g);
+}
+
+// What still copies, with why: a transpose that is a view is not listed, one that is not is;
+// a slice, a concat, a cast and the plan's conversions are.
+TEST(LayoutPass, CopiesAreListedWithReasons) {
+  Graph g("copies");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 8, 6, 6});
+  ValueId c = b.conv(x, param(g, "w", {8, 8, 1, 1}, 1));
+  ValueId nhwc = b.transpose(c, {0, 2, 3, 1});        // a view: not listed
+  ValueId swapped = b.transpose(nhwc, {0, 2, 1, 3});  // a copy
+  ValueId sliced =
+      b.slice(swapped, SliceAttrs{.starts = {1}, .ends = {5}, .axes = {1}, .steps = {1}});
+  ValueId joined = b.concat({sliced, sliced}, 1);
+  ValueId low = b.cast(joined, DType::bf16);
+  g.mark_output(low);
+  const LayoutPlan plan = plan_layouts(g);
+  const std::vector<LayoutCopy> copies = layout_copies(g, plan);
+  std::map<std::string, std::string> reason;  // by the first word of `what`
+  for (const LayoutCopy& copy : copies) {
+    reason[copy.what.substr(0, copy.what.find(' '))] += copy.reason + "; ";
+    EXPECT_GT(copy.bytes, 0u) << copy.what;
+  }
+  const std::string text = describe_copies(copies);
+  ASSERT_EQ(reason.count("transpose"), 1u) << text;
+  EXPECT_NE(reason["transpose"].find("not its input's"), std::string::npos) << text;
+  EXPECT_EQ(
+      std::count_if(copies.begin(), copies.end(),
+                    [](const LayoutCopy& copy) { return copy.what.rfind("transpose", 0) == 0; }),
+      1)
+      << text;
+  EXPECT_EQ(reason.count("slice"), 1u) << text;
+  EXPECT_EQ(reason.count("concat"), 1u) << text;
+  EXPECT_EQ(reason.count("cast"), 1u) << text;
+  EXPECT_NE(text.find("copies: " + std::to_string(copies.size()) + " nodes move data"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(describe_copies(copies, 1).find("... " + std::to_string(copies.size() - 1) + " more"),
+            std::string::npos);
 }
 
 }  // namespace
