@@ -99,6 +99,35 @@ wheel_headers ".deps/nccl-$NCCL_VERSION" nccl.h nvidia/nccl/include \
   --platform manylinux_2_18_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
 ln -sfn "nccl-$NCCL_VERSION" .deps/nccl
 
+# oneDNN (the fast CPU backend, src/backends/cpu_fast/): headers and libdnnl.so from the pinned
+# PyPI wheels of oneDNN 3.2 built with GNU OpenMP (onednn-devel-cpu-gomp + onednn-cpu-gomp
+# 2023.2.0; self-contained: it needs only libgomp). Why these: the v3 API (Debian 12's
+# libdnnl-dev is 2.6, the older v2 API), and the newer PyPI `onednn` wheels are the SYCL build
+# (DPC++ and OpenCL runtimes). Into .deps-cpu/, not .deps/: the GPU runs carry .deps/ (a
+# 64 MiB limit) and libdnnl.so alone is 52 MiB.
+ONEDNN_VERSION=2023.2.0
+ONEDNN_DIR=.deps-cpu/onednn-$ONEDNN_VERSION
+if [ ! -f "$ONEDNN_DIR/lib/libdnnl.so.3" ] || [ ! -f "$ONEDNN_DIR/include/oneapi/dnnl/dnnl.hpp" ]; then
+  echo "setup: fetching oneDNN $ONEDNN_VERSION (cpu, gomp)"
+  lib_wheel=$(fetch_wheel "onednn-cpu-gomp==$ONEDNN_VERSION")
+  dev_wheel=$(fetch_wheel "onednn-devel-cpu-gomp==$ONEDNN_VERSION")
+  rm -rf "$ONEDNN_DIR.partial"
+  mkdir -p "$ONEDNN_DIR.partial/x"
+  unzip -q "$lib_wheel" -d "$ONEDNN_DIR.partial/x"
+  unzip -q "$dev_wheel" -d "$ONEDNN_DIR.partial/x"
+  mv "$ONEDNN_DIR.partial/x/onednn_devel_cpu_gomp-$ONEDNN_VERSION.data/data/include" "$ONEDNN_DIR.partial/include"
+  mkdir -p "$ONEDNN_DIR.partial/lib"
+  # The wheel holds the library three times (no symlinks in a zip): keep one, link the names.
+  mv "$ONEDNN_DIR.partial/x/onednn_cpu_gomp-$ONEDNN_VERSION.data/data/lib/libdnnl.so.3.2" "$ONEDNN_DIR.partial/lib/"
+  ln -s libdnnl.so.3.2 "$ONEDNN_DIR.partial/lib/libdnnl.so.3"
+  ln -s libdnnl.so.3 "$ONEDNN_DIR.partial/lib/libdnnl.so"
+  rm -rf "$ONEDNN_DIR.partial/x"
+  test -f "$ONEDNN_DIR.partial/include/oneapi/dnnl/dnnl.hpp"
+  rm -rf "$ONEDNN_DIR"
+  mv "$ONEDNN_DIR.partial" "$ONEDNN_DIR"
+fi
+ln -sfn "onednn-$ONEDNN_VERSION" .deps-cpu/onednn
+
 # onnxruntime (CPU), onnx and numpy for the cross-check of the CPU backend
 # (tests/onnxruntime/crosscheck.py), pinned, from PyPI, in a virtual environment .venv (not
 # under .deps/: 300 MB that the GPU runs need not carry).
@@ -115,4 +144,4 @@ if ! "$VENV/bin/python" -c "import onnxruntime, onnx, numpy" 2>/dev/null; then
 fi
 ln -sfn "$VENV" .venv
 echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION, NCCL $NCCL_VERSION headers in .deps/;" \
-  "onnxruntime $ORT_VERSION in .venv)"
+  "oneDNN $ONEDNN_VERSION in .deps-cpu/; onnxruntime $ORT_VERSION in .venv)"

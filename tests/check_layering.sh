@@ -2,7 +2,8 @@
 # The CUDA backend's folder rules (docs/architecture.md), checked on the sources:
 #   runtime/  never includes the kernels (kernels.h, kernels/) or cuDNN plumbing (cudnn/);
 #   device/   device-only headers: quoted includes name device/ headers only;
-#   cudnn-frontend is included only under src/backends/cuda/cudnn/;
+#   cudnn-frontend is included only under src/backends/cuda/cudnn/, oneDNN only under
+#     src/backends/cpu_fast/;
 #   backends/common/ (shared by cpu and cuda) includes neither backend;
 #   src/backends/cuda keeps at most three files at its top (the dispatcher, the op entries).
 # And the layers' rules (src/CMakeLists.txt):
@@ -31,6 +32,8 @@ report "device/ includes a header outside device/" \
   "$(grep -rnE '#include\s+"' "$cuda/device" | grep -vE '#include\s+"backends/cuda/device/')"
 report "cudnn-frontend included outside $cuda/cudnn/" \
   "$(grep -rnE '#include\s+[<"]cudnn_frontend' src tests bench tools include | grep -v "^$cuda/cudnn/" | grep -v '^bench/probes/')"
+report "oneDNN included outside src/backends/cpu_fast/" \
+  "$(grep -rnE '#include\s+[<"](oneapi/dnnl|dnnl)' src tests bench tools include | grep -v '^src/backends/cpu_fast/')"
 report "backends/common/ includes a backend" \
   "$(grep -rnE '#include\s+"backends/(cpu|cuda)/' src/backends/common)"
 # A quoted include resolved from the including file's folder, as the compiler first tries it.
@@ -56,7 +59,7 @@ if [ "$(echo "$top" | grep -c .)" -gt 3 ]; then
   report "more than three files at the top of $cuda" "$top"
 fi
 if [ "$bad" -eq 0 ]; then
-  echo "layering: ok (runtime, device, cudnn, common, top of $cuda; no include climbs into src/;"
+  echo "layering: ok (runtime, device, cudnn, oneDNN, common, top of $cuda; no include climbs into src/;"
   echo "  fusebox/dist only from train up)"
 fi
 exit $bad

@@ -1,15 +1,20 @@
 // The CPU executable: the reference backend runs node by node, in the graph's order,
-// releasing each intermediate after its last reader. Inputs and outputs are host tensors
-// held by DeviceArrays; an aliased output replaces its input's tensor handle (tensors are
-// never written once made, so a handle taken earlier, a checkpoint's say, keeps its values).
+// releasing each intermediate after its last reader. With the fast kernels
+// (CompileOptions::cpu_kernels), each node oneDNN takes gets its kernel made here, at compile
+// (fusebox/backends/cpu_fast.h), and runs on it; the others on the reference kernels. Inputs and
+// outputs are host tensors held by DeviceArrays; an aliased output replaces its input's tensor
+// handle (tensors are never written once made, so a handle taken earlier, a checkpoint's say, keeps
+// its values).
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "executable/device_array.h"
 #include "executable/executables.h"
 #include "executable/io_plan.h"
 #include "executable/memory_plan.h"
 #include "fusebox/backends/cpu.h"
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/core/memory.h"
 
 namespace fusebox::runtime {
@@ -37,6 +42,7 @@ class CpuExecutable final : public Executable {
     }
     stats_.nodes = graph_.nodes().size();
     for (const auto& [v, t] : graph_.constants()) stats_.constant_bytes += t.nbytes();
+    if (options_.cpu_kernels == CpuKernels::fast) plan_fast_kernels();
     check_memory_budget();
     stats_.compile_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -59,6 +65,35 @@ class CpuExecutable final : public Executable {
     std::vector<NodeTime> times;
     run_now({}, {}, &times, repeats);
     return times;
+  }
+
+  // The oneDNN kernel of every node it takes; the summary says, per op, how many nodes run on
+  // it and why the others do not (the first reason met).
+  void plan_fast_kernels() {
+    fast_.resize(graph_.nodes().size());
+    std::map<std::string, std::pair<size_t, size_t>> by_op;  // op -> (fast, reference)
+    std::map<std::string, std::string> why_not;
+    for (size_t k = 0; k < graph_.nodes().size(); ++k) {
+      const Node& n = graph_.nodes()[k];
+      cpu_fast::Planned p = cpu_fast::plan(graph_, n);
+      auto& [fast, reference] = by_op[op_name(n.op)];
+      if (p.kernel) {
+        ++fast;
+        fast_[k] = std::move(p.kernel);
+      } else {
+        ++reference;
+        why_not.emplace(op_name(n.op), p.why_not);
+      }
+    }
+    std::string summary;
+    for (const auto& [op, counts] : by_op) {
+      summary += cat("  ", op, ": ", counts.first, " on oneDNN");
+      if (counts.second > 0) summary += cat(", ", counts.second, " reference (", why_not[op], ")");
+      summary += "\n";
+      stats_.fast_nodes += counts.first;
+    }
+    stats_.fast_summary = cat("fast CPU kernels: ", stats_.fast_nodes, " of ",
+                              graph_.nodes().size(), " nodes on oneDNN\n", summary);
   }
 
   // The most host memory a run holds at once (what the memory plan counts: every node's
@@ -163,13 +198,20 @@ class CpuExecutable final : public Executable {
       outs.push_back(Tensor::empty(t.dtype, t.shape));
       if (options_.poison) outs.back().poison();
     }
+    cpu_fast::Kernel* fast = fast_.empty() ? nullptr : fast_[size_t(n.id)].get();
+    auto run = [&] {
+      if (fast)
+        fast->run(in_ptrs, outs);
+      else
+        cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+    };
     if (times == nullptr) {
-      cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+      run();
     } else {
       std::vector<double> ms;
       for (int r = 0; r < repeats; ++r) {
         const auto start = std::chrono::steady_clock::now();
-        cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+        run();
         ms.push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                 .count());
@@ -198,6 +240,7 @@ class CpuExecutable final : public Executable {
   Liveness life_;
   std::vector<DeviceArray> inputs_, outputs_;
   ExecutableStats stats_;
+  std::vector<std::unique_ptr<cpu_fast::Kernel>> fast_;  // by node; null: the reference's
   ExecutableReport report_;
 };
 

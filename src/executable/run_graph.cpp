@@ -50,10 +50,18 @@ void set_conv_autotune(std::optional<bool> autotune) {
 }
 
 Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu;
+  if (s == "cpu" || s == "cpu-ref") return Device::cpu;
   if (s == "cuda") return Device::cuda;
   if (s == "auto") return cuda_available() ? Device::cuda : Device::cpu;
-  throw Error("device", cat("unknown device '", s, "' (expected cpu, cuda or auto)"));
+  throw Error("device", cat("unknown device '", s, "' (expected cpu, cpu-ref, cuda or auto)"));
+}
+
+const char* cpu_kernels_name(CpuKernels k) {
+  return k == CpuKernels::fast ? "fast" : "reference";
+}
+
+CpuKernels cpu_kernels_for(const std::string& device) {
+  return device == "cpu-ref" ? CpuKernels::reference : CpuKernels::fast;
 }
 
 std::unique_ptr<Executable> Executable::compile(const Graph& graph, const CompileOptions& options) {
@@ -98,7 +106,10 @@ NamedTensors run_graph(const Graph& g, const NamedTensors& feeds, const RunOptio
     FUSEBOX_CHECK(feeds.count(val.name), "run " + g.name(), "no tensor given for input '", val.name,
                   "' (", dtype_name(val.type.dtype), shape_str(val.type.shape), ")");
   }
-  return Executable::compile(g, {.device = opts.device, .poison = opts.poison_outputs})->run(feeds);
+  return Executable::compile(g, {.device = opts.device,
+                                 .cpu_kernels = opts.cpu_kernels,
+                                 .poison = opts.poison_outputs})
+      ->run(feeds);
 }
 
 }  // namespace fusebox

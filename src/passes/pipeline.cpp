@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "fusebox/passes/fuse_pointwise.h"
+#include "fusebox/passes/simplify.h"
 
 namespace fusebox {
 namespace {
@@ -73,7 +74,9 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   auto add = [&](bool enabled, Pass p) {
     if (enabled) passes.push_back(std::move(p));
   };
-  // Folding first, on the model's own (f32) weights: the folded ones are rounded once.
+  // Identities first: no pass after needs to see a node that copies its input unchanged.
+  add(fusion.identity_ops, pass("remove_identity_ops", remove_identity_ops));
+  // Folding next, on the model's own (f32) weights: the folded ones are rounded once.
   add(fusion.fold_batch_norm, pass("fold_batch_norms", fold_batch_norms));
   // Before mixed precision: as a gemm, a linear layer runs in the low dtype with its bias.
   add(fusion.conv_epilogue, pass("form_linears", form_linears));
@@ -96,6 +99,8 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
 Pipeline training_forward_pipeline(Precision precision) {
   return {"training_forward",
           {
+              // As for inference; autodiff then has no copies to differentiate either.
+              pass("remove_identity_ops", remove_identity_ops),
               // Before mixed precision, as for inference.
               pass("form_linears", form_linears),
               // Parameters are graph inputs by now: they stay f32, read through casts.
@@ -109,6 +114,7 @@ Pipeline training_forward_pipeline(Precision precision) {
 Pipeline evaluation_pipeline(Precision precision) {
   return {"evaluation",
           {
+              pass("remove_identity_ops", remove_identity_ops),
               mixed_precision(precision),
               pass("fuse_batch_norm_residual", fuse_batch_norm_residual),
               pass("fuse_batch_norm_relu", fuse_batch_norm_relu),

@@ -1,6 +1,6 @@
 // ONNX backend node tests through the importer and a backend.
 //
-//   fusebox_onnx_conformance --data DIR --skips FILE [--device cpu|cuda|auto]
+//   fusebox_onnx_conformance --data DIR --skips FILE [--device cpu|cpu-ref|cuda|auto]
 //                            [--filter SUBSTR] [--verbose]
 //
 // For every test directory under DIR whose op is in our set (see kFamilies), and each
@@ -140,7 +140,7 @@ struct NamedTensor {
   Tensor tensor;
 };
 
-Result run_data_set(const fs::path& test_dir, const fs::path& data_dir, Device device) {
+Result run_data_set(const fs::path& test_dir, const fs::path& data_dir, const RunOptions& run) {
   std::vector<NamedTensor> inputs, expected;
   OnnxImportOptions import_opts;
   try {
@@ -200,9 +200,7 @@ Result run_data_set(const fs::path& test_dir, const fs::path& data_dir, Device d
                     "' has no input_*.pb");
       feeds[name] = it->tensor;
     }
-    RunOptions opts;
-    opts.device = device;
-    NamedTensors actual = run_graph(g, feeds, opts);
+    NamedTensors actual = run_graph(g, feeds, run);
     FUSEBOX_CHECK(g.outputs().size() == expected.size(), "conformance", "the graph has ",
                   g.outputs().size(), " outputs, the test expects ", expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
@@ -218,7 +216,7 @@ Result run_data_set(const fs::path& test_dir, const fs::path& data_dir, Device d
   return {};
 }
 
-Result run_test(const fs::path& test_dir, Device device) {
+Result run_test(const fs::path& test_dir, const RunOptions& run) {
   std::vector<fs::path> data_sets;
   for (const auto& entry : fs::directory_iterator(test_dir))
     if (entry.is_directory() && starts_with(entry.path().filename().string(), "test_data_set_"))
@@ -226,7 +224,7 @@ Result run_test(const fs::path& test_dir, Device device) {
   std::sort(data_sets.begin(), data_sets.end());
   if (data_sets.empty()) return {Outcome::failed, "no test_data_set_* directory"};
   for (const fs::path& ds : data_sets) {
-    Result r = run_data_set(test_dir, ds, device);
+    Result r = run_data_set(test_dir, ds, run);
     if (r.outcome != Outcome::passed) {
       if (data_sets.size() > 1) r.reason = cat(ds.filename().string(), ": ", r.reason);
       return r;
@@ -268,7 +266,7 @@ struct Args {
 int usage(const std::string& message) {
   std::cerr << "onnx-conformance: " << message
             << "\nusage: fusebox_onnx_conformance --data DIR --skips FILE [--device "
-               "cpu|cuda|auto] [--filter SUBSTR] [--verbose]\n";
+               "cpu|cpu-ref|cuda|auto] [--filter SUBSTR] [--verbose]\n";
   return 2;
 }
 
@@ -301,10 +299,11 @@ int main(int argc, char** argv) {
   if (args.data.empty() || args.skips.empty()) return usage("--data and --skips are required");
   if (!fs::is_directory(args.data)) return usage("no test data directory '" + args.data + "'");
 
-  Device device = Device::cpu;
+  RunOptions run;  // --device cpu: the fast kernels; cpu-ref: the reference's (the CLI's rule)
   std::map<std::string, std::string> skips;
   try {
-    device = parse_device(args.device);
+    run.device = parse_device(args.device);
+    run.cpu_kernels = cpu_kernels_for(args.device);
     skips = read_skips(args.skips);
   } catch (const std::exception& e) {
     return usage(e.what());
@@ -320,7 +319,7 @@ int main(int argc, char** argv) {
 
   int passed = 0, failed = 0, unsupported = 0, skipped = 0;
   for (const std::string& test : tests) {
-    Result r = run_test(fs::path(args.data) / test, device);
+    Result r = run_test(fs::path(args.data) / test, run);
     auto skip = skips.find(test);
     const bool listed = skip != skips.end();
     if (r.outcome == Outcome::passed && !listed) {

@@ -8,7 +8,8 @@ onnxruntime, onnx and numpy into .venv):
   node   every ONNX node test that fusebox's conformance run passes, with its stored inputs
          perturbed: floats scaled elementwise by U(0.8, 1.2) (signs, and so the domains of
          log, sqrt, pow, kept), integer and bool inputs as stored (indices, shapes, masks).
-Both run `fusebox run --device cpu`; onnxruntime runs the same model (for node tests whose
+Both run `fusebox run --device cpu` (the fast kernels: oneDNN where it takes the node, the
+reference kernels elsewhere; docs/cpu_fast.md); onnxruntime runs the same model (for node tests whose
 shape-like inputs the importer must know, both run a copy of the model with those inputs
 as initializers of the stored values). Outputs must agree within the dtype's tolerance,
 relative to the output's scale; NaN matches NaN. Prints one line per mismatch and a

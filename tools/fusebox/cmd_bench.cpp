@@ -166,6 +166,7 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   PipelineLog pipeline_log;
   auto exe = Executable::compile(load_model(args, false),
                                  {.device = device,
+                                  .cpu_kernels = cpu_kernels_for(args.device),
                                   .pipeline = {.kind = PipelineKind::inference,
                                                .precision = precision,
                                                .fusion = InferenceFusionOptions::from_env(),
@@ -198,7 +199,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log, exe->report().convolutions)
-                                         : describe_fusion(g, fusion_log, cuda::describe_lowering));
+                                         : describe_fusion(g, fusion_log, cuda::describe_lowering))
+              << exe->stats().fast_summary;
     if (device == Device::cuda)
       std::cout << describe_copies(layout_copies(g, plan_layouts(g, layout_policy_from_env())));
     // After the timed steps, so that profiling cannot disturb them.
@@ -271,6 +273,10 @@ int bench(const BenchArgs& args) {
                            {"workspace_bytes", f.exe.temporary_bytes},
                            {"operations", f.exe.operations},
                            {"views", f.exe.views}});
+    if (device == Device::cpu) {
+      j.set("cpu_kernels", cpu_kernels_name(cpu_kernels_for(args.device)));
+      j.set("fast_nodes", f.exe.fast_nodes);
+    }
     if (train) j.set("final_loss", f.final_loss);
     if (f.times) j.set("time_by_node", time_report_json(*f.times));
     std::ofstream out(args.json);
@@ -301,8 +307,10 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--precision", args->precision,
                   "f32, tf32 (default), bf16 or f16 (see docs/mixed_precision.md)")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
-  app->add_option("--device", args->device, "cpu, cuda, or auto (default)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app->add_option("--device", args->device,
+                  "cpu (oneDNN's kernels where it has them; inference), cpu-ref (the "
+                  "reference kernels), cuda, or auto (default)")
+      ->check(CLI::IsMember({"cpu", "cpu-ref", "cuda", "auto"}));
   app->add_option("--steps", args->steps, "Timed steps (each of the two passes); default 30")
       ->check(integer_range(1));
   app->add_option("--warmup", args->warmup, "Untimed steps after the first; default 5")

@@ -114,11 +114,13 @@ int run(const RunArgs& args) {
     std::cout << type_str(feeds[in.name]) << " random (seed " << args.seed << ")\n";
   }
 
-  // The graph the device runs: on CUDA the inference pipeline's (fused), the executable's
-  // graph(); on the CPU the model as imported.
+  // The graph the device runs: on CUDA and the fast CPU kernels the inference pipeline's
+  // (folded, fused: the executable's graph()); on the reference CPU kernels the model as
+  // imported.
   PipelineLog pipeline_log;
-  CompileOptions compile_opts{.device = device, .poison = true};
-  if (device == Device::cuda)
+  const CpuKernels cpu_kernels = cpu_kernels_for(args.device);
+  CompileOptions compile_opts{.device = device, .cpu_kernels = cpu_kernels, .poison = true};
+  if (device == Device::cuda || cpu_kernels == CpuKernels::fast)
     compile_opts.pipeline = {.kind = PipelineKind::inference,
                              .precision = Precision::f32,
                              .fusion = InferenceFusionOptions::from_env(),
@@ -148,6 +150,7 @@ int run(const RunArgs& args) {
     const LayoutPlan plan = plan_layouts(run_g, layout_policy_from_env());
     std::cout << plan.describe(run_g) << describe_copies(layout_copies(run_g, plan));
   }
+  if (args.report && device == Device::cpu) std::cout << exe->stats().fast_summary;
   if (args.report) {
     const std::string table = format_conv_report(exe->report());
     std::cout << (table.empty() ? "no convolution ran on the GPU\n" : table);
@@ -165,8 +168,9 @@ Command add_run_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("run", "Run an ONNX model and print its outputs");
   app->add_option("model", args->model, "The model (.onnx)")->required()->type_name("MODEL.onnx");
   app->add_option("--device", args->device,
-                  "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+                  "cpu (oneDNN's kernels where it has them), cpu-ref (the reference kernels "
+                  "alone, exact), cuda, or auto (cuda when available, else cpu); default cpu")
+      ->check(CLI::IsMember({"cpu", "cpu-ref", "cuda", "auto"}));
   app->add_option("--input", args->inputs,
                   "Feed an input from a .npy (or TensorProto .pb) file (repeatable). Inputs "
                   "not given get seeded random data: floats U(-1,1), integers 0..9, bools 0/1")

@@ -131,8 +131,9 @@ struct InferenceFusionOptions {
   bool batch_norm = true;     // fuse_batch_norm_residual, fuse_batch_norm_relu
   bool pointwise = true;      // fuse_pointwise_chains
   bool attention = true;      // fuse_attention
+  bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
   static InferenceFusionOptions from_env();
-  static InferenceFusionOptions none() { return {false, false, false, false, false}; }
+  static InferenceFusionOptions none() { return {false, false, false, false, false, false}; }
 };
 
 // What a backend will run a node of a prepared graph on, in words ("cuDNN graph

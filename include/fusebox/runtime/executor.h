@@ -12,8 +12,18 @@ namespace fusebox {
 
 enum class Device : uint8_t { cpu, cuda };
 const char* device_name(Device d);
-// "cpu" | "cuda" | "auto" (cuda when a GPU is present and the CUDA backend is built, else cpu).
+// "cpu" | "cpu-ref" | "cuda" | "auto" (cuda when a GPU is present and the CUDA backend is
+// built, else cpu); "cpu-ref" is the CPU too, with the reference kernels (cpu_kernels_for).
 Device parse_device(const std::string& s);
+
+// Which kernels a CPU executable runs: the reference backend's (exact and simple: the oracle
+// every test compares against, and the library's default), or oneDNN's where it has the node
+// and the reference's elsewhere (fast; within a documented tolerance of the reference:
+// docs/cpu_fast.md). The CLI's `--device cpu` is fast, `--device cpu-ref` the reference.
+enum class CpuKernels : uint8_t { reference, fast };
+const char* cpu_kernels_name(CpuKernels k);  // "reference", "fast"
+// The kernels a CLI `--device` value selects: reference for "cpu-ref", else fast.
+CpuKernels cpu_kernels_for(const std::string& device);
 bool cuda_available();
 int cuda_device_count();  // 0 without a usable GPU
 // The GPU this process runs on (0 unless set): each data-parallel rank on a machine uses its
@@ -31,6 +41,7 @@ using NamedTensors = std::map<std::string, Tensor>;
 
 struct RunOptions {
   Device device = Device::cpu;
+  CpuKernels cpu_kernels = CpuKernels::reference;
   bool poison_outputs = true;  // fill each node's outputs with NaN bytes before it runs
 };
 

@@ -222,20 +222,26 @@ TEST_F(Cli, RunReportTimesEachNode) {
   EXPECT_TRUE(contains(run.out, "sum of node times ")) << run.out;
 }
 
+// `--device cpu-ref` is the in-process reference run; the default (`cpu`, the fast kernels
+// through the inference pipeline) within docs/cpu_fast.md's tolerance.
 TEST_F(Cli, RunMatchesTheInProcessGraph) {
   const std::string model = make_small_cnn();
   Tensor x = testing::random_tensor(DType::f32, {2, 3, 8, 8}, 21);
   write_npy(path("x.npy"), x);
-  const std::string out_dir = path("out");
-  ToolResult run = tool(
-      cat("run '", model, "' --input 'input=", path("x.npy"), "' --output-dir '", out_dir, "'"));
-  ASSERT_EQ(run.exit_code, 0) << run.err;
-  Tensor got = read_npy((fs::path(out_dir) / "logits.npy").string());
-
   Graph g =
       build_zoo_model("small_cnn", {.batch = 2, .image_size = 8, .num_classes = 10, .seed = 5});
   Tensor want = run_graph(g, {{"input", x}}).at("logits");
-  EXPECT_TRUE(testing::all_close(got, want, 1e-5, 1e-6));
+  for (const std::string device : {"cpu-ref", "cpu"}) {
+    const std::string out_dir = path("out_" + device);
+    ToolResult run = tool(cat("run '", model, "' --device ", device,
+                              " --input 'input=", path("x.npy"), "' --output-dir '", out_dir, "'"));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    Tensor got = read_npy((fs::path(out_dir) / "logits.npy").string());
+    if (device == "cpu-ref")
+      EXPECT_TRUE(testing::all_close(got, want, 1e-5, 1e-6)) << device;
+    else
+      EXPECT_TRUE(testing::all_close(got, want, 1e-4, 1e-5)) << device;
+  }
 }
 
 TEST_F(Cli, RandomInputsFollowTheSeed) {

@@ -22,9 +22,9 @@ using Names = std::vector<std::string>;
 
 TEST(Pipeline, InferenceOrder) {
   EXPECT_EQ(names(inference_pipeline(Precision::bf16)),
-            (Names{"fold_batch_norms", "form_linears", "mixed_precision", "fuse_conv_epilogues",
-                   "fuse_gemm_epilogues", "fuse_attention", "fuse_batch_norm_residual",
-                   "fuse_batch_norm_relu", "fuse_pointwise_chains"}));
+            (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
+                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_attention",
+                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_pointwise_chains"}));
   EXPECT_EQ(inference_pipeline(Precision::f32).name, "inference");
 }
 
@@ -33,20 +33,21 @@ TEST(Pipeline, InferenceSwitchesLeaveTheirPassesOut) {
   EXPECT_EQ(names(inference_pipeline(Precision::f32, InferenceFusionOptions::none())),
             (Names{"mixed_precision"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.conv_epilogue = false})),
-            (Names{"fold_batch_norms", "mixed_precision", "fuse_attention",
+            (Names{"remove_identity_ops", "fold_batch_norms", "mixed_precision", "fuse_attention",
                    "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_pointwise_chains"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.batch_norm = false, .attention = false})),
-            (Names{"fold_batch_norms", "form_linears", "mixed_precision", "fuse_conv_epilogues",
-                   "fuse_gemm_epilogues", "fuse_pointwise_chains"}));
+            (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
+                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_pointwise_chains"}));
 }
 
 TEST(Pipeline, TrainingForwardAndEvaluationOrders) {
-  EXPECT_EQ(names(training_forward_pipeline(Precision::bf16)),
-            (Names{"form_linears", "mixed_precision", "fuse_batch_norm_residual",
-                   "fuse_batch_norm_relu", "fuse_attention (training)"}));
+  EXPECT_EQ(
+      names(training_forward_pipeline(Precision::bf16)),
+      (Names{"remove_identity_ops", "form_linears", "mixed_precision", "fuse_batch_norm_residual",
+             "fuse_batch_norm_relu", "fuse_attention (training)"}));
   EXPECT_EQ(names(evaluation_pipeline(Precision::bf16)),
-            (Names{"mixed_precision", "fuse_batch_norm_residual", "fuse_batch_norm_relu",
-                   "fuse_attention"}));
+            (Names{"remove_identity_ops", "mixed_precision", "fuse_batch_norm_residual",
+                   "fuse_batch_norm_relu", "fuse_attention"}));
 }
 
 // The log: every pass in order, with its count and the node counts around it; the fusion
@@ -56,16 +57,18 @@ TEST(Pipeline, LogRecordsEachPassAndTheGroups) {
       build_zoo_model("resnet18", {.batch = 1, .image_size = 32, .num_classes = 10, .seed = 7});
   PipelineLog log;
   const Graph g = prepare_graph(model, {.kind = PipelineKind::inference, .log = &log});
-  ASSERT_EQ(log.passes.size(), 9u);
-  EXPECT_EQ(log.passes[0].pass, "fold_batch_norms");
-  EXPECT_EQ(log.passes[0].rewrites, 20u);  // every conv's batch norm
-  EXPECT_EQ(log.passes[0].nodes_before, model.nodes().size());
-  EXPECT_EQ(log.passes[0].nodes_after, model.nodes().size() - 20);
+  ASSERT_EQ(log.passes.size(), 10u);
+  EXPECT_EQ(log.passes[0].pass, "remove_identity_ops");
+  EXPECT_EQ(log.passes[0].rewrites, 0u);  // the zoo's ResNet has none
+  EXPECT_EQ(log.passes[1].pass, "fold_batch_norms");
+  EXPECT_EQ(log.passes[1].rewrites, 20u);  // every conv's batch norm
+  EXPECT_EQ(log.passes[1].nodes_before, model.nodes().size());
+  EXPECT_EQ(log.passes[1].nodes_after, model.nodes().size() - 20);
   for (size_t i = 1; i < log.passes.size(); ++i)
     EXPECT_EQ(log.passes[i].nodes_before, log.passes[i - 1].nodes_after) << log.passes[i].pass;
   EXPECT_EQ(log.passes.back().nodes_after, g.nodes().size());
-  EXPECT_EQ(log.passes[3].pass, "fuse_conv_epilogues");
-  EXPECT_EQ(log.passes[3].rewrites, 17u);  // the convs followed by a relu or a residual add
+  EXPECT_EQ(log.passes[4].pass, "fuse_conv_epilogues");
+  EXPECT_EQ(log.passes[4].rewrites, 17u);  // the convs followed by a relu or a residual add
   EXPECT_EQ(log.fusion.groups().size(), 20u);
 }
 

@@ -266,8 +266,9 @@ TEST(TrainSession, OneElementLiteralsAreNotTrained) {
   EXPECT_FALSE(session.parameters().count("onnx::Mul_7"));
 }
 
-// The model with an identity between each batch norm and its relu: the pass
-// (passes/fusion.h) leaves such pairs alone, so this is the unfused computation.
+// The model with a multiplication by one between each batch norm and its relu (exact, sign and
+// all, forward and backward; an identity op would be removed by remove_identity_ops): the
+// fusion (passes/fusion.h) leaves such pairs alone, so this is the unfused computation.
 Graph with_identity_before_relus(const Graph& model) {
   Graph g(model.name());
   std::vector<ValueId> map(model.values().size(), kNoValue);
@@ -281,7 +282,10 @@ Graph with_identity_before_relus(const Graph& model) {
     for (ValueId v : n.inputs) inputs.push_back(v == kNoValue ? kNoValue : map[size_t(v)]);
     const NodeId producer = model.value(n.inputs.at(0)).producer;
     if (n.op == OpKind::relu && producer >= 0 && model.node(producer).op == OpKind::batch_norm)
-      inputs[0] = g.add_node(OpKind::identity, {}, {inputs[0]}, n.name + "/unfused")[0];
+      inputs[0] = g.add_node(
+          OpKind::mul, {},
+          {inputs[0], g.add_constant(n.name + "/one", Tensor::full(DType::f32, {}, 1.0))},
+          n.name + "/unfused")[0];
     std::vector<std::string> names;
     for (ValueId v : n.outputs) names.push_back(model.value(v).name);
     const std::vector<ValueId> outs = g.add_node(n.op, n.attrs, inputs, n.name, names);

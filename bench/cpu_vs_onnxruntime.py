@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""fusebox's CPU backends against onnxruntime (issue 43's benchmark): zoo models exported by
+`fusebox zoo`, run by `fusebox bench --device cpu` (oneDNN's kernels where it has them) and
+`--device cpu-ref` (the reference kernels), and by onnxruntime's CPU provider in the same run
+with the same number of threads. Median latency per step, one table and one JSON.
+
+    .venv/bin/python bench/cpu_vs_onnxruntime.py [--fusebox BIN] [--models resnet50,...]
+        [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference]
+
+Needs onnxruntime and numpy (scripts/setup.sh puts them in .venv)."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+DEFAULT_MODELS = "resnet50,mobilenet_v3_small,vit_b_16"
+
+
+def run(cmd):
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                           f"\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def fusebox_ms(binary, model, device, steps, json_path):
+    run([binary, "bench", model, "--device", device, "--precision", "f32", "--steps", str(steps),
+         "--warmup", "2", "--json", json_path])
+    with open(json_path) as f:
+        j = json.load(f)
+    return j["step_ms_median"], j.get("fast_nodes"), j.get("compile_s")
+
+
+def onnxruntime_ms(model, threads, steps):
+    import numpy as np
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    start = time.perf_counter()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if "int" in i.type:
+            feeds[i.name] = rng.integers(0, 10, size=shape).astype(np.int64)
+        else:
+            feeds[i.name] = rng.uniform(-1, 1, size=shape).astype(np.float32)
+    session.run(None, feeds)
+    first = time.perf_counter() - start
+    for _ in range(2):
+        session.run(None, feeds)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), first
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fusebox", default="build/release/tools/fusebox")
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json")
+    ap.add_argument("--no-reference", action="store_true", help="skip --device cpu-ref (slow)")
+    a = ap.parse_args()
+    # fusebox's reference and oneDNN's OpenMP threads: the same count as onnxruntime's.
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            for batch in [int(b) for b in a.batches.split(",")]:
+                model = os.path.join(tmp, f"{name}_b{batch}.onnx")
+                run([a.fusebox, "zoo", name, "--out", model, "--batch", str(batch), "--seed", "0"])
+                row = {"model": name, "batch": batch, "threads": a.threads}
+                try:
+                    row["fast_ms"], row["fast_nodes"], row["fast_compile_s"] = fusebox_ms(
+                        a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "f.json"))
+                    if not a.no_reference:
+                        row["reference_ms"], _, _ = fusebox_ms(
+                            a.fusebox, model, "cpu-ref", max(2, a.steps // 4),
+                            os.path.join(tmp, "r.json"))
+                    row["onnxruntime_ms"], row["onnxruntime_first_s"] = onnxruntime_ms(
+                        model, a.threads, a.steps)
+                    row["fast_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_ms"]
+                except RuntimeError as e:
+                    row["error"] = str(e)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\n{'model':<20}{'batch':>6}{'fast ms':>10}{'ref ms':>10}{'ort ms':>10}{'ort/fast':>10}"
+          f"{'oneDNN nodes':>14}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<20}{r['batch']:>6}  error: {r['error'].splitlines()[0]}")
+            continue
+        ref = f"{r['reference_ms']:.1f}" if "reference_ms" in r else "-"
+        print(f"{r['model']:<20}{r['batch']:>6}{r['fast_ms']:>10.1f}{ref:>10}"
+              f"{r['onnxruntime_ms']:>10.1f}{r['fast_vs_onnxruntime']:>9.2f}x{r['fast_nodes']:>14}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"schema_version": 1, "bench": "cpu_vs_onnxruntime", "rows": rows}, f,
+                      indent=1)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+// The oneDNN kernels' planners, one per op family (plan.cpp's try-list calls them).
+#pragma once
+
+#include "fusebox/backends/cpu_fast.h"
+
+namespace fusebox::cpu_fast {
+
+Planned plan_conv(const Graph& g, const Node& n);    // conv.cpp
+Planned plan_gemm(const Graph& g, const Node& n);    // matmul.cpp
+Planned plan_matmul(const Graph& g, const Node& n);  // matmul.cpp
+Planned plan_pool(const Graph& g, const Node& n);    // pool.cpp: max, average, global
+
+}  // namespace fusebox::cpu_fast

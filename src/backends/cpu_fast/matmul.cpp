@@ -1,0 +1,155 @@
+// gemm and matmul on oneDNN's matmul primitive, made at compile: a constant B (a linear
+// layer's weights) reordered once into the layout oneDNN picks for it; gemm's bias vector and
+// fused activation as the primitive's bias and an eltwise post-op.
+#ifdef FUSEBOX_WITH_ONEDNN
+#include <cstring>
+
+#include "backends/cpu_fast/kernels.h"
+#include "backends/cpu_fast/onednn.h"
+
+namespace fusebox::cpu_fast {
+namespace {
+
+using dnnl::memory;
+
+class MatmulKernel final : public Kernel {
+ public:
+  MatmulKernel(dnnl::matmul::primitive_desc pd, memory::desc a, memory::desc b, memory::desc y,
+               std::optional<memory> weights, std::optional<memory::desc> bias, const char* what)
+      : pd_(std::move(pd)),
+        primitive_(pd_),
+        a_(a),
+        b_(b),
+        y_(y),
+        weights_(std::move(weights)),
+        bias_(std::move(bias)),
+        what_(what) {}
+
+  void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
+    std::unordered_map<int, memory> args;
+    args[DNNL_ARG_SRC] = in_layout(wrap(a_, in[0]->raw()), pd_.src_desc());
+    args[DNNL_ARG_WEIGHTS] =
+        weights_ ? *weights_ : in_layout(wrap(b_, in[1]->raw()), pd_.weights_desc());
+    if (bias_) args[DNNL_ARG_BIAS] = wrap(*bias_, in[2]->raw());
+    const memory y = wrap(y_, out[0].raw());
+    const bool direct = pd_.dst_desc() == y_;
+    args[DNNL_ARG_DST] = direct ? y : memory(pd_.dst_desc(), cpu_engine());
+    execute(primitive_, args);
+    if (!direct)
+      execute(dnnl::reorder(args[DNNL_ARG_DST], y),
+              {{DNNL_ARG_FROM, args[DNNL_ARG_DST]}, {DNNL_ARG_TO, y}});
+  }
+
+  std::string describe() const override {
+    return cat("oneDNN ", what_, " ", implementation(pd_),
+               weights_ ? " (weights reordered once)" : "");
+  }
+
+ private:
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul primitive_;
+  memory::desc a_, b_, y_;
+  std::optional<memory> weights_;
+  std::optional<memory::desc> bias_;
+  const char* what_;
+};
+
+// Dense row-major strides of `dims`, with the last two dims swapped when `transposed`
+// (the matrix stored [cols, rows]).
+memory::desc matrix_desc(memory::dims dims, bool transposed) {
+  const size_t r = dims.size();
+  memory::dims stored = dims;
+  if (transposed) std::swap(stored[r - 1], stored[r - 2]);
+  memory::dims strides(r, 1);
+  for (size_t i = r; i-- > 1;) strides[i - 1] = strides[i] * stored[i];
+  if (transposed) std::swap(strides[r - 1], strides[r - 2]);
+  return memory::desc(dims, memory::data_type::f32, strides);
+}
+
+// The primitive, with B in the layout oneDNN picks when it is a constant (reordered now).
+Planned make(const Graph& g, ValueId b, const memory::desc& a_desc, const memory::desc& b_desc,
+             const memory::desc& y_desc, std::optional<memory::desc> bias,
+             const dnnl::primitive_attr& attr, const char* what) {
+  const bool constant_b = g.is_constant(b);
+  const memory::desc b_any(b_desc.get_dims(), memory::data_type::f32, memory::format_tag::any);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = bias ? dnnl::matmul::primitive_desc(cpu_engine(), a_desc, constant_b ? b_any : b_desc,
+                                             *bias, y_desc, attr)
+              : dnnl::matmul::primitive_desc(cpu_engine(), a_desc, constant_b ? b_any : b_desc,
+                                             y_desc, attr);
+  } catch (const dnnl::error& e) {
+    return {nullptr, cat("oneDNN has no matmul for it (", e.what(), ")")};
+  }
+  std::optional<memory> weights;
+  if (constant_b) {
+    const Tensor& t = *g.constant(b);
+    memory own(pd.weights_desc(), cpu_engine());
+    const memory given = wrap(b_desc, t.raw());
+    if (pd.weights_desc() == b_desc)
+      std::memcpy(own.get_data_handle(), t.raw(), t.nbytes());
+    else
+      execute(dnnl::reorder(given, own), {{DNNL_ARG_FROM, given}, {DNNL_ARG_TO, own}});
+    weights = own;
+  }
+  return {std::make_unique<MatmulKernel>(pd, a_desc, b_desc, y_desc, weights, bias, what), ""};
+}
+
+bool all_f32(const Graph& g, const Node& n, std::string* why) {
+  for (ValueId v : n.inputs)
+    if (v != kNoValue && g.value(v).type.dtype != DType::f32) {
+      *why = cat("a ", dtype_name(g.value(v).type.dtype), " operand (f32 only so far)");
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+Planned plan_gemm(const Graph& g, const Node& n) {
+  const auto& a = std::get<GemmAttrs>(n.attrs);
+  std::string why;
+  if (!all_f32(g, n, &why)) return {nullptr, why};
+  if (a.alpha != 1.0) return {nullptr, cat("alpha ", a.alpha, " (only 1 so far)")};
+  const Shape& as = g.value(n.inputs[0]).type.shape;
+  const Shape& bs = g.value(n.inputs[1]).type.shape;
+  const int64_t m = a.trans_a ? as[1] : as[0], k = a.trans_a ? as[0] : as[1];
+  const int64_t cols = a.trans_b ? bs[0] : bs[1];
+  std::optional<memory::desc> bias;
+  const ValueId c = n.inputs.size() > 2 ? n.inputs[2] : kNoValue;
+  if (c != kNoValue && a.beta != 0.0) {
+    const Shape& cs = g.value(c).type.shape;
+    if (a.beta != 1.0 || numel(cs) != cols || cs.empty() || cs.back() != cols)
+      return {nullptr, cat("C ", shape_str(cs), " with beta ", a.beta,
+                           " (only a bias over the columns with beta 1 so far)")};
+    bias = memory::desc({1, cols}, memory::data_type::f32, memory::format_tag::ab);
+  }
+  dnnl::post_ops ops;
+  if (!append_activation(ops, a.activation, &why)) return {nullptr, why};
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  return make(g, n.inputs[1], matrix_desc({m, k}, a.trans_a), matrix_desc({k, cols}, a.trans_b),
+              plain_desc({m, cols}), bias, attr, "gemm");
+}
+
+Planned plan_matmul(const Graph& g, const Node& n) {
+  std::string why;
+  if (!all_f32(g, n, &why)) return {nullptr, why};
+  const Shape& as = g.value(n.inputs[0]).type.shape;
+  const Shape& bs = g.value(n.inputs[1]).type.shape;
+  const Shape& ys = g.value(n.outputs[0]).type.shape;
+  if (as.size() < 2 || bs.size() < 2 || ys.size() > 4)
+    return {nullptr, cat("operands ", shape_str(as), " x ", shape_str(bs),
+                         " (ranks 2 to 4, no vectors, so far)")};
+  // Every operand at the output's rank, missing batch dims as 1 (numpy's broadcast).
+  auto padded = [&](const Shape& s) {
+    memory::dims d(ys.size() - s.size(), 1);
+    d.insert(d.end(), s.begin(), s.end());
+    return d;
+  };
+  return make(g, n.inputs[1], plain_desc(padded(as)), plain_desc(padded(bs)),
+              plain_desc(dims_of(ys)), std::nullopt, dnnl::primitive_attr(), "matmul");
+}
+
+}  // namespace fusebox::cpu_fast
+#endif  // FUSEBOX_WITH_ONEDNN

@@ -1,0 +1,78 @@
+#ifdef FUSEBOX_WITH_ONEDNN
+#include "backends/cpu_fast/onednn.h"
+
+#include <limits>
+
+namespace fusebox::cpu_fast {
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+void execute(const dnnl::primitive& p, const std::unordered_map<int, dnnl::memory>& args) {
+  // A stream per call: they are cheap on the CPU, and executables may run on several threads.
+  dnnl::stream stream(cpu_engine());
+  p.execute(stream, args);
+  stream.wait();
+}
+
+dnnl::memory::dims dims_of(const Shape& s) {
+  return dnnl::memory::dims(s.begin(), s.end());
+}
+
+dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims) {
+  dnnl::memory::dims strides(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, strides);
+}
+
+dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data) {
+  // oneDNN takes a mutable handle; inputs are only read through it.
+  return dnnl::memory(desc, cpu_engine(), const_cast<void*>(data));
+}
+
+bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::string* why) {
+  using dnnl::algorithm;
+  switch (a.kind) {
+    case Activation::none:
+      return true;
+    case Activation::relu:
+      ops.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
+      return true;
+    case Activation::gelu:
+      ops.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
+      return true;
+    case Activation::gelu_tanh:
+      ops.append_eltwise(algorithm::eltwise_gelu_tanh, 0.f, 0.f);
+      return true;
+    case Activation::silu:
+      ops.append_eltwise(algorithm::eltwise_swish, 1.f, 0.f);
+      return true;
+    case Activation::sigmoid:
+      ops.append_eltwise(algorithm::eltwise_logistic, 0.f, 0.f);
+      return true;
+    case Activation::tanh:
+      ops.append_eltwise(algorithm::eltwise_tanh, 0.f, 0.f);
+      return true;
+    case Activation::clip: {
+      // clip_v2: min(max(x, alpha), beta); an infinite bound as the float range's end.
+      const float lo = std::max(float(a.min), std::numeric_limits<float>::lowest());
+      const float hi = std::min(float(a.max), std::numeric_limits<float>::max());
+      ops.append_eltwise(algorithm::eltwise_clip_v2, lo, hi);
+      return true;
+    }
+  }
+  *why = cat("no oneDNN eltwise for the activation ", activation_name(a.kind));
+  return false;
+}
+
+dnnl::memory in_layout(const dnnl::memory& data, const dnnl::memory::desc& want) {
+  if (data.get_desc() == want) return data;
+  dnnl::memory out(want, cpu_engine());
+  execute(dnnl::reorder(data, out), {{DNNL_ARG_FROM, data}, {DNNL_ARG_TO, out}});
+  return out;
+}
+
+}  // namespace fusebox::cpu_fast
+#endif  // FUSEBOX_WITH_ONEDNN

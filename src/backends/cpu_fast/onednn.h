@@ -1,0 +1,41 @@
+// What the oneDNN kernels share: the process's CPU engine, plain memory descriptors of dense
+// tensors, the fused activations as eltwise post-ops, and running a primitive on a stream.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "fusebox/ir/graph.h"
+
+namespace fusebox::cpu_fast {
+
+dnnl::engine& cpu_engine();
+
+// Executes `p` with `args` on a stream of the engine and waits for it.
+void execute(const dnnl::primitive& p, const std::unordered_map<int, dnnl::memory>& args);
+
+// A dense row-major f32 tensor of `dims`.
+dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims);
+dnnl::memory::dims dims_of(const Shape& s);
+
+// Wraps host bytes (not owned) as a memory of `desc`.
+dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data);
+
+// Appends `a` as an eltwise post-op; false (nothing appended) where oneDNN has no such
+// eltwise, with `why` said.
+bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::string* why);
+
+// `data` (plain, `plain`) in `want`'s layout: the same memory where they agree, else a
+// reordered copy (allocated by oneDNN).
+dnnl::memory in_layout(const dnnl::memory& data, const dnnl::memory::desc& want);
+
+// The implementation oneDNN chose, for --report ("brg:avx2", "jit:avx2", "gemm:jit").
+template <class PrimitiveDesc>
+std::string implementation(const PrimitiveDesc& pd) {
+  return pd.impl_info_str();
+}
+
+}  // namespace fusebox::cpu_fast

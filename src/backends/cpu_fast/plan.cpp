@@ -1,0 +1,47 @@
+// Which nodes the fast CPU kernels take: one table of planners by op, each saying why it
+// refuses a node; every other op runs on the reference kernels.
+#include "fusebox/backends/cpu_fast.h"
+
+#include "backends/cpu_fast/kernels.h"
+#ifdef FUSEBOX_WITH_ONEDNN
+#include "backends/cpu_fast/onednn.h"
+#endif
+
+namespace fusebox::cpu_fast {
+
+bool built_with_onednn() {
+#ifdef FUSEBOX_WITH_ONEDNN
+  return true;
+#else
+  return false;
+#endif
+}
+
+Planned plan(const Graph& g, const Node& n) {
+#ifdef FUSEBOX_WITH_ONEDNN
+  try {
+    switch (n.op) {
+      case OpKind::conv:
+        return plan_conv(g, n);
+      case OpKind::gemm:
+        return plan_gemm(g, n);
+      case OpKind::matmul:
+        return plan_matmul(g, n);
+      case OpKind::max_pool:
+      case OpKind::avg_pool:
+      case OpKind::global_avg_pool:
+        return plan_pool(g, n);
+      default:
+        return {nullptr, cat("no oneDNN kernel for ", op_name(n.op), " yet")};
+    }
+  } catch (const dnnl::error& e) {
+    return {nullptr, cat("oneDNN refused it: ", e.what())};
+  }
+#else
+  (void)g;
+  (void)n;
+  return {nullptr, "this build has no oneDNN (scripts/setup.sh puts it in .deps-cpu/)"};
+#endif
+}
+
+}  // namespace fusebox::cpu_fast

@@ -1,0 +1,260 @@
+// The fast CPU kernels (fusebox/backends/cpu_fast.h) against the reference backend: each node
+// oneDNN takes (convolutions of every shape class with their epilogues, gemm, matmul) within
+// tolerance of the reference, constant weights and weights fed as inputs; the nodes it
+// refuses run on the reference kernels, bit for bit; a zoo ResNet through the inference
+// pipeline. Skipped, saying so, in a build without oneDNN.
+#include <gtest/gtest.h>
+
+#include "fusebox/backends/cpu_fast.h"
+#include "fusebox/ir/builder.h"
+#include "fusebox/passes/pipeline.h"
+#include "fusebox/runtime/executable.h"
+#include "fusebox/runtime/executor.h"
+#include "fusebox/zoo.h"
+#include "testing.h"
+
+namespace fusebox::testing {
+namespace {
+
+#define REQUIRE_ONEDNN()                                                                    \
+  if (!cpu_fast::built_with_onednn())                                                       \
+  GTEST_SKIP() << "this build has no oneDNN (scripts/setup.sh puts it in .deps-cpu/): the " \
+                  "fast CPU kernels are the reference ones"
+
+// Runs `g` on the fast kernels and on the reference; expects `fast_nodes` nodes on oneDNN and
+// the outputs within rtol/atol (0, 0: bit for bit).
+void expect_fast_matches_reference(const Graph& g, const NamedTensors& feeds, size_t fast_nodes,
+                                   double rtol = 1e-4, double atol = 1e-5) {
+  const NamedTensors want = run_graph(g, feeds);
+  auto exe = Executable::compile(
+      g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast, .poison = true});
+  EXPECT_EQ(exe->stats().fast_nodes, fast_nodes) << exe->stats().fast_summary;
+  for (int run = 0; run < 2; ++run) {  // kernels are made once and run many times
+    const NamedTensors got = exe->run(feeds);
+    for (const auto& [name, t] : want)
+      EXPECT_TRUE(all_close(got.at(name), t, rtol, atol)) << name << " run " << run << "\n"
+                                                          << exe->stats().fast_summary;
+  }
+}
+
+struct ConvCase {
+  std::string what;
+  Shape x, w;
+  ConvAttrs attrs;
+  bool bias = true, residual = false, weights_as_input = false;
+};
+
+TEST(CpuFast, ConvolutionsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  const FusedActivation relu{Activation::relu}, gelu{Activation::gelu}, silu{Activation::silu},
+      clip{Activation::clip, -0.5, 0.5};
+  const std::vector<ConvCase> cases = {
+      {"3x3 same", {2, 8, 9, 9}, {16, 8, 3, 3}, {.pads_begin = {1, 1}, .pads_end = {1, 1}}},
+      {"1x1 stride 2", {2, 16, 8, 8}, {8, 16, 1, 1}, {.strides = {2, 2}}},
+      {"7x7 stride 2 stem, C 3",
+       {1, 3, 32, 32},
+       {8, 3, 7, 7},
+       {.strides = {2, 2}, .pads_begin = {3, 3}, .pads_end = {3, 3}}},
+      {"dilated, asymmetric pads",
+       {1, 4, 10, 11},
+       {6, 4, 3, 3},
+       {.dilations = {2, 2}, .pads_begin = {2, 1}, .pads_end = {1, 2}}},
+      {"groups 2",
+       {2, 8, 7, 7},
+       {12, 4, 3, 3},
+       {.pads_begin = {1, 1}, .pads_end = {1, 1}, .groups = 2}},
+      {"depthwise 5x5 + relu",
+       {2, 12, 9, 9},
+       {12, 1, 5, 5},
+       {.pads_begin = {2, 2}, .pads_end = {2, 2}, .groups = 12, .activation = relu}},
+      {"1-D", {2, 6, 17}, {5, 6, 3}, {.pads_begin = {1}, .pads_end = {1}}},
+      {"3-D", {1, 3, 5, 6, 7}, {4, 3, 3, 3, 3}, {.pads_begin = {1, 1, 1}, .pads_end = {1, 1, 1}}},
+      {"no bias + gelu", {1, 4, 6, 6}, {4, 4, 3, 3}, {.activation = gelu}, false},
+      {"silu", {1, 4, 6, 6}, {4, 4, 1, 1}, {.activation = silu}},
+      {"clip", {1, 4, 6, 6}, {4, 4, 1, 1}, {.activation = clip}},
+      {"residual + relu",
+       {2, 8, 6, 6},
+       {8, 8, 3, 3},
+       {.pads_begin = {1, 1}, .pads_end = {1, 1}, .residual_activation = relu},
+       true,
+       true},
+      {"relu, residual, relu",
+       {2, 8, 6, 6},
+       {8, 8, 1, 1},
+       {.activation = relu, .residual_activation = relu},
+       false,
+       true},
+      {"weights fed as an input",
+       {2, 8, 6, 6},
+       {8, 8, 3, 3},
+       {.pads_begin = {1, 1}, .pads_end = {1, 1}},
+       true,
+       false,
+       true},
+  };
+  uint64_t seed = 1;
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    Graph g("conv");
+    const ValueId x = g.add_input("x", DType::f32, c.x);
+    NamedTensors feeds{{"x", random_tensor(DType::f32, c.x, seed++)}};
+    ValueId w;
+    if (c.weights_as_input) {
+      w = g.add_input("w", DType::f32, c.w);
+      feeds["w"] = random_tensor(DType::f32, c.w, seed++, -0.3, 0.3);
+    } else {
+      w = g.add_constant("w", random_tensor(DType::f32, c.w, seed++, -0.3, 0.3));
+    }
+    std::vector<ValueId> inputs = {x, w};
+    inputs.push_back(c.bias ? g.add_constant("b", random_tensor(DType::f32, {c.w[0]}, seed++))
+                            : kNoValue);
+    ConvAttrs attrs = c.attrs;
+    if (c.residual) {
+      // The residual has y's shape: the output's, from a plain conv of the same problem.
+      Graph probe("probe");
+      Builder pb(probe);
+      const ValueId px = probe.add_input("x", DType::f32, c.x);
+      ConvAttrs plain = attrs;
+      plain.activation = plain.residual_activation = {};
+      const Shape y_shape =
+          probe
+              .value(pb.conv(px, probe.add_constant("w", Tensor::zeros(DType::f32, c.w)), kNoValue,
+                             plain))
+              .type.shape;
+      inputs.push_back(g.add_input("r", DType::f32, y_shape));
+      feeds["r"] = random_tensor(DType::f32, y_shape, seed++);
+    }
+    const ValueId y = g.add_node(OpKind::conv, attrs, inputs, "conv")[0];
+    g.mark_output(y);
+    expect_fast_matches_reference(g, feeds, 1);
+  }
+}
+
+TEST(CpuFast, GemmAndMatmulMatchTheReference) {
+  REQUIRE_ONEDNN();
+  uint64_t seed = 100;
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      for (const FusedActivation act : {FusedActivation{}, FusedActivation{Activation::gelu}}) {
+        SCOPED_TRACE(cat("gemm ta ", trans_a, " tb ", trans_b, " ", activation_name(act.kind)));
+        const int64_t m = 13, k = 24, n = 10;
+        Graph g("gemm");
+        const ValueId a = g.add_input("a", DType::f32, trans_a ? Shape{k, m} : Shape{m, k});
+        const ValueId b = g.add_constant(
+            "b", random_tensor(DType::f32, trans_b ? Shape{n, k} : Shape{k, n}, seed++));
+        const ValueId c = g.add_constant("c", random_tensor(DType::f32, {n}, seed++));
+        GemmAttrs attrs{trans_a, trans_b, 1.0, 1.0};
+        attrs.activation = act;
+        g.mark_output(g.add_node(OpKind::gemm, attrs, {a, b, c}, "gemm")[0]);
+        expect_fast_matches_reference(
+            g, {{"a", random_tensor(DType::f32, trans_a ? Shape{k, m} : Shape{m, k}, seed++)}}, 1);
+      }
+    }
+  }
+  struct MatmulCase {
+    Shape a, b;
+    bool b_constant;
+  };
+  for (const MatmulCase& c : std::vector<MatmulCase>{{{7, 5}, {5, 9}, true},
+                                                     {{3, 7, 5}, {5, 9}, true},  // a linear layer
+                                                     {{3, 7, 5}, {3, 5, 9}, false},
+                                                     {{2, 3, 4, 6}, {2, 3, 6, 5}, false},
+                                                     {{2, 3, 4, 6}, {1, 1, 6, 5}, false}}) {
+    SCOPED_TRACE(cat("matmul ", shape_str(c.a), " x ", shape_str(c.b)));
+    Graph g("matmul");
+    const ValueId a = g.add_input("a", DType::f32, c.a);
+    NamedTensors feeds{{"a", random_tensor(DType::f32, c.a, seed++)}};
+    ValueId b;
+    if (c.b_constant) {
+      b = g.add_constant("b", random_tensor(DType::f32, c.b, seed++));
+    } else {
+      b = g.add_input("b", DType::f32, c.b);
+      feeds["b"] = random_tensor(DType::f32, c.b, seed++);
+    }
+    g.mark_output(g.add_node(OpKind::matmul, {}, {a, b}, "matmul")[0]);
+    expect_fast_matches_reference(g, feeds, 1);
+  }
+}
+
+TEST(CpuFast, PoolingMatchesTheReference) {
+  REQUIRE_ONEDNN();
+  struct PoolCase {
+    std::string what;
+    OpKind op;
+    PoolAttrs attrs;
+  };
+  const std::vector<PoolCase> cases = {
+      {"max 3x3 s2 p1 (ResNet)",
+       OpKind::max_pool,
+       {.kernel = {3, 3}, .strides = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}}},
+      {"max ceil_mode", OpKind::max_pool, {.kernel = {3, 3}, .strides = {2, 2}, .ceil_mode = true}},
+      {"avg exclude pad",
+       OpKind::avg_pool,
+       {.kernel = {3, 3}, .strides = {1, 1}, .pads_begin = {1, 1}, .pads_end = {1, 1}}},
+      {"avg include pad",
+       OpKind::avg_pool,
+       {.kernel = {2, 2},
+        .strides = {2, 2},
+        .pads_begin = {1, 1},
+        .pads_end = {1, 1},
+        .count_include_pad = true}},
+      {"global avg", OpKind::global_avg_pool, {}},
+  };
+  uint64_t seed = 300;
+  for (const PoolCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    Graph g("pool");
+    const ValueId x = g.add_input("x", DType::f32, {2, 5, 10, 9});
+    const Attrs attrs = c.op == OpKind::global_avg_pool ? Attrs{} : Attrs{c.attrs};
+    g.mark_output(g.add_node(c.op, attrs, {x}, "pool")[0]);
+    expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 5, 10, 9}, seed++)}}, 1,
+                                  1e-5, 1e-6);
+  }
+}
+
+// What oneDNN does not take (here: f64, gemm's alpha 2, a full C) runs on the reference
+// kernels, bit for bit, and the summary says why.
+TEST(CpuFast, RefusedNodesRunOnTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("refused");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f64, {1, 2, 5, 5});
+  const ValueId y = b.conv(x, g.add_constant("w", random_tensor(DType::f64, {3, 2, 3, 3}, 1)));
+  g.mark_output(y);
+  const ValueId a = g.add_input("a", DType::f32, {4, 6});
+  const ValueId w = g.add_constant("w2", random_tensor(DType::f32, {6, 3}, 2));
+  const ValueId full_c = g.add_constant("c", random_tensor(DType::f32, {4, 3}, 3));
+  g.mark_output(g.add_node(OpKind::gemm, GemmAttrs{false, false, 2.0, 1.0}, {a, w}, "scaled")[0]);
+  g.mark_output(g.add_node(OpKind::gemm, GemmAttrs{}, {a, w, full_c}, "full_c")[0]);
+  const NamedTensors feeds{{"x", random_tensor(DType::f64, {1, 2, 5, 5}, 4)},
+                           {"a", random_tensor(DType::f32, {4, 6}, 5)}};
+  expect_fast_matches_reference(g, feeds, 0, 0, 0);
+  auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
+  const std::string& summary = exe->stats().fast_summary;
+  EXPECT_NE(summary.find("f64"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("gemm: 0 on oneDNN, 2 reference"), std::string::npos) << summary;
+}
+
+// A whole model through the inference pipeline (batch norms folded into the convolutions,
+// relus and residual adds as their epilogues), as `fusebox run --device cpu` runs it.
+TEST(CpuFast, ZooResNetMatchesTheReference) {
+  REQUIRE_ONEDNN();
+  const Graph model =
+      build_zoo_model("resnet18", {.batch = 2, .image_size = 64, .num_classes = 10, .seed = 3});
+  const NamedTensors feeds{
+      {model.value(model.inputs()[0]).name,
+       random_tensor(DType::f32, model.value(model.inputs()[0]).type.shape, 9)}};
+  const NamedTensors want = run_graph(model, feeds);
+  auto exe = Executable::compile(
+      model, {.device = Device::cpu,
+              .cpu_kernels = CpuKernels::fast,
+              .pipeline = {.kind = PipelineKind::inference, .precision = Precision::f32}});
+  EXPECT_GE(exe->stats().fast_nodes, 20u) << exe->stats().fast_summary;  // 20 convs, the fc
+  const NamedTensors got = exe->run(feeds);
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(all_close(got.at(name), t, 1e-3, 1e-4)) << name << "\n"
+                                                        << exe->stats().fast_summary;
+}
+
+}  // namespace
+}  // namespace fusebox::testing
