@@ -8,7 +8,8 @@
 // Taken now: convolutions (1-3 spatial dims, groups, dilation, padding; bias, the fused
 // activations and residual add of ConvAttrs as post-ops), gemm (a bias vector, alpha 1,
 // the fused activation), matmul (rank 2-4, batch broadcast), max/average/global average
-// pooling (no indices), in f32.
+// pooling (no indices), softmax and log-softmax, layer norm (inference: statistics unread),
+// in f32.
 #pragma once
 
 #include <memory>

@@ -5,9 +5,11 @@
 
 namespace fusebox::cpu_fast {
 
-Planned plan_conv(const Graph& g, const Node& n);    // conv.cpp
-Planned plan_gemm(const Graph& g, const Node& n);    // matmul.cpp
-Planned plan_matmul(const Graph& g, const Node& n);  // matmul.cpp
-Planned plan_pool(const Graph& g, const Node& n);    // pool.cpp: max, average, global
+Planned plan_conv(const Graph& g, const Node& n);        // conv.cpp
+Planned plan_gemm(const Graph& g, const Node& n);        // matmul.cpp
+Planned plan_matmul(const Graph& g, const Node& n);      // matmul.cpp
+Planned plan_pool(const Graph& g, const Node& n);        // pool.cpp: max, average, global
+Planned plan_softmax(const Graph& g, const Node& n);     // norm.cpp: softmax, log_softmax
+Planned plan_layer_norm(const Graph& g, const Node& n);  // norm.cpp
 
 }  // namespace fusebox::cpu_fast

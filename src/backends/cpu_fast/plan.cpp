@@ -31,6 +31,11 @@ Planned plan(const Graph& g, const Node& n) {
       case OpKind::avg_pool:
       case OpKind::global_avg_pool:
         return plan_pool(g, n);
+      case OpKind::softmax:
+      case OpKind::log_softmax:
+        return plan_softmax(g, n);
+      case OpKind::layer_norm:
+        return plan_layer_norm(g, n);
       default:
         return {nullptr, cat("no oneDNN kernel for ", op_name(n.op), " yet")};
     }

@@ -212,6 +212,44 @@ TEST(CpuFast, PoolingMatchesTheReference) {
   }
 }
 
+// Softmax and log-softmax over every axis; layer norm over the last dims (ViT's, and a
+// [N, C, H, W] one over [C, H, W]); a layer norm whose statistics are read (training) stays on
+// the reference.
+TEST(CpuFast, SoftmaxAndLayerNormMatchTheReference) {
+  REQUIRE_ONEDNN();
+  const Shape shape{2, 3, 5, 7};
+  uint64_t seed = 400;
+  for (OpKind op : {OpKind::softmax, OpKind::log_softmax}) {
+    for (int64_t axis : {-1, 0, 1, 2}) {
+      SCOPED_TRACE(cat(op_name(op), " axis ", axis));
+      Graph g("softmax");
+      const ValueId x = g.add_input("x", DType::f32, shape);
+      g.mark_output(g.add_node(op, SoftmaxAttrs{axis}, {x}, "softmax")[0]);
+      expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, shape, seed++, -4, 4)}}, 1);
+    }
+  }
+  for (int64_t axis : {-1, 1}) {
+    SCOPED_TRACE(cat("layer_norm axis ", axis));
+    Graph g("layer_norm");
+    Builder b(g);
+    const ValueId x = g.add_input("x", DType::f32, shape);
+    const Shape normalised(shape.begin() + (axis < 0 ? 3 : axis), shape.end());
+    const ValueId y = b.layer_norm(x, g.add_constant("s", random_tensor(DType::f32, normalised, 1)),
+                                   g.add_constant("b", random_tensor(DType::f32, normalised, 2)),
+                                   NormAttrs{.axis = axis});
+    g.mark_output(y);
+    expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, shape, seed++, -3, 3)}}, 1,
+                                  1e-4, 1e-5);
+  }
+  Graph g("layer_norm_training");
+  const ValueId x = g.add_input("x", DType::f32, {4, 6});
+  const std::vector<ValueId> outs =
+      g.add_node(OpKind::layer_norm, NormAttrs{},
+                 {x, g.add_constant("s", random_tensor(DType::f32, {6}, 3))}, "ln");
+  for (ValueId v : outs) g.mark_output(v);
+  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {4, 6}, seed++)}}, 0, 0, 0);
+}
+
 // What oneDNN does not take (here: f64, gemm's alpha 2, a full C) runs on the reference
 // kernels, bit for bit, and the summary says why.
 TEST(CpuFast, RefusedNodesRunOnTheReference) {
