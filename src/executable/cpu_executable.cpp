@@ -200,10 +200,17 @@ class CpuExecutable final : public Executable {
     }
     cpu_fast::Kernel* fast = fast_.empty() ? nullptr : fast_[size_t(n.id)].get();
     auto run = [&] {
-      if (fast)
-        fast->run(in_ptrs, outs);
-      else
+      if (fast) {
+        try {
+          fast->run(in_ptrs, outs);
+        } catch (const OutOfMemory&) {
+          throw;                    // named by the run loop
+        } catch (const Error& e) {  // a oneDNN failure: name the node it ran
+          throw Error(node_label(n), error_message(e));
+        }
+      } else {
         cpu::run_node(graph_, n, in_ptrs, outs, options_.communicator.get());
+      }
     };
     if (times == nullptr) {
       run();

@@ -12,9 +12,13 @@ dnnl::engine& cpu_engine() {
 
 void execute(const dnnl::primitive& p, const std::unordered_map<int, dnnl::memory>& args) {
   // A stream per call: they are cheap on the CPU, and executables may run on several threads.
-  dnnl::stream stream(cpu_engine());
-  p.execute(stream, args);
-  stream.wait();
+  try {
+    dnnl::stream stream(cpu_engine());
+    p.execute(stream, args);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw Error("oneDNN", cat("a primitive failed to run: ", e.what()));
+  }
 }
 
 dnnl::memory::dims dims_of(const Shape& s) {
