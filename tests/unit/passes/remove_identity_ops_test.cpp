@@ -13,12 +13,6 @@
 namespace fusebox::testing {
 namespace {
 
-size_t count_op(const Graph& g, OpKind op) {
-  size_t n = 0;
-  for (const Node& node : g.nodes()) n += node.op == op;
-  return n;
-}
-
 // Swin's pattern and the other identities, each followed by a relu that reads it, summed.
 Graph with_identities() {
   Graph g("identities");
@@ -46,8 +40,8 @@ TEST(RemoveIdentityOps, EveryIdentityGoesAndTheValuesStay) {
   EXPECT_EQ(remove_identity_ops(g), 7u);  // pad, slice, transpose, cast, concat, reshape, expand
   for (OpKind op : {OpKind::pad, OpKind::slice, OpKind::transpose, OpKind::cast, OpKind::concat,
                     OpKind::reshape, OpKind::expand})
-    EXPECT_EQ(count_op(g, op), 0u) << op_name(op);
-  EXPECT_EQ(count_op(g, OpKind::relu), 6u);
+    EXPECT_EQ(count_ops(g, op), 0) << op_name(op);
+  EXPECT_EQ(count_ops(g, OpKind::relu), 6);
   g.verify();
   const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 6, 6, 4}, 3)}};
   const NamedTensors want = run_graph(before, feeds), got = run_graph(g, feeds);
@@ -85,7 +79,7 @@ TEST(RemoveIdentityOps, GraphOutputsStay) {
   g.rename_value(y, "y");
   g.mark_output(y);
   EXPECT_EQ(remove_identity_ops(g), 0u);
-  EXPECT_EQ(count_op(g, OpKind::transpose), 1u);
+  EXPECT_EQ(count_ops(g, OpKind::transpose), 1);
 }
 
 // The pipelines run it first; FUSEBOX_FUSION=0 (InferenceFusionOptions::none) leaves it out.
@@ -95,7 +89,7 @@ TEST(RemoveIdentityOps, InferencePipelineRemovesThem) {
   ASSERT_FALSE(log.passes.empty());
   EXPECT_EQ(log.passes[0].pass, "remove_identity_ops");
   EXPECT_EQ(log.passes[0].rewrites, 7u);
-  EXPECT_EQ(count_op(g, OpKind::pad), 0u);
+  EXPECT_EQ(count_ops(g, OpKind::pad), 0);
 }
 
 }  // namespace

@@ -266,6 +266,12 @@ TEST(CudaLayout, TrainingGradientsMatchCpu) {
   for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 2e-4, 2e-5)) << name;
 }
 
+// A random f32 constant of `g` in [lo, hi).
+ValueId f32_constant(Graph& g, const std::string& name, Shape shape, uint64_t seed, double lo,
+                     double hi) {
+  return g.add_constant(name, random_tensor(DType::f32, shape, seed, lo, hi));
+}
+
 // ConvNeXt's block: depthwise conv -> permute to NHWC -> layer norm -> linear -> GELU ->
 // linear -> permute back -> layer scale -> + residual -> conv. Both permutes are compiled as
 // views of their inputs (no copy; poisoned outputs elsewhere), and the block and its
@@ -275,7 +281,7 @@ Graph convnext_block(bool with_gradients) {
   Builder b(g);
   auto param = [&](const std::string& name, Shape shape, uint64_t seed, double lo = -0.3,
                    double hi = 0.3) {
-    return g.add_constant(name, random_tensor(DType::f32, shape, seed, lo, hi));
+    return f32_constant(g, name, std::move(shape), seed, lo, hi);
   };
   ValueId x = g.add_input("x", DType::f32, {2, 16, 7, 7});
   ValueId dw = g.add_input("dw", DType::f32, {16, 1, 7, 7});
@@ -330,7 +336,7 @@ TEST(CudaLayout, ConcatOfConvolutionsMatchesCpu) {
   Builder b(g);
   auto param = [&](const std::string& name, Shape shape, uint64_t seed, double lo = -0.3,
                    double hi = 0.3) {
-    return g.add_constant(name, random_tensor(DType::f32, shape, seed, lo, hi));
+    return f32_constant(g, name, std::move(shape), seed, lo, hi);
   };
   ValueId features = g.add_input("x", DType::f32, {2, 8, 9, 9});
   for (int layer = 0; layer < 3; ++layer) {
