@@ -7,8 +7,6 @@
 // post-op reading a plain residual beside a blocked dst sent oneDNN to its reference
 // implementation (300-430 ms for one of ResNet-50's 1x1 convolutions at batch 1, 2 cores).
 #ifdef FUSEBOX_WITH_ONEDNN
-#include <cstring>
-
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
 
@@ -128,21 +126,9 @@ Planned plan_conv(const Graph& g, const Node& n) {
     return {nullptr, cat("oneDNN has no convolution for it (", e.what(), ")")};
   }
   std::optional<memory> weights, bias_memory;
-  if (g.is_constant(w)) weights = in_layout(wrap(w_plain, g.constant(w)->raw()), pd.weights_desc());
-  if (bias != kNoValue && g.is_constant(bias)) {
-    // Copied: the graph's constant may go before the executable does.
-    bias_memory = memory(pd.bias_desc(), cpu_engine());
-    const Tensor& b = *g.constant(bias);
-    std::memcpy(bias_memory->get_data_handle(), b.raw(), b.nbytes());
-  }
-  if (weights) {
-    // in_layout returns the wrapped constant itself where no reorder was needed: copy it.
-    if (weights->get_data_handle() == g.constant(w)->raw()) {
-      memory own(pd.weights_desc(), cpu_engine());
-      std::memcpy(own.get_data_handle(), g.constant(w)->raw(), g.constant(w)->nbytes());
-      weights = own;
-    }
-  }
+  if (g.is_constant(w)) weights = prepared_copy(*g.constant(w), w_plain, pd.weights_desc());
+  if (bias != kNoValue && g.is_constant(bias))
+    bias_memory = prepared_copy(*g.constant(bias), pd.bias_desc(), pd.bias_desc());
   return {std::make_unique<ConvKernel>(pd, x_plain, w_plain, y_plain, weights, bias_memory,
                                        bias != kNoValue, residual != kNoValue),
           ""};

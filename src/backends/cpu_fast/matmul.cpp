@@ -2,8 +2,6 @@
 // layer's weights) reordered once into the layout oneDNN picks for it; gemm's bias vector and
 // fused activation as the primitive's bias and an eltwise post-op.
 #ifdef FUSEBOX_WITH_ONEDNN
-#include <cstring>
-
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
 
@@ -82,16 +80,7 @@ Planned make(const Graph& g, ValueId b, const memory::desc& a_desc, const memory
     return {nullptr, cat("oneDNN has no matmul for it (", e.what(), ")")};
   }
   std::optional<memory> weights;
-  if (constant_b) {
-    const Tensor& t = *g.constant(b);
-    memory own(pd.weights_desc(), cpu_engine());
-    const memory given = wrap(b_desc, t.raw());
-    if (pd.weights_desc() == b_desc)
-      std::memcpy(own.get_data_handle(), t.raw(), t.nbytes());
-    else
-      execute(dnnl::reorder(given, own), {{DNNL_ARG_FROM, given}, {DNNL_ARG_TO, own}});
-    weights = own;
-  }
+  if (constant_b) weights = prepared_copy(*g.constant(b), b_desc, pd.weights_desc());
   return {std::make_unique<MatmulKernel>(pd, a_desc, b_desc, y_desc, weights, bias, what), ""};
 }
 

@@ -4,8 +4,6 @@
 // statistics outputs are read by nothing (inference), with a scale and a bias of the
 // normalised dims' shape.
 #ifdef FUSEBOX_WITH_ONEDNN
-#include <cstring>
-
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
 
@@ -52,15 +50,13 @@ class LayerNormKernel final : public Kernel {
   memory scale_, shift_;
 };
 
-// A copy of constant `v` (cols f32 values), or `fill` everywhere where there is none.
+// Constant `v` (cols f32 values) in memory of its own, or `fill` everywhere where there is none.
 memory parameter(const Graph& g, ValueId v, int64_t cols, float fill) {
-  memory m(memory::desc({cols}, memory::data_type::f32, memory::format_tag::x), cpu_engine());
+  const memory::desc desc({cols}, memory::data_type::f32, memory::format_tag::x);
+  if (v != kNoValue) return prepared_copy(*g.constant(v), desc, desc);
+  memory m(desc, cpu_engine());
   float* p = static_cast<float*>(m.get_data_handle());
-  if (v == kNoValue) {
-    for (int64_t i = 0; i < cols; ++i) p[i] = fill;
-  } else {
-    std::memcpy(p, g.constant(v)->raw(), size_t(cols) * sizeof(float));
-  }
+  for (int64_t i = 0; i < cols; ++i) p[i] = fill;
   return m;
 }
 

@@ -78,5 +78,13 @@ dnnl::memory in_layout(const dnnl::memory& data, const dnnl::memory::desc& want)
   return out;
 }
 
+dnnl::memory prepared_copy(const Tensor& t, const dnnl::memory::desc& given,
+                           const dnnl::memory::desc& want) {
+  const dnnl::memory from = wrap(given, t.raw());
+  dnnl::memory to(want, cpu_engine());
+  execute(dnnl::reorder(from, to), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+  return to;
+}
+
 }  // namespace fusebox::cpu_fast
 #endif  // FUSEBOX_WITH_ONEDNN

@@ -32,6 +32,11 @@ bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::strin
 // reordered copy (allocated by oneDNN).
 dnnl::memory in_layout(const dnnl::memory& data, const dnnl::memory::desc& want);
 
+// A copy of constant `t` (dense, described by `given`) in `want`'s layout, in memory of its own
+// (so the kernel outlives the graph's tensor): prepared weights.
+dnnl::memory prepared_copy(const Tensor& t, const dnnl::memory::desc& given,
+                           const dnnl::memory::desc& want);
+
 // The implementation oneDNN chose, for --report ("brg:avx2", "jit:avx2", "gemm:jit").
 template <class PrimitiveDesc>
 std::string implementation(const PrimitiveDesc& pd) {
