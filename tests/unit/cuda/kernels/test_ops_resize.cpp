@@ -33,6 +33,9 @@ std::vector<ResizeAttrs> resize_cases() {
                    .roi_start = {0, 0, -0.2, 0.3},
                    .roi_end = {1, 1, 0.9, 1.3}});
   cases.push_back({.sizes = {2, 3, 12, 16}, .mode = ResizeMode::linear});  // PyTorch's 2x
+  // A leading dim resampled too: the general kernel (the others take the 2-D one).
+  cases.push_back({.sizes = {2, 5, 13, 5}, .mode = ResizeMode::linear});
+  cases.push_back({.sizes = {3, 3, 13, 5}, .mode = ResizeMode::nearest});
   return cases;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backends/common/resize_map.h"
+#include "backends/cuda/device/strided_layout.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/kernels/common/scatter_sum.cuh"
@@ -40,6 +41,81 @@ __global__ void resize_weighted(const T* x, ResizeMap m, int64_t total, T* y) {
   }
 }
 
+// The common case, images resampled in their last two dims only (every other dim unscaled:
+// one tap of weight 1 at its own index): the two dims' taps from the same resize_taps, the
+// leading dims as one plane index, no per-dim loop; the taps summed in the general kernel's
+// order (the last dim fastest) with the same weights (1 * ... * w_h * w_w), so the values are
+// its values. The general kernel's per-dim int64 divisions and tap arrays in local memory
+// ran DeepLabV3's [16, 21, 64, 64] -> 512 x 512 upsample in 26 ms on an H200.
+template <class Index>
+__device__ __forceinline__ void plane_coords(Index e, Index out_h, Index out_w, Index& plane,
+                                             Index& oh, Index& ow) {
+  ow = e % out_w;
+  const Index rest = e / out_w;
+  oh = rest % out_h;
+  plane = rest / out_h;
+}
+
+template <class W, class Index>
+__global__ void resize_nearest_2d(const W* x, ResizeMap m, Index total, W* y) {
+  const int r = m.rank;
+  const Index out_h = Index(m.out[r - 2]), out_w = Index(m.out[r - 1]);
+  const int64_t in_h = m.in[r - 2], in_w = m.in[r - 1];
+  for (Index e = Index(global_thread_index()); e < total; e += Index(grid_stride())) {
+    Index plane, oh, ow;
+    plane_coords(e, out_h, out_w, plane, oh, ow);
+    const ResizeTaps th = resize_taps(m, r - 2, int64_t(oh)),
+                     tw = resize_taps(m, r - 1, int64_t(ow));
+    y[e] = x[(int64_t(plane) * in_h + th.index[0]) * in_w + tw.index[0]];
+  }
+}
+
+template <class T, class Index>
+__global__ void resize_weighted_2d(const T* x, ResizeMap m, Index total, T* y) {
+  using C = compute_t<T>;
+  const int r = m.rank;
+  const Index out_h = Index(m.out[r - 2]), out_w = Index(m.out[r - 1]);
+  const int64_t in_h = m.in[r - 2], in_w = m.in[r - 1];
+  for (Index e = Index(global_thread_index()); e < total; e += Index(grid_stride())) {
+    Index plane, oh, ow;
+    plane_coords(e, out_h, out_w, plane, oh, ow);
+    const ResizeTaps th = resize_taps(m, r - 2, int64_t(oh)),
+                     tw = resize_taps(m, r - 1, int64_t(ow));
+    const T* xp = x + int64_t(plane) * in_h * in_w;
+    C sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i >= th.count) break;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j >= tw.count) break;
+        sum += C(th.weight[i] * tw.weight[j]) * load_compute(xp, th.index[i] * in_w + tw.index[j]);
+      }
+    }
+    store_compute(y, e, sum);
+  }
+}
+
+// Whether resize_*_2d computes `m`: its last two dims resampled, every other dim unscaled in a
+// coordinate mode that maps an unscaled index to itself (tf_half_pixel_for_nn adds a half,
+// tf_crop_and_resize may read outside).
+bool resamples_last_two_dims(const ResizeMap& m) {
+  if (m.rank < 2) return false;
+  switch (m.coordinates) {
+    case kHalfPixel:
+    case kHalfPixelSymmetric:
+    case kPytorchHalfPixel:
+    case kAlignCorners:
+    case kAsymmetric:
+      break;
+    default:
+      return false;
+  }
+  for (int d = 0; d + 2 < m.rank; ++d)
+    if (m.out[d] != m.in[d] || m.scale[d] != 1.0) return false;
+  return true;
+}
+
 template <class T, class A>
 __global__ void resize_scatter_add(const T* dy, ResizeMap m, int64_t total, A* acc) {
   for (int64_t e = global_thread_index(); e < total; e += grid_stride()) {
@@ -60,6 +136,23 @@ void resize(Context& ctx, const Node& n, Inputs in, Outputs out) {
   if (total == 0) return;
   const ResizeMap m = make_resize_map(a, x.shape, node_label(n));
   const dim3 grid(launch_blocks(total)), block(kDefaultThreads);
+  if (resamples_last_two_dims(m) && fits_u32(total)) {
+    const BufferList reads{x.range()}, writes{y.range()};
+    if (a.mode == ResizeMode::nearest) {
+      visit_bytes(dtype_size(x.dtype), [&](auto tag) {
+        using W = decltype(tag);
+        ctx.encoder.launch(&resize_nearest_2d<W, uint32_t>, grid, block, 0, reads, writes,
+                           x.as<const W>(), m, uint32_t(total), y.as<W>());
+      });
+      return;
+    }
+    visit_device_float(n, x.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      ctx.encoder.launch(&resize_weighted_2d<T, uint32_t>, grid, block, 0, reads, writes,
+                         x.as<const T>(), m, uint32_t(total), y.as<T>());
+    });
+    return;
+  }
   if (a.mode == ResizeMode::nearest && a.coordinates != ResizeCoordinates::tf_crop_and_resize) {
     visit_bytes(dtype_size(x.dtype), [&](auto tag) {
       using W = decltype(tag);
