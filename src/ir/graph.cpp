@@ -324,7 +324,8 @@ std::string attr_str(const Attrs& attrs) {
           return cat("epsilon=", a.epsilon, " momentum=", a.momentum, " training=", a.training,
                      a.relu ? " relu=1" : "", a.sync ? " sync=1" : "");
         else if constexpr (std::is_same_v<A, NormAttrs>)
-          return cat("axis=", a.axis, " epsilon=", a.epsilon);
+          return cat("axis=", a.axis, " epsilon=", a.epsilon,
+                     a.y_dtype ? cat(" y_dtype=", dtype_name(*a.y_dtype)) : "");
         else if constexpr (std::is_same_v<A, LeakyReluAttrs>)
           return cat("alpha=", a.alpha);
         else if constexpr (std::is_same_v<A, GeluAttrs>)

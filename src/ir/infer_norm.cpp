@@ -75,9 +75,29 @@ Types infer_layer_norm(Context& c) {
   for (int64_t d : normalised)
     c.check(d >= 1, "the normalised dims ", shape_str(normalised), " of ", c.shaped(0),
             " (from axis ", a.axis, ") hold no elements");
+  // The mixed form (ir/ops.h NormAttrs): f32 parameters, y's dtype from y_dtype.
+  const DType x_dtype = c.dtype(0), y_dtype = a.y_dtype.value_or(x_dtype);
+  const auto low = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+  bool f32_params = false;
+  for (int i = 1; i < c.count(); ++i)
+    if (c.has(i) && c.dtype(i) == DType::f32 && x_dtype != DType::f32) f32_params = true;
+  const bool mixed = y_dtype != x_dtype || f32_params;
+  if (mixed) {
+    c.check(x_dtype == y_dtype ? low(x_dtype)
+                               : (x_dtype == DType::f32 && low(y_dtype)) ||
+                                     (low(x_dtype) && y_dtype == DType::f32),
+            "x ", dtype_name(x_dtype), " with y ", dtype_name(y_dtype),
+            ": the mixed form takes x and y of one dtype (f16 or bf16) with f32 scale and bias, "
+            "or one of them f32 and the other f16 or bf16");
+  }
   for (int i = 1; i < c.count(); ++i) {
     if (!c.has(i)) continue;
-    c.expect_same_dtype(i, 0);
+    if (mixed)
+      c.check(c.dtype(i) == DType::f32, c.input(i), " is ", dtype_name(c.dtype(i)),
+              " but the mixed form (x ", dtype_name(x_dtype), ", y ", dtype_name(y_dtype),
+              ") takes f32 scale and bias");
+    else
+      c.expect_same_dtype(i, 0);
     Shape b;
     c.check(broadcast_shapes(c.shape(i), normalised, &b) && b == normalised, c.shaped(i),
             " does not broadcast to the normalised dims ", shape_str(normalised), " of ",
@@ -88,8 +108,9 @@ Types infer_layer_norm(Context& c) {
   Shape stats_shape = x;
   for (size_t d = size_t(a.axis); d < x.size(); ++d) stats_shape[d] = 1;
   const TensorType stats{stash_dtype(c.dtype(0)), stats_shape};
-  if (c.op() == OpKind::rms_norm) return {c.type(0), stats};
-  return {c.type(0), stats, stats};
+  const TensorType y{y_dtype, x};
+  if (c.op() == OpKind::rms_norm) return {y, stats};
+  return {y, stats, stats};
 }
 
 // cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32),

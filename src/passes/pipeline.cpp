@@ -89,6 +89,8 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   // relu after the add too.
   add(fusion.batch_norm, pass("fuse_batch_norm_residual", fuse_batch_norm_residual));
   add(fusion.batch_norm, pass("fuse_batch_norm_relu", fuse_batch_norm_relu));
+  // Before the pointwise chains, which would take the casts into kernels of their own.
+  add(fusion.norm_casts, pass("fold_norm_casts", fold_norm_casts));
   // Last: the elementwise chains no pass above took into a node of its own.
   add(fusion.pointwise, pass("fuse_pointwise_chains", fuse_pointwise_chains));
   return {"inference", std::move(passes)};

@@ -142,9 +142,15 @@ struct BatchNormAttrs {
 //   inv_std_dev have x's shape with dims [axis, rank) set to 1 (ONNX).
 // rms_norm: x, scale?. y = x / sqrt(mean(x^2) + eps) * scale. 2 outputs: y, inv_rms
 //   (shaped like layer_norm's mean).
+// Both: scale and bias have x's dtype; y has x's dtype, or y_dtype where set. The mixed
+//   form (f32 scale and bias; x and y of one dtype, f16 or bf16, or one of them f32 and the
+//   other f16 or bf16; fold_norm_casts, passes/fusion.h, makes it of a norm computed in f32
+//   between casts) computes as the f32 norm of x widened to f32, y rounded once to its
+//   dtype: the same values as cast -> f32 norm -> cast. Inference forms only (no gradient).
 struct NormAttrs {
   int64_t axis = -1;
   double epsilon = 1e-5;
+  std::optional<DType> y_dtype;
 };
 
 // ---- pointwise -------------------------------------------------------------

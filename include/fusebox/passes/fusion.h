@@ -27,6 +27,7 @@
 //   3b. fuse_gemm_epilogues: matmul/gemm -> bias add -> activation as one gemm;
 //   3c. fuse_attention: matmul -> scale -> softmax -> matmul as one attention node;
 //   4. the batch-norm fusions above for the batch norms left (not after a conv);
+//   4b. fold_norm_casts: the casts around layer/RMS norms taken into the norms;
 //   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
 //      node above took become one generated kernel each.
 // The groups each fusion formed are kept in a FusionLog: `fusebox inspect --fusion`
@@ -123,6 +124,19 @@ size_t form_linears(Graph& g, FusionLog* log = nullptr);
 // number fused.
 size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false);
 
+// fold_norm_casts: a layer_norm / rms_norm computed in f32 between casts, as mixed precision
+// leaves it (the norms are on autocast's f32 list, the products around them in bf16/f16):
+//   cast(x: f16/bf16 -> f32) -> norm -> y f32 -> cast(-> f16/bf16), read by nothing else,
+// becomes the norm's mixed form (ir/ops.h NormAttrs): x read in its own dtype, y written in
+// the casts' dtype (y_dtype), scale and bias f32. Either side alone folds too (an f32
+// residual stream into a norm whose y is cast, as in ViT; a bf16 activation into a norm whose
+// f32 y is read as it is); an input cast read elsewhere too stays for those readers. Why:
+// ConvNeXt-T's 46 casts around its norms were 12% of its step, each a full pass over an
+// activation. The same values: a widening cast is exact, and the norm rounds its f32 result
+// once to y's dtype as the cast did. Inference graphs only (the mixed form has no gradient
+// rule). Returns the number of norms that took a cast.
+size_t fold_norm_casts(Graph& g, FusionLog* log = nullptr);
+
 // Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them
 // all off (for comparisons), 1 (default) on: from_env(), which the CLI passes.
 struct InferenceFusionOptions {
@@ -132,8 +146,9 @@ struct InferenceFusionOptions {
   bool pointwise = true;      // fuse_pointwise_chains
   bool attention = true;      // fuse_attention
   bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
+  bool norm_casts = true;     // fold_norm_casts
   static InferenceFusionOptions from_env();
-  static InferenceFusionOptions none() { return {false, false, false, false, false, false}; }
+  static InferenceFusionOptions none() { return {false, false, false, false, false, false, false}; }
 };
 
 // What a backend will run a node of a prepared graph on, in words ("cuDNN graph

@@ -29,8 +29,9 @@ std::vector<double> expand_param(const Node& n, const Tensor* p, const Shape& to
 // each of `rows` contiguous rows of `cols` elements becomes
 //   y = (x - mean) * inv * scale + bias,  inv = 1 / sqrt(var + eps)
 // where mean and var are the row's mean and population variance, or, without
-// centring, mean = 0 and var = mean(x^2). Fills mean[r] and inv[r].
-template <class T>
+// centring, mean = 0 and var = mean(x^2). Fills mean[r] and inv[r]. y is Y: T, or another
+// dtype in the mixed form (ir/ops.h NormAttrs).
+template <class T, class Y>
 void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps,
                     std::vector<double>& mean, std::vector<double>& inv) {
   const Tensor& x = *in[0];
@@ -43,12 +44,12 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
   mean.assign(size_t(rows), 0.0);
   inv.assign(size_t(rows), 0.0);
   const T* px = x.data<T>();
-  T* py = y.data<T>();
+  Y* py = y.data<Y>();
   parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
                [&](int64_t begin, int64_t end) {
                  for (int64_t r = begin; r < end; ++r) {
                    const T* xr = px + r * cols;
-                   T* yr = py + r * cols;
+                   Y* yr = py + r * cols;
                    double m = 0.0;
                    if (centre) {
                      for (int64_t j = 0; j < cols; ++j) m += double(to_compute(xr[j]));
@@ -66,7 +67,7 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
                      double v = (double(to_compute(xr[j])) - m) * iv;
                      if (!scale.empty()) v *= scale[size_t(j)];
                      if (!bias.empty()) v += bias[size_t(j)];
-                     yr[j] = convert<T>(v);
+                     yr[j] = convert<Y>(v);
                    }
                  }
                });
@@ -199,12 +200,24 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
   });
 }
 
+namespace {
+
+// Calls normalize_rows<T, Y> for x's dtype T and y's Y.
+void normalize(const Node& n, Inputs in, Tensor& y, bool centre, std::vector<double>& mean,
+               std::vector<double>& inv) {
+  visit_float(n, in[0]->dtype(), [&](auto x_tag) {
+    visit_float(n, y.dtype(), [&](auto y_tag) {
+      normalize_rows<decltype(x_tag), decltype(y_tag)>(
+          n, in, y, centre, std::get<NormAttrs>(n.attrs).epsilon, mean, inv);
+    });
+  });
+}
+
+}  // namespace
+
 void layer_norm(const Node& n, Inputs in, Outputs out) {
   std::vector<double> mean, inv_std;
-  visit_float(n, in[0]->dtype(), [&](auto tag) {
-    normalize_rows<decltype(tag)>(n, in, out[0], true, std::get<NormAttrs>(n.attrs).epsilon, mean,
-                                  inv_std);
-  });
+  normalize(n, in, out[0], true, mean, inv_std);
   if (out.size() > 1) store_values(out[1], mean);
   if (out.size() > 2) store_values(out[2], inv_std);
 }
@@ -212,10 +225,7 @@ void layer_norm(const Node& n, Inputs in, Outputs out) {
 void rms_norm(const Node& n, Inputs in, Outputs out) {
   std::vector<double> mean, inv_rms;
   Inputs x_and_scale = in.first(std::min<size_t>(in.size(), 2));  // rms_norm has no bias
-  visit_float(n, in[0]->dtype(), [&](auto tag) {
-    normalize_rows<decltype(tag)>(n, x_and_scale, out[0], false,
-                                  std::get<NormAttrs>(n.attrs).epsilon, mean, inv_rms);
-  });
+  normalize(n, x_and_scale, out[0], false, mean, inv_rms);
   if (out.size() > 1) store_values(out[1], inv_rms);
 }
 

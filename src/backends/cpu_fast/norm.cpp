@@ -64,8 +64,9 @@ memory parameter(const Graph& g, ValueId v, int64_t cols, float fill) {
 
 Planned plan_softmax(const Graph& g, const Node& n) {
   const TensorType& x = g.value(n.inputs[0]).type;
-  if (x.dtype != DType::f32)
-    return {nullptr, cat("a ", dtype_name(x.dtype), " input (f32 only so far)")};
+  const DType y = g.value(n.outputs[0]).type.dtype;
+  if (x.dtype != DType::f32 || y != DType::f32)
+    return {nullptr, cat("x ", dtype_name(x.dtype), ", y ", dtype_name(y), " (f32 only so far)")};
   const int64_t rank = int64_t(x.shape.size());
   int64_t axis = std::get<SoftmaxAttrs>(n.attrs).axis;
   if (axis < 0) axis += rank;
@@ -84,8 +85,9 @@ Planned plan_softmax(const Graph& g, const Node& n) {
 
 Planned plan_layer_norm(const Graph& g, const Node& n) {
   const TensorType& x = g.value(n.inputs[0]).type;
-  if (x.dtype != DType::f32)
-    return {nullptr, cat("a ", dtype_name(x.dtype), " input (f32 only so far)")};
+  const DType y = g.value(n.outputs[0]).type.dtype;
+  if (x.dtype != DType::f32 || y != DType::f32)
+    return {nullptr, cat("x ", dtype_name(x.dtype), ", y ", dtype_name(y), " (f32 only so far)")};
   // The statistics outputs: read by nothing (not computed here).
   std::vector<bool> read(g.values().size(), false);
   for (const Node& m : g.nodes())

@@ -295,6 +295,11 @@ void Exporter::export_node(const Node& n) {
     }
     case OpKind::layer_norm: {
       const auto& a = std::get<NormAttrs>(n.attrs);
+      if (a.y_dtype || (n.inputs.size() > 1 && n.inputs[1] != kNoValue &&
+                        in_type(n, 1).dtype != in_type(n, 0).dtype))
+        fail(n,
+             "the mixed-dtype form (fold_norm_casts: an inference graph after its passes) "
+             "has no ONNX node; export the graph before compiling it");
       std::vector<std::string> i = {in(n, 0), in(n, 1), in(n, 2)};
       if (i[1].empty()) {  // ONNX requires Scale
         const Shape& x = in_type(n, 0).shape;
@@ -560,6 +565,11 @@ void Exporter::export_node(const Node& n) {
 void Exporter::export_rms_norm(const Node& n) {
   const auto& a = std::get<NormAttrs>(n.attrs);
   const TensorType& x = in_type(n, 0);
+  if (a.y_dtype ||
+      (n.inputs.size() > 1 && n.inputs[1] != kNoValue && in_type(n, 1).dtype != x.dtype))
+    fail(n,
+         "the mixed-dtype form (fold_norm_casts: an inference graph after its passes) "
+         "has no ONNX node; export the graph before compiling it");
   const DType stats = g_.value(n.outputs.at(1)).type.dtype;
   auto to_stats = [&](const std::string& v, const std::string& what) {
     if (x.dtype == stats) return v;

@@ -97,6 +97,19 @@ ValueId scale_or_ones(VjpArgs& a) {
   return a.e.expand(a.e.scalar(a.e.dtype(a.input(0)), 1.0), normalised);
 }
 
+// The mixed form (ir/ops.h NormAttrs: another y dtype, f32 parameters) is an inference form
+// made after autodiff would have run (fold_norm_casts): it has no gradient rule.
+void expect_plain_norm(VjpArgs& a) {
+  const DType x = a.e.dtype(a.input(0));
+  bool mixed = std::get<NormAttrs>(a.node.attrs).y_dtype.value_or(x) != x;
+  for (size_t i = 1; i < a.node.inputs.size(); ++i)
+    if (a.input(i) != kNoValue && a.e.dtype(a.input(i)) != x) mixed = true;
+  if (mixed)
+    a.no_gradient(
+        "its mixed-dtype form (f32 scale and bias or another y dtype, made by "
+        "fold_norm_casts for inference) has no gradient rule");
+}
+
 }  // namespace
 
 // batch_norm training: (dx, dscale, dbias) = batch_norm_backward(dy, x, scale,
@@ -139,6 +152,7 @@ Grads vjp_batch_norm(VjpArgs& a) {
 // shapes when those broadcast.
 Grads vjp_layer_norm(VjpArgs& a) {
   a.expect_gradient_only_on_first(1, "but layer_norm's mean and inv_std_dev have no gradient rule");
+  expect_plain_norm(a);
   const size_t count = a.node.inputs.size();
   const ValueId scale = scale_or_ones(a);
   const std::vector<ValueId> d =
@@ -153,6 +167,7 @@ Grads vjp_layer_norm(VjpArgs& a) {
 // rms_norm: (dx, dscale) = rms_norm_backward(dy, x, scale?, inv_rms).
 Grads vjp_rms_norm(VjpArgs& a) {
   a.expect_gradient_only_on_first(1, "but rms_norm's inv_rms has no gradient rule");
+  expect_plain_norm(a);
   const size_t count = a.node.inputs.size();
   const ValueId scale = scale_or_ones(a);
   const std::vector<ValueId> d = a.e.op(OpKind::rms_norm_backward, a.node.attrs,

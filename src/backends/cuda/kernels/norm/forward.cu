@@ -159,9 +159,9 @@ constexpr int forward_max_block() {
   return norm::max_block_for(kVecs * (kPrefetch ? 2 : 1) * kVecBytes / 4);
 }
 
-template <class T, bool kCentre, int kVecs, bool kPrefetch>
+template <class T, bool kCentre, int kVecs, bool kPrefetch, class P, class Y>
 __global__ void __launch_bounds__(forward_max_block<kVecs, kPrefetch>())
-    norm_forward_rows(ForwardArgs<T, float> a) {
+    norm_forward_rows(ForwardArgs<T, float, P, Y> a) {
   using norm::Packed;
   constexpr int W = kVecWidth<T>;
   __shared__ norm::SumSlots<1> slots;
@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(forward_max_block<kVecs, kPrefetch>())
 
 // Long-row path: a block per row (grid-stride over rows), three passes over the row:
 // the sum (layer_norm), the squared deviations, then y. C is f32 (f64 for f64).
-template <class T, bool kCentre>
-__global__ void norm_forward_long(ForwardArgs<T, stats_t<T>> a) {
+template <class T, bool kCentre, class P, class Y>
+__global__ void norm_forward_long(ForwardArgs<T, stats_t<T>, P, Y> a) {
   using C = compute_t<T>;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* xr = a.x + row * a.cols;
@@ -229,7 +229,7 @@ __global__ void norm_forward_long(ForwardArgs<T, stats_t<T>> a) {
       if (a.mean) a.mean[row] = mean;
       if (a.rstd) a.rstd[row] = rstd;
     }
-    T* yr = a.y + row * a.cols;
+    Y* yr = a.y + row * a.cols;
     for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) {
       C r = (load_compute(xr, j) - mean) * rstd;
       if (a.scale) r *= load_compute(a.scale, j);
@@ -239,23 +239,24 @@ __global__ void norm_forward_long(ForwardArgs<T, stats_t<T>> a) {
   }
 }
 
-template <class T, bool kCentre, int kVecs, bool kPrefetch>
-ForwardKernel<T> bound_forward_rows() {
-  return {&norm_forward_rows<T, kCentre, kVecs, kPrefetch>, forward_max_block<kVecs, kPrefetch>()};
+template <class T, bool kCentre, int kVecs, bool kPrefetch, class P, class Y>
+ForwardKernel<T, P, Y> bound_forward_rows() {
+  return {&norm_forward_rows<T, kCentre, kVecs, kPrefetch, P, Y>,
+          forward_max_block<kVecs, kPrefetch>()};
 }
 
-template <class T, bool kCentre, bool kPrefetch>
-ForwardKernel<T> forward_rows_kernel(int vecs) {
+template <class T, bool kCentre, bool kPrefetch, class P, class Y>
+ForwardKernel<T, P, Y> forward_rows_kernel(int vecs) {
   switch (vecs) {
     case 1:
-      return bound_forward_rows<T, kCentre, 1, kPrefetch>();
+      return bound_forward_rows<T, kCentre, 1, kPrefetch, P, Y>();
     case 2:
-      return bound_forward_rows<T, kCentre, 2, kPrefetch>();
+      return bound_forward_rows<T, kCentre, 2, kPrefetch, P, Y>();
     case 4:
-      return bound_forward_rows<T, kCentre, 4, kPrefetch>();
+      return bound_forward_rows<T, kCentre, 4, kPrefetch, P, Y>();
     default:  // 8 vectors and their prefetch would spill
       if constexpr (kPrefetch) return {};
-      return bound_forward_rows<T, kCentre, 8, false>();
+      return bound_forward_rows<T, kCentre, 8, false, P, Y>();
   }
 }
 
@@ -263,19 +264,21 @@ ForwardKernel<T> forward_rows_kernel(int vecs) {
 // in order: prefetching layouts (when the variant allows) from the variant's vectors per
 // thread up, then the same without prefetch; the first that fits kMaxRowThreads threads
 // per row and launches (norm::launchable: block within the kernel's bounds, registers,
-// shared memory) wins.
-template <class T, bool kCentre>
+// shared memory) wins. The mixed form (P or Y not T) has no staged path.
+template <class T, bool kCentre, class P = T, class Y = T>
 norm::RowPlan plan_forward(int64_t rows, int64_t cols, bool aligned, const DeviceProperties& props,
-                           ForwardKernel<T>* kernel) {
+                           ForwardKernel<T, P, Y>* kernel) {
   constexpr int W = kVecWidth<T>;
   norm::RowPlan plan;
   if (!aligned || cols % W != 0) return plan;
   const norm::Variant& variant = norm::norm_variant();
   const norm::StagedUse staged = variant.forward_staged;
-  if (staged == norm::StagedUse::always ||
-      (staged == norm::StagedUse::for_long_rows && cols / W >= norm::kStagedForwardMinVecs)) {
-    plan = norm::plan_forward_staged<T, kCentre>(rows, cols, props, kernel);
-    if (plan.fast) return plan;
+  if constexpr (std::is_same_v<P, T> && std::is_same_v<Y, T>) {
+    if (staged == norm::StagedUse::always ||
+        (staged == norm::StagedUse::for_long_rows && cols / W >= norm::kStagedForwardMinVecs)) {
+      plan = norm::plan_forward_staged<T, kCentre>(rows, cols, props, kernel);
+      if (plan.fast) return plan;
+    }
   }
   for (bool prefetch : {true, false}) {
     if (prefetch && !variant.forward_prefetch) continue;
@@ -283,8 +286,9 @@ norm::RowPlan plan_forward(int64_t rows, int64_t cols, bool aligned, const Devic
       int vecs = preferred, threads = 0;
       norm::fit_row(cols / W, vecs, threads);
       if (threads == 0) continue;
-      const ForwardKernel<T> k = prefetch ? forward_rows_kernel<T, kCentre, true>(vecs)
-                                          : forward_rows_kernel<T, kCentre, false>(vecs);
+      const ForwardKernel<T, P, Y> k = prefetch
+                                           ? forward_rows_kernel<T, kCentre, true, P, Y>(vecs)
+                                           : forward_rows_kernel<T, kCentre, false, P, Y>(vecs);
       if (!k) continue;
       const int block = threads <= 32 ? norm::kSmallGroupBlock : threads;  // R > 32: one group
       const int groups = block / threads;
@@ -303,17 +307,18 @@ norm::RowPlan plan_forward(int64_t rows, int64_t cols, bool aligned, const Devic
   return plan;
 }
 
-template <class T, bool kCentre>
-void launch_forward(Context& ctx, const ForwardArgs<T, stats_t<T>>& args, const BufferList& reads,
-                    const BufferList& writes) {
+template <class T, bool kCentre, class P, class Y>
+void launch_forward(Context& ctx, const ForwardArgs<T, stats_t<T>, P, Y>& args,
+                    const BufferList& reads, const BufferList& writes) {
   const DeviceProperties& props = ctx.device.properties();
   if constexpr (!std::is_same_v<T, double>) {
     const bool aligned = norm::aligned16(args.x) && norm::aligned16(args.y) &&
                          norm::aligned16(args.scale) && norm::aligned16(args.bias);
-    ForwardKernel<T> kernel;
-    const RowPlan plan = plan_forward<T, kCentre>(args.rows, args.cols, aligned, props, &kernel);
+    ForwardKernel<T, P, Y> kernel;
+    const RowPlan plan =
+        plan_forward<T, kCentre, P, Y>(args.rows, args.cols, aligned, props, &kernel);
     if (plan.fast) {
-      ForwardArgs<T, float> a = args;
+      ForwardArgs<T, float, P, Y> a = args;
       a.threads_per_row = plan.threads_per_row;
       ctx.encoder.launch(kernel.fn, dim3(plan.grid), dim3(plan.block), plan.shared_bytes, reads,
                          writes, a);
@@ -321,21 +326,55 @@ void launch_forward(Context& ctx, const ForwardArgs<T, stats_t<T>>& args, const 
     }
   }
   // The long-row kernel has no launch bounds and few registers: it always launches.
-  const norm::BoundKernel<void (*)(ForwardArgs<T, stats_t<T>>)> long_row{
-      &norm_forward_long<T, kCentre>, norm::kUnbounded};
+  const norm::BoundKernel<void (*)(ForwardArgs<T, stats_t<T>, P, Y>)> long_row{
+      &norm_forward_long<T, kCentre, P, Y>, norm::kUnbounded};
   const unsigned grid = norm::persistent_grid(long_row, norm::kLongRowBlock, 0, props, args.rows);
   FUSEBOX_CHECK(grid > 0, "layer_norm / rms_norm", "the long-row kernel does not launch");
   ctx.encoder.launch(long_row.fn, dim3(grid), dim3(norm::kLongRowBlock), 0, reads, writes, args);
 }
 
+// Calls f(T{}, P{}, Y{}) with the device types of x, the parameters and y: all x's type, or
+// the mixed form (ForwardArgs), whose parameters are f32. A combination the kernels are not
+// built for is an Error naming the node (inference refuses it first: ir/ops.h NormAttrs).
+template <class F>
+void visit_norm_types(const std::string& where, DType x, DType params, DType y, F&& f) {
+  if (params == x && y == x) {
+    visit_device_float(where, x, [&](auto t) { f(t, t, t); });
+    return;
+  }
+  const bool low_x = x == DType::f16 || x == DType::bf16,
+             low_y = y == DType::f16 || y == DType::bf16;
+  FUSEBOX_CHECK(params == DType::f32 &&
+                    (x == y ? low_x : (x == DType::f32 && low_y) || (low_x && y == DType::f32)),
+                where, "no kernel for x ", dtype_name(x), ", scale/bias ", dtype_name(params),
+                ", y ", dtype_name(y),
+                " (mixed forms: f32 scale and bias, x and y of one dtype or one of them f32)");
+  visit_device_float(where, x, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (!std::is_same_v<T, double>) {
+      visit_device_float(where, y, [&](auto u) {
+        using Y = decltype(u);
+        // Only the mixed forms are instantiated (each is 14 register-path kernels).
+        constexpr bool low_t = is_half_v<T>, low_y = is_half_v<Y>;
+        constexpr bool f32_t = std::is_same_v<T, float>, f32_y = std::is_same_v<Y, float>;
+        if constexpr ((low_t && std::is_same_v<T, Y>) || (f32_t && low_y) || (low_t && f32_y))
+          f(t, float{}, u);
+      });
+    }
+  });
+}
+
 // The forward of layer_norm (centre) and rms_norm. Inputs x, scale?, bias? (layer_norm
-// only); outputs y and the statistics (each may be absent).
+// only); outputs y and the statistics (each may be absent). y is x's dtype, or NormAttrs's
+// y_dtype (the mixed form).
 void norm_forward(Context& ctx, const Node& n, Inputs in, Outputs out, bool centre) {
   const std::string where = node_label(n);
   const DeviceTensor& x = *in[0];
-  const norm::RowsView view = norm::rows_view(where, x.shape, std::get<NormAttrs>(n.attrs).axis);
-  FUSEBOX_CHECK(!out.empty() && out[0].dtype == x.dtype && out[0].shape == x.shape, where,
-                "output y must be ", dtype_name(x.dtype), " ", shape_str(x.shape));
+  const NormAttrs& attrs = std::get<NormAttrs>(n.attrs);
+  const norm::RowsView view = norm::rows_view(where, x.shape, attrs.axis);
+  const DType y_dtype = attrs.y_dtype.value_or(x.dtype);
+  FUSEBOX_CHECK(!out.empty() && out[0].dtype == y_dtype && out[0].shape == x.shape, where,
+                "output y must be ", dtype_name(y_dtype), " ", shape_str(x.shape));
   const DeviceTensor* mean = centre && out.size() > 1 ? &out[1] : nullptr;
   const DeviceTensor* rstd = out.size() > (centre ? 2u : 1u) ? &out[centre ? 2 : 1] : nullptr;
   const DType stats = x.dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -349,26 +388,31 @@ void norm_forward(Context& ctx, const Node& n, Inputs in, Outputs out, bool cent
       norm::expand_param(ctx, where, in.size() > 1 ? in[1] : nullptr, view, scale_storage);
   const DeviceTensor* bias =
       norm::expand_param(ctx, where, centre && in.size() > 2 ? in[2] : nullptr, view, bias_storage);
-  for (const DeviceTensor* p : {scale, bias}) {
-    FUSEBOX_CHECK(!p || p->dtype == x.dtype, where, "scale and bias must be ", dtype_name(x.dtype));
-  }
+  const DType params = scale                ? scale->dtype
+                       : bias               ? bias->dtype
+                       : x.dtype == y_dtype ? x.dtype
+                                            : DType::f32;
+  FUSEBOX_CHECK(!scale || !bias || scale->dtype == bias->dtype, where,
+                "scale and bias must have one dtype");
   if (view.rows == 0) return;
 
   const BufferList reads = norm::ranges({&x, scale, bias});
   const BufferList writes = norm::ranges({&out[0], mean, rstd});
-  visit_device_float(n, x.dtype, [&](auto tag) {
-    using T = decltype(tag);
+  visit_norm_types(where, x.dtype, params, y_dtype, [&](auto t, auto p, auto y) {
+    using T = decltype(t);
+    using P = decltype(p);
+    using Y = decltype(y);
     using S = stats_t<T>;
-    ForwardArgs<T, S> args{x.as<const T>(),
-                           scale ? scale->as<const T>() : nullptr,
-                           bias ? bias->as<const T>() : nullptr,
-                           out[0].as<T>(),
-                           mean ? mean->as<S>() : nullptr,
-                           rstd ? rstd->as<S>() : nullptr,
-                           view.rows,
-                           view.cols,
-                           S(std::get<NormAttrs>(n.attrs).epsilon),
-                           0};
+    ForwardArgs<T, S, P, Y> args{x.as<const T>(),
+                                 scale ? scale->as<const P>() : nullptr,
+                                 bias ? bias->as<const P>() : nullptr,
+                                 out[0].as<Y>(),
+                                 mean ? mean->as<S>() : nullptr,
+                                 rstd ? rstd->as<S>() : nullptr,
+                                 view.rows,
+                                 view.cols,
+                                 S(attrs.epsilon),
+                                 0};
     if (centre)
       launch_forward<T, true>(ctx, args, reads, writes);
     else

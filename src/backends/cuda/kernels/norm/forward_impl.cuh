@@ -9,13 +9,16 @@
 
 namespace fusebox::cuda::norm {
 
-// The arguments of every forward kernel; S is the statistics' type (stats_t<T>).
-template <class T, class S>
+// The arguments of every forward kernel; S is the statistics' type (stats_t<T>). x is T;
+// scale and bias are P and y is Y: T too, except in the mixed form (a cast before or after
+// the norm folded into it, passes/fusion.h: fold_norm_casts), where P is f32 and one of T, Y
+// is f32 and the other f16 or bf16 (or both f16 / both bf16 with f32 parameters).
+template <class T, class S, class P = T, class Y = T>
 struct ForwardArgs {
   const T* x;
-  const T* scale;  // [cols] or null
-  const T* bias;   // [cols] or null
-  T* y;
+  const P* scale;  // [cols] or null
+  const P* bias;   // [cols] or null
+  Y* y;
   S* mean;  // [rows] or null
   S* rstd;  // [rows] or null
   int64_t rows;
@@ -24,8 +27,8 @@ struct ForwardArgs {
   int threads_per_row;  // register and staged paths only
 };
 
-template <class T>
-using ForwardKernel = BoundKernel<void (*)(ForwardArgs<T, float>)>;
+template <class T, class P = T, class Y = T>
+using ForwardKernel = BoundKernel<void (*)(ForwardArgs<T, float, P, Y>)>;
 
 // Steps 2-4 of the register and staged paths (kernels/norm/forward.cu) for the row a group holds in
 // registers (v: kVecs vectors per thread, thread t's vectors k * R + t; valid: those in
@@ -33,8 +36,8 @@ using ForwardKernel = BoundKernel<void (*)(ForwardArgs<T, float>)>;
 // var = group sum of (x - mean)^2 / cols, rstd = rsqrt(var + eps); the group's thread 0
 // stores the statistics; y = (x - mean) * rstd * scale + bias, 16-byte streaming stores.
 // Every thread of the block calls (group_sum's barriers); `parity` alternates per sum.
-template <class T, bool kCentre, int kVecs>
-__device__ __forceinline__ void normalize_row(const ForwardArgs<T, float>& a,
+template <class T, bool kCentre, int kVecs, class P, class Y>
+__device__ __forceinline__ void normalize_row(const ForwardArgs<T, float, P, Y>& a,
                                               const Packed (&v)[kVecs], const bool (&valid)[kVecs],
                                               int64_t row, bool active, int R, int t,
                                               SumSlots<1>& slots, int& parity) {
@@ -71,23 +74,23 @@ __device__ __forceinline__ void normalize_row(const ForwardArgs<T, float>& a,
     if (a.mean) a.mean[row] = mean;
     if (a.rstd) a.rstd[row] = rstd;
   }
-  T* y = a.y + row * a.cols;
+  Y* y = a.y + row * a.cols;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     if (!valid[k]) continue;
     const int i = k * R + t;
-    Packed scale{}, bias{};
-    if (a.scale) scale = load_packed_ro(a.scale, i);
-    if (a.bias) bias = load_packed_ro(a.bias, i);
+    float scale[W], bias[W];
+    if (a.scale) load_elems_ro<P>(a.scale, i, scale);
+    if (a.bias) load_elems_ro<P>(a.bias, i, bias);
     float out[W];
 #pragma unroll
     for (int w = 0; w < W; ++w) {
       float r = (unpack<T>(v[k], w) - mean) * rstd;
-      if (a.scale) r *= unpack<T>(scale, w);
-      if (a.bias) r += unpack<T>(bias, w);
+      if (a.scale) r *= scale[w];
+      if (a.bias) r += bias[w];
       out[w] = r;
     }
-    store_packed_stream(y, i, pack<T>(out));
+    store_elems_stream<Y>(y, i, out);
   }
 }
 

@@ -182,6 +182,53 @@ __device__ __forceinline__ Packed pack(const float (&f)[kVecWidth<T>]) {
   return v;
 }
 
+// The W elements [i * W, (i + 1) * W) of U, as f32, where W is the width of x's vectors
+// (kVecWidth<T>) and U may be wider or narrower than T (the norms' mixed form: f32 scale
+// and bias for bf16 x, a bf16 y for f32 x): 16-byte accesses where the W elements of U
+// take 16 or 32 bytes, one 8-byte access where they take 8. Base pointers are 16-byte
+// aligned (the host checks), so every access is aligned.
+template <class U, int W>
+__device__ __forceinline__ void load_elems_ro(const U* p, int64_t i, float (&f)[W]) {
+  constexpr int kBytes = W * int(sizeof(U));
+  if constexpr (kBytes % kVecBytes == 0) {
+    constexpr int kChunks = kBytes / kVecBytes, kPer = kVecWidth<U>;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const Packed v = load_packed_ro(p, i * kChunks + c);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) f[c * kPer + e] = unpack<U>(v, e);
+    }
+  } else {
+    static_assert(kBytes == 8, "8, 16 or 32 bytes of elements per vector");
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + i);
+    const Packed v{{u.x, u.y, 0u, 0u}};
+#pragma unroll
+    for (int e = 0; e < W; ++e) f[e] = unpack<U>(v, e);
+  }
+}
+// Rounds W values to U and stores them at elements [i * W, (i + 1) * W), streaming.
+template <class U, int W>
+__device__ __forceinline__ void store_elems_stream(U* p, int64_t i, const float (&f)[W]) {
+  constexpr int kBytes = W * int(sizeof(U)), kPer = kVecWidth<U>;
+  if constexpr (kBytes % kVecBytes == 0) {
+    constexpr int kChunks = kBytes / kVecBytes;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      float part[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) part[e] = f[c * kPer + e];
+      store_packed_stream(p, i * kChunks + c, pack<U>(part));
+    }
+  } else {
+    static_assert(kBytes == 8, "8, 16 or 32 bytes of elements per vector");
+    float part[kPer] = {};
+#pragma unroll
+    for (int e = 0; e < W; ++e) part[e] = f[e];
+    const Packed v = pack<U>(part);
+    __stcs(reinterpret_cast<uint2*>(p) + i, make_uint2(v.word[0], v.word[1]));
+  }
+}
+
 // Vector of ones (the scale when there is none).
 template <class T>
 __device__ __forceinline__ Packed ones_packed() {
