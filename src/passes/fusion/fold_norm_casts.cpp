@@ -96,14 +96,13 @@ size_t fold_norm_casts(Graph& g, FusionLog* log) {
       continue;
     }
     const Fold& f = folds[size_t(m.id)];
+    // x: the widening cast's input where one folds (the cast itself may be gone).
     std::vector<ValueId> inputs;
-    for (ValueId v : m.inputs) inputs.push_back(rw.mapped(v));
     std::vector<std::string> ops;
-    if (f.input_cast >= 0) {
-      const Node& c = g.node(f.input_cast);
-      inputs[0] = rw.mapped(c.inputs[0]);
-      ops.push_back(op_text(c));
-    }
+    for (size_t i = 0; i < m.inputs.size(); ++i)
+      inputs.push_back(i == 0 && f.input_cast >= 0 ? rw.mapped(g.node(f.input_cast).inputs[0])
+                                                   : rw.mapped(m.inputs[i]));
+    if (f.input_cast >= 0) ops.push_back(op_text(g.node(f.input_cast)));
     ops.push_back(op_text(m));
     for (NodeId c : f.output_casts) ops.push_back(op_text(g.node(c)));
     NormAttrs attrs = std::get<NormAttrs>(m.attrs);
