@@ -89,6 +89,9 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   // relu after the add too.
   add(fusion.batch_norm, pass("fuse_batch_norm_residual", fuse_batch_norm_residual));
   add(fusion.batch_norm, pass("fuse_batch_norm_relu", fuse_batch_norm_relu));
+  // After the fusions that match casts where mixed precision put them (attention); the casts
+  // moved above layout ops first, so that a norm's casts are its readers.
+  add(fusion.hoist_casts, pass("hoist_narrowing_casts", hoist_narrowing_casts));
   // Before the pointwise chains, which would take the casts into kernels of their own.
   add(fusion.norm_casts, pass("fold_norm_casts", fold_norm_casts));
   // Last: the elementwise chains no pass above took into a node of its own.

@@ -27,7 +27,8 @@
 //   3b. fuse_gemm_epilogues: matmul/gemm -> bias add -> activation as one gemm;
 //   3c. fuse_attention: matmul -> scale -> softmax -> matmul as one attention node;
 //   4. the batch-norm fusions above for the batch norms left (not after a conv);
-//   4b. fold_norm_casts: the casts around layer/RMS norms taken into the norms;
+//   4b. hoist_narrowing_casts (passes/simplify.h), then fold_norm_casts: the casts around
+//       layer/RMS norms taken into the norms;
 //   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
 //      node above took become one generated kernel each.
 // The groups each fusion formed are kept in a FusionLog: `fusebox inspect --fusion`
@@ -147,8 +148,11 @@ struct InferenceFusionOptions {
   bool attention = true;      // fuse_attention
   bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
   bool norm_casts = true;     // fold_norm_casts
+  bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
   static InferenceFusionOptions from_env();
-  static InferenceFusionOptions none() { return {false, false, false, false, false, false, false}; }
+  static InferenceFusionOptions none() {
+    return {false, false, false, false, false, false, false, false};
+  }
 };
 
 // What a backend will run a node of a prepared graph on, in words ("cuDNN graph

@@ -24,4 +24,16 @@ size_t remove_identity_ops(Graph& g, FusionLog* log = nullptr);
 // Whether node `n` of `g` leaves its input as it is (the rules above, graph outputs aside).
 bool is_identity_op(const Graph& g, const Node& n);
 
+// hoist_narrowing_casts: a narrowing cast (f32 -> bf16/f16, f64 -> f32, ...) whose input is
+// written by an op that only moves or repeats its one input's elements (transpose, reshape,
+// flatten, squeeze, unsqueeze, slice, expand) and read by that cast alone moves above it:
+// mover(x) -> cast becomes cast(x) -> mover, up a chain of movers. Exact (each element is
+// cast alike wherever it moves to). Why: mixed precision casts a value where a low-precision
+// op reads it, after the layout ops between: ViT-B/16's norms write f32 that a transpose
+// moves at f32 before the cast to bf16 (twice the bytes), and the norm cannot write the
+// casts' dtype itself (fold_norm_casts, passes/fusion.h) while the transpose is between.
+// Inference pipeline, after the fusions that match casts in place (attention). Returns the
+// number of moves (a cast moved above k ops counts k).
+size_t hoist_narrowing_casts(Graph& g, FusionLog* log = nullptr);
+
 }  // namespace fusebox

@@ -106,7 +106,8 @@ size_t fold_norm_casts(Graph& g, FusionLog* log) {
     ops.push_back(op_text(m));
     for (NodeId c : f.output_casts) ops.push_back(op_text(g.node(c)));
     NormAttrs attrs = std::get<NormAttrs>(m.attrs);
-    attrs.y_dtype = f.y_dtype;
+    // Set even where y stays f32: without it y would take x's (now narrower) dtype.
+    attrs.y_dtype = f.y_dtype.value_or(DType::f32);
     rw.emit(m, m.op, attrs, std::move(inputs), rw.output_names(m));
     if (log) log->add(m.name, ops);
   }

@@ -24,7 +24,8 @@ TEST(Pipeline, InferenceOrder) {
   EXPECT_EQ(names(inference_pipeline(Precision::bf16)),
             (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
                    "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_attention",
-                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_pointwise_chains"}));
+                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "hoist_narrowing_casts",
+                   "fold_norm_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(inference_pipeline(Precision::f32).name, "inference");
 }
 
@@ -34,10 +35,15 @@ TEST(Pipeline, InferenceSwitchesLeaveTheirPassesOut) {
             (Names{"mixed_precision"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.conv_epilogue = false})),
             (Names{"remove_identity_ops", "fold_batch_norms", "mixed_precision", "fuse_attention",
-                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_pointwise_chains"}));
+                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "hoist_narrowing_casts",
+                   "fold_norm_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.batch_norm = false, .attention = false})),
             (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
-                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_pointwise_chains"}));
+                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "hoist_narrowing_casts",
+                   "fold_norm_casts", "fuse_pointwise_chains"}));
+  EXPECT_EQ(
+      names(inference_pipeline(Precision::f32, {.norm_casts = false, .hoist_casts = false})).size(),
+      10u);
 }
 
 TEST(Pipeline, TrainingForwardAndEvaluationOrders) {
@@ -57,7 +63,7 @@ TEST(Pipeline, LogRecordsEachPassAndTheGroups) {
       build_zoo_model("resnet18", {.batch = 1, .image_size = 32, .num_classes = 10, .seed = 7});
   PipelineLog log;
   const Graph g = prepare_graph(model, {.kind = PipelineKind::inference, .log = &log});
-  ASSERT_EQ(log.passes.size(), 10u);
+  ASSERT_EQ(log.passes.size(), 12u);
   EXPECT_EQ(log.passes[0].pass, "remove_identity_ops");
   EXPECT_EQ(log.passes[0].rewrites, 0u);  // the zoo's ResNet has none
   EXPECT_EQ(log.passes[1].pass, "fold_batch_norms");
