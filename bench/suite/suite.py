@@ -234,13 +234,15 @@ class Suite:
         return dict(old["torch"], reused_from=str(path))
 
     # -- fusebox's side ----------------------------------------------------------------------
-    def fusebox_command(self, spec, mode, model_arg, runner, json_path, zoo):
+    def fusebox_command(self, spec, mode, model_arg, runner, json_path, zoo, report=False):
         a = self.args
         batch = spec.train_batch if mode == "train" else spec.infer_batch
         common = ["--device", a.device, "--precision", a.precision]
         if runner == "bench":
             cmd = [a.fusebox, "bench", model_arg, "--mode", mode, "--steps", a.steps,
                    "--warmup", a.warmup, "--json", json_path] + common
+            if report:  # profiled after the timed steps: the figures are the same
+                cmd.append("--report")
             if zoo:  # bench has no --seq-len: a zoo decoder runs its own 1024 tokens
                 cmd += ["--batch", batch] + ([] if spec.family == "gpt2" else [
                     "--image-size", spec.image_size, "--num-classes", spec.num_classes])
@@ -259,7 +261,8 @@ class Suite:
         tag = f"zoo_{tag}" if zoo else tag  # a zoo run after a failed ONNX run keeps both logs
         json_path = self.work / f"{spec.name}_{mode}_fusebox_{tag}.json"
         json_path.unlink(missing_ok=True)
-        cmd = self.fusebox_command(spec, mode, model_arg, runner, json_path, zoo)
+        report = self.args.report and runner == "bench" and tag.endswith("warm")
+        cmd = self.fusebox_command(spec, mode, model_arg, runner, json_path, zoo, report)
         if runner == "train" and shutil.which("stdbuf"):  # each step's line as it comes
             cmd = ["stdbuf", "-oL"] + cmd
         env = dict(os.environ, FUSEBOX_CACHE_DIR=str(cache))
@@ -271,6 +274,9 @@ class Suite:
             return None, f"run failed: timeout after {self.args.fusebox_timeout} s"
         if rc != 0:
             return None, fusebox_error(err)
+        if report:
+            (self.out / "reports").mkdir(parents=True, exist_ok=True)
+            (self.out / "reports" / f"{spec.name}_{mode}.txt").write_text(out)
         batch = spec.train_batch if mode == "train" else spec.infer_batch
         if runner == "bench":
             j = json.loads(json_path.read_text())
@@ -455,6 +461,9 @@ def main():
     ap.add_argument("--precision", choices=("bf16", "f32"),
                     help="fusebox's --precision: bf16 (default), f32 on --device cpu (PyTorch: "
                          "bf16 on CUDA, f32 on the CPU)")
+    ap.add_argument("--report", action="store_true",
+                    help="the warm inference run with fusebox bench --report (fusion groups, "
+                         "time by node and op, copies): OUT/reports/<model>_<mode>.txt")
     ap.add_argument("--dry-run", action="store_true",
                     help="only export and import (fusebox inspect): no timing")
     ap.add_argument("--resume", action="store_true",
