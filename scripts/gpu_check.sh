@@ -138,11 +138,15 @@ echo "== model suite (bench/suite: fusebox vs PyTorch eager, CUDA graph, torch.c
 # (default all, in models.py's order), GPU_CHECK_SUITE_LIMIT seconds after which no new
 # model starts (default 480: a call's limit is 600 s). The suite's folder stays in the tree
 # (out/suite: a later call on the warm machine continues it, --resume); its table, JSON and
-# logs come back as one suite.tgz (the device tool returns a few files only).
+# logs come back as one suite.tgz (the device tool returns a few files only), with each
+# inference cell's fusebox --report (reports/). GPU_CHECK_SUITE_ARGS: more suite options
+# (e.g. "--sides fusebox --reuse-torch DIR" to time fusebox alone against earlier PyTorch cells).
 suite_dir=${GPU_CHECK_SUITE_DIR:-out/suite}
-bench/suite/run.sh --fusebox build/gpu/tools/fusebox --out "$suite_dir" --resume \
+# shellcheck disable=SC2086  # GPU_CHECK_SUITE_ARGS holds several words
+bench/suite/run.sh --fusebox build/gpu/tools/fusebox --out "$suite_dir" --resume --report \
   --mode "${GPU_CHECK_SUITE_MODE:-infer}" --time-limit "${GPU_CHECK_SUITE_LIMIT:-480}" \
-  ${GPU_CHECK_SUITE_MODELS:+--models "$GPU_CHECK_SUITE_MODELS"} 2>&1 | grep -v '^|' | tail -30 || status=1
+  ${GPU_CHECK_SUITE_MODELS:+--models "$GPU_CHECK_SUITE_MODELS"} ${GPU_CHECK_SUITE_ARGS:-} 2>&1 \
+  | grep -v '^|' | tail -30 || status=1
 grep '^|' "$suite_dir/suite.md" || true
 tar czf "$out/suite.tgz" --exclude='*.onnx' --exclude='work' -C "$(dirname "$suite_dir")" \
   "$(basename "$suite_dir")" || status=1
