@@ -68,6 +68,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 struct Figures {
+  int64_t batch = 0;  // the batch the model ran (an ONNX model's own; --batch for a zoo model)
   double compile_s = 0;
   double images_per_s = 0;
   double host_us_per_step = 0;
@@ -99,6 +100,7 @@ Graph load_model(const BenchArgs& args, bool training) {
 template <class Step>
 void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, Step&& step,
                 Figures& f) {
+  f.batch = batch;
   Progress progress(1, args.steps * 2, std::max<int64_t>(1, args.steps / 5));
   const auto start = Clock::now();
   PendingTensor last;
@@ -229,13 +231,17 @@ int bench(const BenchArgs& args) {
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
-  std::cout << "bench " << args.model << ": " << args.mode << ", batch " << args.batch << ", "
+  // An ONNX model runs its own batch (--batch sizes zoo models): the figures below say which.
+  const bool onnx = args.model.ends_with(".onnx");
+  std::cout << "bench " << args.model << ": " << args.mode << ", "
+            << (onnx ? std::string("the model's batch") : cat("batch ", args.batch)) << ", "
             << precision_name(precision) << ", " << device_name(device) << ", " << args.warmup
             << " warm-up + " << args.steps << " queued + " << args.steps << " waited steps\n";
   const Figures f =
       train ? bench_train(args, device, precision) : bench_infer(args, device, precision);
 
-  std::cout << "compile (first step)  " << fixed(f.compile_s, 2) << " s\n"
+  std::cout << "batch                 " << f.batch << "\n"
+            << "compile (first step)  " << fixed(f.compile_s, 2) << " s\n"
             << "images/s              " << fixed(f.images_per_s, 1) << "\n"
             << "ms/step               median " << fixed(f.ms_median, 3) << "  min "
             << fixed(f.ms_min, 3) << "  max " << fixed(f.ms_max, 3) << "\n"
@@ -254,7 +260,7 @@ int bench(const BenchArgs& args) {
                            {"bench", "fusebox_bench"},
                            {"model", args.model},
                            {"mode", args.mode},
-                           {"batch", args.batch},
+                           {"batch", f.batch},
                            {"precision", precision_name(precision)},
                            {"device", device_name(device)},
                            {"steps", args.steps},

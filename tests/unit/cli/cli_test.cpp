@@ -302,6 +302,18 @@ TEST_F(Cli, MemoryLimitIsEnforcedByNameAndChecked) {
   }
 }
 
+// bench of an ONNX model reports the batch it ran (the model's own, 2 here), not --batch's
+// default (32), in its lines and its JSON.
+TEST_F(Cli, BenchReportsTheBatchItRan) {
+  const std::string json = path("bench.json");
+  const ToolResult r = tool(
+      cat("bench '", make_small_cnn(), "' --device cpu --steps 2 --warmup 1 --json '", json, "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "the model's batch")) << r.out;
+  EXPECT_TRUE(contains(r.out, "batch                 2\n")) << r.out;
+  EXPECT_TRUE(contains(slurp(json), "\"batch\": 2,")) << slurp(json);
+}
+
 // A batch of 0 through convolutions, batch norm, pools and the classifier (issue 38: it
 // died with SIGFPE): small_cnn with its batch dim made symbolic, run with --shape at batch
 // 0, writes an empty logits.npy [0, 10]; on CUDA too where a GPU is present.
