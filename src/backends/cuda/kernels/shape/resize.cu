@@ -47,53 +47,49 @@ __global__ void resize_weighted(const T* x, ResizeMap m, int64_t total, T* y) {
 // order (the last dim fastest) with the same weights (1 * ... * w_h * w_w), so the values are
 // its values. The general kernel's per-dim int64 divisions and tap arrays in local memory
 // ran DeepLabV3's [16, 21, 64, 64] -> 512 x 512 upsample in 26 ms on an H200.
-template <class Index>
-__device__ __forceinline__ void plane_coords(Index e, Index out_h, Index out_w, Index& plane,
-                                             Index& oh, Index& ow) {
-  ow = e % out_w;
-  const Index rest = e / out_w;
-  oh = rest % out_h;
-  plane = rest / out_h;
+// Calls f(e, plane, th, tw) for each output element e of the grid-stride loop: `plane` the
+// element offset of its image in x (the leading dims' index times H_in * W_in), th and tw the
+// taps of its two resampled dims.
+template <class Index, class F>
+__device__ __forceinline__ void for_each_output_2d(const ResizeMap& m, Index total, F&& f) {
+  const int r = m.rank;
+  const Index out_h = Index(m.out[r - 2]), out_w = Index(m.out[r - 1]);
+  const int64_t image = m.in[r - 2] * m.in[r - 1];
+  for (Index e = Index(global_thread_index()); e < total; e += Index(grid_stride())) {
+    const Index ow = e % out_w, rest = e / out_w, oh = rest % out_h;
+    f(e, int64_t(rest / out_h) * image, resize_taps(m, r - 2, int64_t(oh)),
+      resize_taps(m, r - 1, int64_t(ow)));
+  }
 }
 
 template <class W, class Index>
 __global__ void resize_nearest_2d(const W* x, ResizeMap m, Index total, W* y) {
-  const int r = m.rank;
-  const Index out_h = Index(m.out[r - 2]), out_w = Index(m.out[r - 1]);
-  const int64_t in_h = m.in[r - 2], in_w = m.in[r - 1];
-  for (Index e = Index(global_thread_index()); e < total; e += Index(grid_stride())) {
-    Index plane, oh, ow;
-    plane_coords(e, out_h, out_w, plane, oh, ow);
-    const ResizeTaps th = resize_taps(m, r - 2, int64_t(oh)),
-                     tw = resize_taps(m, r - 1, int64_t(ow));
-    y[e] = x[(int64_t(plane) * in_h + th.index[0]) * in_w + tw.index[0]];
-  }
+  const int64_t in_w = m.in[m.rank - 1];
+  for_each_output_2d(m, total,
+                     [&](Index e, int64_t plane, const ResizeTaps& th, const ResizeTaps& tw) {
+                       y[e] = x[plane + th.index[0] * in_w + tw.index[0]];
+                     });
 }
 
 template <class T, class Index>
 __global__ void resize_weighted_2d(const T* x, ResizeMap m, Index total, T* y) {
   using C = compute_t<T>;
-  const int r = m.rank;
-  const Index out_h = Index(m.out[r - 2]), out_w = Index(m.out[r - 1]);
-  const int64_t in_h = m.in[r - 2], in_w = m.in[r - 1];
-  for (Index e = Index(global_thread_index()); e < total; e += Index(grid_stride())) {
-    Index plane, oh, ow;
-    plane_coords(e, out_h, out_w, plane, oh, ow);
-    const ResizeTaps th = resize_taps(m, r - 2, int64_t(oh)),
-                     tw = resize_taps(m, r - 1, int64_t(ow));
-    const T* xp = x + int64_t(plane) * in_h * in_w;
-    C sum = 0;
+  const int64_t in_w = m.in[m.rank - 1];
+  for_each_output_2d(m, total,
+                     [&](Index e, int64_t plane, const ResizeTaps& th, const ResizeTaps& tw) {
+                       C sum = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (i >= th.count) break;
+                       for (int i = 0; i < 4; ++i) {
+                         if (i >= th.count) break;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j >= tw.count) break;
-        sum += C(th.weight[i] * tw.weight[j]) * load_compute(xp, th.index[i] * in_w + tw.index[j]);
-      }
-    }
-    store_compute(y, e, sum);
-  }
+                         for (int j = 0; j < 4; ++j) {
+                           if (j >= tw.count) break;
+                           sum += C(th.weight[i] * tw.weight[j]) *
+                                  load_compute(x, plane + th.index[i] * in_w + tw.index[j]);
+                         }
+                       }
+                       store_compute(y, e, sum);
+                     });
 }
 
 // Whether resize_*_2d computes `m`: its last two dims resampled, every other dim unscaled in a
