@@ -87,13 +87,13 @@ class CpuExecutable final : public Executable {
     }
     std::string summary;
     for (const auto& [op, counts] : by_op) {
-      summary += cat("  ", op, ": ", counts.first, " on oneDNN");
+      summary += cat("  ", op, ": ", counts.first, " fast");
       if (counts.second > 0) summary += cat(", ", counts.second, " reference (", why_not[op], ")");
       summary += "\n";
       stats_.fast_nodes += counts.first;
     }
     stats_.fast_summary = cat("fast CPU kernels: ", stats_.fast_nodes, " of ",
-                              graph_.nodes().size(), " nodes on oneDNN\n", summary);
+                              graph_.nodes().size(), " nodes\n", summary);
   }
 
   // The most host memory a run holds at once (what the memory plan counts: every node's

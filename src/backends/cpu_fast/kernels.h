@@ -1,4 +1,4 @@
-// The oneDNN kernels' planners, one per op family (plan.cpp's try-list calls them).
+// The fast kernels' planners, one per op family (plan.cpp's table calls them).
 #pragma once
 
 #include "fusebox/backends/cpu_fast.h"
@@ -11,5 +11,7 @@ Planned plan_matmul(const Graph& g, const Node& n);      // matmul.cpp
 Planned plan_pool(const Graph& g, const Node& n);        // pool.cpp: max, average, global
 Planned plan_softmax(const Graph& g, const Node& n);     // norm.cpp: softmax, log_softmax
 Planned plan_layer_norm(const Graph& g, const Node& n);  // norm.cpp
+// Not on oneDNN: a block interpreter of the program, in every build.
+Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
 
 }  // namespace fusebox::cpu_fast

@@ -18,6 +18,7 @@ bool built_with_onednn() {
 }
 
 Planned plan(const Graph& g, const Node& n) {
+  if (n.op == OpKind::fused_pointwise) return plan_fused_pointwise(g, n);
 #ifdef FUSEBOX_WITH_ONEDNN
   try {
     switch (n.op) {
