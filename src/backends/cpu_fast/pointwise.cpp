@@ -14,7 +14,7 @@
 //    run by run (a per-channel input: one fill per run);
 //  - the last instruction of an f32 program writes into the output; f32 results are not
 //    rounded (they already are);
-//  - the threads split whole blocks, a thread taking at least kMinElementsPerThread elements.
+//  - the threads split whole blocks; a second thread joins only past kMinElementsPerThread.
 // The last, partial block computes on the stale tail of its buffers and stores only its own
 // elements.
 #include <cstring>
