@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fusebox's CPU backends against onnxruntime (issue 43's benchmark): zoo models exported by
-`fusebox zoo`, run by `fusebox bench --device cpu` (oneDNN's kernels where it has them) and
+`fusebox zoo`, run by `fusebox bench --device cpu` (the fast kernels where they take a node) and
 `--device cpu-ref` (the reference kernels), and by onnxruntime's CPU provider in the same run
 with the same number of threads. Median latency per step, one table and one JSON.
 
@@ -98,7 +98,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(f"\n{'model':<20}{'batch':>6}{'fast ms':>10}{'ref ms':>10}{'ort ms':>10}{'ort/fast':>10}"
-          f"{'oneDNN nodes':>14}")
+          f"{'fast nodes':>14}")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<20}{r['batch']:>6}  error: {r['error'].splitlines()[0]}")

@@ -1,15 +1,16 @@
-// The fast CPU kernels (issue 43): oneDNN's primitives for the nodes it has, each made once
-// when an executable is compiled (the primitive chosen for the problem, constant weights
-// reordered into the layout it reads), then only executed. A node oneDNN does not take runs
-// on the reference kernels (fusebox/backends/cpu.h); plan() says why it was not taken.
-// Within a documented tolerance of the reference (its sums run in another order;
-// docs/cpu_fast.md), never bit for bit.
+// The fast CPU kernels (issue 43): oneDNN's primitives for the nodes it has, and the project's
+// block interpreter for generated pointwise programs, each made once when an executable is
+// compiled (the primitive chosen for the problem, constant weights reordered into the layout
+// it reads), then only executed. A node no fast kernel takes runs on the reference kernels
+// (fusebox/backends/cpu.h); plan() says why it was not taken. oneDNN's nodes are within a
+// documented tolerance of the reference (its sums run in another order; docs/cpu_fast.md);
+// the pointwise programs are the reference's bits.
 //
 // Taken now: convolutions (1-3 spatial dims, groups, dilation, padding; bias, the fused
 // activations and residual add of ConvAttrs as post-ops), gemm (a bias vector, alpha 1,
 // the fused activation), matmul (rank 2-4, batch broadcast), max/average/global average
 // pooling (no indices), softmax and log-softmax, layer norm (inference: statistics unread),
-// in f32.
+// in f32; fused_pointwise programs of f32, bf16 and f16 values.
 #pragma once
 
 #include <memory>
@@ -36,7 +37,7 @@ class Kernel {
 
 struct Planned {
   std::unique_ptr<Kernel> kernel;  // null: the reference kernels run the node
-  std::string why_not;             // then: why oneDNN does not take it
+  std::string why_not;             // then: why no fast kernel takes it
 };
 
 // The kernel for node `n` of `g`, made now: its constant inputs (weights) are read from

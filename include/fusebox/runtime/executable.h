@@ -122,7 +122,7 @@ class PendingTensor {
 
 struct CompileOptions {
   Device device = Device::cpu;
-  // On the CPU: the reference kernels (the default) or oneDNN's where it has them
+  // On the CPU: the reference kernels (the default) or the fast ones where they take a node
   // (fusebox/runtime/executor.h CpuKernels; ExecutableStats::fast_nodes counts them).
   CpuKernels cpu_kernels = CpuKernels::reference;
   // The graph passes run first (passes/pipeline.h): none (the graph as given, the default) or
@@ -159,8 +159,8 @@ struct ExecutableStats {
   size_t constant_bytes = 0;       // constants as uploaded (in their planned layouts)
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
   size_t views = 0;                // reshapes and transposes that copy nothing
-  size_t fast_nodes = 0;           // CPU, fast kernels: nodes on oneDNN (the rest: reference)
-  std::string fast_summary;        // ... which ops ran on oneDNN and which did not, and why
+  size_t fast_nodes = 0;           // CPU, fast kernels: nodes on them (the rest: reference)
+  std::string fast_summary;        // ... which ops ran fast and which did not, and why
   size_t aliases_in_place = 0;     // aliased outputs computed in their input's buffer
   size_t aliases_copied = 0;       // ... copied there at the end of the step
   // CUDA, state aliased in place: runs whose state updates were not applied because a run
