@@ -8,13 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages: compilers and build tools, test/bench libraries, protobuf +
-# ONNX (the importer's proto classes and the ONNX node test data), CLI11, zlib, Open MPI
+# ONNX (the importer's proto classes and the ONNX node test data), CLI11, zlib, Python's headers
+# (the Python package's extension module), Open MPI
 # (the CPU backend's data-parallel collectives and their tests, docs/distributed.md), clang
 # with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, docs/fuzzing.md).
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git unzip
           libgtest-dev libgmock-dev libbenchmark-dev
           libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-          libcli11-dev zlib1g-dev clang-format python3-pip python3-venv
+          libcli11-dev zlib1g-dev clang-format python3-pip python3-venv python3-dev
           openmpi-bin libopenmpi-dev clang libclang-rt-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -143,5 +144,29 @@ if ! "$VENV/bin/python" -c "import onnxruntime, onnx, numpy" 2>/dev/null; then
   mv "$VENV.partial" "$VENV"
 fi
 ln -sfn "$VENV" .venv
+
+# The Python package (python/, docs/python.md): nanobind (the binding; CMake finds it through
+# `.venv/bin/python -m nanobind --cmake_dir`), scikit-build-core (`pip install .`) and pytest
+# (tests/python), pinned, into the same .venv (numpy is the one above).
+NANOBIND_VERSION=3.1.0 SKBUILD_CORE_VERSION=1.1.2 PYTEST_VERSION=9.2.0
+PYTHON_PINS=("nanobind==$NANOBIND_VERSION" "scikit-build-core==$SKBUILD_CORE_VERSION"
+             "pytest==$PYTEST_VERSION")
+if ! "$VENV/bin/python" - "${PYTHON_PINS[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for pin in sys.argv[1:]:
+    name, wanted = pin.split("==")
+    try:
+        if version(name) != wanted:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+  echo "setup: installing ${PYTHON_PINS[*]} into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --only-binary=:all: \
+    "${PYTHON_PINS[@]}"
+fi
 echo "setup: ok (cudnn-frontend $CUDNN_FE_VERSION, CUTLASS $CUTLASS_VERSION, NCCL $NCCL_VERSION headers in .deps/;" \
-  "oneDNN $ONEDNN_VERSION in .deps-cpu/; onnxruntime $ORT_VERSION in .venv)"
+  "oneDNN $ONEDNN_VERSION in .deps-cpu/; onnxruntime $ORT_VERSION, nanobind $NANOBIND_VERSION," \
+  "scikit-build-core $SKBUILD_CORE_VERSION, pytest $PYTEST_VERSION in .venv)"

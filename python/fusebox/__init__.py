@@ -1,0 +1,60 @@
+"""fusebox: compile and run neural networks (ONNX files, zoo models) on the CPU or an NVIDIA GPU.
+
+    import numpy as np
+    import fusebox
+
+    model = fusebox.load("model.onnx")                # or a zoo name: fusebox.load("resnet50")
+    exe = fusebox.compile(model, device="cpu")         # "cuda", precision="bf16", ...
+    (y,) = exe(np.zeros(model.inputs[0].shape, np.float32))
+
+Arrays in: numpy, or any tensor with __dlpack__ (torch, cupy, jax). Arrays out: numpy on the CPU,
+DLPack-capable arrays on CUDA. Errors: fusebox.Error. What exists and what does not yet, and
+when arrays are copied: docs/python.md.
+"""
+
+import os as _os
+
+from ._core import (  # noqa: F401 (re-exported)
+    Error,
+    Executable,
+    Model,
+    OutOfMemory,
+    TensorSpec,
+    __version__,
+    cuda_available,
+    load,
+    zoo_models,
+)
+from . import _core
+
+__all__ = [
+    "Error", "Executable", "Model", "OutOfMemory", "TensorSpec", "__version__", "cli_path",
+    "compile", "cuda_available", "load", "zoo_models",
+]
+
+
+def compile(model, device="cpu", precision="f32"):
+    if isinstance(model, (str, _os.PathLike)):
+        model = load(_os.fspath(model))
+    return _core.compile(model, device, precision)
+
+
+compile.__doc__ = (_core.compile.__doc__ or "") + (
+    "\n\nmodel: a fusebox.Model, or what fusebox.load takes (a path or a zoo name).")
+
+
+def cli_path():
+    """The `fusebox` CLI that `python -m fusebox` runs: $FUSEBOX_CLI when set, else the one
+    installed with the package (fusebox/bin/fusebox), else the one the build tree made next to
+    this package (recorded in fusebox/_build.py)."""
+    given = _os.environ.get("FUSEBOX_CLI")
+    if given:
+        return given
+    installed = _os.path.join(_os.path.dirname(__file__), "bin", "fusebox")
+    if _os.path.exists(installed):
+        return installed
+    try:
+        from ._build import cli
+    except ImportError:
+        raise Error("[fusebox.cli_path] no fusebox CLI found: set FUSEBOX_CLI to the binary")
+    return cli
