@@ -132,3 +132,19 @@ def test_dlpack_in_and_out(tmp_path):
     back = np.from_dlpack(p)  # outputs export DLPack too
     np.testing.assert_array_equal(back, (a + b) * b)
     assert np.shares_memory(back, p)
+
+
+def test_contiguous_inputs_are_read_in_place_and_outputs_handed_over(tmp_path):
+    exe = fusebox.compile(add_mul_model(tmp_path), device="cpu-ref")
+    a = np.ones((3, 4), np.float32)
+    strided = np.ones((3, 8), np.float32)[:, ::2]
+    base_a, base_strided = sys.getrefcount(a), sys.getrefcount(strided)
+    s, _ = exe(a, strided)
+    # The executable keeps its last feed as the input's contents: `a` itself (read in place),
+    # a contiguous copy of `strided`.
+    assert sys.getrefcount(a) > base_a
+    assert sys.getrefcount(strided) == base_strided
+    exe(np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32))
+    assert sys.getrefcount(a) == base_a  # released by the next run
+    # The output is the run's own memory, not a copy numpy owns.
+    assert not s.flags.owndata
