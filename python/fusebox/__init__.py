@@ -27,6 +27,11 @@ from ._core import (  # noqa: F401 (re-exported)
 )
 from . import _core
 
+# The classes as users name them (help(), repr of types, tracebacks).
+for _cls in (Executable, Model, TensorSpec):
+    _cls.__module__ = "fusebox"
+del _cls
+
 __all__ = [
     "Error", "Executable", "Model", "OutOfMemory", "TensorSpec", "__version__", "cli_path",
     "compile", "cuda_available", "load", "zoo_models",

@@ -153,8 +153,11 @@ nb::dict stats_dict(const ExecutableStats& s) {
 }
 
 std::string spec_repr(const TensorSpec& s) {
-  return cat("TensorSpec(name='", s.name, "', dtype='", dtype_name(s.dtype),
-             "', shape=", shape_str(s.shape), ")");
+  std::string shape = "(";
+  for (size_t i = 0; i < s.shape.size(); ++i) shape += cat(i ? ", " : "", s.shape[i]);
+  shape += s.shape.size() == 1 ? ",)" : ")";
+  return cat("TensorSpec(name='", s.name, "', dtype='", dtype_name(s.dtype), "', shape=", shape,
+             ")");
 }
 
 }  // namespace

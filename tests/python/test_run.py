@@ -17,6 +17,8 @@ def test_load_zoo_and_file(small_cnn_onnx):
     assert [(s.name, s.dtype, s.shape) for s in model.inputs] == [("input", "f32", (2, 3, 32, 32))]
     assert [(s.name, s.dtype, s.shape) for s in model.outputs] == [("logits", "f32", (2, 10))]
     assert zoo.inputs[0].shape == model.inputs[0].shape
+    assert repr(model.inputs[0]) == "TensorSpec(name='input', dtype='f32', shape=(2, 3, 32, 32))"
+    assert fusebox.Model.__module__ == "fusebox"
     assert "small_cnn" in fusebox.zoo_models()
 
 
