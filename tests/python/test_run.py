@@ -110,6 +110,10 @@ def test_non_contiguous_and_read_only_inputs(tmp_path):
     b.flags.writeable = False
     s, _ = exe(a, b)
     np.testing.assert_array_equal(s, np.ascontiguousarray(a) + np.ascontiguousarray(b))
+    c = np.ascontiguousarray(b)
+    c.flags.writeable = False  # contiguous and read-only: read in place all the same
+    s, _ = exe(c, c)
+    np.testing.assert_array_equal(s, c + c)
 
 
 class DLPackOnly:
