@@ -355,9 +355,9 @@ void visit_norm_types(const std::string& where, DType x, DType params, DType y, 
       visit_device_float(where, y, [&](auto u) {
         using Y = decltype(u);
         // Only the mixed forms are instantiated (each is 14 register-path kernels).
-        constexpr bool low_t = is_half_v<T>, low_y = is_half_v<Y>;
+        constexpr bool half_t = is_half_v<T>, half_y = is_half_v<Y>;
         constexpr bool f32_t = std::is_same_v<T, float>, f32_y = std::is_same_v<Y, float>;
-        if constexpr ((low_t && std::is_same_v<T, Y>) || (f32_t && low_y) || (low_t && f32_y))
+        if constexpr ((half_t && std::is_same_v<T, Y>) || (f32_t && half_y) || (half_t && f32_y))
           f(t, float{}, u);
       });
     }
