@@ -6,7 +6,8 @@
 // each convolution with the path (cuDNN or the project's kernels) and plan it got, and each node's
 // time (Executable::profile, after the run: tools/fusebox/time_report.cpp); --autotune times
 // cuDNN's candidate plans for each convolution problem and keeps the fastest; --dot FILE
-// writes the fused graph as Graphviz.
+// writes the fused graph as Graphviz; --precision bf16|f16 runs the pipeline's mixed precision
+// (the outputs keep the model's dtypes).
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -37,6 +38,7 @@ struct RunArgs {
   bool autotune = false;
   std::string dot;
   std::string memory_limit;
+  std::string precision;  // empty: f32, the backend's own TF32 settings
 };
 
 // Imports with the --shape shapes. A model with symbolic dims may need the shapes of
@@ -90,6 +92,15 @@ int run(const RunArgs& args) {
   }
   Graph g = import_model(args.model, parse_shape_specs(args.shapes), given);
   const Device device = parse_device(args.device);
+  const Precision precision =
+      args.precision.empty() ? Precision::f32 : parse_precision(args.precision);
+  // The reference kernels run the model as imported: no pipeline, so no mixed precision.
+  if (cpu_kernels_for(args.device) == CpuKernels::reference && device == Device::cpu &&
+      (precision == Precision::bf16 || precision == Precision::f16))
+    throw UsageError(cat("--precision ", args.precision,
+                         " needs the inference pipeline: --device cpu or cuda (cpu-ref runs the "
+                         "model as imported, in its own dtypes)"));
+  if (!args.precision.empty()) set_float_math(precision);  // before the backend reads it
   if (args.autotune) set_conv_autotune(true);
   if (!args.output_dir.empty()) make_directory(args.output_dir);
   std::string input_names;
@@ -122,7 +133,7 @@ int run(const RunArgs& args) {
   CompileOptions compile_opts{.device = device, .cpu_kernels = cpu_kernels, .poison = true};
   if (device == Device::cuda || cpu_kernels == CpuKernels::fast)
     compile_opts.pipeline = {.kind = PipelineKind::inference,
-                             .precision = Precision::f32,
+                             .precision = precision,
                              .fusion = InferenceFusionOptions::from_env(),
                              .log = &pipeline_log};
   const FusionLog& fusion_log = pipeline_log.fusion;
@@ -194,6 +205,11 @@ Command add_run_command(CLI::App& parent) {
   app->add_flag("--autotune", args->autotune,
                 "Time cuDNN's candidate plans for each convolution and keep the fastest "
                 "(as FUSEBOX_AUTOTUNE=1; tuned plans go to the disk plan cache)");
+  app->add_option("--precision", args->precision,
+                  "f32, tf32, bf16 or f16 (docs/mixed_precision.md): the inference pipeline's "
+                  "precision, outputs in the model's dtypes; default f32 with the backend's own "
+                  "TF32 settings (FUSEBOX_ALLOW_TF32)")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   add_memory_limit_option(*app, &args->memory_limit);
   return {app, [args] { return run(*args); }};
 }

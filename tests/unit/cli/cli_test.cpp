@@ -302,6 +302,25 @@ TEST_F(Cli, MemoryLimitIsEnforcedByNameAndChecked) {
   }
 }
 
+// run --precision: bf16 through the inference pipeline's mixed precision (f32 outputs close to
+// the f32 run's), refused on the reference kernels, which run the model as imported.
+TEST_F(Cli, RunTakesAPrecision) {
+  const std::string model = make_small_cnn();
+  const ToolResult f32 =
+      tool(cat("run '", model, "' --device cpu --output-dir '", path("f32"), "'"));
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  const ToolResult bf16 = tool(
+      cat("run '", model, "' --device cpu --precision bf16 --output-dir '", path("bf16"), "'"));
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  const Tensor a = read_npy(path("f32/logits.npy")), b = read_npy(path("bf16/logits.npy"));
+  EXPECT_EQ(b.dtype(), DType::f32);
+  EXPECT_LE(fusebox::testing::relative_l2(b, a), 0.05);
+  EXPECT_GT(fusebox::testing::relative_l2(b, a), 0.0);  // it did run in bf16
+  const ToolResult ref = tool(cat("run '", model, "' --device cpu-ref --precision bf16"));
+  EXPECT_EQ(ref.exit_code, 2) << ref.err;
+  EXPECT_TRUE(contains(ref.err, "--precision bf16 needs the inference pipeline")) << ref.err;
+}
+
 // bench of an ONNX model reports the batch it ran (the model's own, 2 here), not --batch's
 // default (32), in its lines and its JSON.
 TEST_F(Cli, BenchReportsTheBatchItRan) {
