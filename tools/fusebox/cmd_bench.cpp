@@ -314,7 +314,8 @@ Command add_bench_command(CLI::App& parent) {
                   "f32, tf32 (default), bf16 or f16 (see docs/mixed_precision.md)")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   app->add_option("--device", args->device,
-                  "cpu (oneDNN's kernels where it has them; inference), cpu-ref (the "
+                  "cpu (the fast kernels where they take a node: oneDNN, the pointwise "
+                  "interpreter; inference), cpu-ref (the "
                   "reference kernels), cuda, or auto (default)")
       ->check(CLI::IsMember({"cpu", "cpu-ref", "cuda", "auto"}));
   app->add_option("--steps", args->steps, "Timed steps (each of the two passes); default 30")

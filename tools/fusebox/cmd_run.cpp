@@ -179,7 +179,8 @@ Command add_run_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("run", "Run an ONNX model and print its outputs");
   app->add_option("model", args->model, "The model (.onnx)")->required()->type_name("MODEL.onnx");
   app->add_option("--device", args->device,
-                  "cpu (oneDNN's kernels where it has them), cpu-ref (the reference kernels "
+                  "cpu (the fast kernels where they take a node: oneDNN, the pointwise "
+                  "interpreter), cpu-ref (the reference kernels "
                   "alone, exact), cuda, or auto (cuda when available, else cpu); default cpu")
       ->check(CLI::IsMember({"cpu", "cpu-ref", "cuda", "auto"}));
   app->add_option("--input", args->inputs,
