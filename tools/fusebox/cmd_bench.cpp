@@ -144,7 +144,11 @@ Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
   const int64_t classes = logits.type.shape.at(1);
   TrainingSession session(g, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9},
                           {.device = device, .precision = precision});
-  Tensor labels = Tensor::empty(DType::i64, {input.type.shape[0]});
+  // cross_entropy's labels: logits [N, C, D...] -> [N, D...] (a decoder's [N, vocab, tokens]:
+  // one label per token).
+  Shape label_shape = logits.type.shape;
+  label_shape.erase(label_shape.begin() + 1);
+  Tensor labels = Tensor::empty(DType::i64, label_shape);
   for (int64_t i = 0; i < labels.numel(); ++i) labels.set(i, double((i * 7 + 3) % classes));
   const Tensor images = random_input(input.type.dtype, input.type.shape, 0, input.name);
   Feeds batch;

@@ -302,6 +302,15 @@ TEST_F(Cli, MemoryLimitIsEnforcedByNameAndChecked) {
   }
 }
 
+// bench --mode train of a decoder: one label per token (cross_entropy's [N, tokens] labels for
+// [N, vocab, tokens] logits), not one per sample.
+TEST_F(Cli, BenchTrainsADecoder) {
+  const ToolResult r =
+      tool("bench gpt2_test --mode train --batch 2 --steps 2 --warmup 1 --device cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "final loss")) << r.out;
+}
+
 // run --precision: bf16 through the inference pipeline's mixed precision (f32 outputs close to
 // the f32 run's), refused on the reference kernels, which run the model as imported.
 TEST_F(Cli, RunTakesAPrecision) {
