@@ -1,6 +1,6 @@
 // fusebox bench: how fast a whole model trains or runs, as a user sees it.
 //
-//   fusebox bench resnet50 --mode train --batch 256 --precision bf16 --device cuda
+//   fusebox bench resnet50 --mode train --batch-size 256 --precision bf16 --device cuda
 //
 // Method (every figure is in the table and the JSON):
 //   compile   the first step, from nothing to its result on the host: building the
@@ -312,7 +312,8 @@ Command add_bench_command(CLI::App& parent) {
       ->type_name("MODEL.onnx|ZOO_NAME");
   app->add_option("--mode", args->mode, "infer (default) or train")
       ->check(CLI::IsMember({"infer", "train"}));
-  app->add_option("--batch", args->batch, "Images per step (zoo models); default 32")
+  app->add_option("--batch-size,--batch", args->batch,
+                  "Samples per step (zoo models; an ONNX model runs its own); default 32")
       ->check(integer_range(1));
   app->add_option("--precision", args->precision,
                   "f32, tf32 (default), bf16 or f16 (see docs/mixed_precision.md)")

@@ -45,7 +45,8 @@ Command add_zoo_command(CLI::App& parent) {
   app->add_option("name", args->name, "Model name (see --list)")->type_name("NAME");
   app->add_option("--out", args->out, "Where to write the model")->type_name("FILE.onnx");
   app->add_flag("--list", args->list, "List the zoo's models and exit");
-  app->add_option("--batch", args->opts.batch, "Batch size; default 1")->check(integer_range(1));
+  app->add_option("--batch-size,--batch", args->opts.batch, "Batch size; default 1")
+      ->check(integer_range(1));
   app->add_option("--image-size", args->opts.image_size, "Input height and width; default 224")
       ->check(integer_range(1));
   app->add_option("--num-classes", args->opts.num_classes, "Classifier outputs; default 1000")

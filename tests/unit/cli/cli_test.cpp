@@ -128,8 +128,9 @@ TEST_F(Cli, NumericOptionsPrintTheirRangesInPlainNumbers) {
       {"train small_cnn --synthetic",
        {"--batch-size", "--steps", "--checkpoint-every", "--image-size", "--num-classes",
         "--seq-len", "--samples", "--log-every", "--gpus", "--bucket-mb"}},
-      {"bench small_cnn", {"--batch", "--steps", "--image-size", "--num-classes"}},
-      {"zoo small_cnn --out m.onnx", {"--batch", "--image-size", "--num-classes", "--seq-len"}},
+      {"bench small_cnn", {"--batch-size", "--steps", "--image-size", "--num-classes"}},
+      {"zoo small_cnn --out m.onnx",
+       {"--batch-size", "--image-size", "--num-classes", "--seq-len"}},
   };
   for (const auto& [command, options] : commands) {
     for (const char* option : options) {
@@ -143,6 +144,12 @@ TEST_F(Cli, NumericOptionsPrintTheirRangesInPlainNumbers) {
         EXPECT_LE(longest_number(r.err), 20u) << what << r.err;
       }
     }
+  }
+  // --batch-size is every command's spelling; bench's and zoo's old --batch is its alias.
+  for (const char* command : {"bench small_cnn", "zoo small_cnn --out m.onnx"}) {
+    const ToolResult old = tool(cat(command, " --batch 0"));
+    EXPECT_EQ(old.exit_code, 2) << command << ": " << old.err;
+    EXPECT_TRUE(contains(old.err, "--batch-size: must be an integer from 1")) << old.err;
   }
   ToolResult r = tool("train small_cnn --synthetic --steps 0");
   EXPECT_TRUE(contains(r.err, "--steps: must be an integer from 1 to 2^63 - 1, got '0'")) << r.err;
