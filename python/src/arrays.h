@@ -63,8 +63,5 @@ std::vector<DeviceArray> own_copies(const std::vector<DeviceArray>& outputs);
 // A DLPack-capable ndarray (nanobind's array_api object: __dlpack__, __dlpack_device__) over `a`'s
 // device memory (no copy; keeps `a` alive). Needs the GIL.
 nb::object to_dlpack(const DeviceArray& a);
-// TF32 on or off for the convolutions and matmuls compiled from now on (the CLI's rule: on for
-// every precision but f32); the CUDA backend reads its settings again.
-void set_cuda_float_math(bool allow_tf32);
 
 }  // namespace fusebox::python

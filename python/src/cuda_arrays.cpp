@@ -1,15 +1,12 @@
 // The CUDA side of the arrays (arrays.h): device pointers of DeviceArrays, which the public API
 // does not expose, come from the executable layer's storage (src/executable/device_array.h);
-// hence this file's own translation unit, the only one of the module on internal headers.
+// hence this file's own translation unit, the only one of the module on an internal header.
 //
 // Ordering is by whole-device synchronisation (correct whatever stream the caller's framework
 // used, slower than following the caller's stream, which is a later slice: docs/python.md).
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
-
 #include "arrays.h"
-#include "backends/cuda/runtime/settings.h"
 #include "executable/device_array.h"
 
 namespace fusebox::python {
@@ -55,13 +52,6 @@ nb::object to_dlpack(const DeviceArray& a) {
   return nb::ndarray<nb::array_api>(device_pointer(a), shape.size(), shape.data(), owner, nullptr,
                                     dlpack_dtype(a.dtype()), nb::device::cuda::value, cuda_device())
       .cast();
-}
-
-void set_cuda_float_math(bool allow_tf32) {
-  const char* value = allow_tf32 ? "1" : "0";
-  setenv("FUSEBOX_ALLOW_TF32", value, 1);
-  setenv("FUSEBOX_ALLOW_TF32_MATMUL", value, 1);
-  cuda::reread_settings();
 }
 
 }  // namespace fusebox::python

@@ -11,6 +11,7 @@
 
 #include "arrays.h"
 #include "executable.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/ir/ops.h"
 #include "fusebox/passes/pipeline.h"
@@ -92,7 +93,7 @@ PyExecutable* compile(const Model& model, const std::string& device_name,
     opts.pipeline = {.kind = PipelineKind::inference,
                      .precision = precision,
                      .fusion = InferenceFusionOptions::from_env()};
-  if (device == Device::cuda) set_cuda_float_math(precision != Precision::f32);
+  if (device == Device::cuda) cuda::set_tf32(precision != Precision::f32);
   return new PyExecutable(Executable::compile(*model.graph, opts));
 }
 

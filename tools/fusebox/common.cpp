@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/core/memory.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -257,9 +258,7 @@ std::string summarize(const Tensor& t) {
 namespace fusebox::cli {
 
 void set_float_math(Precision p) {
-  const char* tf32 = p == Precision::f32 ? "0" : "1";
-  setenv("FUSEBOX_ALLOW_TF32", tf32, 1);
-  setenv("FUSEBOX_ALLOW_TF32_MATMUL", tf32, 1);
+  cuda::set_tf32(p != Precision::f32);
 }
 
 std::string fixed(double value, int digits) {

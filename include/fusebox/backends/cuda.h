@@ -18,6 +18,12 @@ namespace fusebox::cuda {
 // owns the choice (dispatch.cpp and the kernels it calls); the passes only form the nodes.
 std::string describe_lowering(const Node& n);
 
+// The f32 math of the backend's convolutions and matmuls: TF32 tensor cores allowed or not.
+// Sets FUSEBOX_ALLOW_TF32 and FUSEBOX_ALLOW_TF32_MATMUL (docs/settings.md) in this process's
+// environment, over a value the user set, so that the settings, read again at the next use,
+// and child processes agree; `--precision` (CLI) and fusebox.compile (Python) call it.
+void set_tf32(bool allowed);
+
 }  // namespace fusebox::cuda
 
 namespace fusebox::dist {

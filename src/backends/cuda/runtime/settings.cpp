@@ -1,11 +1,13 @@
 #include "backends/cuda/runtime/settings.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <forward_list>
 #include <mutex>
 #include <string>
 
 #include "backends/cuda/runtime/env.h"
+#include "fusebox/backends/cuda.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda {
@@ -191,6 +193,13 @@ const BackendSettings& settings() {
 void reread_settings() {
   std::lock_guard lock(g_read_mutex);
   g_current.store(nullptr, std::memory_order_release);
+}
+
+void set_tf32(bool allowed) {
+  const char* value = allowed ? "1" : "0";
+  setenv("FUSEBOX_ALLOW_TF32", value, 1);
+  setenv("FUSEBOX_ALLOW_TF32_MATMUL", value, 1);
+  reread_settings();
 }
 
 }  // namespace fusebox::cuda
