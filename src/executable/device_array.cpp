@@ -183,14 +183,29 @@ bool PendingTensor::ready() const {
   return state_->run->fence.done();
 }
 
+// At or past this size get() hands over the pinned copy itself rather than copying it.
+constexpr size_t kAdoptPinnedBytes = size_t(1) << 20;
+
 Tensor PendingTensor::get() const {
   FUSEBOX_CHECK(defined(), "pending tensor", "get() of an empty handle");
   if (state_->value) return *state_->value;
   state_->run->check();
-  Tensor t = Tensor::empty(state_->dtype, state_->shape);
-  if (t.nbytes() > 0) std::memcpy(t.raw(), state_->slot->bytes.get(), t.nbytes());
+  Tensor t;
+  const size_t nbytes = size_t(numel(state_->shape)) * dtype_size(state_->dtype);
+  if (nbytes >= kAdoptPinnedBytes) {
+    // The pinned copy itself, no second copy (a 3 GB f32 logits tensor took ~1 s to copy
+    // into fresh pageable memory): the tensor keeps the slot, so the pool does not hand it
+    // out again until the last handle goes.
+    std::shared_ptr<std::byte[]> bytes(state_->slot, state_->slot->bytes.get());
+    t = Tensor::adopt(state_->dtype, state_->shape, std::move(bytes));
+  } else {
+    // Small outputs (a loss, a batch of class scores) are copied: a caller that keeps every
+    // step's loss would otherwise hold a pinned slot per step.
+    t = Tensor::empty(state_->dtype, state_->shape);
+    if (nbytes > 0) std::memcpy(t.raw(), state_->slot->bytes.get(), nbytes);
+  }
   state_->value = t;
-  state_->slot.reset();  // back to the pool
+  state_->slot.reset();  // back to the pool (or held by the tensor, above)
   return t;
 }
 

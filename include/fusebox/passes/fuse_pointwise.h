@@ -9,7 +9,12 @@
 // dtypes, such that:
 //   - it has one output: every value a member writes, except the group's output (the last
 //     member's), is read only by members and is not a graph output;
-//   - it has >= 2 ops and reads at most 16 values from outside (kMaxPointwiseInputs);
+//   - it has >= 2 ops, or one op that broadcasts an input (a squeeze-and-excitation scale
+//     [N, C, 1, 1] over x, Swin's window mask): the generated kernel walks a broadcast
+//     operand by its own strides where the op's own kernel indexes every operand through
+//     an N-d division per element (RegNetY's 27 scale muls: 3.6 ms of a 34 ms step on an
+//     H200);
+//   - it reads at most 16 values from outside (kMaxPointwiseInputs);
 //   - every value it reads or writes broadcasts to the output's shape (always so for
 //     elementwise ops; no reductions, which are not members).
 // Groups grow backwards from their output, taking a producer when all of its value's readers

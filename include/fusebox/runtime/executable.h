@@ -113,7 +113,9 @@ class PendingTensor {
   // Whether get() would return without waiting.
   bool ready() const;
   // Waits for the run, checks its kernels' error records (throwing the Error of a node
-  // that found bad data), and returns the tensor.
+  // that found bad data), and returns the tensor. From 1 MiB up the tensor is the pinned
+  // buffer the device copied into (no second copy; the buffer is not reused while held),
+  // smaller ones a pageable copy.
   Tensor get() const;
 
  private:

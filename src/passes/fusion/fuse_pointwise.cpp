@@ -53,7 +53,7 @@ class Finder {
     for (size_t i = g_.nodes().size(); i-- > 0;) {
       if (!fusible_[i] || group_of_[i] >= 0) continue;
       std::vector<NodeId> members = grow(NodeId(i));
-      if (members.size() < 2) continue;
+      if (members.size() < 2 && !broadcasts_an_input(members.front())) continue;
       for (NodeId m : members) group_of_[size_t(m)] = int(found.size());
       found.push_back(program_of(std::move(members)));
     }
@@ -61,6 +61,16 @@ class Finder {
   }
 
   const std::vector<int>& group_of() const { return group_of_; }
+
+  // Whether node n reads a value of another shape than its output's (header: a lone op
+  // that broadcasts is a group).
+  bool broadcasts_an_input(NodeId n) const {
+    const Node& node = g_.node(n);
+    const Shape& out = g_.value(node.outputs[0]).type.shape;
+    for (ValueId v : node.inputs)
+      if (g_.value(v).type.shape != out) return true;
+    return false;
+  }
 
  private:
   // The values members read that no member writes.

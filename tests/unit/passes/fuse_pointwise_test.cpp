@@ -1,7 +1,7 @@
-// fuse_pointwise_chains (passes/fuse_pointwise.h): which groups it forms (maximal, >= 2 ops,
-// <= 16 inputs), what it leaves alone (values read outside a group, graph outputs, non-float
-// and non-pointwise ops, batch norms with a fused relu), that names stay, and that the fused
-// graph computes the unfused graph's bits on the CPU.
+// fuse_pointwise_chains (passes/fuse_pointwise.h): which groups it forms (maximal, >= 2 ops
+// or one that broadcasts, <= 16 inputs), what it leaves alone (values read outside a group, graph
+// outputs, non-float and non-pointwise ops, batch norms with a fused relu), that names stay, and
+// that the fused graph computes the unfused graph's bits on the CPU.
 #include "fusebox/passes/fuse_pointwise.h"
 #include "bit_identical.h"
 #include "fusebox/passes/fusion.h"
@@ -66,6 +66,28 @@ TEST(FusePointwise, ChainBecomesOneNodeNamedAfterItsOutput) {
   EXPECT_EQ(f.value(n.inputs[2]).name, "b");
   Graph again = f;
   EXPECT_EQ(fuse_pointwise_chains(again), 0u);  // nothing left to fuse
+}
+
+TEST(FusePointwise, LoneOpThatBroadcastsIsAGroup) {
+  // A squeeze-and-excitation scale: x [N, C, H, W] * s [N, C, 1, 1], between a sigmoid read
+  // elsewhere and a graph output: the mul alone. A lone add of equal shapes stays unfused.
+  Graph g("se");
+  const ValueId x = g.add_input("x", DType::bf16, {2, 3, 4, 4});
+  const ValueId z = g.add_input("z", DType::bf16, {2, 3, 1, 1});
+  const ValueId u = g.add_input("u", DType::bf16, {2, 3, 4, 4});
+  const ValueId s = g.add_node(OpKind::sigmoid, {}, {z}, "gate")[0];
+  g.mark_output(s);
+  const ValueId y = g.add_node(OpKind::mul, {}, {x, s}, "scale", {"y"})[0];
+  g.mark_output(y);
+  const ValueId w = g.add_node(OpKind::add, {}, {x, u}, "sum", {"w"})[0];
+  g.mark_output(w);
+  const Graph f = fused_copy(g, feeds_for(g, 5), 1);
+  const std::vector<const Node*> fused = nodes_of(f, OpKind::fused_pointwise);
+  ASSERT_EQ(fused.size(), 1u);
+  EXPECT_EQ(fused[0]->name, "scale");
+  EXPECT_EQ(pointwise_program_text(std::get<PointwiseProgram>(fused[0]->attrs)), "t0=mul(in0,in1)");
+  EXPECT_EQ(nodes_of(f, OpKind::add).size(), 1u);
+  EXPECT_EQ(nodes_of(f, OpKind::sigmoid).size(), 1u);
 }
 
 TEST(FusePointwise, ValuesReadOutsideStayUnfused) {

@@ -295,6 +295,49 @@ TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
     }
 }
 
+// engines.cpp's rule 3: under the default policy a patchify fprop (filter == stride, no pads:
+// ViT's 16x16/16 patch embedding, a 4x4/4 stem) passes cuDNN over for space_to_depth, whose
+// wide problem is one 1x1 GEMM over C * R channels; a convolution with pads stays on cuDNN.
+TEST_F(ImplicitGemmTest, PatchifyRunsOnSpaceToDepthByDefault) {
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", std::nullopt);
+  ScopedEnv autotune("FUSEBOX_AUTOTUNE", std::nullopt);
+  struct Case {
+    int64_t batch, k, size, patch;
+    bool pad;  // a padded window: not a patchify
+  };
+  const Case cases[] = {{2, 64, 64, 16, false}, {3, 96, 32, 4, false}, {2, 96, 32, 4, true}};
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (const Case& k : cases) {
+      ConvConfig c;
+      c.op = OpKind::conv;
+      c.dtype = dtype;
+      c.batch = k.batch;
+      c.in_channels = 3, c.out_channels = k.k;
+      c.spatial = {k.size, k.size}, c.filter = {k.patch, k.patch};
+      c.strides = {k.patch, k.patch}, c.dilations = {1, 1};
+      c.pads_begin = {k.pad ? 1 : 0, k.pad ? 1 : 0}, c.pads_end = {0, 0};
+      c.channels_last = true;
+      c.bias = true;
+      SCOPED_TRACE(c.describe());
+      const std::vector<Tensor> in = conv_inputs(c, 77);
+      const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+      clear_conv_decisions();
+      const Tensor got = run_conv_on_gpu(h, c, in);
+      ASSERT_FALSE(conv_decisions().empty());
+      const ConvDecision d = conv_decisions().back();
+      const bool wide = d.plan.find("space-to-depth") != std::string::npos;
+      EXPECT_EQ(wide, !k.pad) << d.path << " " << d.plan << " (" << d.reason << ")";
+      if (!k.pad) {
+        EXPECT_NE(d.reason.find("rule 3"), std::string::npos) << d.reason;
+      }
+      EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, !wide)) << d.plan;
+    }
+  }
+}
+
 // Runs the convolution `c` on the GPU on engine `engine` (FUSEBOX_CONV_ENGINE's name; "": the
 // default policy's choice) against the CPU: the plan must be `kernel`'s and say `plan_part`.
 void expect_own_kernel(OpHarness& h, const ConvConfig& c, const char* engine, uint64_t seed,

@@ -218,6 +218,60 @@ TEST_F(MatmulTest, GemmBiasEpilogueMatchesCpu) {
   }
 }
 
+// Products with a leading dim whose bytes are not a multiple of 16 and enough flops to pay
+// for copies run on padded copies of the misaligned operands (matmul.cpp's record_padded):
+// a vocabulary-sized N (B and Y padded), a transposed A of odd M, an odd N with the bias
+// epilogue and GELU. The products are too large for the CPU oracle whole: every element is
+// checked finite (outputs are poisoned) and 48 rows spread over Y against the oracle's product
+// of those rows of op(A).
+TEST_F(MatmulTest, MisalignedLeadingDimsRunPadded) {
+  OpHarness h;
+  struct Case {
+    int64_t m, n, k;
+    bool trans_a, trans_b, bias;
+    FusedActivation act;
+  };
+  const Case cases[] = {
+      {2048, 1025, 1024, false, false, false, {}},                      // B and Y padded
+      {1025, 1024, 2048, true, false, false, {}},                       // A [K, M] padded
+      {2048, 1027, 1024, false, false, true, {Activation::gelu_tanh}},  // bias + GELU epilogue
+  };
+  uint64_t seed = 1300;
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(cat(dtype_name(t), " m ", c.m, " n ", c.n, " k ", c.k, " ta ", c.trans_a,
+                       " bias ", c.bias));
+      GemmAttrs attrs{c.trans_a, c.trans_b, 1.0, c.bias ? 1.0 : 0.0};
+      attrs.activation = c.act;
+      Tensor a = random_tensor(t, c.trans_a ? Shape{c.k, c.m} : Shape{c.m, c.k}, seed++);
+      Tensor b = random_tensor(t, c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, seed++);
+      std::vector<Tensor> inputs = {a, b};
+      if (c.bias) inputs.push_back(random_tensor(t, {c.n}, seed++));
+      const Tensor got = h.run(&gemm, OpKind::gemm, attrs, inputs)[0];
+      const std::vector<double> y = got.to_doubles(), av = a.to_doubles();
+      bool finite = true;
+      for (double v : y) finite = finite && std::isfinite(v);
+      EXPECT_TRUE(finite) << "an element of y is not finite (unwritten: poisoned)";
+      // Rows of op(A) and the same rows of y.
+      const int64_t rows = 48;
+      std::vector<double> a_rows, y_rows;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t r = i * (c.m - 1) / (rows - 1);
+        for (int64_t kk = 0; kk < c.k; ++kk)
+          a_rows.push_back(c.trans_a ? av[size_t(kk * c.m + r)] : av[size_t(r * c.k + kk)]);
+        y_rows.insert(y_rows.end(), y.begin() + r * c.n, y.begin() + (r + 1) * c.n);
+      }
+      std::vector<Tensor> sub = inputs;
+      sub[0] = Tensor::from_doubles(t, {rows, c.k}, a_rows);
+      GemmAttrs sub_attrs = attrs;
+      sub_attrs.trans_a = false;
+      const Tensor want = run_op(OpKind::gemm, sub_attrs, sub)[0];
+      EXPECT_TRUE(close_in_norm(Tensor::from_doubles(t, {rows, c.n}, y_rows), want,
+                                t == DType::f32 ? 1e-5 : matmul_tolerance(t)));
+    }
+  }
+}
+
 TEST_F(MatmulTest, RepeatedShapesReuseThePlanAndStayCorrect) {
   OpHarness h;
   for (int step = 0; step < 3; ++step) {

@@ -31,6 +31,12 @@
 //     7-wide filter, or a 3-wide one on the ring kernel; 3-wide weight gradients on the ring
 //     kernel. f32 and other shapes: cuDNN (autotuning still times both).
 //
+//  3. A patchify fprop (every filter extent equal to its stride, no padding or dilation, one
+//     group: ViT's 16x16/16 patch embedding, Swin's and ConvNeXt's 4x4/4 stems) passes cuDNN
+//     over where space_to_depth takes it: its im2col is a permutation of x, so the problem
+//     is one GEMM over C * R channels. cuDNN ran ViT-B/16's (3 -> 768 channels, bf16, batch
+//     128) at 0.89 ms on an H200, ~33 TFLOP/s.
+//
 // Autotuning (FUSEBOX_AUTOTUNE, FUSEBOX_CONV_BACKEND unset, cuDNN takes the problem): every
 // engine but cuDNN and the direct kernel that accepts the problem, fused or unfused, is
 // timed; cuDNN records its tuned plan only if faster than the fastest (selection.h). The
@@ -137,6 +143,22 @@ bool depthwise_measured_faster(const ConvCall& call) {
   return rows.first == 7 || (rows.first == 3 && depthwise::ring_shape(g, op, rows, v));
 }
 
+// Rule 3: why cuDNN is passed over for a patchify problem, or nullopt.
+std::optional<std::string> patchify_passes_cudnn_over(const ConvCall& call) {
+  const ConvSettings& s = *call.settings;
+  if (s.autotune || s.forced_plan_index >= 0 || call.op() != ConvOp::fprop) return std::nullopt;
+  const ConvGeometry& g = call.geometry;
+  if (g.groups != 1) return std::nullopt;
+  for (int d = 0; d < 3; ++d) {
+    if (g.filter[d] != g.stride[d] || g.dilation[d] != 1 || g.pad_lo[d] != 0 || g.pad_hi[d] != 0)
+      return std::nullopt;
+  }
+  if (g.filter_size() == 1 || space_to_depth_engine().cannot_implement(call)) return std::nullopt;
+  return std::string(
+      "a patchify convolution (filter == stride) runs as one GEMM on space_to_depth "
+      "(engines.cpp, rule 3)");
+}
+
 // Whether `scope` lets engine `e` run at all.
 bool in_scope(const ConvEngine& e, Scope scope) {
   switch (scope) {
@@ -194,6 +216,12 @@ ConvOutcome run_policy(Context& ctx, const ConvCall& call, Scope scope,
       if (e == &cudnn_engine() || e == &implicit_gemm_engine())
         notes.push_back(cat(e->name(), ": ", *why));
       continue;
+    }
+    if (e == &cudnn_engine() && scope == Scope::all) {
+      if (auto why = patchify_passes_cudnn_over(call)) {
+        notes.push_back(cat("cudnn passed over: ", *why));
+        continue;
+      }
     }
     const std::optional<std::string> rule = policy_takes(*e, call, scope);
     if (!rule) continue;

@@ -311,11 +311,88 @@ void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProb
   ctx.encoder.keep_alive(plan);
 }
 
+// Row strides of 16 bytes. A leading dim whose bytes are not a multiple of 16 (GPT-2's LM
+// head: B [768, 50257] and Y [16384, 50257] in bf16) leaves cuBLASLt only kernels that
+// assume 2-byte alignment: 10 ms (~126 TFLOP/s) for that product on an H200. So a single
+// GEMM with a misaligned operand runs on padded copies where the copies are cheap against
+// the product: each misaligned input copied into rows of the next 16-byte multiple, Y
+// written into such rows and then copied into place (Inductor pads such dims too). The
+// copies move each padded matrix twice (read and write); the product's flops must be at
+// least kPadFlopsPerByte times those bytes (GPT-2's LM head: 2MNK over 2(KN + MN) elements
+// of 2 bytes, ~380 flops per byte), and large enough that two extra launches do not matter.
+constexpr double kPadFlopsPerByte = 128;
+constexpr double kPadMinFlops = double(int64_t(1) << 32);
+
+// A matrix stored [rows, cols] with row stride `ld`, `offset` elements into `t`, as a view.
+DeviceTensor matrix_view(const DeviceTensor& t, int64_t offset, int64_t rows, int64_t cols,
+                         int64_t ld) {
+  return t.view(t.offset + offset, {rows, cols}, {ld, 1});
+}
+
+// Records the product on padded copies of its misaligned operands (above); false, recording
+// nothing, where none is misaligned, the copies would not pay, or cuBLASLt has no algorithm
+// for the padded problem. beta is 0 (y is only written); `bias` as record_plan's.
+bool record_padded(Context& ctx, const GemmProblem& p, const GemmOperands& ops, double alpha,
+                   const DeviceTensor* bias) {
+  const size_t elem = dtype_size(p.dtype);
+  if (p.dtype == DType::f64 || p.batch != 1 || ops.offsets.size() != 1) return false;
+  auto misaligned = [&](int64_t ld) { return (ld * int64_t(elem)) % 16 != 0; };
+  // Stored shapes: A [M, K] ([K, M] with trans_a), B [K, N] ([N, K] with trans_b), Y [M, N].
+  const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
+  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
+  const bool pad_a = misaligned(p.lda), pad_b = misaligned(p.ldb), pad_y = misaligned(p.ldy);
+  if (!pad_a && !pad_b && !pad_y) return false;
+  const double copied =
+      2.0 * double(elem) *
+      (double(pad_a) * double(a_rows) * double(a_cols) +
+       double(pad_b) * double(b_rows) * double(b_cols) + double(pad_y) * double(p.m) * double(p.n));
+  const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
+  if (flops < kPadMinFlops || flops < kPadFlopsPerByte * copied) return false;
+
+  const int64_t per_row = int64_t(16 / elem);
+  auto padded_ld = [&](int64_t cols) { return (cols + per_row - 1) / per_row * per_row; };
+  const std::array<int64_t, 3> off = ops.offsets.front();
+  const std::array<int64_t, 3> padded_off = {pad_a ? 0 : off[0], pad_b ? 0 : off[1],
+                                             pad_y ? 0 : off[2]};
+  GemmProblem q = p;
+  DeviceTensor a = *ops.a, b = *ops.b, y = *ops.y;
+  if (pad_a) {
+    q.lda = padded_ld(a_cols);
+    a = temporary_tensor(ctx, p.dtype, {a_rows, q.lda});
+  }
+  if (pad_b) {
+    q.ldb = padded_ld(b_cols);
+    b = temporary_tensor(ctx, p.dtype, {b_rows, q.ldb});
+  }
+  if (pad_y) {
+    q.ldy = padded_ld(p.n);
+    y = temporary_tensor(ctx, p.dtype, {p.m, q.ldy});
+  }
+  const GemmOperands padded{&a, &b, &y, {padded_off}};
+  const std::shared_ptr<Plan> plan = find_plan(ctx.device, q, operand_alignments(q, padded));
+  if (!plan) return false;
+  if (pad_a)
+    copy_strided(ctx, matrix_view(*ops.a, off[0], a_rows, a_cols, p.lda),
+                 matrix_view(a, 0, a_rows, a_cols, q.lda));
+  if (pad_b)
+    copy_strided(ctx, matrix_view(*ops.b, off[1], b_rows, b_cols, p.ldb),
+                 matrix_view(b, 0, b_rows, b_cols, q.ldb));
+  BufferList reads = {a.range(), b.range()};
+  if (bias) reads.push_back(bias->range());
+  record_plan(ctx, plan, q, padded, padded.offsets, alpha, 0.0, reads,
+              bias ? bias->data() : nullptr);
+  if (pad_y)
+    copy_strided(ctx, matrix_view(y, 0, p.m, p.n, q.ldy),
+                 matrix_view(*ops.y, off[2], p.m, p.n, p.ldy));
+  return true;
+}
+
 // Records y = alpha * op(A) op(B) + bias (a vector over y's columns, p.epilogue one of the
 // BIAS epilogues) as one cuBLASLt call. False, recording nothing, where cuBLASLt has no
 // algorithm for it.
 bool record_gemm_with_bias(Context& ctx, const GemmProblem& p, const GemmOperands& ops,
                            double alpha, const DeviceTensor& bias, BufferList reads) {
+  if (record_padded(ctx, p, ops, alpha, &bias)) return true;
   const std::shared_ptr<Plan> plan = find_plan(ctx.device, p, operand_alignments(p, ops));
   if (!plan) return false;
   reads.push_back(bias.range());
@@ -328,6 +405,8 @@ bool record_gemm_with_bias(Context& ctx, const GemmProblem& p, const GemmOperand
 // caller applies the activation).
 bool record_gemm(Context& ctx, const std::string& where, GemmProblem p, const GemmOperands& ops,
                  double alpha, double beta, const BufferList& reads) {
+  if (beta == 0.0 && record_padded(ctx, p, ops, alpha, nullptr))
+    return p.epilogue != CUBLASLT_EPILOGUE_DEFAULT;
   const size_t elem = dtype_size(p.dtype);
   std::array<uint32_t, 3> align = operand_alignments(p, ops);
   std::vector<std::array<int64_t, 3>> offsets = ops.offsets;
