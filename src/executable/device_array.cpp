@@ -180,7 +180,7 @@ void RunCheck::check() {
 
 bool PendingTensor::ready() const {
   if (state_->value) return true;
-  return state_->run->fence.done();
+  return state_->run->fence.done() && state_->copied.done();
 }
 
 // At or past this size get() hands over the pinned copy itself rather than copying it.
@@ -190,6 +190,7 @@ Tensor PendingTensor::get() const {
   FUSEBOX_CHECK(defined(), "pending tensor", "get() of an empty handle");
   if (state_->value) return *state_->value;
   state_->run->check();
+  state_->copied.wait();
   Tensor t;
   const size_t nbytes = size_t(numel(state_->shape)) * dtype_size(state_->dtype);
   if (nbytes >= kAdoptPinnedBytes) {

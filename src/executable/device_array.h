@@ -57,6 +57,7 @@ struct PendingTensor::State {
   // CUDA: the pinned copy, the run's check, and the type to rebuild.
   std::shared_ptr<cuda::PinnedSlot> slot;
   std::shared_ptr<RunCheck> run;
+  cuda::Fence copied;  // after the copy, where it ran on the readback stream (else empty)
   DType dtype = DType::f32;
   Shape shape;
 };

@@ -48,6 +48,20 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
     w.slots[size_t(in.value)] = in.value_tensor;
   }
   w.output_tensor.resize(graph_.values().size());
+  if (step) {
+    // The first operation: the writers of the returned outputs wait for the last copies of
+    // them out (cuda_executable.h). A recorded step needs a fence to record the wait with:
+    // one after nothing yet, until a run copies.
+    if (!direct_ && !outputs_read_)
+      outputs_read_ = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
+    cuda::BufferList returned;
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const ValueId v = graph_.outputs()[i];
+      if (in_place_[size_t(v)] < 0 && !alias_buffer_[i].buffer)
+        returned.push_back(outputs_[i].storage()->tensor.range());
+    }
+    outputs_free_op_ = ctx_.encoder.wait_for(outputs_read_, returned);
+  }
   for (size_t i = 0; i < outputs_.size(); ++i) {
     const ValueId v = graph_.outputs()[i];
     if (in_place_[size_t(v)] >= 0) {

@@ -37,6 +37,11 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       throw Error(e.where(), (label.empty() ? "" : label + ": ") + error_message(e) + halted);
     }
   } else {
+    if (outputs_wait_stale_ && outputs_free_op_ != cuda::CommandEncoder::kNoOp) {
+      step_.set_wait(outputs_free_op_, outputs_read_);
+      outputs_wait_stale_ = false;
+    }
+    next_run_.waited = outputs_read_;
     ctx_.encoder.replay(step_);
   }
 
@@ -56,7 +61,9 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
     }
   }
   StepResult result;
-  std::vector<std::shared_ptr<cuda::PinnedSlot>> slots;
+  std::vector<std::shared_ptr<PendingTensor::State>> copies;
+  std::vector<DeviceTensor> sources;
+  size_t copy_bytes = 0;
   for (size_t i = 0; i < io_.output_names.size(); ++i) {
     const std::string& name = io_.output_names[i];
     result.outputs[name] = outputs_[i];
@@ -66,6 +73,7 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
     state->dtype = t.dtype;
     state->shape = t.shape;
     state->slot = output_staging_[i].acquire(t.nbytes());
+    state->run = run;
     DeviceTensor src = t;
     if (!t.is_contiguous()) {  // read back through a contiguous copy of its own
       if (!readback_[i].buffer)
@@ -73,13 +81,30 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       src = readback_[i];
       cuda::copy_strided(ctx_, t, src);
     }
-    ctx_.encoder.copy_to_host_async(state->slot->bytes.get(), src.range());
-    state->run = run;
-    slots.push_back(state->slot);
+    copy_bytes += t.nbytes();
+    copies.push_back(state);
+    sources.push_back(src);
     result.host[name] = PendingTensor(std::move(state));
   }
+  // Large outputs on the readback stream, after the step: the next run computes meanwhile
+  // and waits for these copies only where it writes an output again (cuda_executable.h).
+  const bool overlapped = !direct_ && copy_bytes >= kOverlappedOutputBytes;
+  if (overlapped) {
+    if (!readback_stream_) readback_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
+    const cuda::Fence written = ctx_.encoder.fence();
+    for (size_t k = 0; k < copies.size(); ++k)
+      readback_stream_->copy_to_host(copies[k]->slot->bytes.get(), sources[k].range(), written);
+    outputs_read_ = readback_stream_->fence();
+    outputs_wait_stale_ = true;
+  } else {
+    for (size_t k = 0; k < copies.size(); ++k)
+      ctx_.encoder.copy_to_host_async(copies[k]->slot->bytes.get(), sources[k].range());
+  }
   run->fence = ctx_.encoder.fence();
-  for (auto& slot : slots) slot->last_use = run->fence;
+  for (auto& state : copies) {
+    if (overlapped) state->copied = outputs_read_;
+    state->slot->last_use = overlapped ? outputs_read_ : run->fence;
+  }
   if (run->records) run->records->last_use = run->fence;
   for (auto& slot : fed_slots_) slot->last_use = run->fence;
   fed_slots_.clear();

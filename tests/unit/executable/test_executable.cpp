@@ -29,6 +29,29 @@ TEST_P(Executables, RunsAgainWithNewFeedsAsTheCpuOracle) {
   }
 }
 
+TEST_P(Executables, LargeHostOutputsOfQueuedRunsAreEachTheirRuns) {
+  // 12 MB of f32: on the GPU copied out on the readback stream while the next run computes,
+  // whose writes of the output wait for that copy; get() hands over the pinned buffer
+  // itself, which later runs must not reuse while it is held (cuda_executable.h,
+  // executable.h). Five runs queued before any is read: each result must be its own run's.
+  const int64_t n = 3000000;
+  const Graph g = chain_graph(4, n);
+  auto exe = Executable::compile(g, {.device = device(), .poison = true});
+  std::vector<PendingTensor> pending;
+  std::vector<Tensor> want;
+  for (uint64_t seed = 1; seed < 6; ++seed) {
+    const NamedTensors feeds = chain_feeds(n, seed);
+    want.push_back(run_graph(g, feeds, {.device = Device::cpu}).at("y"));
+    pending.push_back(exe->run_async(feeds, {"y"}).host.at("y"));
+  }
+  std::vector<Tensor> held;
+  for (const PendingTensor& p : pending) held.push_back(p.get());
+  const Tensor again = exe->run_async(chain_feeds(n, 9), {"y"}).host.at("y").get();
+  EXPECT_EQ(again.numel(), n);
+  for (size_t i = 0; i < held.size(); ++i)
+    EXPECT_TRUE(all_close(held[i], want[i], 1e-5, 1e-6)) << "run " << i;
+}
+
 TEST_P(Executables, AnAliasedInputKeepsItsStateAcrossRuns) {
   const int64_t n = 1000;
   auto exe = Executable::compile(

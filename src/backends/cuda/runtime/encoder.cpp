@@ -713,6 +713,35 @@ void CommandEncoder::wait(const Fence& fence) {
   fence.wait_on(stream_);
 }
 
+void RecordedGraph::set_wait(size_t op, const Fence& fence) {
+  FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_wait: no operation ", op,
+                " in a recorded graph of ", ops(), " operations");
+  FUSEBOX_CHECK(fence.state_ != nullptr, "cuda", "set_wait: an empty fence");
+  DeviceGuard guard(state_->device);
+  FUSEBOX_CUDA_CHECK(
+      cudaGraphExecEventWaitNodeSetEvent(state_->exec, state_->nodes[op], fence.state_->event));
+}
+
+size_t CommandEncoder::wait_for(const Fence& fence, const BufferList& writes) {
+  if (!fence) return kNoOp;
+  check_buffers(writes);
+  DeviceGuard guard(device_.id());
+  if (!options_.use_graphs) {
+    fence.wait_on(stream_);
+    return note_direct_op({}, writes);
+  }
+  keep_alive(fence.state_);
+  return add_node(
+      {}, writes, [&](std::string& key) { key += 'W'; },
+      [&](const cudaGraphNode_t* deps, size_t count) {
+        cudaGraphNode_t node = nullptr;
+        FUSEBOX_CUDA_CHECK_AS(
+            cudaGraphAddEventWaitNode(&node, graph_, deps, count, fence.state_->event),
+            "cudaGraphAddEventWaitNode");
+        return node;
+      });
+}
+
 // ---- Introspection -----------------------------------------------------------------------
 
 cudaGraphNode_t CommandEncoder::recorded_node(size_t op) const {

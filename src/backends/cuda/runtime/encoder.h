@@ -100,6 +100,10 @@ class RecordedGraph {
   // device; cudaGraphExecMemcpyNodeSetParams1D), e.g. the executable's input copy from the
   // staging buffer the next batch arrived in. Not while a launch is being issued elsewhere.
   void set_memcpy(size_t op, void* dst, const void* src, size_t bytes);
+  // Points event-wait operation `op` (CommandEncoder::wait_for) at `fence` for later launches
+  // (cudaGraphExecEventWaitNodeSetEvent). The caller keeps the fence until those launches
+  // have completed. Not while a launch is being issued elsewhere.
+  void set_wait(size_t op, const class Fence& fence);
 
  private:
   friend class CommandEncoder;
@@ -110,6 +114,8 @@ class RecordedGraph {
 // A point in an encoder's stream: done once the work launched before it has completed.
 // A shared handle; empty (default) counts as done.
 class Fence {
+  friend class RecordedGraph;
+
  public:
   Fence() = default;
   bool done() const;  // without waiting
@@ -258,6 +264,11 @@ class CommandEncoder {
   Fence fence();
   // Commits; what is launched later waits for `fence` (work on another stream).
   void wait(const Fence& fence);
+  // Records a wait for `fence` (work on another stream) that later accesses to `writes`
+  // are ordered after, and only those: an event-wait node, which RecordedGraph::set_wait
+  // re-points before a launch (the fence is held with the recording). Launching directly,
+  // a wait on the stream now. kNoOp for an empty fence.
+  size_t wait_for(const Fence& fence, const BufferList& writes);
 
   // Introspection for tests: the graph being recorded (null before the first node and
   // when launching directly), an operation's node, and the edges as (from, to) operation

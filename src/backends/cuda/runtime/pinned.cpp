@@ -68,4 +68,16 @@ Fence CopyStream::copy_to_device(const BufferRange& dst, const void* pinned_host
   return Fence::record(stream_, device_);
 }
 
+void CopyStream::copy_to_host(void* pinned_host, const BufferRange& src, const Fence& after) {
+  DeviceGuard guard(device_);
+  if (after) after.wait_on(stream_);
+  FUSEBOX_CUDA_CHECK_AS(
+      cudaMemcpyAsync(pinned_host, src.data(), src.bytes, cudaMemcpyDeviceToHost, stream_),
+      cat("cudaMemcpyAsync(", src.bytes, " bytes, device to pinned host, copy stream)"));
+}
+
+Fence CopyStream::fence() {
+  return Fence::record(stream_, device_);
+}
+
 }  // namespace fusebox::cuda

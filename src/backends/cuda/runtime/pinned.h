@@ -39,8 +39,8 @@ class PinnedPool {
   std::vector<std::shared_ptr<PinnedSlot>> slots_;
 };
 
-// A stream of its own for host-to-device copies, so that the copy of the next batch
-// overlaps the device stream's work on this one.
+// A stream of its own for copies between the host and the device: the copy of the next
+// batch in, or of the last run's outputs out, overlaps the device stream's work.
 class CopyStream {
  public:
   explicit CopyStream(int device);
@@ -50,6 +50,11 @@ class CopyStream {
   // Copies pinned host bytes into `dst` once `after` is done (the last reader of dst, on
   // another stream); returns the fence after the copy (for the reader to wait on).
   Fence copy_to_device(const BufferRange& dst, const void* pinned_host, const Fence& after);
+  // Copies `src` into pinned host bytes once `after` is done (its writer, on another
+  // stream); returns nothing: take fence() after the last of a batch of copies.
+  void copy_to_host(void* pinned_host, const BufferRange& src, const Fence& after);
+  // After the copies issued so far.
+  Fence fence();
 
  private:
   int device_;
