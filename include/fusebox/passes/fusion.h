@@ -151,9 +151,10 @@ struct InferenceFusionOptions {
   bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
   bool norm_casts = true;     // fold_norm_casts
   bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
+  bool gelu = true;           // recognize_gelu (passes/simplify.h)
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {
-    return {false, false, false, false, false, false, false, false};
+    return {false, false, false, false, false, false, false, false, false};
   }
 };
 
