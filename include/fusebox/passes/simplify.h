@@ -45,9 +45,10 @@ size_t hoist_narrowing_casts(Graph& g, FusionLog* log = nullptr);
 // f32, f16 or bf16. The constants are one-element float constants within their dtype's rounding
 // of these values (1e-6 relative in f32: 1.4142135381698608 is sqrt(2)), the exponent exactly
 // 3. Every value between x and the result is read only inside the pattern and is not a graph
-// output (x may have other readers); the result keeps its name, and the gelu node its node's.
-// Not bit-exact: the gelu computes the function whose rounded constants the graph wrote (the
-// erf form's ops give the same f32 values on the CPU; the tanh form's within a few ulps). Why:
+// output (x may have other readers); the gelu takes the last product's node and value names.
+// Not bit-exact: the gelu computes the function whose rounded constants the graph wrote, once
+// (torch's erf spelling gives the same f32 values on the CPU; the others differ by a few ulps,
+// or a few ulps of x where 1 + erf or 1 + tanh cancels for x << 0, the ops' error). Why:
 // GPT-2's GELU ran as a generated kernel of eight ops whose powf made it compute-bound (4x its
 // memory time on an H200), and a gelu after a linear layer becomes its gemm's cuBLASLt
 // epilogue (fuse_gemm_epilogues, passes/fusion.h) where the spelled-out ops could not. Every
