@@ -76,6 +76,9 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   };
   // Identities first: no pass after needs to see a node that copies its input unchanged.
   add(fusion.identity_ops, pass("remove_identity_ops", remove_identity_ops));
+  // On the f32 graph: mixed precision then places one gelu (a gemm's epilogue after
+  // fuse_gemm_epilogues) instead of casting around each of its ops (pow is on the f32 list).
+  add(fusion.gelu, pass("recognize_gelu", recognize_gelu));
   // Folding next, on the model's own (f32) weights: the folded ones are rounded once.
   add(fusion.fold_batch_norm, pass("fold_batch_norms", fold_batch_norms));
   // Before mixed precision: as a gemm, a linear layer runs in the low dtype with its bias.
@@ -106,6 +109,9 @@ Pipeline training_forward_pipeline(Precision precision) {
           {
               // As for inference; autodiff then has no copies to differentiate either.
               pass("remove_identity_ops", remove_identity_ops),
+              // As for inference; gelu has a gradient rule in both forms (one node to
+              // differentiate instead of eight).
+              pass("recognize_gelu", recognize_gelu),
               // Before mixed precision, as for inference.
               pass("form_linears", form_linears),
               // Parameters are graph inputs by now: they stay f32, read through casts.
@@ -120,6 +126,7 @@ Pipeline evaluation_pipeline(Precision precision) {
   return {"evaluation",
           {
               pass("remove_identity_ops", remove_identity_ops),
+              pass("recognize_gelu", recognize_gelu),
               mixed_precision(precision),
               pass("fuse_batch_norm_residual", fuse_batch_norm_residual),
               pass("fuse_batch_norm_relu", fuse_batch_norm_relu),

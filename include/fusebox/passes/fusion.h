@@ -100,9 +100,11 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
 //   matmul of two 2-D operands [-> add(bias)] [-> activation], the matmul becoming a gemm;
 // a bias is the add's other operand when it broadcasts to y's [M, N] (a [N] row bias, say)
 // and has y's dtype; every value taken over is read by that one next node only and is not a
-// graph output. Why: a linear layer's bias and activation are otherwise two more passes over
-// its output. Batched (N-D) matmuls are left alone. Inference graphs only (no gradient
-// rule). Returns the number of products that took something over.
+// graph output. An activation reading the product through a reshape alone (form_linears' view
+// of N-D rows as [..., N]) moves above the reshape first, and is taken. Why: a linear layer's bias
+// and activation are otherwise two more passes over its output. Batched (N-D) matmuls are left
+// alone. Inference graphs only (no gradient rule). Returns the number of products that took
+// something over.
 size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
 
 // form_linears: matmul(x [..., K], w [K, N]) -> add(bias along the last dim), nn.Linear as
@@ -149,9 +151,10 @@ struct InferenceFusionOptions {
   bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
   bool norm_casts = true;     // fold_norm_casts
   bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
+  bool gelu = true;           // recognize_gelu (passes/simplify.h)
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {
-    return {false, false, false, false, false, false, false, false};
+    return {false, false, false, false, false, false, false, false, false};
   }
 };
 

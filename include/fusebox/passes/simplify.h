@@ -36,4 +36,24 @@ bool is_identity_op(const Graph& g, const Node& n);
 // number of moves (a cast moved above k ops counts k).
 size_t hoist_narrowing_casts(Graph& g, FusionLog* log = nullptr);
 
+// recognize_gelu: GELU spelled out in elementwise ops, as PyTorch's ONNX export (opset < 20)
+// writes it, becomes one gelu node (ir/ops.h GeluAttrs) reading x:
+//   erf form (nn.GELU()):       x * 0.5 * (1 + erf(x / sqrt(2)))     (or x * (1 / sqrt(2)));
+//   tanh form (approximate='tanh', GPT-2's gelu_new):
+//     x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))        (pow(x, 3) or x * x * x);
+// the products' factors in any order and association, the sums' operands either way round, in
+// f32, f16 or bf16. The constants are one-element float constants within their dtype's rounding
+// of these values (1e-6 relative in f32: 1.4142135381698608 is sqrt(2)), the exponent exactly
+// 3. Every value between x and the result is read only inside the pattern and is not a graph
+// output (x may have other readers); the gelu takes the last product's node and value names.
+// Not bit-exact: the gelu computes the function whose rounded constants the graph wrote, once
+// (torch's erf spelling gives the same f32 values on the CPU; the others differ by a few ulps,
+// or a few ulps of x where 1 + erf or 1 + tanh cancels for x << 0, the ops' error). Why:
+// GPT-2's GELU ran as a generated kernel of eight ops whose powf made it compute-bound (4x its
+// memory time on an H200), and a gelu after a linear layer becomes its gemm's cuBLASLt
+// epilogue (fuse_gemm_epilogues, passes/fusion.h) where the spelled-out ops could not. Every
+// pipeline, right after remove_identity_ops: on the f32 graph, so that mixed precision sees
+// one gelu (both forms have a gradient rule). Returns the number of GELUs formed.
+size_t recognize_gelu(Graph& g, FusionLog* log = nullptr);
+
 }  // namespace fusebox

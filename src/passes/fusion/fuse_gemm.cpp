@@ -1,5 +1,8 @@
 // fuse_gemm_epilogues (passes/fusion.h): a linear layer's bias add and activation taken
 // into its product, on the shared rewrite (passes/fusion/fusion_rewrite.h).
+#include <string>
+#include <vector>
+
 #include "fusebox/passes/fusion.h"
 #include "fusion_rewrite.h"
 
@@ -23,9 +26,53 @@ bool fusible_product(const Graph& g, const Node& n) {
          g.value(n.inputs[1]).type.shape.size() == 2;
 }
 
+// gemm -> reshape -> activation, the reshape read by the activation alone and the product by
+// the reshape alone, becomes gemm -> activation -> reshape (the reshape keeps its name and
+// writes the activation's value), so that the gemm can take the activation: form_linears
+// leaves a linear layer of N-D rows (every transformer's MLP) as a gemm of [M, N] viewed back
+// as [..., N], and the activation reads the view. The same values: an activation is
+// elementwise. Returns the number moved.
+size_t move_activations_above_reshapes(Graph& g) {
+  const Readers r(g);
+  std::vector<NodeId> moved_above(g.nodes().size(), -1);  // activation -> the reshape it reads
+  std::vector<bool> reshape_moved(g.nodes().size(), false);
+  size_t count = 0;
+  for (const Node& reshape : g.nodes()) {
+    if (reshape.op != OpKind::reshape) continue;
+    const NodeId product = g.value(reshape.inputs[0]).producer;
+    if (product < 0 || !fusible_product(g, g.node(product)) ||
+        r.only_reader(reshape.inputs[0]) != reshape.id)
+      continue;
+    const NodeId activation = r.only_reader(reshape.outputs[0]);
+    if (activation < 0 || !fusion::activation_of(g.node(activation))) continue;
+    moved_above[size_t(activation)] = reshape.id;
+    reshape_moved[size_t(reshape.id)] = true;
+    ++count;
+  }
+  if (count == 0) return 0;
+  GraphRewriter rw(g);
+  for (const Node& n : g.nodes()) {
+    if (reshape_moved[size_t(n.id)]) continue;  // emitted after its activation
+    const NodeId reshape_id = moved_above[size_t(n.id)];
+    if (reshape_id < 0) {
+      rw.copy(n);
+      continue;
+    }
+    const Node& reshape = g.node(reshape_id);
+    const ValueId rows = rw.mapped(reshape.inputs[0]);
+    const std::string rows_name = rw.fresh_name(g.value(n.outputs[0]).name + "/rows");
+    const ValueId activated = rw.graph().add_node(n.op, n.attrs, {rows}, n.name, {rows_name})[0];
+    rw.map(n.outputs[0], rw.graph().add_node(OpKind::reshape, reshape.attrs, {activated},
+                                             reshape.name, rw.output_names(n))[0]);
+  }
+  g = rw.finish();
+  return count;
+}
+
 }  // namespace
 
 size_t fuse_gemm_epilogues(Graph& g, FusionLog* log) {
+  move_activations_above_reshapes(g);
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   std::vector<bool> taken(g.nodes().size(), false);  // nodes already taken over (an add of

@@ -22,10 +22,10 @@ using Names = std::vector<std::string>;
 
 TEST(Pipeline, InferenceOrder) {
   EXPECT_EQ(names(inference_pipeline(Precision::bf16)),
-            (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
-                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_attention",
-                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "hoist_narrowing_casts",
-                   "fold_norm_casts", "fuse_pointwise_chains"}));
+            (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "form_linears",
+                   "mixed_precision", "fuse_conv_epilogues", "fuse_gemm_epilogues",
+                   "fuse_attention", "fuse_batch_norm_residual", "fuse_batch_norm_relu",
+                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(inference_pipeline(Precision::f32).name, "inference");
 }
 
@@ -34,26 +34,27 @@ TEST(Pipeline, InferenceSwitchesLeaveTheirPassesOut) {
   EXPECT_EQ(names(inference_pipeline(Precision::f32, InferenceFusionOptions::none())),
             (Names{"mixed_precision"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.conv_epilogue = false})),
-            (Names{"remove_identity_ops", "fold_batch_norms", "mixed_precision", "fuse_attention",
-                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "hoist_narrowing_casts",
-                   "fold_norm_casts", "fuse_pointwise_chains"}));
+            (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "mixed_precision",
+                   "fuse_attention", "fuse_batch_norm_residual", "fuse_batch_norm_relu",
+                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.batch_norm = false, .attention = false})),
-            (Names{"remove_identity_ops", "fold_batch_norms", "form_linears", "mixed_precision",
-                   "fuse_conv_epilogues", "fuse_gemm_epilogues", "hoist_narrowing_casts",
-                   "fold_norm_casts", "fuse_pointwise_chains"}));
+            (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "form_linears",
+                   "mixed_precision", "fuse_conv_epilogues", "fuse_gemm_epilogues",
+                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(
       names(inference_pipeline(Precision::f32, {.norm_casts = false, .hoist_casts = false})).size(),
-      10u);
+      11u);
+  EXPECT_EQ(names(inference_pipeline(Precision::f32, {.gelu = false}))[1], "fold_batch_norms");
 }
 
 TEST(Pipeline, TrainingForwardAndEvaluationOrders) {
   EXPECT_EQ(
       names(training_forward_pipeline(Precision::bf16)),
-      (Names{"remove_identity_ops", "form_linears", "mixed_precision", "fuse_batch_norm_residual",
-             "fuse_batch_norm_relu", "fuse_attention (training)"}));
+      (Names{"remove_identity_ops", "recognize_gelu", "form_linears", "mixed_precision",
+             "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_attention (training)"}));
   EXPECT_EQ(names(evaluation_pipeline(Precision::bf16)),
-            (Names{"remove_identity_ops", "mixed_precision", "fuse_batch_norm_residual",
-                   "fuse_batch_norm_relu", "fuse_attention"}));
+            (Names{"remove_identity_ops", "recognize_gelu", "mixed_precision",
+                   "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_attention"}));
 }
 
 // The log: every pass in order, with its count and the node counts around it; the fusion
@@ -63,18 +64,20 @@ TEST(Pipeline, LogRecordsEachPassAndTheGroups) {
       build_zoo_model("resnet18", {.batch = 1, .image_size = 32, .num_classes = 10, .seed = 7});
   PipelineLog log;
   const Graph g = prepare_graph(model, {.kind = PipelineKind::inference, .log = &log});
-  ASSERT_EQ(log.passes.size(), 12u);
+  ASSERT_EQ(log.passes.size(), 13u);
   EXPECT_EQ(log.passes[0].pass, "remove_identity_ops");
   EXPECT_EQ(log.passes[0].rewrites, 0u);  // the zoo's ResNet has none
-  EXPECT_EQ(log.passes[1].pass, "fold_batch_norms");
-  EXPECT_EQ(log.passes[1].rewrites, 20u);  // every conv's batch norm
-  EXPECT_EQ(log.passes[1].nodes_before, model.nodes().size());
-  EXPECT_EQ(log.passes[1].nodes_after, model.nodes().size() - 20);
+  EXPECT_EQ(log.passes[1].pass, "recognize_gelu");
+  EXPECT_EQ(log.passes[1].rewrites, 0u);  // nor a GELU
+  EXPECT_EQ(log.passes[2].pass, "fold_batch_norms");
+  EXPECT_EQ(log.passes[2].rewrites, 20u);  // every conv's batch norm
+  EXPECT_EQ(log.passes[2].nodes_before, model.nodes().size());
+  EXPECT_EQ(log.passes[2].nodes_after, model.nodes().size() - 20);
   for (size_t i = 1; i < log.passes.size(); ++i)
     EXPECT_EQ(log.passes[i].nodes_before, log.passes[i - 1].nodes_after) << log.passes[i].pass;
   EXPECT_EQ(log.passes.back().nodes_after, g.nodes().size());
-  EXPECT_EQ(log.passes[4].pass, "fuse_conv_epilogues");
-  EXPECT_EQ(log.passes[4].rewrites, 17u);  // the convs followed by a relu or a residual add
+  EXPECT_EQ(log.passes[5].pass, "fuse_conv_epilogues");
+  EXPECT_EQ(log.passes[5].rewrites, 17u);  // the convs followed by a relu or a residual add
   EXPECT_EQ(log.fusion.groups().size(), 20u);
 }
 
