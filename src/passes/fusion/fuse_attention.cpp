@@ -35,17 +35,10 @@
 namespace fusebox {
 namespace {
 
+using fusion::known_tensor;
 using fusion::op_text;
 using fusion::Readers;
 using fusion::Takeover;
-
-// The known tensor behind v (a graph constant or a constant node's), else nullptr.
-const Tensor* known_tensor(const Graph& g, ValueId v) {
-  if (g.is_constant(v)) return &g.constants().at(v);
-  if (const NodeId p = g.value(v).producer; p >= 0 && g.node(p).op == OpKind::constant)
-    return &std::get<ConstantAttrs>(g.node(p).attrs).value;
-  return nullptr;
-}
 
 // The value of a known scalar (one float element).
 std::optional<double> constant_scalar(const Graph& g, ValueId v) {

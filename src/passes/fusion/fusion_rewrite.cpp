@@ -72,6 +72,13 @@ std::string op_text(const Node& n) {
   return cat(op_name(n.op), " '", n.name, "'");
 }
 
+const Tensor* known_tensor(const Graph& g, ValueId v) {
+  if (g.is_constant(v)) return &g.constants().at(v);
+  if (const NodeId p = g.value(v).producer; p >= 0 && g.node(p).op == OpKind::constant)
+    return &std::get<ConstantAttrs>(g.node(p).attrs).value;
+  return nullptr;
+}
+
 FusedActivation activation_of(const Node& n) {
   FusedActivation a;
   switch (n.op) {

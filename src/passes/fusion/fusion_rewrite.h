@@ -78,6 +78,9 @@ void rebuild_expanding(Graph& g, const Expansion& expand);
 // sigmoid, tanh, clip); none otherwise.
 FusedActivation activation_of(const Node& n);
 
+// The tensor behind v: a graph constant or a constant node's value; null for any other value.
+const Tensor* known_tensor(const Graph& g, ValueId v);
+
 // "relu 'layer1.0.relu'": an op of a group, as FusionLog records it.
 std::string op_text(const Node& n);
 

@@ -193,14 +193,7 @@ class GeluMatcher {
     return binary.inputs[0] == operand ? binary.inputs[1] : binary.inputs[0];
   }
 
-  // The tensor behind v: a graph constant or a constant node's.
-  const Tensor* known_tensor(ValueId v) const {
-    if (const Tensor* t = g_.constant(v)) return t;
-    const NodeId p = g_.value(v).producer;
-    if (p >= 0 && g_.node(p).op == OpKind::constant)
-      return &std::get<ConstantAttrs>(g_.node(p).attrs).value;
-    return nullptr;
-  }
+  const Tensor* known_tensor(ValueId v) const { return fusion::known_tensor(g_, v); }
 
   // A one-element float constant within its dtype's rounding of `want` (exporters write the
   // constants rounded to the graph's dtype: sqrt(2) as 1.4142135381698608 in f32).
