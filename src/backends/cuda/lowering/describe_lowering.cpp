@@ -54,7 +54,9 @@ std::string describe_lowering(const Node& n) {
       return cat("generated kernel (", std::get<PointwiseProgram>(n.attrs).instrs.size(), " ops, ",
                  n.inputs.size(), " inputs)");
     case OpKind::attention:
-      return "cuDNN fused attention (SDPA), else the project's attention kernel";
+      // kernels/attention/attention.cu: the short-sequence kernel first where it applies.
+      return "the short-sequence attention kernel (bf16/f16, Tq, Tk, d, dv <= 64), else cuDNN "
+             "fused attention (SDPA), else the project's attention kernel";
     default:
       return "own kernel";
   }

@@ -2,8 +2,10 @@
 // attention for bf16/f16 and the project's row kernels (FUSEBOX_ATTENTION=own, and f32, which
 // cuDNN does not take), causal and not, ViT-B's shape, odd lengths, Tq != Tk, rank 3; the
 // training forward's lse; additive biases (padding masks, trainable biases with dbias).
-// Outputs are poisoned.
-// Tolerances: cuDNN rounds the probabilities to the io dtype before the product with v.
+// Outputs are poisoned. Under auto, the bf16/f16 forwards of Tq, Tk, d, dv <= 64 run the
+// short-sequence kernel (test_ops_short_attention.cpp tests it in depth).
+// Tolerances: cuDNN and the short-sequence kernel round the probabilities to the io dtype before
+// the product with v.
 #include <functional>
 
 #include "gpu_vs_cpu.h"
@@ -31,8 +33,9 @@ struct Problem {
   double tol() const { return dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 4e-3 : 2e-2; }
 };
 
-// Calls check(problem) for every case, dtype (bf16, f16, f32) and path (auto: cuDNN where it
-// takes the problem; own: the row kernels), each under a trace naming them.
+// Calls check(problem) for every case, dtype (bf16, f16, f32) and path (auto: the
+// short-sequence kernel, else cuDNN, where they take the problem; own: the row kernels), each under
+// a trace naming them.
 void for_each_problem(uint64_t seed, const std::function<void(const Problem&)>& check) {
   struct Case {
     Shape q, k, v;

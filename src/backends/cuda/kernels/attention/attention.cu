@@ -1,7 +1,9 @@
-// attention and attention_backward (ir/ops.h) on the GPU: cuDNN's fused flash attention
-// (cudnn/attention.h) for bf16/f16 where cuDNN takes the problem, else the project's row
-// kernels below; which one ran and why goes to stderr once per problem
-// (FUSEBOX_ATTENTION=own forces the row kernels).
+// attention and attention_backward (ir/ops.h) on the GPU. The forward tries, in order, the
+// short-sequence kernel (short_attention.h: bf16/f16, Tq, Tk, d, dv <= 64, e.g. windowed
+// attention), cuDNN's fused flash attention (cudnn/attention.h) for bf16/f16 where cuDNN takes
+// the problem, and the project's row kernels below; the backward, cuDNN then the row kernels.
+// Which one ran and why goes to stderr once per problem (FUSEBOX_ATTENTION=own forces the row
+// kernels).
 //
 // The row kernels are the fallback and the test oracle, not fast. One block per (leading
 // index, query row), the row's Tk scores in shared memory:
@@ -15,7 +17,7 @@
 // The bias (an additive mask) reaches cuDNN as [Bb, Hb, Tq, Tk] in the io dtype (Bb, Hb: 1
 // or the extent; cuDNN broadcasts those), converted / expanded into a temporary when it is
 // not already that (a padding mask [B, 1, 1, Tk], an f32 mask); the row kernels read it as
-// f32 in its own shape through broadcast strides.
+// f32 in its own shape through broadcast strides, and so does the short-sequence kernel.
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -23,6 +25,7 @@
 #include "backends/cuda/cudnn/attention.h"
 #include "backends/cuda/device/block_reduce.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/attention/short_attention.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/kernels/common/elementwise.cuh"
 #include "backends/cuda/runtime/settings.h"
@@ -30,11 +33,6 @@
 namespace fusebox::cuda {
 
 namespace {
-
-// The bias's element strides over (batch, head, query, key); 0 along the dims it broadcasts.
-struct BiasStrides {
-  int64_t batch = 0, head = 0, query = 0, key = 0;
-};
 
 struct RowGeometry {
   int64_t tq, tk, d, dv, heads;
@@ -250,8 +248,9 @@ void check_row_kernel(Context& ctx, const Node& n, const AttentionProblem& p,
                 "too many query rows for the fallback attention kernel");
 }
 
-// The bias as the row kernels read it: f32 in its own (4-d) shape, and its strides over
-// (batch, head, query, key), 0 where it broadcasts. An f32 bias is read where it is.
+// The bias as the row kernels and the short-sequence kernel read it: f32 in its own (4-d) shape,
+// and its strides over (batch, head, query, key), 0 where it broadcasts. An f32 bias is read where
+// it is.
 std::pair<DeviceTensor, BiasStrides> bias_for_rows(Context& ctx, const Node& n,
                                                    const DeviceTensor& bias, size_t rank) {
   DeviceTensor own = bias_view4(bias, rank);
@@ -279,6 +278,19 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
   BufferList writes{y.range()};
   if (lse) writes.push_back(out[1].range());
   std::string why;
+  if (!settings().attention_own && short_attention_takes(p, why)) {
+    BufferList reads{q.range(), k.range(), v.range()};
+    const float* bias32 = nullptr;
+    BiasStrides strides;
+    if (bias) {
+      const auto [own, own_strides] = bias_for_rows(ctx, n, *bias, q.shape.size());
+      bias32 = own.as<float>(), strides = own_strides, reads.push_back(own.range());
+    }
+    if (record_short_attention(ctx, n, p, q, k, v, y, lse, bias32, strides, reads, writes, why)) {
+      note_once(p, "the short-sequence kernel");
+      return;
+    }
+  }
   if (cudnn_takes(ctx, p, why)) {
     BufferList reads{q.range(), k.range(), v.range()};
     AttentionBuffers b;
