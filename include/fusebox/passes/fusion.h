@@ -95,7 +95,8 @@ size_t fuse_conv_epilogues(Graph& g, FusionLog* log = nullptr);
 
 // fuse_gemm_epilogues: a 2-D product takes over the bias add and activation after it, as
 // one gemm (ir/ops.h GemmAttrs::activation; cuBLASLt's epilogue on the GPU):
-//   gemm (no activation yet) -> activation;
+//   gemm (no activation yet) -> activation (relu or gelu's tanh form: those a GEMM's epilogue
+//   computes; the others stay for fuse_pointwise_chains);
 //   gemm without C -> add(bias) [-> activation], the bias becoming C (beta 1);
 //   matmul of two 2-D operands [-> add(bias)] [-> activation], the matmul becoming a gemm;
 // a bias is the add's other operand when it broadcasts to y's [M, N] (a [N] row bias, say)

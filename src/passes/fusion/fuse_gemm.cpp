@@ -26,6 +26,15 @@ bool fusible_product(const Graph& g, const Node& n) {
          g.value(n.inputs[1]).type.shape.size() == 2;
 }
 
+// The activations a gemm takes: those cuBLASLt computes in its epilogue (relu, gelu's tanh
+// form). Any other would run as a pass over y after the product, slower than the generated
+// kernel the pointwise chains make of it with its neighbours: ViT-B/16's erf GELU as the
+// mlp.0 gemm's pass, 0.36 ms against 0.17 (gemm + bias) + 0.12 (generated) on an H200.
+bool epilogue_activation(const Node& n) {
+  const FusedActivation a = fusion::activation_of(n);
+  return a.kind == Activation::relu || a.kind == Activation::gelu_tanh;
+}
+
 // gemm -> reshape -> activation, the reshape read by the activation alone and the product by
 // the reshape alone, becomes gemm -> activation -> reshape (the reshape keeps its name and
 // writes the activation's value), so that the gemm can take the activation: form_linears
@@ -44,7 +53,7 @@ size_t move_activations_above_reshapes(Graph& g) {
         r.only_reader(reshape.inputs[0]) != reshape.id)
       continue;
     const NodeId activation = r.only_reader(reshape.outputs[0]);
-    if (activation < 0 || !fusion::activation_of(g.node(activation))) continue;
+    if (activation < 0 || !epilogue_activation(g.node(activation))) continue;
     moved_above[size_t(activation)] = reshape.id;
     reshape_moved[size_t(reshape.id)] = true;
     ++count;
@@ -100,7 +109,7 @@ size_t fuse_gemm_epilogues(Graph& g, FusionLog* log) {
         n = chain.next();
       }
     }
-    if (n && fusion::activation_of(*n)) {
+    if (n && epilogue_activation(*n)) {
       attrs.activation = fusion::activation_of(*n);
       chain.take(*n);
     }

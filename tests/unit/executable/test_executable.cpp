@@ -42,11 +42,12 @@ TEST_P(Executables, LargeHostOutputsOfQueuedRunsAreEachTheirRuns) {
   for (uint64_t seed = 1; seed < 6; ++seed) {
     const NamedTensors feeds = chain_feeds(n, seed);
     want.push_back(run_graph(g, feeds, {.device = Device::cpu}).at("y"));
-    pending.push_back(exe->run_async(feeds, {"y"}).host.at("y"));
+    pending.push_back(exe->run_async(Feeds(feeds.begin(), feeds.end()), {"y"}).host.at("y"));
   }
   std::vector<Tensor> held;
   for (const PendingTensor& p : pending) held.push_back(p.get());
-  const Tensor again = exe->run_async(chain_feeds(n, 9), {"y"}).host.at("y").get();
+  const NamedTensors last = chain_feeds(n, 9);
+  const Tensor again = exe->run_async(Feeds(last.begin(), last.end()), {"y"}).host.at("y").get();
   EXPECT_EQ(again.numel(), n);
   for (size_t i = 0; i < held.size(); ++i)
     EXPECT_TRUE(all_close(held[i], want[i], 1e-5, 1e-6)) << "run " << i;

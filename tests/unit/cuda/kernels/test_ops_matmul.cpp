@@ -218,13 +218,12 @@ TEST_F(MatmulTest, GemmBiasEpilogueMatchesCpu) {
   }
 }
 
-// Products with a leading dim whose bytes are not a multiple of 16 and enough flops to pay
-// for copies run on padded copies of the misaligned operands (matmul.cpp's record_padded):
-// a vocabulary-sized N (B and Y padded), a transposed A of odd M, an odd N with the bias
-// epilogue and GELU. The products are too large for the CPU oracle whole: every element is
-// checked finite (outputs are poisoned) and 48 rows spread over Y against the oracle's product
-// of those rows of op(A).
-TEST_F(MatmulTest, MisalignedLeadingDimsRunPadded) {
+// Products whose N is not a multiple of 16 bytes' elements, with enough flops to pay for the
+// copies, run with N padded (matmul.cpp's record_padded): B [K, N] and nn.Linear's [N, K], an
+// odd N with the bias epilogue and GELU; a transposed A of odd M (not padded). The products
+// are too large for the CPU oracle whole: every element is checked finite (outputs are
+// poisoned) and 48 rows spread over Y against the oracle's product of those rows of op(A).
+TEST_F(MatmulTest, UnalignedColumnCountsRunPadded) {
   OpHarness h;
   struct Case {
     int64_t m, n, k;
@@ -232,8 +231,9 @@ TEST_F(MatmulTest, MisalignedLeadingDimsRunPadded) {
     FusedActivation act;
   };
   const Case cases[] = {
-      {2048, 1025, 1024, false, false, false, {}},                      // B and Y padded
-      {1025, 1024, 2048, true, false, false, {}},                       // A [K, M] padded
+      {2048, 1025, 1024, false, false, false, {}},                      // B [K, N]
+      {2048, 1025, 1024, false, true, false, {}},                       // B [N, K]
+      {1025, 1024, 2048, true, false, false, {}},                       // A [K, M]: as it is
       {2048, 1027, 1024, false, false, true, {Activation::gelu_tanh}},  // bias + GELU epilogue
   };
   uint64_t seed = 1300;

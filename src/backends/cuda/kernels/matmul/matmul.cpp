@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/direct.h"
@@ -311,15 +312,15 @@ void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProb
   ctx.encoder.keep_alive(plan);
 }
 
-// Row strides of 16 bytes. A leading dim whose bytes are not a multiple of 16 (GPT-2's LM
-// head: B [768, 50257] and Y [16384, 50257] in bf16) leaves cuBLASLt only kernels that
-// assume 2-byte alignment: 10 ms (~126 TFLOP/s) for that product on an H200. So a single
-// GEMM with a misaligned operand runs on padded copies where the copies are cheap against
-// the product: each misaligned input copied into rows of the next 16-byte multiple, Y
-// written into such rows and then copied into place (Inductor pads such dims too). The
-// copies move each padded matrix twice (read and write); the product's flops must be at
-// least kPadFlopsPerByte times those bytes (GPT-2's LM head: 2MNK over 2(KN + MN) elements
-// of 2 bytes, ~380 flops per byte), and large enough that two extra launches do not matter.
+// A column count whose bytes are not a multiple of 16 (GPT-2's LM head: Y [16384, 50257] and
+// B [768, 50257] in bf16) leaves cuBLASLt only slow kernels: 10.0 ms (~126 TFLOP/s) for that
+// product on an H200, and 14.0 with the leading dims alone padded (N still odd). So a single
+// GEMM whose N is not a multiple of 16 bytes' elements runs on padded copies where the copies
+// are cheap against the product: N rounded up, B copied into a zero-filled [K, N'] (or
+// [N', K]), the bias into a zero-filled [N'], Y written as [M, N'] and its first N columns
+// copied into place (Inductor pads such dims too). The copies move B and Y twice; the
+// product's flops must be at least kPadFlopsPerByte times those bytes (GPT-2's LM head: ~380
+// flops per byte), and large enough that the extra launches do not matter.
 constexpr double kPadFlopsPerByte = 128;
 constexpr double kPadMinFlops = double(int64_t(1) << 32);
 
@@ -329,61 +330,47 @@ DeviceTensor matrix_view(const DeviceTensor& t, int64_t offset, int64_t rows, in
   return t.view(t.offset + offset, {rows, cols}, {ld, 1});
 }
 
-// Records the product on padded copies of its misaligned operands (above); false, recording
-// nothing, where none is misaligned, the copies would not pay, or cuBLASLt has no algorithm
-// for the padded problem. beta is 0 (y is only written); `bias` as record_plan's.
+// Records the product with N padded (above); false, recording nothing, where N needs no
+// padding, A's leading dim is misaligned too, the copies would not pay, or cuBLASLt has no
+// algorithm for the padded problem. beta is 0 (y is only written); `bias` as record_plan's.
 bool record_padded(Context& ctx, const GemmProblem& p, const GemmOperands& ops, double alpha,
                    const DeviceTensor* bias) {
   const size_t elem = dtype_size(p.dtype);
   if (p.dtype == DType::f64 || p.batch != 1 || ops.offsets.size() != 1) return false;
-  auto misaligned = [&](int64_t ld) { return (ld * int64_t(elem)) % 16 != 0; };
-  // Stored shapes: A [M, K] ([K, M] with trans_a), B [K, N] ([N, K] with trans_b), Y [M, N].
-  const int64_t a_rows = p.trans_a ? p.k : p.m, a_cols = p.trans_a ? p.m : p.k;
-  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
-  const bool pad_a = misaligned(p.lda), pad_b = misaligned(p.ldb), pad_y = misaligned(p.ldy);
-  if (!pad_a && !pad_b && !pad_y) return false;
-  const double copied =
-      2.0 * double(elem) *
-      (double(pad_a) * double(a_rows) * double(a_cols) +
-       double(pad_b) * double(b_rows) * double(b_cols) + double(pad_y) * double(p.m) * double(p.n));
+  const int64_t per_row = int64_t(16 / elem);
+  if (p.n % per_row == 0 || (p.lda * int64_t(elem)) % 16 != 0) return false;
+  const double copied = 2.0 * double(elem) * (double(p.k) + double(p.m)) * double(p.n);
   const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
   if (flops < kPadMinFlops || flops < kPadFlopsPerByte * copied) return false;
 
-  const int64_t per_row = int64_t(16 / elem);
-  auto padded_ld = [&](int64_t cols) { return (cols + per_row - 1) / per_row * per_row; };
-  const std::array<int64_t, 3> off = ops.offsets.front();
-  const std::array<int64_t, 3> padded_off = {pad_a ? 0 : off[0], pad_b ? 0 : off[1],
-                                             pad_y ? 0 : off[2]};
   GemmProblem q = p;
-  DeviceTensor a = *ops.a, b = *ops.b, y = *ops.y;
-  if (pad_a) {
-    q.lda = padded_ld(a_cols);
-    a = temporary_tensor(ctx, p.dtype, {a_rows, q.lda});
-  }
-  if (pad_b) {
-    q.ldb = padded_ld(b_cols);
-    b = temporary_tensor(ctx, p.dtype, {b_rows, q.ldb});
-  }
-  if (pad_y) {
-    q.ldy = padded_ld(p.n);
-    y = temporary_tensor(ctx, p.dtype, {p.m, q.ldy});
-  }
-  const GemmOperands padded{&a, &b, &y, {padded_off}};
+  q.n = (p.n + per_row - 1) / per_row * per_row;
+  // Stored B: [K, N] ([N, K] with trans_b); the padded one [K, N'] ([N', K]), zeros past N.
+  const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
+  q.ldb = p.trans_b ? p.k : q.n;
+  q.ldy = q.n;
+  const auto& off = ops.offsets.front();
+  DeviceTensor b = temporary_tensor(ctx, p.dtype, {p.trans_b ? q.n : p.k, q.ldb});
+  DeviceTensor y = temporary_tensor(ctx, p.dtype, {p.m, q.ldy});
+  std::optional<DeviceTensor> padded_bias;
+  if (bias) padded_bias = temporary_tensor(ctx, bias->dtype, {q.n});
+  const GemmOperands padded{ops.a, &b, &y, {{off[0], 0, 0}}};
   const std::shared_ptr<Plan> plan = find_plan(ctx.device, q, operand_alignments(q, padded));
   if (!plan) return false;
-  if (pad_a)
-    copy_strided(ctx, matrix_view(*ops.a, off[0], a_rows, a_cols, p.lda),
-                 matrix_view(a, 0, a_rows, a_cols, q.lda));
-  if (pad_b)
-    copy_strided(ctx, matrix_view(*ops.b, off[1], b_rows, b_cols, p.ldb),
-                 matrix_view(b, 0, b_rows, b_cols, q.ldb));
-  BufferList reads = {a.range(), b.range()};
-  if (bias) reads.push_back(bias->range());
+  ctx.encoder.memset(b.range(), 0);
+  copy_strided(ctx, matrix_view(*ops.b, off[1], b_rows, b_cols, p.ldb),
+               matrix_view(b, 0, b_rows, b_cols, q.ldb));
+  BufferList reads = {ops.a->range(), b.range()};
+  if (padded_bias) {
+    ctx.encoder.memset(padded_bias->range(), 0);
+    copy_strided(ctx, bias->view(bias->offset, {p.n}, {1}),
+                 padded_bias->view(padded_bias->offset, {p.n}, {1}));
+    reads.push_back(padded_bias->range());
+  }
   record_plan(ctx, plan, q, padded, padded.offsets, alpha, 0.0, reads,
-              bias ? bias->data() : nullptr);
-  if (pad_y)
-    copy_strided(ctx, matrix_view(y, 0, p.m, p.n, q.ldy),
-                 matrix_view(*ops.y, off[2], p.m, p.n, p.ldy));
+              padded_bias ? padded_bias->data() : nullptr);
+  copy_strided(ctx, matrix_view(y, 0, p.m, p.n, q.ldy),
+               matrix_view(*ops.y, off[2], p.m, p.n, p.ldy));
   return true;
 }
 
