@@ -200,6 +200,10 @@ class Loader {
     }
   }
 
+  // How each front end gives an input's shape, for the errors that ask for one.
+  static constexpr const char* kGiveShape =
+      " (the CLI's --shape NAME=D0,D1,...; OnnxImportOptions::input_shapes in C++)";
+
   // The input's declared type, with unknown extents taken from opts.input_shapes.
   TensorType input_type(const onnx::ValueInfoProto& v) const {
     const std::string& name = v.name();
@@ -212,8 +216,8 @@ class Loader {
           "' has element type ", onnx_type_name(tt.elem_type()));
     auto given = opts_.input_shapes.find(name);
     if (!tt.has_shape()) {
-      check(given != opts_.input_shapes.end(), "graph input '", name,
-            "' has no shape; give one with OnnxImportOptions::input_shapes");
+      check(given != opts_.input_shapes.end(), "graph input '", name, "' has no shape; give one",
+            kGiveShape);
       type.shape = given->second;
     } else {
       const auto& dims = tt.shape().dim();
@@ -237,7 +241,7 @@ class Loader {
         std::string what = dim.has_dim_param() ? cat("symbolic dim '", dim.dim_param(), "'")
                                                : std::string("an unknown extent");
         check(given != opts_.input_shapes.end(), "graph input '", name, "' has ", what, " at dim ",
-              d, "; give a concrete shape with OnnxImportOptions::input_shapes");
+              d, "; give a concrete shape", kGiveShape);
         type.shape.push_back(given->second[size_t(d)]);
       }
     }

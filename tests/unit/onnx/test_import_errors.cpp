@@ -333,8 +333,8 @@ TEST(OnnxImportErrors, SymbolicDims) {
   m.input("x", TensorProto::FLOAT, {-1, 3});
   m.node("Relu", {"x"}, {"y"}, "r");
   m.output("y");
-  EXPECT_TRUE(throws_error_with([&] { import(m); },
-                                {"graph input 'x'", "symbolic dim 'N' at dim 0", "input_shapes"}));
+  EXPECT_TRUE(throws_error_with([&] { import(m); }, {"graph input 'x'", "symbolic dim 'N' at dim 0",
+                                                     "--shape", "input_shapes"}));
   OnnxImportOptions opts;
   opts.input_shapes["x"] = {5, 3};
   Graph g = import(m, opts);
