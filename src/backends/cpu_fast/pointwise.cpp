@@ -17,13 +17,19 @@
 //  - the threads split whole blocks; a second thread joins only past kMinElementsPerThread.
 // The last, partial block computes on the stale tail of its buffers and stores only its own
 // elements.
+#include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "backends/cpu/kernel_util.h"
 #include "backends/cpu/pointwise_math.h"
 #include "backends/cpu_fast/kernels.h"
 #include "fusebox/core/parallel.h"
 #include "fusebox/ir/pointwise_program.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 namespace fusebox::cpu_fast {
 namespace {
@@ -92,7 +98,7 @@ class PointwiseKernel final : public Kernel {
 
   void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
     const int64_t blocks = (numel_ + kBlock - 1) / kBlock;
-    parallel_for(blocks, kMinElementsPerThread / kBlock, [&](int64_t first, int64_t last) {
+    auto blocks_from_to = [&](int64_t first, int64_t last) {
       // One f32 buffer per value, zeroed: a partial block's tail is computed on, never stored.
       std::vector<float> buffers(dtypes_.size() * size_t(kBlock), 0.f);
       std::vector<const float*> values(dtypes_.size());
@@ -102,7 +108,29 @@ class PointwiseKernel final : public Kernel {
         const int64_t begin = b * kBlock, count = std::min(kBlock, numel_ - begin);
         block(in, out[0], buffers, values, begin, count);
       }
-    });
+    };
+#if defined(_OPENMP)
+    // On oneDNN's OpenMP threads (libgomp, the one runtime): fusebox's own pool woke threads
+    // that competed with OpenMP's workers still spinning after a convolution (libgomp was
+    // 31% of MobileNetV3-S's batch-1 profile, and a second pool thread bought nothing).
+    const int threads = int(std::clamp<int64_t>(
+        blocks / std::max<int64_t>(1, kMinElementsPerThread / kBlock), 1, num_threads()));
+    if (threads == 1) return blocks_from_to(0, blocks);
+    std::exception_ptr failure;
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+      try {
+        blocks_from_to(blocks * t / n, blocks * (t + 1) / n);
+      } catch (...) {
+#pragma omp critical
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+#else
+    parallel_for(blocks, kMinElementsPerThread / kBlock, blocks_from_to);
+#endif
   }
 
   std::string describe() const override {
