@@ -33,12 +33,14 @@
 
 #include "common.h"
 #include "fusebox/backends/cuda.h"
+#include "fusebox/core/parallel.h"
 #include "fusebox/io/json.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/passes/layout.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/session.h"
+#include "fusebox_commit.h"
 
 namespace fusebox::cli {
 namespace {
@@ -283,6 +285,12 @@ int bench(const BenchArgs& args) {
                            {"workspace_bytes", f.exe.temporary_bytes},
                            {"operations", f.exe.operations},
                            {"views", f.exe.views}});
+    // Where and what ran: a figure is read against these.
+    j.set("version", kVersion);
+    j.set("commit", FUSEBOX_COMMIT);
+    j.set("cpu", cpu_model());
+    j.set("threads", num_threads());
+    if (device == Device::cuda) j.set("gpu", cuda::device_name());
     if (device == Device::cpu) {
       j.set("cpu_kernels", cpu_kernels_name(cpu_kernels_for(args.device)));
       j.set("fast_nodes", f.exe.fast_nodes);

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -207,6 +208,18 @@ std::string sanitize_file_name(const std::string& name) {
 
 std::string type_str(const Tensor& t) {
   return cat(dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t begin = line.find_first_not_of(" \t", colon + 1);
+    return begin == std::string::npos ? "unknown" : line.substr(begin);
+  }
+  return "unknown";
 }
 
 std::string with_commas(int64_t n) {

@@ -95,6 +95,9 @@ std::string type_str(const Tensor& t);
 // 25557032 -> "25,557,032"
 std::string with_commas(int64_t n);
 
+// This machine's CPU as /proc/cpuinfo names it ("Intel(R) Xeon(R) ..."); "unknown" elsewhere.
+std::string cpu_model();
+
 // --precision's float math: f32 turns TF32 off for the CUDA backend's f32 convolutions and
 // matmuls, tf32 (and bf16/f16, for what stays f32) turns it on (FUSEBOX_ALLOW_TF32 and
 // FUSEBOX_ALLOW_TF32_MATMUL, read once per process: call before anything runs).

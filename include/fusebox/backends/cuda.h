@@ -24,6 +24,9 @@ std::string describe_lowering(const Node& n);
 // and child processes agree; `--precision` (CLI) and fusebox.compile (Python) call it.
 void set_tf32(bool allowed);
 
+// GPU `device`'s name as the driver gives it ("NVIDIA H200"); an Error without that device.
+std::string device_name(int device = 0);
+
 }  // namespace fusebox::cuda
 
 namespace fusebox::dist {

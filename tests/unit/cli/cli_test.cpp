@@ -338,7 +338,8 @@ TEST_F(Cli, RunTakesAPrecision) {
 }
 
 // bench of an ONNX model reports the batch it ran (the model's own, 2 here), not --batch's
-// default (32), in its lines and its JSON.
+// default (32), in its lines and its JSON; the JSON also says which build ran where (version,
+// commit, CPU, threads).
 TEST_F(Cli, BenchReportsTheBatchItRan) {
   const std::string json = path("bench.json");
   const ToolResult r = tool(
@@ -347,6 +348,8 @@ TEST_F(Cli, BenchReportsTheBatchItRan) {
   EXPECT_TRUE(contains(r.out, "the model's batch")) << r.out;
   EXPECT_TRUE(contains(r.out, "batch                 2\n")) << r.out;
   EXPECT_TRUE(contains(slurp(json), "\"batch\": 2,")) << slurp(json);
+  for (const char* key : {"\"version\": \"", "\"commit\": \"", "\"cpu\": \"", "\"threads\": "})
+    EXPECT_TRUE(contains(slurp(json), key)) << key << " in " << slurp(json);
 }
 
 // A batch of 0 through convolutions, batch norm, pools and the classifier (issue 38: it

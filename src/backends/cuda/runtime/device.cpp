@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "fusebox/backends/cuda.h"
 #include "fusebox/core/error.h"
 #include "fusebox/core/memory.h"
 
@@ -92,6 +93,10 @@ DeviceGuard::DeviceGuard(int id) {
 
 DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0) (void)cudaSetDevice(previous_);  // a destructor must not throw
+}
+
+std::string device_name(int device) {
+  return Device::get(device).properties().name;
 }
 
 }  // namespace fusebox::cuda
