@@ -14,13 +14,8 @@ using Json = fusebox::Json;
 // Raised when a report's layout changes in a way its readers must know about.
 inline constexpr int kReportSchemaVersion = 1;
 
-// The commit the benchmark is run from: $GPU_CHECK_COMMIT (scripts/gpu_check.sh sets it where
-// the copy's .git is stale), else the checkout's commit when CMake configured the build, else
-// "unknown".
-std::string source_commit();
-
 // An object holding the header: schema_version, bench, device (CUDA device 0's name) and
-// commit. The benchmark adds its own fields after them.
+// commit (fusebox/core/build_info.h). The benchmark adds its own fields after them.
 Json report(std::string_view bench);
 
 // Writes `report` to `path`; nothing when `path` is empty (no --json given).

@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "fusebox/backends/cuda.h"
+#include "fusebox/core/build_info.h"
 #include "fusebox/core/parallel.h"
 #include "fusebox/io/json.h"
 #include "fusebox/io/tensor_file.h"
@@ -40,7 +41,6 @@
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
 #include "fusebox/train/session.h"
-#include "fusebox_commit.h"
 
 namespace fusebox::cli {
 namespace {
@@ -287,7 +287,7 @@ int bench(const BenchArgs& args) {
                            {"views", f.exe.views}});
     // Where and what ran: a figure is read against these.
     j.set("version", kVersion);
-    j.set("commit", FUSEBOX_COMMIT);
+    j.set("commit", source_commit());
     j.set("cpu", cpu_model());
     j.set("threads", num_threads());
     if (device == Device::cuda) j.set("gpu", cuda::device_name());
