@@ -257,6 +257,19 @@ PendingTensor TrainingSession::step_async(const Feeds& batch) {
   return r.host.at(train::kLossOutput);
 }
 
+std::unique_ptr<Executable> TrainingSession::profiled_step(const Feeds& batch) const {
+  const Impl& s = *impl_;
+  s.check_batch(batch, s.batch_inputs, "profiled train step " + s.step.graph.name());
+  std::unique_ptr<Executable> exe = s.compile_bound(s.step.graph, nullptr);
+  Feeds feeds = batch;
+  feeds[train::kLrInput] = Tensor::scalar(DType::f32, optimizer_lr(s.optimizer));
+  if (std::holds_alternative<AdamWOptions>(s.optimizer))
+    feeds[train::kStepInput] = Tensor::from_vector<int64_t>({}, {s.steps + 1});
+  exe->run_async(feeds, {}, "profiled step");
+  exe->check_errors();
+  return exe;
+}
+
 float TrainingSession::step(const NamedTensors& batch) {
   return float(step_async(batch).get().get(0));
 }

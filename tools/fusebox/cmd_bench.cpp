@@ -21,7 +21,8 @@
 // norms folded, conv epilogues, batch-norm fusions; FUSEBOX_FUSION=0: none); --report prints
 // its fusion groups and what each became, and after the timed steps each node's time
 // (Executable::profile: the slowest nodes, the time by op; also in the JSON); --dot FILE
-// draws it.
+// draws it. Training with --report: each node of the step's time, profiled on a copy of the
+// step whose state updates are not applied in place (TrainingSession::profiled_step).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -164,6 +165,15 @@ Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
   time_steps(
       args, input.type.shape[0], "train", [&] { return session.step_async(batch); }, f);
   f.peak_bytes = device_memory_stats(device).peak;
+  if (args.report) {
+    // The step updates its state in place, so repeating a node would change it: the step is
+    // compiled again with its updates as outputs of their own, and that one is profiled.
+    const std::unique_ptr<Executable> exe = session.profiled_step(batch);
+    std::cout << exe->stats().fast_summary;
+    const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
+    f.times = time_report(exe->graph(), times, device, exe->report().convolutions);
+    std::cout << format_time_report(*f.times, f.ms_median);
+  }
   return f;
 }
 
@@ -226,12 +236,8 @@ std::string mib(size_t bytes) {
 int bench(const BenchArgs& args) {
   apply_memory_limit(args.memory_limit);
   const bool train = args.mode == "train";
-  // The training step updates its state in place: it is not profiled node by node
-  // (Executable::profile refuses aliased state), nor drawn.
-  if (train && (args.report || !args.dot.empty()))
-    throw UsageError(
-        "--report and --dot are for --mode infer; the training step is not "
-        "profiled node by node yet");
+  if (train && !args.dot.empty())
+    throw UsageError("--dot is for --mode infer: it draws the inference pipeline's fusion groups");
   // The figures' file is checked before the minutes of benchmarking, not after.
   if (!args.json.empty()) check_writable(args.json, "--json " + args.json);
   const Precision precision = parse_precision(args.precision);
@@ -343,7 +349,8 @@ Command add_bench_command(CLI::App& parent) {
   app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
   app->add_flag("--report", args->report,
                 "Inference: print the fusion groups and what each became on this GPU, then "
-                "each node's time (the slowest nodes with what ran, the time by op)");
+                "each node's time (the slowest nodes with what ran, the time by op); training: "
+                "each node of the step's time");
   app->add_option("--dot", args->dot, "Inference: write the fused graph as Graphviz to FILE")
       ->type_name("FILE");
   add_memory_limit_option(*app, &args->memory_limit);

@@ -204,6 +204,12 @@ class TrainingSession {
   const Graph& step_graph() const;
   // The compiled step (stats: memory plan, compile time).
   const Executable& step_executable() const;
+  // The step compiled again with its state updates as outputs of their own (not applied in
+  // place), on this session's current state, and run once on `batch` (lr and step count as
+  // the next step_async would feed them; not counted as a step, the session unchanged): an
+  // executable that Executable::profile accepts (`fusebox bench --mode train --report`).
+  // Holds a second copy of the updated state while it lives.
+  std::unique_ptr<Executable> profiled_step(const Feeds& batch) const;
   const Graph& eval_graph() const;
   // (state name, step-graph output holding its next value), for every state tensor.
   const std::vector<std::pair<std::string, std::string>>& state_updates() const;

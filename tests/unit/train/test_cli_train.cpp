@@ -482,14 +482,25 @@ TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
   }
 }
 
+// --report in training mode: each node of the step timed (the backward's and the optimizer's
+// nodes among them), on a copy of the step that leaves the session's state alone.
+TEST_F(CliTrain, BenchProfilesTheTrainingStep) {
+  const ToolResult r =
+      tool("bench small_cnn --mode train --batch 4 --image-size 16 --num-classes 10 "
+           "--device cpu --steps 2 --warmup 1 --report");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* part : {"time by op", "conv_backward_filter", "sum of node times", "images/s"})
+    EXPECT_TRUE(contains(r.out, part)) << part << ": " << r.out;
+}
+
 TEST_F(CliTrain, BenchRefusesWhatItCannotDo) {
   ToolResult r = tool("bench no_such_model --device cpu --steps 1");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "no_such_model")) << r.err;
-  // --report profiles inference only: in training mode a usage error, not silently ignored.
-  r = tool("bench small_cnn --mode train --device cpu --steps 1 --report");
+  // --dot draws the inference pipeline only: in training mode a usage error, not ignored.
+  r = tool(cat("bench small_cnn --mode train --device cpu --steps 1 --dot '", path("t.dot"), "'"));
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_TRUE(contains(r.err, "--report and --dot are for --mode infer")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--dot is for --mode infer")) << r.err;
   // A --json file that could not be written: refused before benchmarking, not after.
   r = tool(cat("bench small_cnn --device cpu --steps 1 --json '", path("missing/b.json"), "'"));
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;

@@ -45,6 +45,9 @@ struct ConvSettings {
   bool allow_tf32 = true;                        // FUSEBOX_ALLOW_TF32 (f32 convolutions)
   bool deterministic = false;                    // FUSEBOX_DETERMINISTIC
   bool autotune = false;                         // FUSEBOX_AUTOTUNE, or --autotune
+  // Timing asked for by the default policy, not by the user (kernels/conv/engines.cpp, rule 4):
+  // no progress lines on stderr; the report names what was timed and what won.
+  bool quiet_tuning = false;
   size_t plan_cache_capacity = 256;              // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
   bool native_graph = true;  // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
   // Autotuning's candidates: the engine configs of heuristics mode A, then FALLBACK, merged

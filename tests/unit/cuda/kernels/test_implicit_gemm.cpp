@@ -297,7 +297,8 @@ TEST_F(ImplicitGemmTest, SpaceToDepthMatchesCpu) {
 
 // engines.cpp's rule 3: under the default policy a patchify fprop (filter == stride, no pads:
 // ViT's 16x16/16 patch embedding, a 4x4/4 stem) passes cuDNN over for space_to_depth, whose
-// wide problem is one 1x1 GEMM over C * R channels; a convolution with pads stays on cuDNN.
+// wide problem is one 1x1 GEMM over C * R channels; a strided few-channel convolution with
+// pads is timed instead (rule 4: cuDNN's tuned plan against the project's engines).
 TEST_F(ImplicitGemmTest, PatchifyRunsOnSpaceToDepthByDefault) {
   OpHarness h;
   if (h.ctx().device.properties().compute_capability() != 90)
@@ -329,12 +330,61 @@ TEST_F(ImplicitGemmTest, PatchifyRunsOnSpaceToDepthByDefault) {
       ASSERT_FALSE(conv_decisions().empty());
       const ConvDecision d = conv_decisions().back();
       const bool wide = d.plan.find("space-to-depth") != std::string::npos;
-      EXPECT_EQ(wide, !k.pad) << d.path << " " << d.plan << " (" << d.reason << ")";
       if (!k.pad) {
+        EXPECT_TRUE(wide) << d.path << " " << d.plan << " (" << d.reason << ")";
         EXPECT_NE(d.reason.find("rule 3"), std::string::npos) << d.reason;
+        EXPECT_EQ(d.reason.find("rule 4"), std::string::npos) << d.reason;
+      } else {
+        EXPECT_NE(d.reason.find("rule 4"), std::string::npos) << d.reason;
       }
       EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, !wide)) << d.plan;
     }
+  }
+}
+
+// engines.cpp's rule 4: under the default policy a grouped convolution (not depthwise) in
+// bf16/f16 is timed (cuDNN's tuned plan against the project's engines), not run on the
+// heuristics' plan; f32 and one group are not. Each op, with a fused bias + ReLU on fprop.
+TEST_F(ImplicitGemmTest, GroupedConvolutionIsTimedByDefault) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", std::nullopt);
+  ScopedEnv autotune("FUSEBOX_AUTOTUNE", std::nullopt);
+  struct Case {
+    OpKind op;
+    DType dtype;
+    int64_t groups;
+    bool timed;
+  };
+  const Case cases[] = {{OpKind::conv, DType::bf16, 2, true},
+                        {OpKind::conv, DType::f16, 5, true},
+                        {OpKind::conv_backward_data, DType::bf16, 2, true},
+                        {OpKind::conv_backward_filter, DType::bf16, 2, true},
+                        {OpKind::conv, DType::f32, 2, false},
+                        {OpKind::conv, DType::bf16, 1, false}};
+  for (const Case& k : cases) {
+    ConvConfig c;
+    c.op = k.op;
+    c.dtype = k.dtype;
+    c.batch = 3;
+    c.in_channels = 24 * k.groups, c.out_channels = 24 * k.groups, c.groups = k.groups;
+    c.spatial = {14, 14}, c.filter = {3, 3};
+    c.strides = {1, 1}, c.dilations = {1, 1};
+    c.pads_begin = {1, 1}, c.pads_end = {1, 1};
+    c.channels_last = true;
+    if (k.op == OpKind::conv) {
+      c.bias = true;
+      c.activation.kind = Activation::relu;
+    }
+    SCOPED_TRACE(c.describe());
+    const std::vector<Tensor> in = conv_inputs(c, 83);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    clear_conv_decisions();
+    const Tensor got = run_conv_on_gpu(h, c, in);
+    ASSERT_FALSE(conv_decisions().empty());
+    const ConvDecision d = conv_decisions().back();
+    EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, k.timed)
+        << d.path << " " << d.plan << " (" << d.reason << ")";
+    EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
   }
 }
 

@@ -37,6 +37,18 @@
 //     is one GEMM over C * R channels. cuDNN ran ViT-B/16's (3 -> 768 channels, bf16, batch
 //     128) at 0.89 ms on an H200, ~33 TFLOP/s.
 //
+//  4. Where cuDNN's heuristics are known to pick slow plans, bf16/f16 problems are timed as
+//     autotuning times them even with FUSEBOX_AUTOTUNE unset (a few distinct problems per
+//     model, each timed once and cached on disk with the other decisions):
+//     - a grouped convolution (1 < groups, not depthwise: RegNet's, ResNeXt's), any op: the
+//       heuristics put RegNetY-1.6GF's fused grouped fprops (group width 24, bias + ReLU) on
+//       eng10/eng41 at ~12 TFLOP/s (block1-0: 2.32 ms; whole model 30.7 ms), where cuDNN's
+//       own eng52 runs them in 0.48 ms and the implicit GEMM in 0.51 (whole model autotuned
+//       15.2 ms; H200, batch 256, bench/results/2026-11-29_h200_issue40_session31/);
+//     - a strided fprop over few channels (an RGB stem: C <= 4, a stride > 1): the fused
+//       7x7/2 stem of DenseNet-121 and ResNet-50 ran on eng10 at 1.93 ms (~16 TFLOP/s, batch
+//       256), and space-to-depth measured 2.13x cuDNN's best plan on that stem (session 25).
+//
 // Autotuning (FUSEBOX_AUTOTUNE, FUSEBOX_CONV_BACKEND unset, cuDNN takes the problem): every
 // engine but cuDNN and the direct kernel that accepts the problem, fused or unfused, is
 // timed; cuDNN records its tuned plan only if faster than the fastest (selection.h). The
@@ -157,6 +169,25 @@ std::optional<std::string> patchify_passes_cudnn_over(const ConvCall& call) {
   return std::string(
       "a patchify convolution (filter == stride) runs as one GEMM on space_to_depth "
       "(engines.cpp, rule 3)");
+}
+
+// Rule 4: why this call is timed though autotuning is off, or nullopt.
+std::optional<std::string> timed_by_default(const ConvCall& call) {
+  const ConvSettings& s = *call.settings;
+  if (s.autotune || s.forced_plan_index >= 0) return std::nullopt;
+  const DType dtype = call.dtype();
+  if (dtype != DType::bf16 && dtype != DType::f16) return std::nullopt;
+  const ConvGeometry& g = call.geometry;
+  if (g.groups > 1 && (g.in_per_group() > 1 || g.out_per_group() > 1))
+    return std::string(
+        "a grouped convolution: timed, not the heuristics' plan (engines.cpp, rule 4)");
+  bool strided = false;
+  for (int d = 0; d < 3; ++d) strided = strided || g.stride[d] > 1;
+  if (call.op() == ConvOp::fprop && g.groups == 1 && g.in_channels <= 4 && strided &&
+      !patchify_passes_cudnn_over(call))  // rule 3 decides those
+    return std::string(
+        "a strided few-channel stem: timed, not the heuristics' plan (engines.cpp, rule 4)");
+  return std::nullopt;
 }
 
 // Whether `scope` lets engine `e` run at all.
@@ -373,7 +404,8 @@ std::optional<ConvOutcome> run_autotuned(Context& ctx, const ConvCall& call,
                              best->candidate.engine->name(),
                              best->candidate.unfused};
     store_conv_selection(p, *selected);
-    std::fprintf(stderr, "fusebox: %s: %s\n", p.label.c_str(), selected->describe().c_str());
+    if (!call.settings->quiet_tuning)
+      std::fprintf(stderr, "fusebox: %s: %s\n", p.label.c_str(), selected->describe().c_str());
   }
   if (r.slower) {
     const Candidate& w = best->candidate;
@@ -431,8 +463,18 @@ ConvOutcome run_conv_engines(Context& ctx, const ConvCall& call) {
       break;
   }
   std::vector<std::string> notes;
-  if (s.autotune && s.forced_plan_index < 0 && !cudnn_engine().cannot_implement(call)) {
-    if (std::optional<ConvOutcome> o = run_autotuned(ctx, call, &notes)) return *o;
+  const std::optional<std::string> rule4 = timed_by_default(call);
+  if ((s.autotune || rule4) && s.forced_plan_index < 0 && !cudnn_engine().cannot_implement(call)) {
+    ConvSettings timed = s;
+    timed.autotune = true;
+    timed.quiet_tuning = !s.autotune;
+    ConvCall c = call;
+    c.settings = &timed;
+    if (rule4) notes.push_back(*rule4);
+    if (std::optional<ConvOutcome> o = run_autotuned(ctx, c, &notes)) {
+      if (rule4) o->reason = joined({*rule4, o->reason});
+      return *o;
+    }
     return run_policy(ctx, call, Scope::after_cudnn, notes);
   }
   return run_policy(ctx, call, Scope::all, notes);
