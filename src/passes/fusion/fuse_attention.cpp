@@ -47,15 +47,18 @@ std::optional<double> constant_scalar(const Graph& g, ValueId v) {
   return t->get(0);
 }
 
-// The where's fill: a known scalar, or one behind a float cast (training graphs keep
-// mixed precision's cast of an f32 constant to the scores' dtype instead of folding it). The
-// cast's rounding cannot move a value <= -65504 above it (it stays there or becomes -inf).
-std::optional<double> fill_value(const Graph& g, ValueId v) {
+// A known scalar, or one behind a float cast: training graphs keep mixed precision's cast of
+// an f32 initializer (an imported model's scale, a mask's fill) to the compute dtype instead
+// of folding it, as they must for the initializers that become parameters. The value is the
+// cast's (what the chain computes with).
+std::optional<double> scalar_through_cast(const Graph& g, ValueId v) {
   if (std::optional<double> c = constant_scalar(g, v)) return c;
   const NodeId p = g.value(v).producer;
-  if (p >= 0 && g.node(p).op == OpKind::cast && is_floating(g.value(v).type.dtype))
-    return constant_scalar(g, g.node(p).inputs[0]);
-  return std::nullopt;
+  if (p < 0 || g.node(p).op != OpKind::cast || !is_floating(g.value(v).type.dtype))
+    return std::nullopt;
+  const Tensor* t = known_tensor(g, g.node(p).inputs[0]);
+  if (t == nullptr || t->numel() != 1 || !is_floating(t->dtype())) return std::nullopt;
+  return t->cast(g.value(v).type.dtype).get(0);
 }
 
 // A known bool [1.., tq, tk] that keeps exactly the keys j <= i of query i (top-left aligned).
@@ -78,7 +81,7 @@ std::optional<std::pair<ValueId, double>> scaled_by_constant(const Graph& g, con
   if (n.op != OpKind::mul && n.op != OpKind::div) return std::nullopt;
   for (int side = 0; side < 2; ++side) {
     if (n.op == OpKind::div && side == 0) continue;  // c / x is no scale
-    const std::optional<double> c = constant_scalar(g, n.inputs[size_t(side)]);
+    const std::optional<double> c = scalar_through_cast(g, n.inputs[size_t(side)]);
     if (!c || *c == 0 || !std::isfinite(*c)) continue;
     return std::make_pair(n.inputs[size_t(1 - side)], n.op == OpKind::div ? 1.0 / *c : *c);
   }
@@ -159,7 +162,8 @@ class Matcher {
       } else if (w->op == OpKind::where && !causal &&
                  is_causal_mask(g_, w->inputs[0], queries, keys) &&
                  g_.value(w->outputs[0]).type.shape == g_.value(w->inputs[1]).type.shape) {
-        const std::optional<double> fill = fill_value(g_, w->inputs[2]);
+        // The cast's rounding cannot move a fill <= -65504 above it (-inf at worst).
+        const std::optional<double> fill = scalar_through_cast(g_, w->inputs[2]);
         if (!fill || !(*fill <= -65504.0)) return false;
         replaced_.push_back(w->id), v = w->inputs[1], causal = true;
       } else if (w->op == OpKind::matmul) {

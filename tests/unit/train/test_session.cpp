@@ -181,6 +181,25 @@ TEST(TrainSession, DecoderLearnsTheSyntheticTokenRule) {
   EXPECT_FALSE(same_bits(session.parameters().at(wte), *model.constant(*model.find_value(wte))));
 }
 
+// The decoder's causal attention fuses in the bf16 training step (one attention node per
+// layer, whose gradient rule reads its lse), both as the zoo builds it and as an ONNX import
+// (where the scale and the mask's fill are initializers, which mixed precision in training
+// casts by nodes instead of folding: the exported GPT-2's step ran every attention as a
+// spelled-out chain, ~60 ms of its 191 on an H200).
+TEST(TrainSession, DecoderAttentionFusesInTheTrainingStep) {
+  const Graph zoo = build_zoo_model("gpt2_test", {.batch = 2, .seed = 2, .sequence_length = 16});
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(zoo), "gpt2_test.onnx");
+  for (const Graph* model : {&zoo, &imported}) {
+    SCOPED_TRACE(model == &zoo ? "zoo" : "imported");
+    TrainingSession session(*model, LossSpec{}, AdamWOptions{.lr = 1e-3},
+                            {.precision = Precision::bf16});
+    EXPECT_EQ(count_ops(session.step_graph(), OpKind::attention), 2);
+    EXPECT_EQ(count_ops(session.step_graph(), OpKind::attention_backward), 2);
+    EXPECT_EQ(count_ops(session.step_graph(), OpKind::softmax), 0);
+    EXPECT_EQ(count_ops(session.step_graph(), OpKind::where), 0);
+  }
+}
+
 // The small U-Net learns a per-pixel rule (class 1 where input channel 0 is positive): the
 // cross-entropy over logits [B, 2, H, W] against labels [B, H, W] falls; gradients pass the
 // bilinear resizes (resize_backward), the concatenations and the batch norms.

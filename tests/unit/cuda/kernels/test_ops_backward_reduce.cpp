@@ -95,6 +95,9 @@ TEST_F(BackwardReduceTest, CrossEntropyBackwardMatchesCpu) {
     cases.push_back({{4, 5, 3, 6}, r, true, int64_t(-1), DType::i64});
     cases.push_back({{1, 1}, r, false, std::nullopt, DType::i64});
     cases.push_back({{2, 65536}, r, true, std::nullopt, DType::i64});
+    // The column walk (classes >= 256 with positions after them), a partial last tile.
+    cases.push_back({{2, 300, 37}, r, true, int64_t(-100), DType::i64});
+    cases.push_back({{3, 512, 64}, r, false, std::nullopt, DType::i32});
   }
   uint64_t seed = 200;
   for (DType t : kFloatTypes) {

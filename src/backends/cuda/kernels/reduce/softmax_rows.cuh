@@ -67,6 +67,39 @@ __device__ __forceinline__ RowStats<C> thread_row_stats(const T* row, int64_t le
   return {m, dm::log(partial_sum_exp<C>(row, len, stride, m, 0, 1))};
 }
 
+// The statistics of the rows of 32 adjacent columns (lane l: the row of column i0 + l, at
+// `row` for this lane, elements `stride` apart) walked by the whole block: warp w folds
+// elements w, w + warps, ... of its lane's row (a warp reads 32 adjacent elements at a time),
+// then warp 0 folds the warps' partials in warp order (deterministic). `valid`: this lane's
+// row exists. Every thread of the block must call it; `scratch` holds blockDim.x + 64 C in
+// shared memory and is free again when it returns.
+template <class C, class T>
+__device__ __forceinline__ RowStats<C> column_tile_stats(const T* row, int64_t len,
+                                                         int64_t stride, bool valid, C* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  C* folded = scratch + blockDim.x;  // [0, 32): the maxima, [32, 64): the sums
+  scratch[threadIdx.x] = valid ? partial_max<C>(row, len, stride, warp, warps) : C(-INFINITY);
+  __syncthreads();
+  if (warp == 0) {
+    C m = scratch[lane];
+    for (int w = 1; w < warps; ++w) m = MaxOp{}(m, scratch[w * 32 + lane]);
+    folded[lane] = softmax_shift(m);
+  }
+  __syncthreads();
+  const C m = folded[lane];
+  scratch[threadIdx.x] = valid ? partial_sum_exp<C>(row, len, stride, m, warp, warps) : C(0);
+  __syncthreads();
+  if (warp == 0) {
+    C sum = scratch[lane];
+    for (int w = 1; w < warps; ++w) sum += scratch[w * 32 + lane];
+    folded[32 + lane] = sum;
+  }
+  __syncthreads();
+  const C sum = folded[32 + lane];
+  __syncthreads();  // every lane has its sum before the next call writes scratch
+  return {m, dm::log(sum)};
+}
+
 // How a softmax-like kernel walks x viewed as [outer, len, inner]: the row of (o, i) starts
 // at o * len * inner + i with stride inner.
 enum class RowWalk { warp, block, thread };
