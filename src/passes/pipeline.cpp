@@ -24,6 +24,12 @@ Pass mixed_precision(Precision precision, MixedPrecisionOptions options = {}) {
           }};
 }
 
+// pad_product_columns at its default threshold.
+Pass pad_columns() {
+  return {"pad_product_columns",
+          [](Graph& g, FusionLog* log) { return pad_product_columns(g, log); }};
+}
+
 Pass attention(bool training) {
   return {training ? "fuse_attention (training)" : "fuse_attention",
           [training](Graph& g, FusionLog* log) { return fuse_attention(g, log, training); }};
@@ -114,6 +120,9 @@ Pipeline training_forward_pipeline(Precision precision) {
               pass("recognize_gelu", recognize_gelu),
               // Before mixed precision, as for inference.
               pass("form_linears", form_linears),
+              // Products whose columns leave cuBLASLt only slow kernels: padded, so that
+              // autodiff derives aligned products (passes/simplify.h).
+              pad_columns(),
               // Parameters are graph inputs by now: they stay f32, read through casts.
               mixed_precision(precision),
               pass("fuse_batch_norm_residual", fuse_batch_norm_residual),

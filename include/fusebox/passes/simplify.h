@@ -56,4 +56,24 @@ size_t hoist_narrowing_casts(Graph& g, FusionLog* log = nullptr);
 // one gelu (both forms have a gradient rule). Returns the number of GELUs formed.
 size_t recognize_gelu(Graph& g, FusionLog* log = nullptr);
 
+// pad_product_columns: a matmul of rows [.., K] by a 2-D weight [K, N] whose N is not a
+// multiple of 8 becomes, where its flops pay for the copies (PadColumnsThresholds):
+//   rows = reshape(x, [M, K]); y' = matmul(rows, pad(w, N -> N')) [M, N'];
+//   y = reshape(slice(y', columns 0..N), [.., N])
+// with N' the next multiple of 8 (the pad's columns zero: the same values). Why: a column
+// count whose bytes are not a multiple of 16 leaves cuBLASLt only slow kernels (GPT-2's LM
+// head, N = 50,257: 10.0 ms forward on an H200 against 1.9 at N = 50,264), and in a training
+// step the backward's products are the same problem twice more (dx reduces over N, dw writes
+// [K, N]): 10.5 and 9.0 ms, where autodiff of this form gives aligned products, the weight's
+// gradient through the pad's (a slice), and one product over the flattened rows instead of a
+// batch of them summed. The copies: the forward's slice and the backward's zero-padded
+// gradient of y. Training forward pipeline, after form_linears (inference: the CUDA matmul
+// pads such a product itself, kernels/matmul/matmul.cpp). Returns the number rewritten.
+struct PadColumnsThresholds {
+  double min_flops = double(int64_t(1) << 32);
+  double min_flops_per_copied_byte = 128;  // the forward's and backward's copies of y
+};
+size_t pad_product_columns(Graph& g, FusionLog* log = nullptr,
+                           const PadColumnsThresholds& thresholds = {});
+
 }  // namespace fusebox
