@@ -32,7 +32,62 @@ int64_t integer(const char* name, const std::string& text, int64_t lo, int64_t h
 
 }  // namespace
 
-std::optional<DistEnv> DistEnv::from_env() {
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first entry: up to the first comma outside brackets.
+  size_t depth = 0, cut = nodelist.size();
+  for (size_t i = 0; i < nodelist.size(); ++i) {
+    if (nodelist[i] == '[') ++depth;
+    if (nodelist[i] == ']' && depth > 0) --depth;
+    if (nodelist[i] == ',' && depth == 0) {
+      cut = i;
+      break;
+    }
+  }
+  const std::string entry = nodelist.substr(0, cut);
+  const size_t open = entry.find('['), close = entry.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return entry;
+  // prefix[first-..,..]suffix: the range's first number as written (zero padding kept).
+  const std::string ranges = entry.substr(open + 1, close - open - 1);
+  const size_t stop = ranges.find_first_of(",-");
+  return entry.substr(0, open) + ranges.substr(0, stop) + entry.substr(close + 1);
+}
+
+namespace {
+
+// The variables' own names, for the messages.
+struct LauncherVars {
+  const char* launcher;
+  const char* rank;
+  const char* world;
+  const char* local;  // may be unset
+};
+
+// rank / world / local rank from one launcher's variables (rank and world both required).
+void read_rank(const LauncherVars& v, DistEnv& e) {
+  const std::optional<std::string> rank = env(v.rank), world = env(v.world);
+  FUSEBOX_CHECK(rank && world, kWhere, v.launcher, ": ", rank ? v.world : v.rank,
+                " is not set, but ", rank ? v.rank : v.world, " is");
+  e.launcher = v.launcher;
+  e.world_size = int(integer(v.world, *world, 1, 1 << 20));
+  e.rank = int(integer(v.rank, *rank, 0, e.world_size - 1));
+  if (auto local = env(v.local)) e.local_rank = int(integer(v.local, *local, 0, 1 << 20));
+}
+
+// MASTER_ADDR and MASTER_PORT, required (torchrun, mpirun).
+void read_master(DistEnv& e) {
+  const std::optional<std::string> addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
+  FUSEBOX_CHECK(addr && port, kWhere, e.launcher, " started rank ", e.rank, " of ", e.world_size,
+                ", but ", addr ? "MASTER_PORT" : "MASTER_ADDR",
+                " is not set: the ranks meet at MASTER_ADDR:MASTER_PORT",
+                e.launcher == std::string("Open MPI")
+                    ? " (mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<a free port>)"
+                    : "");
+  e.master_addr = *addr;
+  e.master_port = int(integer("MASTER_PORT", *port, 1, 65535));
+}
+
+// The FUSEBOX_* set: all four or none.
+std::optional<DistEnv> fusebox_env() {
   const char* names[] = {"FUSEBOX_RANK", "FUSEBOX_WORLD_SIZE", "FUSEBOX_MASTER_ADDR",
                          "FUSEBOX_MASTER_PORT"};
   std::optional<std::string> values[4];
@@ -44,17 +99,71 @@ std::optional<DistEnv> DistEnv::from_env() {
                   " is not set, but other rendezvous variables are (a data-parallel run needs "
                   "FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR and FUSEBOX_MASTER_PORT)");
   DistEnv e;
+  e.launcher = "FUSEBOX_*";
   e.world_size = int(integer(names[1], *values[1], 1, 1 << 20));
   e.rank = int(integer(names[0], *values[0], 0, e.world_size - 1));
   e.master_addr = *values[2];
   e.master_port = int(integer(names[3], *values[3], 1, 65535));
-  if (auto local = env("FUSEBOX_LOCAL_RANK")) {
-    e.local_rank = int(integer("FUSEBOX_LOCAL_RANK", *local, 0, 1 << 20));
-  } else if (auto torchrun = env("LOCAL_RANK")) {
+  if (auto torchrun = env("LOCAL_RANK"))
     e.local_rank = int(integer("LOCAL_RANK", *torchrun, 0, 1 << 20));
+  return e;
+}
+
+// torchrun, mpirun or srun, the first whose variables are set; nullopt for none.
+std::optional<DistEnv> launcher_env() {
+  DistEnv e;
+  if (env("RANK") || env("WORLD_SIZE")) {
+    read_rank({"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"}, e);
+    if (e.world_size == 1) return std::nullopt;
+    read_master(e);
+    return e;
   }
+  if (env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE")) {
+    read_rank(
+        {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+        e);
+    if (e.world_size == 1) return std::nullopt;
+    read_master(e);
+    return e;
+  }
+  if (env("SLURM_PROCID") && env("SLURM_STEP_NUM_TASKS")) {
+    read_rank({"Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"}, e);
+    if (e.world_size == 1) return std::nullopt;
+    if (auto addr = env("MASTER_ADDR")) {
+      e.master_addr = *addr;
+    } else {
+      const std::optional<std::string> nodes =
+          env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST");
+      FUSEBOX_CHECK(nodes.has_value(), kWhere,
+                    "Slurm: neither MASTER_ADDR nor SLURM_STEP_NODELIST / SLURM_JOB_NODELIST is "
+                    "set: no address for rank 0");
+      e.master_addr = first_slurm_host(*nodes);
+    }
+    if (auto port = env("MASTER_PORT")) {
+      e.master_port = int(integer("MASTER_PORT", *port, 1, 65535));
+    } else {
+      const std::optional<std::string> job = env("SLURM_JOB_ID"), step = env("SLURM_STEP_ID");
+      FUSEBOX_CHECK(job.has_value(), kWhere,
+                    "Slurm: neither MASTER_PORT nor SLURM_JOB_ID is set: no port for rank 0");
+      const int64_t id = integer("SLURM_JOB_ID", *job, 0, int64_t(1) << 40);
+      const int64_t step_id = step ? integer("SLURM_STEP_ID", *step, 0, int64_t(1) << 40) : 0;
+      e.master_port = int(20000 + (31 * id + step_id) % 20000);
+    }
+    return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<DistEnv> DistEnv::from_env() {
+  std::optional<DistEnv> e = fusebox_env();
+  if (!e) e = launcher_env();
+  if (!e) return std::nullopt;
+  if (auto local = env("FUSEBOX_LOCAL_RANK"))
+    e->local_rank = int(integer("FUSEBOX_LOCAL_RANK", *local, 0, 1 << 20));
   if (auto timeout = env("FUSEBOX_DIST_TIMEOUT"))
-    e.timeout = std::chrono::seconds(integer("FUSEBOX_DIST_TIMEOUT", *timeout, 1, 86400));
+    e->timeout = std::chrono::seconds(integer("FUSEBOX_DIST_TIMEOUT", *timeout, 1, 86400));
   return e;
 }
 

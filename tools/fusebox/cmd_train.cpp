@@ -168,9 +168,11 @@ std::vector<std::string> own_command_line() {
 // --gpus N: the same command without --gpus, once per rank (dist/launcher.h); the ranks find
 // each other through the variables launch_local sets. Returns the run's exit status.
 int launch_ranks(const TrainArgs& args) {
-  FUSEBOX_CHECK(!dist::DistEnv::from_env(), "fusebox train",
-                "--gpus starts the ranks itself; FUSEBOX_RANK and the other rendezvous "
-                "variables are already set (drop --gpus, or unset them)");
+  if (const std::optional<dist::DistEnv> e = dist::DistEnv::from_env())
+    throw Error("fusebox train",
+                cat("--gpus starts the ranks itself, but this process is already rank ", e->rank,
+                    " of ", e->world_size, " by ", e->launcher,
+                    "'s variables (drop --gpus, or start it outside the launcher)"));
   if (parse_device(args.device) != Device::cuda)
     throw UsageError(cat("--gpus ", args.gpus, " trains on CUDA: add --device cuda"));
   if (args.gpus > cuda_device_count())
@@ -263,7 +265,8 @@ int train(const TrainArgs& args) {
       if (args.given(option))
         throw UsageError(cat(option,
                              " applies to data-parallel runs (--gpus N with N > 1, or a rank "
-                             "started with the FUSEBOX_* rendezvous variables)"));
+                             "started by torchrun, srun, mpirun or the FUSEBOX_* rendezvous "
+                             "variables)"));
   }
 
   // Before anything is loaded or compiled: a run that could not save its checkpoint fails now,
@@ -555,9 +558,9 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--gpus", args->gpus,
                   "Data-parallel training on N GPUs of this machine: N processes, one per GPU, "
                   "each with --batch-size samples a step, gradients averaged through NCCL "
-                  "(docs/distributed.md); default 1. Processes a scheduler starts set "
-                  "FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR/PORT and LOCAL_RANK "
-                  "instead")
+                  "(docs/distributed.md); default 1. Processes torchrun, srun or mpirun starts "
+                  "are ranks by their variables instead (or FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, "
+                  "FUSEBOX_MASTER_ADDR/PORT)")
       ->type_name("N")
       ->check(integer_range(1, std::numeric_limits<int>::max()));
   app->add_option("--bucket-mb", args->bucket_mb,

@@ -23,12 +23,27 @@ struct DistEnv {
   std::string master_addr;
   int master_port = 0;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::string launcher;  // whose variables: "FUSEBOX_*", "torchrun", "Open MPI", "Slurm"
 
-  // nullopt when none of FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR and
-  // FUSEBOX_MASTER_PORT is set: a single process. An Error naming the variable when some are
-  // set and others not, or a value is not a number or out of range.
+  // The rank of a data-parallel run from the variables of the first launcher that set any:
+  //   FUSEBOX_RANK, FUSEBOX_WORLD_SIZE, FUSEBOX_MASTER_ADDR, FUSEBOX_MASTER_PORT
+  //     (FUSEBOX_LOCAL_RANK, else LOCAL_RANK): all four required, a world of 1 included;
+  //   torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK;
+  //   Open MPI's mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, with MASTER_ADDR and
+  //     MASTER_PORT (mpirun -x MASTER_ADDR=host -x MASTER_PORT=port: MPI has no address);
+  //   Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (set by srun, not in a batch script,
+  //     whose one process must not wait for the job's other tasks), SLURM_LOCALID; MASTER_ADDR
+  //     else the step's first node (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST), MASTER_PORT
+  //     else 20000 + (31 * SLURM_JOB_ID + SLURM_STEP_ID) % 20000.
+  // FUSEBOX_LOCAL_RANK, when set, overrides every launcher's local rank; FUSEBOX_DIST_TIMEOUT
+  // (seconds) the timeout. nullopt: none of them set, or a world of 1 under torchrun, mpirun
+  // or srun (a single process). An Error naming the variable when a launcher's set is
+  // incomplete, or a value is not a number or out of range.
   static std::optional<DistEnv> from_env();
 };
+
+// The first host of a Slurm host list: "gpu[07-09,12],cpu1" -> "gpu07"; "a,b" -> "a".
+std::string first_slurm_host(const std::string& nodelist);
 
 // Checks at start-up that every rank runs the same thing. Each rank publishes its `signature`
 // (entries such as "world size", "model", "precision", "batch") in the store, then compares

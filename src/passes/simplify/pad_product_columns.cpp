@@ -62,9 +62,9 @@ size_t pad_product_columns(Graph& g, FusionLog* /*log*/, const PadColumnsThresho
     const ValueId product =
         out.add_node(OpKind::matmul, {}, {a, b}, n.name, {rw.fresh_name(y_name + "/padded")})[0];
     const bool flat = y_shape.size() == 2;
-    ValueId y = out.add_node(OpKind::slice, SliceAttrs{{0}, {cols}, {1}, {1}}, {product},
-                             n.name + "/columns",
-                             {flat ? y_name : rw.fresh_name(y_name + "/columns")})[0];
+    ValueId y =
+        out.add_node(OpKind::slice, SliceAttrs{{0}, {cols}, {1}, {1}}, {product},
+                     n.name + "/columns", {flat ? y_name : rw.fresh_name(y_name + "/columns")})[0];
     if (!flat)
       y = out.add_node(OpKind::reshape, ReshapeAttrs{y_shape}, {y}, n.name + "/unflatten",
                        {y_name})[0];

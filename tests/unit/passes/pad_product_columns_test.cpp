@@ -19,8 +19,8 @@ constexpr PadColumnsThresholds kAlways{.min_flops = 0, .min_flops_per_copied_byt
 Graph head(int64_t cols, bool pad) {
   Graph g("head");
   Builder b(g);
-  const ValueId y = b.matmul(g.add_input("x", DType::f64, {2, 3, 16}),
-                             g.add_input("w", DType::f64, {16, cols}));
+  const ValueId y =
+      b.matmul(g.add_input("x", DType::f64, {2, 3, 16}), g.add_input("w", DType::f64, {16, cols}));
   g.rename_value(y, "y");
   g.mark_output(y);
   if (pad) {
@@ -43,7 +43,8 @@ Graph head(int64_t cols, bool pad) {
 TEST(PadProductColumns, ValuesAndGradientsStay) {
   const Graph plain = head(50, false);
   const Graph padded = head(50, true);
-  EXPECT_GE(count_ops(padded, OpKind::pad), 1);  // the weight's (the slice's gradient may be one too)
+  EXPECT_GE(count_ops(padded, OpKind::pad),
+            1);  // the weight's (the slice's gradient may be one too)
   EXPECT_GE(count_ops(padded, OpKind::slice), 1);
   // One product over the flattened rows: its weight gradient is one product too, not a
   // batch of them summed.

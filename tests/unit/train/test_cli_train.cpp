@@ -485,9 +485,9 @@ TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
 // --report in training mode: each node of the step timed (the backward's and the optimizer's
 // nodes among them), on a copy of the step that leaves the session's state alone.
 TEST_F(CliTrain, BenchProfilesTheTrainingStep) {
-  const ToolResult r =
-      tool("bench small_cnn --mode train --batch 4 --image-size 16 --num-classes 10 "
-           "--device cpu --steps 2 --warmup 1 --report");
+  const ToolResult r = tool(
+      "bench small_cnn --mode train --batch 4 --image-size 16 --num-classes 10 "
+      "--device cpu --steps 2 --warmup 1 --report");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* part : {"time by op", "conv_backward_filter", "sum of node times", "images/s"})
     EXPECT_TRUE(contains(r.out, part)) << part << ": " << r.out;

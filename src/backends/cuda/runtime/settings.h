@@ -48,8 +48,8 @@ struct ConvSettings {
   // Timing asked for by the default policy, not by the user (kernels/conv/engines.cpp, rule 4):
   // no progress lines on stderr; the report names what was timed and what won.
   bool quiet_tuning = false;
-  size_t plan_cache_capacity = 256;              // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
-  bool native_graph = true;  // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
+  size_t plan_cache_capacity = 256;  // FUSEBOX_CONV_PLAN_CACHE (0: unbounded)
+  bool native_graph = true;          // FUSEBOX_CUDNN_NATIVE_GRAPH: 0 records every plan by capture
   // Autotuning's candidates: the engine configs of heuristics mode A, then FALLBACK, merged
   // by rank with mode B's when FUSEBOX_CONV_AUTOTUNE_MODE_B=1 (off by default: on the H100
   // mode B added no distinct config for any ResNet-50 problem and made tuning 4x slower),

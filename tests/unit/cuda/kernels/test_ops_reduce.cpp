@@ -163,12 +163,17 @@ struct CrossEntropyCase {
   std::optional<int64_t> ignore_index;
 };
 const CrossEntropyCase kCrossEntropyCases[] = {
-    {{8, 10}, false, std::nullopt},   {{8, 10}, true, 3},       {{1, 1}, false, std::nullopt},
-    {{33, 2000}, true, std::nullopt}, {{4, 5, 6, 7}, false, 0}, {{2, 3, 65}, true, -100},
+    {{8, 10}, false, std::nullopt},
+    {{8, 10}, true, 3},
+    {{1, 1}, false, std::nullopt},
+    {{33, 2000}, true, std::nullopt},
+    {{4, 5, 6, 7}, false, 0},
+    {{2, 3, 65}, true, -100},
     {{300, 7}, false, std::nullopt},
     // The column walk (a class axis of >= 256 with positions after it: a decoder's
     // [batch, vocab, tokens]): 32-row tiles, a partial last tile, several tiles per batch.
-    {{3, 300, 40}, true, -100},       {{2, 1000, 70}, false, std::nullopt}};
+    {{3, 300, 40}, true, -100},
+    {{2, 1000, 70}, false, std::nullopt}};
 
 TEST_F(ReduceTest, CrossEntropyMatchesCpu) {
   OpHarness h;

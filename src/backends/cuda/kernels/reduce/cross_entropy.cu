@@ -225,8 +225,8 @@ void run_cross_entropy(Context& ctx, const Node& n, const DeviceTensor& logits,
     if (flags.halt()) writes.push_back(*flags.halt());
     if (column_walk(a.len, a.inner)) {
       ctx.encoder.launch(cross_entropy_columns<T, L, Out>, column_blocks(a.outer, a.inner),
-                         unsigned(kColumnThreads), 0, reads, writes, logits.as<T>(),
-                         labels.as<L>(), pw, log_prob.as<T>(), loss_out, label_weight, a);
+                         unsigned(kColumnThreads), 0, reads, writes, logits.as<T>(), labels.as<L>(),
+                         pw, log_prob.as<T>(), loss_out, label_weight, a);
       return;
     }
     auto kernel = walk == RowWalk::warp    ? cross_entropy_rows<RowWalk::warp, T, L, Out>
@@ -329,8 +329,8 @@ __device__ __forceinline__ T grad_element(const T* log_prob, int64_t idx, int64_
                                           int64_t l) {
   // An ignored position (k = 0) gives 0 even where its log_prob is not finite.
   const double onehot = j == l ? 1.0 : 0.0;
-  return convert<T>(
-      k == 0.0 ? 0.0 : k * (::exp(double(convert<compute_t<T>>(log_prob[idx]))) - onehot));
+  return convert<T>(k == 0.0 ? 0.0
+                             : k * (::exp(double(convert<compute_t<T>>(log_prob[idx]))) - onehot));
 }
 
 // dlogits, one thread per element.
@@ -350,8 +350,8 @@ __global__ void cross_entropy_grad(const T* dloss, const T* log_prob, const L* l
 // dlogits in the column walk: lanes take 32 adjacent positions, warps split the classes.
 template <class T, class L>
 __global__ void cross_entropy_grad_columns(const T* dloss, const T* log_prob, const L* labels,
-                                           const T* weight, const double* total_weight,
-                                           T* dlogits, GradArgs a, int64_t outer) {
+                                           const T* weight, const double* total_weight, T* dlogits,
+                                           GradArgs a, int64_t outer) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t tiles = (a.inner + 31) / 32;
   for (int64_t tile = blockIdx.x; tile < outer * tiles; tile += gridDim.x) {
@@ -402,9 +402,8 @@ void run_cross_entropy_backward(Context& ctx, const Node& n, const DeviceTensor&
   if (column_walk(a.classes, a.inner)) {
     const int64_t outer = a.total / (a.classes * a.inner);
     ctx.encoder.launch(cross_entropy_grad_columns<T, L>, column_blocks(outer, a.inner),
-                       unsigned(kColumnThreads), 0, reads, writes, dloss.as<T>(),
-                       log_prob.as<T>(), labels.as<L>(), pw, total_weight, dlogits.as<T>(), a,
-                       outer);
+                       unsigned(kColumnThreads), 0, reads, writes, dloss.as<T>(), log_prob.as<T>(),
+                       labels.as<L>(), pw, total_weight, dlogits.as<T>(), a, outer);
     return;
   }
   ctx.encoder.launch(cross_entropy_grad<T, L>, launch_blocks(a.total), kDefaultThreads, 0, reads,

@@ -74,8 +74,8 @@ __device__ __forceinline__ RowStats<C> thread_row_stats(const T* row, int64_t le
 // row exists. Every thread of the block must call it; `scratch` holds blockDim.x + 64 C in
 // shared memory and is free again when it returns.
 template <class C, class T>
-__device__ __forceinline__ RowStats<C> column_tile_stats(const T* row, int64_t len,
-                                                         int64_t stride, bool valid, C* scratch) {
+__device__ __forceinline__ RowStats<C> column_tile_stats(const T* row, int64_t len, int64_t stride,
+                                                         bool valid, C* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   C* folded = scratch + blockDim.x;  // [0, 32): the maxima, [32, 64): the sums
   scratch[threadIdx.x] = valid ? partial_max<C>(row, len, stride, warp, warps) : C(-INFINITY);
