@@ -22,14 +22,26 @@ RewrittenGraph rewrite_graph(const Graph& src, const RewriteOptions& opts) {
     FUSEBOX_CHECK(v && src.is_constant(*v), where, "'", name, "' is not a constant of the graph");
   }
 
+  for (const auto& [name, t] : opts.constant_values) {
+    auto v = src.find_value(name);
+    FUSEBOX_CHECK(v && src.is_constant(*v), where, "'", name, "' is not a constant of the graph");
+    const Tensor& had = *src.constant(*v);
+    FUSEBOX_CHECK(t.dtype() == had.dtype() && t.shape() == had.shape(), where, "constant '", name,
+                  "' is ", dtype_name(had.dtype()), shape_str(had.shape()), ", its new value ",
+                  dtype_name(t.dtype()), shape_str(t.shape()));
+  }
+
   GraphRewriter r(src);
   Graph& dst = r.graph();
   for (const auto& [v, t] : src.constants()) {
     const std::string& name = src.value(v).name;
-    if (opts.constants_to_inputs.count(name))
+    if (opts.constants_to_inputs.count(name)) {
       r.map(v, dst.add_input(name, t.dtype(), t.shape()));
-    else
+    } else if (auto it = opts.constant_values.find(name); it != opts.constant_values.end()) {
+      r.map(v, dst.add_constant(name, it->second));
+    } else {
       r.mapped(v);  // every constant copied, in value-id order
+    }
   }
 
   auto mapped = [&](ValueId v, const std::string& reader) {

@@ -2,6 +2,7 @@
 // model into its step and eval graphs. Every value, node and output keeps its name.
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct RewriteOptions {
   // Constants (by name) that become graph inputs of the same name, dtype and shape,
   // added after the source graph's own inputs, in value-id order.
   std::set<std::string> constants_to_inputs;
+  // Constants (by name) that keep their name with these values (same dtype and shape): the
+  // trained parameters of an exported model.
+  std::map<std::string, Tensor> constant_values;
   BatchNormForm batch_norm = BatchNormForm::keep;
   // The source's nodes in this order (every node once, each after the writers of its inputs);
   // empty: the source's order.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "train/graph_rewrite.h"
 #include "train/step_graph.h"
 
 namespace fusebox {
@@ -268,6 +269,14 @@ std::unique_ptr<Executable> TrainingSession::profiled_step(const Feeds& batch) c
   exe->run_async(feeds, {}, "profiled step");
   exe->check_errors();
   return exe;
+}
+
+Graph TrainingSession::trained_model(const Graph& model) const {
+  train::RewriteOptions opts;
+  opts.batch_norm = train::BatchNormForm::inference;
+  for (const auto& [name, t] : parameters()) opts.constant_values[name] = t;
+  for (const auto& [name, t] : buffers()) opts.constant_values[name] = t;
+  return train::rewrite_graph(model, opts).graph;
 }
 
 float TrainingSession::step(const NamedTensors& batch) {

@@ -18,6 +18,8 @@
 
 #include "common.h"
 #include "fusebox/dist/launcher.h"
+#include "fusebox/frontends/onnx.h"
+#include "fusebox/io/tensor_file.h"
 #include "fusebox/train/checkpoint.h"
 #include "fusebox/train/data.h"
 #include "fusebox/train/data_parallel.h"
@@ -42,6 +44,7 @@ struct TrainArgs {
   std::string precision = "tf32";
   uint64_t seed = 0;
   std::string checkpoint;
+  std::string export_path;  // --export: the trained model as ONNX
   int64_t checkpoint_every = 0;
   std::string resume;
   int64_t image_size = 32;
@@ -275,6 +278,8 @@ int train(const TrainArgs& args) {
     for (const std::string& stale : prepare_checkpoint_path(args.checkpoint))
       std::cout << "removed " << stale << " (left by a killed run)\n";
   }
+  if (!args.export_path.empty() && (!rank_env || rank_env->rank == 0))
+    check_writable(args.export_path, "--export " + args.export_path);
   std::optional<Checkpoint> resume;
   if (!args.resume.empty()) resume = load_checkpoint(args.resume);
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
@@ -477,6 +482,12 @@ int train(const TrainArgs& args) {
     session.save(args.checkpoint);
     out << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count() << ")\n";
   }
+  if (!args.export_path.empty() && rank == 0) {
+    // The model as given, its constants the trained weights, batch norms in inference form.
+    write_file_atomic(args.export_path, export_onnx_bytes(session.trained_model(g)));
+    out << "exported the trained model (step " << session.step_count() << ") to "
+        << args.export_path << "\n";
+  }
   return stopped_by != 0 ? 128 + stopped_by : 0;  // a shell's status for a program stopped so
 }
 
@@ -526,6 +537,12 @@ Command add_train_command(CLI::App& parent) {
                   "Its folder must exist and be writable: checked before training. Temporary "
                   "files of killed runs beside it (FILE.tmp.<pid>.<n>, pid gone) are removed")
       ->type_name("FILE");
+  app->add_option("--export", args->export_path,
+                  "Write the trained model here as ONNX at the end (also when stopped by SIGINT "
+                  "or SIGTERM): the model's graph with the trained weights and running "
+                  "statistics, batch norms in inference form, for `fusebox run` or any ONNX "
+                  "runtime")
+      ->type_name("FILE.onnx");
   app->add_option("--checkpoint-every", args->checkpoint_every, "Also every N steps")
       ->type_name("N")
       ->check(integer_range(1));

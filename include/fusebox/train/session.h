@@ -211,6 +211,11 @@ class TrainingSession {
   // Holds a second copy of the updated state while it lives.
   std::unique_ptr<Executable> profiled_step(const Feeds& batch) const;
   const Graph& eval_graph() const;
+  // `model` (the graph this session was made from) with the session's current parameters and
+  // buffers (running statistics) as its constants and every batch norm in inference form: the
+  // trained model, as `fusebox train --export` writes it to ONNX. An Error naming the tensor
+  // where `model` is not this session's (a parameter missing, or of another shape).
+  Graph trained_model(const Graph& model) const;
   // (state name, step-graph output holding its next value), for every state tensor.
   const std::vector<std::pair<std::string, std::string>>& state_updates() const;
 

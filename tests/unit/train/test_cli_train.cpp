@@ -15,6 +15,7 @@
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
+#include "fusebox/train/checkpoint.h"
 #include "train_test_util.h"
 
 namespace fs = std::filesystem;
@@ -269,6 +270,43 @@ TEST_F(CliTrain, AnUnwritableCheckpointPathFailsBeforeTraining) {
 // A resumed checkpoint's step count: negative is refused on load, and one that --steps more
 // would take past what 64 bits count is refused before training, naming the file (it once
 // wrapped around: no step ran, and the run exited 0).
+// --export writes the trained model as ONNX: its constants are the trained weights and running
+// statistics (those of the checkpoint written at the same step), its batch norms inference
+// ones, and `fusebox run` runs it; a path that cannot be written fails before training.
+TEST_F(CliTrain, ExportWritesTheTrainedModel) {
+  const ToolResult r = train(
+      cat(kSmall, " --steps 3 --checkpoint '", path("c.npz"), "' --export '", path("m.onnx"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, cat("exported the trained model (step 3) to ", path("m.onnx"))))
+      << r.out;
+  const Checkpoint ckpt = load_checkpoint(path("c.npz"));
+  const Graph exported = import_onnx_file(path("m.onnx"));
+  size_t compared = 0;
+  for (const auto* tensors : {&ckpt.parameters, &ckpt.buffers}) {
+    for (const auto& [name, t] : *tensors) {
+      const std::optional<ValueId> v = exported.find_value(name);
+      ASSERT_TRUE(v && exported.is_constant(*v)) << name;
+      EXPECT_TRUE(all_close(*exported.constant(*v), t, 0, 0)) << name;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 8u);  // small_cnn's weights and its batch norms' statistics
+  int batch_norms = 0;
+  for (const Node& n : exported.nodes()) {
+    if (n.op != OpKind::batch_norm) continue;
+    ++batch_norms;
+    EXPECT_FALSE(std::get<BatchNormAttrs>(n.attrs).training) << n.name;
+  }
+  EXPECT_EQ(batch_norms, 2);
+  const ToolResult run = tool(cat("run '", path("m.onnx"), "' --device cpu"));
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+
+  const ToolResult bad = train(cat(kSmall, " --steps 100000 --export '", path("no/m.onnx"), "'"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(contains(bad.err, cat("[--export ", path("no/m.onnx"), "] the folder"))) << bad.err;
+  EXPECT_EQ(bad.out, "");
+}
+
 TEST_F(CliTrain, ResumedStepCountsThatCannotContinueAreRefused) {
   ASSERT_EQ(train(cat(kSmall, " --steps 1 --checkpoint '", path("s.npz"), "'")).exit_code, 0);
   std::map<std::string, Tensor> arrays = read_npz(path("s.npz"));

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "fusebox/frontends/onnx.h"
+#include "fusebox/runtime/executor.h"
 #include "train_test_util.h"
 
 namespace fusebox::testing {
@@ -198,6 +199,33 @@ TEST(TrainSession, DecoderAttentionFusesInTheTrainingStep) {
     EXPECT_EQ(count_ops(session.step_graph(), OpKind::softmax), 0);
     EXPECT_EQ(count_ops(session.step_graph(), OpKind::where), 0);
   }
+}
+
+// trained_model: the model with the session's weights and running statistics, batch norms in
+// inference form; imported back from its ONNX export it predicts what the session predicts.
+TEST(TrainSession, TrainedModelPredictsAsTheSession) {
+  const Graph model = small_cnn(4, 8);
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
+  const Tensor x = random_tensor(DType::f32, {4, 3, 8, 8}, 11);
+  const Tensor y = Tensor::from_vector<int64_t>({4}, {0, 1, 2, 1});
+  for (int i = 0; i < 3; ++i) session.step({{"input", x}, {"labels", y}});
+  const Graph trained = session.trained_model(model);
+  for (const Node& n : trained.nodes()) {
+    if (n.op == OpKind::batch_norm) {
+      EXPECT_FALSE(std::get<BatchNormAttrs>(n.attrs).training) << n.name;
+    }
+  }
+  for (const auto& [name, t] : session.parameters())
+    EXPECT_TRUE(same_bits(*trained.constant(*trained.find_value(name)), t)) << name;
+  const Graph imported = import_onnx_bytes(export_onnx_bytes(trained), "trained.onnx");
+  const Tensor want = session.predict({{"input", x}}).begin()->second;
+  const Tensor got = run_graph(imported, {{"input", x}}).begin()->second;
+  EXPECT_TRUE(all_close(got, want, 1e-5, 1e-6));
+  // Another model's graph is refused, naming the parameter.
+  const Graph other = build_zoo_model(
+      "small_cnn", {.batch = 4, .image_size = 8, .num_classes = 7, .training = true});
+  const std::string m = error_message([&] { session.trained_model(other); });
+  EXPECT_NE(m.find("its new value"), std::string::npos) << m;
 }
 
 // The small U-Net learns a per-pixel rule (class 1 where input channel 0 is positive): the
