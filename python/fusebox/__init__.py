@@ -22,10 +22,10 @@ from ._core import (  # noqa: F401 (re-exported)
     TensorSpec,
     __version__,
     cuda_available,
-    load,
     zoo_models,
 )
 from . import _core
+from ._shapes import DynamicModel, ShapeCachedExecutable, SymbolicSpec
 
 # The classes as users name them (help(), repr of types, tracebacks).
 for _cls in (Executable, Model, TensorSpec):
@@ -33,19 +33,41 @@ for _cls in (Executable, Model, TensorSpec):
 del _cls
 
 __all__ = [
-    "Error", "Executable", "Model", "OutOfMemory", "TensorSpec", "__version__", "cli_path",
-    "compile", "cuda_available", "load", "zoo_models",
+    "DynamicModel", "Error", "Executable", "Model", "OutOfMemory", "ShapeCachedExecutable",
+    "SymbolicSpec", "TensorSpec", "__version__", "cli_path", "compile", "cuda_available", "load",
+    "zoo_models",
 ]
 
 
-def compile(model, device="cpu", precision="f32"):
+def load(source, *, shapes=None, batch=None, image_size=None, num_classes=None, seed=None):
+    path = _os.fspath(source) if isinstance(source, _os.PathLike) else source
+    zoo = {"batch": batch, "image_size": image_size, "num_classes": num_classes, "seed": seed}
+    if (shapes is None and all(v is None for v in zoo.values()) and isinstance(path, str)
+            and _os.path.isfile(path)):
+        specs = _core.onnx_inputs(path)
+        if any(s["shape"] is None or None in s["shape"] for s in specs):
+            return DynamicModel(path, specs)
+    return _core.load(path, shapes=shapes, **zoo)
+
+
+load.__doc__ = (_core.load.__doc__ or "") + (
+    "\n\nAn ONNX file with symbolic or unknown input extents (a dynamic batch) and no shapes= "
+    "gives a fusebox.DynamicModel: nothing is imported until fusebox.compile's executable is "
+    "called, which compiles (and keeps) one executable per input shape.")
+
+
+def compile(model, device="cpu", precision="f32", *, max_shapes=8):
     if isinstance(model, (str, _os.PathLike)):
         model = load(_os.fspath(model))
+    if isinstance(model, DynamicModel):
+        return ShapeCachedExecutable(model, device, precision, max_shapes)
     return _core.compile(model, device, precision)
 
 
 compile.__doc__ = (_core.compile.__doc__ or "") + (
-    "\n\nmodel: a fusebox.Model, or what fusebox.load takes (a path or a zoo name).")
+    "\n\nmodel: a fusebox.Model, a fusebox.DynamicModel, or what fusebox.load takes (a path or "
+    "a zoo name). A DynamicModel gives a fusebox.ShapeCachedExecutable: an executable compiled "
+    "per input shape on first use, the max_shapes most recently used kept.")
 
 
 def cli_path():

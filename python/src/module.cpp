@@ -289,6 +289,37 @@ precision: "f32", "tf32", "bf16" or "f16" (docs/mixed_precision.md); on CUDA, f3
 and the others turn it on, for the executables compiled from then on. The GIL is released while
 it compiles. Returns a fusebox.Executable.)");
 
+  m.def(
+      "onnx_inputs",
+      [](const std::string& path) {
+        std::vector<OnnxInputSpec> specs;
+        {
+          nb::gil_scoped_release released;
+          specs = onnx_input_specs(path);
+        }
+        nb::list out;
+        for (const OnnxInputSpec& spec : specs) {
+          nb::dict d;
+          d["name"] = spec.name;
+          d["dtype"] = std::string(dtype_name(spec.dtype));
+          if (spec.has_shape) {
+            nb::list dims;
+            for (const std::optional<int64_t>& e : spec.dims)
+              dims.append(e ? nb::object(nb::int_(*e)) : nb::none());
+            d["shape"] = nb::tuple(dims);
+            d["dim_params"] = spec.dim_params;
+          } else {
+            d["shape"] = nb::none();
+            d["dim_params"] = std::vector<std::string>();
+          }
+          out.append(d);
+        }
+        return out;
+      },
+      "path"_a,
+      "An ONNX file's graph inputs as it declares them, before any import: [{'name', 'dtype', "
+      "'shape' (a tuple, None for a symbolic or unknown extent; None for no shape at all), "
+      "'dim_params' (the symbols, '' where none)}].");
   m.def("zoo_models", &zoo_models, "The names fusebox.load takes as zoo models.");
   m.def("cuda_available", &cuda_available,
         "Whether a CUDA GPU is usable (and the CUDA backend built).");

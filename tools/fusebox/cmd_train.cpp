@@ -118,7 +118,7 @@ Model load_model(const TrainArgs& args, const Dataset* data) {
   if (data && !tokens && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
   if (tokens && !args.given("--seq-len")) opts.sequence_length = data->x.dim(-1);
   Graph g = load_model_argument(
-      args.model, args.shapes, opts,
+      args.model, with_batch(args.model, args.shapes, args.batch_size), opts,
       args.given("--image-size") || args.given("--num-classes") || args.given("--seq-len"));
   if (is_onnx_path(args.model)) return {std::move(g), args.model};
   const Value& in = g.value(g.inputs().at(0));
@@ -514,7 +514,8 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--lr", args->lr, "Learning rate; default 0.05 (sgd), 0.001 (adamw)");
   app->add_option("--momentum", args->momentum, "SGD momentum; default 0.9");
   app->add_option("--weight-decay", args->weight_decay, "Default 0 (sgd), 0.01 (adamw)");
-  app->add_option("--batch-size", args->batch_size, "Zoo models; default 16")
+  app->add_option("--batch-size", args->batch_size,
+                  "Zoo models, and ONNX models whose batch (dim 0) is symbolic; default 16")
       ->check(integer_range(1));
   app->add_option("--steps", args->steps,
                   "Steps to take (a resumed run takes this many more); "

@@ -37,6 +37,22 @@ Graph load_model_argument(const std::string& model, const std::vector<std::strin
   return build_zoo_model(model, zoo);
 }
 
+std::vector<std::string> with_batch(const std::string& model, std::vector<std::string> shapes,
+                                    int64_t batch) {
+  if (!is_onnx_path(model)) return shapes;
+  const std::vector<OnnxInputSpec> inputs = onnx_input_specs(model);
+  if (inputs.empty() || inputs[0].dims.empty() || inputs[0].dims[0]) return shapes;
+  const OnnxInputSpec& first = inputs[0];
+  if (parse_shape_specs(shapes).count(first.name)) return shapes;
+  std::string spec = cat(first.name, "=", batch);
+  for (size_t d = 1; d < first.dims.size(); ++d) {
+    if (!first.dims[d]) return shapes;  // the import names the extent --shape must give
+    spec += cat(",", *first.dims[d]);
+  }
+  shapes.push_back(spec);
+  return shapes;
+}
+
 namespace {
 
 // `text` as a T when it is exactly a decimal integer that fits ("-" only for a signed T).

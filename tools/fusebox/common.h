@@ -47,6 +47,11 @@ bool is_onnx_path(const std::string& model);
 // model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
                           const ZooOptions& zoo, bool zoo_options_given);
+// `shapes` (--shape NAME=DIMS specs) and, where `model` is an ONNX file whose first input has a
+// symbolic batch (dim 0) that `shapes` does not fix, that input with `batch` rows (its other
+// extents as the file gives them; another symbolic one still needs --shape).
+std::vector<std::string> with_batch(const std::string& model, std::vector<std::string> shapes,
+                                    int64_t batch);
 
 // Checks for numeric options (->check(...)) whose errors print plain numbers: "--steps: must be
 // an integer from 1 to 2^63 - 1, got '0'" (CLI::PositiveNumber prints the largest double: 309

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "fusebox/ir/graph.h"
@@ -46,6 +47,22 @@ struct OnnxImportOptions {
 Graph import_onnx_file(const std::string& path, const OnnxImportOptions& opts = {});
 Graph import_onnx_bytes(const std::string& bytes, const std::string& where,
                         const OnnxImportOptions& opts = {});
+
+// A graph input as the file declares it, before any import: its dtype and extents, nullopt
+// where the file has a symbolic (`dim_params` holds the symbol) or unknown ("") extent, or
+// `has_shape` false where it declares no shape at all. Inputs that are initializers too (old
+// exporters list them) are not inputs. What a caller needs to pick input_shapes per call:
+// the Python package's per-shape executables, `fusebox train --batch-size` on a symbolic
+// batch. Errors as import_onnx_file's (the file unreadable, not a model, an unsupported
+// element type naming the input).
+struct OnnxInputSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  bool has_shape = true;
+  std::vector<std::optional<int64_t>> dims;
+  std::vector<std::string> dim_params;
+};
+std::vector<OnnxInputSpec> onnx_input_specs(const std::string& path);
 
 // True when `e` (thrown by an import) is about something fusebox does not support
 // rather than about a malformed or inconsistent model.

@@ -455,9 +455,7 @@ class Loader {
   std::set<std::string> reserved_;
 };
 
-Graph import_model(const std::string& bytes, const std::string& label, const std::string& base_dir,
-                   const OnnxImportOptions& opts) {
-  const std::string where = "onnx import: " + label;
+onnx::ModelProto parse_model(const std::string& bytes, const std::string& where) {
   FUSEBOX_CHECK(!bytes.empty(), where, "the file is empty (0 bytes): not an ONNX model");
   // protobuf's parser takes an int size; a model this large needs external data anyway.
   FUSEBOX_CHECK(bytes.size() < (size_t(1) << 31), where, "the file is ", bytes.size(),
@@ -465,7 +463,22 @@ Graph import_model(const std::string& bytes, const std::string& label, const std
   onnx::ModelProto model;
   FUSEBOX_CHECK(model.ParseFromString(bytes), where,
                 "not a valid ONNX model (protobuf parse failed)");
+  return model;
+}
+
+Graph import_model(const std::string& bytes, const std::string& label, const std::string& base_dir,
+                   const OnnxImportOptions& opts) {
+  const std::string where = "onnx import: " + label;
+  const onnx::ModelProto model = parse_model(bytes, where);
   return Loader(model, where, base_dir, opts).run();
+}
+
+std::string read_model_file(const std::string& path) {
+  try {
+    return read_file(path);
+  } catch (const Error& e) {
+    throw Error("onnx import: " + path, cat("cannot read the model: ", e.what()));
+  }
 }
 
 }  // namespace
@@ -477,14 +490,36 @@ Graph import_onnx_bytes(const std::string& bytes, const std::string& where,
 }
 
 Graph import_onnx_file(const std::string& path, const OnnxImportOptions& opts) {
-  std::string bytes;
-  try {
-    bytes = read_file(path);
-  } catch (const Error& e) {
-    throw Error("onnx import: " + path, cat("cannot read the model: ", e.what()));
-  }
+  const std::string bytes = onnx_import::read_model_file(path);
   std::string dir = std::filesystem::path(path).parent_path().string();
   return onnx_import::import_model(bytes, path, dir.empty() ? "." : dir, opts);
+}
+
+std::vector<OnnxInputSpec> onnx_input_specs(const std::string& path) {
+  const std::string where = "onnx import: " + path;
+  const onnx::ModelProto model =
+      onnx_import::parse_model(onnx_import::read_model_file(path), where);
+  std::set<std::string> initializers;
+  for (const onnx::TensorProto& t : model.graph().initializer()) initializers.insert(t.name());
+  std::vector<OnnxInputSpec> specs;
+  for (const onnx::ValueInfoProto& v : model.graph().input()) {
+    if (initializers.count(v.name())) continue;
+    OnnxInputSpec spec;
+    spec.name = v.name();
+    const onnx::TypeProto::Tensor& tt = v.type().tensor_type();
+    FUSEBOX_CHECK(v.type().has_tensor_type() && dtype_from_onnx(tt.elem_type(), &spec.dtype), where,
+                  "unsupported: graph input '", v.name(),
+                  "' is not a tensor of a supported "
+                  "element type");
+    spec.has_shape = tt.has_shape();
+    for (const auto& dim : tt.shape().dim()) {
+      spec.dims.push_back(dim.has_dim_value() ? std::optional<int64_t>(dim.dim_value())
+                                              : std::nullopt);
+      spec.dim_params.push_back(dim.has_dim_param() ? dim.dim_param() : std::string());
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 bool onnx_error_is_unsupported(const Error& e) {

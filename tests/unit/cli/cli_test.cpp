@@ -387,6 +387,38 @@ TEST_F(Cli, RunsABatchOfZero) {
   }
 }
 
+// An ONNX model whose batch is symbolic trains at --batch-size (16 without it), where a fixed
+// one needs its own; --shape still decides where it names the input.
+TEST_F(Cli, TrainSizesASymbolicBatch) {
+  onnx::ModelProto proto;
+  {
+    std::ifstream in(make_small_cnn(), std::ios::binary);
+    ASSERT_TRUE(proto.ParseFromIstream(&in));
+  }
+  onnx::GraphProto& graph = *proto.mutable_graph();
+  for (auto* values : {graph.mutable_input(), graph.mutable_output()})
+    for (onnx::ValueInfoProto& v : *values)
+      if (v.name() == "input" || v.name() == "logits")
+        v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
+            "batch");
+  const std::string model = path("small_cnn_any_batch.onnx");
+  {
+    std::ofstream out(model, std::ios::binary);
+    ASSERT_TRUE(proto.SerializeToOstream(&out));
+  }
+  const std::string common =
+      cat("train '", model, "' --synthetic --samples 12 --steps 2 --device cpu");
+  ToolResult r = tool(cat(common, " --batch-size 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "batch 3 from 12")) << r.out;
+  r = tool(common);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "batch 16 from 12")) << r.out;
+  r = tool(cat(common, " --batch-size 3 --shape input=4,3,8,8"));
+  ASSERT_EQ(r.exit_code, 2) << r.out << r.err;  // --shape fixed 4: --batch-size contradicts it
+  EXPECT_TRUE(contains(r.err, "fixed at 4")) << r.err;
+}
+
 TEST_F(Cli, MissingModelIsAnError) {
   const std::string model = path("nope.onnx");
   for (const char* sub : {"run", "inspect"}) {
