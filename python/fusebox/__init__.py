@@ -18,8 +18,10 @@ from ._core import (  # noqa: F401 (re-exported)
     Error,
     Executable,
     Model,
+    Loss,
     OutOfMemory,
     TensorSpec,
+    Trainer,
     __version__,
     cuda_available,
     zoo_models,
@@ -28,14 +30,14 @@ from . import _core
 from ._shapes import DynamicModel, ShapeCachedExecutable, SymbolicSpec
 
 # The classes as users name them (help(), repr of types, tracebacks).
-for _cls in (Executable, Model, TensorSpec):
+for _cls in (Executable, Loss, Model, TensorSpec, Trainer):
     _cls.__module__ = "fusebox"
 del _cls
 
 __all__ = [
-    "DynamicModel", "Error", "Executable", "Model", "OutOfMemory", "ShapeCachedExecutable",
-    "SymbolicSpec", "TensorSpec", "__version__", "cli_path", "compile", "cuda_available", "load",
-    "zoo_models",
+    "DynamicModel", "Error", "Executable", "Loss", "Model", "OutOfMemory",
+    "ShapeCachedExecutable", "SymbolicSpec", "TensorSpec", "Trainer", "__version__", "cli_path",
+    "compile", "cuda_available", "load", "zoo_models",
 ]
 
 

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "fusebox/runtime/executor.h"
+
 namespace fusebox::python {
 
 namespace {
@@ -46,7 +48,51 @@ void gather_strided(const std::byte* src, const int64_t* strides, const Shape& s
   }
 }
 
+// The DLPack device types fusebox meets, as a message names them.
+std::string device_str(int type, int id) {
+  switch (type) {
+    case nb::device::cpu::value:
+      return "the cpu";
+    case nb::device::cuda::value:
+      return cat("cuda:", id);
+    case nb::device::cuda_host::value:
+      return "the cpu (pinned)";
+    case nb::device::cuda_managed::value:
+      return cat("cuda:", id, " (managed memory)");
+    case nb::device::rocm::value:
+      return cat("rocm:", id);
+    case nb::device::metal::value:
+      return "metal";
+    default:
+      return cat("DLPack device type ", type);
+  }
+}
+
+bool host_readable(int type) {
+  return type == nb::device::cpu::value || type == nb::device::cuda_host::value;
+}
+
 }  // namespace
+
+void check_device(const InputArray& a, const std::string& input, Device device,
+                  const std::string& where) {
+  const int type = a.device_type();
+  if (device == Device::cpu) {
+    FUSEBOX_CHECK(host_readable(type), where, "input '", input, "' is on ",
+                  device_str(type, a.device_id()),
+                  " but it runs on the cpu: move it to the host first (torch: x.cpu()); fusebox "
+                  "does not copy between devices behind your back");
+    return;
+  }
+  FUSEBOX_CHECK(type == nb::device::cuda::value && a.device_id() == cuda_device(), where, "input '",
+                input, "' is on ", device_str(type, a.device_id()),
+                " but it runs on cuda:", cuda_device(),
+                ": move it there first (torch: x.cuda(), cupy: cupy.asarray(x)); fusebox does not "
+                "copy between devices behind your back");
+  FUSEBOX_CHECK(is_c_contiguous(a), where, "input '", input,
+                "' on cuda is not contiguous (row-major): make it so first (torch: "
+                "x.contiguous(), cupy: cupy.ascontiguousarray(x))");
+}
 
 InputArray import_array(nb::handle obj, const std::string& input, const std::string& where) {
   InputArray a;

@@ -42,6 +42,12 @@ bool is_c_contiguous(const InputArray& a);
 // f64[1, 3]" otherwise.
 void check_type(const InputArray& a, const TensorSpec& spec, const std::string& where);
 
+// Checks that `a` is where something running on `device` reads it: host memory for the CPU;
+// for CUDA, this process's GPU and C-contiguous. An Error naming `input` and how to move it
+// otherwise (nothing is copied between devices behind the caller's back).
+void check_device(const InputArray& a, const std::string& input, Device device,
+                  const std::string& where);
+
 // A host tensor of a CPU array: over the array's own memory when it is C-contiguous (the tensor
 // keeps the array alive, releasing it under the GIL), else a contiguous copy. Callable without
 // the GIL held (it takes it where it must).

@@ -20,30 +20,6 @@ std::string names_of(const std::vector<TensorSpec>& specs) {
   return names;
 }
 
-// The DLPack device types fusebox meets, as a message names them.
-std::string device_str(int type, int id) {
-  switch (type) {
-    case nb::device::cpu::value:
-      return "the cpu";
-    case nb::device::cuda::value:
-      return cat("cuda:", id);
-    case nb::device::cuda_host::value:
-      return "the cpu (pinned)";
-    case nb::device::cuda_managed::value:
-      return cat("cuda:", id, " (managed memory)");
-    case nb::device::rocm::value:
-      return cat("rocm:", id);
-    case nb::device::metal::value:
-      return "metal";
-    default:
-      return cat("DLPack device type ", type);
-  }
-}
-
-bool host_readable(int type) {
-  return type == nb::device::cpu::value || type == nb::device::cuda_host::value;
-}
-
 struct ByteRange {
   const std::byte* begin;
   const std::byte* end;
@@ -99,22 +75,7 @@ std::vector<InputArray> PyExecutable::gather_inputs(const nb::args& args,
 
 void PyExecutable::check_input(const InputArray& a, const TensorSpec& spec) const {
   check_type(a, spec, where_);
-  const int type = a.device_type();
-  if (device() == Device::cpu) {
-    FUSEBOX_CHECK(host_readable(type), where_, "input '", spec.name, "' is on ",
-                  device_str(type, a.device_id()),
-                  " but the executable runs on the cpu: move it to the host first (torch: "
-                  "x.cpu()); fusebox does not copy between devices behind your back");
-    return;
-  }
-  FUSEBOX_CHECK(type == nb::device::cuda::value && a.device_id() == cuda_device(), where_,
-                "input '", spec.name, "' is on ", device_str(type, a.device_id()),
-                " but the executable runs on cuda:", cuda_device(),
-                ": move it there first (torch: x.cuda(), cupy: cupy.asarray(x)); fusebox does not "
-                "copy between devices behind your back");
-  FUSEBOX_CHECK(is_c_contiguous(a), where_, "input '", spec.name,
-                "' on cuda is not contiguous (row-major): make it so first (torch: "
-                "x.contiguous(), cupy: cupy.ascontiguousarray(x))");
+  check_device(a, spec.name, device(), where_);
 }
 
 nb::tuple PyExecutable::call(nb::args args, nb::kwargs kwargs) {

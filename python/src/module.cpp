@@ -16,6 +16,7 @@
 #include "fusebox/ir/ops.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/zoo.h"
+#include "trainer.h"
 
 namespace fusebox::python {
 
@@ -320,6 +321,61 @@ it compiles. Returns a fusebox.Executable.)");
       "An ONNX file's graph inputs as it declares them, before any import: [{'name', 'dtype', "
       "'shape' (a tuple, None for a symbolic or unknown extent; None for no shape at all), "
       "'dim_params' (the symbols, '' where none)}].");
+  nb::class_<PendingLoss>(m, "Loss",
+                          "A training step's loss, on its way: float(loss) or loss.item() waits "
+                          "for the step (and raises fusebox.Error for a step whose data was bad).")
+      .def("item", &PendingLoss::item, "The loss (waits for the step).")
+      .def("__float__", &PendingLoss::item)
+      .def_prop_ro("ready", &PendingLoss::ready, "Whether the step is done (never waits).")
+      .def("__repr__", [](PendingLoss& l) {
+        return l.ready() ? cat("Loss(", l.item(), ")") : std::string("Loss(pending)");
+      });
+
+  nb::class_<PyTrainer>(m, "Trainer",
+                        "Trains a model (fusebox/train/session.h) on batches from any data "
+                        "loader: trainer.step(x, y) per batch.")
+      .def(
+          "__init__",
+          [](PyTrainer* self, const Model& model, const std::string& optimizer,
+             std::optional<double> lr, double momentum, std::optional<double> weight_decay,
+             const std::string& device, const std::string& precision) {
+            new (self)
+                PyTrainer(model.graph, optimizer, lr, momentum, weight_decay, device, precision);
+          },
+          "model"_a, nb::kw_only(), "optimizer"_a = "sgd", "lr"_a = nb::none(), "momentum"_a = 0.9,
+          "weight_decay"_a = nb::none(), "device"_a = "cpu", "precision"_a = "f32",
+          R"(A training session for `model` (a fusebox.Model of one input and one output of logits:
+images [N, C, H, W] -> [N, classes] or [N, classes, H, W], token ids [N, T] -> [N, vocab, T])
+with the cross-entropy loss. optimizer: "sgd" (lr 0.05, momentum 0.9, weight_decay 0 by default)
+or "adamw" (lr 1e-3, weight_decay 0.01). device: "cpu" or "cuda"; precision: "f32", "tf32",
+"bf16" or "f16" (f16 scales the loss). The batch size is the model's: load an ONNX file with
+shapes= for another.)")
+      .def("step", &PyTrainer::step, "x"_a, "y"_a,
+           "One optimizer step on a batch: x the model's input, y the labels (i64), each of "
+           "exactly trainer.batch's dtype and shape, on the trainer's device (CPU: read in place "
+           "where C-contiguous; CUDA: one device copy). Returns a fusebox.Loss at once.")
+      .def("predict", &PyTrainer::predict, "x"_a,
+           "The model's outputs on x (a host array) in eval form (batch norms with their running "
+           "statistics), as a tuple of numpy arrays.")
+      .def("state_dict", &PyTrainer::state_dict,
+           "Parameters and buffers (running statistics) by the model's names, as numpy copies.")
+      .def("load_state_dict", &PyTrainer::load_state_dict, "state"_a, "strict"_a = true,
+           "Takes parameters and buffers by name (host arrays of the same dtypes and shapes; "
+           "strict: all of them and no other). The optimizer state stays. On error nothing "
+           "changes.")
+      .def("save", &PyTrainer::save, "path"_a, "Writes a checkpoint (.npz): the whole state.")
+      .def("load", &PyTrainer::load, "path"_a,
+           "Takes the state of a checkpoint of this model and optimizer.")
+      .def("export", &PyTrainer::export_onnx, "path"_a,
+           "Writes the trained model as ONNX (batch norms in inference form).")
+      .def_prop_ro("steps", &PyTrainer::step_count, "Optimizer steps taken.")
+      .def_prop_rw("lr", &PyTrainer::lr, &PyTrainer::set_lr, "The learning rate (settable).")
+      .def_prop_ro(
+          "batch", [](const PyTrainer& t) { return t.batch(); },
+          "What a step takes: the model's input, then the labels (list of TensorSpec).")
+      .def_prop_ro("device",
+                   [](const PyTrainer& t) { return std::string(device_name(t.device())); });
+
   m.def("zoo_models", &zoo_models, "The names fusebox.load takes as zoo models.");
   m.def("cuda_available", &cuda_available,
         "Whether a CUDA GPU is usable (and the CUDA backend built).");
