@@ -23,6 +23,7 @@
 #include "fusebox/train/checkpoint.h"
 #include "fusebox/train/data.h"
 #include "fusebox/train/data_parallel.h"
+#include "fusebox/train/evaluate.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
 #include "stop_signals.h"
@@ -51,6 +52,7 @@ struct TrainArgs {
   int64_t num_classes = 10;
   int64_t seq_len = 0;
   std::string data;
+  std::string eval_data;  // --eval-data: a held-out set evaluated each epoch
   bool synthetic = false;
   int64_t samples = 64;
   bool shuffle = false;
@@ -208,10 +210,11 @@ std::map<std::string, std::string> run_signature(const TrainArgs& args) {
   std::map<std::string, std::string> sig;
   sig["model"] = args.model;
   for (const char* option :
-       {"--optimizer",   "--lr",        "--momentum",  "--weight-decay", "--batch-size",
-        "--steps",       "--precision", "--seed",      "--resume",       "--image-size",
-        "--num-classes", "--seq-len",   "--data",      "--synthetic",    "--samples",
-        "--shuffle",     "--shape",     "--bucket-mb", "--reduce-dtype", "--sync-bn"}) {
+       {"--optimizer",   "--lr",        "--momentum", "--weight-decay", "--batch-size",
+        "--steps",       "--precision", "--seed",     "--resume",       "--image-size",
+        "--num-classes", "--seq-len",   "--data",     "--eval-data",    "--synthetic",
+        "--samples",     "--shuffle",   "--shape",    "--bucket-mb",    "--reduce-dtype",
+        "--sync-bn"}) {
     const CLI::Option* o = args.app->get_option_no_throw(option);
     if (o != nullptr && o->count() > 0) sig[option] = o->as<std::string>();
   }
@@ -285,6 +288,8 @@ int train(const TrainArgs& args) {
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
   std::optional<Dataset> data;
   if (!args.data.empty()) data = load_dataset(args.data);
+  std::optional<Dataset> eval_data;
+  if (!args.eval_data.empty()) eval_data = load_dataset(args.eval_data);
 
   Model model = load_model(args, data ? &*data : nullptr);
   const Graph& g = model.graph;
@@ -330,6 +335,8 @@ int train(const TrainArgs& args) {
   } else {
     check_dataset(*data, sample, label_shape, classes, "data: " + args.data);
   }
+  if (eval_data)
+    check_dataset(*eval_data, sample, label_shape, classes, "eval data: " + args.eval_data);
   const char* unit = tokens ? "sequences" : "images";
   BatchSampler batches(*data, batch, args.shuffle, args.seed);
 
@@ -424,6 +431,23 @@ int train(const TrainArgs& args) {
     }
   };
   if (!stop_signals) stop_signals.emplace();
+  // --eval-data: after every epoch (a pass over the training set: ceil(N / (batch x ranks))
+  // steps) and after the last step, rank 0 evaluates the model in eval form.
+  const int64_t steps_per_epoch = (data->size() + batch * world - 1) / (batch * world);
+  int64_t evaluated_at = -1;
+  auto run_eval = [&] {
+    const int64_t step = session.step_count();
+    if (!eval_data || rank != 0 || step == evaluated_at) return;
+    report(true);
+    const EvalResult e = evaluate(session, *eval_data, input.name, logits.name, batch,
+                                  "eval data: " + args.eval_data);
+    evaluated_at = step;
+    const int64_t k = std::min<int64_t>(5, classes);
+    out << "eval  epoch " << fixed(double(step) / double(steps_per_epoch), 2) << " (step " << step
+        << "): loss " << fixed(e.loss, 4) << "  top-1 " << fixed(100 * e.top1, 2) << "%  top-" << k
+        << " " << fixed(100 * e.top5, 2) << "%  (" << e.samples << " " << unit
+        << (e.positions != e.samples ? cat(", ", e.positions, " positions") : "") << ")\n";
+  };
   auto take_step = [&] {
     const int64_t taking = session.step_count() + 1;  // the step being queued
     const int64_t index = shard_batch_index(session.step_count(), rank, world);
@@ -440,6 +464,7 @@ int train(const TrainArgs& args) {
       report(true);  // a checkpoint only of steps known to be good
       if (rank == 0) session.save(args.checkpoint);
     }
+    if (step % steps_per_epoch == 0) run_eval();
   };
   while (session.step_count() < last && stop_signal() == 0) take_step();
   // Data parallel: the launcher forwarded the signal to every rank; they stop after one step
@@ -478,6 +503,7 @@ int train(const TrainArgs& args) {
     check_parameters_agree(*parallel, session);
     out << "  parameters identical on all " << world << " ranks (bit for bit)\n";
   }
+  run_eval();  // the last step's, unless it ended an epoch
   if (!args.checkpoint.empty() && rank == 0) {
     session.save(args.checkpoint);
     out << "wrote checkpoint " << args.checkpoint << " (step " << session.step_count() << ")\n";
@@ -561,6 +587,12 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--data", args->data,
                   "Arrays x: float [N, C, H, W] and y: integer [N] or [N, H, W]; or x: token ids "
                   "[N, T] and y: next tokens [N, T]")
+      ->type_name("FILE.npz");
+  app->add_option("--eval-data", args->eval_data,
+                  "A held-out set in --data's form: after every epoch (a pass over the training "
+                  "set) and after the last step, the model in eval form (batch norms with their "
+                  "running statistics) on it: loss, top-1 and top-5 accuracy (per pixel or "
+                  "token for such models)")
       ->type_name("FILE.npz");
   app->add_flag("--synthetic", args->synthetic,
                 "A fixed, seeded, learnable set: images (class patterns plus noise), per-pixel "

@@ -307,6 +307,34 @@ TEST_F(CliTrain, ExportWritesTheTrainedModel) {
   EXPECT_EQ(bad.out, "");
 }
 
+// --eval-data: after each epoch (32 samples at batch 8: every 4 steps) and after the last step,
+// the loss and the top-1 / top-5 accuracy on the held-out set, every sample counted; a set that
+// does not fit the model is an error before training.
+TEST_F(CliTrain, EvalDataIsEvaluatedEachEpoch) {
+  const Dataset val = synthetic_dataset(20, 3, 8, 10, 9);
+  write_npz(path("val.npz"), {{"x", val.x}, {"y", val.y}});
+  const ToolResult r = train(cat(kSmall, " --steps 10 --eval-data '", path("val.npz"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* line : {"eval  epoch 1.00 (step 4): loss ", "eval  epoch 2.00 (step 8): loss ",
+                           "eval  epoch 2.50 (step 10): loss "})
+    EXPECT_TRUE(contains(r.out, line)) << line << " in " << r.out;
+  EXPECT_TRUE(contains(r.out, "%  (20 images)")) << r.out;
+  const std::regex accuracy("top-1 ([0-9.]+)%  top-5 ([0-9.]+)%");
+  int lines = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), accuracy), end; it != end; ++it) {
+    EXPECT_LE(std::stod((*it)[1]), std::stod((*it)[2])) << it->str();
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+
+  const Dataset wrong = synthetic_dataset(4, 3, 16, 10, 9);  // 16x16 images for an 8x8 model
+  write_npz(path("wrong.npz"), {{"x", wrong.x}, {"y", wrong.y}});
+  const ToolResult bad = train(cat(kSmall, " --steps 1 --eval-data '", path("wrong.npz"), "'"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(contains(bad.err, cat("[eval data: ", path("wrong.npz"), "]"))) << bad.err;
+  EXPECT_FALSE(contains(bad.out, "loss")) << bad.out;
+}
+
 TEST_F(CliTrain, ResumedStepCountsThatCannotContinueAreRefused) {
   ASSERT_EQ(train(cat(kSmall, " --steps 1 --checkpoint '", path("s.npz"), "'")).exit_code, 0);
   std::map<std::string, Tensor> arrays = read_npz(path("s.npz"));

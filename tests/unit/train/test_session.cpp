@@ -5,6 +5,7 @@
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/runtime/executor.h"
+#include "fusebox/train/evaluate.h"
 #include "train_test_util.h"
 
 namespace fusebox::testing {
@@ -226,6 +227,50 @@ TEST(TrainSession, TrainedModelPredictsAsTheSession) {
       "small_cnn", {.batch = 4, .image_size = 8, .num_classes = 7, .training = true});
   const std::string m = error_message([&] { session.trained_model(other); });
   EXPECT_NE(m.find("its new value"), std::string::npos) << m;
+}
+
+// evaluate: every sample of a set that is not a multiple of the batch counted once (the last
+// batch completed with the first samples, not counted), against argmax and log-softmax
+// computed here from predict's logits.
+TEST(TrainSession, EvaluateCountsEverySampleOnce) {
+  const Graph model = small_cnn(4, 8);
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9});
+  const Dataset data = synthetic_dataset(10, 3, 8, 10, 21);
+  for (int64_t i = 0; i < 3; ++i) {
+    const BatchSampler train(data, 4, false, 0);
+    auto [x, y] = train.batch(i);
+    session.step({{"input", x}, {"labels", y}});
+  }
+  const EvalResult e = evaluate(session, data, "input", "logits", 4, "test");
+  EXPECT_EQ(e.samples, 10);
+  EXPECT_EQ(e.positions, 10);
+  double loss = 0;
+  int64_t top1 = 0;
+  for (int64_t first = 0; first < 10; first += 4) {
+    Tensor x = Tensor::empty(DType::f32, {4, 3, 8, 8});
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t j = 0; j < 192; ++j)
+        x.set(r * 192 + j, data.x.get(((first + r) % 10) * 192 + j));
+    const Tensor logits = session.predict({{"input", x}}).at("logits");
+    for (int64_t r = 0; r < 4 && first + r < 10; ++r) {
+      const int64_t label = int64_t(data.y.get(first + r));
+      double m = -INFINITY, sum = 0;
+      int64_t best = 0;
+      for (int64_t c = 0; c < 10; ++c) {
+        m = std::max(m, logits.get(r * 10 + c));
+        if (logits.get(r * 10 + c) > logits.get(r * 10 + best)) best = c;
+      }
+      for (int64_t c = 0; c < 10; ++c) sum += std::exp(logits.get(r * 10 + c) - m);
+      loss += -(logits.get(r * 10 + label) - m - std::log(sum));
+      top1 += best == label;
+    }
+  }
+  EXPECT_NEAR(e.loss, loss / 10, 1e-9);
+  EXPECT_DOUBLE_EQ(e.top1, double(top1) / 10);
+  EXPECT_GE(e.top5, e.top1);
+  EXPECT_LE(e.top5, 1.0);
+  const std::string m = error_message([&] { evaluate(session, data, "input", "nope", 4, "t"); });
+  EXPECT_NE(m.find("the model has no output 'nope'"), std::string::npos) << m;
 }
 
 // The small U-Net learns a per-pixel rule (class 1 where input channel 0 is positive): the
