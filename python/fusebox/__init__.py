@@ -41,15 +41,16 @@ __all__ = [
 ]
 
 
-def load(source, *, shapes=None, batch=None, image_size=None, num_classes=None, seed=None):
+def load(source, *, shapes=None, batch=None, image_size=None, num_classes=None, seed=None,
+         training=False):
     path = _os.fspath(source) if isinstance(source, _os.PathLike) else source
     zoo = {"batch": batch, "image_size": image_size, "num_classes": num_classes, "seed": seed}
-    if (shapes is None and all(v is None for v in zoo.values()) and isinstance(path, str)
-            and _os.path.isfile(path)):
+    if (shapes is None and not training and all(v is None for v in zoo.values())
+            and isinstance(path, str) and _os.path.isfile(path)):
         specs = _core.onnx_inputs(path)
         if any(s["shape"] is None or None in s["shape"] for s in specs):
             return DynamicModel(path, specs)
-    return _core.load(path, shapes=shapes, **zoo)
+    return _core.load(path, shapes=shapes, training=training, **zoo)
 
 
 load.__doc__ = (_core.load.__doc__ or "") + (

@@ -53,7 +53,7 @@ void raise_error(PyObject* type, const Error& e) {
 
 Model load(const std::string& source, std::optional<std::map<std::string, Shape>> shapes,
            std::optional<int64_t> batch, std::optional<int64_t> image_size,
-           std::optional<int64_t> num_classes, std::optional<uint64_t> seed) {
+           std::optional<int64_t> num_classes, std::optional<uint64_t> seed, bool training) {
   const std::string where = "fusebox.load";
   const std::vector<std::string> zoo = zoo_models();
   const bool is_zoo =
@@ -76,6 +76,7 @@ Model load(const std::string& source, std::optional<std::map<std::string, Shape>
                 "); '", source, "' is not one (for an ONNX file give shapes=)");
   OnnxImportOptions opts;
   if (shapes) opts.input_shapes = *shapes;
+  opts.keep_parameter_transforms = training;
   // The importer refuses a shape for a name that is not an input.
   return {std::make_shared<const Graph>(import_onnx_file(source, opts))};
 }
@@ -224,12 +225,14 @@ NB_MODULE(_core, m) {
 
   m.def("load", &python::load, "source"_a, nb::kw_only(), "shapes"_a = nb::none(),
         "batch"_a = nb::none(), "image_size"_a = nb::none(), "num_classes"_a = nb::none(),
-        "seed"_a = nb::none(),
+        "seed"_a = nb::none(), "training"_a = false,
         R"(Loads a model: an ONNX file, or the name of a zoo model (fusebox.zoo_models()).
 
 ONNX files: shapes={"input": [1, 3, 224, 224]} fixes inputs whose dims are symbolic (a name that
-is not an input is an error). Zoo models: batch, image_size, num_classes and seed (seeded random
-weights). Returns a fusebox.Model; errors are fusebox.Error naming the file and node.)");
+is not an input is an error); training=True keeps each weight the initializer it is (a
+transposed Linear weight, a tied embedding stay one parameter under their own names) for a
+fusebox.Trainer. Zoo models: batch, image_size, num_classes and seed (seeded random weights).
+Returns a fusebox.Model; errors are fusebox.Error naming the file and node.)");
 
   nb::class_<PyExecutable>(m, "Executable",
                            "A compiled model (fusebox.compile). Call it on arrays: exe(*arrays) "

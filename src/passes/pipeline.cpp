@@ -120,6 +120,7 @@ Pipeline training_forward_pipeline(Precision precision) {
               pass("recognize_gelu", recognize_gelu),
               // Before mixed precision, as for inference.
               pass("form_linears", form_linears),
+              pass("fold_gemm_transposes", fold_gemm_transposes),
               // Products whose columns leave cuBLASLt only slow kernels: padded, so that
               // autodiff derives aligned products (passes/simplify.h).
               pad_columns(),

@@ -90,3 +90,15 @@ def test_bad_batches_are_errors(batch):
     with pytest.raises(fusebox.Error, match=r"label 99 at position \[3\] is outside \[0, 10\)"):
         float(t.step(x, np.array([1, 2, 3, 99])))
     assert t.steps == 0
+
+
+def test_onnx_loaded_for_training_keeps_tied_weights_one(tmp_path):
+    # The zoo decoder's head is tied to its embedding (an exported Transpose of it): loaded for
+    # training, one parameter under the embedding's name; the inference import folds the
+    # transpose into a constant of its own, which would train untied.
+    path = str(tmp_path / "decoder.onnx")
+    fusebox.load("gpt2_test", batch=2).save(path)
+    tied = fusebox.Trainer(fusebox.load(path, training=True), optimizer="adamw").state_dict()
+    untied = fusebox.Trainer(fusebox.load(path), optimizer="adamw").state_dict()
+    assert "transformer.wte.weight" in tied
+    assert len(untied) == len(tied) + 1

@@ -96,7 +96,7 @@ Graph load_model(const BenchArgs& args, bool training) {
                               .image_size = args.image_size,
                               .num_classes = args.num_classes,
                               .training = training},
-                             args.given("--image-size") || args.given("--num-classes"));
+                             args.given("--image-size") || args.given("--num-classes"), training);
 }
 
 // Runs `steps` steps through `step` (which queues one and returns its result's handle).

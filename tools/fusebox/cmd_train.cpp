@@ -121,7 +121,8 @@ Model load_model(const TrainArgs& args, const Dataset* data) {
   if (tokens && !args.given("--seq-len")) opts.sequence_length = data->x.dim(-1);
   Graph g = load_model_argument(
       args.model, with_batch(args.model, args.shapes, args.batch_size), opts,
-      args.given("--image-size") || args.given("--num-classes") || args.given("--seq-len"));
+      args.given("--image-size") || args.given("--num-classes") || args.given("--seq-len"),
+      /*training=*/true);
   if (is_onnx_path(args.model)) return {std::move(g), args.model};
   const Value& in = g.value(g.inputs().at(0));
   if (is_integer(in.type.dtype))

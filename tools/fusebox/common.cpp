@@ -25,12 +25,13 @@ bool is_onnx_path(const std::string& model) {
 }
 
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
-                          const ZooOptions& zoo, bool zoo_options_given) {
+                          const ZooOptions& zoo, bool zoo_options_given, bool training) {
   if (is_onnx_path(model)) {
     if (zoo_options_given)
       throw UsageError("--image-size, --num-classes and --seq-len apply to zoo models only");
     OnnxImportOptions opts;
     opts.input_shapes = parse_shape_specs(shapes);
+    opts.keep_parameter_transforms = training;
     return import_onnx_file(model, opts);
   }
   if (!shapes.empty()) throw UsageError("--shape applies to ONNX models only");

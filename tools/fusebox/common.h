@@ -42,11 +42,12 @@ struct UsageError : CLI::ParseError {
 
 // Whether a MODEL argument names an ONNX file (".onnx", or a path) rather than a zoo model.
 bool is_onnx_path(const std::string& model);
-// The MODEL argument's graph: the ONNX file imported with the --shape specs, or the zoo
-// model built with `zoo`. Usage errors for options of the other kind: --shape for a zoo
-// model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
+// The MODEL argument's graph: the ONNX file imported with the --shape specs (for `training`,
+// keeping the initializers' transforms as nodes: OnnxImportOptions::keep_parameter_transforms),
+// or the zoo model built with `zoo`. Usage errors for options of the other kind: --shape for a
+// zoo model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
-                          const ZooOptions& zoo, bool zoo_options_given);
+                          const ZooOptions& zoo, bool zoo_options_given, bool training = false);
 // `shapes` (--shape NAME=DIMS specs) and, where `model` is an ONNX file whose first input has a
 // symbolic batch (dim 0) that `shapes` does not fix, that input with `batch` rows (its other
 // extents as the file gives them; another symbolic one still needs --shape).

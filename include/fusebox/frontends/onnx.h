@@ -37,6 +37,14 @@ struct OnnxImportOptions {
   std::map<std::string, Tensor> constant_inputs;
   // Concrete shapes for inputs whose ONNX shape has symbolic or unknown dims.
   std::map<std::string, Shape> input_shapes;
+  // For training: a Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Cast, Identity, Gather or
+  // Slice whose data input is a float initializer stays a node reading that initializer,
+  // instead of being evaluated at import into a new constant. Folded, an exporter's transposed
+  // Linear weight (PyTorch writes MatMul(x, Transpose(W))) would be trained as a parameter named
+  // after the Transpose's output, a position embedding gathered at constant positions as the
+  // rows gathered, and a weight read through two paths (GPT-2's embedding and its tied LM head)
+  // as two untied parameters; kept, each parameter is its initializer, under its own name.
+  bool keep_parameter_transforms = false;
   // When set, filled with what the import folded (`fusebox inspect` prints it).
   OnnxImportReport* report = nullptr;
 };

@@ -56,6 +56,15 @@ size_t hoist_narrowing_casts(Graph& g, FusionLog* log = nullptr);
 // one gelu (both forms have a gradient rule). Returns the number of GELUs formed.
 size_t recognize_gelu(Graph& g, FusionLog* log = nullptr);
 
+// fold_gemm_transposes: a gemm operand made by a 2-D transpose that the gemm alone reads (and
+// that is not a graph output) becomes the transpose's input, the gemm's trans_a / trans_b
+// flipped: exact (cuBLASLt reads either layout). Why: a model imported for training keeps an
+// exporter's Transpose of each Linear weight as a node (OnnxImportOptions::
+// keep_parameter_transforms), which would otherwise copy every weight each step, and its
+// gradient's transpose back. Training forward pipeline, after form_linears. Returns the number
+// of transposes folded.
+size_t fold_gemm_transposes(Graph& g, FusionLog* log = nullptr);
+
 // pad_product_columns: a matmul of rows [.., K] by a 2-D weight [K, N] whose N is not a
 // multiple of 8 becomes, where its flops pay for the copies (PadColumnsThresholds):
 //   rows = reshape(x, [M, K]); y' = matmul(rows, pad(w, N -> N')) [M, N'];

@@ -117,6 +117,8 @@ struct Binding {
   std::string origin;     // for messages: "graph input", "initializer", "node 'n' (Op)"
 };
 
+constexpr const char* kInitializer = "an initializer";
+
 class Loader {
  public:
   Loader(const onnx::ModelProto& model, std::string where, std::string base_dir,
@@ -196,7 +198,7 @@ class Loader {
             p.name(),
             "' is stored as external data, which needs the model's file (use import_onnx_file)");
       Tensor t = tensor_from_proto(p, where_, base_dir_);
-      values_[p.name()] = Binding{{t.dtype(), t.shape()}, t, kNoValue, "an initializer"};
+      values_[p.name()] = Binding{{t.dtype(), t.shape()}, t, kNoValue, kInitializer};
     }
   }
 
@@ -297,6 +299,19 @@ class Loader {
     return b.id;
   }
 
+  // Whether `node` is a layout or dtype transform of a float initializer
+  // (OnnxImportOptions::keep_parameter_transforms).
+  bool transforms_parameter(const onnx::NodeProto& node) const {
+    static const std::set<std::string> transforms = {"Transpose", "Reshape",   "Flatten",
+                                                     "Squeeze",   "Unsqueeze", "Cast",
+                                                     "Identity",  "Gather",    "Slice"};
+    if (!node.domain().empty() || !transforms.count(node.op_type()) || node.input_size() == 0)
+      return false;
+    const auto it = values_.find(node.input(0));
+    return it != values_.end() && it->second.origin == kInitializer &&
+           is_floating(it->second.type.dtype) && it->second.constant.numel() > 1;
+  }
+
   std::string fresh_name(const std::string& base) const {
     for (int k = 1;; ++k) {
       std::string c = cat(base, "_", k);
@@ -386,6 +401,8 @@ class Loader {
       all_known = all_known && ni.constant != nullptr;
     }
 
+    if (all_known && opts_.keep_parameter_transforms && transforms_parameter(node))
+      all_known = false;
     if (all_known) {
       std::vector<Tensor> known = fold_node(*spec, node, where_, name, opset_, inputs);
       for (int i = 0; i < n_out; ++i) {

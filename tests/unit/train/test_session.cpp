@@ -202,6 +202,38 @@ TEST(TrainSession, DecoderAttentionFusesInTheTrainingStep) {
   }
 }
 
+// An ONNX import for training (keep_parameter_transforms) keeps each weight the initializer it
+// is: the zoo decoder's head tied to its embedding (logits = h wte^T, exported as a Transpose of
+// the embedding) trains as one parameter under its own name, step for step as the zoo graph
+// trains; folded at import (inference's default) the transposed copy would be a second,
+// untied parameter.
+TEST(TrainSession, ImportForTrainingKeepsTiedWeightsOne) {
+  const Graph zoo = build_zoo_model("gpt2_test", {.batch = 2, .seed = 2, .sequence_length = 16});
+  const std::string bytes = export_onnx_bytes(zoo);
+  OnnxImportOptions keep;
+  keep.keep_parameter_transforms = true;
+  const Graph kept = import_onnx_bytes(bytes, "gpt2_test.onnx", keep);
+  const Graph folded = import_onnx_bytes(bytes, "gpt2_test.onnx");
+  const AdamWOptions adamw{.lr = 3e-3, .weight_decay = 0};
+  TrainingSession from_zoo(zoo, LossSpec{}, adamw), from_kept(kept, LossSpec{}, adamw),
+      from_folded(folded, LossSpec{}, adamw);
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(from_kept.parameter_names()), sorted(from_zoo.parameter_names()));
+  EXPECT_EQ(from_folded.parameter_names().size(), from_zoo.parameter_names().size() + 1);
+  BatchSampler sampler(synthetic_token_dataset(8, 16, 128, 3), 2, false, 0);
+  for (int64_t i = 0; i < 4; ++i) {
+    const NamedTensors batch = zoo_batch(sampler, i);
+    EXPECT_NEAR(from_kept.step(batch), from_zoo.step(batch), 1e-5) << "step " << i;
+  }
+  const std::string wte = "transformer.wte.weight";
+  // (AdamW divides by the gradients' own size: rounding-level differences in the two graphs'
+  // sums show at that level in a few elements.)
+  EXPECT_TRUE(all_close(from_kept.parameters().at(wte), from_zoo.parameters().at(wte), 1e-3, 1e-5));
+}
+
 // trained_model: the model with the session's weights and running statistics, batch norms in
 // inference form; imported back from its ONNX export it predicts what the session predicts.
 TEST(TrainSession, TrainedModelPredictsAsTheSession) {
