@@ -112,13 +112,15 @@ std::optional<DistEnv> fusebox_env() {
 // torchrun, mpirun or srun, the first whose variables are set; nullopt for none.
 std::optional<DistEnv> launcher_env() {
   DistEnv e;
-  if (env("RANK") || env("WORLD_SIZE")) {
+  // torchrun and mpirun set both of their rank variables; one alone (a generic RANK of some
+  // other tool) is not theirs.
+  if (env("RANK") && env("WORLD_SIZE")) {
     read_rank({"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"}, e);
     if (e.world_size == 1) return std::nullopt;
     read_master(e);
     return e;
   }
-  if (env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE")) {
+  if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
     read_rank(
         {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
         e);

@@ -36,8 +36,9 @@ struct DistEnv {
   //     else the step's first node (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST), MASTER_PORT
   //     else 20000 + (31 * SLURM_JOB_ID + SLURM_STEP_ID) % 20000.
   // FUSEBOX_LOCAL_RANK, when set, overrides every launcher's local rank; FUSEBOX_DIST_TIMEOUT
-  // (seconds) the timeout. nullopt: none of them set, or a world of 1 under torchrun, mpirun
-  // or srun (a single process). An Error naming the variable when a launcher's set is
+  // (seconds) the timeout. nullopt: none of them set (a launcher counts when both its rank and
+  // world variables are), or a world of 1 under torchrun, mpirun or srun (a single process). An
+  // Error naming the variable when the FUSEBOX_* set or a launcher's master address is
   // incomplete, or a value is not a number or out of range.
   static std::optional<DistEnv> from_env();
 };
