@@ -28,6 +28,7 @@ from ._core import (  # noqa: F401 (re-exported)
 )
 from . import _core
 from ._shapes import DynamicModel, ShapeCachedExecutable, SymbolicSpec
+from ._torch import from_torch
 
 # The classes as users name them (help(), repr of types, tracebacks).
 for _cls in (Executable, Loss, Model, TensorSpec, Trainer):
@@ -37,7 +38,7 @@ del _cls
 __all__ = [
     "DynamicModel", "Error", "Executable", "Loss", "Model", "OutOfMemory",
     "ShapeCachedExecutable", "SymbolicSpec", "TensorSpec", "Trainer", "__version__", "cli_path",
-    "compile", "cuda_available", "load", "zoo_models",
+    "compile", "cuda_available", "from_torch", "load", "zoo_models",
 ]
 
 
