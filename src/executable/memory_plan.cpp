@@ -43,15 +43,21 @@ struct Interval {
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
-                       bool reuse, const std::vector<ValueId>& same_bytes) {
+                       bool reuse, const std::vector<ValueId>& same_bytes,
+                       const std::vector<size_t>& view_offset) {
   const size_t count = g.values().size();
   MemoryPlan plan;
   plan.offset.assign(count, MemoryPlan::kNotPlanned);
-  // Each value's root: the value whose bytes it is, through chains of views.
+  // Each value's root: the value whose bytes it is, through chains of views, and where in the
+  // root's bytes it starts.
   std::vector<ValueId> root(count);
+  std::vector<size_t> into_root(count, 0);
   for (size_t v = 0; v < count; ++v) {
     ValueId r = ValueId(v);
-    while (!same_bytes.empty() && same_bytes[size_t(r)] != kNoValue) r = same_bytes[size_t(r)];
+    while (!same_bytes.empty() && same_bytes[size_t(r)] != kNoValue) {
+      if (!view_offset.empty()) into_root[v] += view_offset[size_t(r)];
+      r = same_bytes[size_t(r)];
+    }
     root[v] = r;
   }
   std::vector<ValueId> values;  // the roots: placed
@@ -64,8 +70,9 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
   }
   for (size_t v = 0; v < count; ++v) {  // a root lives as long as its views
     if (bytes[v] == 0 || root[v] == ValueId(v)) continue;
-    FUSEBOX_CHECK(bytes[size_t(root[v])] >= bytes[v], "plan_memory", "value ", v,
-                  " is a view of value ", root[v], ", which is not planned or smaller");
+    FUSEBOX_CHECK(bytes[size_t(root[v])] >= into_root[v] + bytes[v], "plan_memory", "value ", v,
+                  " is a view of value ", root[v], " at byte ", into_root[v],
+                  ", which is not planned or smaller");
     Interval& r = when[size_t(root[v])];
     r.begin = std::min(r.begin, life.first[v]);
     r.end = std::max({r.end, life.first[v], life.last[v]});
@@ -106,7 +113,8 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
   }
 
   for (size_t v = 0; v < count; ++v)
-    if (bytes[v] > 0 && root[v] != ValueId(v)) plan.offset[v] = plan.offset[size_t(root[v])];
+    if (bytes[v] > 0 && root[v] != ValueId(v))
+      plan.offset[v] = plan.offset[size_t(root[v])] + into_root[v];
 
   // The lower bound: bytes live at each node.
   std::vector<size_t> live(g.nodes().size() + 1, 0);

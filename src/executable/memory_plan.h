@@ -59,10 +59,12 @@ std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vect
 // Plans the values with bytes[v] > 0 (the caller gives 0 for inputs, constants, outputs and
 // anything else kept outside the arena). With reuse false, every value gets bytes of its own.
 // Views: same_bytes[v] names a planned value whose bytes v is (a reshape's output is its
-// input's bytes under another shape; kNoValue: none; an empty vector: no views). A value and
-// its views are placed once, living from the first one's writer to the last one's last reader;
-// unshared_bytes and peak_live_bytes count them once.
+// input's bytes under another shape; kNoValue: none; an empty vector: no views), starting
+// view_offset[v] bytes into them (a slice that is one block of its input; empty: 0 for all).
+// A value and its views are placed once, living from the first one's writer to the last one's
+// last reader; unshared_bytes and peak_live_bytes count them once.
 MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
-                       bool reuse, const std::vector<ValueId>& same_bytes = {});
+                       bool reuse, const std::vector<ValueId>& same_bytes = {},
+                       const std::vector<size_t>& view_offset = {});
 
 }  // namespace fusebox::runtime

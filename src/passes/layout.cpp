@@ -222,8 +222,13 @@ std::string copy_reason(const Graph& g, const LayoutPlan& plan, const Node& n) {
         return "";
       return cat("its output's order (", to, ") is not its input's (", from,
                  ") bytes permuted: a strided copy");
-    case OpKind::slice:
-      return "its readers take no offset view: a strided copy";
+    case OpKind::slice: {
+      const std::optional<size_t> offset = block_slice_offset(g, n);
+      if (plan.of(in) == MemoryFormat::contiguous && plan.of(out) == MemoryFormat::contiguous &&
+          offset && *offset % kBlockSliceAlignment == 0)
+        return "";
+      return "not one aligned block of its contiguous input: a strided copy";
+    }
     case OpKind::concat:
       return "each input is copied into its slab (producers do not write into it)";
     case OpKind::pad:
@@ -277,6 +282,37 @@ std::string describe_copies(const std::vector<LayoutCopy>& copies, size_t max_li
     os << "  " << copies[i].what << ": " << copies[i].reason << "\n";
   if (copies.size() > max_lines) os << "  ... " << copies.size() - max_lines << " more\n";
   return os.str();
+}
+
+std::optional<size_t> block_slice_offset(const Graph& g, const Node& slice) {
+  if (slice.op != OpKind::slice) return std::nullopt;
+  const auto& a = std::get<SliceAttrs>(slice.attrs);
+  const TensorType& in = g.value(slice.inputs[0]).type;
+  const Shape& out = g.value(slice.outputs[0]).type.shape;
+  if (!a.normalized || out.size() != in.shape.size()) return std::nullopt;
+  std::vector<int64_t> start(in.shape.size(), 0);
+  for (size_t k = 0; k < a.axes.size(); ++k) {
+    if (a.steps[k] != 1) return std::nullopt;
+    start[size_t(a.axes[k])] = a.starts[k];
+  }
+  // The first dim the slice cuts; every dim before it must be down to one index, every dim
+  // after it whole.
+  size_t cut = in.shape.size();
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    if (out[d] != in.shape[d]) {
+      cut = d;
+      break;
+    }
+  }
+  if (cut == in.shape.size()) return std::nullopt;  // the whole input: an identity, not a view
+  for (size_t d = 0; d < cut; ++d)
+    if (out[d] != 1 && in.shape[d] != 1) return std::nullopt;
+  for (size_t d = cut + 1; d < in.shape.size(); ++d)
+    if (out[d] != in.shape[d] || start[d] != 0) return std::nullopt;
+  const Shape strides = strides_for(in.shape, MemoryFormat::contiguous);
+  int64_t offset = 0;
+  for (size_t d = 0; d <= cut; ++d) offset += start[d] * strides[d];
+  return size_t(offset) * dtype_size(in.dtype);
 }
 
 bool transpose_keeps_bytes(const Shape& in_shape, const std::vector<int64_t>& perm,

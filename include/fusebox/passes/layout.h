@@ -34,6 +34,7 @@
 // whatever the layouts of its operands (cuda::run_node), so any plan computes the same.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,14 @@ struct LayoutCopy {
 std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan);
 // Count and bytes per kind, then each copy (at most `max_lines`): for `--report`.
 std::string describe_copies(const std::vector<LayoutCopy>& copies, size_t max_lines = 30);
+
+// Where a slice's output lies in its input's bytes when both are stored contiguous and the
+// slice takes one block of them: steps of 1, the dims after the first one it cuts whole, those
+// before it of extent 1 (ViT's q, k, v out of [3, T, B, E]); nullopt otherwise. The CUDA
+// executable makes such a slice a view at that offset where it is 256-byte aligned
+// (kBlockSliceAlignment), as its arena's values are.
+std::optional<size_t> block_slice_offset(const Graph& g, const Node& slice);
+inline constexpr size_t kBlockSliceAlignment = 256;
 
 // Whether transposing a dense `in_shape` stored in order `from` by `perm` gives a tensor
 // dense in order `to` (dims of extent 1 aside): then the transpose's output is its input's

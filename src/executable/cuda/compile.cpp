@@ -94,9 +94,24 @@ void CudaExecutable::plan_memory_and_buffers() {
   }
   // Views: a reshape between two contiguous arena values, and a transpose whose output's
   // planned order is its input's bytes permuted (passes/layout.h), share their input's
-  // bytes; the node copies nothing (copy_reshape and transpose see one address).
+  // bytes; the node copies nothing (copy_reshape and transpose see one address). A slice that
+  // is one block of its contiguous input (block_slice_offset) is its input's bytes from an
+  // offset on, 256-byte aligned as the arena's values are; record_node skips it.
   same_bytes_.assign(values, kNoValue);
+  view_offset_.assign(values, 0);
   for (const Node& n : graph_.nodes()) {
+    if (n.op == OpKind::slice) {
+      const ValueId in = n.inputs[0], out = n.outputs[0];
+      if (bytes[size_t(in)] == 0 || bytes[size_t(out)] == 0 || converted_in_arena[size_t(in)] ||
+          layout_.of(in) != MemoryFormat::contiguous || layout_.of(out) != MemoryFormat::contiguous)
+        continue;
+      const std::optional<size_t> offset = block_slice_offset(graph_, n);
+      if (!offset || *offset % kBlockSliceAlignment != 0) continue;
+      same_bytes_[size_t(out)] = in;
+      view_offset_[size_t(out)] = *offset;
+      ++stats_.views;
+      continue;
+    }
     if (!is_reshape_family(n.op) && n.op != OpKind::transpose) continue;
     const ValueId in = n.inputs[0], out = n.outputs[0];
     if (bytes[size_t(in)] == 0 || bytes[size_t(out)] != bytes[size_t(in)] ||
@@ -111,7 +126,8 @@ void CudaExecutable::plan_memory_and_buffers() {
     same_bytes_[size_t(out)] = in;
     ++stats_.views;
   }
-  const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
+  const MemoryPlan plan =
+      plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_, view_offset_);
   offsets_ = plan.offset;
   // The nodes' temporaries go where no value is at the time (none without reuse: that
   // plan is the reference the reusing one is tested against).

@@ -140,6 +140,7 @@ class CudaExecutable final : public Executable {
   std::vector<DeviceArray> outputs_;
   std::vector<int> in_place_;        // by ValueId: the input an output is computed in
   std::vector<ValueId> same_bytes_;  // by ValueId: the value a view's bytes are (reshapes)
+  std::vector<size_t> view_offset_;  // ... and where in them it starts (a block slice's offset)
   // By output: where an aliased output that cannot be computed in place is computed, to be
   // copied into its input at the end (empty for every other output).
   std::vector<DeviceTensor> alias_buffer_;

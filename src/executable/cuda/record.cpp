@@ -96,6 +96,8 @@ std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node
 // node may replace an output by a view (a reshape of its input): `outs` then holds it.
 void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
   const Node& n = graph_.nodes()[i];
+  // A block slice planned as a view of its input (compile.cpp): its output is those bytes.
+  if (n.op == OpKind::slice && same_bytes_[size_t(n.outputs[0])] != kNoValue) return;
   std::vector<const DeviceTensor*> in_ptrs;
   for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
   if (i < gaps_.size() && gaps_[i].bytes > 0)

@@ -214,6 +214,29 @@ TEST_P(Executables, ProfileTimesEachNodeAndComputesTheRunsOutputs) {
   expect_error([&] { stateful->profile(); }, {"aliased state"});
 }
 
+// ViT's q, k and v: slices of one block each of a [3, T, B, E] value, which the CUDA executable
+// plans as views of it (no copy); the results are the CPU oracle's on both backends.
+TEST_P(Executables, BlockSlicesComputeAsCopies) {
+  Graph g("block_slices");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {3, 5, 2, 64});
+  const ValueId qkv = b.relu(x);
+  for (int64_t i = 0; i < 3; ++i) {
+    const ValueId part =
+        b.slice(qkv, SliceAttrs{.starts = {i}, .ends = {i + 1}, .axes = {0}, .steps = {1}});
+    const ValueId y = b.mul(b.reshape(part, {10, 64}),
+                            g.add_constant(cat("k", i), Tensor::scalar(DType::f32, double(i + 2))));
+    g.rename_value(y, cat("y", i));
+    g.mark_output(y);
+  }
+  auto exe = Executable::compile(g, {.device = device()});
+  const Tensor feed = random_tensor(DType::f32, {3, 5, 2, 64}, 5);
+  const NamedTensors got = exe->run({{"x", feed}}), want = run_graph(g, {{"x", feed}});
+  for (const char* name : {"y0", "y1", "y2"})
+    EXPECT_TRUE(all_close(got.at(name), want.at(name), 0, 0)) << name;
+  if (device() == Device::cuda) EXPECT_GE(exe->stats().views, 3u);  // the slices (and reshapes)
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),
                          [](const auto& info) { return std::string(device_name(info.param)); });
 

@@ -129,6 +129,30 @@ TEST(MemoryPlan, ViewsShareTheirInputsBytes) {
   expect_error([&] { runtime::plan_memory(g, life, bytes, true, bad); }, {"view"});
 }
 
+// A view at an offset (a block slice): its bytes start that far into its root's, through a
+// chain of views too; an offset past the root's bytes is the caller's bug.
+TEST(MemoryPlan, ViewsAtAnOffsetStartInsideTheirRoot) {
+  Graph g("offset_views");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {4, 256});
+  const ValueId a = b.op(OpKind::relu, {}, {x}).at(0);
+  const ValueId part =
+      b.slice(a, SliceAttrs{.starts = {2}, .ends = {3}, .axes = {0}, .steps = {1}});
+  const ValueId flat = b.op(OpKind::reshape, ReshapeAttrs{{256}, false}, {part}).at(0);
+  g.mark_output(b.op(OpKind::sigmoid, {}, {flat}).at(0));
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  std::vector<ValueId> same(g.values().size(), kNoValue);
+  std::vector<size_t> offset(g.values().size(), 0);
+  same[size_t(part)] = a, offset[size_t(part)] = 2 * 256 * 4;
+  same[size_t(flat)] = part;
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true, same, offset);
+  EXPECT_EQ(plan.offset[size_t(part)], plan.offset[size_t(a)] + 2048);
+  EXPECT_EQ(plan.offset[size_t(flat)], plan.offset[size_t(a)] + 2048);
+  offset[size_t(part)] = 4 * 256 * 4;  // past a's 4 KiB
+  expect_error([&] { runtime::plan_memory(g, life, bytes, true, same, offset); }, {"view"});
+}
+
 // A node's temporaries go in the arena's largest gap at that node: inside the arena and
 // clear of every value live while the node runs (its inputs and outputs included).
 TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {

@@ -338,5 +338,33 @@ TEST(LayoutPass, CopiesAreListedWithReasons) {
             std::string::npos);
 }
 
+// block_slice_offset: one block of a contiguous input (the dims before the cut of extent 1, those
+// after it whole, steps of 1) and where it starts; anything else is no block. The copy report
+// counts an aligned block slice as no copy.
+TEST(LayoutPass, BlockSlicesAndTheirOffsets) {
+  Graph g("slices");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {3, 4, 64});
+  const ValueId one = g.add_input("one", DType::f32, {1, 6, 64});
+  auto slice = [&](ValueId v, int64_t axis, int64_t start, int64_t end, int64_t step = 1) {
+    const ValueId out =
+        b.slice(v, SliceAttrs{.starts = {start}, .ends = {end}, .axes = {axis}, .steps = {step}});
+    g.mark_output(out);
+    return g.node(g.value(out).producer);
+  };
+  EXPECT_EQ(block_slice_offset(g, slice(x, 0, 1, 2)), size_t(1 * 4 * 64 * 4));  // q, k or v
+  EXPECT_EQ(block_slice_offset(g, slice(x, 0, 1, 3)), size_t(1 * 4 * 64 * 4));  // two blocks' run
+  EXPECT_EQ(block_slice_offset(g, slice(one, 1, 2, 5)), size_t(2 * 64 * 4));    // leading 1
+  EXPECT_EQ(block_slice_offset(g, slice(x, 1, 1, 2)), std::nullopt);  // dim 0 of 3 before it
+  EXPECT_EQ(block_slice_offset(g, slice(x, 2, 0, 32)), std::nullopt);
+  EXPECT_EQ(block_slice_offset(g, slice(x, 0, 0, 3, 2)), std::nullopt);  // a step of 2
+  EXPECT_EQ(block_slice_offset(g, g.node(g.value(b.relu(x)).producer)), std::nullopt);
+  const std::vector<LayoutCopy> copies =
+      layout_copies(g, plan_layouts(g, LayoutPolicy::channels_last_convs));
+  size_t slices = 0;
+  for (const LayoutCopy& c : copies) slices += c.what.rfind("slice", 0) == 0;
+  EXPECT_EQ(slices, 3u);  // the three that are no block
+}
+
 }  // namespace
 }  // namespace fusebox::testing
