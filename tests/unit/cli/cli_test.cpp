@@ -70,6 +70,25 @@ class Cli : public ::testing::Test {
     return model;
   }
 
+  // make_small_cnn's model with the batch dim of its input and logits made symbolic.
+  std::string make_small_cnn_any_batch() const {
+    onnx::ModelProto proto;
+    {
+      std::ifstream in(make_small_cnn(), std::ios::binary);
+      EXPECT_TRUE(proto.ParseFromIstream(&in));
+    }
+    onnx::GraphProto& graph = *proto.mutable_graph();
+    for (auto* values : {graph.mutable_input(), graph.mutable_output()})
+      for (onnx::ValueInfoProto& v : *values)
+        if (v.name() == "input" || v.name() == "logits")
+          v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
+              "batch");
+    const std::string model = path("small_cnn_any_batch.onnx");
+    std::ofstream out(model, std::ios::binary);
+    EXPECT_TRUE(proto.SerializeToOstream(&out));
+    return model;
+  }
+
   fs::path dir_;
 };
 
@@ -356,22 +375,7 @@ TEST_F(Cli, BenchReportsTheBatchItRan) {
 // died with SIGFPE): small_cnn with its batch dim made symbolic, run with --shape at batch
 // 0, writes an empty logits.npy [0, 10]; on CUDA too where a GPU is present.
 TEST_F(Cli, RunsABatchOfZero) {
-  onnx::ModelProto proto;
-  {
-    std::ifstream in(make_small_cnn(), std::ios::binary);
-    ASSERT_TRUE(proto.ParseFromIstream(&in));
-  }
-  onnx::GraphProto& graph = *proto.mutable_graph();
-  for (auto* values : {graph.mutable_input(), graph.mutable_output()})
-    for (onnx::ValueInfoProto& v : *values)
-      if (v.name() == "input" || v.name() == "logits")
-        v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
-            "batch");
-  const std::string model = path("small_cnn_any_batch.onnx");
-  {
-    std::ofstream out(model, std::ios::binary);
-    ASSERT_TRUE(proto.SerializeToOstream(&out));
-  }
+  const std::string model = make_small_cnn_any_batch();
   std::vector<std::string> devices = {"cpu"};
   if (cuda_available()) devices.push_back("cuda");
   for (const std::string& device : devices) {
@@ -390,22 +394,7 @@ TEST_F(Cli, RunsABatchOfZero) {
 // An ONNX model whose batch is symbolic trains at --batch-size (16 without it), where a fixed
 // one needs its own; --shape still decides where it names the input.
 TEST_F(Cli, TrainSizesASymbolicBatch) {
-  onnx::ModelProto proto;
-  {
-    std::ifstream in(make_small_cnn(), std::ios::binary);
-    ASSERT_TRUE(proto.ParseFromIstream(&in));
-  }
-  onnx::GraphProto& graph = *proto.mutable_graph();
-  for (auto* values : {graph.mutable_input(), graph.mutable_output()})
-    for (onnx::ValueInfoProto& v : *values)
-      if (v.name() == "input" || v.name() == "logits")
-        v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)->set_dim_param(
-            "batch");
-  const std::string model = path("small_cnn_any_batch.onnx");
-  {
-    std::ofstream out(model, std::ios::binary);
-    ASSERT_TRUE(proto.SerializeToOstream(&out));
-  }
+  const std::string model = make_small_cnn_any_batch();
   const std::string common =
       cat("train '", model, "' --synthetic --samples 12 --steps 2 --device cpu");
   ToolResult r = tool(cat(common, " --batch-size 3"));
