@@ -46,12 +46,18 @@ def load(source, *, shapes=None, batch=None, image_size=None, num_classes=None, 
          training=False):
     path = _os.fspath(source) if isinstance(source, _os.PathLike) else source
     zoo = {"batch": batch, "image_size": image_size, "num_classes": num_classes, "seed": seed}
-    if (shapes is None and not training and all(v is None for v in zoo.values())
-            and isinstance(path, str) and _os.path.isfile(path)):
+    try:
+        return _core.load(path, shapes=shapes, training=training, **zoo)
+    except Error:
+        # An import without shapes= fails on inputs with symbolic extents (the importer fixes
+        # the inputs first): then, and only then, is the file read for its declared inputs.
+        if (shapes is not None or training or any(v is not None for v in zoo.values())
+                or not isinstance(path, str) or not _os.path.isfile(path)):
+            raise
         specs = _core.onnx_inputs(path)
-        if any(s["shape"] is None or None in s["shape"] for s in specs):
-            return DynamicModel(path, specs)
-    return _core.load(path, shapes=shapes, training=training, **zoo)
+        if not any(s["shape"] is None or None in s["shape"] for s in specs):
+            raise
+        return DynamicModel(path, specs)
 
 
 load.__doc__ = (_core.load.__doc__ or "") + (

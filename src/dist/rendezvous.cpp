@@ -62,15 +62,17 @@ struct LauncherVars {
   const char* local;  // may be unset
 };
 
-// rank / world / local rank from one launcher's variables (rank and world both required).
-void read_rank(const LauncherVars& v, DistEnv& e) {
+// rank / world / local rank from one launcher's variables, when both its rank and world
+// variables are set (a launcher sets both: one alone is another tool's); nullopt otherwise.
+std::optional<DistEnv> read_rank(const LauncherVars& v) {
   const std::optional<std::string> rank = env(v.rank), world = env(v.world);
-  FUSEBOX_CHECK(rank && world, kWhere, v.launcher, ": ", rank ? v.world : v.rank,
-                " is not set, but ", rank ? v.rank : v.world, " is");
+  if (!rank || !world) return std::nullopt;
+  DistEnv e;
   e.launcher = v.launcher;
   e.world_size = int(integer(v.world, *world, 1, 1 << 20));
   e.rank = int(integer(v.rank, *rank, 0, e.world_size - 1));
   if (auto local = env(v.local)) e.local_rank = int(integer(v.local, *local, 0, 1 << 20));
+  return e;
 }
 
 // MASTER_ADDR and MASTER_PORT, required (torchrun, mpirun).
@@ -109,48 +111,50 @@ std::optional<DistEnv> fusebox_env() {
   return e;
 }
 
-// torchrun, mpirun or srun, the first whose variables are set; nullopt for none.
+// Rank 0's address under srun: MASTER_ADDR/PORT where given, else the step's first node and a
+// port from the job and step ids.
+void read_slurm_master(DistEnv& e) {
+  if (auto addr = env("MASTER_ADDR")) {
+    e.master_addr = *addr;
+  } else {
+    const std::optional<std::string> nodes =
+        env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST");
+    FUSEBOX_CHECK(nodes.has_value(), kWhere,
+                  "Slurm: neither MASTER_ADDR nor SLURM_STEP_NODELIST / SLURM_JOB_NODELIST is "
+                  "set: no address for rank 0");
+    e.master_addr = first_slurm_host(*nodes);
+  }
+  if (auto port = env("MASTER_PORT")) {
+    e.master_port = int(integer("MASTER_PORT", *port, 1, 65535));
+  } else {
+    const std::optional<std::string> job = env("SLURM_JOB_ID"), step = env("SLURM_STEP_ID");
+    FUSEBOX_CHECK(job.has_value(), kWhere,
+                  "Slurm: neither MASTER_PORT nor SLURM_JOB_ID is set: no port for rank 0");
+    const int64_t id = integer("SLURM_JOB_ID", *job, 0, int64_t(1) << 40);
+    const int64_t step_id = step ? integer("SLURM_STEP_ID", *step, 0, int64_t(1) << 40) : 0;
+    e.master_port = int(20000 + (31 * id + step_id) % 20000);
+  }
+}
+
+// torchrun, mpirun or srun, the first whose rank variables are set; nullopt for none, or for a
+// world of 1 (a single process).
 std::optional<DistEnv> launcher_env() {
-  DistEnv e;
-  // torchrun and mpirun set both of their rank variables; one alone (a generic RANK of some
-  // other tool) is not theirs.
-  if (env("RANK") && env("WORLD_SIZE")) {
-    read_rank({"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"}, e);
-    if (e.world_size == 1) return std::nullopt;
-    read_master(e);
-    return e;
-  }
-  if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
-    read_rank(
-        {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-        e);
-    if (e.world_size == 1) return std::nullopt;
-    read_master(e);
-    return e;
-  }
-  if (env("SLURM_PROCID") && env("SLURM_STEP_NUM_TASKS")) {
-    read_rank({"Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"}, e);
-    if (e.world_size == 1) return std::nullopt;
-    if (auto addr = env("MASTER_ADDR")) {
-      e.master_addr = *addr;
-    } else {
-      const std::optional<std::string> nodes =
-          env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST");
-      FUSEBOX_CHECK(nodes.has_value(), kWhere,
-                    "Slurm: neither MASTER_ADDR nor SLURM_STEP_NODELIST / SLURM_JOB_NODELIST is "
-                    "set: no address for rank 0");
-      e.master_addr = first_slurm_host(*nodes);
-    }
-    if (auto port = env("MASTER_PORT")) {
-      e.master_port = int(integer("MASTER_PORT", *port, 1, 65535));
-    } else {
-      const std::optional<std::string> job = env("SLURM_JOB_ID"), step = env("SLURM_STEP_ID");
-      FUSEBOX_CHECK(job.has_value(), kWhere,
-                    "Slurm: neither MASTER_PORT nor SLURM_JOB_ID is set: no port for rank 0");
-      const int64_t id = integer("SLURM_JOB_ID", *job, 0, int64_t(1) << 40);
-      const int64_t step_id = step ? integer("SLURM_STEP_ID", *step, 0, int64_t(1) << 40) : 0;
-      e.master_port = int(20000 + (31 * id + step_id) % 20000);
-    }
+  struct Launcher {
+    LauncherVars vars;
+    void (*master)(DistEnv&);
+  };
+  static const Launcher launchers[] = {
+      {{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"}, read_master},
+      {{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+       read_master},
+      // SLURM_STEP_NUM_TASKS is srun's: a batch script's lone process has SLURM_NTASKS only.
+      {{"Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"}, read_slurm_master},
+  };
+  for (const Launcher& l : launchers) {
+    std::optional<DistEnv> e = read_rank(l.vars);
+    if (!e) continue;
+    if (e->world_size == 1) return std::nullopt;
+    l.master(*e);
     return e;
   }
   return std::nullopt;

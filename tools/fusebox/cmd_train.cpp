@@ -120,9 +120,9 @@ Model load_model(const TrainArgs& args, const Dataset* data) {
   if (data && !tokens && !args.given("--image-size")) opts.image_size = data->x.dim(-1);
   if (tokens && !args.given("--seq-len")) opts.sequence_length = data->x.dim(-1);
   Graph g = load_model_argument(
-      args.model, with_batch(args.model, args.shapes, args.batch_size), opts,
+      args.model, args.shapes, opts,
       args.given("--image-size") || args.given("--num-classes") || args.given("--seq-len"),
-      /*training=*/true);
+      /*training=*/true, /*onnx_batch=*/args.batch_size);
   if (is_onnx_path(args.model)) return {std::move(g), args.model};
   const Value& in = g.value(g.inputs().at(0));
   if (is_integer(in.type.dtype))

@@ -25,33 +25,19 @@ bool is_onnx_path(const std::string& model) {
 }
 
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
-                          const ZooOptions& zoo, bool zoo_options_given, bool training) {
+                          const ZooOptions& zoo, bool zoo_options_given, bool training,
+                          std::optional<int64_t> onnx_batch) {
   if (is_onnx_path(model)) {
     if (zoo_options_given)
       throw UsageError("--image-size, --num-classes and --seq-len apply to zoo models only");
     OnnxImportOptions opts;
     opts.input_shapes = parse_shape_specs(shapes);
     opts.keep_parameter_transforms = training;
+    opts.batch = onnx_batch;
     return import_onnx_file(model, opts);
   }
   if (!shapes.empty()) throw UsageError("--shape applies to ONNX models only");
   return build_zoo_model(model, zoo);
-}
-
-std::vector<std::string> with_batch(const std::string& model, std::vector<std::string> shapes,
-                                    int64_t batch) {
-  if (!is_onnx_path(model)) return shapes;
-  const std::vector<OnnxInputSpec> inputs = onnx_input_specs(model);
-  if (inputs.empty() || inputs[0].dims.empty() || inputs[0].dims[0]) return shapes;
-  const OnnxInputSpec& first = inputs[0];
-  if (parse_shape_specs(shapes).count(first.name)) return shapes;
-  std::string spec = cat(first.name, "=", batch);
-  for (size_t d = 1; d < first.dims.size(); ++d) {
-    if (!first.dims[d]) return shapes;  // the import names the extent --shape must give
-    spec += cat(",", *first.dims[d]);
-  }
-  shapes.push_back(spec);
-  return shapes;
 }
 
 namespace {

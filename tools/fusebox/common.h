@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,17 +43,14 @@ struct UsageError : CLI::ParseError {
 
 // Whether a MODEL argument names an ONNX file (".onnx", or a path) rather than a zoo model.
 bool is_onnx_path(const std::string& model);
-// The MODEL argument's graph: the ONNX file imported with the --shape specs (for `training`,
+// The MODEL argument's graph: the ONNX file imported with the --shape specs (`onnx_batch`: the
+// extent of a symbolic batch dim they do not give, OnnxImportOptions::batch; for `training`,
 // keeping the initializers' transforms as nodes: OnnxImportOptions::keep_parameter_transforms),
 // or the zoo model built with `zoo`. Usage errors for options of the other kind: --shape for a
 // zoo model, or `zoo_options_given` (--image-size, --num-classes) for an ONNX file.
 Graph load_model_argument(const std::string& model, const std::vector<std::string>& shapes,
-                          const ZooOptions& zoo, bool zoo_options_given, bool training = false);
-// `shapes` (--shape NAME=DIMS specs) and, where `model` is an ONNX file whose first input has a
-// symbolic batch (dim 0) that `shapes` does not fix, that input with `batch` rows (its other
-// extents as the file gives them; another symbolic one still needs --shape).
-std::vector<std::string> with_batch(const std::string& model, std::vector<std::string> shapes,
-                                    int64_t batch);
+                          const ZooOptions& zoo, bool zoo_options_given, bool training = false,
+                          std::optional<int64_t> onnx_batch = std::nullopt);
 
 // Checks for numeric options (->check(...)) whose errors print plain numbers: "--steps: must be
 // an integer from 1 to 2^63 - 1, got '0'" (CLI::PositiveNumber prints the largest double: 309

@@ -37,6 +37,9 @@ struct OnnxImportOptions {
   std::map<std::string, Tensor> constant_inputs;
   // Concrete shapes for inputs whose ONNX shape has symbolic or unknown dims.
   std::map<std::string, Shape> input_shapes;
+  // The extent of a symbolic or unknown dim 0 (the batch) of an input input_shapes does not
+  // give (`fusebox train --batch-size`); nullopt: such a dim needs input_shapes.
+  std::optional<int64_t> batch;
   // For training: a Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Cast, Identity, Gather or
   // Slice whose data input is a float initializer stays a node reading that initializer,
   // instead of being evaluated at import into a new constant. Folded, an exporter's transposed

@@ -240,6 +240,10 @@ class Loader {
           type.shape.push_back(dim.dim_value());
           continue;
         }
+        if (given == opts_.input_shapes.end() && d == 0 && opts_.batch) {
+          type.shape.push_back(*opts_.batch);
+          continue;
+        }
         std::string what = dim.has_dim_param() ? cat("symbolic dim '", dim.dim_param(), "'")
                                                : std::string("an unknown extent");
         check(given != opts_.input_shapes.end(), "graph input '", name, "' has ", what, " at dim ",
