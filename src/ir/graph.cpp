@@ -383,7 +383,9 @@ std::string attr_str(const Attrs& attrs) {
                      a.reduction == Reduction::mean  ? "mean"
                      : a.reduction == Reduction::sum ? "sum"
                                                      : "none",
-                     a.ignore_index ? cat(" ignore_index=", *a.ignore_index) : std::string());
+                     a.ignore_index ? cat(" ignore_index=", *a.ignore_index) : std::string(),
+                     a.lse_stash ? " lse_stash=1" : "",
+                     a.classes ? cat(" classes=", *a.classes) : std::string());
         else if constexpr (std::is_same_v<A, ExpandAttrs>)
           return cat("shape=", ints(a.shape));
         else if constexpr (std::is_same_v<A, GatherAttrs>)

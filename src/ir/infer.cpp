@@ -200,10 +200,6 @@ int64_t Context::product(const Shape& s, size_t begin, size_t end) const {
   return p;
 }
 
-DType stash_dtype(DType x) {
-  return x == DType::f64 ? DType::f64 : DType::f32;
-}
-
 }  // namespace infer
 
 std::vector<TensorType> infer_and_normalize(Node& node,

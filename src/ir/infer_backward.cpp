@@ -178,14 +178,20 @@ Types infer_attention_backward(Context& c) {
   return {c.type(1), c.type(2), c.type(3)};
 }
 
-// cross_entropy_backward: (dloss, log_prob, labels, weight?) -> dlogits, log_prob's type.
+// cross_entropy_backward: (dloss, log_prob, labels, weight?) -> dlogits, log_prob's type;
+// the lse_stash form: (dloss, lse, labels, weight?, logits) -> dlogits, the logits' type.
 Types infer_cross_entropy_backward(Context& c) {
-  Inputs forward_inputs = {c.type(1), c.type(2)};
+  CrossEntropyAttrs& a = c.attrs<CrossEntropyAttrs>();
+  c.check(a.lse_stash == c.has(4), a.lse_stash ? "the lse_stash form needs the input logits"
+                                               : "takes logits only in the lse_stash form");
+  const int logits = a.lse_stash ? 4 : 1;
+  Inputs forward_inputs = {c.type(logits), c.type(2)};
   if (c.has(3)) forward_inputs.push_back(c.type(3));
-  const Types fwd = forward_types(c, OpKind::cross_entropy, c.attrs<CrossEntropyAttrs>(),
-                                  forward_inputs, cat("logits ", type_str(c.type(1))));
+  const Types fwd = forward_types(c, OpKind::cross_entropy, a, forward_inputs,
+                                  cat("logits ", type_str(c.type(logits))));
   expect_type(c, 0, fwd[0], "loss");
-  return {c.type(1)};
+  if (a.lse_stash) expect_type(c, 1, fwd[1], "lse");
+  return {c.type(logits)};
 }
 
 // reduce_max_backward: (dy, x, y) -> dx, x's type; dy and y are the forward's output.

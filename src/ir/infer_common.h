@@ -78,10 +78,6 @@ class Context {
 // clip bounds only on clip, and min <= max there.
 void expect_activation(const Context& c, const FusedActivation& a, const char* what);
 
-// The dtype of layer_norm / rms_norm statistics (ONNX stash_type 1): f64 for f64
-// input, else f32.
-DType stash_dtype(DType x);
-
 // batch_norm's and batch_norm_backward's per-channel inputs [first, last] (scale, bias,
 // statistics) share one dtype: x's, or f32 when x is f16 or bf16 (mixed precision: PyTorch
 // autocast and cuDNN keep the weights and running statistics f32 for low-precision

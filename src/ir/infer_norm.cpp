@@ -114,7 +114,8 @@ Types infer_layer_norm(Context& c) {
 }
 
 // cross_entropy: logits [N, C, D...] (float), labels [N, D...] (i64 or i32),
-// weight [C]? -> loss (scalar, or [N, D...] with reduction none), log_prob (logits' type).
+// weight [C]? -> loss (scalar, or [N, D...] with reduction none), log_prob (logits' type);
+// the lse_stash form: loss and lse [N, D...] in stash_dtype(logits), weight [classes] too.
 Types infer_cross_entropy(Context& c) {
   const CrossEntropyAttrs& a = c.attrs<CrossEntropyAttrs>();
   c.check(a.reduction == Reduction::none || a.reduction == Reduction::sum ||
@@ -124,16 +125,23 @@ Types infer_cross_entropy(Context& c) {
   c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
   const Shape& logits = c.shape(0);
   c.check(logits[1] >= 1, c.shaped(0), " has no classes (C = 0)");
+  c.check(!a.classes || a.lse_stash, "classes is an attribute of the lse_stash form only");
+  c.check(!a.classes || (*a.classes >= 1 && *a.classes <= logits[1]), "classes ",
+          a.classes.value_or(0), " is outside [1, ", logits[1], "] (dim 1 of ", c.shaped(0), ")");
+  const int64_t classes = a.classes.value_or(logits[1]);
   c.check(is_integer(c.dtype(1)), c.input(1), " is ", dtype_name(c.dtype(1)),
           " but must be i64 or i32");
   Shape labels = logits;
   labels.erase(labels.begin() + 1);
   c.expect_shape(1, labels, cat("([N, D...]: logits ", shape_str(logits), " without dim 1)"));
+  const DType stat = a.lse_stash ? stash_dtype(c.dtype(0)) : c.dtype(0);
   if (c.has(2)) {
-    c.expect_same_dtype(2, 0);
-    c.expect_shape(2, {logits[1]}, "([C], one per class)");
+    c.check(c.dtype(2) == stat, c.input(2), " is ", dtype_name(c.dtype(2)), " but must be ",
+            dtype_name(stat), a.lse_stash ? " (the lse_stash form's statistics dtype)" : "");
+    c.expect_shape(2, {classes}, "([C], one per class)");
   }
   const Shape loss = a.reduction == Reduction::none ? labels : Shape{};
+  if (a.lse_stash) return {{stat, loss}, {stat, labels}};
   return {{c.dtype(0), loss}, c.type(0)};
 }
 

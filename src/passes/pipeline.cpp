@@ -129,6 +129,8 @@ Pipeline training_forward_pipeline(Precision precision) {
               pass("fuse_batch_norm_residual", fuse_batch_norm_residual),
               pass("fuse_batch_norm_relu", fuse_batch_norm_relu),
               attention(/*training=*/true),
+              // Last: the casts and layout ops the loss reads through are all in place.
+              pass("fold_cross_entropy", fold_cross_entropy),
           }};
 }
 

@@ -244,13 +244,36 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   RewrittenGraph rw = rewrite_graph(
       model, {.constants_to_inputs = state_constants(layout),
               .batch_norm = sync ? BatchNormForm::synchronized_training : BatchNormForm::training});
-  // The forward passes (passes/pipeline.h: linears, mixed precision, the fusions autodiff
-  // differentiates), parameters being inputs by now (so they stay f32, read through casts);
-  // values keep their names, so they are found by name from here on.
   StepGraph step{std::move(rw.graph), {}};
   Graph& g = step.graph;
+
+  // The loss, the step's one output so far: nothing else of the forward is fetched, so no
+  // pass keeps a model output (the logits) alive.
+  const ValueId logits = find(g, layout.logits);
+  Shape label_shape = g.value(logits).type.shape;
+  label_shape.erase(label_shape.begin() + 1);  // [N, C, D...] -> [N, D...]
+  const ValueId labels = g.add_input(loss.labels, loss.labels_dtype, label_shape);
+  Builder b(g);
+  const ValueId local_loss =
+      b.name("loss")
+          .cross_entropy(logits, labels, kNoValue,
+                         {.reduction = Reduction::mean, .ignore_index = loss.ignore_index})
+          .at(0);
+  const std::string loss_name = parallel ? "loss/local" : kLossOutput;
+  g.rename_value(local_loss, loss_name);
+  g.unmark_outputs();
+  if (parallel)  // the step's loss: the mean of the ranks' losses
+    g.mark_output(g.add_node(OpKind::all_reduce, AllReduceAttrs{}, {local_loss}, "dp/loss",
+                             {kLossOutput})[0]);
+  else
+    g.mark_output(local_loss);
+
+  // The forward passes (passes/pipeline.h: linears, mixed precision, the fusions autodiff
+  // differentiates, the loss's own form), parameters being inputs by now (so they stay f32,
+  // read through casts); values keep their names, so they are found by name from here on.
   run_pipeline(training_forward_pipeline(precision), g);
   auto mapped = [&](const std::string& name) { return find(g, name); };
+  const ValueId loss_value = mapped(loss_name);
 
   // Batch-norm running statistics: the training form's outputs 1 and 2.
   const std::set<std::string> buffers(layout.buffers.begin(), layout.buffers.end());
@@ -259,26 +282,6 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     if (n.op != OpKind::batch_norm || !buffers.count(g.value(n.inputs[3]).name)) continue;
     statistic_outputs.push_back({n.inputs[3], n.outputs[1]});
     statistic_outputs.push_back({n.inputs[4], n.outputs[2]});
-  }
-
-  // The loss.
-  const ValueId logits = mapped(layout.logits);
-  Shape label_shape = g.value(logits).type.shape;
-  label_shape.erase(label_shape.begin() + 1);  // [N, C, D...] -> [N, D...]
-  const ValueId labels = g.add_input(loss.labels, loss.labels_dtype, label_shape);
-  Builder b(g);
-  const ValueId loss_value =
-      b.name("loss")
-          .cross_entropy(logits, labels, kNoValue,
-                         {.reduction = Reduction::mean, .ignore_index = loss.ignore_index})
-          .at(0);
-  if (parallel) {  // the step's loss: the mean of the ranks' losses
-    g.rename_value(loss_value, "loss/local");
-    g.mark_output(g.add_node(OpKind::all_reduce, AllReduceAttrs{}, {loss_value}, "dp/loss",
-                             {kLossOutput})[0]);
-  } else {
-    g.rename_value(loss_value, kLossOutput);
-    g.mark_output(loss_value);
   }
 
   // Gradients, then one update per parameter.

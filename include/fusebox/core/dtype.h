@@ -20,6 +20,11 @@ inline bool is_floating(DType t) {
 inline bool is_integer(DType t) {
   return t == DType::i64 || t == DType::i32;
 }
+// The dtype statistics of float values of dtype x are kept in (norms' mean and inverse
+// deviation, ONNX stash_type 1; a loss over f16/bf16 logits): f64 for f64, else f32.
+inline DType stash_dtype(DType x) {
+  return x == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // IEEE binary16. Conversions round to nearest, ties to even; NaN stays NaN,
 // overflow becomes infinity, subnormals are kept.

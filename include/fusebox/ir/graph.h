@@ -61,6 +61,9 @@ class Graph {
   std::vector<ValueId> add_node(OpKind op, Attrs attrs, std::vector<ValueId> inputs,
                                 std::string name = {}, std::vector<std::string> output_names = {});
   void mark_output(ValueId v);
+  // The graph has no outputs any more (its values stay): a training step's graph replaces a
+  // model's outputs by its loss.
+  void unmark_outputs() { outputs_.clear(); }
   // Renames a value (names must stay unique).
   void rename_value(ValueId v, const std::string& name);
 

@@ -133,7 +133,8 @@ inline constexpr const char* kBatchNormBackward[] = {
     "dy", "x", "scale", "saved_mean", "saved_inv_std", "y"};
 inline constexpr const char* kLayerNormBackward[] = {"dy", "x", "scale", "mean", "inv_std_dev"};
 inline constexpr const char* kRmsNormBackward[] = {"dy", "x", "scale", "inv_rms"};
-inline constexpr const char* kCrossEntropyBackward[] = {"dloss", "log_prob", "labels", "weight"};
+inline constexpr const char* kCrossEntropyBackward[] = {"dloss", "log_prob", "labels", "weight",
+                                                        "logits"};
 inline constexpr const char* kSgd[] = {"param", "grad", "momentum_buf", "lr", "grad_scale", "skip"};
 inline constexpr const char* kAdamW[] = {"param", "grad", "m",          "v",
                                          "lr",    "step", "grad_scale", "skip"};
@@ -388,7 +389,7 @@ inline constexpr OpInfo kOpTable[] = {
      .max_inputs = 2, .roles = op_roles::kDyY, .attrs = attrs_index<SoftmaxAttrs>(),
      .attrs_defaultable = true, .differentiable = false},
     {FUSEBOX_OP_ROW(cross_entropy_backward), .family = OpFamily::backward, .min_inputs = 3,
-     .max_inputs = 4, .roles = op_roles::kCrossEntropyBackward,
+     .max_inputs = 5, .roles = op_roles::kCrossEntropyBackward,
      .attrs = attrs_index<CrossEntropyAttrs>(), .attrs_defaultable = true, .differentiable = false},
     {FUSEBOX_OP_ROW(reduce_max_backward), .family = OpFamily::backward, .min_inputs = 3,
      .max_inputs = 3, .roles = op_roles::kDyXY, .attrs = attrs_index<ReduceAttrs>(),

@@ -432,10 +432,20 @@ struct ResizeBackwardAttrs {
 // and are left out of the mean's denominator; mean divides by the sum of the weights of
 // the counted labels (ONNX SoftmaxCrossEntropyLoss). A label outside [0, C) that is not
 // ignore_index is an error at run time.
+//
+// The recomputing form (lse_stash; passes/simplify.h fold_cross_entropy makes it where
+// nothing reads log_prob; no ONNX equivalent): output 1 is each position's log-sum-exp
+// [N, D...] (log_prob = logits - lse) instead of log_prob, loss and lse are f32 for f16/bf16
+// logits (stash_dtype) and a weight has their dtype; cross_entropy_backward then recomputes
+// the softmax from the logits. `classes` (lse_stash only): only the first `classes` entries
+// of dim 1 are classes, the rest padding (a padded product's columns) that takes no part in
+// the loss and gets gradient 0.
 enum class Reduction : uint8_t { none, sum, mean };
 struct CrossEntropyAttrs {
   Reduction reduction = Reduction::mean;
   std::optional<int64_t> ignore_index;
+  bool lse_stash = false;
+  std::optional<int64_t> classes;
 };
 
 // ---- backward ops ------------------------------------------------------------
@@ -488,6 +498,8 @@ struct BinaryBackwardAttrs {
 //   0 for ignored labels (so all zeros when every label is ignored, as PyTorch, where
 //   the mean's loss is NaN). (CrossEntropyAttrs as the forward op; dloss has the forward
 //   loss's shape and dtype; softmax is exp(log_prob).) Bad labels fail as the forward's.
+//   The lse_stash form: (dloss, lse, labels, weight?, logits) -> dlogits in the logits'
+//   type, softmax = exp(logits - lse); 0 in the padding columns past `classes`.
 // reduce_max_backward: (dy, x, y) -> dx: dy goes to the elements equal to the max,
 //   split evenly among ties (as PyTorch's amax); where y is NaN, among the NaN elements.
 //   (ReduceAttrs as the forward op; dy and y have the forward output's type; float only.)

@@ -97,11 +97,15 @@ void reduce_typed(const Node& n, const Tensor& x, Tensor& y, const StridedNest<2
 // and calls emit(row_index, offset_of_first_element, m, lse), so that
 // log_softmax = row - m - lse and softmax = exp(row - m - lse).
 template <class T, class Emit>
-void for_each_softmax_row(const T* x, int64_t outer, int64_t len, int64_t inner, Emit emit) {
+void for_each_softmax_row(const T* x, int64_t outer, int64_t len, int64_t inner, Emit emit,
+                          int64_t dim = -1) {
+  // `dim`: the extent of the row's dim when only its first `len` entries count (a padded
+  // cross_entropy's classes); len by default.
+  const int64_t extent = dim < 0 ? len : dim;
   parallel_for(outer * inner, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)),
                [&](int64_t begin, int64_t end) {
                  for (int64_t r = begin; r < end; ++r) {
-                   const int64_t base = (r / inner) * len * inner + r % inner;
+                   const int64_t base = (r / inner) * extent * inner + r % inner;
                    double m = -INFINITY;
                    for (int64_t j = 0; j < len; ++j) {
                      double v = double(to_compute(x[base + j * inner]));
@@ -297,7 +301,8 @@ void softmax(const Node& n, Inputs in, Outputs out) {
 // cross_entropy: log_prob = log_softmax(logits, dim 1); for each position p of
 // labels [N, D...] with label l, loss[p] = -weight[l] * log_prob[n, l, d...], or 0
 // when l == ignore_index. Mean divides by the sum of the counted weights (all
-// labels ignored: 0 / 0 = NaN, as PyTorch).
+// labels ignored: 0 / 0 = NaN, as PyTorch). The lse_stash form writes each position's
+// log-sum-exp (m + lse) instead of log_prob, over the first `classes` entries of dim 1.
 void cross_entropy(const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<CrossEntropyAttrs>(n.attrs);
   const Tensor& logits = *in[0];
@@ -306,12 +311,15 @@ void cross_entropy(const Node& n, Inputs in, Outputs out) {
   FUSEBOX_CHECK(logits.rank() >= 2, node_label(n), "expects logits [N, C, D...], got ",
                 shape_str(logits.shape()));
   const RowView v = rows_around(logits.shape(), 1);
+  const int64_t classes = attrs.classes.value_or(v.len);
+  FUSEBOX_CHECK(classes >= 1 && classes <= v.len, node_label(n), "classes ", classes,
+                " is outside [1, ", v.len, "]");
   FUSEBOX_CHECK(labels_t.numel() == v.outer * v.inner, node_label(n), "labels ",
                 shape_str(labels_t.shape()), " do not match logits ", shape_str(logits.shape()));
   FUSEBOX_CHECK(is_integer(labels_t.dtype()), node_label(n), "labels must be i64 or i32, got ",
                 dtype_name(labels_t.dtype()));
-  FUSEBOX_CHECK(!weight_t || weight_t->numel() == v.len, node_label(n), "weight has ",
-                weight_t ? weight_t->numel() : 0, " elements for ", v.len, " classes");
+  FUSEBOX_CHECK(!weight_t || weight_t->numel() == classes, node_label(n), "weight has ",
+                weight_t ? weight_t->numel() : 0, " elements for ", classes, " classes");
 
   // Labels first, so that a bad one fails before any work.
   std::vector<int64_t> labels(size_t(labels_t.numel()));
@@ -330,30 +338,35 @@ void cross_entropy(const Node& n, Inputs in, Outputs out) {
       label_weight[p] = 0.0;
       continue;
     }
-    FUSEBOX_CHECK(l >= 0 && l < v.len, node_label(n), "label ", l, " at position ",
-                  position_str(int64_t(p), labels_t.shape()), " is outside [0, ", v.len, ")");
+    FUSEBOX_CHECK(l >= 0 && l < classes, node_label(n), "label ", l, " at position ",
+                  position_str(int64_t(p), labels_t.shape()), " is outside [0, ", classes, ")");
     if (!weight.empty()) label_weight[p] = weight[size_t(l)];
   }
 
   std::vector<double> loss(labels.size(), 0.0);
+  std::vector<double> row_lse(attrs.lse_stash ? labels.size() : 0);
   visit_float(n, logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* px = logits.data<T>();
-    T* log_prob = out.size() > 1 ? out[1].data<T>() : nullptr;
-    for_each_softmax_row(px, v.outer, v.len, v.inner,
-                         [&](int64_t row, int64_t base, double m, double lse) {
-                           // Row `row` = (n, d...) is also the label's flat position.
-                           if (log_prob) {
-                             for (int64_t j = 0, i = base; j < v.len; ++j, i += v.inner)
-                               log_prob[i] = convert<T>(double(to_compute(px[i])) - m - lse);
-                           }
-                           const size_t p = size_t(row);
-                           if (label_weight[p] != 0.0) {
-                             const double x = double(to_compute(px[base + labels[p] * v.inner]));
-                             loss[p] = -label_weight[p] * (x - m - lse);
-                           }
-                         });
+    T* log_prob = out.size() > 1 && !attrs.lse_stash ? out[1].data<T>() : nullptr;
+    for_each_softmax_row(
+        px, v.outer, classes, v.inner,
+        [&](int64_t row, int64_t base, double m, double lse) {
+          // Row `row` = (n, d...) is also the label's flat position.
+          if (log_prob) {
+            for (int64_t j = 0, i = base; j < v.len; ++j, i += v.inner)
+              log_prob[i] = convert<T>(double(to_compute(px[i])) - m - lse);
+          }
+          const size_t p = size_t(row);
+          if (!row_lse.empty()) row_lse[p] = m + lse;
+          if (label_weight[p] != 0.0) {
+            const double x = double(to_compute(px[base + labels[p] * v.inner]));
+            loss[p] = -label_weight[p] * (x - m - lse);
+          }
+        },
+        v.len);
   });
+  if (attrs.lse_stash && out.size() > 1) store_values(out[1], row_lse);
 
   if (attrs.reduction == Reduction::none) {
     store_values(out[0], loss);

@@ -7,7 +7,9 @@
 //                         w = weight[l] (1 without weights), and k = w * dloss[p] (none),
 //                         w * dloss (sum) or w * dloss / sum of the counted weights (mean):
 //                         dlogits[n, j, d...] = k * (exp(log_prob[n, j, d...]) - [j == l]),
-//                         0 for an ignored position.
+//                         0 for an ignored position. The lse_stash form reads the logits
+//                         and each position's log-sum-exp instead of log_prob:
+//                         exp(log_prob) = exp(logits - lse); 0 past `classes`.
 // reduce_max_backward:    per output o, the reduced elements equal to y[o] (the NaN ones
 //                         when y[o] is NaN) share dy[o] evenly; the others get 0.
 #include <algorithm>
@@ -106,20 +108,25 @@ void softmax_backward(const Node& n, Inputs in, Outputs out) {
   });
 }
 
-// (dloss, log_prob, labels, weight?) -> dlogits
+// (dloss, log_prob, labels, weight?) -> dlogits, or (dloss, lse, labels, weight?, logits)
 void cross_entropy_backward(const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<CrossEntropyAttrs>(n.attrs);
-  const Tensor &dloss = *in[0], &log_prob = *in[1], &labels_t = *in[2];
+  const Tensor &dloss = *in[0], &labels_t = *in[2];
   const Tensor* weight = in.size() > 3 ? in[3] : nullptr;
-  FUSEBOX_CHECK(log_prob.rank() >= 2, node_label(n), "expects log_prob [N, C, D...], got ",
-                shape_str(log_prob.shape()));
-  const Rows rows(log_prob.shape(), 1);
-  FUSEBOX_CHECK(labels_t.numel() == rows.count() && (!weight || weight->numel() == rows.len) &&
-                    dloss.numel() == (attrs.reduction == Reduction::none ? rows.count() : 1),
+  FUSEBOX_CHECK(!attrs.lse_stash || (in.size() > 4 && in[4]), node_label(n),
+                "the lse_stash form needs the input logits");
+  // The tensor of dlogits' shape: log_prob, or the lse_stash form's logits.
+  const Tensor& x = attrs.lse_stash ? *in[4] : *in[1];
+  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects logits [N, C, D...], got ",
+                shape_str(x.shape()));
+  const Rows rows(x.shape(), 1);
+  const int64_t classes = attrs.classes.value_or(rows.len);
+  FUSEBOX_CHECK(labels_t.numel() == rows.count() && (!weight || weight->numel() == classes) &&
+                    dloss.numel() == (attrs.reduction == Reduction::none ? rows.count() : 1) &&
+                    (!attrs.lse_stash || in[1]->numel() == rows.count()),
                 node_label(n), "labels ", shape_str(labels_t.shape()), ", dloss ",
-                shape_str(dloss.shape()), " and weight do not fit log_prob ",
-                shape_str(log_prob.shape()));
-  const Labels labels = read_labels(n, labels_t, weight, rows.len);
+                shape_str(dloss.shape()), " and weight do not fit logits ", shape_str(x.shape()));
+  const Labels labels = read_labels(n, labels_t, weight, classes);
 
   // k[p]: the factor of position p's gradient.
   const std::vector<double> dl = dloss.to_doubles();
@@ -140,18 +147,20 @@ void cross_entropy_backward(const Node& n, Inputs in, Outputs out) {
         break;
     }
   }
+  const std::vector<double> lse = attrs.lse_stash ? in[1]->to_doubles() : std::vector<double>();
 
-  visit_float(n, log_prob.dtype(), [&](auto tag) {
+  visit_float(n, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* lp = log_prob.data<T>();
+    const T* px = x.data<T>();
     T* dx = out[0].data<T>();
     rows.parallel([&](int64_t r, int64_t base) {  // row r is label position r
       const size_t p = size_t(r);
       for (int64_t j = 0, i = base; j < rows.len; ++j, i += rows.inner) {
         const double onehot = j == labels.label[p] ? 1.0 : 0.0;
+        const double log_prob = double(to_compute(px[i])) - (attrs.lse_stash ? lse[p] : 0.0);
         // An ignored position (k = 0) gives 0 even where its log_prob is not finite.
         dx[i] =
-            convert<T>(k[p] == 0.0 ? 0.0 : k[p] * (std::exp(double(to_compute(lp[i]))) - onehot));
+            convert<T>(k[p] == 0.0 || j >= classes ? 0.0 : k[p] * (std::exp(log_prob) - onehot));
       }
     });
   });

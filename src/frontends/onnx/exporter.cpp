@@ -545,6 +545,8 @@ void Exporter::export_node(const Node& n) {
     }
     case OpKind::cross_entropy: {
       const auto& a = std::get<CrossEntropyAttrs>(n.attrs);
+      if (a.lse_stash)
+        fail(n, "the lse_stash form of cross_entropy (a training step's) has no ONNX equivalent");
       NodeProto* p = add("SoftmaxCrossEntropyLoss", n.name, ins(n), outs(n));
       set_string(p, "reduction",
                  a.reduction == Reduction::mean  ? "mean"

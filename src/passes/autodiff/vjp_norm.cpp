@@ -212,6 +212,8 @@ Grads vjp_attention(VjpArgs& a) {
 // cross_entropy: outputs loss and log_prob.
 //   from the loss:     dlogits = cross_entropy_backward(dloss, log_prob, labels, weight?)
 //   from log_prob:     dlogits += log_softmax_backward(dlog_prob, log_prob) over dim 1
+// The lse_stash form: dlogits = cross_entropy_backward(dloss, lse, labels, weight?, logits);
+// its lse is a statistic (no gradient flows into it).
 // Labels are integers (no gradient); the class weights have no gradient rule.
 Grads vjp_cross_entropy(VjpArgs& a) {
   Emitter& e = a.e;
@@ -221,11 +223,15 @@ Grads vjp_cross_entropy(VjpArgs& a) {
   Grads out(count, kNoValue);
   if (!a.needs_input(0)) return out;
   ValueId dlogits = kNoValue;
+  const bool lse_stash = std::get<CrossEntropyAttrs>(a.node.attrs).lse_stash;
   if (a.dy[0] != kNoValue) {
     std::vector<ValueId> in = {a.dy[0], a.output(1), a.input(1)};
-    if (count > 2) in.push_back(a.input(2));
+    if (count > 2 || lse_stash) in.push_back(count > 2 ? a.input(2) : kNoValue);
+    if (lse_stash) in.push_back(a.input(0));
     dlogits = e.op1(OpKind::cross_entropy_backward, a.node.attrs, std::move(in), "dlogits");
   }
+  if (a.dy[1] != kNoValue && lse_stash)
+    a.no_gradient("the lse output of cross_entropy's lse_stash form has no gradient rule");
   if (a.dy[1] != kNoValue) {
     const ValueId d = e.op1(OpKind::log_softmax_backward, SoftmaxAttrs{1}, {a.dy[1], a.output(1)},
                             "dlogits_from_log_prob");

@@ -88,7 +88,8 @@ inline std::string attrs_text(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, ConstantAttrs>)
           return cat(dtype_name(a.value.dtype()), shape_str(a.value.shape()));
         else if constexpr (std::is_same_v<A, CrossEntropyAttrs>)
-          return cat(int(a.reduction), " ", a.ignore_index.value_or(-12345));
+          return cat(int(a.reduction), " ", a.ignore_index.value_or(-12345), " ", a.lse_stash, " ",
+                     a.classes.value_or(-1));
         else if constexpr (std::is_same_v<A, ExpandAttrs>)
           return shape_str(a.shape);
         else if constexpr (std::is_same_v<A, UnaryBackwardAttrs>)

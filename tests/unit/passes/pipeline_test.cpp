@@ -51,7 +51,7 @@ TEST(Pipeline, TrainingForwardAndEvaluationOrders) {
   EXPECT_EQ(names(training_forward_pipeline(Precision::bf16)),
             (Names{"remove_identity_ops", "recognize_gelu", "form_linears", "fold_gemm_transposes",
                    "pad_product_columns", "mixed_precision", "fuse_batch_norm_residual",
-                   "fuse_batch_norm_relu", "fuse_attention (training)"}));
+                   "fuse_batch_norm_relu", "fuse_attention (training)", "fold_cross_entropy"}));
   EXPECT_EQ(names(evaluation_pipeline(Precision::bf16)),
             (Names{"remove_identity_ops", "recognize_gelu", "mixed_precision",
                    "fuse_batch_norm_residual", "fuse_batch_norm_relu", "fuse_attention"}));

@@ -1,11 +1,11 @@
 // CUDA gradients of the reductions against the CPU backend: softmax_backward and
 // log_softmax_backward (last and middle axes, rows of 1 and 65,536), cross_entropy_backward
 // (every reduction, class weights, ignore_index, i32/i64 labels, spatial dims, every label
-// ignored, a bad label failing the run) and reduce_max_backward (ties split evenly, NaN
-// rows, several axis sets, long reductions). Outputs are poisoned (OpHarness).
-// Tolerances: the row sums are f64 on both sides; the elementwise step runs in f32 on the
-// GPU (f64 on the CPU), so dy - s loses up to an ulp of max(|dy|, |s|): an absolute
-// tolerance of a few f32 ulps of the operands' scale, tolerance_for(dtype) otherwise.
+// ignored, a bad label failing the run; the lse_stash form, forward too) and reduce_max_backward
+// (ties split evenly, NaN rows, several axis sets, long reductions). Outputs are poisoned
+// (OpHarness). Tolerances: the row sums are f64 on both sides; the elementwise step runs in f32 on
+// the GPU (f64 on the CPU), so dy - s loses up to an ulp of max(|dy|, |s|): an absolute tolerance
+// of a few f32 ulps of the operands' scale, tolerance_for(dtype) otherwise.
 #include <cmath>
 
 #include "gpu_vs_cpu.h"
@@ -114,6 +114,70 @@ TEST_F(BackwardReduceTest, CrossEntropyBackwardMatchesCpu) {
           all_close(h.run(cross_entropy_backward, OpKind::cross_entropy_backward, attrs, inputs)[0],
                     run_op(OpKind::cross_entropy_backward, attrs, inputs)[0], tol.rtol,
                     t == DType::f32 ? 1e-9 : tol.atol));
+    }
+  }
+}
+
+// The lse_stash form (ir/ops.h): forward (loss, lse) and backward (recomputed from the logits,
+// 0 past `classes`) against the CPU's, rows of every walk with and without padding columns.
+TEST_F(BackwardReduceTest, CrossEntropyLseStashMatchesCpu) {
+  OpHarness h;
+  struct Case {
+    Shape logits;
+    std::optional<int64_t> classes;
+    bool weighted;
+    std::optional<int64_t> ignore_index;
+  };
+  const Case cases[] = {
+      {{8, 10}, 7, true, int64_t(-100)},        // warp rows, padding
+      {{33, 2000}, 1993, false, std::nullopt},  // block rows (GPT-2's LM head's form)
+      {{5, 4000}, std::nullopt, true, int64_t(3)},
+      {{4, 5, 3, 6}, 4, false, int64_t(2)},     // a thread per row
+      {{2, 300, 37}, 290, true, std::nullopt},  // the column walk
+  };
+  uint64_t seed = 900;
+  for (DType t : kFloatTypes) {
+    const DType stat = stash_dtype(t);
+    for (Reduction r : {Reduction::none, Reduction::mean}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(cat(dtype_name(t), " ", shape_str(c.logits), " classes ",
+                         c.classes.value_or(-1), " reduction ", int(r)));
+        const int64_t classes = c.classes.value_or(c.logits[1]);
+        Shape label_shape = c.logits;
+        label_shape.erase(label_shape.begin() + 1);
+        const CrossEntropyAttrs attrs{r, c.ignore_index, true, c.classes};
+        Tensor logits = random_tensor(t, c.logits, seed++, -3, 3);
+        std::vector<double> labels =
+            random_tensor(DType::i64, label_shape, seed++, 0, double(classes)).to_doubles();
+        if (c.ignore_index)
+          for (size_t i = 0; i < labels.size(); i += 4) labels[i] = double(*c.ignore_index);
+        const Tensor label_tensor = Tensor::from_doubles(DType::i64, label_shape, labels);
+        const Tensor weight =
+            c.weighted ? random_tensor(stat, {classes}, seed++, 0.5, 2) : Tensor();
+        const std::vector<Tensor> forward_inputs{logits, label_tensor, weight};
+        const std::vector<Tensor> want = run_op(OpKind::cross_entropy, attrs, forward_inputs);
+        const std::vector<Tensor> got =
+            h.run(cross_entropy, OpKind::cross_entropy, attrs, forward_inputs);
+        // f32 statistics on both sides (f64 for f64): the GPU's f32 sums.
+        const double rtol = t == DType::f64 ? 1e-12 : 1e-5;
+        EXPECT_TRUE(all_close(got[0], want[0], rtol, rtol)) << "loss";
+        EXPECT_TRUE(all_close(got[1], want[1], rtol, rtol)) << "lse";
+        const Tensor dloss = random_tensor(stat, want[0].shape(), seed++, 0.5, 2);
+        const std::vector<Tensor> backward_inputs{dloss, want[1], label_tensor, weight, logits};
+        const Tensor dlogits = h.run(cross_entropy_backward, OpKind::cross_entropy_backward, attrs,
+                                     backward_inputs)[0];
+        const Tolerance tol = tolerance_for(t);
+        EXPECT_TRUE(
+            all_close(dlogits, run_op(OpKind::cross_entropy_backward, attrs, backward_inputs)[0],
+                      t == DType::f32 ? 1e-5 : tol.rtol, t == DType::f32 ? 1e-7 : tol.atol));
+        // The padding columns' gradient is exactly 0.
+        if (c.classes) {
+          const std::vector<double> d = dlogits.to_doubles();
+          const int64_t inner = numel(Shape(c.logits.begin() + 2, c.logits.end()));
+          for (size_t i = 0; i < d.size(); ++i)
+            if (int64_t(i) / inner % c.logits[1] >= classes) ASSERT_EQ(d[i], 0.0) << i;
+        }
+      }
     }
   }
 }
