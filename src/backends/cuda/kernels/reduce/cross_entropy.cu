@@ -1,8 +1,9 @@
 // cross_entropy on the GPU (ops.h semantics, the CPU backend's formulas).
 //
 // logits [N, C, D...] are viewed as [outer = N, len = C, inner = D...]; row p = (n, d) is
-// also the label's flat position. Pass 1, per row (a warp, a block or a thread, as softmax:
-// kernels/reduce/softmax_rows.cuh; or, for D > 1 and a long class axis, a block per 32
+// also the label's flat position. Pass 1, per row (a warp, a block reading the row once
+// (the online softmax) or a thread: kernels/reduce/softmax_rows.cuh; or, for D > 1 and a long
+// class axis, a block per 32
 // adjacent rows: a decoder's [batch, vocab, tokens] logits have too few rows for a thread
 // each, GPT-2's 16 x 1024 rows of 50,257 took 28.9 ms that way on an H200), with m and lse
 // of the row:
@@ -33,7 +34,8 @@
 // two-level f64 sum over the positions (as the forward's).
 // The lse_stash form's backward (dloss, lse, labels, weight?, logits) computes in compute_t<T>:
 //   dlogits[n, j, d] = k * (exp(logits[n, j, d] - lse[p]) - [j == l]), 0 for j >= classes,
-// a block per row for the last axis (k found once per row), else a thread per element.
+// a block per row for the last axis (k found once per row; 16-byte accesses where the row is
+// aligned), else a thread per element.
 // Bad labels raise the node's ErrorRecord as the forward's.
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/reduce/softmax_rows.cuh"
@@ -114,7 +116,7 @@ __global__ void cross_entropy_rows(const T* x, const L* labels, const S* weight,
     }
   } else if constexpr (kWalk == RowWalk::block) {
     for (int64_t r = blockIdx.x; r < a.outer; r += gridDim.x) {
-      const RowStats<C> s = block_row_stats<C>(x + r * a.len, a.classes, 1);
+      const RowStats<C> s = block_row_stats_online<C>(x + r * a.len, a.classes);
       write(x + r * a.len, log_prob + r * a.len, 1, s, threadIdx.x, blockDim.x);
       row_loss(x + r * a.len, 1, s, labels, weight, loss, lse, label_weight, r, a,
                threadIdx.x == 0);
@@ -404,7 +406,21 @@ __global__ void cross_entropy_grad_recompute_rows(const S* dloss, const S* lse, 
     const C row_lse = convert<C>(lse[r]);
     const T* row = x + r * a.len;
     T* out = dlogits + r * a.len;
-    for (int64_t j = threadIdx.x; j < a.len; j += blockDim.x)
+    int64_t tail = 0;
+    if (is_aligned(row, kVecBytes) && is_aligned(out, kVecBytes)) {  // 16-byte accesses
+      constexpr int kWidth = kVecWidth<T>;
+      const int64_t vecs = a.len / kWidth;
+      for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+        const Vec<T> in = load_vec(row, v);
+        Vec<T> grad;
+#pragma unroll
+        for (int e = 0; e < kWidth; ++e)
+          grad.v[e] = recomputed_grad(in.v[e], v * kWidth + e, k, l, row_lse, a.classes);
+        store_vec(out, v, grad);
+      }
+      tail = vecs * kWidth;
+    }
+    for (int64_t j = tail + threadIdx.x; j < a.len; j += blockDim.x)
       out[j] = recomputed_grad(row[j], j, k, l, row_lse, a.classes);
   }
 }

@@ -6,9 +6,10 @@
 //         row - m free of inf - inf (the row comes out NaN through lse = -inf); a +inf by
 //         NaN: the whole row is NaN, as PyTorch's and onnxruntime's (the CPU backend's rule)
 //   lse = log(sum(exp(row - m)))
-// so that log_softmax = row - m - lse and softmax = exp(row - m - lse). Three variants,
-// by who walks the row: a whole warp (lanes strided by 32), a whole block (threads
-// strided by blockDim.x; every thread of the block must call it) or one thread.
+// so that log_softmax = row - m - lse and softmax = exp(row - m - lse). The variants, by
+// who walks the row: a whole warp (lanes strided by 32), a whole block (threads strided by
+// blockDim.x; every thread of the block must call it; in one read of the row: the online
+// form), or one thread; and the column tiles of a block.
 #pragma once
 
 #include "backends/cuda/device/block_reduce.cuh"
@@ -65,6 +66,74 @@ template <class C, class T>
 __device__ __forceinline__ RowStats<C> thread_row_stats(const T* row, int64_t len, int64_t stride) {
   const C m = softmax_shift(partial_max<C>(row, len, stride, 0, 1));
   return {m, dm::log(partial_sum_exp<C>(row, len, stride, m, 0, 1))};
+}
+
+// block_row_stats in one read of the row (16-byte loads where the row is aligned): each
+// thread keeps a running max and the sum of exp relative to it, rescaling the sum when the
+// max grows (the online softmax); the block merges the threads' pairs in a fixed order
+// (butterflies within warps, then every warp over the warps' pairs), so every thread gets
+// the same result, run to run. m and lse as block_row_stats' up to rounding, NaN and the
+// infinities by its rules. Every thread of the block must call it.
+template <class C>
+struct RunningSum {
+  C max, sum;
+};
+
+template <class C>
+__device__ __forceinline__ RunningSum<C> running_add(RunningSum<C> a, C x) {
+  if (x != x || a.max != a.max) return {x != x ? x : a.max, a.sum};  // a NaN stays
+  if (x > a.max) return {x, (a.max == C(-INFINITY) ? C(0) : a.sum * dm::exp(a.max - x)) + C(1)};
+  if (x == C(-INFINITY)) return a;
+  return {a.max, a.sum + dm::exp(x - a.max)};
+}
+
+template <class C>
+__device__ __forceinline__ RunningSum<C> running_merge(RunningSum<C> a, RunningSum<C> b) {
+  if (a.max != a.max) return a;
+  if (b.max != b.max) return b;
+  const C m = a.max > b.max ? a.max : b.max;
+  if (m == C(-INFINITY)) return {m, C(0)};
+  const C from_a = a.max == C(-INFINITY) ? C(0) : a.sum * dm::exp(a.max - m);
+  const C from_b = b.max == C(-INFINITY) ? C(0) : b.sum * dm::exp(b.max - m);
+  return {m, from_a + from_b};
+}
+
+template <class C>
+__device__ __forceinline__ RunningSum<C> warp_running_merge(RunningSum<C> r) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    r = running_merge(r, {__shfl_xor_sync(kFullWarpMask, r.max, offset),
+                          __shfl_xor_sync(kFullWarpMask, r.sum, offset)});
+  return r;
+}
+
+template <class C, class T>
+__device__ __forceinline__ RowStats<C> block_row_stats_online(const T* row, int64_t len) {
+  RunningSum<C> r{C(-INFINITY), C(0)};
+  int64_t tail = 0;
+  if (is_aligned(row, kVecBytes)) {
+    const int64_t vecs = len / kVecWidth<T>;
+    for (int64_t k = threadIdx.x; k < vecs; k += blockDim.x) {
+      const Vec<T> v = load_vec(row, k);
+#pragma unroll
+      for (int e = 0; e < kVecWidth<T>; ++e) r = running_add(r, convert<C>(v.v[e]));
+    }
+    tail = vecs * kVecWidth<T>;
+  }
+  for (int64_t j = tail + threadIdx.x; j < len; j += blockDim.x)
+    r = running_add(r, convert<C>(row[j]));
+  __shared__ C maxes[32], sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  r = warp_running_merge(r);
+  __syncthreads();  // the previous call's readers are done with the arrays
+  if (lane == 0) {
+    maxes[warp] = r.max;
+    sums[warp] = r.sum;
+  }
+  __syncthreads();
+  r = lane < warps ? RunningSum<C>{maxes[lane], sums[lane]} : RunningSum<C>{C(-INFINITY), C(0)};
+  r = warp_running_merge(r);
+  return {softmax_shift(r.max), dm::log(r.sum)};
 }
 
 // The statistics of the rows of 32 adjacent columns (lane l: the row of column i0 + l, at
