@@ -175,10 +175,35 @@ TEST_F(BackwardReduceTest, CrossEntropyLseStashMatchesCpu) {
           const std::vector<double> d = dlogits.to_doubles();
           const int64_t inner = numel(Shape(c.logits.begin() + 2, c.logits.end()));
           for (size_t i = 0; i < d.size(); ++i)
-            if (int64_t(i) / inner % c.logits[1] >= classes) ASSERT_EQ(d[i], 0.0) << i;
+            if (int64_t(i) / inner % c.logits[1] >= classes) {
+              ASSERT_EQ(d[i], 0.0) << i;
+            }
         }
       }
     }
+  }
+}
+
+// Long rows (the block's one-read statistics) with infinities and NaN, as the CPU's: -inf
+// entries take no part, a row of -inf, a +inf or a NaN gives NaN.
+TEST_F(BackwardReduceTest, CrossEntropyLseStashOfNonFiniteRowsMatchesCpu) {
+  OpHarness h;
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<double> x = random_tensor(DType::f32, {4, 3000}, 31, -3, 3).to_doubles();
+    for (int64_t j = 0; j < 3000; j += 7) x[size_t(j)] = -INFINITY;      // row 0: some -inf
+    for (int64_t j = 0; j < 3000; ++j) x[size_t(3000 + j)] = -INFINITY;  // row 1: all
+    x[size_t(2 * 3000 + 1234)] = INFINITY;                               // row 2: a +inf
+    x[size_t(3 * 3000 + 2999)] = NAN;                                    // row 3: a NaN
+    const Tensor logits = Tensor::from_doubles(t, {4, 3000}, x);
+    const Tensor labels = Tensor::from_doubles(DType::i64, {4}, {1, 2, 3, 4});
+    const CrossEntropyAttrs attrs{Reduction::none, std::nullopt, true, std::nullopt};
+    const std::vector<Tensor> want = run_op(OpKind::cross_entropy, attrs, {logits, labels});
+    const std::vector<Tensor> got =
+        h.run(cross_entropy, OpKind::cross_entropy, attrs, {logits, labels});
+    EXPECT_TRUE(all_close(got[0], want[0], 1e-5, 1e-5)) << "loss";
+    EXPECT_TRUE(all_close(got[1], want[1], 1e-5, 1e-5)) << "lse";
+    EXPECT_FALSE(std::isnan(got[0].get(0)));
   }
 }
 
