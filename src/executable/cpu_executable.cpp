@@ -85,6 +85,7 @@ class CpuExecutable final : public Executable {
         why_not.emplace(op_name(n.op), p.why_not);
       }
     }
+    plan_own_layouts();
     std::string summary;
     for (const auto& [op, counts] : by_op) {
       summary += cat("  ", op, ": ", counts.first, " fast");
@@ -92,8 +93,37 @@ class CpuExecutable final : public Executable {
       summary += "\n";
       stats_.fast_nodes += counts.first;
     }
-    stats_.fast_summary = cat("fast CPU kernels: ", stats_.fast_nodes, " of ",
-                              graph_.nodes().size(), " nodes\n", summary);
+    size_t own = 0;
+    for (bool b : own_writer_) own += b;
+    stats_.fast_summary =
+        cat("fast CPU kernels: ", stats_.fast_nodes, " of ", graph_.nodes().size(), " nodes; ", own,
+            " values stay in their writer's layout (oneDNN's) for readers that "
+            "take it\n",
+            summary);
+  }
+
+  // Which nodes leave output 0 in their kernel's own layout: where the kernel can, and every
+  // reader's kernel reads that input in it (cpu_fast::Kernel), and it is no graph output.
+  void plan_own_layouts() {
+    own_writer_.assign(graph_.nodes().size(), false);
+    std::vector<bool> taken(graph_.values().size(), true);  // every reader takes it, so far
+    std::vector<bool> read(graph_.values().size(), false);
+    for (const Node& n : graph_.nodes()) {
+      const cpu_fast::Kernel* k = fast_[size_t(n.id)].get();
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId v = n.inputs[i];
+        if (v == kNoValue) continue;
+        read[size_t(v)] = true;
+        if (!k || !k->reads_own_layout(i)) taken[size_t(v)] = false;
+      }
+    }
+    for (ValueId v : graph_.outputs()) taken[size_t(v)] = false;
+    for (const Node& n : graph_.nodes()) {
+      const cpu_fast::Kernel* k = fast_[size_t(n.id)].get();
+      if (!k || !k->writes_own_layout() || n.outputs.empty()) continue;
+      const ValueId v = n.outputs[0];
+      own_writer_[size_t(n.id)] = read[size_t(v)] && taken[size_t(v)];
+    }
   }
 
   // The most host memory a run holds at once (what the memory plan counts: every node's
@@ -151,10 +181,13 @@ class CpuExecutable final : public Executable {
 
     std::vector<const Tensor*> in_ptrs;
     std::vector<Tensor> outs;
+    // Values held in their writer's own layout (plan_own_layouts), by ValueId.
+    std::vector<std::shared_ptr<cpu_fast::OwnLayout>> own(
+        own_writer_.empty() ? 0 : graph_.values().size());
     for (size_t k = 0; k < graph_.nodes().size(); ++k) {
       const Node& n = graph_.nodes()[k];
       try {
-        execute_node(n, slots, in_ptrs, outs, times, repeats);
+        execute_node(n, slots, own, in_ptrs, outs, times, repeats);
       } catch (const OutOfMemory& e) {
         throw OutOfMemory(node_label(n), error_message(e));
       } catch (const std::bad_alloc&) {  // a kernel's own scratch (a std::vector), say
@@ -165,8 +198,10 @@ class CpuExecutable final : public Executable {
       for (size_t i = 0; i < n.outputs.size(); ++i)
         if (life_.last[size_t(n.outputs[i])] >= 0) slots[size_t(n.outputs[i])] = std::move(outs[i]);
       for (ValueId v : n.inputs)
-        if (v != kNoValue && life_.last[size_t(v)] == int(k) && !graph_.is_constant(v))
+        if (v != kNoValue && life_.last[size_t(v)] == int(k) && !graph_.is_constant(v)) {
           slots[size_t(v)] = Tensor();
+          if (!own.empty()) own[size_t(v)].reset();
+        }
     }
 
     // Only now, the whole run having succeeded, do inputs and outputs change.
@@ -186,23 +221,31 @@ class CpuExecutable final : public Executable {
     return result;
   }
 
-  // Node `n`'s outputs into `outs`, from its inputs in `slots` (timed into `times` when given).
+  // Node `n`'s outputs into `outs` (and `own`), from its inputs in `slots` and `own` (timed
+  // into `times` when given).
   void execute_node(const Node& n, const std::vector<Tensor>& slots,
+                    std::vector<std::shared_ptr<cpu_fast::OwnLayout>>& own,
                     std::vector<const Tensor*>& in_ptrs, std::vector<Tensor>& outs,
                     std::vector<NodeTime>* times, int repeats) {
     in_ptrs.clear();
     for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
+    const bool own_output = !own_writer_.empty() && own_writer_[size_t(n.id)];
     outs.clear();
-    for (ValueId v : n.outputs) {
-      const TensorType& t = graph_.value(v).type;
-      outs.push_back(Tensor::empty(t.dtype, t.shape));
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      outs.emplace_back();
+      if (i == 0 && own_output) continue;  // left in the kernel's layout, in `own`
+      const TensorType& t = graph_.value(n.outputs[i]).type;
+      outs.back() = Tensor::empty(t.dtype, t.shape);
       if (options_.poison) outs.back().poison();
     }
+    std::vector<const cpu_fast::OwnLayout*> own_in;
+    if (!own.empty())
+      for (ValueId v : n.inputs) own_in.push_back(v == kNoValue ? nullptr : own[size_t(v)].get());
     cpu_fast::Kernel* fast = fast_.empty() ? nullptr : fast_[size_t(n.id)].get();
     auto run = [&] {
       if (fast) {
         try {
-          fast->run(in_ptrs, outs);
+          fast->run_own(in_ptrs, own_in, outs, own_output ? &own[size_t(n.outputs[0])] : nullptr);
         } catch (const OutOfMemory&) {
           throw;                    // named by the run loop
         } catch (const Error& e) {  // a oneDNN failure: name the node it ran
@@ -248,6 +291,7 @@ class CpuExecutable final : public Executable {
   std::vector<DeviceArray> inputs_, outputs_;
   ExecutableStats stats_;
   std::vector<std::unique_ptr<cpu_fast::Kernel>> fast_;  // by node; null: the reference's
+  std::vector<bool> own_writer_;  // by node: output 0 stays in its kernel's layout
   ExecutableReport report_;
 };
 

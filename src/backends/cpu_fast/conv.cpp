@@ -1,9 +1,10 @@
 // Convolutions on oneDNN: one forward-inference primitive per node, chosen at compile with
 // every operand's layout left to oneDNN ("any": blocked layouts on x86); constant weights and
-// bias reordered into it then, activations reordered in and out around each run (the graph's
-// values stay dense NCHW between nodes). The epilogue of ConvAttrs runs as post-ops: bias,
-// activation, the residual add, the residual's activation. The residual is a sum post-op
-// (dst += the residual, which the run first writes into dst in dst's layout): a binary
+// bias reordered into it then. An activation between two convolutions stays in the writer's
+// layout (Kernel::run_own: the executable keeps it so where every reader is a convolution);
+// others are reordered from and to dense NCHW around the run. The epilogue of ConvAttrs runs as
+// post-ops: bias, activation, the residual add, the residual's activation. The residual is a sum
+// post-op (dst += the residual, which the run first writes into dst in dst's layout): a binary
 // post-op reading a plain residual beside a blocked dst sent oneDNN to its reference
 // implementation (300-430 ms for one of ResNet-50's 1x1 convolutions at batch 1, 2 cores).
 #ifdef FUSEBOX_WITH_ONEDNN
@@ -31,25 +32,41 @@ class ConvKernel final : public Kernel {
         has_residual_(has_residual) {}
 
   void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
+    run_own(in, {}, out, nullptr);
+  }
+
+  bool writes_own_layout() const override { return true; }
+  bool reads_own_layout(size_t input) const override { return input == 0 || input == 3; }
+
+  void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
+               std::span<Tensor> out, std::shared_ptr<OwnLayout>* own_out) override {
+    // Input i as oneDNN memory: the writer's own layout, or the dense tensor in `plain`.
+    auto source = [&](size_t i, const memory::desc& plain) {
+      const OwnLayout* own = i < own_in.size() ? own_in[i] : nullptr;
+      return own ? static_cast<const OnednnValue*>(own)->memory : wrap(plain, in[i]->raw());
+    };
     std::unordered_map<int, memory> args;
-    args[DNNL_ARG_SRC] = in_layout(wrap(x_plain_, in[0]->raw()), pd_.src_desc());
+    args[DNNL_ARG_SRC] = in_layout(source(0, x_plain_), pd_.src_desc());
     args[DNNL_ARG_WEIGHTS] =
         weights_ ? *weights_ : in_layout(wrap(w_plain_, in[1]->raw()), pd_.weights_desc());
     if (has_bias_)
       args[DNNL_ARG_BIAS] =
           bias_ ? *bias_ : wrap(pd_.bias_desc(), in[2]->raw());  // a 1-D bias is plain
-    const memory y = wrap(y_plain_, out[0].raw());
-    const bool direct = pd_.dst_desc() == y_plain_;
-    args[DNNL_ARG_DST] = direct ? y : memory(pd_.dst_desc(), cpu_engine());
+    std::optional<memory> y;  // the dense output, unless it stays in the primitive's layout
+    if (!own_out) y = wrap(y_plain_, out[0].raw());
+    const bool direct = y && pd_.dst_desc() == y_plain_;
+    args[DNNL_ARG_DST] = direct ? *y : memory(pd_.dst_desc(), cpu_engine());
     if (has_residual_) {  // the sum post-op adds dst's contents: the residual, in dst's layout
-      const memory residual = wrap(y_plain_, in[3]->raw());
+      const memory residual = source(3, y_plain_);
       execute(dnnl::reorder(residual, args[DNNL_ARG_DST]),
               {{DNNL_ARG_FROM, residual}, {DNNL_ARG_TO, args[DNNL_ARG_DST]}});
     }
     execute(primitive_, args);
-    if (!direct)
-      execute(dnnl::reorder(args[DNNL_ARG_DST], y),
-              {{DNNL_ARG_FROM, args[DNNL_ARG_DST]}, {DNNL_ARG_TO, y}});
+    if (own_out)
+      *own_out = std::make_shared<OnednnValue>(args[DNNL_ARG_DST]);
+    else if (!direct)
+      execute(dnnl::reorder(args[DNNL_ARG_DST], *y),
+              {{DNNL_ARG_FROM, args[DNNL_ARG_DST]}, {DNNL_ARG_TO, *y}});
   }
 
   std::string describe() const override {

@@ -8,11 +8,18 @@
 #include <string>
 #include <unordered_map>
 
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/ir/graph.h"
 
 namespace fusebox::cpu_fast {
 
 dnnl::engine& cpu_engine();
+
+// A value a oneDNN kernel left in its primitive's layout (fusebox/backends/cpu_fast.h).
+struct OnednnValue final : OwnLayout {
+  explicit OnednnValue(dnnl::memory m) : memory(std::move(m)) {}
+  dnnl::memory memory;
+};
 
 // Executes `p` with `args` on a stream of the engine and waits for it.
 void execute(const dnnl::primitive& p, const std::unordered_map<int, dnnl::memory>& args);

@@ -273,6 +273,40 @@ TEST(CpuFast, RefusedNodesRunOnTheReference) {
   EXPECT_NE(summary.find("gemm: 0 fast, 2 reference"), std::string::npos) << summary;
 }
 
+// An activation every reader of which is a convolution stays in oneDNN's layout between them
+// (c1: conv b's input and residual); one a reference kernel reads (c2: the relu) or a graph
+// output (c3) is dense; the values are the reference's either way.
+TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
+  REQUIRE_ONEDNN();
+  Graph g("chain");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 8, 10, 10});
+  auto weight = [&](const char* name, int64_t k, int64_t c, uint64_t seed) {
+    return g.add_constant(name, random_tensor(DType::f32, {k, c, 3, 3}, seed, -0.2, 0.2));
+  };
+  ConvAttrs same;
+  same.pads_begin = {1, 1};
+  same.pads_end = {1, 1};
+  ConvAttrs relu = same;
+  relu.activation.kind = Activation::relu;
+  const ValueId c1 = b.conv(x, weight("w1", 16, 8, 1), kNoValue, relu);
+  ConvAttrs residual = same;
+  residual.residual_activation.kind = Activation::relu;
+  const ValueId c2 =
+      g.add_node(OpKind::conv, residual, {c1, weight("w2", 16, 16, 2), kNoValue, c1}, "conv_b")[0];
+  const ValueId c3 = b.conv(c2, weight("w3", 4, 16, 3), kNoValue, same);
+  g.rename_value(c3, "c3");
+  g.mark_output(c3);
+  const ValueId r = b.relu(c2);
+  g.rename_value(r, "r");
+  g.mark_output(r);
+  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 4)}}, 3);
+  auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
+  EXPECT_NE(exe->stats().fast_summary.find("1 values stay in their writer's layout"),
+            std::string::npos)
+      << exe->stats().fast_summary;
+}
+
 // A whole model through the inference pipeline (batch norms folded into the convolutions,
 // relus and residual adds as their epilogues), as `fusebox run --device cpu` runs it.
 TEST(CpuFast, ZooResNetMatchesTheReference) {
