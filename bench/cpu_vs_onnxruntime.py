@@ -5,7 +5,10 @@
 with the same number of threads. Median latency per step, one table and one JSON.
 
     .venv/bin/python bench/cpu_vs_onnxruntime.py [--fusebox BIN] [--models resnet50,...]
-        [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference]
+        [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference] [--bf16]
+
+--bf16 adds fusebox's `--precision bf16` run (oneDNN's bf16 kernels where the CPU has AVX-512
+BF16 / AMX) beside the f32 one; onnxruntime runs the f32 model either way.
 
 Needs onnxruntime and numpy (scripts/setup.sh puts them in .venv)."""
 import argparse
@@ -28,8 +31,8 @@ def run(cmd):
     return done.stdout
 
 
-def fusebox_ms(binary, model, device, steps, json_path):
-    run([binary, "bench", model, "--device", device, "--precision", "f32", "--steps", str(steps),
+def fusebox_ms(binary, model, device, steps, json_path, precision="f32"):
+    run([binary, "bench", model, "--device", device, "--precision", precision, "--steps", str(steps),
          "--warmup", "2", "--json", json_path])
     with open(json_path) as f:
         j = json.load(f)
@@ -73,6 +76,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--json")
     ap.add_argument("--no-reference", action="store_true", help="skip --device cpu-ref (slow)")
+    ap.add_argument("--bf16", action="store_true", help="also fusebox --precision bf16")
     a = ap.parse_args()
     # fusebox's reference and oneDNN's OpenMP threads: the same count as onnxruntime's.
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
@@ -86,6 +90,9 @@ def main():
                 try:
                     row["fast_ms"], row["fast_nodes"], row["fast_compile_s"] = fusebox_ms(
                         a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "f.json"))
+                    if a.bf16:
+                        row["fast_bf16_ms"], _, _ = fusebox_ms(
+                            a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "b.json"), "bf16")
                     if not a.no_reference:
                         row["reference_ms"], _, _ = fusebox_ms(
                             a.fusebox, model, "cpu-ref", max(2, a.steps // 4),
@@ -93,19 +100,24 @@ def main():
                     row["onnxruntime_ms"], row["onnxruntime_first_s"] = onnxruntime_ms(
                         model, a.threads, a.steps)
                     row["fast_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_ms"]
+                    if a.bf16:
+                        row["fast_bf16_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_bf16_ms"]
                 except RuntimeError as e:
                     row["error"] = str(e)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(f"\n{'model':<20}{'batch':>6}{'fast ms':>10}{'ref ms':>10}{'ort ms':>10}{'ort/fast':>10}"
-          f"{'fast nodes':>14}")
+          f"{'fast nodes':>14}{'bf16 ms':>10}{'ort/bf16':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<20}{r['batch']:>6}  error: {r['error'].splitlines()[0]}")
             continue
         ref = f"{r['reference_ms']:.1f}" if "reference_ms" in r else "-"
+        bf16 = (f"{r['fast_bf16_ms']:>10.1f}{r['fast_bf16_vs_onnxruntime']:>9.2f}x"
+                if "fast_bf16_ms" in r else "")
         print(f"{r['model']:<20}{r['batch']:>6}{r['fast_ms']:>10.1f}{ref:>10}"
-              f"{r['onnxruntime_ms']:>10.1f}{r['fast_vs_onnxruntime']:>9.2f}x{r['fast_nodes']:>14}")
+              f"{r['onnxruntime_ms']:>10.1f}{r['fast_vs_onnxruntime']:>9.2f}x{r['fast_nodes']:>14}"
+              f"{bf16}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"schema_version": 1, "bench": "cpu_vs_onnxruntime", "rows": rows}, f,

@@ -239,13 +239,22 @@ class CpuExecutable final : public Executable {
       if (options_.poison) outs.back().poison();
     }
     std::vector<const cpu_fast::OwnLayout*> own_in;
-    if (!own.empty())
-      for (ValueId v : n.inputs) own_in.push_back(v == kNoValue ? nullptr : own[size_t(v)].get());
+    uint32_t consumable = 0;  // own inputs this node reads last, and once
+    if (!own.empty()) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const ValueId v = n.inputs[i];
+        own_in.push_back(v == kNoValue ? nullptr : own[size_t(v)].get());
+        if (own_in.back() && life_.last[size_t(v)] == int(n.id) && times == nullptr &&
+            std::count(n.inputs.begin(), n.inputs.end(), v) == 1 && i < 32)
+          consumable |= 1u << i;
+      }
+    }
     cpu_fast::Kernel* fast = fast_.empty() ? nullptr : fast_[size_t(n.id)].get();
     auto run = [&] {
       if (fast) {
         try {
-          fast->run_own(in_ptrs, own_in, outs, own_output ? &own[size_t(n.outputs[0])] : nullptr);
+          fast->run_own(in_ptrs, own_in, consumable, outs,
+                        own_output ? &own[size_t(n.outputs[0])] : nullptr);
         } catch (const OutOfMemory&) {
           throw;                    // named by the run loop
         } catch (const Error& e) {  // a oneDNN failure: name the node it ran

@@ -51,9 +51,11 @@ class Kernel {
   // run() with own layouts: `own_inputs` empty, or one per input, non-null where that input
   // is held in its writer's layout (its tensor is then undefined); with `own_output` the
   // kernel leaves output 0 in its own layout there (outputs[0] is then undefined and unwritten).
+  // Bit i of `consumable`: this node is own input i's last reader (and reads it once), so the
+  // kernel may write its output into that memory (a residual summed in place).
   virtual void run_own(std::span<const Tensor* const> inputs,
-                       std::span<const OwnLayout* const> /*own_inputs*/, std::span<Tensor> outputs,
-                       std::shared_ptr<OwnLayout>* /*own_output*/) {
+                       std::span<const OwnLayout* const> /*own_inputs*/, uint32_t /*consumable*/,
+                       std::span<Tensor> outputs, std::shared_ptr<OwnLayout>* /*own_output*/) {
     run(inputs, outputs);
   }
 };

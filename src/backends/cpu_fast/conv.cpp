@@ -32,14 +32,15 @@ class ConvKernel final : public Kernel {
         has_residual_(has_residual) {}
 
   void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
-    run_own(in, {}, out, nullptr);
+    run_own(in, {}, 0, out, nullptr);
   }
 
   bool writes_own_layout() const override { return true; }
   bool reads_own_layout(size_t input) const override { return input == 0 || input == 3; }
 
   void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
-               std::span<Tensor> out, std::shared_ptr<OwnLayout>* own_out) override {
+               uint32_t consumable, std::span<Tensor> out,
+               std::shared_ptr<OwnLayout>* own_out) override {
     // Input i as oneDNN memory: the writer's own layout, or the dense tensor in `plain`.
     auto source = [&](size_t i, const memory::desc& plain) {
       const OwnLayout* own = i < own_in.size() ? own_in[i] : nullptr;
@@ -55,12 +56,15 @@ class ConvKernel final : public Kernel {
     std::optional<memory> y;  // the dense output, unless it stays in the primitive's layout
     if (!own_out) y = wrap(y_plain_, out[0].raw());
     const bool direct = y && pd_.dst_desc() == y_plain_;
-    args[DNNL_ARG_DST] = direct ? *y : memory(pd_.dst_desc(), cpu_engine());
-    if (has_residual_) {  // the sum post-op adds dst's contents: the residual, in dst's layout
-      const memory residual = source(3, y_plain_);
+    // The sum post-op adds dst's contents: the residual, in dst's layout. A residual in that
+    // layout whose last reader this is becomes dst itself; another is copied into it.
+    const memory residual = has_residual_ ? source(3, y_plain_) : memory();
+    const bool in_place = has_residual_ && own_out && own_in.size() > 3 && own_in[3] &&
+                          (consumable >> 3 & 1u) && residual.get_desc() == pd_.dst_desc();
+    args[DNNL_ARG_DST] = in_place ? residual : direct ? *y : memory(pd_.dst_desc(), cpu_engine());
+    if (has_residual_ && !in_place)
       execute(dnnl::reorder(residual, args[DNNL_ARG_DST]),
               {{DNNL_ARG_FROM, residual}, {DNNL_ARG_TO, args[DNNL_ARG_DST]}});
-    }
     execute(primitive_, args);
     if (own_out)
       *own_out = std::make_shared<OnednnValue>(args[DNNL_ARG_DST]);
@@ -88,9 +92,19 @@ Planned plan_conv(const Graph& g, const Node& n) {
   const auto& a = std::get<ConvAttrs>(n.attrs);
   auto input = [&](size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; };
   const ValueId x = input(0), w = input(1), bias = input(2), residual = input(3);
-  for (ValueId v : {x, w, bias, residual})
-    if (v != kNoValue && g.value(v).type.dtype != DType::f32)
-      return {nullptr, cat("a ", dtype_name(g.value(v).type.dtype), " operand (f32 only so far)")};
+  // One dtype for x, w, y and the residual: f32, or bf16 / f16 where the CPU computes in it
+  // (AVX-512 BF16 / AMX, AVX-512 FP16: else oneDNN refuses the primitive below, saying so);
+  // the bias in it or f32.
+  const DType dtype = g.value(x).type.dtype;
+  if (!data_type_of(dtype))
+    return {nullptr, cat("a ", dtype_name(dtype), " input (f32, bf16 and f16 only)")};
+  for (ValueId v : {w, residual, n.outputs[0]})
+    if (v != kNoValue && g.value(v).type.dtype != dtype)
+      return {nullptr, cat("operands of mixed dtypes (", dtype_name(dtype), " and ",
+                           dtype_name(g.value(v).type.dtype), ")")};
+  const DType bias_dtype = bias == kNoValue ? dtype : g.value(bias).type.dtype;
+  if (bias_dtype != dtype && bias_dtype != DType::f32)
+    return {nullptr, cat("a ", dtype_name(bias_dtype), " bias for ", dtype_name(dtype), " x")};
   const Shape& xs = g.value(x).type.shape;
   const Shape& ws = g.value(w).type.shape;
   const Shape& ys = g.value(n.outputs[0]).type.shape;
@@ -111,13 +125,13 @@ Planned plan_conv(const Graph& g, const Node& n) {
     w_dims[0] /= groups;
     w_dims.insert(w_dims.begin(), groups);
   }
-  const memory::desc x_plain = plain_desc(dims_of(xs));
-  const memory::desc w_plain = plain_desc(w_dims);
-  const memory::desc y_plain = plain_desc(dims_of(ys));
+  const memory::desc x_plain = plain_desc(dims_of(xs), dtype);
+  const memory::desc w_plain = plain_desc(w_dims, dtype);
+  const memory::desc y_plain = plain_desc(dims_of(ys), dtype);
   const auto any = memory::format_tag::any;
-  const auto f32 = memory::data_type::f32;
-  const memory::desc x_any(dims_of(xs), f32, any), w_any(w_dims, f32, any),
-      y_any(dims_of(ys), f32, any);
+  const memory::data_type type = *data_type_of(dtype);
+  const memory::desc x_any(dims_of(xs), type, any), w_any(w_dims, type, any),
+      y_any(dims_of(ys), type, any);
 
   dnnl::post_ops ops;
   std::string why;
@@ -132,8 +146,8 @@ Planned plan_conv(const Graph& g, const Node& n) {
     if (bias != kNoValue) {
       pd = dnnl::convolution_forward::primitive_desc(
           cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-          x_any, w_any, memory::desc({ws[0]}, f32, memory::format_tag::x), y_any, strides, dilates,
-          pad_l, pad_r, attr);
+          x_any, w_any, memory::desc({ws[0]}, *data_type_of(bias_dtype), memory::format_tag::x),
+          y_any, strides, dilates, pad_l, pad_r, attr);
     } else {
       pd = dnnl::convolution_forward::primitive_desc(
           cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,

@@ -54,14 +54,14 @@ class MatmulKernel final : public Kernel {
 
 // Dense row-major strides of `dims`, with the last two dims swapped when `transposed`
 // (the matrix stored [cols, rows]).
-memory::desc matrix_desc(memory::dims dims, bool transposed) {
+memory::desc matrix_desc(memory::dims dims, bool transposed, DType dtype) {
   const size_t r = dims.size();
   memory::dims stored = dims;
   if (transposed) std::swap(stored[r - 1], stored[r - 2]);
   memory::dims strides(r, 1);
   for (size_t i = r; i-- > 1;) strides[i - 1] = strides[i] * stored[i];
   if (transposed) std::swap(strides[r - 1], strides[r - 2]);
-  return memory::desc(dims, memory::data_type::f32, strides);
+  return memory::desc(dims, *data_type_of(dtype), strides);
 }
 
 // The primitive, with B in the layout oneDNN picks when it is a constant (reordered now).
@@ -69,7 +69,7 @@ Planned make(const Graph& g, ValueId b, const memory::desc& a_desc, const memory
              const memory::desc& y_desc, std::optional<memory::desc> bias,
              const dnnl::primitive_attr& attr, const char* what) {
   const bool constant_b = g.is_constant(b);
-  const memory::desc b_any(b_desc.get_dims(), memory::data_type::f32, memory::format_tag::any);
+  const memory::desc b_any(b_desc.get_dims(), b_desc.get_data_type(), memory::format_tag::any);
   dnnl::matmul::primitive_desc pd;
   try {
     pd = bias ? dnnl::matmul::primitive_desc(cpu_engine(), a_desc, constant_b ? b_any : b_desc,
@@ -84,13 +84,24 @@ Planned make(const Graph& g, ValueId b, const memory::desc& a_desc, const memory
   return {std::make_unique<MatmulKernel>(pd, a_desc, b_desc, y_desc, weights, bias, what), ""};
 }
 
-bool all_f32(const Graph& g, const Node& n, std::string* why) {
-  for (ValueId v : n.inputs)
-    if (v != kNoValue && g.value(v).type.dtype != DType::f32) {
-      *why = cat("a ", dtype_name(g.value(v).type.dtype), " operand (f32 only so far)");
-      return false;
+// The operands' one dtype (f32, or bf16 / f16 where the CPU computes in it: else oneDNN
+// refuses the primitive, saying so); a gemm's bias may be f32 beside bf16 / f16 operands.
+std::optional<DType> operand_dtype(const Graph& g, const Node& n, std::string* why) {
+  const DType t = g.value(n.outputs[0]).type.dtype;
+  if (!data_type_of(t)) {
+    *why = cat("a ", dtype_name(t), " product (f32, bf16 and f16 only)");
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const ValueId v = n.inputs[i];
+    if (v == kNoValue) continue;
+    const DType d = g.value(v).type.dtype;
+    if (d != t && !(i == 2 && d == DType::f32)) {
+      *why = cat("operands of mixed dtypes (", dtype_name(t), " and ", dtype_name(d), ")");
+      return std::nullopt;
     }
-  return true;
+  }
+  return t;
 }
 
 }  // namespace
@@ -98,7 +109,8 @@ bool all_f32(const Graph& g, const Node& n, std::string* why) {
 Planned plan_gemm(const Graph& g, const Node& n) {
   const auto& a = std::get<GemmAttrs>(n.attrs);
   std::string why;
-  if (!all_f32(g, n, &why)) return {nullptr, why};
+  const std::optional<DType> dtype = operand_dtype(g, n, &why);
+  if (!dtype) return {nullptr, why};
   if (a.alpha != 1.0) return {nullptr, cat("alpha ", a.alpha, " (only 1 so far)")};
   const Shape& as = g.value(n.inputs[0]).type.shape;
   const Shape& bs = g.value(n.inputs[1]).type.shape;
@@ -111,19 +123,21 @@ Planned plan_gemm(const Graph& g, const Node& n) {
     if (a.beta != 1.0 || numel(cs) != cols || cs.empty() || cs.back() != cols)
       return {nullptr, cat("C ", shape_str(cs), " with beta ", a.beta,
                            " (only a bias over the columns with beta 1 so far)")};
-    bias = memory::desc({1, cols}, memory::data_type::f32, memory::format_tag::ab);
+    bias = memory::desc({1, cols}, *data_type_of(g.value(c).type.dtype), memory::format_tag::ab);
   }
   dnnl::post_ops ops;
   if (!append_activation(ops, a.activation, &why)) return {nullptr, why};
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
-  return make(g, n.inputs[1], matrix_desc({m, k}, a.trans_a), matrix_desc({k, cols}, a.trans_b),
-              plain_desc({m, cols}), bias, attr, "gemm");
+  return make(g, n.inputs[1], matrix_desc({m, k}, a.trans_a, *dtype),
+              matrix_desc({k, cols}, a.trans_b, *dtype), plain_desc({m, cols}, *dtype), bias, attr,
+              "gemm");
 }
 
 Planned plan_matmul(const Graph& g, const Node& n) {
   std::string why;
-  if (!all_f32(g, n, &why)) return {nullptr, why};
+  const std::optional<DType> dtype = operand_dtype(g, n, &why);
+  if (!dtype) return {nullptr, why};
   const Shape& as = g.value(n.inputs[0]).type.shape;
   const Shape& bs = g.value(n.inputs[1]).type.shape;
   const Shape& ys = g.value(n.outputs[0]).type.shape;
@@ -136,8 +150,8 @@ Planned plan_matmul(const Graph& g, const Node& n) {
     d.insert(d.end(), s.begin(), s.end());
     return d;
   };
-  return make(g, n.inputs[1], plain_desc(padded(as)), plain_desc(padded(bs)),
-              plain_desc(dims_of(ys)), std::nullopt, dnnl::primitive_attr(), "matmul");
+  return make(g, n.inputs[1], plain_desc(padded(as), *dtype), plain_desc(padded(bs), *dtype),
+              plain_desc(dims_of(ys), *dtype), std::nullopt, dnnl::primitive_attr(), "matmul");
 }
 
 }  // namespace fusebox::cpu_fast

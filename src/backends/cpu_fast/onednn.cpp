@@ -25,10 +25,24 @@ dnnl::memory::dims dims_of(const Shape& s) {
   return dnnl::memory::dims(s.begin(), s.end());
 }
 
-dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims) {
+std::optional<dnnl::memory::data_type> data_type_of(DType t) {
+  switch (t) {
+    case DType::f32:
+      return dnnl::memory::data_type::f32;
+    case DType::bf16:
+      return dnnl::memory::data_type::bf16;
+    case DType::f16:
+      return dnnl::memory::data_type::f16;
+    default:
+      return std::nullopt;
+  }
+}
+
+dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims, DType dtype) {
   dnnl::memory::dims strides(dims.size(), 1);
   for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
-  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, strides);
+  return dnnl::memory::desc(dims, data_type_of(dtype).value_or(dnnl::memory::data_type::f32),
+                            strides);
 }
 
 dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data) {

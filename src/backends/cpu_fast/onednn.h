@@ -24,8 +24,11 @@ struct OnednnValue final : OwnLayout {
 // Executes `p` with `args` on a stream of the engine and waits for it.
 void execute(const dnnl::primitive& p, const std::unordered_map<int, dnnl::memory>& args);
 
-// A dense row-major f32 tensor of `dims`.
-dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims);
+// oneDNN's data type for f32, bf16 and f16; none for the others.
+std::optional<dnnl::memory::data_type> data_type_of(DType t);
+
+// A dense row-major tensor of `dims` (f32 unless said).
+dnnl::memory::desc plain_desc(const dnnl::memory::dims& dims, DType dtype = DType::f32);
 dnnl::memory::dims dims_of(const Shape& s);
 
 // Wraps host bytes (not owned) as a memory of `desc`.

@@ -33,8 +33,8 @@ class PoolKernel final : public Kernel {
 Planned plan_pool(const Graph& g, const Node& n) {
   const TensorType& x = g.value(n.inputs[0]).type;
   const TensorType& y = g.value(n.outputs[0]).type;
-  if (x.dtype != DType::f32)
-    return {nullptr, cat("a ", dtype_name(x.dtype), " input (f32 only so far)")};
+  if (!data_type_of(x.dtype) || y.dtype != x.dtype)
+    return {nullptr, cat("a ", dtype_name(x.dtype), " input (f32, bf16 and f16 only)")};
   const size_t spatial = x.shape.size() - 2;
   if (spatial < 1 || spatial > 3)
     return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
@@ -65,7 +65,8 @@ Planned plan_pool(const Graph& g, const Node& n) {
     else if (a.count_include_pad)
       algorithm = dnnl::algorithm::pooling_avg_include_padding;
   }
-  const memory::desc x_plain = plain_desc(dims_of(x.shape)), y_plain = plain_desc(dims_of(y.shape));
+  const memory::desc x_plain = plain_desc(dims_of(x.shape), x.dtype),
+                     y_plain = plain_desc(dims_of(y.shape), y.dtype);
   try {
     dnnl::pooling_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference,
                                              algorithm, x_plain, y_plain, strides, kernel, dilation,

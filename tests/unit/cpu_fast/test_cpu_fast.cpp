@@ -5,6 +5,8 @@
 // pipeline. Skipped, saying so, in a build without oneDNN.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include "fusebox/backends/cpu_fast.h"
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/pipeline.h"
@@ -326,6 +328,31 @@ TEST(CpuFast, ZooResNetMatchesTheReference) {
   for (const auto& [name, t] : want)
     EXPECT_TRUE(all_close(got.at(name), t, 1e-3, 1e-4)) << name << "\n"
                                                         << exe->stats().fast_summary;
+}
+
+// bf16 through the inference pipeline (mixed precision: bf16 convolutions, pooling and the
+// classifier on oneDNN where the CPU computes in bf16, AVX-512 BF16 / AMX; else the reference
+// kernels run them): the logits within bf16's error of the reference kernels' on the same
+// bf16 graph.
+TEST(CpuFast, ZooResNetInBf16FollowsTheReference) {
+  REQUIRE_ONEDNN();
+  const Graph model =
+      build_zoo_model("resnet18", {.batch = 2, .image_size = 64, .num_classes = 10, .seed = 3});
+  const NamedTensors feeds{
+      {model.value(model.inputs()[0]).name,
+       random_tensor(DType::f32, model.value(model.inputs()[0]).type.shape, 9)}};
+  auto compile = [&](CpuKernels kernels) {
+    return Executable::compile(
+        model, {.device = Device::cpu,
+                .cpu_kernels = kernels,
+                .pipeline = {.kind = PipelineKind::inference, .precision = Precision::bf16}});
+  };
+  auto fast = compile(CpuKernels::fast);
+  const NamedTensors want = compile(CpuKernels::reference)->run(feeds);
+  const NamedTensors got = fast->run(feeds);
+  std::cout << fast->stats().fast_summary;
+  for (const auto& [name, t] : want)
+    EXPECT_LT(relative_l2(got.at(name), t), 2e-2) << name << "\n" << fast->stats().fast_summary;
 }
 
 }  // namespace
