@@ -16,6 +16,7 @@
 #include "fusebox/backends/cpu.h"
 #include "fusebox/backends/cpu_fast.h"
 #include "fusebox/core/memory.h"
+#include "fusebox/ir/op_groups.h"
 
 namespace fusebox::runtime {
 
@@ -229,6 +230,13 @@ class CpuExecutable final : public Executable {
                     std::vector<NodeTime>* times, int repeats) {
     in_ptrs.clear();
     for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &slots[size_t(v)]);
+    // A reshape is its input's bytes under another shape (tensors are never written once
+    // made, so sharing them is safe): no copy, on either kernel set.
+    if (is_reshape_family(n.op) && n.outputs.size() == 1 && in_ptrs[0] && in_ptrs[0]->defined()) {
+      outs.assign(1, in_ptrs[0]->reshaped(graph_.value(n.outputs[0]).type.shape));
+      if (times) times->push_back({n.name, n.op, 0.0});
+      return;
+    }
     const bool own_output = !own_writer_.empty() && own_writer_[size_t(n.id)];
     outs.clear();
     for (size_t i = 0; i < n.outputs.size(); ++i) {

@@ -31,11 +31,11 @@ class SoftmaxKernel final : public Kernel {
 class LayerNormKernel final : public Kernel {
  public:
   LayerNormKernel(dnnl::layer_normalization_forward::primitive_desc pd, memory::desc x,
-                  memory scale, memory shift)
-      : pd_(std::move(pd)), primitive_(pd_), x_(x), scale_(scale), shift_(shift) {}
+                  memory::desc y, memory scale, memory shift)
+      : pd_(std::move(pd)), primitive_(pd_), x_(x), y_(y), scale_(scale), shift_(shift) {}
   void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
     execute(primitive_, {{DNNL_ARG_SRC, wrap(x_, in[0]->raw())},
-                         {DNNL_ARG_DST, wrap(x_, out[0].raw())},
+                         {DNNL_ARG_DST, wrap(y_, out[0].raw())},
                          {DNNL_ARG_SCALE, scale_},
                          {DNNL_ARG_SHIFT, shift_}});
   }
@@ -46,7 +46,7 @@ class LayerNormKernel final : public Kernel {
  private:
   dnnl::layer_normalization_forward::primitive_desc pd_;
   dnnl::layer_normalization_forward primitive_;
-  memory::desc x_;
+  memory::desc x_, y_;
   memory scale_, shift_;
 };
 
@@ -84,10 +84,12 @@ Planned plan_softmax(const Graph& g, const Node& n) {
 }
 
 Planned plan_layer_norm(const Graph& g, const Node& n) {
+  // x and y f32, bf16 or f16 each (the mixed form: low x or y, f32 statistics and parameters).
   const TensorType& x = g.value(n.inputs[0]).type;
   const DType y = g.value(n.outputs[0]).type.dtype;
-  if (x.dtype != DType::f32 || y != DType::f32)
-    return {nullptr, cat("x ", dtype_name(x.dtype), ", y ", dtype_name(y), " (f32 only so far)")};
+  if (!data_type_of(x.dtype) || !data_type_of(y))
+    return {nullptr,
+            cat("x ", dtype_name(x.dtype), ", y ", dtype_name(y), " (f32, bf16 and f16 only)")};
   // The statistics outputs: read by nothing (not computed here).
   std::vector<bool> read(g.values().size(), false);
   for (const Node& m : g.nodes())
@@ -110,13 +112,14 @@ Planned plan_layer_norm(const Graph& g, const Node& n) {
         numel(g.value(v).type.shape) != cols)
       return {nullptr, "a scale or bias that is not a constant f32 of the normalised dims"};
   }
-  const memory::desc view = plain_desc({rows, cols});
+  const memory::desc x_view = plain_desc({rows, cols}, x.dtype),
+                     y_view = plain_desc({rows, cols}, y);
   try {
     dnnl::layer_normalization_forward::primitive_desc pd(
-        cpu_engine(), dnnl::prop_kind::forward_inference, view, view,
+        cpu_engine(), dnnl::prop_kind::forward_inference, x_view, y_view,
         float(std::get<NormAttrs>(n.attrs).epsilon),
         dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
-    return {std::make_unique<LayerNormKernel>(pd, view, parameter(g, scale, cols, 1.f),
+    return {std::make_unique<LayerNormKernel>(pd, x_view, y_view, parameter(g, scale, cols, 1.f),
                                               parameter(g, bias, cols, 0.f)),
             ""};
   } catch (const dnnl::error& e) {

@@ -37,6 +37,14 @@ Planned plan(const Graph& g, const Node& n) {
         return plan_softmax(g, n);
       case OpKind::layer_norm:
         return plan_layer_norm(g, n);
+      case OpKind::relu:
+      case OpKind::gelu:
+      case OpKind::sigmoid:
+      case OpKind::tanh:
+      case OpKind::silu:
+        return plan_eltwise(g, n);
+      case OpKind::attention:
+        return plan_attention(g, n);
       default:
         return {nullptr, cat("no oneDNN kernel for ", op_name(n.op), " yet")};
     }

@@ -252,6 +252,54 @@ TEST(CpuFast, SoftmaxAndLayerNormMatchTheReference) {
   expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {4, 6}, seed++)}}, 0, 0, 0);
 }
 
+// The unary activations on oneDNN's eltwise (erf and tanh GELU, relu, sigmoid, tanh, silu),
+// over values past their curves' bends; an f64 one stays on the reference kernels.
+TEST(CpuFast, ActivationsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("activations");
+  const ValueId x = g.add_input("x", DType::f32, {3, 7, 11});
+  const std::pair<OpKind, Attrs> ops[] = {{OpKind::relu, {}},
+                                          {OpKind::gelu, GeluAttrs{false}},
+                                          {OpKind::gelu, GeluAttrs{true}},
+                                          {OpKind::sigmoid, {}},
+                                          {OpKind::tanh, {}},
+                                          {OpKind::silu, {}}};
+  int i = 0;
+  for (const auto& [op, attrs] : ops) g.mark_output(g.add_node(op, attrs, {x}, cat("act", i++))[0]);
+  const ValueId x64 = g.add_input("x64", DType::f64, {5});
+  g.mark_output(g.add_node(OpKind::relu, {}, {x64}, "relu64")[0]);
+  expect_fast_matches_reference(g,
+                                {{"x", random_tensor(DType::f32, {3, 7, 11}, 6, -6, 6)},
+                                 {"x64", random_tensor(DType::f64, {5}, 7)}},
+                                6, 1e-5, 1e-6);
+}
+
+// Inference attention on oneDNN (scores, softmax, product), with and without an additive
+// bias broadcast over the batch, rank 4 and 3; a causal one stays on the reference kernels.
+TEST(CpuFast, AttentionMatchesTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("attention");
+  const ValueId q = g.add_input("q", DType::f32, {2, 3, 5, 8});
+  const ValueId k = g.add_input("k", DType::f32, {2, 3, 7, 8});
+  const ValueId v = g.add_input("v", DType::f32, {2, 3, 7, 4});
+  const ValueId bias = g.add_input("bias", DType::f32, {1, 3, 5, 7});
+  const AttentionAttrs plain{.scale = 0.35};
+  g.mark_output(g.add_node(OpKind::attention, plain, {q, k, v}, "plain")[0]);
+  g.mark_output(g.add_node(OpKind::attention, plain, {q, k, v, bias}, "biased")[0]);
+  const ValueId q3 = g.add_input("q3", DType::f32, {4, 6, 16});
+  g.mark_output(
+      g.add_node(OpKind::attention, AttentionAttrs{.scale = 0.25}, {q3, q3, q3}, "self")[0]);
+  g.mark_output(g.add_node(OpKind::attention, AttentionAttrs{.scale = 0.25, .causal = true},
+                           {q3, q3, q3}, "causal")[0]);
+  expect_fast_matches_reference(g,
+                                {{"q", random_tensor(DType::f32, {2, 3, 5, 8}, 1, -2, 2)},
+                                 {"k", random_tensor(DType::f32, {2, 3, 7, 8}, 2, -2, 2)},
+                                 {"v", random_tensor(DType::f32, {2, 3, 7, 4}, 3)},
+                                 {"bias", random_tensor(DType::f32, {1, 3, 5, 7}, 4, -3, 0)},
+                                 {"q3", random_tensor(DType::f32, {4, 6, 16}, 5)}},
+                                3);
+}
+
 // What oneDNN does not take (here: f64, gemm's alpha 2, a full C) runs on the reference
 // kernels, bit for bit, and the summary says why.
 TEST(CpuFast, RefusedNodesRunOnTheReference) {
@@ -276,7 +324,7 @@ TEST(CpuFast, RefusedNodesRunOnTheReference) {
 }
 
 // An activation every reader of which is a convolution stays in oneDNN's layout between them
-// (c1: conv b's input and residual); one a reference kernel reads (c2: the relu) or a graph
+// (c1: conv b's input and residual); one a dense reader reads (c2: the relu) or a graph
 // output (c3) is dense; the values are the reference's either way.
 TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
   REQUIRE_ONEDNN();
@@ -302,7 +350,7 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
   const ValueId r = b.relu(c2);
   g.rename_value(r, "r");
   g.mark_output(r);
-  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 4)}}, 3);
+  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 4)}}, 4);
   auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
   EXPECT_NE(exe->stats().fast_summary.find("1 values stay in their writer's layout"),
             std::string::npos)
