@@ -13,6 +13,7 @@
 #include "fusebox/ir/op_info.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/pipeline.h"
+#include "fusebox/passes/simplify.h"
 #include "train/graph_rewrite.h"
 
 namespace fusebox::train {
@@ -369,6 +370,8 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     g.rename_value(next, next_state_name(name));
     state_output(name, next);
   }
+  // The backward's passes (passes/simplify.h), on the whole step: values keep their names.
+  concat_slice_gradients(g);
   g.verify();
   if (parallel) g = with_collectives_early(g);
   return step;

@@ -359,13 +359,19 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
 
 // A whole model through the inference pipeline (batch norms folded into the convolutions,
 // relus and residual adds as their epilogues), as `fusebox run --device cpu` runs it.
+// A small zoo ResNet-18 and a random batch for it.
+struct SmallResNet {
+  Graph model =
+      build_zoo_model("resnet18", {.batch = 2, .image_size = 64, .num_classes = 10, .seed = 3});
+  NamedTensors feeds{{model.value(model.inputs()[0]).name,
+                      random_tensor(DType::f32, model.value(model.inputs()[0]).type.shape, 9)}};
+};
+
 TEST(CpuFast, ZooResNetMatchesTheReference) {
   REQUIRE_ONEDNN();
-  const Graph model =
-      build_zoo_model("resnet18", {.batch = 2, .image_size = 64, .num_classes = 10, .seed = 3});
-  const NamedTensors feeds{
-      {model.value(model.inputs()[0]).name,
-       random_tensor(DType::f32, model.value(model.inputs()[0]).type.shape, 9)}};
+  const SmallResNet net;
+  const Graph& model = net.model;
+  const NamedTensors& feeds = net.feeds;
   const NamedTensors want = run_graph(model, feeds);
   auto exe = Executable::compile(
       model, {.device = Device::cpu,
@@ -384,11 +390,9 @@ TEST(CpuFast, ZooResNetMatchesTheReference) {
 // bf16 graph.
 TEST(CpuFast, ZooResNetInBf16FollowsTheReference) {
   REQUIRE_ONEDNN();
-  const Graph model =
-      build_zoo_model("resnet18", {.batch = 2, .image_size = 64, .num_classes = 10, .seed = 3});
-  const NamedTensors feeds{
-      {model.value(model.inputs()[0]).name,
-       random_tensor(DType::f32, model.value(model.inputs()[0]).type.shape, 9)}};
+  const SmallResNet net;
+  const Graph& model = net.model;
+  const NamedTensors& feeds = net.feeds;
   auto compile = [&](CpuKernels kernels) {
     return Executable::compile(
         model, {.device = Device::cpu,
