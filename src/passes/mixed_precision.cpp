@@ -238,13 +238,19 @@ class Rewriter {
   std::vector<ValueId> inputs_for(const Node& n, AutocastRule rule) {
     // Promotion (follow), as PyTorch's type promotion: the inputs that were f32 run in f32
     // when one of them with dims still is; a rank-0 one (a scalar) does not decide the
-    // dtype and joins low-precision operands instead.
+    // dtype and joins low-precision operands instead. With fold_constants (inference) a
+    // graph constant does not decide it either: it is folded to the low dtype beside a low
+    // operand, as in a model whose weights are all low (PyTorch's model.to(bfloat16), what
+    // users deploy). Why: ViT-B/16's class token and position embedding (f32 constants) made
+    // its whole residual stream f32 under autocast's rule: every residual add and layer
+    // norm moved twice the bytes.
     bool any_f32 = false, any_low = false;
     for (ValueId v : n.inputs) {
       if (v == kNoValue) continue;
       any_low = any_low || current(v) == low_;
+      const bool folds = opts_.fold_constants && src_.is_constant(v);
       any_f32 = any_f32 || (original(v) == DType::f32 && current(v) == DType::f32 &&
-                            !src_.value(v).type.shape.empty());
+                            !src_.value(v).type.shape.empty() && !folds);
     }
     std::vector<ValueId> in;
     for (size_t i = 0; i < n.inputs.size(); ++i) {

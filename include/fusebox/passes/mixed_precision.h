@@ -65,8 +65,10 @@ AutocastRule autocast_rule(OpKind op);
 
 struct MixedPrecisionOptions {
   // Casts of graph constants to the low dtype become low-precision constants at compile
-  // time. Only for graphs whose constants are not trained (inference): the training step
-  // graph makes the model's constants its parameters, which must stay f32.
+  // time, and a graph constant does not promote a follow op to f32 (it is folded to the
+  // low dtype beside a low operand: a model whose weights are all low, as PyTorch's
+  // model.to(bfloat16)). Only for graphs whose constants are not trained (inference): the
+  // training step graph makes the model's constants its parameters, which must stay f32.
   bool fold_constants = false;
 };
 

@@ -153,10 +153,16 @@ TEST(MixedPrecision, CastsOnASmallGraph) {
   EXPECT_TRUE(amp.is_constant(find(amp, "w")));
   EXPECT_EQ(dtype_of(amp, find(amp, "w")), DType::f32) << "master weights stay f32";
 
-  // Folding constants (inference graphs): w becomes a bf16 constant and the f32 copy goes.
+  // Folding constants (inference graphs): w becomes a bf16 constant and the f32 copy goes;
+  // the bias, a constant too, no longer promotes the add: it is folded to bf16 (so is the
+  // scalar literal the bf16 sum is then scaled by), as in a bf16 model.
   const Graph folded = apply_mixed_precision(g, Precision::bf16, &report, {.fold_constants = true});
-  EXPECT_EQ(report.constants_folded, 1);
-  EXPECT_EQ(report.casts_inserted, 4);
+  EXPECT_EQ(report.constants_folded, 3);
+  for (const Node& n : folded.nodes()) {
+    if (n.name == "biased") {
+      EXPECT_EQ(dtype_of(folded, n.outputs[0]), DType::bf16);
+    }
+  }
   EXPECT_FALSE(folded.find_value("w").has_value());
   const ValueId w16 = find(folded, "w:bf16");
   EXPECT_TRUE(folded.is_constant(w16));
@@ -165,6 +171,39 @@ TEST(MixedPrecision, CastsOnASmallGraph) {
   // Same results on the CPU within bf16's rounding.
   const NamedTensors feeds = {{"x", random_tensor(DType::f32, {2, 4}, 3)}};
   const NamedTensors want = run_graph(g, feeds), got = run_graph(amp, feeds);
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 3e-2, 3e-2)) << name;
+}
+
+// A position embedding (a graph constant) added to a low product: autocast's promotion makes
+// the sum f32 (and everything after it) in training; in inference, constants folded, the
+// embedding is folded to bf16 and the sum stays bf16, as in a bf16 model. An f32 graph input
+// still promotes.
+TEST(MixedPrecision, FoldedConstantsDoNotPromote) {
+  Graph g("embed");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 3, 8});
+  const ValueId h = b.matmul(x, g.add_constant("w", random_tensor(DType::f32, {8, 8}, 1)));
+  const ValueId pos = g.add_constant("pos", random_tensor(DType::f32, {1, 3, 8}, 2));
+  const ValueId y = b.name("embed").add(h, pos);
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  const ValueId z = b.name("shift").add(h, g.add_input("offset", DType::f32, {1, 3, 8}));
+  g.rename_value(z, "z");
+  g.mark_output(z);
+  auto sum_dtype = [](const Graph& amp, const char* node) {
+    for (const Node& n : amp.nodes())
+      if (n.name == node) return amp.value(n.outputs[0]).type.dtype;
+    return DType::boolean;
+  };
+  const Graph trained = apply_mixed_precision(g, Precision::bf16);
+  EXPECT_EQ(sum_dtype(trained, "embed"), DType::f32);
+  const Graph folded = apply_mixed_precision(g, Precision::bf16, nullptr, {.fold_constants = true});
+  EXPECT_EQ(sum_dtype(folded, "embed"), DType::bf16);
+  EXPECT_EQ(sum_dtype(folded, "shift"), DType::f32);  // an input, not a weight: it promotes
+  EXPECT_EQ(folded.value(*folded.find_value("y")).type.dtype, DType::f32);  // cast back out
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 3, 8}, 3)},
+                           {"offset", random_tensor(DType::f32, {1, 3, 8}, 4)}};
+  const NamedTensors want = run_graph(g, feeds), got = run_graph(folded, feeds);
   for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 3e-2, 3e-2)) << name;
 }
 
