@@ -9,7 +9,8 @@
 // Taken now: convolutions (1-3 spatial dims, groups, dilation, padding; bias, the fused
 // activations and residual add of ConvAttrs as post-ops), gemm (a bias vector, alpha 1,
 // the fused activation), matmul (rank 2-4, batch broadcast), max/average/global average
-// pooling (no indices), unary activations (relu, gelu, sigmoid, tanh, silu), layer norm
+// pooling (no indices), unary activations (relu, gelu, sigmoid, tanh, silu), add / sub / mul /
+// div (a broadcast second operand, or first for add and mul), layer norm
 // (inference: statistics unread), attention (inference, no causal mask), in f32 or, where
 // the CPU computes in them, bf16 / f16; softmax and log-softmax in f32; fused_pointwise
 // programs of f32, bf16 and f16 values.

@@ -12,6 +12,7 @@ Planned plan_pool(const Graph& g, const Node& n);        // pool.cpp: max, avera
 Planned plan_softmax(const Graph& g, const Node& n);     // norm.cpp: softmax, log_softmax
 Planned plan_layer_norm(const Graph& g, const Node& n);  // norm.cpp
 Planned plan_eltwise(const Graph& g, const Node& n);     // eltwise.cpp: unary activations
+Planned plan_binary(const Graph& g, const Node& n);      // eltwise.cpp: add, sub, mul, div
 Planned plan_attention(const Graph& g, const Node& n);   // attention.cpp: inference
 // Not on oneDNN: a block interpreter of the program, in every build.
 Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp

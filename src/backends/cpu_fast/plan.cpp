@@ -45,6 +45,11 @@ Planned plan(const Graph& g, const Node& n) {
         return plan_eltwise(g, n);
       case OpKind::attention:
         return plan_attention(g, n);
+      case OpKind::add:
+      case OpKind::sub:
+      case OpKind::mul:
+      case OpKind::div:
+        return plan_binary(g, n);
       default:
         return {nullptr, cat("no oneDNN kernel for ", op_name(n.op), " yet")};
     }

@@ -274,6 +274,32 @@ TEST(CpuFast, ActivationsMatchTheReference) {
                                 6, 1e-5, 1e-6);
 }
 
+// add, sub, mul, div on oneDNN's binary: the same shapes, the second operand broadcast, the
+// first broadcast (add and mul: swapped), bit for bit the reference's in f32 (one IEEE
+// operation each); a broadcast first operand of sub stays on the reference kernels.
+TEST(CpuFast, BinaryOpsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("binary");
+  const ValueId x = g.add_input("x", DType::f32, {2, 5, 6});
+  const ValueId row = g.add_input("row", DType::f32, {6});
+  const ValueId col = g.add_input("col", DType::f32, {2, 5, 1});
+  int i = 0;
+  for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div}) {
+    g.mark_output(g.add_node(op, {}, {x, x}, cat("same", i))[0]);
+    g.mark_output(g.add_node(op, {}, {x, row}, cat("row", i))[0]);
+    g.mark_output(g.add_node(op, {}, {x, col}, cat("col", i))[0]);
+    ++i;
+  }
+  g.mark_output(g.add_node(OpKind::add, {}, {row, x}, "swapped_add")[0]);
+  g.mark_output(g.add_node(OpKind::mul, {}, {col, x}, "swapped_mul")[0]);
+  g.mark_output(g.add_node(OpKind::sub, {}, {row, x}, "broadcast_sub")[0]);  // reference
+  expect_fast_matches_reference(g,
+                                {{"x", random_tensor(DType::f32, {2, 5, 6}, 1, -3, 3)},
+                                 {"row", random_tensor(DType::f32, {6}, 2, 0.5, 2)},
+                                 {"col", random_tensor(DType::f32, {2, 5, 1}, 3, 0.5, 2)}},
+                                14, 0, 0);
+}
+
 // Inference attention on oneDNN (scores, softmax, product), with and without an additive
 // bias broadcast over the batch, rank 4 and 3; a causal one stays on the reference kernels.
 TEST(CpuFast, AttentionMatchesTheReference) {
