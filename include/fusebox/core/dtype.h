@@ -20,6 +20,10 @@ inline bool is_floating(DType t) {
 inline bool is_integer(DType t) {
   return t == DType::i64 || t == DType::i32;
 }
+// f16 or bf16: the low precisions mixed precision computes in.
+inline bool is_low_float(DType t) {
+  return t == DType::f16 || t == DType::bf16;
+}
 // The dtype statistics of float values of dtype x are kept in (norms' mean and inverse
 // deviation, ONNX stash_type 1; a loss over f16/bf16 logits): f64 for f64, else f32.
 inline DType stash_dtype(DType x) {

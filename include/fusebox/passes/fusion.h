@@ -45,6 +45,11 @@
 
 namespace fusebox {
 
+// The activation an op computes, when it is one a fused epilogue can take (relu, gelu, silu,
+// sigmoid, tanh, clip); none otherwise. (The fusions' epilogues and the CPU's oneDNN eltwise
+// kernels read ops through it.)
+FusedActivation activation_of(const Node& n);
+
 // One group: the node that does the work of several, and the ops it stands for.
 struct FusionGroup {
   std::string node;              // the fused node's name

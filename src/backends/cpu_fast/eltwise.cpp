@@ -8,6 +8,7 @@
 #ifdef FUSEBOX_WITH_ONEDNN
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
+#include "fusebox/passes/fusion.h"
 
 namespace fusebox::cpu_fast {
 namespace {
@@ -29,28 +30,6 @@ class EltwiseKernel final : public Kernel {
   dnnl::eltwise_forward primitive_;
   memory::desc x_;
 };
-
-// oneDNN's algorithm and alpha for the op; none where it has no such eltwise.
-std::optional<std::pair<dnnl::algorithm, float>> algorithm_of(const Node& n) {
-  using dnnl::algorithm;
-  switch (n.op) {
-    case OpKind::relu:
-      return std::pair{algorithm::eltwise_relu, 0.f};
-    case OpKind::gelu:
-      return std::pair{std::get<GeluAttrs>(n.attrs).tanh_approximation
-                           ? algorithm::eltwise_gelu_tanh
-                           : algorithm::eltwise_gelu_erf,
-                       0.f};
-    case OpKind::sigmoid:
-      return std::pair{algorithm::eltwise_logistic, 0.f};
-    case OpKind::tanh:
-      return std::pair{algorithm::eltwise_tanh, 0.f};
-    case OpKind::silu:
-      return std::pair{algorithm::eltwise_swish, 1.f};
-    default:
-      return std::nullopt;
-  }
-}
 
 class BinaryKernel final : public Kernel {
  public:
@@ -129,8 +108,9 @@ Planned plan_binary(const Graph& g, const Node& n) {
 }
 
 Planned plan_eltwise(const Graph& g, const Node& n) {
-  const auto algorithm = algorithm_of(n);
-  if (!algorithm) return {nullptr, cat("no oneDNN eltwise for ", op_name(n.op))};
+  std::string why = cat("no oneDNN eltwise for ", op_name(n.op));
+  const std::optional<Eltwise> eltwise = eltwise_of(activation_of(n), &why);
+  if (!eltwise) return {nullptr, why};
   const TensorType& x = g.value(n.inputs[0]).type;
   if (!data_type_of(x.dtype) || g.value(n.outputs[0]).type != x)
     return {nullptr, cat("a ", dtype_name(x.dtype), " input (f32, bf16 and f16 only)")};
@@ -138,7 +118,8 @@ Planned plan_eltwise(const Graph& g, const Node& n) {
   const memory::desc desc = plain_desc(dims_of(x.shape), x.dtype);
   try {
     dnnl::eltwise_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference,
-                                             algorithm->first, desc, desc, algorithm->second, 0.f);
+                                             eltwise->algorithm, desc, desc, eltwise->alpha,
+                                             eltwise->beta);
     return {std::make_unique<EltwiseKernel>(pd, desc), ""};
   } catch (const dnnl::error& e) {
     return {nullptr, cat("oneDNN has no eltwise for it (", e.what(), ")")};

@@ -50,39 +50,39 @@ dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data) {
   return dnnl::memory(desc, cpu_engine(), const_cast<void*>(data));
 }
 
-bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::string* why) {
+std::optional<Eltwise> eltwise_of(const FusedActivation& a, std::string* why) {
   using dnnl::algorithm;
   switch (a.kind) {
     case Activation::none:
-      return true;
+      break;
     case Activation::relu:
-      ops.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_relu, 0.f, 0.f};
     case Activation::gelu:
-      ops.append_eltwise(algorithm::eltwise_gelu_erf, 0.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_gelu_erf, 0.f, 0.f};
     case Activation::gelu_tanh:
-      ops.append_eltwise(algorithm::eltwise_gelu_tanh, 0.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_gelu_tanh, 0.f, 0.f};
     case Activation::silu:
-      ops.append_eltwise(algorithm::eltwise_swish, 1.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_swish, 1.f, 0.f};
     case Activation::sigmoid:
-      ops.append_eltwise(algorithm::eltwise_logistic, 0.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_logistic, 0.f, 0.f};
     case Activation::tanh:
-      ops.append_eltwise(algorithm::eltwise_tanh, 0.f, 0.f);
-      return true;
+      return Eltwise{algorithm::eltwise_tanh, 0.f, 0.f};
     case Activation::clip: {
       // clip_v2: min(max(x, alpha), beta); an infinite bound as the float range's end.
       const float lo = std::max(float(a.min), std::numeric_limits<float>::lowest());
       const float hi = std::min(float(a.max), std::numeric_limits<float>::max());
-      ops.append_eltwise(algorithm::eltwise_clip_v2, lo, hi);
-      return true;
+      return Eltwise{algorithm::eltwise_clip_v2, lo, hi};
     }
   }
   *why = cat("no oneDNN eltwise for the activation ", activation_name(a.kind));
-  return false;
+  return std::nullopt;
+}
+
+bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::string* why) {
+  if (!a) return true;
+  const std::optional<Eltwise> e = eltwise_of(a, why);
+  if (e) ops.append_eltwise(e->algorithm, e->alpha, e->beta);
+  return e.has_value();
 }
 
 dnnl::memory in_layout(const dnnl::memory& data, const dnnl::memory::desc& want) {

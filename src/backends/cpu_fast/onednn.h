@@ -34,6 +34,14 @@ dnnl::memory::dims dims_of(const Shape& s);
 // Wraps host bytes (not owned) as a memory of `desc`.
 dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data);
 
+// oneDNN's eltwise for activation `a`: its algorithm and parameters; none (with `why` said)
+// where oneDNN has no such eltwise, or for no activation.
+struct Eltwise {
+  dnnl::algorithm algorithm;
+  float alpha, beta;
+};
+std::optional<Eltwise> eltwise_of(const FusedActivation& a, std::string* why);
+
 // Appends `a` as an eltwise post-op; false (nothing appended) where oneDNN has no such
 // eltwise, with `why` said.
 bool append_activation(dnnl::post_ops& ops, const FusedActivation& a, std::string* why);

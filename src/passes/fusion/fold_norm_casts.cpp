@@ -11,10 +11,6 @@ namespace {
 using fusion::op_text;
 using fusion::Readers;
 
-bool is_low(DType t) {
-  return t == DType::f16 || t == DType::bf16;
-}
-
 // What one norm takes.
 struct Fold {
   NodeId input_cast = -1;            // the widening cast x comes from (its input is read instead)
@@ -37,7 +33,8 @@ Fold fold_of(const Graph& g, const Readers& r, const Node& n) {
   const ValueId x = n.inputs[0];
   const NodeId p = g.value(x).producer;
   // A widening cast is exact: the norm reads its input and widens it in registers.
-  if (p >= 0 && g.node(p).op == OpKind::cast && is_low(g.value(g.node(p).inputs[0]).type.dtype)) {
+  if (p >= 0 && g.node(p).op == OpKind::cast &&
+      is_low_float(g.value(g.node(p).inputs[0]).type.dtype)) {
     f.input_cast = p;
     f.input_cast_goes = r.only_reader(x) == n.id;
   }
@@ -51,7 +48,7 @@ Fold fold_of(const Graph& g, const Readers& r, const Node& n) {
     const Node& c = g.node(m);
     if (c.op != OpKind::cast || r.outputs.count(c.outputs[0])) return f;
     const DType d = g.value(c.outputs[0]).type.dtype;
-    if (!is_low(d) || (to && *to != d)) return f;
+    if (!is_low_float(d) || (to && *to != d)) return f;
     to = d;
   }
   // One low dtype per norm: x of f16 and y of bf16 (or the reverse) has no kernel.

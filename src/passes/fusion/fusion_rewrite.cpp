@@ -79,6 +79,8 @@ const Tensor* known_tensor(const Graph& g, ValueId v) {
   return nullptr;
 }
 
+}  // namespace fusion
+
 FusedActivation activation_of(const Node& n) {
   FusedActivation a;
   switch (n.op) {
@@ -110,7 +112,5 @@ FusedActivation activation_of(const Node& n) {
   }
   return a;
 }
-
-}  // namespace fusion
 
 }  // namespace fusebox

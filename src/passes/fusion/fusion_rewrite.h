@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/passes/fusion.h"
 #include "passes/rewrite/graph_rewriter.h"
 
 namespace fusebox::fusion {
@@ -74,9 +75,7 @@ using Expansion =
 // constants on first use, the unread ones dropped).
 void rebuild_expanding(Graph& g, const Expansion& expand);
 
-// The activation an op computes, when it is one a fused epilogue can take (relu, gelu, silu,
-// sigmoid, tanh, clip); none otherwise.
-FusedActivation activation_of(const Node& n);
+using fusebox::activation_of;  // passes/fusion.h
 
 // The tensor behind v: a graph constant or a constant node's value; null for any other value.
 const Tensor* known_tensor(const Graph& g, ValueId v);

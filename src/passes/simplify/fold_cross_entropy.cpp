@@ -15,10 +15,6 @@ namespace {
 
 using fusion::Readers;
 
-bool is_low(DType t) {
-  return t == DType::f16 || t == DType::bf16;
-}
-
 // What the walk found for one cross_entropy.
 struct Fold {
   ValueId logits = kNoValue;  // the value the new node reads (before `rows`)
@@ -60,7 +56,8 @@ Fold walk(const Graph& g, const Node& ce) {
     if (p < 0) break;
     const Node& n = g.node(p);
     const TensorType& in = g.value(n.inputs[0]).type;
-    if (n.op == OpKind::cast && !cast && is_low(in.dtype) && g.value(v).type.dtype == DType::f32) {
+    if (n.op == OpKind::cast && !cast && is_low_float(in.dtype) &&
+        g.value(v).type.dtype == DType::f32) {
       cast = true;
     } else if (n.op == OpKind::transpose && !transpose && !f.rows &&
                moves_last_to_one(std::get<TransposeAttrs>(n.attrs).perm)) {
