@@ -20,9 +20,13 @@ std::string what_ran(const Node& n, const std::vector<ConvDecision>& decisions, 
   if (device != Device::cuda) return "";
   if (n.op == OpKind::fused_pointwise) return "generated kernel";
   if (n.op == OpKind::attention) return "fused attention";
-  if (n.op != OpKind::conv) return "";
+  const char* op = n.op == OpKind::conv                   ? "conv_fprop"
+                   : n.op == OpKind::conv_backward_data   ? "conv_dgrad"
+                   : n.op == OpKind::conv_backward_filter ? "conv_wgrad"
+                                                          : nullptr;
+  if (op == nullptr) return "";
   for (const ConvDecision& d : decisions) {
-    if (d.node != node_label(n) || d.op != "conv_fprop") continue;
+    if (d.node != node_label(n) || d.op != op) continue;
     return d.plan.empty() ? d.path : d.path + ", " + d.plan;
   }
   return "not recorded";

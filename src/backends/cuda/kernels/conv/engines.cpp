@@ -27,9 +27,11 @@
 //     alone reads and writes more bytes than the depthwise kernel's whole pass.
 //  2. Elsewhere, where the depthwise kernels were measured faster than cuDNN's best engine on
 //     every shape (bf16, f16 runs the same loop; bench/results/2026-11-25_h100_session14/,
-//     2026-11-28_h200_session19/): dgrad at stride 1 (1.5-2.6x); fprop at stride 1 with a
-//     7-wide filter, or a 3-wide one on the ring kernel; 3-wide weight gradients on the ring
-//     kernel. f32 and other shapes: cuDNN (autotuning still times both).
+//     2026-11-28_h200_session19/, 2026-11-28_h200_session21_dw_wgrad_sweep/): dgrad at stride 1
+//     (1.5-2.6x); fprop at stride 1 with a 7-wide filter, or a 3-wide one on the ring kernel;
+//     3- and 7-wide weight gradients on the ring kernel (7-wide: 0.99-1.35x cuDNN's best plan,
+//     where cuDNN's heuristic plan ran ConvNeXt-T's 96-channel 56x56 wgrad (bf16, batch 128) in
+//     2.25 ms). f32: cuDNN; other bf16/f16 shapes: rule 4.
 //
 //  3. A patchify fprop (every filter extent equal to its stride, no padding or dilation, one
 //     group: ViT's 16x16/16 patch embedding, Swin's and ConvNeXt's 4x4/4 stems) passes cuDNN
@@ -48,6 +50,10 @@
 //     - a strided fprop over few channels (an RGB stem: C <= 4, a stride > 1): the fused
 //       7x7/2 stem of DenseNet-121 and ResNet-50 ran on eng10 at 1.93 ms (~16 TFLOP/s, batch
 //       256), and space-to-depth measured 2.13x cuDNN's best plan on that stem (session 25).
+//     - a depthwise convolution rules 1 and 2 leave to cuDNN (strided dgrads, 5-wide or
+//       rows-kernel wgrads, fprops with neither an epilogue nor a measured shape): its
+//       heuristics' plan for a depthwise wgrad was 10-20x the depthwise kernel (ConvNeXt-T
+//       above), so nothing but a timing decides between them.
 //
 // Autotuning (FUSEBOX_AUTOTUNE, FUSEBOX_CONV_BACKEND unset, cuDNN takes the problem): every
 // engine but cuDNN and the direct kernel that accepts the problem, fused or unfused, is
@@ -149,7 +155,8 @@ bool depthwise_measured_faster(const ConvCall& call) {
   if (rows.first == 0) return false;
   if (op == ConvOp::dgrad) return true;  // rows_kernel_shape: stride 1 on every dim
   const int v = depthwise::vector_width(dtype);
-  if (op == ConvOp::wgrad) return rows.first == 3 && depthwise::ring_shape(g, op, rows, v);
+  if (op == ConvOp::wgrad)
+    return (rows.first == 3 || rows.first == 7) && depthwise::ring_shape(g, op, rows, v);
   const ConvEpilogueOperands& e = call.epilogue;
   if (e.activation || e.residual != nullptr || rows.second != 1) return false;
   return rows.first == 7 || (rows.first == 3 && depthwise::ring_shape(g, op, rows, v));
@@ -181,6 +188,11 @@ std::optional<std::string> timed_by_default(const ConvCall& call) {
   if (g.groups > 1 && (g.in_per_group() > 1 || g.out_per_group() > 1))
     return std::string(
         "a grouped convolution: timed, not the heuristics' plan (engines.cpp, rule 4)");
+  if (!depthwise_engine().cannot_implement(call) && !depthwise_fuses_epilogue(call) &&
+      !depthwise_measured_faster(call))
+    return std::string(
+        "a depthwise convolution no rule routes: timed, not the heuristics' plan (engines.cpp, "
+        "rule 4)");
   bool strided = false;
   for (int d = 0; d < 3; ++d) strided = strided || g.stride[d] > 1;
   if (call.op() == ConvOp::fprop && g.groups == 1 && g.in_channels <= 4 && strided &&
