@@ -71,9 +71,9 @@ void unary_backward_typed(const Node& n, const Tensor& dy, const Tensor& x, Tens
       }
       // d/dv v Phi(v) = Phi(v) + v phi(v)
       return map_unary_backward<T>(dy, x, dx, [](C v) {
-        const C cdf = C(0.5) * (C(1) + std::erf(v / std::numbers::sqrt2_v<C>));
+        const C cdf = C(0.5) * (C(1) + std::erf(v * C(std::numbers::sqrt2 / 2)));
         const C pdf =
-            std::exp(C(-0.5) * v * v) * std::numbers::inv_sqrtpi_v<C> / std::numbers::sqrt2_v<C>;
+            std::exp(C(-0.5) * v * v) * C(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
         return cdf + v * pdf;
       });
     case OpKind::silu:  // s (1 + v (1 - s))

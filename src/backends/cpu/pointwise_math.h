@@ -60,8 +60,9 @@ bool with_float_unary(const PointwiseInstr& ins, Use&& use) {
           return C(0.5) * v * (C(1) + std::tanh(k * (v + C(0.044715) * v * v * v)));
         });
       }
-      // 0.5 x (1 + erf(x / sqrt(2)))
-      return call([](C v) { return C(0.5) * v * (C(1) + std::erf(v / std::numbers::sqrt2_v<C>)); });
+      // 0.5 x (1 + erf(x / sqrt(2))), activation.h's formula
+      return call(
+          [](C v) { return C(0.5) * v * (C(1) + std::erf(v * C(std::numbers::sqrt2 / 2))); });
     case OpKind::silu:
       return call([](C v) { return v * sigmoid(v); });
     case OpKind::sigmoid:

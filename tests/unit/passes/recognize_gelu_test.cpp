@@ -127,19 +127,21 @@ void expect_formed(const Graph& before, bool tanh_approximation, double rtol, do
 }
 
 // f32: the CPU's gelu against its own erf, tanh, pow and products: rtol 1e-6 (a few roundings
-// of 6e-8 each) and atol 1e-6. The gelu computes the same expression as torch's spelling, with
-// the same f32 constants, hence the same bits; x * 0.70710677 for x / sqrt(2), x * x * x for
-// powf and the products in another order round differently, and 1 + erf(u) (1 + tanh(u)) for
-// x << 0 cancels to a few ulps of 1: an error of up to ~|x| * 6e-8 * a few that the relative
-// bound cannot take near 0 (one of 256 values at x in [-5, 5] is 1e-6 off relative), hence
-// the atol. A wrong constant is far outside either (0.5 vs 0.6 is 20%).
+// of 6e-8 each) and atol 1e-6. The gelu computes x / sqrt(2) as x * 0.70710677 (PyTorch's
+// kernels' spelling), the spellings that do so give the same bits; x / 1.4142135 for it, x * x * x
+// for powf and the products in another order round differently, and 1 + erf(u) (1 + tanh(u)) for x
+// << 0 cancels to a few ulps of 1: an error of up to ~|x| * 6e-8 * a few that the relative bound
+// cannot take near 0 (one of 256 values at x in [-5, 5] is 1e-6 off relative), hence the atol. A
+// wrong constant is far outside either (0.5 vs 0.6 is 20%).
 constexpr double kF32Rtol = 1e-6, kF32Atol = 1e-6;
 
 TEST(RecognizeGelu, ErfFormInEveryOrderF32) {
   for (ErfForm form : {ErfForm::torch, ErfForm::inverse_scale_half_first,
                        ErfForm::half_last_swapped, ErfForm::half_with_sum}) {
     SCOPED_TRACE(int(form));
-    const bool same_expression = form == ErfForm::torch;
+    // x * 0.70710677 as the gelu computes x / sqrt(2); 0.5 x in any order is exact.
+    const bool same_expression =
+        form == ErfForm::inverse_scale_half_first || form == ErfForm::half_last_swapped;
     expect_formed(gelu_graph(DType::f32,
                              [form](GeluBuilder& gb, ValueId x) { return erf_gelu(gb, x, form); }),
                   false, same_expression ? 0 : kF32Rtol, same_expression ? 0 : kF32Atol);

@@ -58,8 +58,8 @@ struct GeluTanhGrad {
 template <class C>
 struct GeluErfGrad {
   __device__ C operator()(C v) const {
-    const C cdf = C(0.5) * (C(1) + dm::erf(v / C(std::numbers::sqrt2)));
-    const C pdf = dm::exp(C(-0.5) * v * v) * C(std::numbers::inv_sqrtpi) / C(std::numbers::sqrt2);
+    const C cdf = C(0.5) * (C(1) + dm::erf(v * C(std::numbers::sqrt2 / 2)));
+    const C pdf = dm::exp(C(-0.5) * v * v) * C(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
     return cdf + v * pdf;
   }
 };

@@ -69,7 +69,7 @@ template <class C> __device__ __forceinline__ C fb_leaky_relu(C v, C alpha) {
   return v < C(0) ? alpha * v : v;
 }
 template <class C> __device__ __forceinline__ C fb_gelu(C v) {
-  return C(0.5) * v * (C(1) + fb_erf(v / C(1.4142135623730950488)));
+  return C(0.5) * v * (C(1) + fb_erf(v * C(0.70710678118654752440)));
 }
 // backends/common/activation.h's gelu_tanh_ (the unfused kernel's): in f32, x * sigmoid(2u)
 // by exp2 and an approximate reciprocal.

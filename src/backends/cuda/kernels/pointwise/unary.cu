@@ -5,6 +5,7 @@
 // CPU); identity copies bytes.
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 #include "backends/common/activation.h"
 #include "backends/cuda/kernels/common/elementwise.cuh"
@@ -40,10 +41,10 @@ struct LeakyRelu {
   C alpha;
   __device__ C operator()(C v) const { return v < C(0) ? alpha * v : v; }
 };
-struct GeluErf {  // 0.5 x (1 + erf(x / sqrt(2)))
+struct GeluErf {  // 0.5 x (1 + erf(x / sqrt(2))), activation.h's formula
   template <class C>
   __device__ C operator()(C v) const {
-    return C(0.5) * v * (C(1) + dm::erf(v / C(1.4142135623730950488)));
+    return C(0.5) * v * (C(1) + dm::erf(v * C(std::numbers::sqrt2 / 2)));
   }
 };
 struct GeluTanh {  // backends/common/activation.h (f32: x * sigmoid(2u), see there)
