@@ -61,6 +61,7 @@ struct BenchArgs {
   bool report = false;
   std::string dot;
   std::string memory_limit;
+  std::string optimizer = "sgd";  // --mode train: train's --optimizer and its defaults
   CLI::App* app = nullptr;
   bool given(const std::string& option) const { return app->count(option) > 0; }
 };
@@ -145,8 +146,10 @@ Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
   const Value& input = g.value(g.inputs()[0]);
   const Value& logits = g.value(g.outputs()[0]);
   const int64_t classes = logits.type.shape.at(1);
-  TrainingSession session(g, LossSpec{}, SgdOptions{.lr = 0.05, .momentum = 0.9},
-                          {.device = device, .precision = precision});
+  const OptimizerSpec optimizer = args.optimizer == "adamw"
+                                      ? OptimizerSpec(AdamWOptions{})
+                                      : OptimizerSpec(SgdOptions{.lr = 0.05, .momentum = 0.9});
+  TrainingSession session(g, LossSpec{}, optimizer, {.device = device, .precision = precision});
   // cross_entropy's labels: logits [N, C, D...] -> [N, D...] (a decoder's [N, vocab, tokens]:
   // one label per token).
   Shape label_shape = logits.type.shape;
@@ -238,6 +241,7 @@ int bench(const BenchArgs& args) {
   const bool train = args.mode == "train";
   if (train && !args.dot.empty())
     throw UsageError("--dot is for --mode infer: it draws the inference pipeline's fusion groups");
+  if (!train && args.given("--optimizer")) throw UsageError("--optimizer is for --mode train");
   // The figures' file is checked before the minutes of benchmarking, not after.
   if (!args.json.empty()) check_writable(args.json, "--json " + args.json);
   const Precision precision = parse_precision(args.precision);
@@ -247,7 +251,8 @@ int bench(const BenchArgs& args) {
   const bool onnx = args.model.ends_with(".onnx");
   std::cout << "bench " << args.model << ": " << args.mode << ", "
             << (onnx ? std::string("the model's batch") : cat("batch ", args.batch)) << ", "
-            << precision_name(precision) << ", " << device_name(device) << ", " << args.warmup
+            << precision_name(precision) << ", " << device_name(device)
+            << (train ? ", " + args.optimizer : std::string()) << ", " << args.warmup
             << " warm-up + " << args.steps << " queued + " << args.steps << " waited steps\n";
   const Figures f =
       train ? bench_train(args, device, precision) : bench_infer(args, device, precision);
@@ -301,7 +306,10 @@ int bench(const BenchArgs& args) {
       j.set("cpu_kernels", cpu_kernels_name(cpu_kernels_for(args.device)));
       j.set("fast_nodes", f.exe.fast_nodes);
     }
-    if (train) j.set("final_loss", f.final_loss);
+    if (train) {
+      j.set("final_loss", f.final_loss);
+      j.set("optimizer", args.optimizer);
+    }
     if (f.times) j.set("time_by_node", time_report_json(*f.times));
     std::ofstream out(args.json);
     FUSEBOX_CHECK(out.good(), "fusebox bench", "cannot write --json ", args.json);
@@ -345,6 +353,10 @@ Command add_bench_command(CLI::App& parent) {
       ->check(integer_range(1));
   app->add_option("--num-classes", args->num_classes, "Zoo models; default 1000")
       ->check(integer_range(1));
+  app->add_option("--optimizer", args->optimizer,
+                  "--mode train: sgd (default: momentum 0.9, lr 0.05) or adamw (lr 0.001, "
+                  "weight decay 0.01), train's defaults")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
   add_shape_option(*app, &args->shapes);
   app->add_option("--json", args->json, "Also write the figures here")->type_name("FILE");
   app->add_flag("--report", args->report,

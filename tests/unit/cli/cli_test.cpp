@@ -337,6 +337,20 @@ TEST_F(Cli, BenchTrainsADecoder) {
   EXPECT_TRUE(contains(r.out, "final loss")) << r.out;
 }
 
+// bench --mode train --optimizer: train's optimizers and defaults, named in the first line and
+// the JSON; refused for inference.
+TEST_F(Cli, BenchTrainsWithTheOptimizerAsked) {
+  const std::string model = make_small_cnn();
+  const ToolResult r = tool(cat("bench '", model, "' --mode train --optimizer adamw --steps 2 ",
+                                "--warmup 1 --device cpu --json '", path("b.json"), "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, ", adamw, 1 warm-up")) << r.out;
+  EXPECT_TRUE(contains(slurp(path("b.json")), "\"optimizer\": \"adamw\"")) << r.out;
+  const ToolResult infer = tool(cat("bench '", model, "' --optimizer adamw --device cpu"));
+  EXPECT_EQ(infer.exit_code, 2) << infer.err;
+  EXPECT_TRUE(contains(infer.err, "--optimizer is for --mode train")) << infer.err;
+}
+
 // run --precision: bf16 through the inference pipeline's mixed precision (f32 outputs close to
 // the f32 run's), refused on the reference kernels, which run the model as imported.
 TEST_F(Cli, RunTakesAPrecision) {
