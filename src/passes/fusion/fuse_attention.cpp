@@ -23,7 +23,9 @@
 // far faster than a fused kernel on CUDA cores would. In training graphs the node also
 // outputs lse for its gradient rule (passes/autodiff/vjp_norm.cpp). A transpose on the scores'
 // right operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters
-// fold permute + transpose) is first split into the head split and the swap.
+// fold permute + transpose) is first split into the head split and the swap; Swin's shifted
+// windows (a per-window mask added between two reshapes) first join the windows to the heads
+// (merge_window_heads below).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -324,13 +326,282 @@ size_t split_key_transposes(Graph& g, std::optional<Graph>& unsplit) {
   return count;
 }
 
+// ---- Swin's shifted windows ------------------------------------------------------------
+//
+// torchvision's shifted_window_attention batches the windows (B_ = B * nW rows) and adds a
+// per-window mask between two reshapes:
+//   s = matmul(q', k'^T) [B_, h, N, N] (casts, scales) [+ rel] -> reshape [B, nW, h, N, N]
+//     -> + mask [1, nW, 1|h, N, N] -> reshape [B_, h, N, N] -> casts -> softmax -> casts
+//     -> matmul(p, v) [B_, h, N, dv]
+// No bias broadcasts to the scores as that mask does (it repeats every nW rows of the
+// batch), but one does once the windows join the heads: q, k and v read as [B, nW * h, N, d]
+// (the same elements in the same order), rel + mask as one bias [1, nW * h, N, N], the
+// product read back as [B_, h, N, dv]. The chain then has the form the matcher takes.
+
+// The nodes and values of one windowed chain (node ids of the graph it was matched in).
+struct WindowChain {
+  ValueId q = kNoValue, k = kNoValue, v = kNoValue;  // the operands, [B_, h, N, d|dv]
+  NodeId q_reader = -1, k_reader = -1;               // the chain's nodes reading q and k
+  NodeId rel_add = -1, reshape5 = -1, mask_add = -1, reshape4 = -1, product = -1;
+  ValueId rel = kNoValue, mask = kNoValue;
+  ValueId chain_in = kNoValue;  // what the first add of the chain adds a bias to
+  int64_t batch = 0, windows = 0, heads = 0, queries = 0, keys = 0;
+};
+
+// `shape` with leading 1s up to `rank`, or nullopt when it has more dims.
+std::optional<Shape> padded(const Shape& shape, size_t rank) {
+  if (shape.size() > rank) return std::nullopt;
+  Shape s(rank - shape.size(), 1);
+  s.insert(s.end(), shape.begin(), shape.end());
+  return s;
+}
+
+// Whether every dim of `s` is 1 or the one of `full` beside it.
+bool broadcasts_to(const Shape& s, const Shape& full) {
+  if (s.size() != full.size()) return false;
+  for (size_t d = 0; d < s.size(); ++d)
+    if (s[d] != 1 && s[d] != full[d]) return false;
+  return true;
+}
+
+std::optional<WindowChain> match_window_chain(const Graph& g, const Readers& r,
+                                              const Node& softmax) {
+  auto producer = [&](ValueId v) -> const Node* {
+    const NodeId n = g.value(v).producer;
+    return n >= 0 && r.only_reader(v) >= 0 ? &g.node(n) : nullptr;
+  };
+  const Shape& scores_shape = g.value(softmax.inputs[0]).type.shape;
+  if (scores_shape.size() != 4 || std::get<SoftmaxAttrs>(softmax.attrs).axis != 3)
+    return std::nullopt;
+  WindowChain c;
+  // Up from the softmax: casts, then reshape [B, nW, h, N, N] -> [B_, h, N, N].
+  ValueId v = softmax.inputs[0];
+  const Node* w = producer(v);
+  while (w != nullptr && w->op == OpKind::cast && is_floating(g.value(w->inputs[0]).type.dtype))
+    w = producer(v = w->inputs[0]);
+  if (w == nullptr || w->op != OpKind::reshape) return std::nullopt;
+  c.reshape4 = w->id;
+  const Node* add5 = producer(w->inputs[0]);
+  if (add5 == nullptr || add5->op != OpKind::add || g.value(w->inputs[0]).type.shape.size() != 5)
+    return std::nullopt;
+  c.mask_add = add5->id;
+  const Node* r5 = nullptr;
+  for (int side = 0; side < 2 && r5 == nullptr; ++side) {
+    const Node* p = producer(add5->inputs[size_t(side)]);
+    if (p == nullptr || p->op != OpKind::reshape ||
+        g.value(p->outputs[0]).type.shape != g.value(add5->outputs[0]).type.shape)
+      continue;
+    r5 = p;
+    c.mask = add5->inputs[size_t(1 - side)];
+  }
+  if (r5 == nullptr) return std::nullopt;
+  c.reshape5 = r5->id;
+  const Shape& s4 = g.value(r5->inputs[0]).type.shape;
+  const Shape& s5 = g.value(r5->outputs[0]).type.shape;
+  if (s4 != scores_shape || g.value(w->outputs[0]).type.shape != scores_shape ||
+      s5[0] * s5[1] != s4[0] || s5[2] != s4[1] || s5[3] != s4[2] || s5[4] != s4[3])
+    return std::nullopt;
+  c.batch = s5[0], c.windows = s5[1], c.heads = s5[2], c.queries = s5[3], c.keys = s5[4];
+  const TensorType& mask_type = g.value(c.mask).type;
+  const std::optional<Shape> mask5 = padded(mask_type.shape, 5);
+  if (!is_floating(mask_type.dtype) || !mask5 || (*mask5)[0] != 1 || !broadcasts_to(*mask5, s5))
+    return std::nullopt;
+  // Above the first reshape: the relative-position bias's add (read only by the reshape),
+  // then casts and scales up to the scores' product.
+  v = r5->inputs[0];
+  w = producer(v);
+  if (w != nullptr && w->op == OpKind::add) {
+    for (int side = 0; side < 2; ++side) {
+      const ValueId chain = w->inputs[size_t(side)], bias = w->inputs[size_t(1 - side)];
+      const Node* p = producer(chain);
+      const std::optional<Shape> bias4 = padded(g.value(bias).type.shape, 4);
+      if (p == nullptr || g.value(chain).type.shape != s4 || !bias4 || (*bias4)[0] != 1 ||
+          !broadcasts_to(*bias4, s4) || !is_floating(g.value(bias).type.dtype))
+        continue;
+      c.rel_add = w->id, c.rel = bias, v = chain;
+      break;
+    }
+    if (c.rel_add < 0) return std::nullopt;
+    w = producer(v);
+  }
+  c.chain_in = v;
+  for (; w != nullptr; w = producer(v)) {
+    if (w->op == OpKind::cast && is_floating(g.value(w->inputs[0]).type.dtype)) {
+      v = w->inputs[0];
+    } else if (auto scale = scaled_by_constant(g, *w)) {
+      v = scale->first;
+    } else {
+      break;
+    }
+  }
+  if (w == nullptr || w->op != OpKind::matmul) return std::nullopt;
+  const Node& scores = *w;
+  // The operands: q and k (above k^T's transpose) through casts and scales.
+  const Operand qw = walk_operand(g, r, scores.inputs[0]);
+  const Operand ktw = walk_operand(g, r, scores.inputs[1]);
+  const Node* transpose = producer(ktw.value);
+  if (transpose == nullptr || !swaps_last_two(*transpose, 4)) return std::nullopt;
+  const Operand kw = walk_operand(g, r, transpose->inputs[0]);
+  c.q = qw.value, c.k = kw.value;
+  c.q_reader = qw.nodes.empty() ? scores.id : qw.nodes.back();
+  c.k_reader = kw.nodes.empty() ? transpose->id : kw.nodes.back();
+  // Down from the softmax: casts, then the product with v.
+  v = softmax.outputs[0];
+  for (;;) {
+    const NodeId next = r.only_reader(v);
+    if (next < 0) return std::nullopt;
+    const Node& n = g.node(next);
+    if (n.op == OpKind::cast && is_floating(g.value(n.outputs[0]).type.dtype)) {
+      v = n.outputs[0];
+    } else if (n.op == OpKind::matmul && n.inputs[0] == v) {
+      c.product = n.id;
+      c.v = n.inputs[1];
+      break;
+    } else {
+      return std::nullopt;
+    }
+  }
+  const Shape &tq = g.value(c.q).type.shape, &tk = g.value(c.k).type.shape,
+              &tv = g.value(c.v).type.shape;
+  for (const Shape* s : {&tq, &tk, &tv})
+    if (s->size() != 4 || (*s)[0] != s4[0] || (*s)[1] != c.heads) return std::nullopt;
+  if (tq[2] != c.queries || tk[2] != c.keys || tv[2] != c.keys) return std::nullopt;
+  return c;
+}
+
+// rel [.., h|1, N|1, N|1] + mask [1, nW|1, h|1, N|1, N|1] over [1, nW, h, N, N], in `dtype`,
+// computed here (both known).
+Tensor window_bias(const Tensor* rel, const Tensor& mask, const WindowChain& c, DType dtype) {
+  const Shape full = {1, c.windows, c.heads, c.queries, c.keys};
+  const Shape m5 = *padded(mask.shape(), 5);
+  const Shape r5 = rel ? *padded(*padded(rel->shape(), 4), 5) : Shape(5, 1);
+  Tensor out = Tensor::zeros(DType::f64, full);
+  double* o = out.data<double>();
+  // The flat index in a tensor of `shape` (each dim 1 or full's) of full's element e.
+  auto at = [&](const Shape& shape, int64_t e) {
+    int64_t index = 0, stride = 1, rest = e;
+    std::vector<int64_t> coord(5);
+    for (int d = 4; d >= 0; --d) coord[size_t(d)] = rest % full[size_t(d)], rest /= full[size_t(d)];
+    for (int d = 4; d >= 0; --d) {
+      if (shape[size_t(d)] != 1) index += coord[size_t(d)] * stride;
+      stride *= shape[size_t(d)];
+    }
+    return index;
+  };
+  for (int64_t e = 0; e < out.numel(); ++e)
+    o[e] = mask.get(at(m5, e)) + (rel ? rel->get(at(r5, e)) : 0.0);
+  return out.cast(dtype).reshaped({1, c.windows * c.heads, c.queries, c.keys});
+}
+
+// Merges the windows of every windowed chain into its heads (see above). Returns the number
+// merged; `original` gets g as it was, unless it holds a graph already.
+size_t merge_window_heads(Graph& g, std::optional<Graph>& original) {
+  const Readers r(g);
+  std::vector<WindowChain> chains;
+  for (const Node& n : g.nodes())
+    if (n.op == OpKind::softmax)
+      if (std::optional<WindowChain> c = match_window_chain(g, r, n)) chains.push_back(*c);
+  if (chains.empty()) return 0;
+  if (!original) original = g;
+  enum class Role { none, q_reader, k_reader, rel_add, reshape5, mask_add, reshape4, product };
+  std::vector<std::pair<Role, size_t>> role(g.nodes().size(), {Role::none, 0});
+  for (size_t i = 0; i < chains.size(); ++i) {
+    const WindowChain& c = chains[i];
+    role[size_t(c.q_reader)] = {Role::q_reader, i};
+    role[size_t(c.k_reader)] = {Role::k_reader, i};
+    if (c.rel_add >= 0) role[size_t(c.rel_add)] = {Role::rel_add, i};
+    role[size_t(c.reshape5)] = {Role::reshape5, i};
+    role[size_t(c.mask_add)] = {Role::mask_add, i};
+    role[size_t(c.reshape4)] = {Role::reshape4, i};
+    role[size_t(c.product)] = {Role::product, i};
+  }
+  fusion::rebuild_expanding(
+      g, [&](const Node& n, GraphRewriter& rw) -> std::optional<std::vector<ValueId>> {
+        const auto [what, i] = role[size_t(n.id)];
+        if (what == Role::none) return std::nullopt;
+        const WindowChain& c = chains[i];
+        Graph& out = rw.graph();
+        const int64_t merged = c.windows * c.heads;
+        // `value` (a source value) read as [B, nW * h, .., ..].
+        auto merge = [&](ValueId value) {
+          const Shape& s = g.value(value).type.shape;
+          return out.add_node(OpKind::reshape, ReshapeAttrs{{c.batch, merged, s[2], s[3]}},
+                              {rw.mapped(value)}, n.name + "/window_heads",
+                              {rw.fresh_name(g.value(value).name + "/window_heads")})[0];
+        };
+        auto inputs_with = [&](ValueId base) {
+          std::vector<ValueId> in;
+          for (ValueId x : n.inputs) in.push_back(x == base ? merge(x) : rw.mapped(x));
+          return in;
+        };
+        switch (what) {
+          case Role::q_reader:
+          case Role::k_reader:
+            return rw.emit(n, n.op, n.attrs, inputs_with(what == Role::q_reader ? c.q : c.k),
+                           rw.output_names(n));
+          case Role::rel_add:
+          case Role::reshape5:
+          case Role::reshape4: {  // gone: their reader reads what they read
+            const ValueId through = what == Role::rel_add ? c.chain_in : n.inputs[0];
+            return std::vector<ValueId>{rw.mapped(through)};
+          }
+          case Role::mask_add: {
+            const DType dtype = g.value(n.outputs[0]).type.dtype;
+            const Tensor* rel = c.rel != kNoValue ? known_tensor(g, c.rel) : nullptr;
+            const Tensor* mask = known_tensor(g, c.mask);
+            ValueId bias;
+            if (mask != nullptr && (c.rel == kNoValue || rel != nullptr)) {
+              bias = out.add_constant(rw.fresh_name(n.name + "/window_bias"),
+                                      window_bias(rel, *mask, c, dtype));
+            } else {  // computed in the step (a trainable rel): reshape, add, expand, reshape
+              auto as5 = [&](ValueId x, const Shape& shape) {
+                ValueId y = rw.mapped(x);
+                if (g.value(x).type.dtype != dtype)
+                  y = out.add_node(OpKind::cast, CastAttrs{dtype}, {y}, n.name + "/window_bias",
+                                   {rw.fresh_name(n.name + "/window_bias_cast")})[0];
+                return out.add_node(OpKind::reshape, ReshapeAttrs{shape}, {y},
+                                    n.name + "/window_bias",
+                                    {rw.fresh_name(n.name + "/window_bias_5d")})[0];
+              };
+              ValueId sum = as5(c.mask, *padded(g.value(c.mask).type.shape, 5));
+              if (c.rel != kNoValue)
+                sum = out.add_node(
+                    OpKind::add, {},
+                    {as5(c.rel, *padded(*padded(g.value(c.rel).type.shape, 4), 5)), sum},
+                    n.name + "/window_bias", {rw.fresh_name(n.name + "/window_bias_sum")})[0];
+              sum = out.add_node(
+                  OpKind::expand, ExpandAttrs{{1, c.windows, c.heads, c.queries, c.keys}}, {sum},
+                  n.name + "/window_bias", {rw.fresh_name(n.name + "/window_bias_full")})[0];
+              bias = out.add_node(OpKind::reshape, ReshapeAttrs{{1, merged, c.queries, c.keys}},
+                                  {sum}, n.name + "/window_bias",
+                                  {rw.fresh_name(n.name + "/window_bias")})[0];
+            }
+            return rw.emit(n, OpKind::add, {}, {rw.mapped(c.chain_in), bias}, rw.output_names(n));
+          }
+          case Role::product: {
+            const ValueId y =
+                out.add_node(n.op, n.attrs, inputs_with(c.v), n.name,
+                             {rw.fresh_name(g.value(n.outputs[0]).name + "/window_heads")})[0];
+            return out.add_node(OpKind::reshape, ReshapeAttrs{g.value(n.outputs[0]).type.shape},
+                                {y}, n.name + "/windows", rw.output_names(n));
+          }
+          case Role::none:
+            break;
+        }
+        return std::nullopt;
+      });
+  return chains.size();
+}
+
 }  // namespace
 
 size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
-  // The split is undone when nothing fuses (a graph without attention is left as it was); a
-  // split transpose whose chain does not fuse while others do stays split.
+  // The split and the merged windows are undone when nothing fuses (a graph without attention
+  // is left as it was); a split transpose whose chain does not fuse while others do stays
+  // split.
   std::optional<Graph> unsplit;
   split_key_transposes(g, unsplit);
+  merge_window_heads(g, unsplit);
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   size_t count = 0;

@@ -354,6 +354,91 @@ TEST(FuseAttention, TrainableBiasGetsItsGradient) {
   }
 }
 
+// Swin's shifted windows (torchvision's shifted_window_attention): B = 2 images of nW = 4
+// windows of N = 5 tokens, h = 3 heads; the relative-position bias added to the scores, then a
+// per-window mask between two reshapes. `rel_input`: the bias is a graph input (trainable), else
+// a constant; `mask_per_image`: the mask also varies over the images ([2, 4, 1, 5, 5]).
+Graph swin_window_form(bool rel_input, bool mask_per_image = false) {
+  Graph g("swin_windows");
+  const DType t = DType::bf16;
+  const Shape shape = {8, 3, 5, 8};
+  const ValueId q = g.add_input("q", t, shape);
+  const ValueId k = g.add_input("k", t, shape);
+  const ValueId v = g.add_input("v", t, shape);
+  const ValueId rel = rel_input ? g.add_input("rel", t, {1, 3, 5, 5})
+                                : g.add_constant("rel", random_tensor(t, {1, 3, 5, 5}, 7));
+  // The shifted windows' mask: 0 within a region, -100 across regions (torchvision's values).
+  Tensor mask = Tensor::zeros(t, {mask_per_image ? 2 : 1, 4, 1, 5, 5});
+  for (int64_t e = 0; e < mask.numel(); ++e)
+    if ((e / 25) % 4 != 0 && (e % 5) < (e / 5) % 5) mask.set(e, -100.0);
+  const ValueId m = g.add_constant("mask", mask);
+  const ValueId c = g.add_constant("scale", Tensor::scalar(t, 1 / std::sqrt(8.0)));
+  const ValueId qs = g.add_node(OpKind::mul, {}, {q, c}, "q_scaled")[0];
+  const ValueId kt = g.add_node(OpKind::transpose, TransposeAttrs{{0, 1, 3, 2}}, {k}, "k_t")[0];
+  ValueId x = g.add_node(OpKind::matmul, {}, {qs, kt}, "scores")[0];
+  x = g.add_node(OpKind::add, {}, {x, rel}, "rel_bias")[0];
+  x = g.add_node(OpKind::reshape, ReshapeAttrs{{2, 4, 3, 5, 5}}, {x}, "to_windows")[0];
+  x = g.add_node(OpKind::add, {}, {x, m}, "masked")[0];
+  x = g.add_node(OpKind::reshape, ReshapeAttrs{{-1, 3, 5, 5}}, {x}, "from_windows")[0];
+  x = g.add_node(OpKind::cast, CastAttrs{DType::f32}, {x}, "scores_f32")[0];
+  const ValueId p = g.add_node(OpKind::softmax, SoftmaxAttrs{-1}, {x}, "softmax")[0];
+  const ValueId p16 = g.add_node(OpKind::cast, CastAttrs{t}, {p}, "probs_bf16")[0];
+  const ValueId y = g.add_node(OpKind::matmul, {}, {p16, v}, "context")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  return g;
+}
+
+// The windows join the heads (q, k, v read as [2, 12, 5, 8], the bias rel + mask as
+// [1, 12, 5, 5]), so that one attention node computes the chain; the product is read back as
+// [8, 3, 5, 8]. A constant bias is folded here; a trainable one is summed in the graph and gets
+// its gradient; a mask that also varies over the images does not fuse.
+TEST(FuseAttention, SwinShiftedWindowsJoinTheHeads) {
+  const NamedTensors feeds = {{"q", random_tensor(DType::bf16, {8, 3, 5, 8}, 1)},
+                              {"k", random_tensor(DType::bf16, {8, 3, 5, 8}, 2)},
+                              {"v", random_tensor(DType::bf16, {8, 3, 5, 8}, 3)},
+                              {"rel", random_tensor(DType::bf16, {1, 3, 5, 5}, 4)}};
+  for (bool rel_input : {false, true}) {
+    SCOPED_TRACE(rel_input ? "trainable bias" : "constant bias");
+    const Graph plain = swin_window_form(rel_input);
+    Graph g = plain;
+    ASSERT_EQ(fuse_attention(g), 1u);
+    EXPECT_EQ(count_op(g, OpKind::softmax), 0u);
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::attention) continue;
+      ASSERT_EQ(n.inputs.size(), 4u);
+      EXPECT_EQ(g.value(n.inputs[0]).type.shape, (Shape{2, 12, 5, 8}));
+      EXPECT_EQ(g.value(n.inputs[3]).type.shape, (Shape{1, 12, 5, 5}));
+      EXPECT_EQ(g.is_constant(n.inputs[3]), !rel_input);
+      EXPECT_NEAR(std::get<AttentionAttrs>(n.attrs).scale, 1 / std::sqrt(8.0), 1e-2);
+    }
+    NamedTensors in = feeds;
+    if (!rel_input) in.erase("rel");
+    EXPECT_TRUE(all_close(run_graph(g, in).at("y"), run_graph(plain, in).at("y"), 2e-2, 2e-2));
+  }
+  // Training: d loss / d rel through the attention's dbias equals the unfused chain's.
+  Graph fused = swin_window_form(true), plain = fused;
+  ASSERT_EQ(fuse_attention(fused, nullptr, /*training=*/true), 1u);
+  for (Graph* g : {&fused, &plain}) {
+    const ValueId loss = g->add_node(OpKind::reduce_sum, ReduceAttrs{.keepdims = false},
+                                     {g->outputs()[0]}, "loss")[0];
+    const GradResult r = grad(*g, loss, {g->inputs()[0], g->inputs()[3]});
+    g->rename_value(r.of(g->inputs()[0]), "dq");
+    g->rename_value(r.of(g->inputs()[3]), "drel");
+    g->mark_output(r.of(g->inputs()[0]));
+    g->mark_output(r.of(g->inputs()[3]));
+  }
+  EXPECT_EQ(count_op(fused, OpKind::attention_backward), 1u);
+  const NamedTensors a = run_graph(fused, feeds), b = run_graph(plain, feeds);
+  EXPECT_TRUE(all_close(a.at("dq"), b.at("dq"), 3e-2, 3e-2));
+  EXPECT_TRUE(all_close(a.at("drel"), b.at("drel"), 3e-2, 3e-2));
+  // A mask of its own per image is no bias of the merged heads: left as it was.
+  Graph per_image = swin_window_form(false, /*mask_per_image=*/true);
+  const Graph before = per_image;
+  EXPECT_EQ(fuse_attention(per_image), 0u);
+  EXPECT_EQ(per_image.nodes().size(), before.nodes().size());
+}
+
 TEST(FuseAttention, ScoresReadElsewhereOrF32StayUnfused) {
   Graph g = sdpa_export_form(true);
   EXPECT_EQ(fuse_attention(g), 0u);
