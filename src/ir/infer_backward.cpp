@@ -284,21 +284,36 @@ Types infer_expand(Context& c) {
   return {{c.dtype(0), a.shape}};
 }
 
-// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param,
-// new_momentum_buf); adamw_update: (param, grad, m, v, lr, step, grad_scale?, skip?) ->
-// (new_param, new_m, new_v). The state tensors have param's type; lr and grad_scale are
-// float scalars, step an integer one, skip a scalar of any dtype.
+// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?, low_param?) -> (new_param,
+// new_momentum_buf, new_low_param?); adamw_update: (param, grad, m, v, lr, step, grad_scale?,
+// skip?, low_param?) -> (new_param, new_m, new_v, new_low_param?). The state tensors have
+// param's type, grad too or (param f32) bf16/f16 of its shape, low_param bf16/f16 of its shape
+// beside an f32 param; lr and grad_scale are float scalars, step an integer one, skip a scalar
+// of any dtype.
 Types infer_optimizer(Context& c) {
   const bool adamw = c.op() == OpKind::adamw_update;
   const int states = adamw ? 4 : 3;  // param, grad and the state buffers
   c.expect_float(0);
-  for (int i = 1; i < states; ++i)
-    c.check(c.type(i) == c.type(0), c.input(i), " is ", type_str(c.type(i)), " but must be ",
-            type_str(c.type(0)), " like ", c.input(0));
+  const TensorType& param = c.type(0);
+  const bool f32 = param.dtype == DType::f32;
+  c.check(c.type(1) == param ||
+              (f32 && is_low_float(c.type(1).dtype) && c.type(1).shape == param.shape),
+          c.input(1), " is ", type_str(c.type(1)), " but must be ", type_str(param), " like ",
+          c.input(0), f32 ? " (or bf16 / f16 of its shape)" : "");
+  for (int i = 2; i < states; ++i)
+    c.check(c.type(i) == param, c.input(i), " is ", type_str(c.type(i)), " but must be ",
+            type_str(param), " like ", c.input(0));
   expect_scalar(c, states, true);
   const int grad_scale = adamw ? states + 2 : states + 1;
   if (c.has(grad_scale)) expect_scalar(c, grad_scale, true);
   if (c.has(grad_scale + 1)) expect_any_scalar(c, grad_scale + 1);
+  Types out(size_t(states - 1), param);
+  if (const int low = grad_scale + 2; c.has(low)) {
+    c.check(f32 && is_low_float(c.type(low).dtype) && c.type(low).shape == param.shape,
+            c.input(low), " is ", type_str(c.type(low)), " but must be bf16 or f16 of ", c.input(0),
+            "'s shape beside an f32 ", c.input(0), " (", type_str(param), ")");
+    out.push_back(c.type(low));
+  }
   if (adamw) {
     expect_scalar(c, states + 1, false);
     const AdamWAttrs& a = c.attrs<AdamWAttrs>();
@@ -307,7 +322,7 @@ Types infer_optimizer(Context& c) {
     c.check(std::isfinite(a.epsilon) && a.epsilon >= 0, "epsilon ", a.epsilon,
             " must be finite and >= 0");
     expect_finite(c, a.weight_decay, "weight_decay");
-    return {c.type(0), c.type(0), c.type(0)};
+    return out;
   }
   const SgdAttrs& a = c.attrs<SgdAttrs>();
   expect_finite(c, a.momentum, "momentum");
@@ -316,7 +331,7 @@ Types infer_optimizer(Context& c) {
   c.check(!a.nesterov || (a.momentum > 0 && a.dampening == 0),
           "nesterov needs momentum > 0 and dampening 0 (PyTorch), got momentum ", a.momentum,
           " and dampening ", a.dampening);
-  return {c.type(0), c.type(0)};
+  return out;
 }
 
 // nonfinite_any: (x1, ..., xn) -> f32 [], floating-point inputs of any shapes.

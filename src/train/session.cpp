@@ -55,6 +55,14 @@ struct TrainingSession::Impl {
     return state(train::kScalerPrefix + std::string(name)).to_host().get(0);
   }
   void copy_state_to_host() const;
+  // The parameters' low copies (step_graph.h StepGraph::low_copies) from `parameters` (by
+  // name), rounded as the cast they replace rounds.
+  void fill_low_copies(const NamedTensors& parameters) const {
+    for (const auto& [param, low] : step.low_copies) {
+      const DeviceArray copy = state(low);
+      copy.copy_from(parameters.at(param).cast(copy.dtype()));
+    }
+  }
   // Takes the runs a bad label stopped (runtime/executable.h) off `steps`.
   void count_applied_steps() const;
   // Waits for the queued steps and throws the Error of one whose kernels found bad data.
@@ -181,7 +189,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     FUSEBOX_CHECK(dp.bucket_bytes > 0, where, "data_parallel.bucket_bytes must be > 0");
   }
   s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision,
-                                   opts.loss_scaling, dp);
+                                   opts.loss_scaling, dp, opts.low_parameter_copies);
   // (With f16, a skipped step 1 leaves the buffer at 0 and step 2 damps: PyTorch would
   // start the buffer at step 2's gradient.)
   if (const auto* sgd = std::get_if<SgdOptions>(&optimizer);
@@ -189,7 +197,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     SgdOptions undamped = *sgd;
     undamped.dampening = 0;
     s.first_step = train::build_step_graph(model, s.layout, loss, undamped, opts.precision,
-                                           opts.loss_scaling, dp);
+                                           opts.loss_scaling, dp, opts.low_parameter_copies);
   }
   s.eval = train::build_eval_graph(model, s.layout, opts.precision);
   s.batch_inputs = s.layout.data_inputs;
@@ -224,6 +232,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     }
   }
   for (const auto& [name, t] : initial) s.state(name).copy_from(t);
+  s.fill_low_copies(initial);
 }
 
 TrainingSession::~TrainingSession() = default;
@@ -399,6 +408,7 @@ void TrainingSession::restore(const Checkpoint& ckpt, const std::string& where) 
   for (const auto& [name, t] : ckpt.buffers) buffers.at(name).copy_from(t);
   for (const auto& [name, t] : ckpt.optimizer_state) optimizer_state.at(name).copy_from(t);
   for (const auto& [name, t] : ckpt.scaler) scaler.at(name).copy_from(t);
+  s.fill_low_copies(ckpt.parameters);
   s.steps = ckpt.step;
   s.copied_at = -1;  // the host copies are taken again when asked for
   s.optimizer = ckpt.optimizer;

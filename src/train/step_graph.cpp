@@ -14,6 +14,7 @@
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/passes/simplify.h"
+#include "passes/rewrite/graph_rewriter.h"
 #include "train/graph_rewrite.h"
 
 namespace fusebox::train {
@@ -137,6 +138,56 @@ Graph with_collectives_early(const Graph& g) {
   return rewrite_graph(g, {.node_order = order}).graph;
 }
 
+// Low copies (SessionOptions::low_parameter_copies): each parameter whose every reader is a
+// cast to one 16-bit dtype gets a state input of that dtype ("low/<param>") which those
+// readers read instead; the casts go. Returns (parameter, low input) pairs.
+std::vector<std::pair<std::string, std::string>> add_low_copies(
+    Graph& g, const std::vector<std::string>& parameters) {
+  std::vector<std::vector<NodeId>> readers(g.values().size());
+  for (const Node& n : g.nodes())
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) readers[size_t(v)].push_back(n.id);
+  const std::set<ValueId> outputs(g.outputs().begin(), g.outputs().end());
+  std::vector<std::pair<std::string, std::string>> copies;
+  std::map<NodeId, size_t> cast_of;  // a cast that goes -> its copy
+  for (const std::string& p : parameters) {
+    const ValueId v = find(g, p);
+    const std::vector<NodeId>& r = readers[size_t(v)];
+    if (r.empty() || outputs.count(v) || g.value(v).type.dtype != DType::f32) continue;
+    std::optional<DType> low;
+    bool casts_only = true;
+    for (NodeId n : r) {
+      const Node& c = g.node(n);
+      if (c.op != OpKind::cast || !is_low_float(std::get<CastAttrs>(c.attrs).to) ||
+          (low && *low != std::get<CastAttrs>(c.attrs).to)) {
+        casts_only = false;
+        break;
+      }
+      low = std::get<CastAttrs>(c.attrs).to;
+    }
+    if (!casts_only) continue;
+    for (NodeId n : r) cast_of[n] = copies.size();
+    copies.push_back({p, kLowCopyPrefix + p});
+  }
+  if (copies.empty()) return copies;
+  GraphRewriter rw(g);
+  std::vector<ValueId> inputs;
+  for (const auto& [p, low] : copies) {
+    const TensorType& t = g.value(find(g, p)).type;
+    const DType dtype = std::get<CastAttrs>(g.node(readers[size_t(find(g, p))][0]).attrs).to;
+    inputs.push_back(rw.graph().add_input(low, dtype, t.shape));
+  }
+  for (const Node& n : g.nodes()) {
+    if (auto it = cast_of.find(n.id); it != cast_of.end()) {
+      rw.map(n.outputs[0], inputs[it->second]);
+      continue;
+    }
+    rw.copy(n);
+  }
+  g = rw.finish();
+  return copies;
+}
+
 }  // namespace
 
 ModelLayout analyse_model(const Graph& model, const LossSpec& loss, const SessionOptions& opts) {
@@ -236,7 +287,8 @@ std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling) {
 
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision,
-                           const LossScaling& scaling, const DataParallel& data_parallel) {
+                           const LossScaling& scaling, const DataParallel& data_parallel,
+                           bool low_copies) {
   const bool parallel = data_parallel.world != nullptr;
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
@@ -273,6 +325,10 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   // differentiates, the loss's own form), parameters being inputs by now (so they stay f32,
   // read through casts); values keep their names, so they are found by name from here on.
   run_pipeline(training_forward_pipeline(precision), g);
+  // Not with data parallelism: the averaged gradients are f32 and the buckets follow the
+  // backward's order (a widening cast per gradient would come after the whole backward).
+  if (low_copies && !parallel) step.low_copies = add_low_copies(g, layout.parameters);
+  std::map<std::string, std::string> low_copy_of(step.low_copies.begin(), step.low_copies.end());
   auto mapped = [&](const std::string& name) { return find(g, name); };
   const ValueId loss_value = mapped(loss_name);
 
@@ -285,13 +341,17 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     statistic_outputs.push_back({n.inputs[4], n.outputs[2]});
   }
 
-  // Gradients, then one update per parameter.
-  std::vector<ValueId> params;
-  for (const std::string& p : layout.parameters) params.push_back(mapped(p));
+  // Gradients, then one update per parameter; a parameter with a low copy is differentiated
+  // through the copy (its gradient in the copy's dtype: the update widens it).
+  std::vector<ValueId> read;  // what the forward reads of each parameter
+  for (const std::string& p : layout.parameters) {
+    auto low = low_copy_of.find(p);
+    read.push_back(mapped(low != low_copy_of.end() ? low->second : p));
+  }
   const bool scaled = precision == Precision::f16;
-  const GradResult grads = grad(g, loss_value, params, {.seed_input = scaled});
+  const GradResult grads = grad(g, loss_value, read, {.seed_input = scaled});
   std::vector<ValueId> gradients;  // what the updates read, by parameter
-  for (ValueId p : params) gradients.push_back(grads.of(p));
+  for (ValueId v : read) gradients.push_back(grads.of(v));
   if (parallel) gradients = average_gradients(g, gradients, data_parallel);
   const Scaler scaler = scaled ? add_scaler(g, grads, gradients) : Scaler{};
   const ValueId lr = g.add_input(kLrInput, DType::f32, {});
@@ -302,15 +362,27 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
   if (adamw && scaler)
     step_now = g.add_node(OpKind::sub, {}, {step_now, scaler.skipped}, "amp/optimizer_step",
                           {"amp/optimizer_step"})[0];
-  // An update's inputs, with the scaler's grad_scale and skip when scaling.
-  auto update_inputs = [&](std::vector<ValueId> inputs) {
-    if (scaler) inputs.insert(inputs.end(), {scaler.inv_scale, scaler.found_inf});
+  // An update's inputs, with the scaler's grad_scale and skip when scaling, and the
+  // parameter's low copy when it has one (its next value a last output, named).
+  auto update_inputs = [&](std::vector<ValueId> inputs, const std::string& p,
+                           std::vector<std::string>& names) {
+    auto low = low_copy_of.find(p);
+    if (scaler || low != low_copy_of.end())
+      inputs.insert(inputs.end(), {scaler.inv_scale, scaler.found_inf});
+    if (low != low_copy_of.end()) {
+      inputs.push_back(mapped(low->second));
+      names.push_back(next_state_name(low->second));
+    }
     return inputs;
   };
-
   auto state_output = [&](const std::string& input, ValueId next) {
     g.mark_output(next);
     step.state_updates.push_back({input, g.value(next).name});
+  };
+  // The low copy's next value: the update's last output, when the parameter has a copy.
+  auto low_output = [&](const std::string& p, const std::vector<ValueId>& outs) {
+    auto low = low_copy_of.find(p);
+    if (low != low_copy_of.end()) state_output(low->second, outs.back());
   };
   for (size_t i = 0; i < layout.parameters.size(); ++i) {
     const std::string& p = layout.parameters[i];
@@ -323,14 +395,17 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
                              .beta2 = adamw->beta2,
                              .epsilon = adamw->eps,
                              .weight_decay = adamw->weight_decay};
+      std::vector<std::string> names = {next_state_name(p), next_state_name(m), next_state_name(v)};
+      const ValueId m_in = g.add_input(m, type.dtype, type.shape);
+      const ValueId v_in = g.add_input(v, type.dtype, type.shape);
+      const std::vector<ValueId> inputs =
+          update_inputs({param, dparam, m_in, v_in, lr, step_now}, p, names);
       std::vector<ValueId> outs =
-          g.add_node(OpKind::adamw_update, attrs,
-                     update_inputs({param, dparam, g.add_input(m, type.dtype, type.shape),
-                                    g.add_input(v, type.dtype, type.shape), lr, step_now}),
-                     "adamw/" + p, {next_state_name(p), next_state_name(m), next_state_name(v)});
+          g.add_node(OpKind::adamw_update, attrs, inputs, "adamw/" + p, names);
       state_output(p, outs[0]);
       state_output(m, outs[1]);
       state_output(v, outs[2]);
+      low_output(p, outs);
       continue;
     }
     const auto& sgd = std::get<SgdOptions>(optimizer);
@@ -345,11 +420,13 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
                                              : b.op(OpKind::expand, ExpandAttrs{type.shape},
                                                     {b.constant(Tensor::zeros(type.dtype, {}))})
                                                    .at(0);
-    std::vector<ValueId> outs =
-        g.add_node(OpKind::sgd_update, attrs, update_inputs({param, dparam, buf_in, lr}),
-                   "sgd/" + p, {next_state_name(p), sgd.momentum != 0 ? next_state_name(buf) : ""});
+    std::vector<std::string> names = {next_state_name(p),
+                                      sgd.momentum != 0 ? next_state_name(buf) : ""};
+    const std::vector<ValueId> inputs = update_inputs({param, dparam, buf_in, lr}, p, names);
+    std::vector<ValueId> outs = g.add_node(OpKind::sgd_update, attrs, inputs, "sgd/" + p, names);
     state_output(p, outs[0]);
     if (sgd.momentum != 0) state_output(buf, outs[1]);
+    low_output(p, outs);
   }
   // The scaler's next state, after every other reader of its state (so that the CUDA
   // executable updates it in place).

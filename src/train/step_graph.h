@@ -19,6 +19,9 @@ constexpr const char* kLossOutput = "__loss__";
 constexpr const char* kOptimPrefix = "optim/";
 // The output holding state input S's next value is "__next__/S".
 std::string next_state_name(const std::string& state_input);
+// The step-graph input of parameter P's low copy (SessionOptions::low_parameter_copies) is
+// "low/P".
+constexpr const char* kLowCopyPrefix = "low/";
 // f16 dynamic loss scaling (docs/mixed_precision.md): the scaler's state, step-graph
 // inputs "amp/<name>" of these checkpoint names, and the flag of a skipped step (f32,
 // 1: a gradient held an infinity or a NaN, the updates were skipped; else 0).
@@ -49,8 +52,11 @@ std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling);
 struct StepGraph {
   Graph graph;
   // (state input name, output holding its next value) for every parameter, buffer,
-  // optimizer state tensor and (f16) loss scaler state.
+  // optimizer state tensor, (f16) loss scaler state and low copy.
   std::vector<std::pair<std::string, std::string>> state_updates;
+  // (parameter, its low copy's state input): the copies to fill, by rounding the parameter to
+  // the input's dtype, wherever the parameter is set (not in a checkpoint).
+  std::vector<std::pair<std::string, std::string>> low_copies;
 };
 // `optimizer`'s lr is not used (it is the kLrInput input).
 // `precision`: passes/mixed_precision.h on the forward pass (parameters stay f32); f16 adds
@@ -58,9 +64,11 @@ struct StepGraph {
 // `data_parallel` with a world: the gradients averaged in all_reduce buckets and the loss
 // averaged (session.h DataParallel); the collectives placed right after their inputs' last
 // writer.
+// `low_copies`: SessionOptions::low_parameter_copies.
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision = Precision::f32,
-                           const LossScaling& scaling = {}, const DataParallel& data_parallel = {});
+                           const LossScaling& scaling = {}, const DataParallel& data_parallel = {},
+                           bool low_copies = true);
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
                        Precision precision = Precision::f32);

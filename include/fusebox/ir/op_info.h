@@ -135,9 +135,10 @@ inline constexpr const char* kLayerNormBackward[] = {"dy", "x", "scale", "mean",
 inline constexpr const char* kRmsNormBackward[] = {"dy", "x", "scale", "inv_rms"};
 inline constexpr const char* kCrossEntropyBackward[] = {"dloss", "log_prob", "labels", "weight",
                                                         "logits"};
-inline constexpr const char* kSgd[] = {"param", "grad", "momentum_buf", "lr", "grad_scale", "skip"};
-inline constexpr const char* kAdamW[] = {"param", "grad", "m",          "v",
-                                         "lr",    "step", "grad_scale", "skip"};
+inline constexpr const char* kSgd[] = {"param",      "grad", "momentum_buf", "lr",
+                                       "grad_scale", "skip", "low_param"};
+inline constexpr const char* kAdamW[] = {"param", "grad",       "m",    "v",        "lr",
+                                         "step",  "grad_scale", "skip", "low_param"};
 inline constexpr const char* kLossScaleUpdate[] = {"scale", "growth_tracker", "found_inf",
                                                    "skipped"};
 inline constexpr const char* kFusedPointwise[] = {"in0",  "in1",  "in2",  "in3", "in4",  "in5",
@@ -147,8 +148,8 @@ inline constexpr const char* kFusedPointwise[] = {"in0",  "in1",  "in2",  "in3",
 
 // OpInfo::in_place rows, by output.
 namespace op_in_place {
-inline constexpr int8_t kSgd[] = {0, 2};            // param', momentum_buf'
-inline constexpr int8_t kAdamW[] = {0, 2, 3};       // param', m', v'
+inline constexpr int8_t kSgd[] = {0, 2, 6};         // param', momentum_buf', low_param'
+inline constexpr int8_t kAdamW[] = {0, 2, 3, 8};    // param', m', v', low_param'
 inline constexpr int8_t kBatchNorm[] = {-1, 3, 4};  // training: running mean', running var'
 inline constexpr int8_t kLossScale[] = {0, 1, 3};   // scale', growth_tracker', skipped'
 }  // namespace op_in_place
@@ -414,10 +415,10 @@ inline constexpr OpInfo kOpTable[] = {
      .max_inputs = 1, .roles = op_roles::kDy, .attrs = attrs_index<ResizeBackwardAttrs>(),
      .differentiable = false},
     // ---- optimizer updates and f16 loss scaling
-    {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 6,
+    {FUSEBOX_OP_ROW(sgd_update), .family = OpFamily::optimizer, .min_inputs = 4, .max_inputs = 7,
      .roles = op_roles::kSgd, .attrs = attrs_index<SgdAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::elementwise, .differentiable = false, .in_place = op_in_place::kSgd},
-    {FUSEBOX_OP_ROW(adamw_update), .family = OpFamily::optimizer, .min_inputs = 6, .max_inputs = 8,
+    {FUSEBOX_OP_ROW(adamw_update), .family = OpFamily::optimizer, .min_inputs = 6, .max_inputs = 9,
      .roles = op_roles::kAdamW, .attrs = attrs_index<AdamWAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::elementwise, .differentiable = false, .in_place = op_in_place::kAdamW},
     // A reduction to a scalar that reads its inputs in whatever dense order they are in:

@@ -542,8 +542,9 @@ struct GatherBackwardAttrs {
 // (and a later pass can batch all parameters into one launch). lr (and step) are f32
 // (i64) scalar INPUTS, not attributes, so the graph stays the same while a schedule
 // changes them: rank 0; lr may be any float dtype (f32 normally), step i64 or i32 and
-// >= 1 at run time. grad and the state buffers have param's dtype and shape; the
-// update runs in f32 (f64 for f64 params) with the per-step scalars in f64.
+// >= 1 at run time. grad and the state buffers have param's dtype and shape (grad may also be
+// bf16 or f16 beside an f32 param: mixed precision's gradient, read as its exact f32 value);
+// the update runs in f32 (f64 for f64 params) with the per-step scalars in f64.
 // Both take two optional trailing scalar inputs (rank 0), for f16 loss scaling (PyTorch's
 // GradScaler: docs/mixed_precision.md), read at run time like lr:
 //   grad_scale (any float dtype): the gradient is multiplied by it (rounded to the compute
@@ -552,8 +553,13 @@ struct GatherBackwardAttrs {
 //   skip (any dtype): when nonzero (NaN counts) the update is skipped: every output equals
 //     its input (param, the state buffers) bit for bit.
 // Without them (absent, kNoValue) the update is exactly the one below, bit for bit.
-// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param,
-//   new_momentum_buf), PyTorch semantics:
+// A last optional input, low_param (bf16 or f16, param's shape; param f32), adds a last output
+// new_low_param = new_param rounded to low_param's dtype (round to nearest even, as cast): the
+// low copy a mixed-precision step's products read instead of casting the parameter every step
+// (train/step_graph.cpp). Its values are not read: it is there so that the new copy may be
+// written in its place.
+// sgd_update: (param, grad, momentum_buf, lr, grad_scale?, skip?, low_param?) -> (new_param,
+//   new_momentum_buf, new_low_param?), PyTorch semantics:
 //   g = grad + weight_decay * param; buf = momentum * buf + (1 - dampening) * g
 //   (buf = g on the first step is the caller's business: it starts buf at 0 and sets
 //   dampening 0, which PyTorch's first step equals); g = nesterov ? g + momentum * buf : buf
@@ -565,9 +571,9 @@ struct SgdAttrs {
   double weight_decay = 0.0;
   bool nesterov = false;
 };
-// adamw_update: (param, grad, m, v, lr, step, grad_scale?, skip?) -> (new_param, new_m,
-//   new_v), PyTorch AdamW: param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g;
-//   v = b2 v + (1-b2) g^2; param -= lr * (m / (1 - b1^step)) / (sqrt(v) / sqrt(1 - b2^step)
+// adamw_update: (param, grad, m, v, lr, step, grad_scale?, skip?, low_param?) -> (new_param,
+//   new_m, new_v, new_low_param?), PyTorch AdamW: param *= 1 - lr * weight_decay; m = b1 m + (1-b1)
+//   g; v = b2 v + (1-b2) g^2; param -= lr * (m / (1 - b1^step)) / (sqrt(v) / sqrt(1 - b2^step)
 //   + eps). step counts from 1 (the step being taken; with skipped steps, the steps not
 //   skipped, as PyTorch's per-parameter count). beta1, beta2 in [0, 1).
 struct AdamWAttrs {

@@ -139,6 +139,13 @@ struct SessionOptions {
   // Constants (by name) that are not trained and stay constants.
   std::set<std::string> frozen;
   DataParallel data_parallel;
+  // bf16 / f16: a parameter the forward pass reads only through its cast to the low dtype is
+  // kept as a low copy too, which its optimizer update writes beside the f32 parameter, and its
+  // gradient reaches the update in the low dtype (ops.h low_param): no cast of a weight or of a
+  // gradient runs in a step. The same numbers bit for bit (the copy is the cast's rounding,
+  // the update widens the gradient as the cast did); false: the casts run every step. Not with
+  // data_parallel (its gradients are averaged in f32).
+  bool low_parameter_copies = true;
 };
 
 class TrainingSession {

@@ -13,7 +13,8 @@
 //                 param = param - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) +
 //                 eps)
 // With grad_scale, grad above is grad * grad_scale (rounded to the compute type); with a
-// nonzero skip, every output is a copy of its state input.
+// nonzero skip, every output is a copy of its state input. A bf16/f16 grad beside an f32 param
+// is widened first (exact); with low_param, the new param rounded to its dtype is a last output.
 //
 // f16 loss scaling: nonfinite_any scans its inputs for infinities and NaNs;
 // loss_scale_update applies GradScaler's rule (backends/common/loss_scale.h).
@@ -37,18 +38,40 @@ double scalar_input(const Node& n, const Tensor& t, const char* role) {
   return t.get(0);
 }
 
-// The first `count` inputs and every output share param's type.
-void check_states(const Node& n, Inputs in, size_t count, Outputs out) {
+// The first `count` inputs and the first count - 1 outputs share param's type, but for grad's
+// dtype (a low gradient beside an f32 param) and the low copy's (`low`: its input slot, whose
+// output comes last; 0: none).
+void check_states(const Node& n, Inputs in, size_t count, size_t low, Outputs out) {
+  const Tensor& param = *in[0];
   for (size_t i = 0; i < count; ++i) {
-    FUSEBOX_CHECK(in[i]->dtype() == in[0]->dtype() && in[i]->shape() == in[0]->shape(),
+    FUSEBOX_CHECK((i == 1 || in[i]->dtype() == param.dtype()) && in[i]->shape() == param.shape(),
                   node_label(n), "input ", i, " ", shape_str(in[i]->shape()),
-                  " does not match param ", shape_str(in[0]->shape()));
+                  " does not match param ", shape_str(param.shape()));
   }
-  for (const Tensor& t : out) {
-    FUSEBOX_CHECK(t.dtype() == in[0]->dtype() && t.shape() == in[0]->shape(), node_label(n),
-                  "output ", shape_str(t.shape()), " does not match param ",
-                  shape_str(in[0]->shape()));
+  const bool has_low = low > 0 && in.size() > low && in[low] != nullptr;
+  FUSEBOX_CHECK(out.size() == count - 1 + (has_low ? 1 : 0), node_label(n), "expects ",
+                count - 1 + (has_low ? 1 : 0), " outputs, got ", out.size());
+  for (size_t o = 0; o < out.size(); ++o) {
+    const Tensor& t = out[o];
+    const DType want = o + 1 < count ? param.dtype() : in[low]->dtype();
+    FUSEBOX_CHECK(t.dtype() == want && t.shape() == param.shape(), node_label(n), "output ",
+                  shape_str(t.shape()), " does not match param ", shape_str(param.shape()));
   }
+}
+
+// grad in param's dtype: a bf16/f16 gradient beside an f32 param widened (exact: the cast the
+// low gradient replaces), in `widened`.
+const Tensor& grad_as_param(Inputs in, Tensor& widened) {
+  if (in[1]->dtype() == in[0]->dtype()) return *in[1];
+  widened = in[1]->cast(in[0]->dtype());
+  return widened;
+}
+
+// The low copy (ops.h low_param), when the update has one: new_param rounded to its dtype.
+void write_low_copy(Outputs out, size_t states) {
+  if (out.size() <= states - 1) return;
+  const Tensor low = out[0].cast(out.back().dtype());
+  std::memcpy(out.back().raw(), low.raw(), low.nbytes());
 }
 
 // The optional trailing inputs of an update, from input `first` on: grad_scale (nullopt
@@ -90,17 +113,23 @@ struct Unscale {
 
 }  // namespace
 
-// (param, grad, momentum_buf, lr, grad_scale?, skip?) -> (new_param, new_momentum_buf)
+// (param, grad, momentum_buf, lr, grad_scale?, skip?, low_param?) -> (new_param,
+// new_momentum_buf, new_low_param?)
 void sgd_update(const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<SgdAttrs>(n.attrs);
-  check_states(n, in, 3, out);
+  check_states(n, in, 3, 6, out);
   const double lr = scalar_input(n, *in[3], "lr");
   const UpdateOptions options = update_options(n, in, 4);
-  if (options.skip) return keep_states(in, out, {0, 2});
+  if (options.skip) {
+    keep_states(in, out, {0, 2});
+    return write_low_copy(out, 3);
+  }
+  Tensor widened;
+  const Tensor& grad_tensor = grad_as_param(in, widened);
   visit_float(n, in[0]->dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    const T *param = in[0]->data<T>(), *grad = in[1]->data<T>(), *buf = in[2]->data<T>();
+    const T *param = in[0]->data<T>(), *grad = grad_tensor.data<T>(), *buf = in[2]->data<T>();
     T *new_param = out[0].data<T>(), *new_buf = out[1].data<T>();
     const C rate = C(lr), momentum = C(a.momentum), keep = C(1.0 - a.dampening);
     const C decay = C(a.weight_decay);
@@ -117,24 +146,31 @@ void sgd_update(const Node& n, Inputs in, Outputs out) {
       }
     });
   });
+  write_low_copy(out, 3);
 }
 
-// (param, grad, m, v, lr, step, grad_scale?, skip?) -> (new_param, new_m, new_v)
+// (param, grad, m, v, lr, step, grad_scale?, skip?, low_param?) -> (new_param, new_m, new_v,
+// new_low_param?)
 void adamw_update(const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<AdamWAttrs>(n.attrs);
-  check_states(n, in, 4, out);
+  check_states(n, in, 4, 8, out);
   const double lr = scalar_input(n, *in[4], "lr");
   const double step = scalar_input(n, *in[5], "step");
   FUSEBOX_CHECK(step >= 1, node_label(n), "step ", step, " must be >= 1 (it counts from 1)");
   const UpdateOptions options = update_options(n, in, 6);
-  if (options.skip) return keep_states(in, out, {0, 2, 3});
+  if (options.skip) {
+    keep_states(in, out, {0, 2, 3});
+    return write_low_copy(out, 4);
+  }
+  Tensor widened;
+  const Tensor& grad_tensor = grad_as_param(in, widened);
   const double decay_factor = 1.0 - lr * a.weight_decay;
   const double step_size = lr / (1.0 - std::pow(a.beta1, step));
   const double correction2_sqrt = std::sqrt(1.0 - std::pow(a.beta2, step));
   visit_float(n, in[0]->dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    const T *param = in[0]->data<T>(), *grad = in[1]->data<T>();
+    const T *param = in[0]->data<T>(), *grad = grad_tensor.data<T>();
     const T *m_in = in[2]->data<T>(), *v_in = in[3]->data<T>();
     T *new_param = out[0].data<T>(), *m_out = out[1].data<T>(), *v_out = out[2].data<T>();
     // 1 - beta in f64 first: 1 - 0.999f is 4.7e-5 off 0.001 in relative terms.
@@ -154,6 +190,7 @@ void adamw_update(const Node& n, Inputs in, Outputs out) {
       }
     });
   });
+  write_low_copy(out, 4);
 }
 
 // (x1, ..., xn) -> f32 []: 1 when some element is an infinity or a NaN, else 0.

@@ -3,6 +3,7 @@
 // per step and step counting 1..5, in f32 and f64. The re-implementation computes in
 // the parameter's type with the hyper-parameters cast to it, as PyTorch's kernels do.
 #include <cmath>
+#include <cstring>
 
 #include "gradient_check.h"
 
@@ -235,6 +236,60 @@ TEST(OptimizerUpdate, HalfPrecisionFollowsF32) {
     for (size_t k = 0; k < 2; ++k)
       EXPECT_TRUE(close_to(got[k], t, kShape, want[k].to_doubles())) << k;
   }
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Mixed precision's form (ops.h low_param): an f32 param with a bf16 / f16 gradient updates as
+// with the gradient widened (exact), and the low copy is the new param rounded as cast rounds;
+// a skipped update's copy is the param's. A low gradient or copy beside a low param, or an f32
+// copy, is refused, naming the input.
+TEST(OptimizerUpdate, LowGradientAndCopyFollowTheCasts) {
+  const Tensor lr = Tensor::scalar(DType::f32, 0.01), step = Tensor::scalar(DType::i64, 3);
+  const Tensor none;
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const Tensor p = random_tensor(DType::f32, kShape, 50, -1, 1);
+    const Tensor g = random_tensor(low, kShape, 51, -1, 1);
+    const Tensor m = random_tensor(DType::f32, kShape, 52, -1, 1);
+    const Tensor v = random_tensor(DType::f32, kShape, 53, 0, 1);
+    const Tensor copy = Tensor::zeros(low, kShape);
+    const Tensor wide = g.cast(DType::f32);
+    std::vector<Tensor> got =
+        run_op(OpKind::adamw_update, AdamWAttrs{}, {p, g, m, v, lr, step, none, none, copy});
+    std::vector<Tensor> want =
+        run_op(OpKind::adamw_update, AdamWAttrs{}, {p, wide, m, v, lr, step});
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_bits(got[k], want[k])) << k;
+    EXPECT_TRUE(same_bits(got[3], want[0].cast(low)));
+    const SgdAttrs sgd{.momentum = 0.9, .weight_decay = 0.1};
+    got = run_op(OpKind::sgd_update, sgd, {p, g, m, lr, none, none, copy});
+    want = run_op(OpKind::sgd_update, sgd, {p, wide, m, lr});
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t k = 0; k < 2; ++k) EXPECT_TRUE(same_bits(got[k], want[k])) << k;
+    EXPECT_TRUE(same_bits(got[2], want[0].cast(low)));
+    // Skipped (f16 loss scaling found an infinity): the copy is the param's, rounded.
+    got = run_op(OpKind::sgd_update, sgd,
+                 {p, g, m, lr, Tensor::scalar(DType::f32, 1), Tensor::scalar(DType::f32, 1), copy});
+    EXPECT_TRUE(same_bits(got[0], p));
+    EXPECT_TRUE(same_bits(got[2], p.cast(low)));
+  }
+  const Tensor p16 = random_tensor(DType::bf16, kShape, 54, -1, 1);
+  auto refused = [&](std::vector<Tensor> in, const std::string& needle) {
+    try {
+      run_op(OpKind::sgd_update, SgdAttrs{}, in);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const Tensor p32 = random_tensor(DType::f32, kShape, 55, -1, 1);
+  refused({p16, p16.cast(DType::f16), p16, lr}, "grad");
+  refused({p32, p32, p32, lr, none, none, p32}, "low_param");
+  refused({p16, p16, p16, lr, none, none, p16}, "low_param");
 }
 
 }  // namespace

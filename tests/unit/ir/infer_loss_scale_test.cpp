@@ -31,8 +31,32 @@ TEST(InferLossScaling, UpdatesTakeGradScaleAndSkip) {
                   {p, p, p, p, f32({}), i64({}), f32({}), typed(DType::boolean, {})})
                 .types,
             (Types{p, p, p}));
-  EXPECT_EQ(op_info(OpKind::sgd_update).max_inputs, 6);
-  EXPECT_EQ(op_info(OpKind::adamw_update).max_inputs, 8);
+  EXPECT_EQ(op_info(OpKind::sgd_update).max_inputs, 7);  // and low_param (below)
+  EXPECT_EQ(op_info(OpKind::adamw_update).max_inputs, 9);
+}
+
+// Mixed precision's form (ops.h low_param): a bf16 / f16 gradient beside an f32 param, and the
+// low copy, whose next value is a last output of its dtype; either only beside an f32 param.
+TEST(InferLossScaling, UpdatesTakeALowGradientAndCopy) {
+  const TensorType p = f32({4, 3}), low = typed(DType::bf16, {4, 3});
+  EXPECT_EQ(infer(OpKind::sgd_update, {}, {p, low, p, f32({})}).types, (Types{p, p}));
+  EXPECT_EQ(
+      infer(OpKind::sgd_update, {}, {p, low, p, f32({}), std::nullopt, std::nullopt, low}).types,
+      (Types{p, p, low}));
+  const TensorType half = typed(DType::f16, {4, 3});
+  EXPECT_EQ(
+      infer(OpKind::adamw_update, {}, {p, half, p, p, f32({}), i64({}), f32({}), f32({}), half})
+          .types,
+      (Types{p, p, p, half}));
+  EXPECT_TRUE(fails_with(OpKind::sgd_update, {}, {low, half, low, f32({})},
+                         {"input 1 (grad) is f16[4, 3] but must be bf16[4, 3]"}));
+  EXPECT_TRUE(fails_with(OpKind::sgd_update, {}, {p, typed(DType::bf16, {3, 4}), p, f32({})},
+                         {"input 1 (grad)", "(or bf16 / f16 of its shape)"}));
+  EXPECT_TRUE(fails_with(OpKind::sgd_update, {}, {p, p, p, f32({}), std::nullopt, std::nullopt, p},
+                         {"input 6 (low_param) is f32[4, 3] but must be bf16 or f16"}));
+  EXPECT_TRUE(fails_with(OpKind::sgd_update, {},
+                         {low, low, low, f32({}), std::nullopt, std::nullopt, low},
+                         {"input 6 (low_param)", "beside an f32 input 0 (param)"}));
 }
 
 TEST(InferLossScalingErrors, UpdateScalars) {
@@ -48,8 +72,9 @@ TEST(InferLossScalingErrors, UpdateScalars) {
   EXPECT_TRUE(fails_with(OpKind::adamw_update, {},
                          {p, p, p, p, f32({}), i64({}), f32({}), f32({2})},
                          {"input 7 (skip) must be a scalar"}));
-  EXPECT_TRUE(fails_with(OpKind::sgd_update, {}, {p, p, p, f32({}), f32({}), f32({}), f32({})},
-                         {"takes 4 to 6 inputs", "grad_scale?, skip?", "but got 7"}));
+  EXPECT_TRUE(fails_with(OpKind::sgd_update, {},
+                         {p, p, p, f32({}), f32({}), f32({}), typed(DType::bf16, {4, 3}), f32({})},
+                         {"takes 4 to 7 inputs", "grad_scale?, skip?, low_param?", "but got 8"}));
 }
 
 TEST(InferLossScaling, NonfiniteAnyIsAnF32Scalar) {

@@ -15,8 +15,8 @@ namespace {
 // (output, input role) pairs, by op: the rule set the executables rely on.
 const std::map<OpKind, std::vector<std::pair<size_t, std::string>>>& expected_in_place() {
   static const std::map<OpKind, std::vector<std::pair<size_t, std::string>>> pairs = {
-      {OpKind::sgd_update, {{0, "param"}, {1, "momentum_buf"}}},
-      {OpKind::adamw_update, {{0, "param"}, {1, "m"}, {2, "v"}}},
+      {OpKind::sgd_update, {{0, "param"}, {1, "momentum_buf"}, {2, "low_param"}}},
+      {OpKind::adamw_update, {{0, "param"}, {1, "m"}, {2, "v"}, {3, "low_param"}}},
       {OpKind::batch_norm, {{1, "mean"}, {2, "var"}}},
       {OpKind::loss_scale_update, {{0, "scale"}, {1, "growth_tracker"}, {2, "skipped"}}},
   };
@@ -44,7 +44,7 @@ TEST(OpInPlace, TheTableHoldsExactlyTheInPlaceOps) {
 }
 
 TEST(OpInPlace, OutputsPastTheRowHaveNone) {
-  EXPECT_EQ(in_place_input(op_info(OpKind::sgd_update), 2), -1);
+  EXPECT_EQ(in_place_input(op_info(OpKind::sgd_update), 3), -1);
   EXPECT_EQ(in_place_input(op_info(OpKind::batch_norm), 0), -1);  // y is not the input x
   EXPECT_EQ(in_place_input(op_info(OpKind::relu), 0), -1);
 }

@@ -2,6 +2,7 @@
 // imported ONNX models and bad input.
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/runtime/executor.h"
@@ -455,6 +456,58 @@ TEST(TrainSession, FusedBatchNormReluTrainsBitForBitAsUnfused) {
                            *model.constant(*model.find_value("conv1.weight"))));
     const NamedTensors in = {{"input", sampler.batch(0).first}};
     EXPECT_TRUE(same_tensors(fused.predict(in), unfused.predict(in)));
+  }
+}
+
+// Casts in `g` that read one of `names` (the parameters): what low copies remove.
+int casts_of_parameters(const Graph& g, const std::vector<std::string>& names) {
+  const std::set<std::string> params(names.begin(), names.end());
+  int n = 0;
+  for (const Node& node : g.nodes())
+    n += node.op == OpKind::cast && params.count(g.value(node.inputs[0]).name);
+  return n;
+}
+
+// bf16 / f16 training keeps low copies of the weights (SessionOptions::low_parameter_copies):
+// no cast reads a parameter in the step (nor widens its gradient: the update reads it as it
+// is), and the numbers are the casts' bit for bit: losses, parameters and optimizer state
+// equal a session's without the copies, with SGD (momentum) and AdamW; a restored checkpoint
+// refills the copies (the step after it computes what it computed the first time).
+TEST(TrainSession, LowParameterCopiesTrainBitForBitAsTheCasts) {
+  const OptimizerSpec optimizers[] = {SgdOptions{.lr = 0.05, .momentum = 0.9},
+                                      AdamWOptions{.lr = 0.01}};
+  for (Precision precision : {Precision::bf16, Precision::f16}) {
+    for (const OptimizerSpec& optimizer : optimizers) {
+      SCOPED_TRACE(cat(precision_name(precision), " ", optimizer_name(optimizer)));
+      const Graph model = small_cnn(4, 8);
+      TrainingSession with(model, LossSpec{}, optimizer, {.precision = precision});
+      TrainingSession without(model, LossSpec{}, optimizer,
+                              {.precision = precision, .low_parameter_copies = false});
+      const std::vector<std::string>& params = with.parameter_names();
+      EXPECT_EQ(casts_of_parameters(with.step_graph(), params), 0);
+      EXPECT_GT(casts_of_parameters(without.step_graph(), params), 0);
+      int copies = 0, low_grads = 0;
+      for (const Node& n : with.step_graph().nodes()) {
+        if (n.op != OpKind::sgd_update && n.op != OpKind::adamw_update) continue;
+        copies += n.outputs.size() == (n.op == OpKind::sgd_update ? 3u : 4u);
+        low_grads += is_low_float(with.step_graph().value(n.inputs[1]).type.dtype);
+      }
+      EXPECT_EQ(copies, casts_of_parameters(without.step_graph(), params));
+      EXPECT_EQ(low_grads, copies);
+      BatchSampler sampler(synthetic_dataset(12, 3, 8, 10, 5), 4, false, 0);
+      for (int i = 0; i < 3; ++i) {
+        const float a = with.step(zoo_batch(sampler, i)), b = without.step(zoo_batch(sampler, i));
+        EXPECT_TRUE(same_bits(a, b)) << "step " << i << ": " << a << " vs " << b;
+      }
+      EXPECT_TRUE(same_tensors(with.parameters(), without.parameters()));
+      EXPECT_TRUE(same_tensors(with.optimizer_state(), without.optimizer_state()));
+      const Checkpoint at3 = with.checkpoint();
+      const float fourth = with.step(zoo_batch(sampler, 3));
+      const NamedTensors after = with.parameters();
+      with.restore(at3, "test");
+      EXPECT_TRUE(same_bits(with.step(zoo_batch(sampler, 3)), fourth));
+      EXPECT_TRUE(same_tensors(with.parameters(), after));
+    }
   }
 }
 

@@ -203,6 +203,43 @@ TEST_F(OptimizerTest, GradScaleAndSkipMatchCpu) {
   }
 }
 
+// Mixed precision's form (ops.h low_param): an f32 param, a bf16 / f16 gradient and the low
+// copy written in the same pass, odd sizes (the scalar tail), skipped and not: the CPU's bits for
+// SGD, AdamW within its tolerance, the copy the rounding of the new param.
+TEST_F(OptimizerTest, LowGradientAndCopyMatchCpu) {
+  OpHarness h;
+  const Tensor lr = Tensor::from_doubles(DType::f32, {}, {0.01});
+  const Tensor step = Tensor::from_doubles(DType::i64, {}, {3});
+  const Tensor none;
+  uint64_t seed = 700;
+  for (DType low : {DType::bf16, DType::f16}) {
+    for (const Shape& shape : {Shape{7}, Shape{4099}, Shape{65539}}) {
+      for (const Tensor& skip : {none, Tensor::from_doubles(DType::f32, {}, {1})}) {
+        SCOPED_TRACE(cat(dtype_name(low), " ", shape_str(shape), skip.defined() ? " skipped" : ""));
+        const Tensor param = random_tensor(DType::f32, shape, seed++, -1, 1);
+        const Tensor grad = random_tensor(low, shape, seed++, -1, 1);
+        const Tensor buf = random_tensor(DType::f32, shape, seed++, -1, 1);
+        const Tensor v = random_tensor(DType::f32, shape, seed++, 0, 1);
+        const Tensor copy = random_tensor(low, shape, seed++);  // poison: not read
+        const Tensor gs = skip.defined() ? Tensor::from_doubles(DType::f32, {}, {1}) : none;
+        const std::vector<Tensor> sgd_in = {param, grad, buf, lr, gs, skip, copy};
+        std::vector<Tensor> got =
+            h.run(sgd_update, OpKind::sgd_update, sgd(0.9, 0, 1e-2, false), sgd_in);
+        std::vector<Tensor> want = run_op(OpKind::sgd_update, sgd(0.9, 0, 1e-2, false), sgd_in);
+        ASSERT_EQ(got.size(), 3u);
+        for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(all_close(got[k], want[k], 0, 0)) << "sgd " << k;
+        const std::vector<Tensor> adamw_in = {param, grad, buf, v, lr, step, gs, skip, copy};
+        got = h.run(adamw_update, OpKind::adamw_update, AdamWAttrs{}, adamw_in);
+        want = run_op(OpKind::adamw_update, AdamWAttrs{}, adamw_in);
+        ASSERT_EQ(got.size(), 4u);
+        for (size_t k = 0; k < 3; ++k)
+          EXPECT_TRUE(all_close(got[k], want[k], 1e-5, 1e-7)) << "adamw " << k;
+        EXPECT_TRUE(all_close(got[3], got[0].cast(low), 0, 0)) << "adamw copy";
+      }
+    }
+  }
+}
+
 // nonfinite_any over more inputs than one launch takes (kNonfiniteBatch), of every float
 // dtype, with channels-last and transposed (copied first) views: the CPU's answer.
 TEST_F(OptimizerTest, NonfiniteAnyMatchesCpu) {

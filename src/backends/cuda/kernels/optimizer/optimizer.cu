@@ -26,8 +26,13 @@
 // that leaves them as they were). A compiled training step's halt word (a bad label was
 // found: runtime/error_flags.h) skips the same way, and leaves loss_scale_update's state.
 //
-// 16-byte vectors when every pointer is aligned (one load per operand per W elements), a
-// scalar tail; grid-stride loops.
+// A bf16/f16 grad beside an f32 param is read as its exact f32 value (the widening cast it
+// replaces); with low_param, new_param is also stored rounded to its dtype (the low copy the
+// step's products read: ops.h), in the same pass.
+//
+// 16-byte vectors of the param's type when every pointer is aligned (one load per operand per
+// W elements; a low gradient or copy moves W elements in 8 bytes), a scalar tail; grid-stride
+// loops.
 //
 // f16 loss scaling:
 //   nonfinite_any: the output zeroed, then one launch per kNonfiniteBatch inputs (grid.y
@@ -39,6 +44,8 @@
 //   loss_scale_update: one thread reads the scaler state and writes the next
 //   (backends/common/loss_scale.h, the CPU's rule), in place when the outputs alias it.
 #include <algorithm>
+#include <optional>
+#include <type_traits>
 
 #include "backends/common/loss_scale.h"
 #include "backends/cuda/kernels/common/elementwise.cuh"
@@ -166,6 +173,30 @@ __device__ __forceinline__ Unscale<C> unscale_of(const UpdateScalars& u) {
   return {scaled ? C(u.grad_scale.load()) : C(1), scaled};
 }
 
+// W elements of E in one aligned access: the param type's 16-byte vectors, and the same W
+// elements of a 16-bit gradient or low copy beside an f32 param (8 bytes).
+template <class E, int W>
+struct alignas(sizeof(E) * W) Pack {
+  E v[W];
+};
+template <int W, class E>
+__device__ __forceinline__ Pack<E, W> load_pack(const E* p, int64_t i) {
+  return reinterpret_cast<const Pack<E, W>*>(p)[i];
+}
+template <int W, class E>
+__device__ __forceinline__ void store_pack(E* p, int64_t i, const Pack<E, W>& v) {
+  reinterpret_cast<Pack<E, W>*>(p)[i] = v;
+}
+
+// The low copy of W new params (L's rounding to nearest even, as the cast kernel's).
+template <class L, int W, class T>
+__device__ __forceinline__ void store_low(L* low, int64_t i, const Pack<T, W>& p) {
+  Pack<L, W> l;
+#pragma unroll
+  for (int j = 0; j < W; ++j) l.v[j] = convert<L>(convert<float>(p.v[j]));
+  store_pack<W>(low, i, l);
+}
+
 // ---- sgd -------------------------------------------------------------------------------
 
 template <class C>
@@ -175,10 +206,10 @@ struct SgdArgs {
 };
 
 // One element: (param, grad, buf) -> (new_param, new_buf).
-template <class T>
+template <class T, class G>
 __device__ __forceinline__ void sgd_element(const SgdArgs<compute_t<T>>& a, compute_t<T> rate,
                                             const Unscale<compute_t<T>>& unscale, bool skip,
-                                            T param, T grad, T buf, T& new_param, T& new_buf) {
+                                            T param, G grad, T buf, T& new_param, T& new_buf) {
   using C = compute_t<T>;
   if (skip) {
     new_param = param;
@@ -193,10 +224,11 @@ __device__ __forceinline__ void sgd_element(const SgdArgs<compute_t<T>>& a, comp
   new_buf = convert<T>(b);
 }
 
-// W elements per step (16-byte vectors) when W > 1, then the scalar tail.
-template <class T, int W>
-__global__ void sgd_kernel(const T* param, const T* grad, const T* buf, ScalarInput lr,
-                           UpdateScalars u, T* new_param, T* new_buf, int64_t n,
+// W elements per step (16-byte vectors) when W > 1, then the scalar tail. G: grad's type; L:
+// the low copy's (low null: none).
+template <class T, class G, class L, int W>
+__global__ void sgd_kernel(const T* param, const G* grad, const T* buf, ScalarInput lr,
+                           UpdateScalars u, T* new_param, T* new_buf, L* low, int64_t n,
                            SgdArgs<compute_t<T>> a) {
   using C = compute_t<T>;
   const C rate = C(lr.load());
@@ -204,16 +236,20 @@ __global__ void sgd_kernel(const T* param, const T* grad, const T* buf, ScalarIn
   const bool skip = u.skipped();
   const int64_t packs = W > 1 ? n / W : 0;
   for (int64_t v = global_thread_index(); v < packs; v += grid_stride()) {
-    const Vec<T> p = load_vec(param, v), g = load_vec(grad, v), b = load_vec(buf, v);
-    Vec<T> np, nb;
+    const Pack<T, W> p = load_pack<W>(param, v), b = load_pack<W>(buf, v);
+    const Pack<G, W> g = load_pack<W>(grad, v);
+    Pack<T, W> np, nb;
 #pragma unroll
     for (int j = 0; j < W; ++j)
       sgd_element(a, rate, unscale, skip, p.v[j], g.v[j], b.v[j], np.v[j], nb.v[j]);
-    store_vec(new_param, v, np);
-    store_vec(new_buf, v, nb);
+    store_pack<W>(new_param, v, np);
+    store_pack<W>(new_buf, v, nb);
+    if (low != nullptr) store_low<L>(low, v, np);
   }
-  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride())
+  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride()) {
     sgd_element(a, rate, unscale, skip, param[i], grad[i], buf[i], new_param[i], new_buf[i]);
+    if (low != nullptr) low[i] = convert<L>(convert<float>(new_param[i]));
+  }
 }
 
 // ---- adamw -----------------------------------------------------------------------------
@@ -240,11 +276,11 @@ __device__ __forceinline__ AdamWStep<C> adamw_step(const AdamWArgs<C>& a, Scalar
           C(::sqrt(1.0 - ::pow(a.beta2_f64, step)))};
 }
 
-template <class T>
+template <class T, class G>
 __device__ __forceinline__ void adamw_element(const AdamWArgs<compute_t<T>>& a,
                                               const AdamWStep<compute_t<T>>& s,
                                               const Unscale<compute_t<T>>& unscale, bool skip,
-                                              T param, T grad, T m_in, T v_in, T& new_param,
+                                              T param, G grad, T m_in, T v_in, T& new_param,
                                               T& m_out, T& v_out) {
   using C = compute_t<T>;
   if (skip) {
@@ -263,29 +299,32 @@ __device__ __forceinline__ void adamw_element(const AdamWArgs<compute_t<T>>& a,
   v_out = convert<T>(v);
 }
 
-template <class T, int W>
-__global__ void adamw_kernel(const T* param, const T* grad, const T* m, const T* v, ScalarInput lr,
+template <class T, class G, class L, int W>
+__global__ void adamw_kernel(const T* param, const G* grad, const T* m, const T* v, ScalarInput lr,
                              ScalarInput step, UpdateScalars u, T* new_param, T* new_m, T* new_v,
-                             int64_t n, AdamWArgs<compute_t<T>> a) {
+                             L* low, int64_t n, AdamWArgs<compute_t<T>> a) {
   const AdamWStep<compute_t<T>> s = adamw_step(a, lr, step);
   const Unscale<compute_t<T>> unscale = unscale_of<compute_t<T>>(u);
   const bool skip = u.skipped();
   const int64_t packs = W > 1 ? n / W : 0;
   for (int64_t i = global_thread_index(); i < packs; i += grid_stride()) {
-    const Vec<T> p = load_vec(param, i), g = load_vec(grad, i);
-    const Vec<T> mv = load_vec(m, i), vv = load_vec(v, i);
-    Vec<T> np, nm, nv;
+    const Pack<T, W> p = load_pack<W>(param, i), mv = load_pack<W>(m, i), vv = load_pack<W>(v, i);
+    const Pack<G, W> g = load_pack<W>(grad, i);
+    Pack<T, W> np, nm, nv;
 #pragma unroll
     for (int j = 0; j < W; ++j)
       adamw_element(a, s, unscale, skip, p.v[j], g.v[j], mv.v[j], vv.v[j], np.v[j], nm.v[j],
                     nv.v[j]);
-    store_vec(new_param, i, np);
-    store_vec(new_m, i, nm);
-    store_vec(new_v, i, nv);
+    store_pack<W>(new_param, i, np);
+    store_pack<W>(new_m, i, nm);
+    store_pack<W>(new_v, i, nv);
+    if (low != nullptr) store_low<L>(low, i, np);
   }
-  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride())
+  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride()) {
     adamw_element(a, s, unscale, skip, param[i], grad[i], m[i], v[i], new_param[i], new_m[i],
                   new_v[i]);
+    if (low != nullptr) low[i] = convert<L>(convert<float>(new_param[i]));
+  }
 }
 
 // ---- f16 loss scaling ------------------------------------------------------------------
@@ -369,28 +408,74 @@ __global__ void loss_scale_kernel(ScalarInput scale, ScalarInput tracker, Scalar
 
 // ---- host ------------------------------------------------------------------------------
 
-// The first `states` inputs and every output share param's type; the scalars (and the
-// optional grad_scale and skip after them) are rank 0.
+// The input slot of an update's low copy (ops.h low_param): after the states, the scalars,
+// grad_scale and skip.
+size_t low_slot(size_t states, size_t scalars) {
+  return states + scalars + 2;
+}
+
+// Whether the update has a low copy (input present, output last).
+bool has_low_copy(Inputs in, size_t states, size_t scalars) {
+  const size_t low = low_slot(states, scalars);
+  return in.size() > low && in[low] != nullptr;
+}
+
+// The first `states` inputs and the first states - 1 outputs share param's type (grad its shape:
+// its dtype may be a low one beside an f32 param), contiguous; the scalars (and the optional
+// grad_scale and skip after them) are rank 0; low_param and its output last.
 void check_update(const Node& n, Inputs in, size_t states, size_t scalars, Outputs out) {
-  FUSEBOX_CHECK(in.size() >= states + scalars && in.size() <= states + scalars + 2 &&
-                    out.size() == states - 1,
+  const bool low = has_low_copy(in, states, scalars);
+  FUSEBOX_CHECK(in.size() >= states + scalars && in.size() <= low_slot(states, scalars) + 1 &&
+                    out.size() == states - 1 + (low ? 1 : 0),
                 node_label(n), "expects ", states, " tensors and ", scalars,
-                " scalars (then grad_scale? and skip?) in, ", states - 1, " out");
+                " scalars (then grad_scale?, skip? and low_param?) in, ", states - 1,
+                " out (and new_low_param)");
+  const DeviceTensor& param = *in[0];
   for (size_t i = 0; i < states; ++i) {
+    const bool grad_low = i == 1 && param.dtype == DType::f32 && is_low_float(in[i]->dtype);
+    FUSEBOX_CHECK((in[i]->dtype == param.dtype || grad_low) && in[i]->shape == param.shape &&
+                      in[i]->is_contiguous(),
+                  node_label(n), "input ", i, " ", shape_str(in[i]->shape),
+                  " does not match param ", shape_str(param.shape));
+  }
+  for (size_t o = 0; o < out.size(); ++o) {
+    const DeviceTensor& t = out[o];
+    const bool copy = o + 1 == states;
     FUSEBOX_CHECK(
-        in[i]->dtype == in[0]->dtype && in[i]->shape == in[0]->shape && in[i]->is_contiguous(),
-        node_label(n), "input ", i, " ", shape_str(in[i]->shape), " does not match param ",
-        shape_str(in[0]->shape));
+        (copy ? param.dtype == DType::f32 && is_low_float(t.dtype) : t.dtype == param.dtype) &&
+            t.shape == param.shape && t.is_contiguous(),
+        node_label(n), "output ", shape_str(t.shape), " does not match param ",
+        shape_str(param.shape));
   }
-  for (const DeviceTensor& t : out) {
-    FUSEBOX_CHECK(t.dtype == in[0]->dtype && t.shape == in[0]->shape && t.is_contiguous(),
-                  node_label(n), "output ", shape_str(t.shape), " does not match param ",
-                  shape_str(in[0]->shape));
-  }
-  for (size_t i = states; i < in.size(); ++i) {
+  for (size_t i = states; i < std::min(in.size(), low_slot(states, scalars)); ++i) {
     FUSEBOX_CHECK(in[i] == nullptr || in[i]->numel() == 1, node_label(n), op_info(n.op).roles[i],
                   " must be a scalar but is ", shape_str(in[i]->shape));
   }
+}
+
+// f(T{}, G{}, L{}): the param's, grad's and low copy's device types (L is bf16, unused, when
+// there is no copy). Low gradients and copies only beside an f32 param (check_update).
+template <class F>
+void visit_update_types(const Node& n, DType param, DType grad, std::optional<DType> low, F&& f) {
+  visit_device_float(n, param, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float>) {
+      auto with_low = [&](auto g) {
+        if (low == DType::f16)
+          f(T{}, g, __half{});
+        else
+          f(T{}, g, __nv_bfloat16{});
+      };
+      if (grad == DType::bf16)
+        with_low(__nv_bfloat16{});
+      else if (grad == DType::f16)
+        with_low(__half{});
+      else
+        with_low(float{});
+    } else {
+      f(T{}, T{}, __nv_bfloat16{});
+    }
+  });
 }
 
 // True when every pointer allows 16-byte vector access.
@@ -410,34 +495,43 @@ BufferList ranges_of(Inputs in) {
 
 }  // namespace
 
-// (param, grad, momentum_buf, lr) -> (new_param, new_momentum_buf)
+// (param, grad, momentum_buf, lr, grad_scale?, skip?, low_param?) -> (new_param,
+// new_momentum_buf, new_low_param?)
 void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<SgdAttrs>(n.attrs);
   check_update(n, in, 3, 1, out);
   const int64_t count = in[0]->numel();
   if (count == 0) return;
-  visit_device_float(n, in[0]->dtype, [&](auto tag) {
+  const bool has_low = has_low_copy(in, 3, 1);
+  const std::optional<DType> low_dtype = has_low ? std::optional(out[2].dtype) : std::nullopt;
+  visit_update_types(n, in[0]->dtype, in[1]->dtype, low_dtype, [&](auto tag, auto gtag, auto ltag) {
     using T = decltype(tag);
+    using G = decltype(gtag);
+    using L = decltype(ltag);
     using C = compute_t<T>;
     const SgdArgs<C> a{C(attrs.momentum), C(1.0 - attrs.dampening), C(attrs.weight_decay),
                        attrs.momentum != 0.0, attrs.nesterov};
-    const T *param = in[0]->as<T>(), *grad = in[1]->as<T>(), *buf = in[2]->as<T>();
+    const T *param = in[0]->as<T>(), *buf = in[2]->as<T>();
+    const G* grad = in[1]->as<G>();
     T *new_param = out[0].as<T>(), *new_buf = out[1].as<T>();
+    L* low = has_low ? out[2].as<L>() : nullptr;
     const ScalarInput lr{in[3]->data(), in[3]->dtype};
     BufferList reads = ranges_of(in);
     const UpdateScalars u{optional_scalar(in, 4), optional_scalar(in, 5), halt_read_by(ctx, reads)};
-    const BufferList writes{out[0].range(), out[1].range()};
+    BufferList writes{out[0].range(), out[1].range()};
+    if (has_low) writes.push_back(out[2].range());
     constexpr int W = kVecWidth<T>;
-    if (all_aligned({param, grad, buf, new_param, new_buf}))
-      ctx.encoder.launch(sgd_kernel<T, W>, launch_blocks(count / W + 1), kDefaultThreads, 0, reads,
-                         writes, param, grad, buf, lr, u, new_param, new_buf, count, a);
+    if (all_aligned({param, grad, buf, new_param, new_buf, low}))
+      ctx.encoder.launch(sgd_kernel<T, G, L, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
+                         reads, writes, param, grad, buf, lr, u, new_param, new_buf, low, count, a);
     else
-      ctx.encoder.launch(sgd_kernel<T, 1>, launch_blocks(count), kDefaultThreads, 0, reads, writes,
-                         param, grad, buf, lr, u, new_param, new_buf, count, a);
+      ctx.encoder.launch(sgd_kernel<T, G, L, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
+                         writes, param, grad, buf, lr, u, new_param, new_buf, low, count, a);
   });
 }
 
-// (param, grad, m, v, lr, step) -> (new_param, new_m, new_v)
+// (param, grad, m, v, lr, step, grad_scale?, skip?, low_param?) -> (new_param, new_m, new_v,
+// new_low_param?)
 void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<AdamWAttrs>(n.attrs);
   check_update(n, in, 4, 2, out);
@@ -446,27 +540,35 @@ void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const ErrorSlot slot = ErrorFlags::of(ctx.encoder).reserve(node_label(n), [](int64_t, int64_t s) {
     return cat("step ", s, " must be >= 1 (it counts from 1)");
   });
-  visit_device_float(n, in[0]->dtype, [&](auto tag) {
+  const bool has_low = has_low_copy(in, 4, 2);
+  const std::optional<DType> low_dtype = has_low ? std::optional(out[3].dtype) : std::nullopt;
+  visit_update_types(n, in[0]->dtype, in[1]->dtype, low_dtype, [&](auto tag, auto gtag, auto ltag) {
     using T = decltype(tag);
+    using G = decltype(gtag);
+    using L = decltype(ltag);
     using C = compute_t<T>;
     const AdamWArgs<C> a{C(attrs.beta1),       C(attrs.beta2),       C(attrs.epsilon),
                          C(1.0 - attrs.beta1), C(1.0 - attrs.beta2), attrs.beta1,
                          attrs.beta2,          attrs.weight_decay,   slot.record};
-    const T *param = in[0]->as<T>(), *grad = in[1]->as<T>();
+    const T* param = in[0]->as<T>();
+    const G* grad = in[1]->as<G>();
     const T *m = in[2]->as<T>(), *v = in[3]->as<T>();
     T *new_param = out[0].as<T>(), *new_m = out[1].as<T>(), *new_v = out[2].as<T>();
+    L* low = has_low ? out[3].as<L>() : nullptr;
     const ScalarInput lr{in[4]->data(), in[4]->dtype}, step{in[5]->data(), in[5]->dtype};
     BufferList reads = ranges_of(in);
     const UpdateScalars u{optional_scalar(in, 6), optional_scalar(in, 7), halt_read_by(ctx, reads)};
-    const BufferList writes{out[0].range(), out[1].range(), out[2].range(), slot.range};
+    BufferList writes{out[0].range(), out[1].range(), out[2].range(), slot.range};
+    if (has_low) writes.push_back(out[3].range());
     constexpr int W = kVecWidth<T>;
-    if (all_aligned({param, grad, m, v, new_param, new_m, new_v}))
-      ctx.encoder.launch(adamw_kernel<T, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
+    if (all_aligned({param, grad, m, v, new_param, new_m, new_v, low}))
+      ctx.encoder.launch(adamw_kernel<T, G, L, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
                          reads, writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v,
-                         count, a);
+                         low, count, a);
     else
-      ctx.encoder.launch(adamw_kernel<T, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
-                         writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v, count, a);
+      ctx.encoder.launch(adamw_kernel<T, G, L, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
+                         writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v, low,
+                         count, a);
   });
 }
 
