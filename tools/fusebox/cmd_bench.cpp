@@ -81,6 +81,10 @@ struct Figures {
   double final_loss = 0;            // training
   std::optional<TimeReport> times;  // inference with --report
   ExecutableStats exe;
+  // FUSEBOX_TIME_RUNS=1 (CUDA): the queued steps' device time and the device's idle time
+  // between them, per step (runs timed: 0 when the setting is off).
+  size_t timed_runs = 0;
+  double run_device_ms = 0, run_idle_ms = 0;
 };
 
 // The per-step latencies' median, min and max.
@@ -100,12 +104,15 @@ Graph load_model(const BenchArgs& args, bool training) {
                              args.given("--image-size") || args.given("--num-classes"), training);
 }
 
-// Runs `steps` steps through `step` (which queues one and returns its result's handle).
-template <class Step>
+// Runs `steps` steps through `step` (which queues one and returns its result's handle) on
+// `exe`; `settle` waits for every step queued and checks them (what stats() then counts).
+template <class Step, class Settle>
 void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, Step&& step,
-                Figures& f) {
+                Settle&& settle, const Executable& exe, Figures& f) {
   f.batch = batch;
   Progress progress(1, args.steps * 2, std::max<int64_t>(1, args.steps / 5));
+  settle();
+  const ExecutableStats before = exe.stats();
   const auto start = Clock::now();
   PendingTensor last;
   for (int64_t i = 0; i < args.steps; ++i) {
@@ -114,6 +121,15 @@ void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, S
   }
   const Tensor result = last.get();
   const double wall = seconds_since(start);
+  settle();
+  const ExecutableStats after = exe.stats();
+  if (after.timed_runs > before.timed_runs) {
+    // The first queued run's idle time is the wait for the bench itself: left out.
+    const double runs = double(after.timed_runs - before.timed_runs);
+    f.timed_runs = after.timed_runs - before.timed_runs;
+    f.run_device_ms = (after.run_device_ms - before.run_device_ms) / runs;
+    f.run_idle_ms = (after.run_idle_ms - before.run_idle_ms) / std::max(1.0, runs - 1);
+  }
   f.images_per_s = double(args.steps * batch) / wall;
   if (result.numel() == 1) f.final_loss = result.get(0);
   progress.update(args.steps, cat(what, " (queued)  ", fixed(f.images_per_s, 1), " images/s"));
@@ -166,7 +182,8 @@ Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
   for (int64_t i = 0; i < args.warmup; ++i) session.step_async(batch);
   session.synchronize();
   time_steps(
-      args, input.type.shape[0], "train", [&] { return session.step_async(batch); }, f);
+      args, input.type.shape[0], "train", [&] { return session.step_async(batch); },
+      [&] { session.synchronize(); }, session.step_executable(), f);
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
     // The step updates its state in place, so repeating a node would change it: the step is
@@ -216,7 +233,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   exe->check_errors();
   time_steps(
       args, g.value(g.inputs().at(0)).type.shape.at(0), "infer",
-      [&] { return exe->run_async(feeds, outputs).host.at(first_output); }, f);
+      [&] { return exe->run_async(feeds, outputs).host.at(first_output); },
+      [&] { exe->check_errors(); }, *exe, f);
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log, exe->report().convolutions)
@@ -271,6 +289,10 @@ int bench(const BenchArgs& args) {
             << mib(f.exe.temporary_bytes) << ", " << f.exe.views
             << " views (reshapes, transposes: no copy)\n";
   if (train) std::cout << "final loss            " << fixed(f.final_loss, 4) << "\n";
+  if (f.timed_runs > 0)
+    std::cout << "queued steps (timed)  device " << fixed(f.run_device_ms, 3) << " ms each, idle "
+              << fixed(f.run_idle_ms, 3) << " ms between (" << f.timed_runs
+              << " runs, FUSEBOX_TIME_RUNS)\n";
 
   if (!args.json.empty()) {
     Json j = Json::object({{"schema_version", 1},
@@ -311,6 +333,10 @@ int bench(const BenchArgs& args) {
       j.set("optimizer", args.optimizer);
     }
     if (f.times) j.set("time_by_node", time_report_json(*f.times));
+    if (f.timed_runs > 0) {
+      j.set("queued_device_ms_per_step", f.run_device_ms);
+      j.set("queued_idle_ms_between_steps", f.run_idle_ms);
+    }
     std::ofstream out(args.json);
     FUSEBOX_CHECK(out.good(), "fusebox bench", "cannot write --json ", args.json);
     out << j.dump() << "\n";

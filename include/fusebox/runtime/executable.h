@@ -169,6 +169,13 @@ struct ExecutableStats {
   // found bad training data (a label outside [0, C)): that run and the runs queued after
   // it, counted once the error has been reported (see run_async).
   size_t runs_not_applied = 0;
+  // CUDA, FUSEBOX_TIME_RUNS=1 (CUDA graphs): each replay timed by events on the device stream,
+  // summed over the runs retired so far: the device's time from a run's start to its end, and
+  // its idle time between a run's end and the next one's start (runs issued back to back show
+  // whether the device waited for the host between them).
+  size_t timed_runs = 0;
+  double run_device_ms = 0;
+  double run_idle_ms = 0;
 };
 
 // One node's time in Executable::profile().

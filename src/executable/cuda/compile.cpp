@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "backends/cuda/runtime/nccl.h"
+#include "backends/cuda/runtime/settings.h"
 #include "executable/cuda/cuda_executable.h"
 #include "executable/executables.h"
 #include "fusebox/ir/op_groups.h"
@@ -25,6 +26,7 @@ CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
                   ctx_.device.id(), " (use_cuda_device)");
   }
   direct_ = !ctx_.encoder.options().use_graphs;
+  time_runs_ = !direct_ && cuda::settings().time_runs;
   if (!direct_) copy_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
   io_ = plan_io(graph_, options_, where_);
   life_ = liveness(graph_);

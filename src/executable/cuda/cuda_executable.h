@@ -56,6 +56,15 @@ inline std::string bytes_str(size_t bytes) {
   return cat(bytes, " bytes (", (bytes + (1 << 20) - 1) >> 20, " MiB)");
 }
 
+// FUSEBOX_TIME_RUNS: timing events recorded on the device stream before and after a replay.
+struct RunTiming {
+  cudaEvent_t start = nullptr, end = nullptr;
+  RunTiming();
+  ~RunTiming();
+  RunTiming(const RunTiming&) = delete;
+  RunTiming& operator=(const RunTiming&) = delete;
+};
+
 class CudaExecutable final : public Executable {
  public:
   CudaExecutable(const Graph& g, const CompileOptions& options);  // compile.cpp
@@ -169,6 +178,7 @@ class CudaExecutable final : public Executable {
     cuda::Fence waited;  // the copies its outputs_free_op_ waited for (set_wait: held)
     std::vector<Tensor> pinned_feeds;
     std::vector<DeviceArray> array_feeds;
+    std::shared_ptr<RunTiming> timing;  // FUSEBOX_TIME_RUNS: the replay's events
   };
   RunInFlight next_run_;  // filled while a run is issued
   std::deque<RunInFlight> in_flight_;
@@ -176,6 +186,10 @@ class CudaExecutable final : public Executable {
   // Feeds up to this size (a learning rate, labels) go straight from pinned staging into
   // the input on the device stream: the copy stream's events cost more than they hide.
   static constexpr size_t kSmallFeedBytes = 64 << 10;
+  // FUSEBOX_TIME_RUNS=1: events around each replay (stats' timed_runs); the end event of the
+  // last run retired, which the next one's idle time is measured from.
+  bool time_runs_ = false;
+  std::shared_ptr<RunTiming> last_timed_;
   mutable ExecutableStats stats_;  // runs_not_applied refreshed by stats()
   cuda::ConvReportSink report_;    // filled by every recording (a ConvReportScope)
 };

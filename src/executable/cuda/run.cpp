@@ -7,6 +7,16 @@
 
 namespace fusebox::runtime {
 
+RunTiming::RunTiming() {
+  FUSEBOX_CUDA_CHECK(cudaEventCreate(&start));
+  FUSEBOX_CUDA_CHECK(cudaEventCreate(&end));
+}
+
+RunTiming::~RunTiming() {
+  (void)cudaEventDestroy(start);  // a destructor must not throw
+  (void)cudaEventDestroy(end);
+}
+
 // Runs issue copies that hold nothing (the executable's buffers outlive them): wait for
 // them before the buffers go.
 CudaExecutable::~CudaExecutable() {
@@ -42,7 +52,14 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       outputs_wait_stale_ = false;
     }
     next_run_.waited = outputs_read_;
+    if (time_runs_) {
+      ctx_.encoder.commit();  // the feeds' copies before the start event
+      next_run_.timing = std::make_shared<RunTiming>();
+      FUSEBOX_CUDA_CHECK(cudaEventRecord(next_run_.timing->start, ctx_.encoder.stream()));
+    }
     ctx_.encoder.replay(step_);
+    if (time_runs_)
+      FUSEBOX_CUDA_CHECK(cudaEventRecord(next_run_.timing->end, ctx_.encoder.stream()));
   }
 
   auto run = std::make_shared<RunCheck>();
@@ -124,6 +141,7 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
 void CudaExecutable::check_errors() {
   ctx_.encoder.synchronize();
   while (!in_flight_.empty()) retire_oldest_run();
+  last_timed_.reset();  // the caller waited: the next run's wait for it is no idle time
 }
 
 void CudaExecutable::feed_inputs(const Feeds& feeds) {
@@ -223,8 +241,20 @@ void CudaExecutable::set_stage_enabled(Input& in, bool enabled) {
 // Waits for the oldest run in flight, lets go of what it held, checks its error records.
 void CudaExecutable::retire_oldest_run() {
   const std::shared_ptr<RunCheck> run = std::move(in_flight_.front().run);
+  std::shared_ptr<RunTiming> timing = std::move(in_flight_.front().timing);
   in_flight_.pop_front();
   run->check();
+  if (!timing) return;
+  FUSEBOX_CUDA_CHECK(cudaEventSynchronize(timing->end));
+  float ms = 0;
+  FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, timing->start, timing->end));
+  stats_.run_device_ms += ms;
+  if (last_timed_) {
+    FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, last_timed_->end, timing->start));
+    stats_.run_idle_ms += ms;
+  }
+  ++stats_.timed_runs;
+  last_timed_ = std::move(timing);
 }
 
 }  // namespace fusebox::runtime

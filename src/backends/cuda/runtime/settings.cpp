@@ -167,6 +167,7 @@ BackendSettings BackendSettings::from_env() {
     s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT", "cuda");
   read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
   read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
+  read_switch("FUSEBOX_TIME_RUNS", s.time_runs);
   s.cache_dir = cache_dir_from_env();
   read_switch("FUSEBOX_ALLOW_TF32_MATMUL", s.allow_tf32_matmul);
   read_count("FUSEBOX_NORM_VARIANT", s.norm_variant);

@@ -91,6 +91,10 @@ struct BackendSettings {
   bool use_graphs = true;
   // FUSEBOX_CUDA_GRAPH_CACHE: instantiated graphs each command encoder keeps (0: none).
   size_t graph_cache_capacity = 64;
+  // FUSEBOX_TIME_RUNS: each executable's replays timed by events (ExecutableStats::timed_runs:
+  // the device's time per run and its idle time between runs); off by default (two events a
+  // run).
+  bool time_runs = false;
   // The root of the disk plan caches: FUSEBOX_CACHE_DIR, else $XDG_CACHE_HOME/fusebox (an
   // absolute XDG_CACHE_HOME only, as the XDG spec says), else $HOME/.cache/fusebox; empty
   // when none is set: no disk cache.
