@@ -14,6 +14,7 @@
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/passes/simplify.h"
+#include "passes/fusion/fusion_rewrite.h"
 #include "passes/rewrite/graph_rewriter.h"
 #include "train/graph_rewrite.h"
 
@@ -143,17 +144,14 @@ Graph with_collectives_early(const Graph& g) {
 // readers read instead; the casts go. Returns (parameter, low input) pairs.
 std::vector<std::pair<std::string, std::string>> add_low_copies(
     Graph& g, const std::vector<std::string>& parameters) {
-  std::vector<std::vector<NodeId>> readers(g.values().size());
-  for (const Node& n : g.nodes())
-    for (ValueId v : n.inputs)
-      if (v != kNoValue) readers[size_t(v)].push_back(n.id);
-  const std::set<ValueId> outputs(g.outputs().begin(), g.outputs().end());
+  const fusion::Readers readers(g);
   std::vector<std::pair<std::string, std::string>> copies;
+  std::vector<DType> dtypes;         // by copy
   std::map<NodeId, size_t> cast_of;  // a cast that goes -> its copy
   for (const std::string& p : parameters) {
     const ValueId v = find(g, p);
-    const std::vector<NodeId>& r = readers[size_t(v)];
-    if (r.empty() || outputs.count(v) || g.value(v).type.dtype != DType::f32) continue;
+    const std::vector<NodeId>& r = readers.of[size_t(v)];
+    if (r.empty() || readers.outputs.count(v) || g.value(v).type.dtype != DType::f32) continue;
     std::optional<DType> low;
     bool casts_only = true;
     for (NodeId n : r) {
@@ -168,15 +166,14 @@ std::vector<std::pair<std::string, std::string>> add_low_copies(
     if (!casts_only) continue;
     for (NodeId n : r) cast_of[n] = copies.size();
     copies.push_back({p, kLowCopyPrefix + p});
+    dtypes.push_back(*low);
   }
   if (copies.empty()) return copies;
   GraphRewriter rw(g);
   std::vector<ValueId> inputs;
-  for (const auto& [p, low] : copies) {
-    const TensorType& t = g.value(find(g, p)).type;
-    const DType dtype = std::get<CastAttrs>(g.node(readers[size_t(find(g, p))][0]).attrs).to;
-    inputs.push_back(rw.graph().add_input(low, dtype, t.shape));
-  }
+  for (size_t i = 0; i < copies.size(); ++i)
+    inputs.push_back(rw.graph().add_input(copies[i].second, dtypes[i],
+                                          g.value(find(g, copies[i].first)).type.shape));
   for (const Node& n : g.nodes()) {
     if (auto it = cast_of.find(n.id); it != cast_of.end()) {
       rw.map(n.outputs[0], inputs[it->second]);

@@ -186,10 +186,14 @@ constexpr int kVecBytes = 16;
 template <class T>
 constexpr int kVecWidth = kVecBytes / int(sizeof(T));
 
-template <class T>
-struct alignas(kVecBytes) Vec {
-  T v[kVecWidth<T>];
+// W elements of T in one aligned access of W * sizeof(T) bytes. Vec: the 16-byte one; a
+// narrower pack reads the same W elements of a 16-bit operand beside f32 vectors.
+template <class T, int W>
+struct alignas(sizeof(T) * W) Pack {
+  T v[W];
 };
+template <class T>
+using Vec = Pack<T, kVecWidth<T>>;
 
 __host__ __device__ __forceinline__ bool is_aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
@@ -203,6 +207,15 @@ __device__ __forceinline__ Vec<T> load_vec(const T* p, int64_t i) {
 template <class T>
 __device__ __forceinline__ void store_vec(T* p, int64_t i, const Vec<T>& v) {
   reinterpret_cast<Vec<T>*>(p)[i] = v;
+}
+// Pack i of p (p aligned to the pack's bytes).
+template <int W, class T>
+__device__ __forceinline__ Pack<T, W> load_pack(const T* p, int64_t i) {
+  return reinterpret_cast<const Pack<T, W>*>(p)[i];
+}
+template <int W, class T>
+__device__ __forceinline__ void store_pack(T* p, int64_t i, const Pack<T, W>& v) {
+  reinterpret_cast<Pack<T, W>*>(p)[i] = v;
 }
 
 // ---- launch sizing -------------------------------------------------------------------

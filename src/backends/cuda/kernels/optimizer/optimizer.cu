@@ -173,21 +173,6 @@ __device__ __forceinline__ Unscale<C> unscale_of(const UpdateScalars& u) {
   return {scaled ? C(u.grad_scale.load()) : C(1), scaled};
 }
 
-// W elements of E in one aligned access: the param type's 16-byte vectors, and the same W
-// elements of a 16-bit gradient or low copy beside an f32 param (8 bytes).
-template <class E, int W>
-struct alignas(sizeof(E) * W) Pack {
-  E v[W];
-};
-template <int W, class E>
-__device__ __forceinline__ Pack<E, W> load_pack(const E* p, int64_t i) {
-  return reinterpret_cast<const Pack<E, W>*>(p)[i];
-}
-template <int W, class E>
-__device__ __forceinline__ void store_pack(E* p, int64_t i, const Pack<E, W>& v) {
-  reinterpret_cast<Pack<E, W>*>(p)[i] = v;
-}
-
 // The low copy of W new params (L's rounding to nearest even, as the cast kernel's).
 template <class L, int W, class T>
 __device__ __forceinline__ void store_low(L* low, int64_t i, const Pack<T, W>& p) {
