@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "fusebox/core/error.h"
@@ -244,9 +245,12 @@ std::string copy_reason(const Graph& g, const LayoutPlan& plan, const Node& n) {
 
 }  // namespace
 
-std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan) {
+std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan,
+                                      const std::vector<std::string>& read_through) {
+  const std::set<std::string> skipped(read_through.begin(), read_through.end());
   std::vector<LayoutCopy> copies;
   for (const Node& n : g.nodes()) {
+    if (skipped.count(n.name)) continue;
     const std::string reason = copy_reason(g, plan, n);
     if (!reason.empty())
       copies.push_back({n.id, node_label(n), value_bytes(g, n.outputs[0]), reason});

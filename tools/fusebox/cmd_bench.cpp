@@ -241,7 +241,8 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
                                          : describe_fusion(g, fusion_log, cuda::describe_lowering))
               << exe->stats().fast_summary;
     if (device == Device::cuda)
-      std::cout << describe_copies(layout_copies(g, plan_layouts(g, layout_policy_from_env())));
+      std::cout << describe_copies(
+          layout_copies(g, plan_layouts(g, layout_policy_from_env()), exe->stats().read_through));
     // After the timed steps, so that profiling cannot disturb them.
     const std::vector<NodeTime> times = exe->profile(device == Device::cuda ? 10 : 1);
     f.times = time_report(g, times, device, exe->report().convolutions);

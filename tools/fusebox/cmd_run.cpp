@@ -159,7 +159,8 @@ int run(const RunArgs& args) {
   if (args.report && device == Device::cuda) {
     std::cout << fusion_outcome(run_g, fusion_log, exe->report().convolutions);
     const LayoutPlan plan = plan_layouts(run_g, layout_policy_from_env());
-    std::cout << plan.describe(run_g) << describe_copies(layout_copies(run_g, plan));
+    std::cout << plan.describe(run_g)
+              << describe_copies(layout_copies(run_g, plan, exe->stats().read_through));
   }
   if (args.report && device == Device::cpu) std::cout << exe->stats().fast_summary;
   if (args.report) {

@@ -326,10 +326,12 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(global_avg_pool), .family = OpFamily::pool, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .layout = LayoutRole::channelwise, .onnx_type = "GlobalAveragePool"},
     // ---- shape and data movement
+    // (the reshape family reads a strided input with one copy into the output's row-major order)
     {FUSEBOX_OP_ROW(reshape), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<ReshapeAttrs>()},
+     .roles = op_roles::kX, .attrs = attrs_index<ReshapeAttrs>(), .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(flatten), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<FlattenAttrs>(), .attrs_defaultable = true},
+     .roles = op_roles::kX, .attrs = attrs_index<FlattenAttrs>(), .attrs_defaultable = true,
+     .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(transpose), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<TransposeAttrs>(), .attrs_defaultable = true,
      .layout = LayoutRole::any_order},
@@ -339,13 +341,14 @@ inline constexpr OpInfo kOpTable[] = {
      .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<ConcatAttrs>(),
      .layout = LayoutRole::channelwise, .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(slice), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<SliceAttrs>()},
+     .roles = op_roles::kX, .attrs = attrs_index<SliceAttrs>(), .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(pad), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<PadAttrs>()},
     {FUSEBOX_OP_ROW(squeeze), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<AxesAttrs>(), .attrs_defaultable = true},
+     .roles = op_roles::kX, .attrs = attrs_index<AxesAttrs>(), .attrs_defaultable = true,
+     .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(unsqueeze), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<AxesAttrs>()},
+     .roles = op_roles::kX, .attrs = attrs_index<AxesAttrs>(), .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(cast), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<CastAttrs>(), .layout = LayoutRole::elementwise},
     {FUSEBOX_OP_ROW(constant), .family = OpFamily::constant, .min_inputs = 0, .max_inputs = 0,
@@ -436,11 +439,13 @@ inline constexpr OpInfo kOpTable[] = {
      .max_inputs = 16, .roles = op_roles::kFusedPointwise, .attrs = attrs_index<PointwiseProgram>(),
      .layout = LayoutRole::elementwise, .cuda_strided_inputs = true, .differentiable = false},
     // ---- fused attention
+    // (strided q, k, v and dy: cuDNN reads them where they lie, the other paths copy them)
     {FUSEBOX_OP_ROW(attention), .family = OpFamily::attention, .min_inputs = 3, .max_inputs = 4,
-     .roles = op_roles::kAttention, .attrs = attrs_index<AttentionAttrs>()},
+     .roles = op_roles::kAttention, .attrs = attrs_index<AttentionAttrs>(),
+     .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(attention_backward), .family = OpFamily::backward, .min_inputs = 6,
      .max_inputs = 7, .roles = op_roles::kAttentionBackward, .attrs = attrs_index<AttentionAttrs>(),
-     .differentiable = false},
+     .cuda_strided_inputs = true, .differentiable = false},
     // ---- collectives (differentiable: sync batch norm's statistics; passes/vjp_math.cpp);
     // the kernels take strided inputs and copy any that is not in its output's order into
     // that order first

@@ -85,8 +85,8 @@ LayoutPlan plan_layouts(const Graph& g, LayoutPolicy policy = LayoutPolicy::chan
 // What still moves data instead of computing, once the plan is made (issue 40: what remains
 // as a copy is listed, with why): the plan's conversions, and every data-movement node
 // (transpose, reshape, slice, concat, pad, expand, cast) that is not a view of its input
-// (views: a reshape between contiguous values, a transpose that keeps its input's bytes; as
-// the CUDA executable plans them, graph inputs and outputs aside). `bytes`: what it writes.
+// (views: a reshape between contiguous values, a transpose that keeps its input's bytes, a
+// block slice, graph inputs and outputs aside). `bytes`: what it writes.
 struct LayoutCopy {
   NodeId node = -1;  // the node that copies, or the reader a conversion is made for (-1: a
                      // graph output read back)
@@ -94,7 +94,10 @@ struct LayoutCopy {
   size_t bytes = 0;
   std::string reason;
 };
-std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan);
+// Nodes named in `read_through` copy nothing whatever the plan says: the CUDA executable reads
+// them through (ExecutableStats::read_through).
+std::vector<LayoutCopy> layout_copies(const Graph& g, const LayoutPlan& plan,
+                                      const std::vector<std::string>& read_through = {});
 // Count and bytes per kind, then each copy (at most `max_lines`): for `--report`.
 std::string describe_copies(const std::vector<LayoutCopy>& copies, size_t max_lines = 30);
 

@@ -160,11 +160,14 @@ struct ExecutableStats {
   size_t io_bytes = 0;             // inputs (unbound) and outputs the executable owns
   size_t constant_bytes = 0;       // constants as uploaded (in their planned layouts)
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
-  size_t views = 0;                // reshapes and transposes that copy nothing
-  size_t fast_nodes = 0;           // CPU, fast kernels: nodes on them (the rest: reference)
-  std::string fast_summary;        // ... which ops ran fast and which did not, and why
-  size_t aliases_in_place = 0;     // aliased outputs computed in their input's buffer
-  size_t aliases_copied = 0;       // ... copied there at the end of the step
+  size_t views = 0;                // layout ops that copy nothing (CUDA: read through)
+  // CUDA: the layout ops (reshapes, transposes, slices) that run no kernel: their outputs are
+  // views of a stored value, or not stored at all (executable/layout_views.h).
+  std::vector<std::string> read_through;
+  size_t fast_nodes = 0;        // CPU, fast kernels: nodes on them (the rest: reference)
+  std::string fast_summary;     // ... which ops ran fast and which did not, and why
+  size_t aliases_in_place = 0;  // aliased outputs computed in their input's buffer
+  size_t aliases_copied = 0;    // ... copied there at the end of the step
   // CUDA, state aliased in place: runs whose state updates were not applied because a run
   // found bad training data (a label outside [0, C)): that run and the runs queued after
   // it, counted once the error has been reported (see run_async).

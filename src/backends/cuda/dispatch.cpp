@@ -2,6 +2,7 @@
 #include <optional>
 
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kernels/common/converted_inputs.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/ir/op_info.h"
 #include "fusebox/passes/layout.h"
@@ -105,37 +106,6 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //    contiguous (unless the op takes strides), outputs that are not contiguous are computed
 //    into contiguous temporaries and copied into place.
 
-// A dense copy of `t` in `format`: a temporary of the operation (context.h temporary_tensor).
-DeviceTensor converted(Context& ctx, const DeviceTensor& t, MemoryFormat format) {
-  DeviceTensor c = temporary_tensor(ctx, t.dtype, t.shape, format);
-  copy_strided(ctx, t, c);
-  return c;
-}
-
-// A node's inputs, each as given or replaced by a dense copy in the format `want(t)` names
-// (nullopt: as given). The copies live here (and with the encoder until the work is done).
-class ConvertedInputs {
- public:
-  template <class Want>
-  ConvertedInputs(Context& ctx, Inputs in, Want&& want) : ptrs_(in.begin(), in.end()) {
-    copies_.reserve(in.size());  // ptrs_ point into it
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (in[i] == nullptr) continue;
-      if (const std::optional<MemoryFormat> format = want(*in[i])) {
-        copies_.push_back(converted(ctx, *in[i], *format));
-        ptrs_[i] = &copies_.back();
-      }
-    }
-  }
-  ConvertedInputs(const ConvertedInputs&) = delete;
-  ConvertedInputs& operator=(const ConvertedInputs&) = delete;
-  Inputs get() const { return ptrs_; }
-
- private:
-  std::vector<DeviceTensor> copies_;
-  std::vector<const DeviceTensor*> ptrs_;
-};
-
 // Whether an elementwise or channelwise node runs channels-last: every output is dense
 // channels-last, and some output, or (all outputs being both orders, e.g. a pool's
 // [N, C, 1, 1]) some input of the outputs' rank, is channels-last and not contiguous.
@@ -156,8 +126,7 @@ bool runs_channels_last(Inputs in, Outputs out) {
 void run_with_contiguous_outputs(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const bool strided_ok = op_info(n.op).cuda_strided_inputs;
   const ConvertedInputs inputs(ctx, in, [&](const DeviceTensor& t) -> std::optional<MemoryFormat> {
-    if (strided_ok || t.is_contiguous()) return std::nullopt;
-    return MemoryFormat::contiguous;
+    return strided_ok ? std::nullopt : unless_contiguous(t);
   });
   std::vector<DeviceTensor> outputs(out.begin(), out.end());
   bool staged = false;

@@ -7,6 +7,7 @@
 #include "backends/cuda/runtime/settings.h"
 #include "executable/cuda/cuda_executable.h"
 #include "executable/executables.h"
+#include "executable/layout_views.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/ir/op_info.h"
 
@@ -94,42 +95,10 @@ void CudaExecutable::plan_memory_and_buffers() {
     converted_in_arena[size_t(v)] = true;
     bytes[size_t(v)] = size_t(numel(t.shape)) * dtype_size(t.dtype);
   }
-  // Views: a reshape between two contiguous arena values, and a transpose whose output's
-  // planned order is its input's bytes permuted (passes/layout.h), share their input's
-  // bytes; the node copies nothing (copy_reshape and transpose see one address). A slice that
-  // is one block of its contiguous input (block_slice_offset) is its input's bytes from an
-  // offset on, 256-byte aligned as the arena's values are; record_node skips it.
+  // Views: layout ops read through (layout_views.h) where their readers take the view.
   same_bytes_.assign(values, kNoValue);
-  view_offset_.assign(values, 0);
-  for (const Node& n : graph_.nodes()) {
-    if (n.op == OpKind::slice) {
-      const ValueId in = n.inputs[0], out = n.outputs[0];
-      if (bytes[size_t(in)] == 0 || bytes[size_t(out)] == 0 || converted_in_arena[size_t(in)] ||
-          layout_.of(in) != MemoryFormat::contiguous || layout_.of(out) != MemoryFormat::contiguous)
-        continue;
-      const std::optional<size_t> offset = block_slice_offset(graph_, n);
-      if (!offset || *offset % kBlockSliceAlignment != 0) continue;
-      same_bytes_[size_t(out)] = in;
-      view_offset_[size_t(out)] = *offset;
-      ++stats_.views;
-      continue;
-    }
-    if (!is_reshape_family(n.op) && n.op != OpKind::transpose) continue;
-    const ValueId in = n.inputs[0], out = n.outputs[0];
-    if (bytes[size_t(in)] == 0 || bytes[size_t(out)] != bytes[size_t(in)] ||
-        converted_in_arena[size_t(in)])
-      continue;
-    if (n.op == OpKind::transpose ? !transpose_keeps_bytes(graph_.value(in).type.shape,
-                                                           std::get<TransposeAttrs>(n.attrs).perm,
-                                                           layout_.of(in), layout_.of(out))
-                                  : layout_.of(in) != MemoryFormat::contiguous ||
-                                        layout_.of(out) != MemoryFormat::contiguous)
-      continue;
-    same_bytes_[size_t(out)] = in;
-    ++stats_.views;
-  }
-  const MemoryPlan plan =
-      plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_, view_offset_);
+  plan_layout_views_into(bytes, converted_in_arena);
+  const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
   offsets_ = plan.offset;
   // The nodes' temporaries go where no value is at the time (none without reuse: that
   // plan is the reference the reusing one is tested against).
@@ -253,6 +222,48 @@ void CudaExecutable::upload_constants() {
 
 std::unique_ptr<Executable> compile_cuda(const Graph& g, const CompileOptions& options) {
   return std::make_unique<CudaExecutable>(g, options);
+}
+
+// Step 1b: layout ops read through (layout_views.h). Roots are arena values stored dense in
+// their planned order; views and unstored values share their root's bytes (same_bytes_, all
+// of them: bytes[v] becomes the root's), so that the root lives as long as any of them. A view in
+// its planned order at an aligned address is what the value would have been stored as, for any
+// reader (a reshape of a contiguous value, a transpose that keeps the bytes, a block slice).
+void CudaExecutable::plan_layout_views_into(std::vector<size_t>& bytes,
+                                            const std::vector<bool>& converted_in_arena) {
+  const size_t values = graph_.values().size();
+  std::vector<bool> eligible(values, false);
+  std::vector<Shape> stored(values);
+  for (size_t v = 0; v < values; ++v) {
+    if (bytes[v] == 0 || converted_in_arena[v]) continue;
+    stored[v] = strides_for(graph_.values()[v].type.shape, layout_.of(ValueId(v)));
+    eligible[v] = true;
+  }
+  layout_views_ = plan_layout_views(graph_, eligible, stored, [](const Node& n, size_t) {
+    // Copies and attention check what they use (alignment, strides); kernels that walk
+    // strides may still vectorise on an address they take to be the arena's.
+    if (n.op == OpKind::attention || n.op == OpKind::attention_backward || n.op == OpKind::slice ||
+        n.op == OpKind::concat || is_reshape_family(n.op) ||
+        layout_role(n) == LayoutRole::any_order)
+      return ReaderTakes::any_view;
+    return op_info(n.op).cuda_strided_inputs ? ReaderTakes::aligned_strides : ReaderTakes::planned;
+  });
+  using Kind = LayoutView::Kind;
+  for (size_t v = 0; v < values; ++v) {
+    const LayoutView& p = layout_views_[v];
+    if (p.kind != Kind::view && p.kind != Kind::unstored) continue;
+    same_bytes_[v] = p.root;
+    // A view's elements may lie anywhere in its root's bytes (q of a packed projection spans
+    // all of it): while it lives, all of them are taken (free_gaps lends the rest to nodes'
+    // temporaries).
+    bytes[v] = bytes[size_t(p.root)];
+    ++stats_.views;
+  }
+  for (const Node& n : graph_.nodes()) {
+    if (n.outputs.size() != 1) continue;
+    const Kind kind = layout_views_[size_t(n.outputs[0])].kind;
+    if (kind == Kind::view || kind == Kind::unstored) stats_.read_through.push_back(n.name);
+  }
 }
 
 }  // namespace fusebox::runtime

@@ -40,6 +40,7 @@
 #include "backends/cuda/kernels/conv/report.h"
 #include "executable/device_array.h"
 #include "executable/io_plan.h"
+#include "executable/layout_views.h"
 #include "executable/memory_plan.h"
 #include "fusebox/passes/layout.h"
 #include "fusebox/runtime/executable.h"
@@ -114,11 +115,14 @@ class CudaExecutable final : public Executable {
 
   // compile.cpp
   void plan_memory_and_buffers();
+  void plan_layout_views_into(std::vector<size_t>& bytes,
+                              const std::vector<bool>& converted_in_arena);
   bool can_compute_in_place(ValueId out, size_t input) const;
   void upload_constants();
 
   // record.cpp
   DeviceTensor arena_tensor(ValueId v) const;
+  DeviceTensor root_view(const Walk& w, ValueId v) const;
   void record_step();
   Walk begin_walk(bool step);
   std::vector<DeviceTensor> node_outputs(const Walk& w, const Node& n);
@@ -148,8 +152,9 @@ class CudaExecutable final : public Executable {
   std::vector<Input> inputs_;
   std::vector<DeviceArray> outputs_;
   std::vector<int> in_place_;        // by ValueId: the input an output is computed in
-  std::vector<ValueId> same_bytes_;  // by ValueId: the value a view's bytes are (reshapes)
-  std::vector<size_t> view_offset_;  // ... and where in them it starts (a block slice's offset)
+  std::vector<ValueId> same_bytes_;  // by ValueId: the root whose bytes a layout view reads
+  // By ValueId: layout ops' outputs read through (views, unstored values; layout_views.h).
+  std::vector<LayoutView> layout_views_;
   // By output: where an aliased output that cannot be computed in place is computed, to be
   // copied into its input at the end (empty for every other output).
   std::vector<DeviceTensor> alias_buffer_;

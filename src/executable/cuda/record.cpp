@@ -15,6 +15,18 @@ DeviceTensor CudaExecutable::arena_tensor(ValueId v) const {
   return d;
 }
 
+// A layout op's output as the strided view of its root's tensor that compile planned
+// (layout_views.h); the root is stored in the order compile assumed.
+DeviceTensor CudaExecutable::root_view(const Walk& w, ValueId v) const {
+  const LayoutView& lv = layout_views_[size_t(v)];
+  const DeviceTensor& root = w.slots[size_t(lv.root)];
+  const Value& rv = graph_.value(lv.root);
+  FUSEBOX_CHECK(root.buffer && root.strides == strides_for(rv.type.shape, layout_.of(lv.root)),
+                where_, "the view '", graph_.value(v).name, "' of '", rv.name,
+                "' was planned on another order of it (internal error)");
+  return root.view(root.offset + lv.offset, graph_.value(v).type.shape, lv.strides);
+}
+
 // Step 4: the node walk (recorded once; launching directly, run by every run).
 void CudaExecutable::record_step() {
   const cuda::ConvReportScope reporting(report_);
@@ -80,7 +92,12 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
 std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node& n) {
   std::vector<DeviceTensor> outs;
   for (ValueId v : n.outputs) {
-    if (w.output_tensor[size_t(v)].buffer) {
+    const LayoutView& lv = layout_views_[size_t(v)];
+    if (lv.kind == LayoutView::Kind::view) {
+      outs.push_back(root_view(w, v));
+    } else if (lv.kind == LayoutView::Kind::unstored) {
+      outs.emplace_back();  // no tensor: only layout ops read it, through its root
+    } else if (w.output_tensor[size_t(v)].buffer) {
       outs.push_back(w.output_tensor[size_t(v)]);
     } else if (offsets_[size_t(v)] != MemoryPlan::kNotPlanned) {
       outs.push_back(arena_tensor(v));
@@ -96,8 +113,19 @@ std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node
 // node may replace an output by a view (a reshape of its input): `outs` then holds it.
 void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
   const Node& n = graph_.nodes()[i];
-  // A block slice planned as a view of its input (compile.cpp): its output is those bytes.
-  if (n.op == OpKind::slice && same_bytes_[size_t(n.outputs[0])] != kNoValue) return;
+  // Layout ops read through (layout_views.h): a view or nothing, or a copy from the root.
+  if (n.outputs.size() == 1) {
+    switch (layout_views_[size_t(n.outputs[0])].kind) {
+      case LayoutView::Kind::view:
+      case LayoutView::Kind::unstored:
+        return;
+      case LayoutView::Kind::from_root:
+        cuda::copy_strided(ctx_, root_view(w, n.outputs[0]), outs[0]);
+        return;
+      case LayoutView::Kind::copy:
+        break;
+    }
+  }
   std::vector<const DeviceTensor*> in_ptrs;
   for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
   if (i < gaps_.size() && gaps_[i].bytes > 0)

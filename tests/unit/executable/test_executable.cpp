@@ -237,6 +237,59 @@ TEST_P(Executables, BlockSlicesComputeAsCopies) {
   if (device() == Device::cuda) EXPECT_GE(exe->stats().views, 3u);  // the slices (and reshapes)
 }
 
+// torch.nn.MultiheadAttention's head split as its ONNX export spells it ([T, B, 3E] ->
+// [T, B, 3, E] -> ... -> [T, B*H, d] -> [B*H, T, d] -> [B, H, T, d]) feeding attention and its
+// backward, whose dy comes through a transpose too: the CUDA executable reads q, k, v and dy
+// as strided views of the projection (layout_views.h; cuDNN takes them in bf16) and computes
+// what the CPU oracle does.
+void head_split_into_attention(Device device, int64_t t) {
+  SCOPED_TRACE(cat(t, " tokens"));
+  const int64_t b = 2, h = 2, d = 64, e = h * d;
+  Graph g("head_split");
+  const ValueId x = g.add_input("x", DType::bf16, {t, b, 3 * e});
+  const ValueId up = g.add_input("up", DType::bf16, {t, b, e});
+  const ValueId packed = g.add_node(OpKind::relu, {}, {x})[0];
+  auto node = [&](OpKind op, Attrs a, ValueId in) { return g.add_node(op, std::move(a), {in})[0]; };
+  ValueId split = node(OpKind::reshape, ReshapeAttrs{{t, b, 3, e}}, packed);
+  split = node(OpKind::unsqueeze, AxesAttrs{{0}}, split);
+  split = node(OpKind::transpose, TransposeAttrs{{3, 1, 2, 0, 4}}, split);
+  split = node(OpKind::squeeze, AxesAttrs{{3}}, split);
+  std::vector<ValueId> qkv;
+  for (int64_t i = 0; i < 3; ++i) {
+    ValueId v = node(OpKind::slice, SliceAttrs{{i}, {i + 1}, {0}, {1}}, split);
+    v = node(OpKind::squeeze, AxesAttrs{{0}}, v);
+    v = node(OpKind::reshape, ReshapeAttrs{{t, b * h, d}}, v);
+    v = node(OpKind::transpose, TransposeAttrs{{1, 0, 2}}, v);
+    qkv.push_back(node(OpKind::reshape, ReshapeAttrs{{b, h, t, d}}, v));
+  }
+  const AttentionAttrs attrs{.scale = 0.125, .with_lse = true};
+  const std::vector<ValueId> fwd = g.add_node(OpKind::attention, attrs, qkv, "attention");
+  ValueId dy = g.add_node(OpKind::relu, {}, {up})[0];
+  dy = node(OpKind::reshape, ReshapeAttrs{{t, b, h, d}}, dy);
+  dy = node(OpKind::transpose, TransposeAttrs{{1, 2, 0, 3}}, dy);
+  const std::vector<ValueId> grads =
+      g.add_node(OpKind::attention_backward, attrs, {dy, qkv[0], qkv[1], qkv[2], fwd[0], fwd[1]},
+                 "attention_backward");
+  g.mark_output(fwd[0]);
+  for (ValueId v : grads) g.mark_output(v);
+  auto exe = Executable::compile(g, {.device = device, .poison = true});
+  const NamedTensors feeds = {{"x", random_tensor(DType::bf16, {t, b, 3 * e}, 7, -1, 1)},
+                              {"up", random_tensor(DType::bf16, {t, b, e}, 8, -1, 1)}};
+  const NamedTensors got = exe->run(feeds), want = run_graph(g, feeds);
+  EXPECT_TRUE(all_close(got.at(g.value(fwd[0]).name), want.at(g.value(fwd[0]).name), 3e-2, 3e-2));
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string& name = g.value(grads[i]).name;
+    EXPECT_TRUE(all_close(got.at(name), want.at(name), 5e-2, 5e-2)) << name;
+  }
+  // Nothing of the split is copied: 3 x 5 steps to q, k, v and 4 shared before, dy's 2.
+  if (device == Device::cuda) EXPECT_GE(exe->stats().views, 3u * 5 + 4 + 2);
+}
+
+TEST_P(Executables, HeadSplitViewsFeedAttention) {
+  // 19 tokens: the short-sequence kernel's forward (on copies); 80: cuDNN's, on the views.
+  for (const int64_t t : {19, 80}) head_split_into_attention(device(), t);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),
                          [](const auto& info) { return std::string(device_name(info.param)); });
 

@@ -336,6 +336,12 @@ TEST(LayoutPass, CopiesAreListedWithReasons) {
       << text;
   EXPECT_NE(describe_copies(copies, 1).find("... " + std::to_string(copies.size() - 1) + " more"),
             std::string::npos);
+  // Nodes the executable reads through are no copies, whatever the plan says.
+  const std::string swapped_node = g.node(g.value(swapped).producer).name;
+  const std::vector<LayoutCopy> fewer = layout_copies(g, plan, {swapped_node});
+  EXPECT_EQ(fewer.size(), copies.size() - 1);
+  for (const LayoutCopy& copy : fewer)
+    EXPECT_EQ(copy.what.rfind("transpose", 0), std::string::npos);
 }
 
 // block_slice_offset: one block of a contiguous input (the dims before the cut of extent 1, those

@@ -4,7 +4,9 @@
 //
 // Tensor uids: q = 1, k = 2, v = 3, o = 4, lse = 5 (f32 [B, H, Tq, 1]), do = 6, dq = 7,
 // dk = 8, dv = 9, bias = 10 and dbias = 11 ([Bb, Hb, Tq, Tk] in the io dtype, Bb 1 or B and
-// Hb 1 or H: cuDNN broadcasts those two); every tensor dense (row-major) [B, H, T, d].
+// Hb 1 or H: cuDNN broadcasts those two); every tensor dense (row-major) [B, H, T, d], except
+// that q, k, v and do may come with strides of their own (views: a head split of a packed
+// projection read where it lies).
 #pragma once
 
 #include <cudnn.h>
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fusebox/core/dtype.h"
 
@@ -26,7 +29,9 @@ struct AttentionProblem {
   bool bias_grad = false;                  // the backward also writes dbias
   bool with_lse = false;                   // forward: also write lse (training)
   bool backward = false;                   // the backward: dq, dk, dv from do, q, k, v, o, lse
-  std::string describe() const;            // "bf16 b64 h12 tq197 tk197 d64 dv64 scale 0.125"
+  // Strides (elements) of q, k, v and do over [B, H, T, d]; empty: dense.
+  std::vector<int64_t> q_strides, k_strides, v_strides, do_strides;
+  std::string describe() const;  // "bf16 b64 h12 tq197 tk197 d64 dv64 scale 0.125"
 };
 
 // The device addresses a plan reads and writes (null where its direction has none).

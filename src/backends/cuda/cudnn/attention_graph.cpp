@@ -39,17 +39,18 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
   g.set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto tensor = [&](const char* name, int64_t uid, std::vector<int64_t> dims) {
-    const std::vector<int64_t> strides = contiguous_strides(dims);
+  auto tensor = [&](const char* name, int64_t uid, std::vector<int64_t> dims,
+                    const std::vector<int64_t>& given = {}) {
+    const std::vector<int64_t> strides = given.empty() ? contiguous_strides(dims) : given;
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(uid)
                         .set_dim(std::move(dims))
                         .set_stride(strides));
   };
-  auto q = tensor("q", kUidQ, {p.batch, p.heads, p.tq, p.d});
-  auto k = tensor("k", kUidK, {p.batch, p.heads, p.tk, p.d});
-  auto v = tensor("v", kUidV, {p.batch, p.heads, p.tk, p.dv});
+  auto q = tensor("q", kUidQ, {p.batch, p.heads, p.tq, p.d}, p.q_strides);
+  auto k = tensor("k", kUidK, {p.batch, p.heads, p.tk, p.d}, p.k_strides);
+  auto v = tensor("v", kUidV, {p.batch, p.heads, p.tk, p.dv}, p.v_strides);
   const std::vector<int64_t> o_dims = {p.batch, p.heads, p.tq, p.dv},
                              lse_dims = {p.batch, p.heads, p.tq, 1},
                              bias_dims = {p.bias_batch, p.bias_heads, p.tq, p.tk};
@@ -72,7 +73,7 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
           .set_data_type(fe::DataType_t::FLOAT);
   } else {
     auto o = tensor("o", kUidO, o_dims);
-    auto d_o = tensor("do", kUidDo, o_dims);
+    auto d_o = tensor("do", kUidDo, o_dims, p.do_strides);
     auto lse = tensor("lse", kUidLse, lse_dims);
     lse->set_data_type(fe::DataType_t::FLOAT);
     auto attributes = fe::graph::SDPA_backward_attributes()
@@ -114,11 +115,17 @@ struct Cached {
 }  // namespace
 
 std::string AttentionProblem::describe() const {
+  auto strides = [](const char* name, const std::vector<int64_t>& s) {
+    return s.empty() ? std::string()
+                     : cat(" ", name, " strides [", s[0], ", ", s[1], ", ", s[2], ", ", s[3], "]");
+  };
   return cat(backward ? "backward " : "", dtype_name(dtype), " b", batch, " h", heads, " tq", tq,
              " tk", tk, " d", d, " dv", dv, " scale ", scale, causal ? " causal" : "",
              bias_batch > 0 ? cat(" bias [", bias_batch, ", ", bias_heads, ", ", tq, ", ", tk, "]")
                             : std::string(),
-             bias_grad ? " dbias" : "", with_lse && !backward ? " with lse" : "");
+             bias_grad ? " dbias" : "", with_lse && !backward ? " with lse" : "",
+             strides("q", q_strides), strides("k", k_strides), strides("v", v_strides),
+             strides("do", do_strides));
 }
 
 std::shared_ptr<AttentionPlan> attention_plan(cudnnHandle_t handle, const AttentionProblem& p,

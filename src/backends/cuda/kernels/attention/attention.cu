@@ -18,6 +18,12 @@
 // or the extent; cuDNN broadcasts those), converted / expanded into a temporary when it is
 // not already that (a padding mask [B, 1, 1, Tk], an f32 mask); the row kernels read it as
 // f32 in its own shape through broadcast strides, and so does the short-sequence kernel.
+//
+// q, k, v (and the backward's dy) may be strided views (the executable plans the head split
+// of a packed projection, reshape -> transpose -> reshape, as a view of the projection):
+// cuDNN reads them where they lie when its rows (the last dim) are dense and 16-byte aligned;
+// the other paths get contiguous copies.
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -26,6 +32,7 @@
 #include "backends/cuda/device/block_reduce.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/attention/short_attention.h"
+#include "backends/cuda/kernels/common/converted_inputs.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/kernels/common/elementwise.cuh"
 #include "backends/cuda/runtime/settings.h"
@@ -262,9 +269,73 @@ std::pair<DeviceTensor, BiasStrides> bias_for_rows(Context& ctx, const Node& n,
   return {own, strides_of(own)};
 }
 
-}  // namespace
+// Operands the dense paths take as they are: contiguous at a 16-byte aligned address (a view
+// may be either or neither).
+std::optional<MemoryFormat> unless_dense(const DeviceTensor& t) {
+  const bool aligned = reinterpret_cast<uintptr_t>(t.data()) % 16 == 0;
+  return t.is_contiguous() && aligned ? std::nullopt : std::optional(MemoryFormat::contiguous);
+}
 
-void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
+// [B, H, T, d] strides of a rank-4 operand, or of a rank-3 one ([B, T, d]: one head).
+std::vector<int64_t> strides4(const DeviceTensor& t) {
+  if (t.rank() == 4) return {t.strides[0], t.strides[1], t.strides[2], t.strides[3]};
+  return {t.strides[0], t.strides[0], t.strides[1], t.strides[2]};
+}
+
+// Whether cuDNN reads `t` where it lies: its rows dense, its start and strides 16-byte aligned.
+bool cudnn_reads_in_place(const DeviceTensor& t) {
+  const int64_t bytes = int64_t(dtype_size(t.dtype));
+  if (t.shape.back() != 1 && t.strides.back() != 1) return false;
+  if (reinterpret_cast<uintptr_t>(t.data()) % 16 != 0) return false;
+  for (size_t i = 0; i + 1 < t.shape.size(); ++i)
+    if (t.shape[i] != 1 && (t.strides[i] * bytes) % 16 != 0) return false;
+  return true;
+}
+
+// cuDNN's forward on these operands (p names q, k, v's strides where they are views).
+bool record_cudnn_forward(Context& ctx, const Node& n, const AttentionProblem& p,
+                          const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                          const DeviceTensor* bias, const DeviceTensor& y, float* lse,
+                          const BufferList& writes, std::string& why) {
+  BufferList reads{q.range(), k.range(), v.range()};
+  AttentionBuffers b;
+  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse;
+  if (bias) {
+    const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
+    b.bias = dense.data(), reads.push_back(dense.range());
+  }
+  return record_cudnn(ctx, n, p, b, reads, writes, why);
+}
+
+// cuDNN's backward on these operands (p names dy, q, k, v's strides where they are views);
+// dbias, when asked for, in the io dtype (converted after where dbias has another).
+bool record_cudnn_backward(Context& ctx, const Node& n, const AttentionProblem& p, Inputs in,
+                           Outputs out, std::string& why) {
+  const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3], &y = *in[4],
+                     &lse = *in[5];
+  const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
+  const DeviceTensor &dq = out[0], &dk = out[1], &dv = out[2];
+  const DeviceTensor* dbias = out.size() > 3 ? &out[3] : nullptr;
+  BufferList reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
+  BufferList writes{dq.range(), dk.range(), dv.range()};
+  AttentionBuffers b;
+  b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse.data();
+  b.d_o = dy.data(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
+  if (bias) {
+    const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
+    b.bias = dense.data(), reads.push_back(dense.range());
+  }
+  DeviceTensor dbias_io;
+  if (dbias) {
+    dbias_io = dbias->dtype == p.dtype ? *dbias : temporary_tensor(ctx, p.dtype, dbias->shape);
+    b.dbias = dbias_io.data(), writes.push_back(dbias_io.range());
+  }
+  if (!record_cudnn(ctx, n, p, b, reads, writes, why)) return false;
+  if (dbias && dbias->dtype != p.dtype) convert_into(ctx, n, dbias_io, *dbias);
+  return true;
+}
+
+void attention_dense(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<AttentionAttrs>(n.attrs);
   const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
   const DeviceTensor* bias = in.size() > 3 ? in[3] : nullptr;
@@ -291,16 +362,9 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
       return;
     }
   }
-  if (cudnn_takes(ctx, p, why)) {
-    BufferList reads{q.range(), k.range(), v.range()};
-    AttentionBuffers b;
-    b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse;
-    if (bias) {
-      const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
-      b.bias = dense.data(), reads.push_back(dense.range());
-    }
-    if (record_cudnn(ctx, n, p, b, reads, writes, why)) return;
-  }
+  if (cudnn_takes(ctx, p, why) &&
+      record_cudnn_forward(ctx, n, p, q, k, v, bias, y, lse, writes, why))
+    return;
   check_row_kernel(ctx, n, p, why);
   RowGeometry g{p.tq, p.tk, p.d, p.dv, p.heads, float(p.scale), p.causal, {}};
   BufferList reads{q.range(), k.range(), v.range()};
@@ -317,7 +381,7 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
   });
 }
 
-void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+void attention_backward_dense(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3], &y = *in[4],
                      &lse = *in[5];
   const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
@@ -329,33 +393,15 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
                 node_label(n), "expects a contiguous bias and dbias");
   const AttentionProblem p = problem_of(n, q, k, v, bias, true);
   if (q.numel() == 0 && k.numel() == 0) return;
-  const BufferList base_reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
   std::string why;
   if (dbias && numel(bias->shape) != p.bias_batch * p.bias_heads * p.tq * p.tk) {
     why = cat("cuDNN's dBias takes a bias of whole [Tq, Tk] rows, not ", shape_str(bias->shape));
-  } else if (cudnn_takes(ctx, p, why)) {
-    BufferList reads = base_reads, writes{dq.range(), dk.range(), dv.range()};
-    AttentionBuffers b;
-    b.q = q.data(), b.k = k.data(), b.v = v.data(), b.o = y.data(), b.lse = lse.data();
-    b.d_o = dy.data(), b.dq = dq.data(), b.dk = dk.data(), b.dv = dv.data();
-    if (bias) {
-      const DeviceTensor dense = bias_for_cudnn(ctx, n, p, *bias, q.shape.size());
-      b.bias = dense.data(), reads.push_back(dense.range());
-    }
-    // cuDNN writes dbias in the io dtype: into dbias itself when that is its dtype.
-    DeviceTensor dbias_io;
-    if (dbias) {
-      dbias_io = dbias->dtype == p.dtype ? *dbias : temporary_tensor(ctx, p.dtype, dbias->shape);
-      b.dbias = dbias_io.data(), writes.push_back(dbias_io.range());
-    }
-    if (record_cudnn(ctx, n, p, b, reads, writes, why)) {
-      if (dbias && dbias->dtype != p.dtype) convert_into(ctx, n, dbias_io, *dbias);
-      return;
-    }
+  } else if (cudnn_takes(ctx, p, why) && record_cudnn_backward(ctx, n, p, in, out, why)) {
+    return;
   }
   check_row_kernel(ctx, n, p, why);
   RowGeometry g{p.tq, p.tk, p.d, p.dv, p.heads, float(p.scale), p.causal, {}};
-  BufferList reads = base_reads;
+  BufferList reads{dy.range(), q.range(), k.range(), v.range(), y.range(), lse.range()};
   const float* bias32 = nullptr;
   if (bias) {
     const auto [own, strides] = bias_for_rows(ctx, n, *bias, q.shape.size());
@@ -390,6 +436,56 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
                        dv.numel());
   });
   if (dbias) convert_into(ctx, n, dbias32, *dbias);
+}
+
+}  // namespace
+
+void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
+  const DeviceTensor* bias = in.size() > 3 ? in[3] : nullptr;
+  if (unless_dense(q) || unless_dense(k) || unless_dense(v)) {
+    // Views: cuDNN reads them where it would have run anyway (not where the short-sequence
+    // kernel takes the problem: that one is faster even after the copies).
+    AttentionProblem p = problem_of(n, q, k, v, bias, false);
+    std::string why;
+    const auto& a = std::get<AttentionAttrs>(n.attrs);
+    if (out[0].numel() > 0 && !settings().attention_own && !short_attention_takes(p, why) &&
+        cudnn_reads_in_place(q) && cudnn_reads_in_place(k) && cudnn_reads_in_place(v) &&
+        out[0].is_contiguous() && (!bias || !unless_dense(*bias))) {
+      p.q_strides = strides4(q), p.k_strides = strides4(k), p.v_strides = strides4(v);
+      float* lse = a.with_lse ? out[1].as<float>() : nullptr;
+      BufferList writes{out[0].range()};
+      if (lse) writes.push_back(out[1].range());
+      if (cudnn_takes(ctx, p, why) &&
+          record_cudnn_forward(ctx, n, p, q, k, v, bias, out[0], lse, writes, why))
+        return;
+    }
+  }
+  const ConvertedInputs dense(ctx, in, unless_dense);
+  attention_dense(ctx, n, dense.get(), out);
+}
+
+void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3];
+  const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
+  // Views among dy, q, k, v: cuDNN reads them where they lie, the rest as they are.
+  const bool views = unless_dense(dy) || unless_dense(q) || unless_dense(k) || unless_dense(v);
+  const bool dense_rest =
+      !unless_dense(*in[4]) && !unless_dense(*in[5]) && (!bias || !unless_dense(*bias)) &&
+      std::all_of(out.begin(), out.end(), [](const DeviceTensor& t) { return t.is_contiguous(); });
+  if (views && dense_rest && !settings().attention_own && q.numel() > 0 &&
+      cudnn_reads_in_place(dy) && cudnn_reads_in_place(q) && cudnn_reads_in_place(k) &&
+      cudnn_reads_in_place(v)) {
+    AttentionProblem p = problem_of(n, q, k, v, bias, true);
+    if (out.size() <= 3 || numel(bias->shape) == p.bias_batch * p.bias_heads * p.tq * p.tk) {
+      p.do_strides = strides4(dy), p.q_strides = strides4(q), p.k_strides = strides4(k),
+      p.v_strides = strides4(v);
+      std::string why;
+      if (cudnn_takes(ctx, p, why) && record_cudnn_backward(ctx, n, p, in, out, why)) return;
+    }
+  }
+  const ConvertedInputs dense(ctx, in, unless_dense);
+  attention_backward_dense(ctx, n, dense.get(), out);
 }
 
 }  // namespace fusebox::cuda

@@ -222,14 +222,20 @@ void copy_unless_halted(Context& ctx, const DeviceTensor& src, const DeviceTenso
 }
 
 // reshape, flatten, squeeze, unsqueeze: the same row-major bytes under another shape;
-// nothing to do where the output is planned as a view of the input.
+// nothing to do where the output is planned as a view of the input. A strided input (a view)
+// is copied once, into y's bytes read under x's shape (y is contiguous: the same order).
 void copy_reshape(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor& x = *in[0];
   const DeviceTensor& y = out[0];
   FUSEBOX_CHECK(x.nbytes() == y.nbytes(), node_label(n), "cannot view ", shape_str(x.shape), " as ",
                 shape_str(y.shape));
-  FUSEBOX_CHECK(x.is_contiguous(), node_label(n), "expects a contiguous input");
-  if (y.nbytes() == 0 || x.data() == y.data()) return;  // a view (the executable's plan)
+  FUSEBOX_CHECK(y.is_contiguous(), node_label(n), "expects a contiguous output");
+  if (y.nbytes() == 0) return;
+  if (!x.is_contiguous()) {
+    copy_views(ctx, n, x, y.view(y.offset, x.shape, contiguous_strides(x.shape)));
+    return;
+  }
+  if (x.data() == y.data()) return;  // a view (the executable's plan)
   ctx.encoder.memcpy(y.range(), x.range());
 }
 
