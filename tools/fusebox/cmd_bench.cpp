@@ -85,6 +85,7 @@ struct Figures {
   // between them, per step (runs timed: 0 when the setting is off).
   size_t timed_runs = 0;
   double run_device_ms = 0, run_idle_ms = 0;
+  double waited_device_ms = 0;  // the waited steps' device time each (FUSEBOX_TIME_RUNS)
 };
 
 // The per-step latencies' median, min and max.
@@ -137,6 +138,7 @@ void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, S
   // Each step waited for: its latency, and the host's time to issue it onto an idle GPU
   // (no wait for an earlier step inside the call).
   std::vector<double> ms, host_us;
+  const ExecutableStats before_waited = exe.stats();
   for (int64_t i = 0; i < args.steps; ++i) {
     const auto t = Clock::now();
     PendingTensor result = step();
@@ -146,6 +148,10 @@ void time_steps(const BenchArgs& args, int64_t batch, const std::string& what, S
     progress.update(args.steps + i + 1,
                     cat(what, " (each waited for)  ", fixed(ms.back(), 3), " ms"));
   }
+  const ExecutableStats after_waited = exe.stats();
+  if (after_waited.timed_runs > before_waited.timed_runs)
+    f.waited_device_ms = (after_waited.run_device_ms - before_waited.run_device_ms) /
+                         double(after_waited.timed_runs - before_waited.timed_runs);
   summarise(std::move(ms), f);
   std::sort(host_us.begin(), host_us.end());
   f.host_us_per_step = host_us[host_us.size() / 2];
@@ -288,11 +294,12 @@ int bench(const BenchArgs& args) {
             << mib(f.exe.unshared_bytes) << "), inputs/outputs " << mib(f.exe.io_bytes)
             << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
             << mib(f.exe.temporary_bytes) << ", " << f.exe.views
-            << " views (reshapes, transposes: no copy)\n";
+            << " views (layout ops read through: no copy)\n";
   if (train) std::cout << "final loss            " << fixed(f.final_loss, 4) << "\n";
   if (f.timed_runs > 0)
     std::cout << "queued steps (timed)  device " << fixed(f.run_device_ms, 3) << " ms each, idle "
-              << fixed(f.run_idle_ms, 3) << " ms between (" << f.timed_runs
+              << fixed(f.run_idle_ms, 3) << " ms between; waited steps device "
+              << fixed(f.waited_device_ms, 3) << " ms each (" << f.timed_runs
               << " runs, FUSEBOX_TIME_RUNS)\n";
 
   if (!args.json.empty()) {
@@ -337,6 +344,7 @@ int bench(const BenchArgs& args) {
     if (f.timed_runs > 0) {
       j.set("queued_device_ms_per_step", f.run_device_ms);
       j.set("queued_idle_ms_between_steps", f.run_idle_ms);
+      j.set("waited_device_ms_per_step", f.waited_device_ms);
     }
     std::ofstream out(args.json);
     FUSEBOX_CHECK(out.good(), "fusebox bench", "cannot write --json ", args.json);
