@@ -14,6 +14,8 @@ Planned plan_layer_norm(const Graph& g, const Node& n);  // norm.cpp
 Planned plan_eltwise(const Graph& g, const Node& n);     // eltwise.cpp: unary activations
 Planned plan_binary(const Graph& g, const Node& n);      // eltwise.cpp: add, sub, mul, div
 Planned plan_attention(const Graph& g, const Node& n);   // attention.cpp: inference
+Planned plan_transpose(const Graph& g, const Node& n);   // copy.cpp: a reorder
+Planned plan_slice(const Graph& g, const Node& n);       // copy.cpp: a reorder
 // Not on oneDNN: a block interpreter of the program, in every build.
 Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
 

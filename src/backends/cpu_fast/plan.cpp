@@ -45,6 +45,10 @@ Planned plan(const Graph& g, const Node& n) {
         return plan_eltwise(g, n);
       case OpKind::attention:
         return plan_attention(g, n);
+      case OpKind::transpose:
+        return plan_transpose(g, n);
+      case OpKind::slice:
+        return plan_slice(g, n);
       case OpKind::add:
       case OpKind::sub:
       case OpKind::mul:

@@ -300,6 +300,30 @@ TEST(CpuFast, BinaryOpsMatchTheReference) {
                                 14, 0, 0);
 }
 
+// transpose and slice as oneDNN reorders, bit for bit (they only move elements): ViT's head
+// split and K^T, a channel slice with a step, in f32 and bf16; a slice with a negative step
+// and an i64 transpose stay on the reference kernels.
+TEST(CpuFast, TransposesAndSlicesMatchTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("copies");
+  NamedTensors feeds;
+  for (DType t : {DType::f32, DType::bf16}) {
+    const std::string s = dtype_name(t);
+    const ValueId x = g.add_input("x" + s, t, {2, 7, 3, 8});
+    feeds["x" + s] = random_tensor(t, {2, 7, 3, 8}, 4, -3, 3);
+    g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 1, 3}}, {x}, "heads" + s)[0]);
+    g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 3, 1}}, {x}, "kt" + s)[0]);
+    g.mark_output(
+        g.add_node(OpKind::slice, SliceAttrs{{1, 2}, {6, 7}, {1, 3}, {2, 3}}, {x}, "steps" + s)[0]);
+  }
+  const ValueId x = g.value(g.inputs()[0]).id;
+  g.mark_output(g.add_node(OpKind::slice, SliceAttrs{{6}, {0}, {1}, {-2}}, {x}, "backwards")[0]);
+  const ValueId ids = g.add_input("ids", DType::i64, {3, 4});
+  feeds["ids"] = Tensor::from_vector<int64_t>({3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{1, 0}}, {ids}, "ids_t")[0]);
+  expect_fast_matches_reference(g, feeds, 6, 0, 0);
+}
+
 // Inference attention on oneDNN (scores, softmax, product), with and without an additive
 // bias broadcast over the batch, rank 4 and 3; a causal one stays on the reference kernels.
 TEST(CpuFast, AttentionMatchesTheReference) {
