@@ -126,15 +126,13 @@ bool apply_layout(IndexMap& map, const Node& n, const Shape& out) {
   return false;
 }
 
-namespace detail {
-
 // Maps run forward from the roots; the kinds are decided backward, each value after all its
 // readers: a value is a view where it is one and every reader takes strides (or is a layout op
 // whose output is not copied from it), unstored where only such layout ops read it, and stored
 // otherwise (copied from the root's view where its input is unstored).
-std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool>& eligible,
-                                          const std::vector<Shape>& stored,
-                                          const std::vector<std::vector<ReaderTakes>>& takes) {
+std::vector<LayoutView> plan_layout_views(
+    const Graph& g, const std::vector<bool>& eligible, const std::vector<Shape>& stored,
+    const std::function<ReaderTakes(const Node&, size_t)>& takes) {
   const size_t count = g.values().size();
   std::vector<LayoutView> plan(count);
   std::vector<std::optional<IndexMap>> map(count);
@@ -189,7 +187,7 @@ std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool
         continue;
       }
       unstorable = false;
-      switch (takes[r][k]) {
+      switch (takes(reader, k)) {
         case ReaderTakes::planned:
           viewable = viewable && planned;
           break;
@@ -230,7 +228,5 @@ std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool
     if (plan[v].kind == Kind::copy) plan[v].root = kNoValue;
   return plan;
 }
-
-}  // namespace detail
 
 }  // namespace fusebox::runtime

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -75,25 +76,8 @@ enum class ReaderTakes : uint8_t { planned, aligned_strides, any_view };
 // excludes graph outputs and values outside its arena). stored[v]: the strides v has where
 // it is stored (its planned order; empty: v is not stored by the caller and is no root).
 // takes(reader, input): what that input of the reader takes.
-template <class Takes>
-std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool>& eligible,
-                                          const std::vector<Shape>& stored, Takes&& takes);
-
-namespace detail {
-std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool>& eligible,
-                                          const std::vector<Shape>& stored,
-                                          const std::vector<std::vector<ReaderTakes>>& takes);
-}
-
-template <class Takes>
-std::vector<LayoutView> plan_layout_views(const Graph& g, const std::vector<bool>& eligible,
-                                          const std::vector<Shape>& stored, Takes&& takes) {
-  std::vector<std::vector<ReaderTakes>> by_node(g.nodes().size());
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    for (size_t k = 0; k < n.inputs.size(); ++k) by_node[i].push_back(takes(n, k));
-  }
-  return detail::plan_layout_views(g, eligible, stored, by_node);
-}
+std::vector<LayoutView> plan_layout_views(
+    const Graph& g, const std::vector<bool>& eligible, const std::vector<Shape>& stored,
+    const std::function<ReaderTakes(const Node&, size_t)>& takes);
 
 }  // namespace fusebox::runtime
