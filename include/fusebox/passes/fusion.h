@@ -115,7 +115,9 @@ size_t fuse_gemm_epilogues(Graph& g, FusionLog* log = nullptr);
 
 // form_linears: matmul(x [..., K], w [K, N]) -> add(bias along the last dim), nn.Linear as
 // ONNX exporters write it (for N-D activations too), becomes one gemm with the bias (x as
-// [M, K] rows through reshape views; passes/fusion/form_linears.cpp). Run it before mixed precision
+// [M, K] rows through reshape views; passes/fusion/form_linears.cpp); a matmul of an N-D x
+// by a 2-D w [K, N] without such a bias becomes a bias-less gemm (N a multiple of 8; the others
+// pad_product_columns pads as 2-D matmuls). Run it before mixed precision
 // (the inference and training forward pipelines do: passes/pipeline.h): as a gemm the layer runs in
 // the low dtype with its bias, as PyTorch's autocast runs nn.Linear, where the add of an f32 bias
 // would promote the output to f32. The same sums. Returns the number formed.

@@ -111,36 +111,57 @@ FUSEBOX_HOST_DEVICE inline double cubic_weight(double t, double a) {
   return 0;
 }
 
-FUSEBOX_HOST_DEVICE inline ResizeTaps resize_taps(const ResizeMap& m, int d, int64_t o) {
-  ResizeTaps taps;
+// Where one dim's taps start for output index o: the source coordinate's floor `base` (the
+// coordinate first clamped to [-3, last + 3]: far outside, every tap clamps to the edge or is
+// excluded all the same, and int64_t(f) stays defined for tiny scales) and its fraction t;
+// `outside` when tf_crop_and_resize reads outside [0, in - 1] (extrapolation_value).
+struct ResizeTapStart {
+  bool outside = false;
+  int64_t base = 0;
+  double t = 0;
+};
+
+FUSEBOX_HOST_DEVICE inline ResizeTapStart resize_tap_start(const ResizeMap& m, int d, int64_t o) {
+  ResizeTapStart start;
   const double c = resize_source(m, d, o);
   const int64_t last = m.in[d] - 1;
   if (m.coordinates == kTfCropAndResize && (c < 0 || c > double(last))) {
+    start.outside = true;
+    return start;
+  }
+  const double cc = ::fmin(::fmax(c, -3.0), double(last) + 3);
+  const double f = ::floor(cc);
+  start.base = int64_t(f), start.t = cc - f;
+  return start;
+}
+
+// Nearest's rounding of a start to the one index it reads (before clamping).
+FUSEBOX_HOST_DEVICE inline int64_t resize_nearest_index(const ResizeMap& m,
+                                                        const ResizeTapStart& s) {
+  switch (m.nearest) {
+    case kRoundPreferFloor:
+      return s.t > 0.5 ? s.base + 1 : s.base;
+    case kRoundPreferCeil:
+      return s.t >= 0.5 ? s.base + 1 : s.base;
+    case kNearestCeil:
+      return s.t > 0 ? s.base + 1 : s.base;
+    default:  // kNearestFloor
+      return s.base;
+  }
+}
+
+FUSEBOX_HOST_DEVICE inline ResizeTaps resize_taps(const ResizeMap& m, int d, int64_t o) {
+  ResizeTaps taps;
+  const ResizeTapStart start = resize_tap_start(m, d, o);
+  if (start.outside) {
     taps.outside = true;
     return taps;
   }
-  // Far outside, every tap clamps to the edge (or is excluded) all the same; the clamp keeps
-  // int64_t(f) defined for tiny scales.
-  const double cc = ::fmin(::fmax(c, -3.0), double(last) + 3);
-  const double f = ::floor(cc), t = cc - f;
-  const int64_t base = int64_t(f);
+  const int64_t last = m.in[d] - 1, base = start.base;
+  const double t = start.t;
   if (m.mode == kResizeNearest) {
-    int64_t k = base;
-    switch (m.nearest) {
-      case kRoundPreferFloor:
-        k = t > 0.5 ? base + 1 : base;
-        break;
-      case kRoundPreferCeil:
-        k = t >= 0.5 ? base + 1 : base;
-        break;
-      case kNearestCeil:
-        k = t > 0 ? base + 1 : base;
-        break;
-      default:  // kNearestFloor
-        break;
-    }
     taps.count = 1;
-    taps.index[0] = clamp_index(k, 0, last);
+    taps.index[0] = clamp_index(resize_nearest_index(m, start), 0, last);
     taps.weight[0] = 1;
     return taps;
   }
@@ -173,6 +194,60 @@ FUSEBOX_HOST_DEVICE inline ResizeTaps resize_taps(const ResizeMap& m, int d, int
     ++taps.count;
   }
   return taps;
+}
+
+// Nearest and linear taps (exclude_outside off, no crop) in two fixed slots: resize_taps's
+// taps in its order, with weight 0 where resize_taps drops one (nearest's second slot always),
+// so a caller that skips weight-0 slots sums the same terms in the same order. No running
+// count indexes the arrays, which keeps them in registers on the GPU (resize_taps's
+// compaction puts its arrays in local memory).
+struct ResizeTaps2 {
+  static constexpr int count = 2;
+  int64_t index[2] = {};
+  double weight[2] = {};
+};
+
+FUSEBOX_HOST_DEVICE inline bool resize_has_taps2(const ResizeMap& m) {
+  return (m.mode == kResizeNearest || (m.mode == kResizeLinear && !m.exclude_outside)) &&
+         m.coordinates != kTfCropAndResize;
+}
+
+FUSEBOX_HOST_DEVICE inline ResizeTaps2 resize_taps2(const ResizeMap& m, int d, int64_t o) {
+  ResizeTaps2 taps;
+  const ResizeTapStart start = resize_tap_start(m, d, o);
+  const int64_t last = m.in[d] - 1;
+  if (m.mode == kResizeNearest) {
+    taps.index[0] = clamp_index(resize_nearest_index(m, start), 0, last);
+    taps.weight[0] = 1;
+    return taps;
+  }
+  taps.index[0] = clamp_index(start.base, 0, last), taps.weight[0] = 1 - start.t;
+  taps.index[1] = clamp_index(start.base + 1, 0, last), taps.weight[1] = start.t;
+  return taps;
+}
+
+// The output indices of dim d whose taps may read input index i: a superset, [first, last]
+// (callers check each one's taps). The coordinates of the modes resize's GPU kernels gather
+// with are affine in the output index, c(o) = a o + b, and a tap reads within 2 of its
+// coordinate (1 for nearest and linear); the edge indices also take every clamped tap beyond.
+struct ResizeOutputRange {
+  int64_t first = 0, last = -1;
+};
+
+FUSEBOX_HOST_DEVICE inline ResizeOutputRange resize_outputs_reading(const ResizeMap& m, int d,
+                                                                    int64_t i) {
+  const int64_t out = m.out[d], in_last = m.in[d] - 1;
+  ResizeOutputRange r{0, out - 1};
+  if (out <= 1) return r;
+  const double b = resize_source(m, d, 0), a = resize_source(m, d, 1) - b;
+  if (!(a > 0)) return r;
+  const double reach = m.mode == kResizeCubic ? 2 : 1;
+  // Bounded before the conversion: a tiny a (a huge downscale) leaves int64_t's range.
+  const double first = ::floor((double(i) - reach - b) / a) - 1;
+  const double last = ::ceil((double(i) + reach - b) / a) + 1;
+  if (i > 0 && first > 0) r.first = first < double(out) ? int64_t(first) : out;
+  if (i < in_last && last < double(out - 1)) r.last = last >= 0 ? int64_t(last) : -1;
+  return r;
 }
 
 // Calls f(input offset, weight) for every tap combination of output element `e` (x

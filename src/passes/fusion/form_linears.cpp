@@ -4,7 +4,11 @@
 //   y = add(matmul(x [..., K], w [K, N]), bias [N] or [1, .., 1, N])
 //     -> y = reshape(gemm(reshape(x, [M, K]), w, bias [N]), [..., N])     M = the rows of x
 //
-// (no reshapes for a 2-D x; the bias reshaped to [N] when it has leading 1s). The same sums,
+// (no reshapes for a 2-D x; the bias reshaped to [N] when it has leading 1s). A bias-less
+// linear of an N-D x (Swin's patch merging, nn.Linear(bias=False)) becomes a gemm the same
+// way, without the bias: as a batched matmul by a broadcast weight its weight gradient was a
+// matmul per batch index then a reduce_sum over them (Swin-T training: 2.9 ms of its step on
+// an H200), as a gemm it is one product over all the rows. The same sums,
 // so the same values; the reshapes are views. Run before mixed precision: a gemm runs in the
 // low dtype with its bias, as PyTorch's autocast runs nn.Linear, where matmul + add of an f32
 // bias would promote the layer's output to f32 (a cast and a pass in f32 per layer, and an
@@ -47,11 +51,18 @@ size_t form_linears(Graph& g, FusionLog* log) {
                      &y = g.value(n.outputs[0]).type;
     if (!is_floating(y.dtype) || w.shape.size() != 2 || x.shape.size() < 2) continue;
     const NodeId next = r.only_reader(n.outputs[0]);
-    if (next < 0 || g.node(next).op != OpKind::add) continue;
-    const ValueId bias = bias_of(g, g.node(next), n.outputs[0]);
-    if (bias == kNoValue) continue;
-    at_add[next] = {n.id, bias};
-    skipped[size_t(n.id)] = true;
+    const ValueId bias = next >= 0 && g.node(next).op == OpKind::add
+                             ? bias_of(g, g.node(next), n.outputs[0])
+                             : kNoValue;
+    if (bias != kNoValue) {
+      at_add[next] = {n.id, bias};
+      skipped[size_t(n.id)] = true;
+    } else if (x.shape.size() > 2 && w.shape[1] % 8 == 0) {
+      // A bias-less linear, emitted in its own place. Not with columns that are not a multiple
+      // of 8 (GPT-2's LM head): pad_product_columns pads those as 2-D matmuls (passes/simplify.h),
+      // which fold_cross_entropy then reads through.
+      at_add[n.id] = {n.id, kNoValue};
+    }
   }
   if (at_add.empty()) return 0;
 
@@ -71,15 +82,25 @@ size_t form_linears(Graph& g, FusionLog* log) {
         if (x.size() > 2)
           x2 = out.add_node(OpKind::reshape, ReshapeAttrs{{rows, k}}, {x2}, matmul.name + "/rows",
                             {y_name + "/rows"})[0];
-        ValueId bias = mapped(linear->second.bias);
-        if (g.value(linear->second.bias).type.shape.size() > 1)
-          bias = out.add_node(OpKind::reshape, ReshapeAttrs{{cols}}, {bias}, n.name + "/bias_row",
-                              {y_name + "/bias_row"})[0];
+        std::vector<ValueId> operands = {x2, mapped(matmul.inputs[1])};
+        const ValueId bias = linear->second.bias;
+        if (bias != kNoValue) {
+          operands.push_back(mapped(bias));
+          if (g.value(bias).type.shape.size() > 1)
+            operands.back() = out.add_node(OpKind::reshape, ReshapeAttrs{{cols}}, {operands.back()},
+                                           n.name + "/bias_row", {y_name + "/bias_row"})[0];
+        }
         const bool flat = x.size() == 2;
-        ValueId y2 = out.add_node(OpKind::gemm, GemmAttrs{}, {x2, mapped(matmul.inputs[1]), bias},
-                                  matmul.name, {flat ? y_name : y_name + "/gemm"})[0];
-        if (!flat) y2 = out.add_node(OpKind::reshape, ReshapeAttrs{y}, {y2}, n.name, {y_name})[0];
-        if (log) log->add(matmul.name, {fusion::op_text(matmul), fusion::op_text(n)});
+        ValueId y2 = out.add_node(OpKind::gemm, GemmAttrs{}, operands, matmul.name,
+                                  {flat ? y_name : y_name + "/gemm"})[0];
+        if (!flat)  // named for the add it replaces; a bias-less one's for its gemm
+          y2 = out.add_node(OpKind::reshape, ReshapeAttrs{y}, {y2},
+                            bias != kNoValue ? n.name : matmul.name + "/rows_out", {y_name})[0];
+        if (log) {
+          std::vector<std::string> ops = {fusion::op_text(matmul)};
+          if (bias != kNoValue) ops.push_back(fusion::op_text(n));
+          log->add(matmul.name, ops);
+        }
         return std::vector<ValueId>{y2};
       });
   return at_add.size();

@@ -71,13 +71,16 @@ struct RecordedGraph::State {
   ~State() {
     // Status ignored: a destructor must not throw. Only reached once no launch is running
     // (replay() holds the state until its launch completes).
-    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    for (cudaGraphExec_t exec : execs) (void)cudaGraphExecDestroy(exec);
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
   }
 
   int device = -1;
-  cudaGraph_t graph = nullptr;  // the template the exec came from: set_enabled names its nodes
-  cudaGraphExec_t exec = nullptr;
+  cudaGraph_t graph = nullptr;  // the template the execs came from: set_enabled names its nodes
+  // Its instantiations (settings().replay_execs), replays taking them in turn; every change
+  // (set_enabled, set_memcpy, set_wait) goes to each.
+  std::vector<cudaGraphExec_t> execs;
+  size_t next_exec = 0;
   std::vector<cudaGraphNode_t> nodes;  // by operation index
   std::vector<DeviceBuffer> buffers;
   std::vector<std::shared_ptr<const void>> objects;
@@ -95,15 +98,17 @@ void RecordedGraph::set_enabled(size_t op, bool enabled) {
   FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_enabled: no operation ", op,
                 " in a recorded graph of ", ops(), " operations");
   DeviceGuard guard(state_->device);
-  FUSEBOX_CUDA_CHECK(cudaGraphNodeSetEnabled(state_->exec, state_->nodes[op], enabled ? 1 : 0));
+  for (cudaGraphExec_t exec : state_->execs)
+    FUSEBOX_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, state_->nodes[op], enabled ? 1 : 0));
 }
 
 void RecordedGraph::set_memcpy(size_t op, void* dst, const void* src, size_t bytes) {
   FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_memcpy: no operation ", op,
                 " in a recorded graph of ", ops(), " operations");
   DeviceGuard guard(state_->device);
-  FUSEBOX_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(state_->exec, state_->nodes[op], dst, src,
-                                                        bytes, cudaMemcpyDeviceToDevice));
+  for (cudaGraphExec_t exec : state_->execs)
+    FUSEBOX_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, state_->nodes[op], dst, src, bytes,
+                                                          cudaMemcpyDeviceToDevice));
 }
 
 // ---- Recording ---------------------------------------------------------------------------
@@ -566,9 +571,13 @@ RecordedGraph CommandEncoder::finish_recording() {
   graph_ = nullptr;
   state->nodes = std::move(nodes_);
   reset_recording();
-  FUSEBOX_CUDA_CHECK_AS(
-      cudaGraphInstantiate(&state->exec, state->graph, 0),
-      cat("cudaGraphInstantiate(recorded graph of ", state->nodes.size(), " nodes)"));
+  for (size_t i = 0; i < settings().replay_execs; ++i) {
+    cudaGraphExec_t exec = nullptr;
+    FUSEBOX_CUDA_CHECK_AS(
+        cudaGraphInstantiate(&exec, state->graph, 0),
+        cat("cudaGraphInstantiate(recorded graph of ", state->nodes.size(), " nodes)"));
+    state->execs.push_back(exec);
+  }
   ++stats_.recordings_finished;
   RecordedGraph recorded;
   recorded.state_ = std::move(state);
@@ -582,7 +591,9 @@ void CommandEncoder::replay(const RecordedGraph& graph) {
                 graph.state_->device, " was replayed on the command encoder of device ",
                 device_.id());
   DeviceGuard guard(device_.id());
-  FUSEBOX_CUDA_CHECK(cudaGraphLaunch(graph.state_->exec, stream_));
+  RecordedGraph::State& state = *graph.state_;
+  FUSEBOX_CUDA_CHECK(cudaGraphLaunch(state.execs[state.next_exec], stream_));
+  state.next_exec = (state.next_exec + 1) % state.execs.size();
   ++stats_.replays;
   InFlight held;
   held.objects.push_back(graph.state_);  // the exec, its buffers and objects
@@ -718,8 +729,9 @@ void RecordedGraph::set_wait(size_t op, const Fence& fence) {
                 " in a recorded graph of ", ops(), " operations");
   FUSEBOX_CHECK(fence.state_ != nullptr, "cuda", "set_wait: an empty fence");
   DeviceGuard guard(state_->device);
-  FUSEBOX_CUDA_CHECK(
-      cudaGraphExecEventWaitNodeSetEvent(state_->exec, state_->nodes[op], fence.state_->event));
+  for (cudaGraphExec_t exec : state_->execs)
+    FUSEBOX_CUDA_CHECK(
+        cudaGraphExecEventWaitNodeSetEvent(exec, state_->nodes[op], fence.state_->event));
 }
 
 size_t CommandEncoder::wait_for(const Fence& fence, const BufferList& writes) {

@@ -167,6 +167,9 @@ BackendSettings BackendSettings::from_env() {
     s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT", "cuda");
   read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
   read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
+  read_count("FUSEBOX_REPLAY_EXECS", s.replay_execs);
+  if (s.replay_execs < 1 || s.replay_execs > 2)
+    throw Error("cuda", cat("FUSEBOX_REPLAY_EXECS=", s.replay_execs, " must be 1 or 2"));
   read_switch("FUSEBOX_TIME_RUNS", s.time_runs);
   s.cache_dir = cache_dir_from_env();
   read_switch("FUSEBOX_ALLOW_TF32_MATMUL", s.allow_tf32_matmul);

@@ -91,6 +91,11 @@ struct BackendSettings {
   bool use_graphs = true;
   // FUSEBOX_CUDA_GRAPH_CACHE: instantiated graphs each command encoder keeps (0: none).
   size_t graph_cache_capacity = 64;
+  // FUSEBOX_REPLAY_EXECS: instantiations of each recorded graph, replays taking them in turn
+  // (1 or 2). Two by default: a graph exec launched again while its previous launch still runs
+  // ran 11-23% slower on the device on an H200 (Swin-T's training step 23.3 ms queued against
+  // 19.1 ms waited for; alternating two execs, 19.1 ms queued), more so the more nodes it has.
+  size_t replay_execs = 2;
   // FUSEBOX_TIME_RUNS: each executable's replays timed by events (ExecutableStats::timed_runs:
   // the device's time per run and its idle time between runs); off by default (two events a
   // run).

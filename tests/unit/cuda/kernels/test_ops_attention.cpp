@@ -95,7 +95,8 @@ TEST_F(AttentionTest, TrainingForwardAndBackwardMatchCpu) {
 }
 
 // With an additive bias: a padding mask (f32, finfo.min on the padded keys, [B, 1, 1, Tk]),
-// a trainable relative-position bias in the io dtype ([1, H, Tq, Tk], with dbias), a rank-3
+// a trainable relative-position bias in the io dtype ([1, H, Tq, Tk], with dbias; also over a
+// batch of 200 windows, which cuDNN's backward takes regrouped), a rank-3
 // problem's [Tq, Tk] f32 bias with dbias, and causal + a bias; forward with lse and backward,
 // each path and dtype, against the CPU fed the same forward.
 TEST_F(AttentionTest, BiasMatchesCpuOnEveryPath) {
@@ -108,6 +109,10 @@ TEST_F(AttentionTest, BiasMatchesCpuOnEveryPath) {
       {{4, 4, 49, 32}, {4, 4, 49, 32}, {1, 4, 49, 49}, false, true, false, true},
       {{3, 17, 32}, {3, 17, 32}, {17, 17}, false, true, false, false},
       {{2, 2, 33, 64}, {2, 2, 33, 64}, {1, 1, 33, 33}, true, false, false, true},
+      // Swin's windows: one bias over a batch past 64, whose backward cuDNN takes regrouped
+      // ([50, 12 heads]); the bias in the io dtype and in f32.
+      {{200, 3, 49, 32}, {200, 3, 49, 32}, {1, 3, 49, 49}, false, true, false, true},
+      {{200, 3, 49, 32}, {200, 3, 49, 32}, {1, 3, 49, 49}, false, true, false, false},
   };
   OpHarness h;
   uint64_t seed = 3000;

@@ -137,15 +137,19 @@ TEST_F(BackwardPoolNormTest, MaxPoolBackwardMatchesCpuWithTies) {
 TEST_F(BackwardPoolNormTest, MaxPoolBackwardSendsToTheForwardsNaN) {
   OpHarness h;
   const double nan = NAN;
-  // Overlapping 3x3 windows over planes holding NaNs and -inf.
+  // Planes holding NaNs and -inf.
   Tensor x = Tensor::from_doubles(DType::f32, {1, 1, 4, 4},
                                   {1, nan, 3, 0, -INFINITY, 2, nan, 5, 4, 4, 1, 1, 0, nan, 2, 2});
-  const PoolAttrs pool = pool_attrs({3, 3}, {1, 1}, {1, 1});
-  const BuiltNode forward = build_node(OpKind::max_pool, pool, {x});
-  Tensor dy = random_tensor(DType::f32, forward.outputs[0].shape, 5, -1, 1);
-  const PoolBackwardAttrs attrs{pool, {}};
-  EXPECT_TRUE(all_close(h.run(max_pool_backward, OpKind::max_pool_backward, attrs, {dy, x})[0],
-                        run_op(OpKind::max_pool_backward, attrs, {dy, x})[0], 1e-6, 1e-7));
+  // Overlapping windows (through the forward's indices) and 2x2 windows that tile x (one
+  // thread per window).
+  for (const PoolAttrs& pool :
+       {pool_attrs({3, 3}, {1, 1}, {1, 1}), pool_attrs({2, 2}, {2, 2}, {0, 0})}) {
+    const BuiltNode forward = build_node(OpKind::max_pool, pool, {x});
+    Tensor dy = random_tensor(DType::f32, forward.outputs[0].shape, 5, -1, 1);
+    const PoolBackwardAttrs attrs{pool, {}};
+    EXPECT_TRUE(all_close(h.run(max_pool_backward, OpKind::max_pool_backward, attrs, {dy, x})[0],
+                          run_op(OpKind::max_pool_backward, attrs, {dy, x})[0], 1e-6, 1e-7));
+  }
 }
 
 TEST_F(BackwardPoolNormTest, AvgPoolBackwardMatchesCpu) {

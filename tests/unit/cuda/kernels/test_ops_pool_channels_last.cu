@@ -149,6 +149,8 @@ std::vector<PoolCase> pool_cases() {
        window({3, 3, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}, {}, true)},
       {"C = 1", {2, 1, 9, 9}, window({3, 3}, {2, 2}, {1, 1}, {1, 1})},
       {"one output position, C = 32", {2, 32, 3, 3}, window({3, 3}, {1, 1}, {0, 0}, {0, 0})},
+      // Windows that tile x, vectorised (the backward's one-thread-per-window path).
+      {"2x2 s2 tiles, C = 16", {2, 16, 8, 6}, window({2, 2}, {2, 2}, {0, 0}, {0, 0})},
   };
 }
 
@@ -179,7 +181,7 @@ TEST_F(PoolChannelsLastTest, MaxPoolAndIndicesMatchCpu) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 52);
+  EXPECT_EQ(runs, 56);
 }
 
 TEST_F(PoolChannelsLastTest, AvgPoolMatchesCpu) {
@@ -380,7 +382,7 @@ TEST_F(PoolChannelsLastTest, MaxPoolBackwardFromXMatchesCpuAndIndices) {
       }
     }
   }
-  EXPECT_EQ(runs, 4 * 17 * 4 * 2);
+  EXPECT_EQ(runs, 4 * 18 * 4 * 2);
 }
 
 // Operands one element past a 16-byte boundary: the vectorised kernels' scalar fallback.

@@ -1,6 +1,7 @@
 // CUDA resize and resize_backward against the CPU backend: every mode and coordinate mapping,
-// up and down, float dtypes (nearest also integers, bit for bit), an extrapolating crop, and
-// the backward's atomics (f32 sums for f16 / bf16).
+// up and down, float dtypes (nearest also integers, bit for bit), an extrapolating crop, the
+// backward's gathers (images resampled in their last two dims) and atomics (the rest), with
+// f32 sums for f16 / bf16.
 #include "gpu_vs_cpu.h"
 
 namespace fusebox::cuda::testing {
@@ -52,6 +53,50 @@ TEST_F(ResizeTest, EveryModeAndMappingMatchesCpu) {
                             run_op(OpKind::resize, a, {x})[0], tol, tol));
       const ResizeBackwardAttrs back{a, {2, 3, 6, 8}};
       const Tensor dy = random_tensor(t, a.sizes, seed++);
+      EXPECT_TRUE(all_close(h.run(resize_backward, OpKind::resize_backward, back, {dy})[0],
+                            run_op(OpKind::resize_backward, back, {dy})[0], tol, 4 * tol));
+    }
+  }
+}
+
+// The backward's gathers where every dx element takes many dy elements: DeepLabV3's 8x
+// bilinear upsample, its ASPP pooling branch (1 x 1 -> H x W), a 3x downsample, and each mode.
+TEST_F(ResizeTest, LargeScalesGatherTheBackward) {
+  OpHarness h;
+  struct Case {
+    Shape x;
+    ResizeAttrs a;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 6, 8},
+       {.sizes = {2, 3, 48, 64},
+        .mode = ResizeMode::linear,
+        .coordinates = ResizeCoordinates::pytorch_half_pixel}},
+      {{2, 3, 6, 8},
+       {.sizes = {2, 3, 48, 64},
+        .mode = ResizeMode::linear,
+        .coordinates = ResizeCoordinates::align_corners}},
+      {{2, 3, 6, 8}, {.sizes = {2, 3, 45, 61}, .mode = ResizeMode::cubic}},
+      {{2, 3, 6, 8}, {.sizes = {2, 3, 48, 64}, .mode = ResizeMode::nearest}},
+      {{2, 4, 1, 1}, {.sizes = {2, 4, 9, 7}, .mode = ResizeMode::linear}},
+      {{2, 4, 1, 1},
+       {.sizes = {2, 4, 9, 7},
+        .mode = ResizeMode::linear,
+        .coordinates = ResizeCoordinates::align_corners}},
+      {{2, 3, 30, 27}, {.sizes = {2, 3, 10, 9}, .mode = ResizeMode::linear}},
+      {{2, 3, 30, 27}, {.sizes = {2, 3, 10, 9}, .mode = ResizeMode::cubic}},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(cat(resize_mode_name(c.a.mode), " ", resize_coordinates_name(c.a.coordinates),
+                       " ", shape_str(c.x), " -> ", shape_str(c.a.sizes), " ", dtype_name(t)));
+      const double tol = t == DType::f32 ? 1e-5 : 1e-2;
+      const Tensor x = random_tensor(t, c.x, seed++);
+      EXPECT_TRUE(all_close(h.run(resize, OpKind::resize, c.a, {x})[0],
+                            run_op(OpKind::resize, c.a, {x})[0], tol, tol));
+      const ResizeBackwardAttrs back{c.a, c.x};
+      const Tensor dy = random_tensor(t, c.a.sizes, seed++);
       EXPECT_TRUE(all_close(h.run(resize_backward, OpKind::resize_backward, back, {dy})[0],
                             run_op(OpKind::resize_backward, back, {dy})[0], tol, 4 * tol));
     }

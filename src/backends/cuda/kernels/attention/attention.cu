@@ -19,6 +19,13 @@
 // not already that (a padding mask [B, 1, 1, Tk], an f32 mask); the row kernels read it as
 // f32 in its own shape through broadcast strides, and so does the short-sequence kernel.
 //
+// A bias shared by the whole batch whose gradient is asked for (Swin's relative position bias:
+// [1, 3, 49, 49] over 4,096 windows) makes cuDNN's backward sum dbias over the batch, which it
+// does slowly for thousands (6.4 ms for Swin-T's first stage on an H200, where the same work
+// shaped [64 batch, 192 heads] takes 0.63 ms): such a backward is regrouped, the batch B = G B'
+// folded into the heads ([B', G H, T, d], the contiguous operands as they lie), the bias
+// repeated G times ([1, G H, Tq, Tk], a temporary) and cuDNN's dbias summed over G after.
+//
 // q, k, v (and the backward's dy) may be strided views (the executable plans the head split
 // of a packed projection, reshape -> transpose -> reshape, as a view of the projection):
 // cuDNN reads them where they lie when its rows (the last dim) are dense and 16-byte aligned;
@@ -335,6 +342,79 @@ bool record_cudnn_backward(Context& ctx, const Node& n, const AttentionProblem& 
   return true;
 }
 
+// The batch a regrouped backward leaves cuDNN at most, and the most bytes its repeated bias and
+// dbias may take.
+constexpr int64_t kRegroupedBatch = 64;
+constexpr int64_t kRegroupedBiasBytes = int64_t(64) << 20;
+
+// out[e] = the sum over g of wide[g * per_group + e] (f32 sums, g ascending).
+template <class T, class D>
+__global__ void sum_groups(const T* wide, int64_t groups, int64_t per_group, D* out) {
+  for (int64_t e = global_thread_index(); e < per_group; e += grid_stride()) {
+    float sum = 0;
+    for (int64_t g = 0; g < groups; ++g) sum += float(load_compute(wide, g * per_group + e));
+    store_compute(out, e, sum);
+  }
+}
+
+// The regrouped backward (above): false (nothing recorded) where it does not apply -- no dbias,
+// a bias with a batch extent or broadcast heads, a batch of at most kRegroupedBatch, an operand
+// that is not contiguous or not rank 4, a repeated bias past kRegroupedBiasBytes -- or cuDNN
+// refuses the regrouped problem.
+bool regrouped_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  if (out.size() <= 3 || in.size() <= 6 || settings().attention_own) return false;
+  const DeviceTensor &q = *in[1], &k = *in[2], &v = *in[3], &bias = *in[6];
+  if (q.shape.size() != 4 || q.numel() == 0) return false;
+  const AttentionProblem p = problem_of(n, q, k, v, &bias, true);
+  if (p.batch <= kRegroupedBatch || p.bias_batch != 1 || p.bias_heads != p.heads ||
+      numel(bias.shape) != p.heads * p.tq * p.tk)
+    return false;
+  int64_t groups = 2;  // the fewest groups that leave cuDNN at most kRegroupedBatch
+  while (p.batch % groups != 0 || p.batch / groups > kRegroupedBatch) ++groups;
+  if (groups * numel(bias.shape) * int64_t(dtype_size(p.dtype)) > kRegroupedBiasBytes) return false;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!out[i].is_contiguous()) return false;
+  // [B, H, ...] -> [B / G, G H, ...]: contiguous, so the same bytes.
+  auto regrouped = [&](const DeviceTensor& t) {
+    Shape shape = t.shape;
+    shape[0] /= groups, shape[1] *= groups;
+    return t.view(t.offset, shape, contiguous_strides(shape));
+  };
+  AttentionProblem wide = p;
+  wide.batch /= groups, wide.heads *= groups, wide.bias_heads = wide.heads;
+  std::string why;
+  if (!cudnn_takes(ctx, wide, why)) return false;
+  const Shape wide_shape = {1, wide.heads, p.tq, p.tk};
+  const DeviceTensor wide_dbias = temporary_tensor(ctx, p.dtype, wide_shape);
+  const ConvertedInputs dense(ctx, in, unless_contiguous);
+  std::vector<DeviceTensor> ins;
+  for (size_t i = 0; i < 6; ++i) ins.push_back(regrouped(*dense.get()[i]));
+  const DeviceTensor bias4 = bias_view4(*dense.get()[6], 4);
+  const Shape repeated = {groups, p.heads, p.tq, p.tk};
+  const DeviceTensor wide_bias = temporary_tensor(ctx, p.dtype, repeated);
+  convert_into(
+      ctx, n,
+      bias4.view(bias4.offset, repeated, broadcast_strides(bias4.shape, bias4.strides, repeated)),
+      wide_bias);
+  ins.push_back(wide_bias.view(wide_bias.offset, wide_shape, contiguous_strides(wide_shape)));
+  std::vector<DeviceTensor> outs{regrouped(out[0]), regrouped(out[1]), regrouped(out[2]),
+                                 wide_dbias};
+  std::vector<const DeviceTensor*> in_ptrs;
+  for (const DeviceTensor& t : ins) in_ptrs.push_back(&t);
+  if (!record_cudnn_backward(ctx, n, wide, in_ptrs, outs, why)) return false;
+  const DeviceTensor& dbias = out[3];
+  visit_device_float(n, p.dtype, [&](auto io_tag) {
+    visit_device_float(n, dbias.dtype, [&](auto out_tag) {
+      using T = decltype(io_tag);
+      using D = decltype(out_tag);
+      ctx.encoder.launch(&sum_groups<T, D>, dim3(launch_blocks(dbias.numel())),
+                         dim3(kDefaultThreads), 0, {wide_dbias.range()}, {dbias.range()},
+                         wide_dbias.as<const T>(), groups, dbias.numel(), dbias.as<D>());
+    });
+  });
+  return true;
+}
+
 void attention_dense(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& a = std::get<AttentionAttrs>(n.attrs);
   const DeviceTensor &q = *in[0], &k = *in[1], &v = *in[2];
@@ -466,6 +546,7 @@ void attention(Context& ctx, const Node& n, Inputs in, Outputs out) {
 }
 
 void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  if (regrouped_backward(ctx, n, in, out)) return;
   const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3];
   const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
   // Views among dy, q, k, v: cuDNN reads them where they lie, the rest as they are.

@@ -61,13 +61,7 @@ __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int
           C v[V];
           load_lanes<V>(x, element_at<kCL>(s.n, c0, g.channels, in_size, sp), v);
 #pragma unroll
-          for (int l = 0; l < V; ++l) {
-            // Take v when it is larger or NaN, unless a NaN is already held.
-            if (best_at[l] < 0 || (!(best[l] != best[l]) && !(v[l] <= best[l]))) {
-              best[l] = v[l];
-              best_at[l] = sp;
-            }
-          }
+          for (int l = 0; l < V; ++l) keep_max(best[l], best_at[l], v[l], sp);
         }
       }
     }

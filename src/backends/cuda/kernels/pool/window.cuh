@@ -157,6 +157,17 @@ __device__ __forceinline__ int64_t spatial_offset(const int64_t (&ext)[3], int64
   return (p0 * ext[1] + p1) * ext[2] + p2;
 }
 
+// max_pool's rule, one lane at a time in the window's row-major tap order: take v when it is
+// larger or NaN, unless a NaN is held (so the first of equal maxima and the first NaN stay).
+// best_at < 0 before the first tap.
+template <class C>
+__device__ __forceinline__ void keep_max(C& best, int64_t& best_at, C v, int64_t at) {
+  if (best_at < 0 || (!(best != best) && !(v <= best))) {
+    best = v;
+    best_at = at;
+  }
+}
+
 // V consecutive elements from p + at into compute values (one 16-byte load when V > 1:
 // the caller guarantees alignment), and back.
 template <int V, class T>
