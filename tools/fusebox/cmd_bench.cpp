@@ -217,8 +217,10 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
                                                .log = &pipeline_log}});
   const Graph& g = exe->graph();  // the inference pipeline's
   const FusionLog& fusion_log = pipeline_log.fusion;
-  if (!args.dot.empty())
-    write_file_atomic(args.dot, fusion_dot(g, fusion_log, cuda::describe_lowering));
+  const LoweringDescriber lowering = device == Device::cuda
+                                         ? LoweringDescriber(cuda::describe_lowering)
+                                         : cpu_lowering(g, cpu_kernels_for(args.device));
+  if (!args.dot.empty()) write_file_atomic(args.dot, fusion_dot(g, fusion_log, lowering));
   // Inputs in pinned host memory, as a data loader hands them over (copied to the GPU
   // asynchronously, straight from there: executable.h).
   Feeds feeds;
@@ -244,7 +246,7 @@ Figures bench_infer(const BenchArgs& args, Device device, Precision precision) {
   f.peak_bytes = device_memory_stats(device).peak;
   if (args.report) {
     std::cout << (device == Device::cuda ? fusion_outcome(g, fusion_log, exe->report().convolutions)
-                                         : describe_fusion(g, fusion_log, cuda::describe_lowering))
+                                         : describe_fusion(g, fusion_log, lowering))
               << exe->stats().fast_summary;
     if (device == Device::cuda)
       std::cout << describe_copies(

@@ -142,7 +142,10 @@ int run(const RunArgs& args) {
   const std::unique_ptr<Executable> exe = Executable::compile(g, compile_opts);
   const Graph& run_g = exe->graph();
   if (!args.dot.empty())
-    write_file_atomic(args.dot, fusion_dot(run_g, fusion_log, cuda::describe_lowering));
+    write_file_atomic(args.dot,
+                      fusion_dot(run_g, fusion_log,
+                                 device == Device::cuda ? LoweringDescriber(cuda::describe_lowering)
+                                                        : cpu_lowering(run_g, cpu_kernels)));
   NamedTensors outputs = exe->run(feeds);
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -113,6 +113,12 @@ void set_float_math(Precision p);
 std::string fusion_outcome(const Graph& g, const FusionLog& log,
                            const std::vector<ConvDecision>& decisions);
 
+// What the CPU executable runs a node of `g` (prepared; kept alive by the caller) on, for
+// `--report` and `--dot` on the CPU: the fast kernel's own words (oneDNN's primitive and the
+// implementation it chose) where one takes the node, else the reference kernel and why not
+// (cpu_fast::plan, made again for the report) (tools/fusebox/fusion_report.cpp).
+LoweringDescriber cpu_lowering(const Graph& g, CpuKernels kernels);
+
 // The time part of --report (tools/fusebox/time_report.cpp): Executable::profile()'s
 // node times with what ran for each (a convolution: its row of `decisions`, Executable::report).
 struct TimeRow {

@@ -5,10 +5,20 @@
 #include <sstream>
 
 #include "common.h"
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/backends/cuda.h"
 #include "fusebox/runtime/report.h"
 
 namespace fusebox::cli {
+
+LoweringDescriber cpu_lowering(const Graph& g, CpuKernels kernels) {
+  return [&g, kernels](const Node& n) -> std::string {
+    if (kernels == CpuKernels::reference) return "the reference kernel (--device cpu-ref)";
+    const cpu_fast::Planned planned = cpu_fast::plan(g, n);
+    if (planned.kernel) return planned.kernel->describe();
+    return cat("the reference kernel (", planned.why_not, ")");
+  };
+}
 
 std::string fusion_outcome(const Graph& g, const FusionLog& log,
                            const std::vector<ConvDecision>& decisions) {

@@ -1,7 +1,16 @@
 // Pooling on oneDNN: max_pool (without indices), avg_pool and global_avg_pool (an average
-// over the whole spatial extent) as one forward-inference pooling primitive each, on the
-// dense NCHW values as they lie (oneDNN's ncsp kernels: no reorder around them).
+// over the whole spatial extent) as one forward-inference pooling primitive each. On dense
+// NCHW values the primitive is made at compile (oneDNN's ncsp kernels); a value a convolution
+// left in its blocked layout (ResNet's stem conv -> max_pool -> convs) is read as it lies, by a
+// primitive made for that layout on the first run that meets it (then kept), and the output
+// stays in the primitive's layout where the executable asks (every reader a convolution). The
+// ncsp max pool ran ResNet-50's stem pool in ~16 ms at batch 1 on 2 cores, between a reorder
+// out of conv1's layout and one back into layer1's.
 #ifdef FUSEBOX_WITH_ONEDNN
+#include <deque>
+#include <mutex>
+#include <vector>
+
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
 
@@ -10,22 +19,84 @@ namespace {
 
 using dnnl::memory;
 
+// What a pooling primitive is made from, whatever the source's layout.
+struct PoolShape {
+  dnnl::algorithm algorithm;
+  memory::dims strides, kernel, dilation, pad_l, pad_r;
+};
+
 class PoolKernel final : public Kernel {
  public:
-  PoolKernel(dnnl::pooling_forward::primitive_desc pd, memory::desc x, memory::desc y)
-      : pd_(std::move(pd)), primitive_(pd_), x_(x), y_(y) {}
-
-  void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
-    execute(primitive_,
-            {{DNNL_ARG_SRC, wrap(x_, in[0]->raw())}, {DNNL_ARG_DST, wrap(y_, out[0].raw())}});
+  PoolKernel(PoolShape shape, dnnl::pooling_forward::primitive_desc pd, memory::desc x,
+             memory::desc y)
+      : shape_(std::move(shape)), x_(x), y_(y) {
+    variants_.push_back({x, pd, dnnl::pooling_forward(pd)});
   }
 
-  std::string describe() const override { return cat("oneDNN pooling ", implementation(pd_)); }
+  void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
+    run_own(in, {}, 0, out, nullptr);
+  }
+
+  bool writes_own_layout() const override { return true; }
+  bool reads_own_layout(size_t input) const override { return input == 0; }
+
+  void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
+               uint32_t /*consumable*/, std::span<Tensor> out,
+               std::shared_ptr<OwnLayout>* own_out) override {
+    const OwnLayout* own = own_in.empty() ? nullptr : own_in[0];
+    const memory src = own ? static_cast<const OnednnValue*>(own)->memory : wrap(x_, in[0]->raw());
+    const Variant& v = variant_for(src.get_desc());
+    // A layout no primitive takes is read through a reorder into the dense one's.
+    const memory source = v.src == src.get_desc() ? src : in_layout(src, v.src);
+    const bool direct = !own_out && v.pd.dst_desc() == y_;
+    const memory dst = direct ? wrap(y_, out[0].raw()) : memory(v.pd.dst_desc(), cpu_engine());
+    execute(v.primitive, {{DNNL_ARG_SRC, source}, {DNNL_ARG_DST, dst}});
+    if (own_out) {
+      *own_out = std::make_shared<OnednnValue>(dst);
+    } else if (!direct) {
+      const memory y = wrap(y_, out[0].raw());
+      execute(dnnl::reorder(dst, y), {{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, y}});
+    }
+  }
+
+  std::string describe() const override {
+    return cat("oneDNN pooling ", implementation(variants_.front().pd));
+  }
 
  private:
-  dnnl::pooling_forward::primitive_desc pd_;
-  dnnl::pooling_forward primitive_;
+  struct Variant {
+    memory::desc src;
+    dnnl::pooling_forward::primitive_desc pd;
+    dnnl::pooling_forward primitive;
+  };
+
+  // The primitive for a source of layout `src`: the dense one made at compile, or one made for
+  // a writer's layout when first met (the output's layout left to oneDNN: the source's); the
+  // dense one where oneDNN has no pooling for that layout (remembered).
+  const Variant& variant_for(const memory::desc& src) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const Variant& v : variants_)
+      if (v.src == src) return v;
+    for (const memory::desc& d : refused_)
+      if (d == src) return variants_.front();
+    const memory::desc y_any(y_.get_dims(), y_.get_data_type(), memory::format_tag::any);
+    try {
+      const dnnl::pooling_forward::primitive_desc pd(
+          cpu_engine(), dnnl::prop_kind::forward_inference, shape_.algorithm, src, y_any,
+          shape_.strides, shape_.kernel, shape_.dilation, shape_.pad_l, shape_.pad_r);
+      variants_.push_back({src, pd, dnnl::pooling_forward(pd)});
+      return variants_.back();
+    } catch (const dnnl::error&) {
+      refused_.push_back(src);
+      return variants_.front();
+    }
+  }
+
+  PoolShape shape_;
   memory::desc x_, y_;
+  std::mutex mutex_;
+  std::deque<Variant> variants_;  // few, found by a scan; a deque keeps references valid
+  std::vector<memory::desc> refused_;
 };
 
 }  // namespace
@@ -71,7 +142,10 @@ Planned plan_pool(const Graph& g, const Node& n) {
     dnnl::pooling_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference,
                                              algorithm, x_plain, y_plain, strides, kernel, dilation,
                                              pad_l, pad_r);
-    return {std::make_unique<PoolKernel>(pd, x_plain, y_plain), ""};
+    return {
+        std::make_unique<PoolKernel>(PoolShape{algorithm, strides, kernel, dilation, pad_l, pad_r},
+                                     pd, x_plain, y_plain),
+        ""};
   } catch (const dnnl::error& e) {
     return {nullptr, cat("oneDNN has no pooling for it (", e.what(), ")")};
   }

@@ -12,6 +12,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/zoo.h"
@@ -246,6 +247,22 @@ TEST_F(Cli, RunReportTimesEachNode) {
   EXPECT_TRUE(contains(run.out, "  conv" + std::string(16, ' ') + "conv1\n")) << run.out;
   EXPECT_TRUE(contains(run.out, "  conv                  2 nodes ")) << run.out;
   EXPECT_TRUE(contains(run.out, "sum of node times ")) << run.out;
+}
+
+// bench --report on the CPU names each fusion group's CPU kernel (the fast kernel's own words, or
+// the reference kernel and why), never the CUDA lowering; `--device cpu-ref` the reference.
+TEST_F(Cli, BenchReportOnTheCpuNamesCpuKernels) {
+  const std::string model = make_small_cnn();
+  ToolResult fast = tool(cat("bench '", model, "' --device cpu --steps 1 --warmup 0 --report"));
+  ASSERT_EQ(fast.exit_code, 0) << fast.err;
+  EXPECT_TRUE(contains(fast.out, "group 1: conv 'conv1'")) << fast.out;
+  EXPECT_FALSE(contains(fast.out, "cuDNN")) << fast.out;
+  EXPECT_TRUE(contains(
+      fast.out, cpu_fast::built_with_onednn() ? "-> oneDNN conv " : "-> the reference kernel ("))
+      << fast.out;
+  ToolResult ref = tool(cat("bench '", model, "' --device cpu-ref --steps 1 --warmup 0 --report"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  EXPECT_TRUE(contains(ref.out, "-> the reference kernel (--device cpu-ref)")) << ref.out;
 }
 
 // `--device cpu-ref` is the in-process reference run; the default (`cpu`, the fast kernels

@@ -373,6 +373,17 @@ TEST(CpuFast, RefusedNodesRunOnTheReference) {
   EXPECT_NE(summary.find("gemm: 0 fast, 2 reference"), std::string::npos) << summary;
 }
 
+// A constant 3x3 convolution weight [k, c, 3, 3] of `g`, and "same" padding for it.
+ValueId weight3x3(Graph& g, const char* name, int64_t k, int64_t c, uint64_t seed) {
+  return g.add_constant(name, random_tensor(DType::f32, {k, c, 3, 3}, seed, -0.2, 0.2));
+}
+ConvAttrs same_padding() {
+  ConvAttrs a;
+  a.pads_begin = {1, 1};
+  a.pads_end = {1, 1};
+  return a;
+}
+
 // An activation every reader of which is a convolution stays in oneDNN's layout between them
 // (c1: conv b's input and residual); one a dense reader reads (c2: the relu) or a graph
 // output (c3) is dense; the values are the reference's either way.
@@ -382,11 +393,9 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
   Builder b(g);
   const ValueId x = g.add_input("x", DType::f32, {2, 8, 10, 10});
   auto weight = [&](const char* name, int64_t k, int64_t c, uint64_t seed) {
-    return g.add_constant(name, random_tensor(DType::f32, {k, c, 3, 3}, seed, -0.2, 0.2));
+    return weight3x3(g, name, k, c, seed);
   };
-  ConvAttrs same;
-  same.pads_begin = {1, 1};
-  same.pads_end = {1, 1};
+  const ConvAttrs same = same_padding();
   ConvAttrs relu = same;
   relu.activation.kind = Activation::relu;
   const ValueId c1 = b.conv(x, weight("w1", 16, 8, 1), kNoValue, relu);
@@ -403,6 +412,31 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
   expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 4)}}, 4);
   auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
   EXPECT_NE(exe->stats().fast_summary.find("1 values stay in their writer's layout"),
+            std::string::npos)
+      << exe->stats().fast_summary;
+}
+
+// Pools read a convolution's blocked output as it lies and leave theirs in oneDNN's layout for a
+// convolution (ResNet's stem: conv -> max_pool -> conv; its head: conv -> global_avg_pool): the
+// conv, max pool and second conv outputs all stay in their writer's layout.
+TEST(CpuFast, PoolsBetweenConvolutionsStayInOneDnnLayout) {
+  REQUIRE_ONEDNN();
+  Graph g("stem");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 8, 12, 12});
+  ConvAttrs same = same_padding();
+  same.activation.kind = Activation::relu;
+  const ValueId c1 = b.conv(x, weight3x3(g, "w1", 16, 8, 1), kNoValue, same);
+  const PoolAttrs pool{
+      .kernel = {3, 3}, .strides = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
+  const ValueId p = g.add_node(OpKind::max_pool, pool, {c1}, "maxpool")[0];
+  const ValueId c2 = b.conv(p, weight3x3(g, "w2", 16, 16, 2), kNoValue, same);
+  const ValueId head = g.add_node(OpKind::global_avg_pool, {}, {c2}, "avgpool")[0];
+  g.rename_value(head, "head");
+  g.mark_output(head);
+  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 8, 12, 12}, 5)}}, 4);
+  auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
+  EXPECT_NE(exe->stats().fast_summary.find("3 values stay in their writer's layout"),
             std::string::npos)
       << exe->stats().fast_summary;
 }
