@@ -252,7 +252,9 @@ class CpuExecutable final : public Executable {
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         const ValueId v = n.inputs[i];
         own_in.push_back(v == kNoValue ? nullptr : own[size_t(v)].get());
-        if (own_in.back() && life_.last[size_t(v)] == int(n.id) && times == nullptr &&
+        // Not when the node runs more than once (a profile's repeats): its first run would
+        // have consumed the input. A profile of one run times what a run does.
+        if (own_in.back() && life_.last[size_t(v)] == int(n.id) && repeats == 1 &&
             std::count(n.inputs.begin(), n.inputs.end(), v) == 1 && i < 32)
           consumable |= 1u << i;
       }
