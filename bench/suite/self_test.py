@@ -12,7 +12,8 @@ from pathlib import Path
 
 import models
 import report
-from suite import FIRST_STEP_LINE, Suite, fusebox_error, parse_train_output, train_steps_for
+from suite import (FIRST_STEP_LINE, TRAIN_PEAK, Suite, fusebox_error, parse_train_output,
+                   train_steps_for)
 
 
 def fake_cell(model, mode, fb_ms, eager, graph, compiled, fb_peak=1 << 30, eager_peak=2 << 30,
@@ -134,6 +135,9 @@ def main():
           and p["timed_steps"] == 24 and math.isclose(p["throughput"], 16000 / 376.47))
     p = parse_train_output("trained 4 steps (1 to 4) in 2.00 s, 8.0 images/s; loss 1 -> 1\n", 4)
     check("parse fusebox train whole run", p and p["ms_per_step"] == 500.0)
+    peak = TRAIN_PEAK.search(out + "  peak device memory: 5257.9 MiB (fusebox's allocator, the "
+                             "whole run)\n")
+    check("parse fusebox train's peak", peak and float(peak.group(1)) == 5257.9)
     check("step 1's line", FIRST_STEP_LINE.match("step  1/30  loss 6.9") and
           not FIRST_STEP_LINE.match("step 11/30  loss 6.9"))
     total = train_steps_for(20, 5)

@@ -60,7 +60,7 @@ def source_commit():
 
 class GpuMemorySampler:
     """The most device memory in use while a command runs, above what was in use before it,
-    sampled from nvidia-smi every 0.2 s (for `fusebox train`, which reports no peak itself;
+    sampled from nvidia-smi every 0.2 s (for a `fusebox train` that prints no peak itself:
     it includes the CUDA context, and a peak shorter than a sample can be missed)."""
 
     def __init__(self, enabled):
@@ -138,6 +138,8 @@ def run_logged(command, log, timeout, env=None, first_marker=None):
 
 FIRST_STEP_LINE = re.compile(r"step +1/")  # fusebox train's progress line of step 1
 STEADY = re.compile(r"steady state \(steps (\d+) to (\d+)\): ([\d.]+) \S+, ([\d.]+) ms/step")
+# `fusebox train`'s peak on the GPU (its caching allocator's high-water mark, the whole run).
+TRAIN_PEAK = re.compile(r"peak device memory: ([\d.]+) MiB")
 TRAINED = re.compile(r"trained (\d+) steps .* in ([\d.]+) s, ([\d.]+) ")
 
 
@@ -291,13 +293,20 @@ class Suite:
         figures = parse_train_output(out, batch)
         if figures is None:
             return None, "run failed: no steady-state line in fusebox train's output"
+        # The allocator's own peak where fusebox train prints it (comparable with PyTorch's
+        # max_memory_allocated); else nvidia-smi's samples, which include the CUDA context.
+        peak = TRAIN_PEAK.search(out)
+        if peak:
+            peak_bytes, peak_source = int(float(peak.group(1)) * 2**20), \
+                "fusebox train: its allocator's peak (the whole run)"
+        else:
+            peak_bytes, peak_source = sampler.peak, (
+                "nvidia-smi samples (includes the CUDA context)" if sampler.peak is not None
+                else None)
         figures.update(compile_s=first_s if first_s is not None else seconds,
                        compile_s_source=("process start to step 1's loss line" if first_s
                                          is not None else "whole process (no step line seen)"),
-                       peak_bytes=sampler.peak,
-                       peak_source="nvidia-smi samples (includes the CUDA context)"
-                       if sampler.peak is not None else None,
-                       seconds=seconds)
+                       peak_bytes=peak_bytes, peak_source=peak_source, seconds=seconds)
         return figures, "ok"
 
     def fusebox_side(self, spec, mode, model_arg, runner, zoo):

@@ -344,6 +344,7 @@ int train(const TrainArgs& args) {
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
   const Device device = parse_device(args.device);
+  reset_peak_device_memory(device);  // the peak printed at the end: the whole run's, weights in
   // A rank of a data-parallel run (--gpus, or a scheduler's variables): rank 0 speaks, writes
   // checkpoints and reports the run's throughput; the loss is the ranks' mean.
   std::optional<DataParallelRun> parallel = join_data_parallel_run(device, run_signature(args));
@@ -494,6 +495,11 @@ int train(const TrainArgs& args) {
     out << "  steady state (steps " << settled + 1 << " to " << end << "): " << std::setprecision(1)
         << double((end - settled) * batch * world) / steady << " " << unit << "/s, "
         << std::setprecision(2) << 1000 * steady / double(end - settled) << " ms/step\n";
+  }
+  if (device == Device::cuda) {  // what PyTorch's max_memory_allocated counts (not the context)
+    out << "  peak device memory: " << std::setprecision(1)
+        << double(device_memory_stats(device).peak) / double(1 << 20)
+        << " MiB (fusebox's allocator, the whole run)\n";
   }
   if (precision == Precision::f16) {  // the scaler's state: read once, after every step
     out << "  loss scaling: " << session.skipped_steps()
