@@ -8,14 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages: compilers and build tools, test/bench libraries, protobuf +
-# ONNX (the importer's proto classes and the ONNX node test data), CLI11, zlib, Python's headers
+# ONNX (the importer's proto classes and the ONNX node test data), CLI11, zlib, libpng and
+# libjpeg-turbo (training images decoded on the CPU), Python's headers
 # (the Python package's extension module), Open MPI
 # (the CPU backend's data-parallel collectives and their tests, docs/distributed.md), clang
 # with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, docs/fuzzing.md).
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git unzip
           libgtest-dev libgmock-dev libbenchmark-dev
           libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-          libcli11-dev zlib1g-dev clang-format python3-pip python3-venv python3-dev
+          libcli11-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
+          clang-format python3-pip python3-venv python3-dev
           openmpi-bin libopenmpi-dev clang libclang-rt-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do

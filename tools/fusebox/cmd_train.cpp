@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -14,7 +15,9 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <string_view>
+#include <system_error>
 
 #include "common.h"
 #include "fusebox/dist/launcher.h"
@@ -52,7 +55,8 @@ struct TrainArgs {
   int64_t num_classes = 10;
   int64_t seq_len = 0;
   std::string data;
-  std::string eval_data;  // --eval-data: a held-out set evaluated each epoch
+  std::string eval_data;     // --eval-data: a held-out set evaluated each epoch
+  bool strict_data = false;  // --strict-data: an image that does not decode is an error
   bool synthetic = false;
   int64_t samples = 64;
   bool shuffle = false;
@@ -260,7 +264,7 @@ int train(const TrainArgs& args) {
   if (args.loss != "cross_entropy")
     throw UsageError(cat("unknown --loss '", args.loss, "': only cross_entropy is supported"));
   if (args.synthetic == !args.data.empty())
-    throw UsageError("give exactly one of --data FILE.npz and --synthetic");
+    throw UsageError("give exactly one of --data (DIR or FILE.npz) and --synthetic");
   if (args.given("--checkpoint-every") && args.checkpoint.empty())
     throw UsageError("--checkpoint-every needs --checkpoint FILE");
   if (args.given("--samples") && !args.synthetic)
@@ -287,12 +291,33 @@ int train(const TrainArgs& args) {
   std::optional<Checkpoint> resume;
   if (!args.resume.empty()) resume = load_checkpoint(args.resume);
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
+  // Image folders are scanned now (a bad one fails before compiling) and decoded once the
+  // model says its input size; a zoo model takes the folder's class count.
+  std::optional<ImageFolder> folder, eval_folder;
+  auto is_folder = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::is_directory(path, ec);
+  };
   std::optional<Dataset> data;
-  if (!args.data.empty()) data = load_dataset(args.data);
+  if (!args.data.empty() && is_folder(args.data))
+    folder = scan_image_folder(args.data);
+  else if (!args.data.empty())
+    data = load_dataset(args.data);
   std::optional<Dataset> eval_data;
-  if (!args.eval_data.empty()) eval_data = load_dataset(args.eval_data);
+  if (!args.eval_data.empty() && is_folder(args.eval_data))
+    eval_folder = scan_image_folder(args.eval_data);
+  else if (!args.eval_data.empty())
+    eval_data = load_dataset(args.eval_data);
+  if (folder && eval_folder && eval_folder->classes != folder->classes)
+    throw Error("fusebox train",
+                cat("--eval-data ", args.eval_data, " has classes other than --data ", args.data,
+                    "'s (", eval_folder->classes.size(), " vs ", folder->classes.size(),
+                    " class folders, matched by name)"));
+  TrainArgs model_args = args;
+  if (folder && !args.given("--num-classes"))
+    model_args.num_classes = int64_t(folder->classes.size());
 
-  Model model = load_model(args, data ? &*data : nullptr);
+  Model model = load_model(model_args, data ? &*data : nullptr);
   const Graph& g = model.graph;
   if (g.inputs().size() != 1 || g.outputs().size() != 1) {
     throw Error("fusebox train", cat("the model must have one input (images or token ids) and "
@@ -322,6 +347,30 @@ int train(const TrainArgs& args) {
                          "; drop --batch-size or use ", "--shape ", input.name, "=",
                          args.batch_size, ",..."));
   const Shape sample(input.type.shape.begin() + 1, input.type.shape.end());
+  // An image folder decoded to the model's input: RGB, square; what it held goes to
+  // `folder_notes` (printed with the run's header).
+  std::ostringstream folder_notes;
+  auto decode_folder = [&](const ImageFolder& f, const std::string& option) {
+    FUSEBOX_CHECK(!tokens && !per_pixel && sample[0] == 3 && sample[1] == sample[2],
+                  "fusebox train", option, " ", f.dir,
+                  " is a folder of images for a classifier of "
+                  "square RGB images [N, 3, S, S]; the model takes ",
+                  shape_str(xs), " and gives logits ", shape_str(ls));
+    DecodedFolder decoded = decode_image_folder(f, sample[1], args.strict_data);
+    std::ostringstream& o = folder_notes;
+    o << "  " << option << " " << f.dir << ": " << decoded.data.size() << " images of "
+      << f.classes.size() << " classes decoded to 3x" << sample[1] << "x" << sample[1];
+    if (decoded.skipped > 0)
+      o << "; " << decoded.skipped
+        << " skipped (do not decode; the first: " << decoded.first_skipped << ")";
+    if (f.ignored > 0) o << "; " << f.ignored << " files that are no image ignored";
+    o << "\n    classes:";
+    for (size_t i = 0; i < f.classes.size(); ++i) o << " " << i << "=" << f.classes[i];
+    o << "\n";
+    return std::move(decoded.data);
+  };
+  if (folder) data = decode_folder(*folder, "--data");
+  if (eval_folder) eval_data = decode_folder(*eval_folder, "--eval-data");
   if (args.synthetic && tokens) {
     data = synthetic_token_dataset(args.samples, sample[0], classes, args.seed);
   } else if (args.synthetic && per_pixel) {
@@ -386,7 +435,8 @@ int train(const TrainArgs& args) {
         << (args.sync_bn ? ", batch norms synchronized" : "") << "\n";
   out << "  batch " << batch << " from " << data->size()
       << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
-      << (args.shuffle ? ", shuffled" : ", in order") << "\n";
+      << (args.shuffle ? ", shuffled" : ", in order") << "\n"
+      << folder_notes.str();
   if (resume)
     out << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
 
@@ -592,15 +642,21 @@ Command add_train_command(CLI::App& parent) {
                   "Zoo decoders (gpt2*): tokens per sequence; default the model's, or the data's")
       ->check(integer_range(1));
   app->add_option("--data", args->data,
-                  "Arrays x: float [N, C, H, W] and y: integer [N] or [N, H, W]; or x: token ids "
-                  "[N, T] and y: next tokens [N, T]")
-      ->type_name("FILE.npz");
+                  "A folder of class folders of PNG / JPEG images (DIR/<class>/<image>: labels "
+                  "from the sorted folder names; each image resized and centre-cropped to the "
+                  "model's input, normalised as ImageNet's), or an .npz of arrays x: float "
+                  "[N, C, H, W] and y: integer [N] or [N, H, W], or x: token ids [N, T] and y: "
+                  "next tokens [N, T]")
+      ->type_name("DIR|FILE.npz");
+  app->add_flag("--strict-data", args->strict_data,
+                "An image of --data / --eval-data that does not decode is an error naming it "
+                "(default: skipped and counted)");
   app->add_option("--eval-data", args->eval_data,
                   "A held-out set in --data's form: after every epoch (a pass over the training "
                   "set) and after the last step, the model in eval form (batch norms with their "
                   "running statistics) on it: loss, top-1 and top-5 accuracy (per pixel or "
                   "token for such models)")
-      ->type_name("FILE.npz");
+      ->type_name("DIR|FILE.npz");
   app->add_flag("--synthetic", args->synthetic,
                 "A fixed, seeded, learnable set: images (class patterns plus noise), per-pixel "
                 "classes for a segmentation model, token sequences for a model of token ids");

@@ -43,6 +43,33 @@ Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, 
 // mismatch, an empty set).
 Dataset load_dataset(const std::string& path);
 
+// An image folder, PyTorch's ImageFolder layout (`DIR/<class>/<image>`): the class folders'
+// names, sorted (label i is classes[i]), and each one's image files (io/image.h
+// is_image_path), sorted; other files are counted in `ignored` and left alone.
+struct ImageFolder {
+  std::string dir;
+  std::vector<std::string> classes;
+  std::vector<std::pair<std::string, int64_t>> files;  // path, label
+  int64_t ignored = 0;
+};
+
+// Scans `dir`: an Error naming the path where it is missing or unreadable, holds no class
+// folder, or a class folder holds no image file (before anything is decoded or compiled).
+ImageFolder scan_image_folder(const std::string& dir);
+
+// Every image of `folder` decoded (on parallel_for's threads) into f32 [N, 3, size, size],
+// labels i64 [N]: each resized (bilinear, its shorter side to `size`) and centre-cropped, as
+// torchvision's Resize + CenterCrop, then x / 255 normalised with ImageNet's mean and std.
+// A file that does not decode (corrupt, truncated, not an image inside) is skipped and
+// counted, the first one named; with `strict` it is an Error naming it. A folder of which no
+// image decodes is an Error.
+struct DecodedFolder {
+  Dataset data;
+  int64_t skipped = 0;
+  std::string first_skipped;  // "[path] why"
+};
+DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict);
+
 // Throws an Error naming `where` when the samples do not have `sample_shape` ([C, H, W] or
 // [T]), the labels `label_shape` per sample ([] or [T]), or a label is outside [0,
 // num_classes) (naming the first one and its index).

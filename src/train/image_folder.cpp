@@ -1,0 +1,154 @@
+// scan_image_folder and decode_image_folder (fusebox/train/data.h): a folder of class folders
+// of PNG / JPEG files into an in-memory Dataset, decoded on the CPU (io/image.h).
+//
+// Resize + centre crop in one pass: output pixel (y, x) of the size x size crop is pixel
+// (y + top, x + left) of the image resized so that its shorter side is `size`, which samples
+// the original at ((y + top + 0.5) / s - 0.5, ...) with s = size / shorter side (half-pixel
+// centres, as torchvision's bilinear Resize without antialiasing), clamped at the edges.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+#include "fusebox/core/error.h"
+#include "fusebox/core/parallel.h"
+#include "fusebox/io/image.h"
+#include "fusebox/io/tensor_file.h"
+#include "fusebox/train/data.h"
+
+namespace fusebox {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};  // ImageNet's, as torchvision normalises
+constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
+
+// One dim's bilinear taps for output index o: the two source indices and the second's weight.
+struct Taps {
+  int64_t lo, hi;
+  float w;
+};
+
+Taps taps(int64_t o, int64_t offset, double scale, int64_t extent) {
+  const double c = std::max(0.0, (double(o + offset) + 0.5) / scale - 0.5);
+  const int64_t lo = std::min(int64_t(c), extent - 1);
+  return {lo, std::min(lo + 1, extent - 1), float(c - double(lo))};
+}
+
+// The crop of `image` into out [3, size, size] (see the header comment).
+void resize_crop_normalise(const DecodedImage& image, int64_t size, float* out) {
+  const double scale = double(size) / double(std::min(image.height, image.width));
+  const int64_t resized_h = std::max(size, int64_t(std::lround(double(image.height) * scale)));
+  const int64_t resized_w = std::max(size, int64_t(std::lround(double(image.width) * scale)));
+  const int64_t top = (resized_h - size) / 2, left = (resized_w - size) / 2;
+  const uint8_t* rgb = image.rgb.data();
+  for (int64_t y = 0; y < size; ++y) {
+    const Taps ty = taps(y, top, scale, image.height);
+    for (int64_t x = 0; x < size; ++x) {
+      const Taps tx = taps(x, left, scale, image.width);
+      for (int c = 0; c < 3; ++c) {
+        auto at = [&](int64_t r, int64_t col) {
+          return float(rgb[(r * image.width + col) * 3 + c]);
+        };
+        const float top_row = at(ty.lo, tx.lo) * (1 - tx.w) + at(ty.lo, tx.hi) * tx.w;
+        const float bottom_row = at(ty.hi, tx.lo) * (1 - tx.w) + at(ty.hi, tx.hi) * tx.w;
+        const float v = (top_row * (1 - ty.w) + bottom_row * ty.w) / 255.f;
+        out[(c * size + y) * size + x] = (v - kMean[c]) / kStd[c];
+      }
+    }
+  }
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  const std::string text = read_file(path);
+  return {text.begin(), text.end()};
+}
+
+}  // namespace
+
+ImageFolder scan_image_folder(const std::string& dir) {
+  const std::string where = "image folder " + dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(where, ec ? "cannot be read: " + ec.message() : "is not a folder");
+  ImageFolder folder;
+  folder.dir = dir;
+  std::vector<fs::path> class_dirs;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_directory(ec)) class_dirs.push_back(it->path());
+  if (ec) throw Error(where, "cannot be read: " + ec.message());
+  std::sort(class_dirs.begin(), class_dirs.end());
+  if (class_dirs.empty())
+    throw Error(where,
+                "holds no class folders (expected DIR/<class>/<image>.png|jpg, "
+                "PyTorch's ImageFolder layout)");
+  for (const fs::path& class_dir : class_dirs) {
+    std::vector<std::string> images;
+    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_regular_file(ec)) continue;
+      if (is_image_path(it->path().string()))
+        images.push_back(it->path().string());
+      else
+        ++folder.ignored;
+    }
+    if (ec)
+      throw Error(where,
+                  cat("class folder ", class_dir.string(), " cannot be read: ", ec.message()));
+    if (images.empty())
+      throw Error(where, cat("class folder '", class_dir.filename().string(),
+                             "' holds no image file (.png, .jpg, .jpeg)"));
+    std::sort(images.begin(), images.end());
+    const int64_t label = int64_t(folder.classes.size());
+    folder.classes.push_back(class_dir.filename().string());
+    for (std::string& path : images) folder.files.emplace_back(std::move(path), label);
+  }
+  return folder;
+}
+
+DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict) {
+  const std::string where = "image folder " + folder.dir;
+  FUSEBOX_CHECK(size > 0, where, "the image size must be positive, got ", size);
+  const int64_t n = int64_t(folder.files.size());
+  const int64_t per_image = 3 * size * size;
+  std::vector<float> pixels(static_cast<size_t>(n * per_image));
+  std::vector<std::string> failures(static_cast<size_t>(n));  // empty: decoded
+  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const std::string& path = folder.files[size_t(i)].first;
+      try {
+        resize_crop_normalise(decode_image(file_bytes(path), path), size,
+                              pixels.data() + i * per_image);
+      } catch (const Error& e) {
+        failures[size_t(i)] = e.what();  // "[path] why"
+      }
+    }
+  });
+  DecodedFolder out;
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < n; ++i) {
+    if (failures[size_t(i)].empty()) {
+      kept.push_back(i);
+      continue;
+    }
+    const std::string& what = failures[size_t(i)];
+    if (strict) throw Error(where, cat("--strict-data: ", what));
+    if (out.skipped++ == 0) out.first_skipped = what;
+  }
+  FUSEBOX_CHECK(!kept.empty(), where, "none of its ", n,
+                " images decodes (the first: ", out.first_skipped,
+                "); image decoding in this build: ", image_decoding());
+  const int64_t count = int64_t(kept.size());
+  out.data.x = Tensor::empty(DType::f32, {count, 3, size, size});
+  out.data.y = Tensor::empty(DType::i64, {count});
+  float* x = out.data.x.data<float>();
+  int64_t* y = out.data.y.data<int64_t>();
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t i = kept[size_t(k)];
+    std::copy_n(pixels.data() + i * per_image, per_image, x + k * per_image);
+    y[k] = folder.files[size_t(i)].second;
+  }
+  return out;
+}
+
+}  // namespace fusebox

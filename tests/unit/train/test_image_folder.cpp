@@ -1,0 +1,234 @@
+// Image folders (train/data.h scan_image_folder, decode_image_folder) and the decoders under
+// them (io/image.h): PNGs written here (zlib, by hand), a JPEG made once with libjpeg-turbo
+// (16x8, one colour, quality 100), a truncated file of each, files that are no image; labels
+// from the sorted class folders, pixels resized, cropped and normalised; errors that name the
+// path for a missing folder, one without class folders, an empty class folder, and (with
+// strict) an image that does not decode.
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "fusebox/io/image.h"
+#include "fusebox/train/data.h"
+#include "testing.h"
+
+namespace fusebox::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// 16 x 8 pixels of RGB (200, 40, 90), as libjpeg-turbo wrote it (tests/unit/train: see above).
+const std::vector<uint8_t> kJpeg = {
+    0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10, 0x4a, 0x46, 0x49, 0x46, 0x00, 0x01, 0x01, 0x00, 0x00, 0x01,
+    0x00, 0x01, 0x00, 0x00, 0xff, 0xdb, 0x00, 0x43, 0x00, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0xff, 0xdb, 0x00, 0x43, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0xff, 0xc0,
+    0x00, 0x11, 0x08, 0x00, 0x08, 0x00, 0x10, 0x03, 0x01, 0x22, 0x00, 0x02, 0x11, 0x01, 0x03, 0x11,
+    0x01, 0xff, 0xc4, 0x00, 0x1f, 0x00, 0x00, 0x01, 0x05, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09,
+    0x0a, 0x0b, 0xff, 0xc4, 0x00, 0xb5, 0x10, 0x00, 0x02, 0x01, 0x03, 0x03, 0x02, 0x04, 0x03, 0x05,
+    0x05, 0x04, 0x04, 0x00, 0x00, 0x01, 0x7d, 0x01, 0x02, 0x03, 0x00, 0x04, 0x11, 0x05, 0x12, 0x21,
+    0x31, 0x41, 0x06, 0x13, 0x51, 0x61, 0x07, 0x22, 0x71, 0x14, 0x32, 0x81, 0x91, 0xa1, 0x08, 0x23,
+    0x42, 0xb1, 0xc1, 0x15, 0x52, 0xd1, 0xf0, 0x24, 0x33, 0x62, 0x72, 0x82, 0x09, 0x0a, 0x16, 0x17,
+    0x18, 0x19, 0x1a, 0x25, 0x26, 0x27, 0x28, 0x29, 0x2a, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3a,
+    0x43, 0x44, 0x45, 0x46, 0x47, 0x48, 0x49, 0x4a, 0x53, 0x54, 0x55, 0x56, 0x57, 0x58, 0x59, 0x5a,
+    0x63, 0x64, 0x65, 0x66, 0x67, 0x68, 0x69, 0x6a, 0x73, 0x74, 0x75, 0x76, 0x77, 0x78, 0x79, 0x7a,
+    0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8a, 0x92, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99,
+    0x9a, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xb2, 0xb3, 0xb4, 0xb5, 0xb6, 0xb7,
+    0xb8, 0xb9, 0xba, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xca, 0xd2, 0xd3, 0xd4, 0xd5,
+    0xd6, 0xd7, 0xd8, 0xd9, 0xda, 0xe1, 0xe2, 0xe3, 0xe4, 0xe5, 0xe6, 0xe7, 0xe8, 0xe9, 0xea, 0xf1,
+    0xf2, 0xf3, 0xf4, 0xf5, 0xf6, 0xf7, 0xf8, 0xf9, 0xfa, 0xff, 0xc4, 0x00, 0x1f, 0x01, 0x00, 0x03,
+    0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
+    0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0xff, 0xc4, 0x00, 0xb5, 0x11, 0x00,
+    0x02, 0x01, 0x02, 0x04, 0x04, 0x03, 0x04, 0x07, 0x05, 0x04, 0x04, 0x00, 0x01, 0x02, 0x77, 0x00,
+    0x01, 0x02, 0x03, 0x11, 0x04, 0x05, 0x21, 0x31, 0x06, 0x12, 0x41, 0x51, 0x07, 0x61, 0x71, 0x13,
+    0x22, 0x32, 0x81, 0x08, 0x14, 0x42, 0x91, 0xa1, 0xb1, 0xc1, 0x09, 0x23, 0x33, 0x52, 0xf0, 0x15,
+    0x62, 0x72, 0xd1, 0x0a, 0x16, 0x24, 0x34, 0xe1, 0x25, 0xf1, 0x17, 0x18, 0x19, 0x1a, 0x26, 0x27,
+    0x28, 0x29, 0x2a, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3a, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, 0x49,
+    0x4a, 0x53, 0x54, 0x55, 0x56, 0x57, 0x58, 0x59, 0x5a, 0x63, 0x64, 0x65, 0x66, 0x67, 0x68, 0x69,
+    0x6a, 0x73, 0x74, 0x75, 0x76, 0x77, 0x78, 0x79, 0x7a, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88,
+    0x89, 0x8a, 0x92, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9a, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6,
+    0xa7, 0xa8, 0xa9, 0xaa, 0xb2, 0xb3, 0xb4, 0xb5, 0xb6, 0xb7, 0xb8, 0xb9, 0xba, 0xc2, 0xc3, 0xc4,
+    0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xca, 0xd2, 0xd3, 0xd4, 0xd5, 0xd6, 0xd7, 0xd8, 0xd9, 0xda, 0xe2,
+    0xe3, 0xe4, 0xe5, 0xe6, 0xe7, 0xe8, 0xe9, 0xea, 0xf2, 0xf3, 0xf4, 0xf5, 0xf6, 0xf7, 0xf8, 0xf9,
+    0xfa, 0xff, 0xda, 0x00, 0x0c, 0x03, 0x01, 0x00, 0x02, 0x11, 0x03, 0x11, 0x00, 0x3f, 0x00, 0xfc,
+    0xef, 0xa2, 0x8a, 0x2b, 0xcf, 0x3f, 0xe9, 0x80, 0xff, 0xd9};
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(uint8_t(v >> shift));
+}
+
+// A PNG of one colour, 8-bit RGB, w x h (IHDR, one zlib IDAT of filter-0 rows, IEND).
+std::vector<uint8_t> png_of(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+  std::vector<uint8_t> out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  auto chunk = [&](const char* type, const std::vector<uint8_t>& data) {
+    put_u32(out, uint32_t(data.size()));
+    std::vector<uint8_t> typed(type, type + 4);
+    typed.insert(typed.end(), data.begin(), data.end());
+    out.insert(out.end(), typed.begin(), typed.end());
+    put_u32(out, uint32_t(crc32(0, typed.data(), uInt(typed.size()))));
+  };
+  std::vector<uint8_t> ihdr;
+  put_u32(ihdr, uint32_t(w));
+  put_u32(ihdr, uint32_t(h));
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});  // 8 bits, RGB, deflate, filter 0, no interlace
+  chunk("IHDR", ihdr);
+  std::vector<uint8_t> raw;
+  for (int y = 0; y < h; ++y) {
+    raw.push_back(0);
+    for (int x = 0; x < w; ++x) raw.insert(raw.end(), {r, g, b});
+  }
+  uLongf size = compressBound(uLong(raw.size()));
+  std::vector<uint8_t> z(size);
+  EXPECT_EQ(compress(z.data(), &size, raw.data(), uLong(raw.size())), Z_OK);
+  z.resize(size);
+  chunk("IDAT", z);
+  chunk("IEND", {});
+  return out;
+}
+
+void write(const fs::path& path, const std::vector<uint8_t>& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+// The value decode_image_folder gives channel c of an image of colour v.
+float normalised(int c, double v) {
+  const double mean[3] = {0.485, 0.456, 0.406}, stdev[3] = {0.229, 0.224, 0.225};
+  return float((v / 255 - mean[c]) / stdev[c]);
+}
+
+class ImageFolderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (image_decoding() != "PNG and JPEG")
+      GTEST_SKIP() << "this build decodes " << image_decoding();
+    root_ = fs::temp_directory_path() / cat("fusebox_image_folder_", ::getpid());
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_F(ImageFolderTest, DecodersReadPngAndJpegAndRefuseTheRest) {
+  const DecodedImage png = decode_image(png_of(5, 3, 10, 20, 30), "a.png");
+  EXPECT_EQ(png.height, 3);
+  EXPECT_EQ(png.width, 5);
+  ASSERT_EQ(png.rgb.size(), 45u);
+  EXPECT_EQ(png.rgb[0], 10);
+  EXPECT_EQ(png.rgb[44], 30);
+  const DecodedImage jpeg = decode_image(kJpeg, "a.jpg");
+  EXPECT_EQ(jpeg.height, 8);
+  EXPECT_EQ(jpeg.width, 16);
+  const int colour[3] = {200, 40, 90};
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(jpeg.rgb[size_t(c)], colour[c], 3);
+  std::vector<uint8_t> short_png = png_of(5, 3, 1, 2, 3);
+  short_png.resize(short_png.size() - 30);
+  std::vector<uint8_t> short_jpeg(kJpeg.begin(), kJpeg.begin() + 300);
+  for (const auto& [bytes, what] :
+       {std::pair{short_png, "truncated.png"}, std::pair{short_jpeg, "truncated.jpg"},
+        std::pair{std::vector<uint8_t>{'h', 'i'}, "text.png"},
+        std::pair{std::vector<uint8_t>{}, "empty.jpg"}}) {
+    SCOPED_TRACE(what);
+    const std::string message = error_message([&] { decode_image(bytes, what); });
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+  }
+  EXPECT_TRUE(is_image_path("x/Y.JPEG") && is_image_path("a.png") && !is_image_path("a.txt") &&
+              !is_image_path("dir.png/readme"));
+}
+
+TEST_F(ImageFolderTest, ClassesFromFoldersImagesDecodedAndBadOnesSkipped) {
+  write(root_ / "dog" / "b.png", png_of(12, 6, 0, 255, 0));  // resized to 8x4, cropped
+  write(root_ / "cat" / "a.png", png_of(6, 6, 255, 0, 0));
+  write(root_ / "dog" / "c.jpg", kJpeg);
+  std::vector<uint8_t> broken = png_of(6, 6, 1, 1, 1);
+  broken.resize(40);
+  write(root_ / "dog" / "broken.png", broken);
+  write(root_ / "dog" / "readme.txt", {'h', 'i'});
+  const ImageFolder folder = scan_image_folder(root_.string());
+  EXPECT_EQ(folder.classes, (std::vector<std::string>{"cat", "dog"}));
+  ASSERT_EQ(folder.files.size(), 4u);  // a.png; b.png, broken.png, c.jpg
+  EXPECT_EQ(folder.ignored, 1);
+  const DecodedFolder decoded = decode_image_folder(folder, 4, /*strict=*/false);
+  EXPECT_EQ(decoded.skipped, 1);
+  EXPECT_NE(decoded.first_skipped.find("broken.png"), std::string::npos) << decoded.first_skipped;
+  ASSERT_EQ(decoded.data.x.shape(), (Shape{3, 3, 4, 4}));
+  EXPECT_EQ(decoded.data.y.values<int64_t>()[0], 0);
+  EXPECT_EQ(decoded.data.y.values<int64_t>()[1], 1);
+  EXPECT_EQ(decoded.data.y.values<int64_t>()[2], 1);
+  const std::span<const float> x = decoded.data.x.values<float>();
+  const double colours[3][3] = {{255, 0, 0}, {0, 255, 0}, {200, 40, 90}};
+  for (int image = 0; image < 3; ++image)
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < 16; ++p)
+        EXPECT_NEAR(x[size_t((image * 3 + c) * 16 + p)], normalised(c, colours[image][c]),
+                    image == 2 ? 0.06 : 1e-5)
+            << "image " << image << " channel " << c;
+  const std::string strict =
+      error_message([&] { decode_image_folder(folder, 4, /*strict=*/true); });
+  EXPECT_NE(strict.find("broken.png"), std::string::npos) << strict;
+}
+
+TEST_F(ImageFolderTest, BadFoldersAreErrorsNamingThePath) {
+  const std::string missing = error_message([&] { scan_image_folder((root_ / "nope").string()); });
+  EXPECT_NE(missing.find("nope"), std::string::npos) << missing;
+  write(root_ / "flat" / "a.png", png_of(2, 2, 1, 2, 3));
+  const std::string flat = error_message([&] { scan_image_folder((root_ / "flat").string()); });
+  EXPECT_NE(flat.find("no class folders"), std::string::npos) << flat;
+  write(root_ / "set" / "cat" / "a.png", png_of(2, 2, 1, 2, 3));
+  write(root_ / "set" / "dog" / "notes.txt", {'x'});
+  const std::string empty = error_message([&] { scan_image_folder((root_ / "set").string()); });
+  EXPECT_NE(empty.find("'dog' holds no image"), std::string::npos) << empty;
+}
+
+// The CPU path end to end: `fusebox train small_cnn --data DIR` learns two classes of PNGs
+// (each image its class's colour with noise), naming the classes and what it skipped.
+TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
+  uint64_t state = 7;
+  auto noise = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int(state >> 59);  // 0..31
+  };
+  for (int i = 0; i < 8; ++i) {
+    write(root_ / "red" / cat("r", i, ".png"), png_of(20, 16, uint8_t(200 + noise()), 30, 30));
+    write(root_ / "blue" / cat("b", i, ".png"), png_of(16, 20, 30, 30, uint8_t(200 + noise())));
+  }
+  write(root_ / "blue" / "bad.jpg", {0xff, 0xd8, 0xff, 0x00});
+  const fs::path out = root_ / "stdout.txt";
+  const std::string command =
+      cat("'", FUSEBOX_TOOL_PATH, "' train small_cnn --data '", root_.string(),
+          "' --image-size 16 --batch-size 8 --shuffle --steps 16 --log-every 4 > '", out.string(),
+          "' 2>&1");
+  const int status = std::system(command.c_str());
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  const std::string log = text.str();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  EXPECT_NE(log.find("16 images of 2 classes decoded to 3x16x16; 1 skipped"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("classes: 0=blue 1=red"), std::string::npos) << log;
+  std::vector<double> losses;
+  const std::regex line(R"(step +\d+/\d+ +loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it)
+    losses.push_back(std::stod((*it)[1]));
+  ASSERT_EQ(losses.size(), 4u) << log;
+  EXPECT_LT(losses.back(), losses.front() * 0.7) << log;
+}
+
+}  // namespace
+}  // namespace fusebox::testing
