@@ -11,8 +11,10 @@
 // Reading parses that dict with a small recursive-descent parser (not an evaluator): exactly
 // the three keys, string / bool / tuple-of-int values, whitespace and a trailing comma
 // tolerated; anything else is an error that quotes the header.
+#include <algorithm>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "fusebox/core/memory.h"
 #include "fusebox/io/tensor_file.h"
@@ -31,6 +33,7 @@ constexpr size_t kMaxHeaderLen = 1 << 20;
 
 struct NpyHeader {
   DType dtype = DType::f32;
+  bool u8 = false;  // '|u1' bytes, widened to dtype i32 on reading (the IR has no u8)
   bool big_endian = false;
   bool fortran_order = false;
   Shape shape;
@@ -184,6 +187,11 @@ class HeaderParser {
     if (descr.size() >= 2) {
       const char order = descr[0];
       const std::string code = descr.substr(1);
+      if (code == "u1" && (order == '|' || order == '<' || order == '>' || order == '=')) {
+        h->dtype = DType::i32;  // image bytes: every value fits
+        h->u8 = true;
+        return;
+      }
       for (const auto& t : kTypes) {
         if (code != t.code) continue;
         const bool one_byte = dtype_size(t.dtype) == 1;
@@ -194,8 +202,9 @@ class HeaderParser {
         }
       }
     }
-    throw Error(where_, cat("unsupported dtype '", descr,
-                            "' (supported: f8 f4 f2 i8 i4 b1, little- or big-endian)"));
+    throw Error(where_,
+                cat("unsupported dtype '", descr,
+                    "' (supported: f8 f4 f2 i8 i4 b1, little- or big-endian; u1, read as i32)"));
   }
 
   std::string_view text_;
@@ -247,7 +256,7 @@ Tensor parse_npy(const std::string& bytes, const std::string& where) {
   const std::string_view header = in.bytes(prefix_len, header_len, "header");
   const NpyHeader h = HeaderParser(header, where).parse();
 
-  const size_t elem_size = dtype_size(h.dtype);
+  const size_t elem_size = h.u8 ? 1 : dtype_size(h.dtype);
   const uint64_t data_offset = prefix_len + header_len;
   const uint64_t available = bytes.size() - data_offset;
   const std::optional<TensorSize> size = checked_tensor_size(h.shape, elem_size);
@@ -259,6 +268,15 @@ Tensor parse_npy(const std::string& bytes, const std::string& where) {
 
   Tensor t = Tensor::empty(h.dtype, h.shape);
   const auto* src = reinterpret_cast<const unsigned char*>(bytes.data() + data_offset);
+  if (h.u8) {  // row-major bytes first, then each widened
+    std::vector<unsigned char> rows(size_t(t.numel()));
+    if (h.fortran_order && t.rank() > 1)
+      fortran_to_row_major(src, rows.data(), h.shape, 1, t.numel());
+    else if (expected > 0)
+      std::memcpy(rows.data(), src, expected);
+    std::copy(rows.begin(), rows.end(), t.data<int32_t>());
+    return t;
+  }
   auto* dst = static_cast<unsigned char*>(t.raw());
   if (h.fortran_order && t.rank() > 1) {
     fortran_to_row_major(src, dst, h.shape, elem_size, t.numel());

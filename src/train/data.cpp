@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "fusebox/io/tensor_file.h"
+#include "train/image_normalise.h"
 #include "zoo/layers.h"
 
 namespace fusebox {
@@ -101,7 +102,43 @@ Dataset synthetic_segmentation_dataset(int64_t samples, int64_t channels, int64_
   return data;
 }
 
-Dataset load_dataset(const std::string& path) {
+namespace {
+
+// Images x [N, C, H, W] (nhwc: [N, H, W, C]) as f32 [N, C, H, W]: bytes (integer) normalised
+// (imagenet_normalised for 3 channels, else / 255), floats checked finite.
+Tensor images_as_nchw_f32(const Tensor& x, ImageLayout layout, const std::string& where) {
+  const bool nhwc = layout == ImageLayout::nhwc;
+  const int64_t n = x.dim(0), c = x.dim(nhwc ? 3 : 1), h = x.dim(nhwc ? 1 : 2),
+                w = x.dim(nhwc ? 2 : 3);
+  const bool bytes = is_integer(x.dtype());  // uint8 images (read_npy widens u1 to i32)
+  const Tensor f = x.dtype() == DType::f32 ? x : x.cast(DType::f32);
+  const float* in = f.data<float>();
+  Tensor out = Tensor::empty(DType::f32, {n, c, h, w});
+  float* o = out.data<float>();
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < h * w; ++i) {
+        const int64_t from = nhwc ? (s * h * w + i) * c + ch : (s * c + ch) * h * w + i;
+        float v = in[from];
+        if (bytes) {
+          if (!(v >= 0 && v <= 255))
+            throw Error(where, cat("array 'x' of integer images holds ", int64_t(v), " in sample ",
+                                   s, " (image bytes are 0 to 255)"));
+          v = c == 3 ? imagenet_normalised(int(ch), v) : v / 255.f;
+        } else if (!std::isfinite(v)) {
+          throw Error(where, cat("array 'x' holds ", std::isnan(v) ? "a NaN" : "an infinity",
+                                 " in sample ", s, " (channel ", ch,
+                                 "): training on it would "
+                                 "give a NaN loss whatever the learning rate"));
+        }
+        o[(s * c + ch) * h * w + i] = v;
+      }
+  return out;
+}
+
+}  // namespace
+
+Dataset load_dataset(const std::string& path, ImageLayout layout) {
   const std::string where = "data: " + path;
   std::map<std::string, Tensor> arrays = read_npz(path);
   auto get = [&](const char* name) {
@@ -112,7 +149,7 @@ Dataset load_dataset(const std::string& path) {
     return it->second;
   };
   Tensor x = get("x"), y = get("y");
-  const bool tokens = is_integer(x.dtype());
+  const bool tokens = is_integer(x.dtype()) && x.rank() != 4;  // rank 4: uint8 images
   if (tokens) {
     FUSEBOX_CHECK(x.rank() == 2, where, "array 'x' of token ids must be [N, T], got ",
                   dtype_name(x.dtype()), shape_str(x.shape()));
@@ -120,9 +157,11 @@ Dataset load_dataset(const std::string& path) {
                   "array 'y' must be integer ", shape_str(x.shape()), " (x's shape), got ",
                   dtype_name(y.dtype()), shape_str(y.shape()));
   } else {
-    FUSEBOX_CHECK(is_floating(x.dtype()) && x.rank() == 4, where,
-                  "array 'x' must be float [N, C, H, W] or integer token ids [N, T], got ",
-                  dtype_name(x.dtype()), shape_str(x.shape()));
+    FUSEBOX_CHECK((is_floating(x.dtype()) || is_integer(x.dtype())) && x.rank() == 4, where,
+                  "array 'x' must be float or uint8 images ",
+                  layout == ImageLayout::nhwc ? "[N, H, W, C]" : "[N, C, H, W]",
+                  " or integer token ids [N, T], got ", dtype_name(x.dtype()),
+                  shape_str(x.shape()));
     FUSEBOX_CHECK(is_integer(y.dtype()) && (y.rank() == 1 || y.rank() == 3), where,
                   "array 'y' must be integer [N] (classes) or [N, H, W] (per-pixel classes), got ",
                   dtype_name(y.dtype()), shape_str(y.shape()));
@@ -130,17 +169,21 @@ Dataset load_dataset(const std::string& path) {
   FUSEBOX_CHECK(x.dim(0) == y.dim(0), where, "'x' holds ", x.dim(0), " samples but 'y' ", y.dim(0),
                 " labels");
   FUSEBOX_CHECK(x.dim(0) >= 1, where, "the set is empty");
-  const DType x_dtype = tokens ? DType::i64 : DType::f32;
-  return {x.dtype() == x_dtype ? x : x.cast(x_dtype),
-          y.dtype() == DType::i64 ? y : y.cast(DType::i64)};
+  y = y.dtype() == DType::i64 ? y : y.cast(DType::i64);
+  if (tokens) return {x.dtype() == DType::i64 ? x : x.cast(DType::i64), y};
+  return {images_as_nchw_f32(x, layout, where), y};
 }
 
 void check_dataset(const Dataset& data, const Shape& sample_shape, const Shape& label_shape,
                    int64_t num_classes, const std::string& where) {
   Shape shape = data.x.shape();
   shape.erase(shape.begin());
+  // Channels-last images read as [H, W, C] where [C, H, W] was wanted: say what to give.
+  const bool channels_last = shape.size() == 3 && sample_shape.size() == 3 &&
+                             shape == Shape({sample_shape[1], sample_shape[2], sample_shape[0]});
   FUSEBOX_CHECK(shape == sample_shape, where, "samples are ", shape_str(shape),
-                " but the model takes ", shape_str(sample_shape), " per sample");
+                " but the model takes ", shape_str(sample_shape), " per sample",
+                channels_last ? " (channels-last images? give --layout nhwc)" : "");
   Shape labels = data.y.shape();
   labels.erase(labels.begin());
   FUSEBOX_CHECK(labels == label_shape, where, "labels are ", shape_str(labels),

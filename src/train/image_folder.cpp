@@ -15,14 +15,12 @@
 #include "fusebox/io/image.h"
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/train/data.h"
+#include "train/image_normalise.h"
 
 namespace fusebox {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr float kMean[3] = {0.485f, 0.456f, 0.406f};  // ImageNet's, as torchvision normalises
-constexpr float kStd[3] = {0.229f, 0.224f, 0.225f};
 
 // One dim's bilinear taps for output index o: the two source indices and the second's weight.
 struct Taps {
@@ -53,8 +51,8 @@ void resize_crop_normalise(const DecodedImage& image, int64_t size, float* out) 
         };
         const float top_row = at(ty.lo, tx.lo) * (1 - tx.w) + at(ty.lo, tx.hi) * tx.w;
         const float bottom_row = at(ty.hi, tx.lo) * (1 - tx.w) + at(ty.hi, tx.hi) * tx.w;
-        const float v = (top_row * (1 - ty.w) + bottom_row * ty.w) / 255.f;
-        out[(c * size + y) * size + x] = (v - kMean[c]) / kStd[c];
+        out[(c * size + y) * size + x] =
+            imagenet_normalised(c, top_row * (1 - ty.w) + bottom_row * ty.w);
       }
     }
   }

@@ -55,8 +55,9 @@ struct TrainArgs {
   int64_t num_classes = 10;
   int64_t seq_len = 0;
   std::string data;
-  std::string eval_data;     // --eval-data: a held-out set evaluated each epoch
-  bool strict_data = false;  // --strict-data: an image that does not decode is an error
+  std::string eval_data;        // --eval-data: a held-out set evaluated each epoch
+  bool strict_data = false;     // --strict-data: an image that does not decode is an error
+  std::string layout = "nchw";  // --layout: how an .npz holds its images
   bool synthetic = false;
   int64_t samples = 64;
   bool shuffle = false;
@@ -215,11 +216,11 @@ std::map<std::string, std::string> run_signature(const TrainArgs& args) {
   std::map<std::string, std::string> sig;
   sig["model"] = args.model;
   for (const char* option :
-       {"--optimizer",   "--lr",        "--momentum", "--weight-decay", "--batch-size",
-        "--steps",       "--precision", "--seed",     "--resume",       "--image-size",
-        "--num-classes", "--seq-len",   "--data",     "--eval-data",    "--synthetic",
-        "--samples",     "--shuffle",   "--shape",    "--bucket-mb",    "--reduce-dtype",
-        "--sync-bn"}) {
+       {"--optimizer",   "--lr",        "--momentum",   "--weight-decay", "--batch-size",
+        "--steps",       "--precision", "--seed",       "--resume",       "--image-size",
+        "--num-classes", "--seq-len",   "--data",       "--eval-data",    "--synthetic",
+        "--samples",     "--shuffle",   "--shape",      "--bucket-mb",    "--reduce-dtype",
+        "--sync-bn",     "--layout",    "--strict-data"}) {
     const CLI::Option* o = args.app->get_option_no_throw(option);
     if (o != nullptr && o->count() > 0) sig[option] = o->as<std::string>();
   }
@@ -293,6 +294,7 @@ int train(const TrainArgs& args) {
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
   // Image folders are scanned now (a bad one fails before compiling) and decoded once the
   // model says its input size; a zoo model takes the folder's class count.
+  const ImageLayout layout = args.layout == "nhwc" ? ImageLayout::nhwc : ImageLayout::nchw;
   std::optional<ImageFolder> folder, eval_folder;
   auto is_folder = [](const std::string& path) {
     std::error_code ec;
@@ -302,12 +304,12 @@ int train(const TrainArgs& args) {
   if (!args.data.empty() && is_folder(args.data))
     folder = scan_image_folder(args.data);
   else if (!args.data.empty())
-    data = load_dataset(args.data);
+    data = load_dataset(args.data, layout);
   std::optional<Dataset> eval_data;
   if (!args.eval_data.empty() && is_folder(args.eval_data))
     eval_folder = scan_image_folder(args.eval_data);
   else if (!args.eval_data.empty())
-    eval_data = load_dataset(args.eval_data);
+    eval_data = load_dataset(args.eval_data, layout);
   if (folder && eval_folder && eval_folder->classes != folder->classes)
     throw Error("fusebox train",
                 cat("--eval-data ", args.eval_data, " has classes other than --data ", args.data,
@@ -648,6 +650,11 @@ Command add_train_command(CLI::App& parent) {
                   "[N, C, H, W] and y: integer [N] or [N, H, W], or x: token ids [N, T] and y: "
                   "next tokens [N, T]")
       ->type_name("DIR|FILE.npz");
+  app->add_option("--layout", args->layout,
+                  "How an .npz of --data / --eval-data holds its images: nchw ([N, C, H, W], "
+                  "default) or nhwc ([N, H, W, C], as numpy image stacks); uint8 images become "
+                  "x / 255 normalised with ImageNet's mean and std")
+      ->check(CLI::IsMember({"nchw", "nhwc"}));
   app->add_flag("--strict-data", args->strict_data,
                 "An image of --data / --eval-data that does not decode is an error naming it "
                 "(default: skipped and counted)");

@@ -37,11 +37,17 @@ Dataset synthetic_segmentation_dataset(int64_t samples, int64_t channels, int64_
 // from the current token alone. The same arguments give the same bytes everywhere.
 Dataset synthetic_token_dataset(int64_t samples, int64_t tokens, int64_t vocab, uint64_t seed);
 
-// Reads arrays "x" and "y" from an .npz file: images (x float [N, C, H, W], y integer [N]
-// or per pixel [N, H, W]) or tokens (x integer [N, T], y integer [N, T]); x becomes f32 (images) or
-// i64 (tokens), y i64. Errors name the file and the array (missing, wrong dtype or rank, N
-// mismatch, an empty set).
-Dataset load_dataset(const std::string& path);
+// How an .npz holds its images: [N, C, H, W] (nchw, PyTorch's) or [N, H, W, C] (nhwc, as
+// numpy image stacks and TensorFlow have them; transposed to nchw on loading).
+enum class ImageLayout { nchw, nhwc };
+
+// Reads arrays "x" and "y" from an .npz file: images (x float or uint8, [N, C, H, W] or with
+// `layout` nhwc [N, H, W, C]; y integer [N] or per pixel [N, H, W]) or tokens (x integer
+// [N, T], y integer [N, T]). x becomes f32 [N, C, H, W] (uint8 images as x / 255 normalised
+// with ImageNet's mean and std when C = 3, else x / 255) or i64 (tokens), y i64. Errors name
+// the file and the array (missing, wrong dtype or rank, N mismatch, an empty set, a NaN or
+// infinity in float images, naming its sample).
+Dataset load_dataset(const std::string& path, ImageLayout layout = ImageLayout::nchw);
 
 // An image folder, PyTorch's ImageFolder layout (`DIR/<class>/<image>`): the class folders'
 // names, sorted (label i is classes[i]), and each one's image files (io/image.h

@@ -166,6 +166,18 @@ TEST(Npy, ReadsFortranOrder) {
       Tensor::zeros(DType::i32, {2, 0})));
 }
 
+// Bytes ('|u1', numpy's uint8 images) widen to i32, the IR having no u8; Fortran order too.
+TEST(Npy, ReadsBytesAsI32) {
+  const std::string bytes = {char(0), char(7), char(128), char(255), char(1), char(2)};
+  EXPECT_TRUE(same_tensor(
+      parse_npy(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }", bytes),
+                "t"),
+      Tensor::from_vector<int32_t>({2, 3}, {0, 7, 128, 255, 1, 2})));
+  EXPECT_TRUE(same_tensor(
+      parse_npy(npy_file("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 3), }", bytes), "t"),
+      Tensor::from_vector<int32_t>({2, 3}, {0, 128, 1, 7, 255, 2})));
+}
+
 TEST(Npy, ToleratesHeaderVariants) {
   const Tensor expected = Tensor::from_vector<int32_t>({2, 1}, {7, -7});
   const std::string data = le_bytes<int32_t>({7, -7});
@@ -239,7 +251,7 @@ TEST(Npy, RejectsBrokenHeaders) {
       {"{'descr': '<f4\\'', 'fortran_order': False, 'shape': (2,)}", "escapes"},
       {"{'descr': 3, 'fortran_order': False, 'shape': (2,)}", "expected 'descr' as a quoted"},
       {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,)}", "structured dtypes"},
-      {"{'descr': '<u1', 'fortran_order': False, 'shape': (2,)}", "unsupported dtype '<u1'"},
+      {"{'descr': '<u2', 'fortran_order': False, 'shape': (2,)}", "unsupported dtype '<u2'"},
       {"{'descr': '<i2', 'fortran_order': False, 'shape': (2,)}", "unsupported dtype '<i2'"},
       {"{'descr': '<c8', 'fortran_order': False, 'shape': (2,)}", "unsupported dtype '<c8'"},
       {"{'descr': '|f4', 'fortran_order': False, 'shape': (2,)}", "unsupported dtype '|f4'"},

@@ -1,7 +1,10 @@
 // The graph rewrite behind the step and eval graphs, and the data pieces.
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "fusebox/io/tensor_file.h"
+#include "io/zip.h"
 #include "train/graph_rewrite.h"
 #include "train_test_util.h"
 
@@ -147,7 +150,7 @@ TEST(TrainData, LoadAndCheckNameTheProblem) {
   expect_error({{"x", x}}, "'y'");
   expect_error({{"y", y}}, "'x'");
   expect_error({{"x", x.reshaped({4, 192})}, {"y", y}},
-               "'x' must be float [N, C, H, W] or integer token ids [N, T]");
+               "'x' must be float or uint8 images [N, C, H, W] or integer token ids [N, T]");
   expect_error({{"x", x}, {"y", x}}, "'y' must be integer [N]");
   expect_error({{"x", x}, {"y", Tensor::zeros(DType::i64, {3})}}, "4 samples but 'y' 3");
 
@@ -164,6 +167,76 @@ TEST(TrainData, LoadAndCheckNameTheProblem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("label 3 at index 3"), std::string::npos) << e.what();
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A .npy of numpy's '|u1' (uint8) or '<i8' array `values` of `shape`, as numpy writes it.
+std::string npy_bytes(const char* descr, const Shape& shape, const std::vector<int64_t>& values) {
+  std::string dims;
+  for (int64_t d : shape) dims += cat(d, ", ");
+  std::string header =
+      cat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += char(1), out += char(0);
+  out += char(header.size() & 0xff), out += char(header.size() >> 8);
+  out += header;
+  for (int64_t v : values) {
+    if (std::string(descr) == "|u1") {
+      out += char(uint8_t(v));
+    } else {
+      for (int b = 0; b < 8; ++b) out += char(uint8_t(uint64_t(v) >> (8 * b)));
+    }
+  }
+  return out;
+}
+
+// uint8 images from numpy (read as i32), channels-last with --layout nhwc, normalised as an
+// image folder's; values outside 0..255, NaN images and channels-last arrays read as nchw are
+// errors that say so.
+TEST(TrainData, ByteImagesChannelsLastAndNonFiniteImages) {
+  const std::string dir = ::testing::TempDir() + cat("fusebox_data_u8_", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/d.npz";
+  // 2 images of 1 x 2 pixels, RGB, channels-last: [2, 1, 2, 3].
+  const std::vector<int64_t> pixels = {0, 128, 255, 10, 20, 30, 255, 255, 255, 1, 2, 3};
+  auto write_set = [&](const std::vector<int64_t>& values) {
+    const std::string x = npy_bytes("|u1", {2, 1, 2, 3}, values), y = npy_bytes("<i8", {2}, {1, 0});
+    std::ofstream(file, std::ios::binary) << io::write_zip({{"x.npy", x}, {"y.npy", y}}, {});
+  };
+  write_set(pixels);
+  const Dataset d = load_dataset(file, ImageLayout::nhwc);
+  ASSERT_EQ(d.x.shape(), (Shape{2, 3, 1, 2}));
+  const std::span<const float> x = d.x.values<float>();
+  const double mean[3] = {0.485, 0.456, 0.406}, sd[3] = {0.229, 0.224, 0.225};
+  for (int s = 0; s < 2; ++s)
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < 2; ++p)
+        EXPECT_NEAR(x[size_t((s * 3 + c) * 2 + p)],
+                    (double(pixels[size_t((s * 2 + p) * 3 + c)]) / 255 - mean[c]) / sd[c], 1e-5)
+            << s << " " << c << " " << p;
+  EXPECT_EQ(d.y.values<int64_t>()[0], 1);
+  // Read as nchw, the same bytes are samples [1, 2, 3]: for a model of [3, 1, 2] the check
+  // suggests the layout; for one of another size it only says what differs.
+  const Dataset as_nchw = load_dataset(file);
+  const std::string hint = error_message([&] { check_dataset(as_nchw, {3, 1, 2}, {}, 2, "data"); });
+  EXPECT_NE(hint.find("give --layout nhwc"), std::string::npos) << hint;
+  const std::string other = error_message([&] {
+    check_dataset(as_nchw, {3, 4, 4}, {}, 2, "data");
+  });
+  EXPECT_NE(other.find("but the model takes [3, 4, 4]"), std::string::npos) << other;
+  EXPECT_EQ(other.find("--layout"), std::string::npos) << other;
+  // Integer images of a wider type (int32 here) must hold bytes too.
+  Tensor wide = Tensor::from_vector<int32_t>({1, 1, 1, 3}, {7, 300, 9});
+  write_npz(file, {{"x", wide}, {"y", Tensor::from_vector<int64_t>({1}, {0})}});
+  const std::string big = error_message([&] { load_dataset(file, ImageLayout::nhwc); });
+  EXPECT_NE(big.find("holds 300 in sample 0"), std::string::npos) << big;
+  Tensor f = random_tensor(DType::f32, {3, 3, 4, 4}, 5);
+  f.data<float>()[3 * 16 + 5] = NAN;  // sample 1
+  write_npz(file, {{"x", f}, {"y", Tensor::from_vector<int64_t>({3}, {0, 1, 2})}});
+  const std::string nan = error_message([&] { load_dataset(file); });
+  EXPECT_NE(nan.find("a NaN in sample 1"), std::string::npos) << nan;
   std::filesystem::remove_all(dir);
 }
 
