@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "fusebox/core/error.h"
@@ -16,6 +17,7 @@
 #include "fusebox/io/tensor_file.h"
 #include "fusebox/train/data.h"
 #include "train/image_normalise.h"
+#include "train/labelled_images.h"
 
 namespace fusebox {
 namespace {
@@ -104,21 +106,22 @@ ImageFolder scan_image_folder(const std::string& dir) {
   return folder;
 }
 
-DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict) {
-  const std::string where = "image folder " + folder.dir;
+DecodedFolder decode_labelled_images(int64_t n, const std::function<LabelledImage(int64_t)>& image,
+                                     int64_t size, bool strict, const std::string& where) {
   FUSEBOX_CHECK(size > 0, where, "the image size must be positive, got ", size);
-  const int64_t n = int64_t(folder.files.size());
   const int64_t per_image = 3 * size * size;
   std::vector<float> pixels(static_cast<size_t>(n * per_image));
+  std::vector<int64_t> labels(static_cast<size_t>(n));
   std::vector<std::string> failures(static_cast<size_t>(n));  // empty: decoded
   parallel_for(n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const std::string& path = folder.files[size_t(i)].first;
       try {
-        resize_crop_normalise(decode_image(file_bytes(path), path), size,
+        const LabelledImage item = image(i);
+        labels[size_t(i)] = item.label;
+        resize_crop_normalise(decode_image(item.bytes, item.name), size,
                               pixels.data() + i * per_image);
       } catch (const Error& e) {
-        failures[size_t(i)] = e.what();  // "[path] why"
+        failures[size_t(i)] = e.what();  // "[name] why"
       }
     }
   });
@@ -144,9 +147,19 @@ DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool 
   for (int64_t k = 0; k < count; ++k) {
     const int64_t i = kept[size_t(k)];
     std::copy_n(pixels.data() + i * per_image, per_image, x + k * per_image);
-    y[k] = folder.files[size_t(i)].second;
+    y[k] = labels[size_t(i)];
   }
   return out;
+}
+
+DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict) {
+  return decode_labelled_images(
+      int64_t(folder.files.size()),
+      [&](int64_t i) {
+        const auto& [path, label] = folder.files[size_t(i)];
+        return LabelledImage{path, file_bytes(path), label};
+      },
+      size, strict, "image folder " + folder.dir);
 }
 
 }  // namespace fusebox

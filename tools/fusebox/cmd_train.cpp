@@ -259,6 +259,40 @@ void check_step_count(const TrainArgs& args, int64_t batch, int world, const Che
                 resume->step, " plus --steps ", args.steps, " is too many: ", limit);
 }
 
+// --data / --eval-data as images: a folder of class folders, or WebDataset tar shards (a
+// path ending in .tar, or a pattern of them with braces); nullopt for anything else (an .npz).
+struct ImageSet {
+  std::string source;
+  std::optional<ImageFolder> folder;
+  std::optional<ImageShards> shards;
+
+  int64_t classes() const { return folder ? int64_t(folder->classes.size()) : shards->classes; }
+  int64_t ignored() const { return folder ? folder->ignored : shards->ignored; }
+  const char* ignored_what() const {
+    return folder ? "files that are no image ignored" : "samples without an image ignored";
+  }
+  // "    classes: 0=cat 1=dog\n" for a folder (labels from its names), "" for shards.
+  std::string class_names() const {
+    if (!folder) return "";
+    std::string out = "    classes:";
+    for (size_t i = 0; i < folder->classes.size(); ++i) out += cat(" ", i, "=", folder->classes[i]);
+    return out + "\n";
+  }
+  DecodedFolder decode(int64_t size, bool strict) const {
+    return folder ? decode_image_folder(*folder, size, strict)
+                  : decode_image_shards(*shards, size, strict);
+  }
+};
+
+std::optional<ImageSet> image_set(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return ImageSet{path, scan_image_folder(path), {}};
+  const bool tar = path.size() >= 4 && path.compare(path.size() - 4, 4, ".tar") == 0;
+  if (tar || path.find('{') != std::string::npos)
+    return ImageSet{path, {}, read_image_shards(path)};
+  return std::nullopt;
+}
+
 int train(const TrainArgs& args) {
   apply_memory_limit(args.memory_limit);
   if (args.gpus > 1) return launch_ranks(args);
@@ -292,32 +326,27 @@ int train(const TrainArgs& args) {
   std::optional<Checkpoint> resume;
   if (!args.resume.empty()) resume = load_checkpoint(args.resume);
   const OptimizerSpec optimizer = make_optimizer(args, resume ? &*resume : nullptr);
-  // Image folders are scanned now (a bad one fails before compiling) and decoded once the
-  // model says its input size; a zoo model takes the folder's class count.
+  // Image folders and tar shards are read now (a bad one fails before compiling) and decoded
+  // once the model says its input size; a zoo model takes their class count.
   const ImageLayout layout = args.layout == "nhwc" ? ImageLayout::nhwc : ImageLayout::nchw;
-  std::optional<ImageFolder> folder, eval_folder;
-  auto is_folder = [](const std::string& path) {
-    std::error_code ec;
-    return std::filesystem::is_directory(path, ec);
-  };
-  std::optional<Dataset> data;
-  if (!args.data.empty() && is_folder(args.data))
-    folder = scan_image_folder(args.data);
-  else if (!args.data.empty())
-    data = load_dataset(args.data, layout);
-  std::optional<Dataset> eval_data;
-  if (!args.eval_data.empty() && is_folder(args.eval_data))
-    eval_folder = scan_image_folder(args.eval_data);
-  else if (!args.eval_data.empty())
-    eval_data = load_dataset(args.eval_data, layout);
-  if (folder && eval_folder && eval_folder->classes != folder->classes)
-    throw Error("fusebox train",
-                cat("--eval-data ", args.eval_data, " has classes other than --data ", args.data,
-                    "'s (", eval_folder->classes.size(), " vs ", folder->classes.size(),
-                    " class folders, matched by name)"));
+  std::optional<ImageSet> images, eval_images;
+  std::optional<Dataset> data, eval_data;
+  if (!args.data.empty()) {
+    images = image_set(args.data);
+    if (!images) data = load_dataset(args.data, layout);
+  }
+  if (!args.eval_data.empty()) {
+    eval_images = image_set(args.eval_data);
+    if (!eval_images) eval_data = load_dataset(args.eval_data, layout);
+  }
+  if (images && eval_images && images->folder && eval_images->folder &&
+      eval_images->folder->classes != images->folder->classes)
+    throw Error(
+        "fusebox train",
+        cat("--eval-data ", args.eval_data, " has classes other than --data ", args.data, "'s (",
+            eval_images->classes(), " vs ", images->classes(), " class folders, matched by name)"));
   TrainArgs model_args = args;
-  if (folder && !args.given("--num-classes"))
-    model_args.num_classes = int64_t(folder->classes.size());
+  if (images && !args.given("--num-classes")) model_args.num_classes = images->classes();
 
   Model model = load_model(model_args, data ? &*data : nullptr);
   const Graph& g = model.graph;
@@ -349,30 +378,28 @@ int train(const TrainArgs& args) {
                          "; drop --batch-size or use ", "--shape ", input.name, "=",
                          args.batch_size, ",..."));
   const Shape sample(input.type.shape.begin() + 1, input.type.shape.end());
-  // An image folder decoded to the model's input: RGB, square; what it held goes to
-  // `folder_notes` (printed with the run's header).
-  std::ostringstream folder_notes;
-  auto decode_folder = [&](const ImageFolder& f, const std::string& option) {
+  // An image set decoded to the model's input: RGB, square; what it held goes to
+  // `image_notes` (printed with the run's header).
+  std::ostringstream image_notes;
+  auto decode_images = [&](const ImageSet& set, const std::string& option) {
     FUSEBOX_CHECK(!tokens && !per_pixel && sample[0] == 3 && sample[1] == sample[2],
-                  "fusebox train", option, " ", f.dir,
-                  " is a folder of images for a classifier of "
-                  "square RGB images [N, 3, S, S]; the model takes ",
+                  "fusebox train", option, " ", set.source,
+                  " holds images for a classifier of square RGB images [N, 3, S, S]; the model "
+                  "takes ",
                   shape_str(xs), " and gives logits ", shape_str(ls));
-    DecodedFolder decoded = decode_image_folder(f, sample[1], args.strict_data);
-    std::ostringstream& o = folder_notes;
-    o << "  " << option << " " << f.dir << ": " << decoded.data.size() << " images of "
-      << f.classes.size() << " classes decoded to 3x" << sample[1] << "x" << sample[1];
+    DecodedFolder decoded = set.decode(sample[1], args.strict_data);
+    image_notes << "  " << option << " " << set.source << ": " << decoded.data.size()
+                << " images of " << set.classes() << " classes decoded to 3x" << sample[1] << "x"
+                << sample[1];
     if (decoded.skipped > 0)
-      o << "; " << decoded.skipped
-        << " skipped (do not decode; the first: " << decoded.first_skipped << ")";
-    if (f.ignored > 0) o << "; " << f.ignored << " files that are no image ignored";
-    o << "\n    classes:";
-    for (size_t i = 0; i < f.classes.size(); ++i) o << " " << i << "=" << f.classes[i];
-    o << "\n";
+      image_notes << "; " << decoded.skipped
+                  << " skipped (do not decode; the first: " << decoded.first_skipped << ")";
+    if (set.ignored() > 0) image_notes << "; " << set.ignored() << " " << set.ignored_what();
+    image_notes << "\n" << set.class_names();
     return std::move(decoded.data);
   };
-  if (folder) data = decode_folder(*folder, "--data");
-  if (eval_folder) eval_data = decode_folder(*eval_folder, "--eval-data");
+  if (images) data = decode_images(*images, "--data");
+  if (eval_images) eval_data = decode_images(*eval_images, "--eval-data");
   if (args.synthetic && tokens) {
     data = synthetic_token_dataset(args.samples, sample[0], classes, args.seed);
   } else if (args.synthetic && per_pixel) {
@@ -438,7 +465,7 @@ int train(const TrainArgs& args) {
   out << "  batch " << batch << " from " << data->size()
       << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
       << (args.shuffle ? ", shuffled" : ", in order") << "\n"
-      << folder_notes.str();
+      << image_notes.str();
   if (resume)
     out << "  resumed from " << args.resume << " at step " << session.step_count() << "\n";
 
@@ -645,11 +672,12 @@ Command add_train_command(CLI::App& parent) {
       ->check(integer_range(1));
   app->add_option("--data", args->data,
                   "A folder of class folders of PNG / JPEG images (DIR/<class>/<image>: labels "
-                  "from the sorted folder names; each image resized and centre-cropped to the "
-                  "model's input, normalised as ImageNet's), or an .npz of arrays x: float "
+                  "from the sorted folder names), or WebDataset tar shards ('train-{0000..0127}"
+                  ".tar': key.jpg|png + key.cls); each image resized and centre-cropped to the "
+                  "model's input, normalised as ImageNet's; or an .npz of arrays x: float "
                   "[N, C, H, W] and y: integer [N] or [N, H, W], or x: token ids [N, T] and y: "
                   "next tokens [N, T]")
-      ->type_name("DIR|FILE.npz");
+      ->type_name("DIR|SHARDS.tar|FILE.npz");
   app->add_option("--layout", args->layout,
                   "How an .npz of --data / --eval-data holds its images: nchw ([N, C, H, W], "
                   "default) or nhwc ([N, H, W, C], as numpy image stacks); uint8 images become "
@@ -663,7 +691,7 @@ Command add_train_command(CLI::App& parent) {
                   "set) and after the last step, the model in eval form (batch norms with their "
                   "running statistics) on it: loss, top-1 and top-5 accuracy (per pixel or "
                   "token for such models)")
-      ->type_name("DIR|FILE.npz");
+      ->type_name("DIR|SHARDS.tar|FILE.npz");
   app->add_flag("--synthetic", args->synthetic,
                 "A fixed, seeded, learnable set: images (class patterns plus noise), per-pixel "
                 "classes for a segmentation model, token sequences for a model of token ids");

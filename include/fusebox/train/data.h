@@ -76,6 +76,28 @@ struct DecodedFolder {
 };
 DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict);
 
+// Tar shards as WebDataset writes them: `pattern` names one .tar, or several through brace
+// ranges and lists ("train-{0000..0127}.tar", "{a,b}.tar"); a sample is the members that share
+// a key (a member's path up to its file name's first dot): an image (.jpg, .jpeg, .png) and
+// its class (.cls: an integer, as text). Samples of no image are ignored (counted); a missing
+// shard, a malformed tar or a sample whose image has no .cls is an Error naming the shard
+// (and the member). The shards are read into memory.
+struct LabelledImage {
+  std::string name;  // for errors: "shard.tar:key.jpg", or the file's path
+  std::vector<uint8_t> bytes;
+  int64_t label = 0;
+};
+struct ImageShards {
+  std::string pattern;
+  std::vector<std::string> shards;  // the pattern expanded, in order
+  std::vector<LabelledImage> samples;
+  int64_t ignored = 0;  // members of samples that hold no image
+  int64_t classes = 0;  // the largest label + 1
+};
+ImageShards read_image_shards(const std::string& pattern);
+// Every sample decoded as decode_image_folder decodes a folder's images.
+DecodedFolder decode_image_shards(const ImageShards& shards, int64_t size, bool strict);
+
 // Throws an Error naming `where` when the samples do not have `sample_shape` ([C, H, W] or
 // [T]), the labels `label_shape` per sample ([] or [T]), or a label is outside [0,
 // num_classes) (naming the first one and its index).

@@ -1,4 +1,4 @@
-// Image folders (train/data.h scan_image_folder, decode_image_folder) and the decoders under
+// Image folders and WebDataset tar shards (train/data.h) and the decoders under
 // them (io/image.h): PNGs written here (zlib, by hand), a JPEG made once with libjpeg-turbo
 // (16x8, one colour, quality 100), a truncated file of each, files that are no image; labels
 // from the sorted class folders, pixels resized, cropped and normalised; errors that name the
@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -195,6 +196,80 @@ TEST_F(ImageFolderTest, BadFoldersAreErrorsNamingThePath) {
   EXPECT_NE(empty.find("'dog' holds no image"), std::string::npos) << empty;
 }
 
+// A ustar archive of `members` (name, bytes), as tar and WebDataset's writers lay it out.
+std::string tar_of(const std::vector<std::pair<std::string, std::string>>& members) {
+  std::string out;
+  for (const auto& [name, bytes] : members) {
+    std::string header(512, '\0');
+    header.replace(0, name.size(), name);
+    auto octal = [&](size_t offset, size_t width, uint64_t value) {
+      char digits[32];
+      std::snprintf(digits, sizeof digits, "%0*llo", int(width - 1), (unsigned long long)value);
+      header.replace(offset, width - 1, digits);
+    };
+    octal(100, 8, 0644);
+    octal(124, 12, bytes.size());
+    header[156] = '0';
+    header.replace(257, 6, std::string("ustar\0", 6));
+    header.replace(263, 2, "00");
+    header.replace(148, 8, "        ");
+    uint64_t sum = 0;
+    for (char c : header) sum += static_cast<unsigned char>(c);
+    octal(148, 7, sum);
+    out += header + bytes + std::string((512 - bytes.size() % 512) % 512, '\0');
+  }
+  return out + std::string(1024, '\0');
+}
+
+std::string as_string(const std::vector<uint8_t>& bytes) {
+  return {bytes.begin(), bytes.end()};
+}
+
+TEST_F(ImageFolderTest, TarShardsAsWebDatasetWritesThem) {
+  fs::create_directories(root_);
+  const std::string red = as_string(png_of(6, 6, 255, 0, 0)),
+                    green = as_string(png_of(8, 6, 0, 255, 0));
+  std::string broken = red.substr(0, 40);
+  auto shard = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream((root_ / name).string(), std::ios::binary) << bytes;
+  };
+  shard("s-00.tar", tar_of({{"a/0001.png", red},
+                            {"a/0001.cls", "1\n"},
+                            {"a/0002.json", "{}"},  // a sample without an image
+                            {"a/0003.png", broken},
+                            {"a/0003.cls", "0"}}));
+  shard("s-01.tar", tar_of({{"0004.cls", " 0 "}, {"0004.PNG", green}}));
+  const ImageShards shards = read_image_shards((root_ / "s-{00..01}.tar").string());
+  ASSERT_EQ(shards.shards.size(), 2u);
+  ASSERT_EQ(shards.samples.size(), 3u);
+  EXPECT_EQ(shards.ignored, 1);
+  EXPECT_EQ(shards.classes, 2);
+  EXPECT_EQ(shards.samples[2].label, 0);
+  const DecodedFolder decoded = decode_image_shards(shards, 4, /*strict=*/false);
+  EXPECT_EQ(decoded.skipped, 1);
+  EXPECT_NE(decoded.first_skipped.find("s-00.tar:a/0003.png"), std::string::npos)
+      << decoded.first_skipped;
+  ASSERT_EQ(decoded.data.x.shape(), (Shape{2, 3, 4, 4}));
+  EXPECT_EQ(decoded.data.y.values<int64_t>()[0], 1);
+  EXPECT_NEAR(decoded.data.x.values<float>()[16], normalised(1, 0), 1e-5);  // red: no green
+  // What is wrong names the shard (and the sample).
+  auto error_of = [&](const std::string& pattern) {
+    return error_message([&] { read_image_shards((root_ / pattern).string()); });
+  };
+  EXPECT_NE(error_of("s-{00..02}.tar").find("s-02.tar"), std::string::npos);
+  shard("nolabel.tar", tar_of({{"k.png", red}}));
+  EXPECT_NE(error_of("nolabel.tar").find("sample 'k' of"), std::string::npos);
+  shard("badlabel.tar", tar_of({{"k.png", red}, {"k.cls", "cat"}}));
+  EXPECT_NE(error_of("badlabel.tar").find("not a class number"), std::string::npos);
+  std::string corrupt = tar_of({{"k.png", red}, {"k.cls", "1"}});
+  corrupt[10] ^= 0x20;  // the name changes, the checksum does not
+  shard("corrupt.tar", corrupt);
+  EXPECT_NE(error_of("corrupt.tar").find("checksum"), std::string::npos);
+  shard("short.tar", tar_of({{"k.png", red}, {"k.cls", "1"}}).substr(0, 700));
+  EXPECT_NE(error_of("short.tar").find("truncated"), std::string::npos);
+  EXPECT_NE(error_of("s-{03..01}.tar").find("first <= last"), std::string::npos);
+}
+
 // The CPU path end to end: `fusebox train small_cnn --data DIR` learns two classes of PNGs
 // (each image its class's colour with noise), naming the classes and what it skipped.
 TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
@@ -208,26 +283,48 @@ TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
     write(root_ / "blue" / cat("b", i, ".png"), png_of(16, 20, 30, 30, uint8_t(200 + noise())));
   }
   write(root_ / "blue" / "bad.jpg", {0xff, 0xd8, 0xff, 0x00});
-  const fs::path out = root_ / "stdout.txt";
-  const std::string command =
-      cat("'", FUSEBOX_TOOL_PATH, "' train small_cnn --data '", root_.string(),
-          "' --image-size 16 --batch-size 8 --shuffle --steps 16 --log-every 4 > '", out.string(),
-          "' 2>&1");
-  const int status = std::system(command.c_str());
-  std::stringstream text;
-  text << std::ifstream(out).rdbuf();
-  const std::string log = text.str();
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  // `fusebox train small_cnn --data <data>`'s output; its loss falls.
+  auto train_on = [&](const std::string& data) {
+    const fs::path out = root_ / "stdout.txt";
+    const std::string command =
+        cat("'", FUSEBOX_TOOL_PATH, "' train small_cnn --data '", data,
+            "' --image-size 16 --batch-size 8 --shuffle --steps 16 --log-every 4 > '", out.string(),
+            "' 2>&1");
+    const int status = std::system(command.c_str());
+    std::stringstream text;
+    text << std::ifstream(out).rdbuf();
+    const std::string log = text.str();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+    std::vector<double> losses;
+    const std::regex line(R"(step +\d+/\d+ +loss ([0-9.]+))");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+         ++it)
+      losses.push_back(std::stod((*it)[1]));
+    EXPECT_EQ(losses.size(), 4u) << log;
+    if (!losses.empty()) EXPECT_LT(losses.back(), losses.front() * 0.7) << log;
+    return log;
+  };
+  const std::string log = train_on(root_.string());
   EXPECT_NE(log.find("16 images of 2 classes decoded to 3x16x16; 1 skipped"), std::string::npos)
       << log;
   EXPECT_NE(log.find("classes: 0=blue 1=red"), std::string::npos) << log;
-  std::vector<double> losses;
-  const std::regex line(R"(step +\d+/\d+ +loss ([0-9.]+))");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
-       ++it)
-    losses.push_back(std::stod((*it)[1]));
-  ASSERT_EQ(losses.size(), 4u) << log;
-  EXPECT_LT(losses.back(), losses.front() * 0.7) << log;
+
+  // The same kind of images as two tar shards (key.png + key.cls) train the same way.
+  std::vector<std::pair<std::string, std::string>> members[2];
+  for (int i = 0; i < 16; ++i) {
+    const bool is_red = i % 2 == 1;
+    const std::string key = cat("k", i);
+    const std::vector<uint8_t> png = is_red ? png_of(20, 16, uint8_t(200 + noise()), 30, 30)
+                                            : png_of(16, 20, 30, 30, uint8_t(200 + noise()));
+    members[i / 8].push_back({key + ".png", as_string(png)});
+    members[i / 8].push_back({key + ".cls", is_red ? "1" : "0"});
+  }
+  for (int k = 0; k < 2; ++k)
+    std::ofstream((root_ / cat("shard-", k, ".tar")).string(), std::ios::binary)
+        << tar_of(members[k]);
+  const std::string shards_log = train_on((root_ / "shard-{0..1}.tar").string());
+  EXPECT_NE(shards_log.find("16 images of 2 classes decoded to 3x16x16"), std::string::npos)
+      << shards_log;
 }
 
 }  // namespace
