@@ -299,7 +299,7 @@ int train(const TrainArgs& args) {
   if (args.loss != "cross_entropy")
     throw UsageError(cat("unknown --loss '", args.loss, "': only cross_entropy is supported"));
   if (args.synthetic == !args.data.empty())
-    throw UsageError("give exactly one of --data (DIR or FILE.npz) and --synthetic");
+    throw UsageError("give exactly one of --data (DIR, SHARDS.tar or FILE.npz) and --synthetic");
   if (args.given("--checkpoint-every") && args.checkpoint.empty())
     throw UsageError("--checkpoint-every needs --checkpoint FILE");
   if (args.given("--samples") && !args.synthetic)
