@@ -270,6 +270,46 @@ TEST_F(ImageFolderTest, TarShardsAsWebDatasetWritesThem) {
   EXPECT_NE(error_of("s-{03..01}.tar").find("first <= last"), std::string::npos);
 }
 
+// Truncated and bit-flipped PNGs, JPEGs and tar shards (a small fuzz of the parsers users'
+// files reach): each decodes or is a fusebox::Error, nothing else.
+TEST_F(ImageFolderTest, MutatedFilesDecodeOrAreErrors) {
+  fs::create_directories(root_);
+  const std::vector<uint8_t> png = png_of(9, 7, 10, 200, 30);
+  const std::string tar = tar_of({{"k.png", as_string(png)}, {"k.cls", "1"}});
+  uint64_t state = 99;
+  auto next = [&](uint64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % bound;
+  };
+  auto mutate = [&](std::string bytes) {
+    if (next(2) == 0) bytes.resize(next(bytes.size() + 1));
+    for (uint64_t flips = next(8); flips > 0 && !bytes.empty(); --flips)
+      bytes[next(bytes.size())] ^= char(1 + next(255));
+    return bytes;
+  };
+  int errors = 0;
+  for (int i = 0; i < 1500; ++i) {
+    const int kind = i % 3;
+    const std::string source = kind == 0 ? as_string(png) : kind == 1 ? as_string(kJpeg) : tar;
+    const std::string bytes = mutate(source);
+    SCOPED_TRACE(cat("case ", i, " kind ", kind, " bytes ", bytes.size()));
+    try {
+      if (kind < 2) {
+        decode_image({bytes.begin(), bytes.end()}, "mutated");
+      } else {
+        const fs::path shard = root_ / "m.tar";
+        std::ofstream(shard.string(), std::ios::binary) << bytes;
+        decode_image_shards(read_image_shards(shard.string()), 4, /*strict=*/true);
+      }
+    } catch (const Error&) {
+      ++errors;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a fusebox::Error: " << e.what();
+    }
+  }
+  EXPECT_GT(errors, 300);  // the mutations do break files
+}
+
 // The CPU path end to end: `fusebox train small_cnn --data DIR` learns two classes of PNGs
 // (each image its class's colour with noise), naming the classes and what it skipped.
 TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
