@@ -134,6 +134,23 @@ Pipeline training_forward_pipeline(Precision precision) {
           }};
 }
 
+// After autodiff, on the whole step; values keep their names (the step's state is found by
+// name after).
+Pipeline training_step_pipeline(bool step_fusion) {
+  std::vector<Pass> passes = {pass("concat_slice_gradients", concat_slice_gradients)};
+  if (step_fusion) {
+    // As for inference, on the forward's norms (their statistics outputs are kept): the
+    // narrowing cast of a norm's y moved above the layout ops to be its reader, then taken
+    // into the norm (it writes the low dtype, as the cast rounded it).
+    passes.push_back(pass("hoist_narrowing_casts", hoist_narrowing_casts));
+    passes.push_back(pass("fold_norm_casts", fold_norm_casts));
+    // Last, as for inference: the casts around the f32 residual adds and the backward's
+    // elementwise chains, each one generated kernel.
+    passes.push_back(pass("fuse_pointwise_chains", fuse_pointwise_chains));
+  }
+  return {"training_step", std::move(passes)};
+}
+
 Pipeline evaluation_pipeline(Precision precision) {
   return {"evaluation",
           {

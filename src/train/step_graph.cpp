@@ -285,7 +285,7 @@ std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling) {
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision,
                            const LossScaling& scaling, const DataParallel& data_parallel,
-                           bool low_copies) {
+                           bool low_copies, bool step_fusion) {
   const bool parallel = data_parallel.world != nullptr;
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
@@ -444,9 +444,8 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     g.rename_value(next, next_state_name(name));
     state_output(name, next);
   }
-  // The backward's passes (passes/simplify.h), on the whole step: values keep their names.
-  concat_slice_gradients(g);
-  g.verify();
+  // The whole step's passes (passes/pipeline.h): values keep their names.
+  run_pipeline(training_step_pipeline(step_fusion), g);
   if (parallel) g = with_collectives_early(g);
   return step;
 }

@@ -64,11 +64,12 @@ struct StepGraph {
 // `data_parallel` with a world: the gradients averaged in all_reduce buckets and the loss
 // averaged (session.h DataParallel); the collectives placed right after their inputs' last
 // writer.
-// `low_copies`: SessionOptions::low_parameter_copies.
+// `low_copies`: SessionOptions::low_parameter_copies; `step_fusion`: its
+// step_fusion (passes/pipeline.h training_step).
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision = Precision::f32,
                            const LossScaling& scaling = {}, const DataParallel& data_parallel = {},
-                           bool low_copies = true);
+                           bool low_copies = true, bool step_fusion = true);
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
                        Precision precision = Precision::f32);

@@ -297,6 +297,13 @@ int bench(const BenchArgs& args) {
             << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
             << mib(f.exe.temporary_bytes) << ", " << f.exe.views
             << " views (layout ops read through: no copy)\n";
+  if (!f.exe.temporary_holders.empty()) {
+    std::cout << "workspaces held by    ";
+    for (size_t i = 0; i < f.exe.temporary_holders.size(); ++i)
+      std::cout << (i ? ", " : "") << f.exe.temporary_holders[i].first << " "
+                << mib(f.exe.temporary_holders[i].second);
+    std::cout << "\n";
+  }
   if (train) std::cout << "final loss            " << fixed(f.final_loss, 4) << "\n";
   if (f.timed_runs > 0)
     std::cout << "queued steps (timed)  device " << fixed(f.run_device_ms, 3) << " ms each, idle "

@@ -13,6 +13,11 @@
 //   training_forward   a training step's forward pass before autodiff (train/step_graph.cpp):
 //                      linears formed, mixed precision (parameters stay f32), the batch-norm
 //                      fusions and attention with its lse output, which the gradient rules read;
+//   training_step      the whole step after autodiff (forward, backward, updates): the
+//                      gradients of concatenated slices as one concat; then (step_fusion)
+//                      the norms' narrowing casts folded and the pointwise chains (a gemm's
+//                      output cast and added to an f32 residual, the backward's chains:
+//                      nothing differentiates the step again);
 //   evaluation         a training session's eval graph: mixed precision and the batch-norm
 //                      and attention fusions.
 //
@@ -57,6 +62,7 @@ struct Pipeline {
 // inference fusions it switches off; mixed precision always runs.
 Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& fusion = {});
 Pipeline training_forward_pipeline(Precision precision);
+Pipeline training_step_pipeline(bool step_fusion = true);
 Pipeline evaluation_pipeline(Precision precision);
 
 // What one pass did in a run of a pipeline.

@@ -160,7 +160,11 @@ struct ExecutableStats {
   size_t io_bytes = 0;             // inputs (unbound) and outputs the executable owns
   size_t constant_bytes = 0;       // constants as uploaded (in their planned layouts)
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
-  size_t views = 0;                // layout ops that copy nothing (CUDA: read through)
+  // CUDA: the nodes whose recording took device memory of its own (outside the arena and the
+  // inputs and outputs: a workspace larger than the node's gap in the arena, a conversion),
+  // the most first (at most 5, each at least 1 MiB): what temporary_bytes holds.
+  std::vector<std::pair<std::string, size_t>> temporary_holders;
+  size_t views = 0;  // layout ops that copy nothing (CUDA: read through)
   // CUDA: the layout ops (reshapes, transposes, slices) that run no kernel: their outputs are
   // views of a stored value, or not stored at all (executable/layout_views.h).
   std::vector<std::string> read_through;

@@ -146,6 +146,12 @@ struct SessionOptions {
   // the update widens the gradient as the cast did); false: the casts run every step. Not with
   // data_parallel (its gradients are averaged in f32).
   bool low_parameter_copies = true;
+  // The fusions of the whole step after autodiff (passes/pipeline.h training_step): a norm's
+  // narrowing casts taken into it, the chains of elementwise ops (forward and backward) each
+  // one generated kernel (passes/fuse_pointwise.h). The same numbers bit for bit, fewer
+  // passes over memory and fewer values held. false, or FUSEBOX_FUSION=0: every op its own
+  // node.
+  bool step_fusion = true;
 };
 
 class TrainingSession {

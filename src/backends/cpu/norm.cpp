@@ -67,7 +67,12 @@ void normalize_rows(const Node& n, Inputs in, Tensor& y, bool centre, double eps
                      double v = (double(to_compute(xr[j])) - m) * iv;
                      if (!scale.empty()) v *= scale[size_t(j)];
                      if (!bias.empty()) v += bias[size_t(j)];
-                     yr[j] = convert<Y>(v);
+                     // The mixed form of an f32 norm is its f32 y rounded to Y (the cast it
+                     // stands for): through f32, not from the double at once.
+                     if constexpr (std::is_same_v<T, float> && !std::is_same_v<Y, float>)
+                       yr[j] = convert<Y>(double(float(v)));
+                     else
+                       yr[j] = convert<Y>(v);
                    }
                  }
                });

@@ -44,6 +44,7 @@ CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
     FUSEBOX_CHECK(cuda::ErrorFlags::of(ctx_.encoder).pending() == 0, where_,
                   "kernel error records of an earlier run were left unchecked");
     ctx_.encoder.commit();  // the recording starts empty
+    stats_.temporary_holders.clear();
     try {
       record_step();
     } catch (...) {

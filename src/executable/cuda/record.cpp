@@ -1,5 +1,7 @@
 // The CUDA executable's node walk: recorded once into the step (launching directly, run
 // by every run), and by profile() node by node (cuda_executable.h).
+#include <algorithm>
+
 #include "executable/cuda/cuda_executable.h"
 
 namespace fusebox::runtime {
@@ -128,8 +130,12 @@ void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTens
   }
   std::vector<const DeviceTensor*> in_ptrs;
   for (ValueId v : n.inputs) in_ptrs.push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
-  if (i < gaps_.size() && gaps_[i].bytes > 0)
-    ctx_.encoder.set_temporary_region(cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes));
+  // Every node gets a region (maybe empty), so that the temporaries the gap cannot hold
+  // share the encoder's overflow buffer with other nodes' (CommandEncoder::temporary).
+  const bool gap = i < gaps_.size() && gaps_[i].bytes > 0;
+  ctx_.encoder.set_temporary_region(gap ? cuda::BufferRange(arena_, gaps_[i].offset, gaps_[i].bytes)
+                                        : cuda::BufferRange(arena_, 0, 0));
+  const size_t in_use_before = ctx_.allocator.stats().bytes_in_use;
   try {
     cuda::run_node(ctx_, n, in_ptrs, outs);
   } catch (...) {
@@ -137,6 +143,16 @@ void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTens
     throw;
   }
   ctx_.encoder.clear_temporary_region();
+  // What the node's recording holds of its own (ExecutableStats::temporary_holders).
+  const size_t in_use = ctx_.allocator.stats().bytes_in_use;
+  constexpr size_t kNoted = size_t(1) << 20;
+  if (in_use >= in_use_before + kNoted) {
+    auto& holders = stats_.temporary_holders;
+    holders.emplace_back(n.name, in_use - in_use_before);
+    std::stable_sort(holders.begin(), holders.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    if (holders.size() > 5) holders.pop_back();
+  }
 }
 
 void CudaExecutable::record_nodes() {

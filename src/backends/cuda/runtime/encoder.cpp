@@ -446,6 +446,7 @@ void CommandEncoder::reset_recording() {
   objects_.clear();
   temporaries_.clear();
   scratch_ = DeviceBuffer();
+  overflow_ = DeviceBuffer();
   clear_temporary_region();
   pending_ops_ = 0;
 }
@@ -453,11 +454,13 @@ void CommandEncoder::reset_recording() {
 void CommandEncoder::set_temporary_region(const BufferRange& region) {
   region_ = region;
   region_used_ = 0;
+  overflow_used_ = 0;  // a new operation
 }
 
 void CommandEncoder::clear_temporary_region() {
   region_.reset();
   region_used_ = 0;
+  overflow_used_ = 0;
 }
 
 namespace {
@@ -484,6 +487,19 @@ BufferRange CommandEncoder::temporary(CachingAllocator& allocator, size_t bytes)
   // A zero-size temporary still gets a (tiny) range so that pointers are valid.
   bytes = std::max<size_t>(bytes, 1);
   if (std::optional<BufferRange> lent = from_region(bytes)) return *lent;
+  if (region_) {
+    // The overflow buffer, from where this operation's earlier temporaries end. A larger
+    // one replaces it when too small (at the same offset: the buffer then holds a whole
+    // operation's temporaries for the operations after); the old one is held with the
+    // recording, whose operations so far use it.
+    const size_t at = aligned_up(overflow_used_);
+    if (at + bytes > overflow_.size()) {
+      overflow_ = allocator.allocate(at + bytes);
+      add_temporary(overflow_);
+    }
+    overflow_used_ = at + bytes;
+    return BufferRange(overflow_, at, bytes);
+  }
   DeviceBuffer buffer = allocator.allocate(bytes);
   add_temporary(buffer);
   return BufferRange(std::move(buffer), 0, bytes);

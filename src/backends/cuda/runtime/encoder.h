@@ -212,8 +212,13 @@ class CommandEncoder {
   // an operation lends it a region of its arena that no value occupies during that
   // operation (runtime/memory_plan.h): temporary() and scratch() take their bytes from the
   // region while it has room, so they cost no memory of their own; the hazard rules order
-  // the region's reuse like any arena bytes. Outside a region (or when it is full),
-  // temporary() allocates from `allocator` and holds the buffer with the recording.
+  // the region's reuse like any arena bytes. When the region is full (or empty), an
+  // operation's temporaries come from the encoder's overflow buffer, from its start for each
+  // operation (a new region starts a new operation), so that a step holds the largest
+  // operation's worth instead of every operation's: the hazard rules order the operations
+  // that share it, as for scratch(). Outside a region
+  // (direct kernel calls), temporary() allocates from `allocator` and holds the buffer with
+  // the recording.
   void set_temporary_region(const BufferRange& region);  // until clear_temporary_region()
   void clear_temporary_region();
   BufferRange temporary(CachingAllocator& allocator, size_t bytes);
@@ -357,6 +362,10 @@ class CommandEncoder {
   // The lent region (see set_temporary_region) and how much of it is taken.
   std::optional<BufferRange> region_;
   size_t region_used_ = 0;
+  // The overflow buffer of the operations given a region (see temporary()) and how much of
+  // it the current operation took.
+  DeviceBuffer overflow_;
+  size_t overflow_used_ = 0;
   size_t pending_ops_ = 0;
   std::unordered_map<const void*, size_t> shared_opt_in_;  // kernel -> bytes granted
 

@@ -316,5 +316,49 @@ TEST_F(PointwiseTest, BinaryTakesStridedAndMisalignedOperands) {
   }
 }
 
+// Rows of contiguous elements at each operand's own row stride (a channel slice of a
+// channels-last tensor, a broadcast row): the vectorised rows path where the row starts are
+// 16-byte aligned, the per-element walk where they are not; the same values either way.
+TEST_F(PointwiseTest, RowsOfChannelSlicesMatchCpu) {
+  OpHarness h;
+  for (DType t : {DType::bf16, DType::f32, DType::f16}) {
+    Tensor wide = random_tensor(t, {37, 48}, 31, -3, 3);
+    Tensor other = random_tensor(t, {37, 32}, 32, -3, 3);
+    struct Operand {
+      const char* name;
+      Shape strides;
+      int64_t offset;
+    };
+    // Views of [37, 16] into `wide` (row stride 48) and `other` (32).
+    const Operand as[] = {{"channels 16..31", {48, 1}, 16},
+                          {"channels 32..47", {48, 1}, 32},
+                          {"misaligned rows", {48, 1}, 3},
+                          {"last rows", {48, 1}, 48 * 5}};
+    const Operand bs[] = {{"slice of other", {32, 1}, 16}, {"broadcast row", {0, 1}, 0}};
+    const Shape shape{37, 16};
+    for (const Operand& a : as) {
+      for (const Operand& b : bs) {
+        SCOPED_TRACE(cat(a.name, " + ", b.name, " ", dtype_name(t)));
+        const Shape a_shape = a.offset == 48 * 5 ? Shape{32, 16} : shape;
+        const Shape b_shape = a_shape;
+        Tensor la = gather(wide, a_shape, a.strides, a.offset);
+        Tensor lb = gather(other, b_shape, b.strides, b.offset);
+        DeviceTensor da = h.view(wide, a_shape, a.strides, a.offset);
+        DeviceTensor db = h.view(other, b_shape, b.strides, b.offset);
+        const Tolerance tol = tolerance_for(t);
+        for (OpKind op : {OpKind::add, OpKind::mul}) {
+          const BuiltNode built = build_node(op, {}, {la, lb});
+          EXPECT_TRUE(all_close(h.run_device(binary, built, {&da, &db})[0],
+                                run_op(op, {}, {la, lb})[0], tol.rtol, tol.atol))
+              << op_name(op);
+        }
+        const BuiltNode built = build_node(OpKind::gelu, {}, {la});
+        EXPECT_TRUE(all_close(h.run_device(unary, built, {&da})[0],
+                              run_op(OpKind::gelu, {}, {la})[0], tol.rtol, tol.atol));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusebox::cuda::testing
