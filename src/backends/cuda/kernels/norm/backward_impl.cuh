@@ -6,6 +6,7 @@
 
 #include <cooperative_groups.h>
 
+#include <optional>
 #include <string>
 
 #include "backends/cuda/kernels.h"
@@ -139,22 +140,21 @@ void norm_backward(Context& ctx, const std::string& where, const BackwardTensors
 // empty buffer for a gradient not wanted): one per block of the register and staged paths,
 // one per chunk of rows on the long-row path.
 struct PartialRows {
-  DeviceBuffer scale, bias;
+  std::optional<BufferRange> scale, bias;
   int64_t parts = 0;
 };
 
-// Allocates the partial rows of the wanted gradients (temporaries of the encoder) and
-// points `args` at them.
+// Takes the partial rows of the wanted gradients as temporaries of the node (its arena gap,
+// or the encoder's shared overflow buffer) and points `args` at them.
 template <class T, class S>
 PartialRows make_partial_rows(Context& ctx, const BackwardTensors& b, int64_t parts,
                               BackwardArgs<T, S>& args) {
   PartialRows p;
   p.parts = parts;
   const size_t bytes = size_t(parts * args.cols) * sizeof(S);
-  auto make = [&](DeviceBuffer& buffer, S*& pointer) {
-    buffer = ctx.allocator.allocate(bytes);
-    ctx.encoder.add_temporary(buffer);
-    pointer = buffer.as<S>();
+  auto make = [&](std::optional<BufferRange>& range, S*& pointer) {
+    range = ctx.encoder.temporary(ctx.allocator, bytes);
+    pointer = static_cast<S*>(range->data());
   };
   if (b.dscale) make(p.scale, args.partial_scale);
   if (b.dbias) make(p.bias, args.partial_bias);
@@ -166,8 +166,8 @@ template <class S>
 BufferList partial_ranges(const PartialRows& p, int64_t cols) {
   BufferList list;
   const size_t bytes = size_t(p.parts * cols) * sizeof(S);
-  for (const DeviceBuffer* buffer : {&p.scale, &p.bias})
-    if (*buffer) list.push_back(BufferRange(*buffer, 0, bytes));
+  for (const std::optional<BufferRange>* range : {&p.scale, &p.bias})
+    if (*range) list.push_back(BufferRange((*range)->buffer, (*range)->offset, bytes));
   return list;
 }
 

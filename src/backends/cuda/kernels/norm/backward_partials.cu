@@ -119,20 +119,21 @@ void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTen
   const int64_t parts = p.parts;
   const size_t bytes = size_t(parts * cols) * sizeof(A);
   const DeviceProperties& props = ctx.device.properties();
-  auto sum = [&](DeviceTensor* out0, const DeviceBuffer* part0, DeviceTensor* out1,
-                 const DeviceBuffer* part1) {
+  auto sum = [&](DeviceTensor* out0, const BufferRange* part0, DeviceTensor* out1,
+                 const BufferRange* part1) {
+    auto rows_of = [](const BufferRange* part) { return static_cast<const A*>(part->data()); };
     // Whole 128-byte lines per 32 columns of every partial row.
     bool discard = norm_variant().discard_partials && std::is_same_v<A, float> && cols % 32 == 0;
     // 16-byte loads where every row starts 16-byte aligned.
     bool vectors = std::is_same_v<A, float> && cols % 4 == 0;
-    for (const DeviceBuffer* part : {part0, part1}) {
+    for (const BufferRange* part : {part0, part1}) {
       if (!part) continue;
-      discard = discard && is_aligned(part->as<const A>(), 128);
-      vectors = vectors && is_aligned(part->as<const A>(), 16);
+      discard = discard && is_aligned(rows_of(part), 128);
+      vectors = vectors && is_aligned(rows_of(part), 16);
     }
     BufferList partials, outs;
-    for (const DeviceBuffer* part : {part0, part1})
-      if (part) partials.push_back(BufferRange(*part, 0, bytes));
+    for (const BufferRange* part : {part0, part1})
+      if (part) partials.push_back(BufferRange(part->buffer, part->offset, bytes));
     for (DeviceTensor* out : {out0, out1})
       if (out) outs.push_back(out->range());
     // Discarding makes the partials' contents undefined: a write as far as ordering goes.
@@ -150,12 +151,11 @@ void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTen
     visit_device_dtype((out0 ? out0 : out1)->dtype, [&](auto tag) {
       using O = decltype(tag);
       if constexpr (is_float_v<O>) {
-        PartialSums<A, O> s{
-            {part0 ? part0->as<const A>() : nullptr, part1 ? part1->as<const A>() : nullptr},
-            {out0 ? out0->as<O>() : nullptr, out1 ? out1->as<O>() : nullptr},
-            parts,
-            cols,
-            discard};
+        PartialSums<A, O> s{{part0 ? rows_of(part0) : nullptr, part1 ? rows_of(part1) : nullptr},
+                            {out0 ? out0->as<O>() : nullptr, out1 ? out1->as<O>() : nullptr},
+                            parts,
+                            cols,
+                            discard};
         const dim3 grid(column_blocks, outputs), block(32, unsigned(slices));
         if constexpr (std::is_same_v<A, float>) {
           if (vectors) {
@@ -167,12 +167,17 @@ void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTen
       }
     });
   };
+  // A wanted gradient has its partial rows (make_partial_rows).
+  const BufferRange* scale = p.scale ? &*p.scale : nullptr;
+  const BufferRange* bias = p.bias ? &*p.bias : nullptr;
+  FUSEBOX_CHECK((!dscale || scale) && (!dbias || bias), "norm backward",
+                "a wanted parameter gradient has no partial rows");
   if (dscale && dbias && dscale->dtype == dbias->dtype) {
-    sum(dscale, &p.scale, dbias, &p.bias);
+    sum(dscale, scale, dbias, bias);
     return;
   }
-  if (dscale) sum(dscale, &p.scale, nullptr, nullptr);
-  if (dbias) sum(dbias, &p.bias, nullptr, nullptr);
+  if (dscale) sum(dscale, scale, nullptr, nullptr);
+  if (dbias) sum(dbias, bias, nullptr, nullptr);
 }
 
 template void finish_partials<float>(Context&, const PartialRows&, int64_t, DeviceTensor*,

@@ -153,13 +153,15 @@ struct Reduction {
                          chunk_len, identity, divide_by, op);
       return;
     }
-    DeviceBuffer partials = ctx.allocator.allocate(size_t(rows * used_chunks) * sizeof(Acc));
-    ctx.encoder.add_temporary(partials);
+    // A temporary of the node (its arena gap, or the encoder's shared overflow buffer).
+    const BufferRange partials =
+        ctx.encoder.temporary(ctx.allocator, size_t(rows * used_chunks) * sizeof(Acc));
+    Acc* const partial = static_cast<Acc*>(partials.data());
     auto kernel = vec ? reduce_rows_block<true, In, Acc, Op, Acc>
                       : reduce_rows_block<false, In, Acc, Op, Acc>;
-    ctx.encoder.launch(kernel, grid, kRowBlockThreads, 0, reads, BufferList{partials}, x,
-                       partials.as<Acc>(), rows, len, chunk_len, identity, int64_t(0), op);
-    this->rows(partials.as<Acc>(), partials, y, y_range, rows, used_chunks, divide_by);
+    ctx.encoder.launch(kernel, grid, kRowBlockThreads, 0, reads, BufferList{partials}, x, partial,
+                       rows, len, chunk_len, identity, int64_t(0), op);
+    this->rows(partial, partials, y, y_range, rows, used_chunks, divide_by);
   }
 
   // y[o, i] for x [outer, len, inner] (contiguous from x).
@@ -183,12 +185,13 @@ struct Reduction {
                          std::max<int64_t>(len, 1), identity, divide_by, op);
       return;
     }
-    DeviceBuffer partials = ctx.allocator.allocate(size_t(outer * chunks * inner) * sizeof(Acc));
-    ctx.encoder.add_temporary(partials);
+    const BufferRange partials =
+        ctx.encoder.temporary(ctx.allocator, size_t(outer * chunks * inner) * sizeof(Acc));
+    Acc* const partial = static_cast<Acc*>(partials.data());
     ctx.encoder.launch(reduce_columns<In, Acc, Op, Acc>, grid, block, 0, BufferList{x_range},
-                       BufferList{partials}, x, partials.as<Acc>(), outer, len, inner, chunk_len,
-                       identity, int64_t(0), op);
-    columns(partials.as<Acc>(), partials, y, y_range, outer, chunks, inner, divide_by);
+                       BufferList{partials}, x, partial, outer, len, inner, chunk_len, identity,
+                       int64_t(0), op);
+    columns(partial, partials, y, y_range, outer, chunks, inner, divide_by);
   }
 };
 
