@@ -292,9 +292,11 @@ int bench(const BenchArgs& args) {
             << "host time per step    " << fixed(f.host_us_per_step, 1) << " us\n"
             << "peak device memory    "
             << (device == Device::cuda ? mib(f.peak_bytes) : std::string("n/a (cpu)")) << "\n"
-            << "memory plan           arena " << mib(f.exe.arena_bytes) << " (unshared "
-            << mib(f.exe.unshared_bytes) << "), inputs/outputs " << mib(f.exe.io_bytes)
-            << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
+            << "memory plan           arena " << mib(f.exe.arena_bytes)
+            << (f.exe.peak_live_bytes ? " (live at once at most " + mib(f.exe.peak_live_bytes) + ")"
+                                      : std::string())
+            << " (unshared " << mib(f.exe.unshared_bytes) << "), inputs/outputs "
+            << mib(f.exe.io_bytes) << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
             << mib(f.exe.temporary_bytes) << ", " << f.exe.views
             << " views (layout ops read through: no copy)\n";
   if (!f.exe.temporary_holders.empty()) {

@@ -490,6 +490,10 @@ int train(const TrainArgs& args) {
   // one-time work: graph instantiation, the allocator's first blocks) to the last one's.
   const int64_t settled = first + std::min<int64_t>(10, args.steps / 5);
   std::optional<std::chrono::steady_clock::time_point> settled_at;
+  // The host's time making the batches (drawing, gathering, casting) against the time per
+  // step: where data takes most of a step, the data is the bottleneck, not the device.
+  double data_seconds = 0;
+  int64_t data_batches = 0;
   auto report = [&](bool wait) {
     while (!losses.empty() && (wait || losses.front().second.ready())) {
       const auto [step, pending] = losses.front();
@@ -505,10 +509,14 @@ int train(const TrainArgs& args) {
                     " (is the learning rate too high?)");
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double steps_done = double(step - first + 1);
       if (rank == 0)
-        progress.update(step, cat("loss ", fixed(loss, 4), "  ",
-                                  fixed(double((step - first + 1) * batch * world) / seconds, 1),
-                                  " ", unit, "/s"));
+        progress.update(
+            step,
+            cat("loss ", fixed(loss, 4), "  ",
+                fixed(steps_done * double(batch * world) / seconds, 1), " ", unit, "/s  step ",
+                fixed(1000 * seconds / steps_done, 2), " ms, data ",
+                fixed(1000 * data_seconds / double(std::max<int64_t>(1, data_batches)), 2), " ms"));
     }
   };
   if (!stop_signals) stop_signals.emplace();
@@ -532,11 +540,20 @@ int train(const TrainArgs& args) {
   auto take_step = [&] {
     const int64_t taking = session.step_count() + 1;  // the step being queued
     const int64_t index = shard_batch_index(session.step_count(), rank, world);
+    const auto drawing = std::chrono::steady_clock::now();
+    auto data_done = [&] {
+      data_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - drawing).count();
+      ++data_batches;
+    };
     if (device_batches.active()) {
-      losses.emplace_back(taking, session.step_async(device_batches.batch(index)));
+      const Feeds& feeds = device_batches.batch(index);
+      data_done();
+      losses.emplace_back(taking, session.step_async(feeds));
     } else {
       auto [x, y] = batches.batch(index);
       if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
+      data_done();
       losses.emplace_back(taking, session.step_async(NamedTensors{{input.name, x}, {"labels", y}}));
     }
     const int64_t step = session.step_count();

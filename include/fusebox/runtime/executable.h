@@ -152,9 +152,12 @@ struct CompileOptions {
 struct ExecutableStats {
   double compile_seconds = 0;
   size_t nodes = 0;
-  size_t operations = 0;           // operations recorded (CUDA graph nodes)
-  size_t arena_bytes = 0;          // intermediates, sharing by liveness
-  size_t unshared_bytes = 0;       // the same intermediates each in a buffer of its own
+  size_t operations = 0;      // operations recorded (CUDA graph nodes)
+  size_t arena_bytes = 0;     // intermediates, sharing by liveness
+  size_t unshared_bytes = 0;  // the same intermediates each in a buffer of its own
+  // CUDA: the most intermediate bytes live at one node (the arena's lower bound: the arena
+  // above it is what the packing of the values into one buffer leaves unused).
+  size_t peak_live_bytes = 0;
   size_t largest_value_bytes = 0;  // the largest intermediate
   std::string largest_value;       // its name
   size_t io_bytes = 0;             // inputs (unbound) and outputs the executable owns

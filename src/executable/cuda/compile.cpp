@@ -106,6 +106,7 @@ void CudaExecutable::plan_memory_and_buffers() {
   if (options_.reuse_memory) gaps_ = free_gaps(graph_, life_, bytes, plan);
   stats_.arena_bytes = plan.arena_bytes;
   stats_.unshared_bytes = plan.unshared_bytes;
+  stats_.peak_live_bytes = plan.peak_live_bytes;
   if (plan.largest != kNoValue) {
     stats_.largest_value = graph_.value(plan.largest).name;
     stats_.largest_value_bytes = bytes[size_t(plan.largest)];

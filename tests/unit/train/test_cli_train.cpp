@@ -126,6 +126,10 @@ TEST_F(CliTrain, SmallCnnLossFallsAndResumeContinues) {
   EXPECT_LT(losses.back(), losses.front() * 0.7) << r.out;
   EXPECT_TRUE(contains(r.out, "trained 20 steps (1 to 20)")) << r.out;
   EXPECT_TRUE(contains(r.out, "images/s")) << r.out;
+  // Each progress line: the time per step and the host's part of it making the batch.
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(step +20/20 .*step [0-9.]+ ms, data [0-9.]+ ms)")))
+      << r.out;
   EXPECT_TRUE(contains(r.out, "wrote checkpoint")) << r.out;
   EXPECT_EQ(load_checkpoint(path("c.npz")).step, 20);
 
