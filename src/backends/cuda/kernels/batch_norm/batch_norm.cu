@@ -434,18 +434,19 @@ Partials contiguous_stats(Context& ctx, const Geometry& g, const DeviceTensor& x
   using C = compute_t<T>;
   const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
-  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks) * sizeof(Moments<C>)), chunks};
-  ctx.encoder.add_temporary(p.buffer);
+  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(g.channels * chunks) * sizeof(Moments<C>)),
+             chunks};
   ctx.encoder.launch(&bn_stats<T>, dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
                      {x.range()}, {p.buffer}, x.as<const T>(), g.channels, g.inner, per_chunk,
-                     g.per_channel(), RowWalk::make(g.inner, kThreads), p.buffer.as<Moments<C>>());
+                     g.per_channel(), RowWalk::make(g.inner, kThreads),
+                     static_cast<Moments<C>*>(p.buffer.data()));
   return p;
 }
 
 // Stage 3 of the contiguous forward.
 template <class T>
 void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, const DeviceTensor& y,
-                      const DeviceBuffer& coef, bool relu, const DeviceTensor* residual) {
+                      const BufferRange& coef, bool relu, const DeviceTensor* residual) {
   using C = compute_t<T>;
   constexpr int W = kVecWidth<T>;
   BufferList reads = norm::ranges({&x, residual});
@@ -464,11 +465,11 @@ void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, co
     if (vector) {
       ctx.encoder.launch(&bn_apply<T, W, kRelu>, dim3(blocks), dim3(kThreads), 0, reads,
                          {y.range()}, x.as<const T>(), r, y.as<T>(), units, walk,
-                         coef.as<const Coefficients<C>>());
+                         static_cast<const Coefficients<C>*>(coef.data()));
     } else {
       ctx.encoder.launch(&bn_apply<T, 1, kRelu>, dim3(blocks), dim3(kThreads), 0, reads,
                          {y.range()}, x.as<const T>(), r, y.as<T>(), units, walk,
-                         coef.as<const Coefficients<C>>());
+                         static_cast<const Coefficients<C>*>(coef.data()));
     }
   });
 }
@@ -482,8 +483,8 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
   using C = compute_t<T>;
   const int64_t chunks = chunks_for(g, ctx.device.properties().sm_count);
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
-  Partials p{ctx.allocator.allocate(size_t(g.channels * chunks * 2) * sizeof(C)), chunks};
-  ctx.encoder.add_temporary(p.buffer);
+  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(g.channels * chunks * 2) * sizeof(C)),
+             chunks};
   with_relu(relu_y != nullptr, [&](auto fused) {
     ctx.encoder.launch(&bn_backward_sums<T, P, decltype(fused)::value>,
                        dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
@@ -491,7 +492,7 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
                        x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
                        saved_mean.as<const P>(), saved_inv_std.as<const P>(), g.channels, g.inner,
                        per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
-                       p.buffer.as<C>());
+                       static_cast<C*>(p.buffer.data()));
   });
   return p;
 }
@@ -500,7 +501,7 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
 template <class T>
 void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
                             const DeviceTensor& dy, const DeviceTensor* relu_y,
-                            const DeviceTensor& dx, const DeviceBuffer& coef) {
+                            const DeviceTensor& dx, const BufferRange& coef) {
   using C = compute_t<T>;
   const unsigned blocks = launch_blocks(g.total(), kThreads);
   BufferList reads = norm::ranges({&x, &dy, relu_y});
@@ -510,7 +511,7 @@ void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor&
                        reads, {dx.range()}, x.as<const T>(), dy.as<const T>(),
                        relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(), g.total(),
                        ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
-                       coef.as<const Coefficients<C>>());
+                       static_cast<const Coefficients<C>*>(coef.data()));
   });
 }
 
@@ -577,8 +578,8 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   visit_device_float(n, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
-    ctx.encoder.add_temporary(coef);
+    const BufferRange coef =
+        ctx.encoder.temporary(ctx.allocator, size_t(g.channels) * sizeof(Coefficients<C>));
     const BufferList params = norm::ranges({in[1], in[2], in[3], in[4]});
     // Stage 2 (or the inference coefficients) is the only forward kernel that reads or
     // writes the per-channel tensors.
@@ -590,7 +591,7 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
         ctx.encoder.launch(&bn_coefficients_inference<T, P>,
                            dim3(unsigned((g.channels + 127) / 128)), dim3(128), 0, params, {coef},
                            g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
-                           coef.as<Coefficients<C>>());
+                           static_cast<Coefficients<C>*>(coef.data()));
         return;
       }
       FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
@@ -606,29 +607,30 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
         BufferList reads = params;
         reads.push_back(partial.buffer);
         ctx.encoder.launch(&bn_finalize_training<T, P, C>, grid, block, 0, reads, writes,
-                           partial.buffer.as<const Moments<C>>(), chunks, g.channels, scale, bias,
-                           running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
-                           output(2), output(3), output(4), coef.as<Coefficients<C>>(),
+                           static_cast<const Moments<C>*>(partial.buffer.data()), chunks,
+                           g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
+                           attrs.momentum, output(1), output(2), output(3), output(4),
+                           static_cast<Coefficients<C>*>(coef.data()),
                            static_cast<Moments<double>*>(nullptr));
         return;
       }
       // Sync: this rank's triples, gathered from every rank, merged in rank order.
       const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * sizeof(Moments<double>));
-      ctx.encoder.launch(&bn_finalize_training<T, P, C>, grid, block, 0, {partial.buffer},
-                         {totals.own_range()}, partial.buffer.as<const Moments<C>>(), chunks,
-                         g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
-                         attrs.momentum, static_cast<P*>(nullptr), static_cast<P*>(nullptr),
-                         static_cast<P*>(nullptr), static_cast<P*>(nullptr),
-                         static_cast<Coefficients<C>*>(nullptr), totals.own<Moments<double>>());
+      ctx.encoder.launch(
+          &bn_finalize_training<T, P, C>, grid, block, 0, {partial.buffer}, {totals.own_range()},
+          static_cast<const Moments<C>*>(partial.buffer.data()), chunks, g.channels, scale, bias,
+          running_mean, running_var, attrs.epsilon, attrs.momentum, static_cast<P*>(nullptr),
+          static_cast<P*>(nullptr), static_cast<P*>(nullptr), static_cast<P*>(nullptr),
+          static_cast<Coefficients<C>*>(nullptr), totals.own<Moments<double>>());
       totals.gather(ctx);
       BufferList reads = params;
       reads.push_back(totals.whole());
-      ctx.encoder.launch(&bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
-                         static_cast<const Moments<double>*>(totals.buffer.data()),
-                         Entries{totals.ranks, 1, g.channels}, g.channels, scale, bias,
-                         running_mean, running_var, attrs.epsilon, attrs.momentum, output(1),
-                         output(2), output(3), output(4), coef.as<Coefficients<C>>(),
-                         static_cast<Moments<double>*>(nullptr));
+      ctx.encoder.launch(
+          &bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
+          static_cast<const Moments<double>*>(totals.buffer.data()),
+          Entries{totals.ranks, 1, g.channels}, g.channels, scale, bias, running_mean, running_var,
+          attrs.epsilon, attrs.momentum, output(1), output(2), output(3), output(4),
+          static_cast<Coefficients<C>*>(coef.data()), static_cast<Moments<double>*>(nullptr));
     });
     if (g.total() == 0) return;
     if (layout == Layout::channels_last)
@@ -675,8 +677,8 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       throw Error(where, cat("expects a floating-point x, got ", dtype_name(x.dtype)));
     } else {
       using C = compute_t<T>;
-      DeviceBuffer coef = ctx.allocator.allocate(size_t(g.channels) * sizeof(Coefficients<C>));
-      ctx.encoder.add_temporary(coef);
+      const BufferRange coef =
+          ctx.encoder.temporary(ctx.allocator, size_t(g.channels) * sizeof(Coefficients<C>));
       // Stages 1 and 2 read the per-channel tensors; stage 3 only the coefficients.
       visit_param_type<T>(x.dtype, param, [&](auto param_tag) {
         using P = decltype(param_tag);
@@ -696,30 +698,31 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
           if (!(sync && training)) {
             writes.push_back(coef);
             ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
-                               partial.buffer.as<const C>(), chunks, g.channels, g.per_channel(),
-                               training, scale.as<const P>(), saved_mean.as<const P>(),
-                               saved_inv_std.as<const P>(), dscale_out, dbias_out,
-                               coef.as<Coefficients<C>>(), static_cast<double*>(nullptr));
+                               static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
+                               g.per_channel(), training, scale.as<const P>(),
+                               saved_mean.as<const P>(), saved_inv_std.as<const P>(), dscale_out,
+                               dbias_out, static_cast<Coefficients<C>*>(coef.data()),
+                               static_cast<double*>(nullptr));
             return;
           }
           // Sync: this rank's sums are dscale and dbias; every rank's, gathered and summed in
           // rank order, make the coefficients (the shards have one shape: count * world).
           const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * 2 * sizeof(double));
           writes.push_back(totals.own_range());
-          ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
-                             partial.buffer.as<const C>(), chunks, g.channels, g.per_channel(),
-                             training, scale.as<const P>(), saved_mean.as<const P>(),
-                             saved_inv_std.as<const P>(), dscale_out, dbias_out,
-                             static_cast<Coefficients<C>*>(nullptr), totals.own<double>());
+          ctx.encoder.launch(
+              &bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+              static_cast<const C*>(partial.buffer.data()), chunks, g.channels, g.per_channel(),
+              training, scale.as<const P>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+              dscale_out, dbias_out, static_cast<Coefficients<C>*>(nullptr), totals.own<double>());
           totals.gather(ctx);
           reads[0] = totals.whole();
-          ctx.encoder.launch(&bn_backward_finalize<T, P, G, double>, grid, block, 0, reads, {coef},
-                             static_cast<const double*>(totals.buffer.data()),
-                             Entries{totals.ranks, 1, g.channels}, g.channels,
-                             g.per_channel() * totals.ranks, training, scale.as<const P>(),
-                             saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-                             static_cast<G*>(nullptr), static_cast<G*>(nullptr),
-                             coef.as<Coefficients<C>>(), static_cast<double*>(nullptr));
+          ctx.encoder.launch(
+              &bn_backward_finalize<T, P, G, double>, grid, block, 0, reads, {coef},
+              static_cast<const double*>(totals.buffer.data()),
+              Entries{totals.ranks, 1, g.channels}, g.channels, g.per_channel() * totals.ranks,
+              training, scale.as<const P>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+              static_cast<G*>(nullptr), static_cast<G*>(nullptr),
+              static_cast<Coefficients<C>*>(coef.data()), static_cast<double*>(nullptr));
         };
         if (grad_dtype == DType::f32)
           finalize(float{});

@@ -402,19 +402,19 @@ Partials channels_last_stats(Context& ctx, const DeviceTensor& x) {
   const Tiling t = tiling_for<T>(x, {&x});
   int64_t rows_per_chunk = 0;
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
-  Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * sizeof(Moments<C>)), grid.y};
-  ctx.encoder.add_temporary(p.buffer);
+  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * sizeof(Moments<C>)),
+             grid.y};
   with_width<T>(t, [&](auto width) {
     ctx.encoder.launch(&bn_cl_stats<T, decltype(width)::value>, grid, t.block, 0, {x.range()},
                        {p.buffer}, x.as<const T>(), t.rows, t.units, rows_per_chunk,
-                       p.buffer.as<Moments<C>>());
+                       static_cast<Moments<C>*>(p.buffer.data()));
   });
   return p;
 }
 
 template <class T>
 void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
-                         const DeviceBuffer& coef, bool relu, const DeviceTensor* residual) {
+                         const BufferRange& coef, bool relu, const DeviceTensor* residual) {
   using C = compute_t<T>;
   const Tiling t = tiling_for<T>(x, {&x, &y, residual});
   BufferList reads = norm::ranges({&x, residual});
@@ -424,7 +424,7 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
       ctx.encoder.launch(&bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>,
                          walk_grid(t), t.block, 0, reads, {y.range()}, x.as<const T>(),
                          residual ? residual->as<const T>() : nullptr, y.as<T>(), t.rows, t.units,
-                         coef.as<const Coefficients<C>>());
+                         static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }
@@ -437,8 +437,8 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
   const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y});
   int64_t rows_per_chunk = 0;
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
-  Partials p{ctx.allocator.allocate(size_t(t.channels) * grid.y * 2 * sizeof(C)), grid.y};
-  ctx.encoder.add_temporary(p.buffer);
+  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
+             grid.y};
   with_width<T>(t, [&](auto width) {
     with_relu(relu_y != nullptr, [&](auto fused) {
       ctx.encoder.launch(
@@ -446,7 +446,7 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
           0, norm::ranges({&x, &dy, relu_y, &saved_mean, &saved_inv_std}), {p.buffer},
           x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
           saved_mean.as<const P>(), saved_inv_std.as<const P>(), t.rows, t.units, rows_per_chunk,
-          p.buffer.as<C>());
+          static_cast<C*>(p.buffer.data()));
     });
   });
   return p;
@@ -455,7 +455,7 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
 template <class T>
 void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                                const DeviceTensor* relu_y, const DeviceTensor& dx,
-                               const DeviceBuffer& coef) {
+                               const BufferRange& coef) {
   using C = compute_t<T>;
   const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y, &dx});
   BufferList reads = norm::ranges({&x, &dy, relu_y});
@@ -465,7 +465,7 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
       ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(fused)::value>,
                          walk_grid(t), t.block, 0, reads, {dx.range()}, x.as<const T>(),
                          dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(),
-                         t.rows, t.units, coef.as<const Coefficients<C>>());
+                         t.rows, t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }
@@ -473,13 +473,13 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
 #define FUSEBOX_BN_CHANNELS_LAST(T)                                                              \
   template Partials channels_last_stats<T>(Context&, const DeviceTensor&);                       \
   template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
-                                       const DeviceBuffer&, bool, const DeviceTensor*);          \
+                                       const BufferRange&, bool, const DeviceTensor*);           \
   template Partials channels_last_backward_sums<T, T>(Context&, const DeviceTensor&,             \
                                                       const DeviceTensor&, const DeviceTensor*,  \
                                                       const DeviceTensor&, const DeviceTensor&); \
   template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
                                              const DeviceTensor*, const DeviceTensor&,           \
-                                             const DeviceBuffer&);
+                                             const BufferRange&);
 FUSEBOX_BN_CHANNELS_LAST(double)
 FUSEBOX_BN_CHANNELS_LAST(float)
 FUSEBOX_BN_CHANNELS_LAST(__half)

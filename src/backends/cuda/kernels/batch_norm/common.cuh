@@ -110,7 +110,7 @@ void with_relu(bool relu, F&& f) {
 // Stage 1's output: `buffer` holds, per channel c and chunk j, at c * chunks + j, a
 // Moments<C> (forward) or two C sums, dy then dy * x_hat (backward, at 2 (c * chunks + j)).
 struct Partials {
-  DeviceBuffer buffer;
+  BufferRange buffer;  // a temporary of the node (its arena gap, or the encoder's overflow)
   int64_t chunks = 0;
 };
 
@@ -125,7 +125,7 @@ template <class T>
 Partials channels_last_stats(Context& ctx, const DeviceTensor& x);
 template <class T>
 void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
-                         const DeviceBuffer& coef, bool relu, const DeviceTensor* residual);
+                         const BufferRange& coef, bool relu, const DeviceTensor* residual);
 template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                                      const DeviceTensor* relu_y, const DeviceTensor& saved_mean,
@@ -133,6 +133,6 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
 template <class T>
 void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
                                const DeviceTensor* relu_y, const DeviceTensor& dx,
-                               const DeviceBuffer& coef);
+                               const BufferRange& coef);
 
 }  // namespace fusebox::cuda::bn
