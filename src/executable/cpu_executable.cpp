@@ -142,6 +142,7 @@ class CpuExecutable final : public Executable {
     const MemoryPlan plan = plan_memory(graph_, life_, bytes, /*reuse=*/false);
     stats_.arena_bytes = plan.peak_live_bytes;  // the CPU's "arena": what a run holds at most
     stats_.unshared_bytes = plan.unshared_bytes;
+    note_peak(graph_, plan, bytes, stats_);
     if (plan.largest != kNoValue) {
       stats_.largest_value = graph_.value(plan.largest).name;
       stats_.largest_value_bytes = bytes[size_t(plan.largest)];

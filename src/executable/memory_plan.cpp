@@ -123,7 +123,12 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
     const int end = std::min<int>(t.end, int(g.nodes().size()));
     for (int i = std::max(t.begin, 0); i <= end; ++i) live[size_t(i)] += aligned(bytes[size_t(v)]);
   }
-  plan.peak_live_bytes = *std::max_element(live.begin(), live.end());
+  const auto peak = std::max_element(live.begin(), live.end());
+  plan.peak_live_bytes = *peak;
+  plan.peak_node = int(peak - live.begin());
+  for (ValueId v : values)  // largest first already
+    if (when[size_t(v)].begin <= plan.peak_node && plan.peak_node <= when[size_t(v)].end)
+      plan.peak_values.push_back(v);
   return plan;
 }
 
@@ -155,6 +160,18 @@ std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vect
     consider(plan.arena_bytes);
   }
   return gaps;
+}
+
+void note_peak(const Graph& g, const MemoryPlan& plan, const std::vector<size_t>& bytes,
+               ExecutableStats& stats) {
+  constexpr size_t kNamed = 8;
+  const bool at_a_node = plan.peak_node >= 0 && size_t(plan.peak_node) < g.nodes().size();
+  stats.peak_node = at_a_node ? g.nodes()[size_t(plan.peak_node)].name : "";
+  stats.peak_values.clear();
+  for (ValueId v : plan.peak_values) {
+    if (stats.peak_values.size() == kNamed) break;
+    stats.peak_values.emplace_back(g.value(v).name, bytes[size_t(v)]);
+  }
 }
 
 }  // namespace fusebox::runtime

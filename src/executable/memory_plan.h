@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fusebox/ir/graph.h"
+#include "fusebox/runtime/executable.h"
 
 namespace fusebox::runtime {
 
@@ -42,6 +43,10 @@ struct MemoryPlan {
   size_t arena_bytes = 0;      // the arena's size
   size_t unshared_bytes = 0;   // the planned values each in its own (aligned) buffer
   size_t peak_live_bytes = 0;  // the most (aligned) bytes live at one node: a lower bound
+  // Where that is: the node (the first such; nodes().size() for after the last one) and the
+  // planned values (views by their root) live there, the largest first.
+  int peak_node = -1;
+  std::vector<ValueId> peak_values;
   ValueId largest = kNoValue;  // the largest planned value
 };
 
@@ -66,5 +71,9 @@ std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vect
 MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
                        bool reuse, const std::vector<ValueId>& same_bytes = {},
                        const std::vector<size_t>& view_offset = {});
+
+// Fills stats' peak_node and peak_values from `plan` (`bytes` as given to plan_memory).
+void note_peak(const Graph& g, const MemoryPlan& plan, const std::vector<size_t>& bytes,
+               ExecutableStats& stats);
 
 }  // namespace fusebox::runtime

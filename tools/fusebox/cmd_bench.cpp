@@ -299,6 +299,17 @@ int bench(const BenchArgs& args) {
             << mib(f.exe.io_bytes) << ", constants " << mib(f.exe.constant_bytes) << ", workspaces "
             << mib(f.exe.temporary_bytes) << ", " << f.exe.views
             << " views (layout ops read through: no copy)\n";
+  if (!f.exe.peak_values.empty()) {
+    // What the intermediates' peak holds: the values a smaller peak has to do without.
+    std::cout << "intermediates' peak   at "
+              << (f.exe.peak_node.empty() ? std::string("the end")
+                                          : "node '" + f.exe.peak_node + "'")
+              << ", the largest live:";
+    for (size_t i = 0; i < f.exe.peak_values.size() && i < 4; ++i)
+      std::cout << (i ? ", " : " ") << f.exe.peak_values[i].first << " "
+                << mib(f.exe.peak_values[i].second);
+    std::cout << "\n";
+  }
   if (!f.exe.temporary_holders.empty()) {
     std::cout << "workspaces held by    ";
     for (size_t i = 0; i < f.exe.temporary_holders.size(); ++i)

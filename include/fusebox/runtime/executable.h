@@ -158,6 +158,11 @@ struct ExecutableStats {
   // CUDA: the most intermediate bytes live at one node (the arena's lower bound: the arena
   // above it is what the packing of the values into one buffer leaves unused).
   size_t peak_live_bytes = 0;
+  // Both: the node where the most intermediate bytes are live ("" after the last node), and
+  // the largest of the values live there (at most 8, by name, the largest first): what a
+  // smaller peak has to do without.
+  std::string peak_node;
+  std::vector<std::pair<std::string, size_t>> peak_values;
   size_t largest_value_bytes = 0;  // the largest intermediate
   std::string largest_value;       // its name
   size_t io_bytes = 0;             // inputs (unbound) and outputs the executable owns

@@ -107,6 +107,7 @@ void CudaExecutable::plan_memory_and_buffers() {
   stats_.arena_bytes = plan.arena_bytes;
   stats_.unshared_bytes = plan.unshared_bytes;
   stats_.peak_live_bytes = plan.peak_live_bytes;
+  note_peak(graph_, plan, bytes, stats_);
   if (plan.largest != kNoValue) {
     stats_.largest_value = graph_.value(plan.largest).name;
     stats_.largest_value_bytes = bytes[size_t(plan.largest)];

@@ -61,6 +61,45 @@ TEST(MemoryPlan, AChainPingPongsBetweenTwoBuffers) {
   EXPECT_EQ(plan.unshared_bytes, 40 * 4096u);
 }
 
+// The peak: the node where the most bytes are live, and exactly the values live there (the
+// largest first), adding up to peak_live_bytes; note_peak names them for ExecutableStats.
+TEST(MemoryPlan, NamesThePeakAndWhatIsLiveThere) {
+  const Graph model = build_zoo_model(
+      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .training = true});
+  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+  const Graph& g = session.step_graph();
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true);
+  ASSERT_GE(plan.peak_node, 0);
+  ASSERT_FALSE(plan.peak_values.empty());
+  size_t sum = 0, previous = SIZE_MAX;
+  auto aligned = [](size_t b) {
+    return (b + MemoryPlan::kAlignment - 1) / MemoryPlan::kAlignment * MemoryPlan::kAlignment;
+  };
+  for (ValueId v : plan.peak_values) {
+    EXPECT_LE(life.first[size_t(v)], plan.peak_node) << g.value(v).name;
+    EXPECT_GE(std::max(life.first[size_t(v)], life.last[size_t(v)]), plan.peak_node)
+        << g.value(v).name;
+    EXPECT_LE(bytes[size_t(v)], previous);
+    previous = bytes[size_t(v)];
+    sum += aligned(bytes[size_t(v)]);
+  }
+  EXPECT_EQ(sum, plan.peak_live_bytes);
+  // Every planned value live at the peak node is listed.
+  size_t live_there = 0;
+  for (size_t v = 0; v < bytes.size(); ++v)
+    live_there += bytes[v] > 0 && life.first[v] <= plan.peak_node &&
+                  std::max(life.first[v], life.last[v]) >= plan.peak_node;
+  EXPECT_EQ(live_there, plan.peak_values.size());
+  ExecutableStats stats;
+  runtime::note_peak(g, plan, bytes, stats);
+  EXPECT_EQ(stats.peak_node, g.nodes()[size_t(plan.peak_node)].name);
+  ASSERT_EQ(stats.peak_values.size(), std::min<size_t>(8, plan.peak_values.size()));
+  EXPECT_EQ(stats.peak_values[0].first, g.value(plan.peak_values[0]).name);
+  EXPECT_EQ(stats.peak_values[0].second, bytes[size_t(plan.peak_values[0])]);
+}
+
 TEST(MemoryPlan, ResNet18TrainingStepSharesSafelyAndNearTheBound) {
   const Graph model = build_zoo_model(
       "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .training = true});

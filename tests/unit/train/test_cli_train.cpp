@@ -542,7 +542,7 @@ TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
                             json, "'"));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     for (const char* figure : {"compile (first step)", "images/s", "ms/step", "host time per step",
-                               "peak device memory"})
+                               "peak device memory", "intermediates' peak   at node '"})
       EXPECT_TRUE(contains(r.out, figure)) << mode << ": " << r.out;
     const std::string text = slurp(json);
     for (const char* key : {"\"compile_s\"", "\"images_per_s\"", "\"step_ms_median\"",
