@@ -61,13 +61,17 @@ TEST(MemoryPlan, AChainPingPongsBetweenTwoBuffers) {
   EXPECT_EQ(plan.unshared_bytes, 40 * 4096u);
 }
 
+// A small ResNet-18's SGD training step graph (batch 2, 32x32, 10 classes).
+Graph resnet18_step() {
+  const Graph model = build_zoo_model(
+      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .training = true});
+  return TrainingSession(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9}).step_graph();
+}
+
 // The peak: the node where the most bytes are live, and exactly the values live there (the
 // largest first), adding up to peak_live_bytes; note_peak names them for ExecutableStats.
 TEST(MemoryPlan, NamesThePeakAndWhatIsLiveThere) {
-  const Graph model = build_zoo_model(
-      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .training = true});
-  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
-  const Graph& g = session.step_graph();
+  const Graph g = resnet18_step();
   const auto life = runtime::liveness(g);
   const auto bytes = intermediate_bytes(g);
   const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true);
@@ -101,10 +105,7 @@ TEST(MemoryPlan, NamesThePeakAndWhatIsLiveThere) {
 }
 
 TEST(MemoryPlan, ResNet18TrainingStepSharesSafelyAndNearTheBound) {
-  const Graph model = build_zoo_model(
-      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .training = true});
-  TrainingSession session(model, LossSpec{}, SgdOptions{.lr = 0.1, .momentum = 0.9});
-  const Graph& g = session.step_graph();
+  const Graph g = resnet18_step();
   const auto life = runtime::liveness(g);
   const auto bytes = intermediate_bytes(g);
   const MemoryPlan shared = runtime::plan_memory(g, life, bytes, true);

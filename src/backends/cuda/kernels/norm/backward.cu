@@ -468,7 +468,7 @@ void launch_backward(Context& ctx, const BackwardTensors& b, int64_t rows, int64
       const norm::PartialRows partials =
           norm::make_partial_rows(ctx, b, plan.grid / plan.cluster, args);
       BufferList writes = norm::ranges({&b.dx});
-      for (const BufferRange& r : norm::partial_ranges<S>(partials, cols)) writes.push_back(r);
+      for (const BufferRange& r : norm::partial_ranges(partials)) writes.push_back(r);
       ctx.encoder.launch(kernel.fn, dim3(plan.grid), dim3(plan.block), plan.shared_bytes, reads,
                          writes, args);
       norm::finish_partials<S>(ctx, partials, cols, b.dscale, b.dbias);

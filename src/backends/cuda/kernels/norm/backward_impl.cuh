@@ -162,12 +162,10 @@ PartialRows make_partial_rows(Context& ctx, const BackwardTensors& b, int64_t pa
 }
 
 // The byte ranges of the partial rows (what a kernel that writes them declares).
-template <class S>
-BufferList partial_ranges(const PartialRows& p, int64_t cols) {
+inline BufferList partial_ranges(const PartialRows& p) {
   BufferList list;
-  const size_t bytes = size_t(p.parts * cols) * sizeof(S);
   for (const std::optional<BufferRange>* range : {&p.scale, &p.bias})
-    if (*range) list.push_back(BufferRange((*range)->buffer, (*range)->offset, bytes));
+    if (*range) list.push_back(**range);
   return list;
 }
 

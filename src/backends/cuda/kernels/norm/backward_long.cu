@@ -106,7 +106,7 @@ void launch_long_backward(Context& ctx, const BackwardTensors& b, BackwardArgs<T
   const PartialRows partials = make_partial_rows(ctx, b, chunks, args);
   ctx.encoder.launch(&norm_backward_long_params<T, kCentre>,
                      dim3(unsigned(column_blocks), unsigned(chunks)), dim3(32, 8), 0, reads,
-                     partial_ranges<S>(partials, cols), args, rows_per_chunk);
+                     partial_ranges(partials), args, rows_per_chunk);
   finish_partials<S>(ctx, partials, cols, b.dscale, b.dbias);
 }
 

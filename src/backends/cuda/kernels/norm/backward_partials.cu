@@ -117,7 +117,6 @@ template <class A>
 void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTensor* dscale,
                      DeviceTensor* dbias) {
   const int64_t parts = p.parts;
-  const size_t bytes = size_t(parts * cols) * sizeof(A);
   const DeviceProperties& props = ctx.device.properties();
   auto sum = [&](DeviceTensor* out0, const BufferRange* part0, DeviceTensor* out1,
                  const BufferRange* part1) {
@@ -133,7 +132,7 @@ void finish_partials(Context& ctx, const PartialRows& p, int64_t cols, DeviceTen
     }
     BufferList partials, outs;
     for (const BufferRange* part : {part0, part1})
-      if (part) partials.push_back(BufferRange(part->buffer, part->offset, bytes));
+      if (part) partials.push_back(*part);
     for (DeviceTensor* out : {out0, out1})
       if (out) outs.push_back(out->range());
     // Discarding makes the partials' contents undefined: a write as far as ordering goes.
