@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "fusebox/passes/fuse_pointwise.h"
+#include "fusebox/passes/rematerialize.h"
 #include "fusebox/passes/simplify.h"
 
 namespace fusebox {
@@ -139,6 +140,12 @@ Pipeline training_forward_pipeline(Precision precision) {
 Pipeline training_step_pipeline(bool step_fusion) {
   std::vector<Pass> passes = {pass("concat_slice_gradients", concat_slice_gradients)};
   if (step_fusion) {
+    // First, on the step as autodiff wrote it: the forward's elementwise values the backward
+    // reads are computed again there from what it keeps anyway (x * sigmoid(x) keeps x, not
+    // the gate too); the copies then fuse into the backward's kernels below.
+    passes.push_back(pass("rematerialize_pointwise", [](Graph& g, FusionLog* log) {
+      return rematerialize_pointwise(g, log);
+    }));
     // As for inference, on the forward's norms (their statistics outputs are kept): the
     // narrowing cast of a norm's y moved above the layout ops to be its reader, then taken
     // into the norm (it writes the low dtype, as the cast rounded it).

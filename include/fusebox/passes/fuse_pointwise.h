@@ -46,4 +46,9 @@ namespace fusebox {
 // `g` is untouched when that is 0.
 size_t fuse_pointwise_chains(Graph& g, FusionLog* log = nullptr);
 
+// Whether node `n` of `g` may be a member of a group: a unary or binary pointwise op or a cast,
+// on float values only (pow's exponent included; an integer one stays an unfused pow), one
+// output; not a fused_pointwise node.
+bool is_pointwise_member(const Graph& g, const Node& n);
+
 }  // namespace fusebox

@@ -15,9 +15,10 @@
 //                      fusions and attention with its lse output, which the gradient rules read;
 //   training_step      the whole step after autodiff (forward, backward, updates): the
 //                      gradients of concatenated slices as one concat; then (step_fusion)
-//                      the norms' narrowing casts folded and the pointwise chains (a gemm's
-//                      output cast and added to an f32 residual, the backward's chains:
-//                      nothing differentiates the step again);
+//                      the forward's elementwise values the backward reads recomputed there
+//                      (passes/rematerialize.h), the norms' narrowing casts folded and the
+//                      pointwise chains (a gemm's output cast and added to an f32 residual,
+//                      the backward's chains: nothing differentiates the step again);
 //   evaluation         a training session's eval graph: mixed precision and the batch-norm
 //                      and attention fusions.
 //

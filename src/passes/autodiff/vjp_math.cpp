@@ -48,6 +48,7 @@ Grads vjp_unary(VjpArgs& a) {
 // Binary ops broadcast, so each operand's gradient (taken at the output's shape) is
 // summed back to the operand's shape.
 //   add: da = dy, db = dy;  sub: da = dy, db = -dy;  mul: da = dy * b, db = dy * a;
+//   div by what needs no gradient: da = dy / b;
 //   div, max, min, pow: (da, db) = binary_backward(dy, a, b).
 Grads vjp_binary(VjpArgs& a) {
   Emitter& e = a.e;
@@ -62,6 +63,10 @@ Grads vjp_binary(VjpArgs& a) {
   } else if (op == OpKind::mul) {
     if (a.needs_input(0)) d0 = e.mul(dy, x1);
     if (a.needs_input(1)) d1 = x0 == x1 ? d0 : e.mul(dy, x0);  // x * x: one product, twice
+  } else if (op == OpKind::div && !a.needs_input(1)) {
+    // A quotient by what needs no gradient (x / 6, q / sqrt(d)): da = dy / b alone, an
+    // elementwise op the backward's chains fuse, reading b only (a need not be kept).
+    d0 = e.op1(OpKind::div, {}, {dy, x1}, "div");
   } else {
     // div, max, min, pow
     const std::vector<ValueId> both =

@@ -11,16 +11,14 @@
 
 namespace fusebox {
 
-namespace {
-
-// A node a group may hold: a pointwise op or a cast, on float values only (pow's exponent
-// included; an integer one stays an unfused pow).
-bool fusible(const Graph& g, const Node& n) {
+bool is_pointwise_member(const Graph& g, const Node& n) {
   if (n.op == OpKind::fused_pointwise || !is_pointwise_program_op(n.op)) return false;
   for (ValueId v : n.inputs)
     if (v == kNoValue || !is_floating(g.value(v).type.dtype)) return false;
   return n.outputs.size() == 1 && is_floating(g.value(n.outputs[0]).type.dtype);
 }
+
+namespace {
 
 bool broadcasts_to(const Shape& s, const Shape& to) {
   Shape b;
@@ -41,7 +39,7 @@ class Finder {
         group_of_(g.nodes().size(), -1),
         fusible_(g.nodes().size(), false) {
     for (const Node& n : g.nodes()) {
-      fusible_[size_t(n.id)] = fusible(g, n);
+      fusible_[size_t(n.id)] = is_pointwise_member(g, n);
       for (ValueId v : n.inputs)
         if (v != kNoValue) readers_[size_t(v)].push_back(n.id);
     }

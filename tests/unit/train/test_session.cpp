@@ -215,14 +215,17 @@ int norms_writing_low(const Graph& g) {
 // The step's fusions after autodiff (passes/pipeline.h training_step: the norms' casts, the
 // pointwise chains of the forward and the backward) change no bit: the GPT-2 decoder in bf16
 // (its layer norms writing bf16, the casts of its products into the f32 residual adds,
-// gelu's chain) and small_cnn in f32 train step for step as with every op its own node.
+// gelu's chain), MobileNetV3-Small in bf16 (its HardSwish and squeeze-and-excitation gates
+// computed again in the backward) and small_cnn in f32 train step for step as with every op
+// its own node.
 TEST(TrainSession, StepFusionsTrainBitForBitAsUnfused) {
   struct Case {
     const char* name;
     Graph model;
     OptimizerSpec optimizer;
     Precision precision;
-    bool tokens;  // gpt2_test's batches, else images
+    bool tokens;              // gpt2_test's batches, else images
+    bool recomputes = false;  // gates the backward computes again (passes/rematerialize.h)
   };
   const Case cases[] = {
       {"gpt2_test bf16",
@@ -233,6 +236,10 @@ TEST(TrainSession, StepFusionsTrainBitForBitAsUnfused) {
        AdamWOptions{.lr = 1e-3}, Precision::bf16, false},
       {"small_cnn f32", small_cnn(4, 8), SgdOptions{.lr = 0.05, .momentum = 0.9}, Precision::f32,
        false},
+      {"mobilenet_v3_small bf16",
+       build_zoo_model("mobilenet_v3_small",
+                       {.batch = 4, .image_size = 16, .num_classes = 4, .seed = 4}),
+       SgdOptions{.lr = 0.05, .momentum = 0.9}, Precision::bf16, false, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -242,7 +249,14 @@ TEST(TrainSession, StepFusionsTrainBitForBitAsUnfused) {
     EXPECT_GT(count_ops(fused.step_graph(), OpKind::fused_pointwise), 0);
     EXPECT_EQ(count_ops(unfused.step_graph(), OpKind::fused_pointwise), 0);
     EXPECT_LE(fused.step_graph().nodes().size(), unfused.step_graph().nodes().size());
-    if (c.precision == Precision::bf16) {
+    const auto recomputed = [](const Graph& g) {
+      return std::count_if(g.nodes().begin(), g.nodes().end(), [](const Node& n) {
+        return n.name.find("/recompute") != std::string::npos;
+      });
+    };
+    EXPECT_EQ(recomputed(fused.step_graph()) > 0, c.recomputes);
+    EXPECT_EQ(recomputed(unfused.step_graph()), 0);
+    if (c.precision == Precision::bf16 && count_ops(unfused.step_graph(), OpKind::layer_norm) > 0) {
       EXPECT_LT(fused.step_graph().nodes().size(), unfused.step_graph().nodes().size());
       EXPECT_LT(count_ops(fused.step_graph(), OpKind::cast),
                 count_ops(unfused.step_graph(), OpKind::cast));

@@ -1,0 +1,165 @@
+// rematerialize_pointwise (passes/rematerialize.h): values are looked at latest producer first;
+// each gets a plan (the elementwise chain to copy before its first late reader, and what the
+// leaves' longer lives cost) priced against the span the value no longer lives. An accepted
+// plan is applied by one rebuild before the next value is looked at: the copies go after the
+// value's producer, so the positions of every node still to be looked at are unchanged.
+#include "fusebox/passes/rematerialize.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "fusebox/passes/fuse_pointwise.h"
+#include "passes/rewrite/graph_rewriter.h"
+
+namespace fusebox {
+namespace {
+
+double bytes(const Graph& g, ValueId v) {
+  const TensorType& t = g.value(v).type;
+  return double(numel(t.shape)) * double(dtype_size(t.dtype));
+}
+
+// Where the copies go and which nodes they copy (in node order, the value's producer last).
+struct Plan {
+  NodeId before = -1;
+  std::vector<NodeId> chain;
+};
+
+class Planner {
+ public:
+  Planner(const Graph& g, const RematerializeOptions& options)
+      : g_(g), options_(options), readers_(g.values().size()), pinned_(g.values().size(), false) {
+    for (const Node& n : g.nodes())
+      for (ValueId v : n.inputs)
+        if (v != kNoValue) readers_[size_t(v)].push_back(n.id);  // ascending: nodes in order
+    for (ValueId v : g.inputs()) pinned_[size_t(v)] = true;
+    for (ValueId v : g.outputs()) pinned_[size_t(v)] = true;
+    for (const auto& [v, tensor] : g.constants()) pinned_[size_t(v)] = true;
+  }
+
+  std::optional<Plan> plan(ValueId v) const {
+    const std::vector<NodeId>& r = readers_[size_t(v)];
+    if (pinned_[size_t(v)] || r.empty()) return std::nullopt;
+    // The widest gap between consecutive uses (the producer first): the forward's readers
+    // before it, the backward's after.
+    NodeId previous = g_.value(v).producer, widest = 0;
+    size_t split = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (r[i] - previous > widest) {
+        widest = r[i] - previous;
+        split = i;
+      }
+      previous = r[i];
+    }
+    if (size_t(widest) < options_.min_gap) return std::nullopt;
+    Plan plan{.before = r[split], .chain = {}};
+    std::set<ValueId> provided;
+    const std::optional<double> cost = recompute(v, plan.before, plan.chain, provided);
+    if (!cost || *cost >= bytes(g_, v) * double(widest)) return std::nullopt;
+    // Copies that a late reader cannot take into its generated kernel (it is not elementwise)
+    // are a pass over memory of their own: made for a large widening cast only.
+    const bool fused = std::all_of(r.begin() + std::ptrdiff_t(split), r.end(),
+                                   [&](NodeId n) { return is_pointwise_member(g_, g_.node(n)); });
+    if (!fused && !large_widening_cast(v, plan)) return std::nullopt;
+    std::sort(plan.chain.begin(), plan.chain.end());
+    return plan;
+  }
+
+ private:
+  bool large_widening_cast(ValueId v, const Plan& plan) const {
+    if (plan.chain.size() != 1) return false;
+    const Node& cast = g_.node(plan.chain[0]);
+    return cast.op == OpKind::cast && bytes(g_, cast.inputs[0]) < bytes(g_, v) &&
+           bytes(g_, v) >= double(options_.min_unfused_bytes);
+  }
+
+  bool live_at(ValueId u, NodeId at) const {
+    const std::vector<NodeId>& r = readers_[size_t(u)];
+    return pinned_[size_t(u)] || (!r.empty() && r.back() >= at);
+  }
+
+  // The cost of computing u again before node `at` (its producer's copy added to `chain`, and
+  // what its inputs need); none where its producer is not elementwise or the chain is full.
+  std::optional<double> recompute(ValueId u, NodeId at, std::vector<NodeId>& chain,
+                                  std::set<ValueId>& provided) const {
+    const NodeId p = g_.value(u).producer;
+    if (p < 0 || !is_pointwise_member(g_, g_.node(p)) || chain.size() >= options_.max_chain)
+      return std::nullopt;
+    chain.push_back(p);
+    double cost = 0;
+    for (ValueId in : g_.node(p).inputs)
+      if (provided.insert(in).second) cost += provide(in, at, chain, provided);
+    return cost;
+  }
+
+  // The cost of having u at node `at`: nothing where it is live there anyway; else the cheaper
+  // of keeping it alive until then (its bytes times the span added) and computing it again.
+  double provide(ValueId u, NodeId at, std::vector<NodeId>& chain,
+                 std::set<ValueId>& provided) const {
+    if (live_at(u, at)) return 0;
+    const std::vector<NodeId>& r = readers_[size_t(u)];
+    const double keep = bytes(g_, u) * double(at - r.back());
+    std::vector<NodeId> longer = chain;
+    std::set<ValueId> longer_provided = provided;
+    const std::optional<double> again = recompute(u, at, longer, longer_provided);
+    if (again && *again < keep) {
+      chain = std::move(longer);
+      provided = std::move(longer_provided);
+      return *again;
+    }
+    return keep;
+  }
+
+  const Graph& g_;
+  const RematerializeOptions& options_;
+  std::vector<std::vector<NodeId>> readers_;  // by value, in node order
+  std::vector<bool> pinned_;                  // live through the whole step
+};
+
+// g with plan.chain copied before node plan.before; v's readers from there read the copy.
+Graph apply(const Graph& g, ValueId v, const Plan& plan) {
+  GraphRewriter rw(g);
+  for (const Node& n : g.nodes()) {
+    if (n.id == plan.before) {
+      std::map<ValueId, ValueId> copy_of;  // a source value -> its copy's new value
+      for (NodeId c : plan.chain) {
+        const Node& source = g.node(c);
+        std::vector<ValueId> inputs;
+        for (ValueId in : source.inputs) {
+          const auto copied = copy_of.find(in);
+          inputs.push_back(copied != copy_of.end() ? copied->second : rw.mapped(in));
+        }
+        const ValueId out = source.outputs[0];
+        copy_of[out] = rw.graph().add_node(source.op, source.attrs, std::move(inputs),
+                                           source.name + "/recompute",
+                                           {rw.fresh_name(g.value(out).name + "/recompute")})[0];
+      }
+      rw.map(v, copy_of.at(v));
+    }
+    rw.copy(n);
+  }
+  return rw.finish();
+}
+
+}  // namespace
+
+size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const RematerializeOptions& options) {
+  size_t count = 0;
+  std::optional<Planner> planner(std::in_place, g, options);
+  for (size_t i = g.nodes().size(); i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    if (!is_pointwise_member(g, n)) continue;
+    const ValueId v = n.outputs[0];
+    const std::optional<Plan> plan = planner->plan(v);
+    if (!plan) continue;
+    g = apply(g, v, *plan);
+    planner.emplace(g, options);
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace fusebox
