@@ -57,21 +57,21 @@ std::string signature(const OpInfo& s) {
 void check_generic(infer::Context& c, const OpInfo& s) {
   const int n = c.count();
   if (s.max_inputs == 0) {
-    c.check(n == 0, "takes no inputs but got ", n);
+    FUSEBOX_INFER_CHECK(c, n == 0, "takes no inputs but got ", n);
   } else if (s.max_inputs == kUnboundedInputs) {
-    c.check(n >= s.min_inputs, "takes at least ", s.min_inputs, " input",
-            s.min_inputs == 1 ? "" : "s", " but got ", n);
+    FUSEBOX_INFER_CHECK(c, n >= s.min_inputs, "takes at least ", s.min_inputs, " input",
+                        s.min_inputs == 1 ? "" : "s", " but got ", n);
   } else if (s.min_inputs == s.max_inputs) {
-    c.check(n == s.min_inputs, "takes ", s.min_inputs, " input", s.min_inputs == 1 ? "" : "s",
-            signature(s), " but got ", n);
+    FUSEBOX_INFER_CHECK(c, n == s.min_inputs, "takes ", s.min_inputs, " input",
+                        s.min_inputs == 1 ? "" : "s", signature(s), " but got ", n);
   } else {
-    c.check(n >= s.min_inputs && n <= s.max_inputs, "takes ", s.min_inputs, " to ", s.max_inputs,
-            " inputs", signature(s), " but got ", n);
+    FUSEBOX_INFER_CHECK(c, n >= s.min_inputs && n <= s.max_inputs, "takes ", s.min_inputs, " to ",
+                        s.max_inputs, " inputs", signature(s), " but got ", n);
   }
   for (int i = 0; i < n; ++i) {
     const bool optional =
         (i >= s.min_inputs && s.max_inputs != kUnboundedInputs) || (s.optional_inputs >> i & 1u);
-    c.check(optional || c.has(i), c.input(i), " is required but absent");
+    FUSEBOX_INFER_CHECK(c, optional || c.has(i), c.input(i), " is required but absent");
   }
 
   Attrs& attrs = c.node().attrs;
@@ -87,7 +87,8 @@ void check_generic(infer::Context& c, const OpInfo& s) {
   for (int i = 0; i < n; ++i) {
     if (!c.has(i)) continue;
     for (int64_t d : c.shape(i))
-      c.check(d >= 0, c.input(i), " has a negative extent in ", shape_str(c.shape(i)));
+      FUSEBOX_INFER_CHECK(c, d >= 0, c.input(i), " has a negative extent in ",
+                          shape_str(c.shape(i)));
   }
 }
 
@@ -120,51 +121,55 @@ void Context::fail(const std::string& message) const {
 }
 
 void Context::expect_float(int i) const {
-  check(is_floating(dtype(i)), input(i), " is ", dtype_name(dtype(i)), " but ", op_name(),
-        " needs a floating-point dtype (f64, f32, f16, bf16)");
+  FUSEBOX_INFER_CHECK(*this, is_floating(dtype(i)), input(i), " is ", dtype_name(dtype(i)), " but ",
+                      op_name(), " needs a floating-point dtype (f64, f32, f16, bf16)");
 }
 
 void Context::expect_numeric(int i) const {
-  check(dtype(i) != DType::boolean, input(i), " is bool but ", op_name(), " needs a numeric dtype");
+  FUSEBOX_INFER_CHECK(*this, dtype(i) != DType::boolean, input(i), " is bool but ", op_name(),
+                      " needs a numeric dtype");
 }
 
 void Context::expect_same_dtype(int i, int reference) const {
-  check(dtype(i) == dtype(reference), input(i), " is ", dtype_name(dtype(i)), " but ",
-        input(reference), " is ", dtype_name(dtype(reference)), ": they must match");
+  FUSEBOX_INFER_CHECK(*this, dtype(i) == dtype(reference), input(i), " is ", dtype_name(dtype(i)),
+                      " but ", input(reference), " is ", dtype_name(dtype(reference)),
+                      ": they must match");
 }
 
 void Context::expect_rank(int i, int64_t r, const char* layout) const {
-  check(rank(i) == r, input(i), " must be ", layout, " (rank ", r, ") but is ",
-        shape_str(shape(i)));
+  FUSEBOX_INFER_CHECK(*this, rank(i) == r, input(i), " must be ", layout, " (rank ", r, ") but is ",
+                      shape_str(shape(i)));
 }
 
 void Context::expect_rank_between(int i, int64_t lo, int64_t hi, const char* layout) const {
-  check(rank(i) >= lo && rank(i) <= hi, input(i), " must be ", layout, " (rank ", lo,
-        hi == lo                                    ? std::string()
-        : hi == std::numeric_limits<int64_t>::max() ? std::string(" or more")
-                                                    : cat(" to ", hi),
-        ") but is ", shape_str(shape(i)));
+  FUSEBOX_INFER_CHECK(*this, rank(i) >= lo && rank(i) <= hi, input(i), " must be ", layout,
+                      " (rank ", lo,
+                      hi == lo                                    ? std::string()
+                      : hi == std::numeric_limits<int64_t>::max() ? std::string(" or more")
+                                                                  : cat(" to ", hi),
+                      ") but is ", shape_str(shape(i)));
 }
 
 void expect_activation(const Context& c, const FusedActivation& a, const char* what) {
   if (a.kind != Activation::clip) {
-    c.check(std::isinf(a.min) && a.min < 0 && std::isinf(a.max) && a.max > 0, what, " ",
-            activation_name(a.kind), " has clip bounds [", a.min, ", ", a.max, "]");
+    FUSEBOX_INFER_CHECK(c, std::isinf(a.min) && a.min < 0 && std::isinf(a.max) && a.max > 0, what,
+                        " ", activation_name(a.kind), " has clip bounds [", a.min, ", ", a.max,
+                        "]");
     return;
   }
-  c.check(!std::isnan(a.min) && !std::isnan(a.max) && a.min <= a.max, what,
-          " clip needs min <= max, got [", a.min, ", ", a.max, "]");
+  FUSEBOX_INFER_CHECK(c, !std::isnan(a.min) && !std::isnan(a.max) && a.min <= a.max, what,
+                      " clip needs min <= max, got [", a.min, ", ", a.max, "]");
 }
 
 void Context::expect_shape(int i, const Shape& expected, const std::string& why) const {
-  check(shape(i) == expected, input(i), " is ", shape_str(shape(i)), " but must be ",
-        shape_str(expected), why.empty() ? "" : " ", why);
+  FUSEBOX_INFER_CHECK(*this, shape(i) == expected, input(i), " is ", shape_str(shape(i)),
+                      " but must be ", shape_str(expected), why.empty() ? "" : " ", why);
 }
 
 int64_t Context::axis(int64_t a, int64_t r, const std::string& what) const {
   int64_t out = 0;
-  check(normalize_axis(a, r, &out), what, " ", a, " is out of range for rank ", r, " (valid: ", -r,
-        " to ", r - 1, ")");
+  FUSEBOX_INFER_CHECK(*this, normalize_axis(a, r, &out), what, " ", a, " is out of range for rank ",
+                      r, " (valid: ", -r, " to ", r - 1, ")");
   return out;
 }
 
@@ -174,7 +179,8 @@ std::vector<int64_t> Context::axes(const std::vector<int64_t>& in, int64_t r,
   for (size_t i = 0; i < in.size(); ++i) {
     int64_t a = axis(in[i], r, cat(what, "[", i, "]"));
     for (size_t j = 0; j < out.size(); ++j)
-      check(out[j] != a, what, " ", shape_str(in), " names axis ", a, " twice (rank ", r, ")");
+      FUSEBOX_INFER_CHECK(*this, out[j] != a, what, " ", shape_str(in), " names axis ", a,
+                          " twice (rank ", r, ")");
     out.push_back(a);
   }
   return out;
@@ -182,15 +188,15 @@ std::vector<int64_t> Context::axes(const std::vector<int64_t>& in, int64_t r,
 
 int64_t Context::add(int64_t a, int64_t b) const {
   int64_t out = 0;
-  check(!__builtin_add_overflow(a, b, &out), "extent arithmetic overflows int64 (", a, " + ", b,
-        ")");
+  FUSEBOX_INFER_CHECK(*this, !__builtin_add_overflow(a, b, &out),
+                      "extent arithmetic overflows int64 (", a, " + ", b, ")");
   return out;
 }
 
 int64_t Context::mul(int64_t a, int64_t b) const {
   int64_t out = 0;
-  check(!__builtin_mul_overflow(a, b, &out), "extent arithmetic overflows int64 (", a, " * ", b,
-        ")");
+  FUSEBOX_INFER_CHECK(*this, !__builtin_mul_overflow(a, b, &out),
+                      "extent arithmetic overflows int64 (", a, " * ", b, ")");
   return out;
 }
 

@@ -44,29 +44,31 @@ std::string type_str(const TensorType& t) {
 
 // Input i must have exactly type `t`, the forward's `what` ("output", "x").
 void expect_type(const Context& c, int i, const TensorType& t, const std::string& what) {
-  c.check(c.type(i) == t, c.input(i), " is ", type_str(c.type(i)), " but must be ", type_str(t),
-          ", like the forward's ", what);
+  FUSEBOX_INFER_CHECK(c, c.type(i) == t, c.input(i), " is ", type_str(c.type(i)), " but must be ",
+                      type_str(t), ", like the forward's ", what);
 }
 
 // An input_shape attribute: extents >= 0.
 void expect_extents(const Context& c, const Shape& s, const char* name) {
-  for (int64_t d : s) c.check(d >= 0, name, " ", shape_str(s), " has a negative extent");
+  for (int64_t d : s)
+    FUSEBOX_INFER_CHECK(c, d >= 0, name, " ", shape_str(s), " has a negative extent");
 }
 
 void expect_finite(const Context& c, double v, const char* name) {
-  c.check(std::isfinite(v), name, " ", v, " must be finite");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(v), name, " ", v, " must be finite");
 }
 
 // A rank-0 tensor of any dtype (skip, found_inf: nonzero means true).
 void expect_any_scalar(const Context& c, int i) {
-  c.check(c.rank(i) == 0, c.input(i), " must be a scalar (shape []) but is ",
-          shape_str(c.shape(i)));
+  FUSEBOX_INFER_CHECK(c, c.rank(i) == 0, c.input(i), " must be a scalar (shape []) but is ",
+                      shape_str(c.shape(i)));
 }
 
 // A rank-0 tensor of one of the two given dtype classes (lr: float, step: integer).
 void expect_scalar(const Context& c, int i, bool floating) {
-  c.check(floating ? is_floating(c.dtype(i)) : is_integer(c.dtype(i)), c.input(i), " is ",
-          dtype_name(c.dtype(i)), " but must be ", floating ? "a float (f32)" : "i64 (or i32)");
+  FUSEBOX_INFER_CHECK(c, floating ? is_floating(c.dtype(i)) : is_integer(c.dtype(i)), c.input(i),
+                      " is ", dtype_name(c.dtype(i)), " but must be ",
+                      floating ? "a float (f32)" : "i64 (or i32)");
   expect_any_scalar(c, i);
 }
 
@@ -75,15 +77,15 @@ void expect_scalar(const Context& c, int i, bool floating) {
 // unary_backward: (dy, x) -> dx, all of x's type.
 Types infer_unary_backward(Context& c) {
   const UnaryBackwardAttrs& a = c.attrs<UnaryBackwardAttrs>();
-  c.check(op_info(a.op).family == OpFamily::unary, "op ", op_name(a.op),
-          " is not a unary op with a derivative (relu .. clip)");
+  FUSEBOX_INFER_CHECK(c, op_info(a.op).family == OpFamily::unary, "op ", op_name(a.op),
+                      " is not a unary op with a derivative (relu .. clip)");
   c.expect_float(1);
   expect_type(c, 0, c.type(1), "output (x's type)");
   if (a.op == OpKind::leaky_relu) expect_finite(c, a.alpha, "alpha");
   if (a.op == OpKind::clip) {
-    c.check(!std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ", a.max,
-            " must not be NaN (use +-infinity for no bound)");
-    c.check(a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
+    FUSEBOX_INFER_CHECK(c, !std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ",
+                        a.max, " must not be NaN (use +-infinity for no bound)");
+    FUSEBOX_INFER_CHECK(c, a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
   }
   return {c.type(1)};
 }
@@ -91,16 +93,17 @@ Types infer_unary_backward(Context& c) {
 // binary_backward: (dy, a, b) -> (da, db) at the broadcast shape, in a's dtype.
 Types infer_binary_backward(Context& c) {
   const OpKind op = c.attrs<BinaryBackwardAttrs>().op;
-  c.check(op == OpKind::div || op == OpKind::max || op == OpKind::min || op == OpKind::pow, "op ",
-          op_name(op), " is not one of div, max, min, pow");
+  FUSEBOX_INFER_CHECK(
+      c, op == OpKind::div || op == OpKind::max || op == OpKind::min || op == OpKind::pow, "op ",
+      op_name(op), " is not one of div, max, min, pow");
   c.expect_float(1);
   if (op == OpKind::pow)
     c.expect_numeric(2);
   else
     c.expect_same_dtype(2, 1);
   Shape out;
-  c.check(broadcast_shapes(c.shape(1), c.shape(2), &out), c.shaped(1), " and ", c.shaped(2),
-          " do not broadcast");
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(1), c.shape(2), &out), c.shaped(1), " and ",
+                      c.shaped(2), " do not broadcast");
   const TensorType grad{c.dtype(1), out};
   expect_type(c, 0, grad, cat(op_name(op), " output"));
   return {grad, grad};
@@ -115,18 +118,21 @@ Types infer_batch_norm_backward(Context& c) {
   expect_type(c, 0, c.type(1), "output (x's type)");
   const BatchNormAttrs& a = c.attrs<BatchNormAttrs>();
   if (a.relu) {
-    c.check(c.has(5), c.input(5),
-            " is required with relu: the forward's output 0, which masks dy as relu's gradient");
+    FUSEBOX_INFER_CHECK(
+        c, c.has(5), c.input(5),
+        " is required with relu: the forward's output 0, which masks dy as relu's gradient");
     expect_type(c, 5, c.type(1), "output y (x's type)");
   } else {
-    c.check(!c.has(5), c.input(5), " is given but relu is false (only a fused relu reads y)");
+    FUSEBOX_INFER_CHECK(c, !c.has(5), c.input(5),
+                        " is given but relu is false (only a fused relu reads y)");
   }
   const int64_t C = c.shape(1)[1];
   for (int i = 2; i <= 4; ++i)
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(c.shape(1)), ")"));
   const DType param = expect_channel_params(c, 1, 2, 4);
-  c.check(!a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
-          "training needs batch statistics but ", c.shaped(1), " has no elements per channel");
+  FUSEBOX_INFER_CHECK(c, !a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
+                      "training needs batch statistics but ", c.shaped(1),
+                      " has no elements per channel");
   const TensorType per_channel{param, {C}};
   return {c.type(1), per_channel, per_channel};
 }
@@ -173,7 +179,8 @@ Types infer_attention_backward(Context& c) {
   expect_type(c, 0, fwd[0], "output y");
   expect_type(c, 4, fwd[0], "output y");
   expect_type(c, 5, fwd[1], "output lse");
-  c.check(!c.attrs<AttentionAttrs>().bias_grad || c.has(6), "bias_grad without a bias input");
+  FUSEBOX_INFER_CHECK(c, !c.attrs<AttentionAttrs>().bias_grad || c.has(6),
+                      "bias_grad without a bias input");
   if (c.attrs<AttentionAttrs>().bias_grad) return {c.type(1), c.type(2), c.type(3), c.type(6)};
   return {c.type(1), c.type(2), c.type(3)};
 }
@@ -182,8 +189,9 @@ Types infer_attention_backward(Context& c) {
 // the lse_stash form: (dloss, lse, labels, weight?, logits) -> dlogits, the logits' type.
 Types infer_cross_entropy_backward(Context& c) {
   CrossEntropyAttrs& a = c.attrs<CrossEntropyAttrs>();
-  c.check(a.lse_stash == c.has(4), a.lse_stash ? "the lse_stash form needs the input logits"
-                                               : "takes logits only in the lse_stash form");
+  FUSEBOX_INFER_CHECK(c, a.lse_stash == c.has(4),
+                      a.lse_stash ? "the lse_stash form needs the input logits"
+                                  : "takes logits only in the lse_stash form");
   const int logits = a.lse_stash ? 4 : 1;
   Inputs forward_inputs = {c.type(logits), c.type(2)};
   if (c.has(3)) forward_inputs.push_back(c.type(3));
@@ -211,8 +219,8 @@ Types infer_pool_backward(Context& c) {
   c.expect_float(0);
   if (is_max) {
     if (a.input_shape.empty()) a.input_shape = c.shape(1);
-    c.check(a.input_shape == c.shape(1), "input_shape ", shape_str(a.input_shape),
-            " does not match ", c.shaped(1));
+    FUSEBOX_INFER_CHECK(c, a.input_shape == c.shape(1), "input_shape ", shape_str(a.input_shape),
+                        " does not match ", c.shaped(1));
     c.expect_same_dtype(1, 0);
   }
   expect_extents(c, a.input_shape, "input_shape");
@@ -274,12 +282,13 @@ Types infer_expand(Context& c) {
   const ExpandAttrs& a = c.attrs<ExpandAttrs>();
   const Shape& x = c.shape(0);
   expect_extents(c, a.shape, "shape");
-  c.check(x.size() <= a.shape.size(), c.shaped(0), " has more dims than shape ", shape_str(a.shape),
-          " to expand to");
+  FUSEBOX_INFER_CHECK(c, x.size() <= a.shape.size(), c.shaped(0), " has more dims than shape ",
+                      shape_str(a.shape), " to expand to");
   const size_t lead = a.shape.size() - x.size();
   for (size_t d = 0; d < x.size(); ++d) {
-    c.check(x[d] == 1 || x[d] == a.shape[lead + d], c.shaped(0), " does not broadcast to shape ",
-            shape_str(a.shape), " (dim ", d, " of x: ", x[d], " vs ", a.shape[lead + d], ")");
+    FUSEBOX_INFER_CHECK(c, x[d] == 1 || x[d] == a.shape[lead + d], c.shaped(0),
+                        " does not broadcast to shape ", shape_str(a.shape), " (dim ", d,
+                        " of x: ", x[d], " vs ", a.shape[lead + d], ")");
   }
   return {{c.dtype(0), a.shape}};
 }
@@ -296,31 +305,33 @@ Types infer_optimizer(Context& c) {
   c.expect_float(0);
   const TensorType& param = c.type(0);
   const bool f32 = param.dtype == DType::f32;
-  c.check(c.type(1) == param ||
-              (f32 && is_low_float(c.type(1).dtype) && c.type(1).shape == param.shape),
-          c.input(1), " is ", type_str(c.type(1)), " but must be ", type_str(param), " like ",
-          c.input(0), f32 ? " (or bf16 / f16 of its shape)" : "");
+  FUSEBOX_INFER_CHECK(c,
+                      c.type(1) == param ||
+                          (f32 && is_low_float(c.type(1).dtype) && c.type(1).shape == param.shape),
+                      c.input(1), " is ", type_str(c.type(1)), " but must be ", type_str(param),
+                      " like ", c.input(0), f32 ? " (or bf16 / f16 of its shape)" : "");
   for (int i = 2; i < states; ++i)
-    c.check(c.type(i) == param, c.input(i), " is ", type_str(c.type(i)), " but must be ",
-            type_str(param), " like ", c.input(0));
+    FUSEBOX_INFER_CHECK(c, c.type(i) == param, c.input(i), " is ", type_str(c.type(i)),
+                        " but must be ", type_str(param), " like ", c.input(0));
   expect_scalar(c, states, true);
   const int grad_scale = adamw ? states + 2 : states + 1;
   if (c.has(grad_scale)) expect_scalar(c, grad_scale, true);
   if (c.has(grad_scale + 1)) expect_any_scalar(c, grad_scale + 1);
   Types out(size_t(states - 1), param);
   if (const int low = grad_scale + 2; c.has(low)) {
-    c.check(f32 && is_low_float(c.type(low).dtype) && c.type(low).shape == param.shape,
-            c.input(low), " is ", type_str(c.type(low)), " but must be bf16 or f16 of ", c.input(0),
-            "'s shape beside an f32 ", c.input(0), " (", type_str(param), ")");
+    FUSEBOX_INFER_CHECK(
+        c, f32 && is_low_float(c.type(low).dtype) && c.type(low).shape == param.shape, c.input(low),
+        " is ", type_str(c.type(low)), " but must be bf16 or f16 of ", c.input(0),
+        "'s shape beside an f32 ", c.input(0), " (", type_str(param), ")");
     out.push_back(c.type(low));
   }
   if (adamw) {
     expect_scalar(c, states + 1, false);
     const AdamWAttrs& a = c.attrs<AdamWAttrs>();
-    c.check(a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1, "beta1 ", a.beta1,
-            " and beta2 ", a.beta2, " must be in [0, 1)");
-    c.check(std::isfinite(a.epsilon) && a.epsilon >= 0, "epsilon ", a.epsilon,
-            " must be finite and >= 0");
+    FUSEBOX_INFER_CHECK(c, a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1, "beta1 ",
+                        a.beta1, " and beta2 ", a.beta2, " must be in [0, 1)");
+    FUSEBOX_INFER_CHECK(c, std::isfinite(a.epsilon) && a.epsilon >= 0, "epsilon ", a.epsilon,
+                        " must be finite and >= 0");
     expect_finite(c, a.weight_decay, "weight_decay");
     return out;
   }
@@ -328,9 +339,9 @@ Types infer_optimizer(Context& c) {
   expect_finite(c, a.momentum, "momentum");
   expect_finite(c, a.dampening, "dampening");
   expect_finite(c, a.weight_decay, "weight_decay");
-  c.check(!a.nesterov || (a.momentum > 0 && a.dampening == 0),
-          "nesterov needs momentum > 0 and dampening 0 (PyTorch), got momentum ", a.momentum,
-          " and dampening ", a.dampening);
+  FUSEBOX_INFER_CHECK(c, !a.nesterov || (a.momentum > 0 && a.dampening == 0),
+                      "nesterov needs momentum > 0 and dampening 0 (PyTorch), got momentum ",
+                      a.momentum, " and dampening ", a.dampening);
   return out;
 }
 
@@ -344,7 +355,8 @@ Types infer_nonfinite_any(Context& c) {
 // reduced as f32, bf16 or f16.
 Types infer_all_reduce(Context& c) {
   const AllReduceAttrs& a = c.attrs<AllReduceAttrs>();
-  c.check(
+  FUSEBOX_INFER_CHECK(
+      c,
       a.reduce_dtype == DType::f32 || a.reduce_dtype == DType::bf16 || a.reduce_dtype == DType::f16,
       "reduce_dtype ", dtype_name(a.reduce_dtype), " must be f32, bf16 or f16");
   Types out;
@@ -359,11 +371,12 @@ Types infer_all_reduce(Context& c) {
 // new_growth_tracker, new_skipped?), each output of its input's type.
 Types infer_loss_scale_update(Context& c) {
   const LossScaleAttrs& a = c.attrs<LossScaleAttrs>();
-  c.check(std::isfinite(a.growth_factor) && a.growth_factor > 1, "growth_factor ", a.growth_factor,
-          " must be finite and > 1");
-  c.check(a.backoff_factor > 0 && a.backoff_factor < 1, "backoff_factor ", a.backoff_factor,
-          " must be in (0, 1)");
-  c.check(a.growth_interval >= 1, "growth_interval ", a.growth_interval, " must be >= 1");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(a.growth_factor) && a.growth_factor > 1, "growth_factor ",
+                      a.growth_factor, " must be finite and > 1");
+  FUSEBOX_INFER_CHECK(c, a.backoff_factor > 0 && a.backoff_factor < 1, "backoff_factor ",
+                      a.backoff_factor, " must be in (0, 1)");
+  FUSEBOX_INFER_CHECK(c, a.growth_interval >= 1, "growth_interval ", a.growth_interval,
+                      " must be >= 1");
   expect_scalar(c, 0, true);
   expect_scalar(c, 1, false);
   expect_any_scalar(c, 2);

@@ -20,10 +20,10 @@ constexpr int64_t kMaxSpatial = 3;
 void normalize_per_dim(const Context& c, std::vector<int64_t>& v, size_t spatial, int64_t fill,
                        int64_t min_value, const char* name) {
   if (v.empty()) v.assign(spatial, fill);
-  c.check(v.size() == spatial, name, " ", shape_str(v), " has ", v.size(), " values but there are ",
-          spatial, " spatial dims");
+  FUSEBOX_INFER_CHECK(c, v.size() == spatial, name, " ", shape_str(v), " has ", v.size(),
+                      " values but there are ", spatial, " spatial dims");
   for (int64_t x : v)
-    c.check(x >= min_value, name, " ", shape_str(v), " must all be >= ", min_value);
+    FUSEBOX_INFER_CHECK(c, x >= min_value, name, " ", shape_str(v), " must all be >= ", min_value);
 }
 
 void normalize_conv_attrs(const Context& c, ConvAttrs& a, size_t spatial) {
@@ -31,7 +31,7 @@ void normalize_conv_attrs(const Context& c, ConvAttrs& a, size_t spatial) {
   normalize_per_dim(c, a.dilations, spatial, 1, 1, "dilations");
   normalize_per_dim(c, a.pads_begin, spatial, 0, 0, "pads_begin");
   normalize_per_dim(c, a.pads_end, spatial, 0, 0, "pads_end");
-  c.check(a.groups >= 1, "groups ", a.groups, " must be >= 1");
+  FUSEBOX_INFER_CHECK(c, a.groups >= 1, "groups ", a.groups, " must be >= 1");
 }
 
 // dilation * (kernel - 1) + 1: how far one window reaches.
@@ -49,9 +49,10 @@ int64_t window_output(const Context& c, const std::string& source, size_t dim, c
                       bool ceil_mode = false) {
   const int64_t padded = c.add(c.add(w.input, w.pad_begin), w.pad_end);
   const int64_t reach = dilated_kernel(c, w.kernel, w.dilation);
-  c.check(padded >= reach, source, ": spatial dim ", dim, " padded to ", padded, " (", w.input,
-          " + ", w.pad_begin, " + ", w.pad_end, ") is smaller than the dilated kernel ", reach,
-          " (kernel ", w.kernel, ", dilation ", w.dilation, "), so the output would be empty");
+  FUSEBOX_INFER_CHECK(c, padded >= reach, source, ": spatial dim ", dim, " padded to ", padded,
+                      " (", w.input, " + ", w.pad_begin, " + ", w.pad_end,
+                      ") is smaller than the dilated kernel ", reach, " (kernel ", w.kernel,
+                      ", dilation ", w.dilation, "), so the output would be empty");
   int64_t last = (padded - reach) / w.stride;  // index of the last window
   if (ceil_mode && (padded - reach) % w.stride != 0) {
     ++last;
@@ -78,7 +79,7 @@ Shape spatial_of(const Shape& s) {
 }
 
 void expect_no_zero_extent(const Context& c, int i) {
-  for (int64_t d : c.shape(i)) c.check(d >= 1, c.shaped(i), " has a zero extent");
+  for (int64_t d : c.shape(i)) FUSEBOX_INFER_CHECK(c, d >= 1, c.shaped(i), " has a zero extent");
 }
 
 // The weight input: [K, C/groups, R...] with 1 to 3 spatial dims, no zero extent.
@@ -89,23 +90,24 @@ void expect_weight(const Context& c, int w) {
 
 // Input i must have the same rank as input `ref` (same spatial rank).
 void expect_same_spatial_rank(const Context& c, int i, const char* layout, int ref) {
-  c.check(c.rank(i) == c.rank(ref), c.shaped(i), " must be ", layout, " with ", c.rank(ref) - 2,
-          " spatial dim", c.rank(ref) == 3 ? "" : "s", " to match ", c.shaped(ref));
+  FUSEBOX_INFER_CHECK(c, c.rank(i) == c.rank(ref), c.shaped(i), " must be ", layout, " with ",
+                      c.rank(ref) - 2, " spatial dim", c.rank(ref) == 3 ? "" : "s", " to match ",
+                      c.shaped(ref));
 }
 
 void expect_groups_divide(const Context& c, int64_t channels, const char* what, int i,
                           int64_t groups) {
-  c.check(channels % groups == 0, c.role(i), " has ", channels, " ", what, ", which groups ",
-          groups, " does not divide (", c.shaped(i), ")");
+  FUSEBOX_INFER_CHECK(c, channels % groups == 0, c.role(i), " has ", channels, " ", what,
+                      ", which groups ", groups, " does not divide (", c.shaped(i), ")");
 }
 
 // A fused epilogue activation: clip bounds ordered and not NaN.
 // The backward ops carry the forward's geometry only: an epilogue there is a bug.
 void expect_no_epilogue(const Context& c, const ConvAttrs& a) {
-  c.check(!a.activation && !a.residual_activation,
-          "a fused activation is a forward conv's epilogue only (got activation ",
-          activation_name(a.activation.kind), ", residual_activation ",
-          activation_name(a.residual_activation.kind), ")");
+  FUSEBOX_INFER_CHECK(c, !a.activation && !a.residual_activation,
+                      "a fused activation is a forward conv's epilogue only (got activation ",
+                      activation_name(a.activation.kind), ", residual_activation ",
+                      activation_name(a.residual_activation.kind), ")");
 }
 
 }  // namespace
@@ -125,12 +127,13 @@ Types infer_conv(Context& c) {
   // As PyTorch: a batch of 0 gives an empty y, but a window over an empty image (padding
   // alone) has nothing to convolve.
   for (size_t d = 2; d < x.size(); ++d)
-    c.check(x[d] >= 1, c.shaped(0), " has an empty spatial dim: no pixel to convolve");
+    FUSEBOX_INFER_CHECK(c, x[d] >= 1, c.shaped(0),
+                        " has an empty spatial dim: no pixel to convolve");
   const int64_t C = x[1], K = w[0], g = a.groups;
   expect_groups_divide(c, C, "channels", 0, g);
   expect_groups_divide(c, K, "output channels (K)", 1, g);
-  c.check(C == c.mul(w[1], g), "x has ", C, " channels but w expects ", c.mul(w[1], g), " (w ",
-          shape_str(w), ", groups ", g, ")");
+  FUSEBOX_INFER_CHECK(c, C == c.mul(w[1], g), "x has ", C, " channels but w expects ",
+                      c.mul(w[1], g), " (w ", shape_str(w), ", groups ", g, ")");
   if (c.has(2)) {
     c.expect_same_dtype(2, 0);
     c.expect_shape(2, {K}, "([K], one per output channel)");
@@ -144,8 +147,8 @@ Types infer_conv(Context& c) {
     c.expect_same_dtype(3, 0);
     c.expect_shape(3, y, "(the output's shape: a fused residual add)");
   } else {
-    c.check(!a.residual_activation, "residual_activation ",
-            activation_name(a.residual_activation.kind), " without a residual input");
+    FUSEBOX_INFER_CHECK(c, !a.residual_activation, "residual_activation ",
+                        activation_name(a.residual_activation.kind), " without a residual input");
   }
   return {{c.dtype(0), y}};
 }
@@ -163,23 +166,25 @@ Types infer_conv_backward_data(Context& c) {
   const size_t spatial = w.size() - 2;
   normalize_conv_attrs(c, a.conv, spatial);
   expect_no_epilogue(c, a.conv);
-  c.check(a.input_spatial.size() == spatial, "input_spatial ", shape_str(a.input_spatial), " has ",
-          a.input_spatial.size(), " values but w ", shape_str(w), " has ", spatial,
-          " spatial dims");
+  FUSEBOX_INFER_CHECK(c, a.input_spatial.size() == spatial, "input_spatial ",
+                      shape_str(a.input_spatial), " has ", a.input_spatial.size(), " values but w ",
+                      shape_str(w), " has ", spatial, " spatial dims");
   for (int64_t d : a.input_spatial)
-    c.check(d >= 1, "input_spatial ", shape_str(a.input_spatial), " must all be >= 1");
+    FUSEBOX_INFER_CHECK(c, d >= 1, "input_spatial ", shape_str(a.input_spatial),
+                        " must all be >= 1");
 
   const int64_t K = w[0], g = a.conv.groups;
   expect_groups_divide(c, K, "output channels (K)", 1, g);
-  c.check(dy[1] == K, "dy has ", dy[1], " channels but w has K = ", K, " (dy ", shape_str(dy),
-          ", w ", shape_str(w), ")");
+  FUSEBOX_INFER_CHECK(c, dy[1] == K, "dy has ", dy[1], " channels but w has K = ", K, " (dy ",
+                      shape_str(dy), ", w ", shape_str(w), ")");
   const int64_t C = c.mul(w[1], g);
   const Shape forward = conv_output_spatial(
       c, a.conv, cat("input_spatial ", shape_str(a.input_spatial)), a.input_spatial, spatial_of(w));
-  c.check(forward == spatial_of(dy), "input_spatial ", shape_str(a.input_spatial),
-          " gives a forward conv output of ", shape_str(forward), " but dy ", shape_str(dy),
-          " has spatial ", shape_str(spatial_of(dy)),
-          " (a transposed convolution's output_padding must be smaller than its stride)");
+  FUSEBOX_INFER_CHECK(
+      c, forward == spatial_of(dy), "input_spatial ", shape_str(a.input_spatial),
+      " gives a forward conv output of ", shape_str(forward), " but dy ", shape_str(dy),
+      " has spatial ", shape_str(spatial_of(dy)),
+      " (a transposed convolution's output_padding must be smaller than its stride)");
   if (c.has(2)) {
     c.expect_same_dtype(2, 0);
     c.expect_shape(2, {C}, "([C], one per input channel of the forward conv)");
@@ -202,24 +207,25 @@ Types infer_conv_backward_filter(Context& c) {
   const size_t spatial = x.size() - 2;
   normalize_conv_attrs(c, a.conv, spatial);
   expect_no_epilogue(c, a.conv);
-  c.check(a.filter_spatial.size() == spatial, "filter_spatial ", shape_str(a.filter_spatial),
-          " has ", a.filter_spatial.size(), " values but x ", shape_str(x), " has ", spatial,
-          " spatial dims");
+  FUSEBOX_INFER_CHECK(c, a.filter_spatial.size() == spatial, "filter_spatial ",
+                      shape_str(a.filter_spatial), " has ", a.filter_spatial.size(),
+                      " values but x ", shape_str(x), " has ", spatial, " spatial dims");
   for (int64_t r : a.filter_spatial)
-    c.check(r >= 1, "filter_spatial ", shape_str(a.filter_spatial), " must all be >= 1");
+    FUSEBOX_INFER_CHECK(c, r >= 1, "filter_spatial ", shape_str(a.filter_spatial),
+                        " must all be >= 1");
 
   const int64_t C = x[1], K = dy[1], g = a.conv.groups;
-  c.check(dy[0] == x[0], "dy has batch ", dy[0], " but x has batch ", x[0], " (x ", shape_str(x),
-          ", dy ", shape_str(dy), ")");
-  c.check(C >= 1 && K >= 1, "x ", shape_str(x), " and dy ", shape_str(dy),
-          " must have at least one channel each");
+  FUSEBOX_INFER_CHECK(c, dy[0] == x[0], "dy has batch ", dy[0], " but x has batch ", x[0], " (x ",
+                      shape_str(x), ", dy ", shape_str(dy), ")");
+  FUSEBOX_INFER_CHECK(c, C >= 1 && K >= 1, "x ", shape_str(x), " and dy ", shape_str(dy),
+                      " must have at least one channel each");
   expect_groups_divide(c, C, "channels", 0, g);
   expect_groups_divide(c, K, "channels (K)", 1, g);
   const Shape forward =
       conv_output_spatial(c, a.conv, c.shaped(0), spatial_of(x), a.filter_spatial);
-  c.check(forward == spatial_of(dy), "dy ", shape_str(dy), " has spatial ",
-          shape_str(spatial_of(dy)), " but conv(x ", shape_str(x), ", filter_spatial ",
-          shape_str(a.filter_spatial), ") gives ", shape_str(forward));
+  FUSEBOX_INFER_CHECK(c, forward == spatial_of(dy), "dy ", shape_str(dy), " has spatial ",
+                      shape_str(spatial_of(dy)), " but conv(x ", shape_str(x), ", filter_spatial ",
+                      shape_str(a.filter_spatial), ") gives ", shape_str(forward));
   Shape dw = {K, C / g};
   for (int64_t r : a.filter_spatial) dw.push_back(r);
   return {{c.dtype(0), dw}};
@@ -235,8 +241,10 @@ Types infer_pool(Context& c) {
   const Shape& x = c.shape(0);
   const size_t spatial = x.size() - 2;
   for (size_t d = 2; d < x.size(); ++d)
-    c.check(x[d] >= 1, "x ", shape_str(x), " has an empty spatial dim: no window to pool");
-  c.check(!a.kernel.empty(), "kernel must be given (", spatial, " values, one per spatial dim)");
+    FUSEBOX_INFER_CHECK(c, x[d] >= 1, "x ", shape_str(x),
+                        " has an empty spatial dim: no window to pool");
+  FUSEBOX_INFER_CHECK(c, !a.kernel.empty(), "kernel must be given (", spatial,
+                      " values, one per spatial dim)");
   normalize_per_dim(c, a.kernel, spatial, 1, 1, "kernel");
   normalize_per_dim(c, a.strides, spatial, 1, 1, "strides");
   normalize_per_dim(c, a.dilations, spatial, 1, 1, "dilations");
@@ -244,8 +252,9 @@ Types infer_pool(Context& c) {
   normalize_per_dim(c, a.pads_end, spatial, 0, 0, "pads_end");
   if (!is_max) {
     for (int64_t d : a.dilations)
-      c.check(d == 1, "avg_pool takes no dilation but dilations is ", shape_str(a.dilations));
-    c.check(!a.return_indices, "return_indices is for max_pool only");
+      FUSEBOX_INFER_CHECK(c, d == 1, "avg_pool takes no dilation but dilations is ",
+                          shape_str(a.dilations));
+    FUSEBOX_INFER_CHECK(c, !a.return_indices, "return_indices is for max_pool only");
   }
 
   Shape y = {x[0], x[1]};
@@ -255,9 +264,10 @@ Types infer_pool(Context& c) {
     // A pad as wide as the window would make a window of padding only (max of
     // nothing, average over nothing).
     const int64_t reach = dilated_kernel(c, w.kernel, w.dilation);
-    c.check(w.pad_begin < reach && w.pad_end < reach, "pads_begin ", shape_str(a.pads_begin),
-            " and pads_end ", shape_str(a.pads_end), " must be smaller than the dilated kernel (",
-            reach, " in spatial dim ", d, ")");
+    FUSEBOX_INFER_CHECK(c, w.pad_begin < reach && w.pad_end < reach, "pads_begin ",
+                        shape_str(a.pads_begin), " and pads_end ", shape_str(a.pads_end),
+                        " must be smaller than the dilated kernel (", reach, " in spatial dim ", d,
+                        ")");
     y.push_back(window_output(c, c.shaped(0), d, w, a.ceil_mode));
   }
   Types out = {{c.dtype(0), y}};
@@ -270,7 +280,8 @@ Types infer_global_avg_pool(Context& c) {
   c.expect_float(0);
   c.expect_rank_between(0, 3, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
   for (size_t d = 2; d < c.shape(0).size(); ++d)
-    c.check(c.shape(0)[d] >= 1, c.shaped(0), " has an empty spatial dim: nothing to average");
+    FUSEBOX_INFER_CHECK(c, c.shape(0)[d] >= 1, c.shaped(0),
+                        " has an empty spatial dim: nothing to average");
   Shape y(c.shape(0).size(), 1);
   y[0] = c.shape(0)[0];
   y[1] = c.shape(0)[1];

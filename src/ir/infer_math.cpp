@@ -29,13 +29,13 @@ Types infer_unary(Context& c) {
     c.expect_float(0);
   if (op == OpKind::leaky_relu) {
     const double alpha = c.attrs<LeakyReluAttrs>().alpha;
-    c.check(std::isfinite(alpha), "alpha ", alpha, " must be finite");
+    FUSEBOX_INFER_CHECK(c, std::isfinite(alpha), "alpha ", alpha, " must be finite");
   }
   if (op == OpKind::clip) {
     const ClipAttrs& a = c.attrs<ClipAttrs>();
-    c.check(!std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ", a.max,
-            " must not be NaN (use +-infinity for no bound)");
-    c.check(a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
+    FUSEBOX_INFER_CHECK(c, !std::isnan(a.min) && !std::isnan(a.max), "min ", a.min, " and max ",
+                        a.max, " must not be NaN (use +-infinity for no bound)");
+    FUSEBOX_INFER_CHECK(c, a.min <= a.max, "min ", a.min, " is greater than max ", a.max);
   }
   return {c.type(0)};
 }
@@ -47,8 +47,8 @@ Types infer_binary(Context& c) {
   c.expect_numeric(1);
   if (c.op() != OpKind::pow) c.expect_same_dtype(1, 0);
   Shape out;
-  c.check(broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ", c.shaped(1),
-          " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ",
+                      c.shaped(1), " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
   return {{c.dtype(0), out}};
 }
 
@@ -59,28 +59,29 @@ Types infer_logic(Context& c) {
                      c.op() == OpKind::logical_or || c.op() == OpKind::logical_xor;
   for (int i = 0; i < c.count(); ++i) {
     if (logic)
-      c.check(c.dtype(i) == DType::boolean, c.input(i), " must be bool, got ",
-              dtype_name(c.dtype(i)));
+      FUSEBOX_INFER_CHECK(c, c.dtype(i) == DType::boolean, c.input(i), " must be bool, got ",
+                          dtype_name(c.dtype(i)));
     else if (c.op() != OpKind::equal || c.dtype(i) != DType::boolean)
       c.expect_numeric(i);
   }
   if (c.count() == 1) return {{DType::boolean, c.shape(0)}};
   c.expect_same_dtype(1, 0);
   Shape out;
-  c.check(broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ", c.shaped(1),
-          " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(0), c.shape(1), &out), c.shaped(0), " and ",
+                      c.shaped(1), " do not broadcast", broadcast_clash(c.shape(0), c.shape(1)));
   return {{DType::boolean, out}};
 }
 
 // where: condition (bool), a, b (one dtype, any) broadcast together -> a's dtype.
 Types infer_where(Context& c) {
-  c.check(c.dtype(0) == DType::boolean, c.input(0), " must be bool, got ", dtype_name(c.dtype(0)));
+  FUSEBOX_INFER_CHECK(c, c.dtype(0) == DType::boolean, c.input(0), " must be bool, got ",
+                      dtype_name(c.dtype(0)));
   c.expect_same_dtype(2, 1);
   Shape ab, out;
-  c.check(broadcast_shapes(c.shape(1), c.shape(2), &ab), c.shaped(1), " and ", c.shaped(2),
-          " do not broadcast", broadcast_clash(c.shape(1), c.shape(2)));
-  c.check(broadcast_shapes(c.shape(0), ab, &out), c.shaped(0), " does not broadcast with ",
-          shape_str(ab), broadcast_clash(c.shape(0), ab));
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(1), c.shape(2), &ab), c.shaped(1), " and ",
+                      c.shaped(2), " do not broadcast", broadcast_clash(c.shape(1), c.shape(2)));
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(0), ab, &out), c.shaped(0),
+                      " does not broadcast with ", shape_str(ab), broadcast_clash(c.shape(0), ab));
   return {{c.dtype(1), out}};
 }
 
@@ -89,19 +90,21 @@ Types infer_where(Context& c) {
 Types infer_matmul(Context& c) {
   c.expect_float(0);
   c.expect_same_dtype(1, 0);
-  c.check(c.rank(0) >= 1 && c.rank(1) >= 1, "matmul needs operands of rank >= 1, got ", c.shaped(0),
-          " and ", c.shaped(1));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 1 && c.rank(1) >= 1,
+                      "matmul needs operands of rank >= 1, got ", c.shaped(0), " and ",
+                      c.shaped(1));
   Shape a = c.shape(0), b = c.shape(1);
   const bool a_vector = a.size() == 1, b_vector = b.size() == 1;
   if (a_vector) a.insert(a.begin(), 1);
   if (b_vector) b.push_back(1);
   const int64_t M = a[a.size() - 2], K = a.back(), b_rows = b[b.size() - 2], N = b.back();
-  c.check(K == b_rows, c.shaped(0), " and ", c.shaped(1), " do not multiply: a has ", K,
-          " columns (K) but b has ", b_rows, " rows");
+  FUSEBOX_INFER_CHECK(c, K == b_rows, c.shaped(0), " and ", c.shaped(1), " do not multiply: a has ",
+                      K, " columns (K) but b has ", b_rows, " rows");
   const Shape a_batch(a.begin(), a.end() - 2), b_batch(b.begin(), b.end() - 2);
   Shape out;
-  c.check(broadcast_shapes(a_batch, b_batch, &out), "the batch dims of ", c.shaped(0), " and ",
-          c.shaped(1), " do not broadcast", broadcast_clash(a_batch, b_batch));
+  FUSEBOX_INFER_CHECK(c, broadcast_shapes(a_batch, b_batch, &out), "the batch dims of ",
+                      c.shaped(0), " and ", c.shaped(1), " do not broadcast",
+                      broadcast_clash(a_batch, b_batch));
   if (!a_vector) out.push_back(M);
   if (!b_vector) out.push_back(N);
   return {{c.dtype(0), out}};
@@ -119,14 +122,14 @@ Types infer_gemm(Context& c) {
   const Shape& B = c.shape(1);
   const int64_t M = a.trans_a ? A[1] : A[0], K = a.trans_a ? A[0] : A[1];
   const int64_t b_K = a.trans_b ? B[1] : B[0], N = a.trans_b ? B[0] : B[1];
-  c.check(K == b_K, c.shaped(0), " (trans_a ", a.trans_a, ") gives K = ", K, " but ", c.shaped(1),
-          " (trans_b ", a.trans_b, ") gives K = ", b_K);
+  FUSEBOX_INFER_CHECK(c, K == b_K, c.shaped(0), " (trans_a ", a.trans_a, ") gives K = ", K, " but ",
+                      c.shaped(1), " (trans_b ", a.trans_b, ") gives K = ", b_K);
   const Shape y = {M, N};
   if (c.has(2)) {
     c.expect_same_dtype(2, 0);
     Shape b;
-    c.check(broadcast_shapes(c.shape(2), y, &b) && b == y, c.shaped(2),
-            " does not broadcast to [M, N] = ", shape_str(y));
+    FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(2), y, &b) && b == y, c.shaped(2),
+                        " does not broadcast to [M, N] = ", shape_str(y));
   }
   return {{c.dtype(0), y}};
 }
@@ -167,11 +170,11 @@ Types infer_reduce(Context& c) {
 Types infer_arg_reduce(Context& c) {
   ArgReduceAttrs& a = c.attrs<ArgReduceAttrs>();
   c.expect_numeric(0);
-  c.check(c.rank(0) >= 1, c.op_name(), " of a scalar ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 1, c.op_name(), " of a scalar ", c.shaped(0));
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   const Shape& x = c.shape(0);
-  c.check(x[size_t(a.axis)] > 0, c.op_name(), " over axis ", a.axis, " of ", c.shaped(0),
-          ", which is empty");
+  FUSEBOX_INFER_CHECK(c, x[size_t(a.axis)] > 0, c.op_name(), " over axis ", a.axis, " of ",
+                      c.shaped(0), ", which is empty");
   Shape y;
   for (int64_t d = 0; d < c.rank(0); ++d) {
     if (d != a.axis)
@@ -187,11 +190,11 @@ Types infer_arg_reduce(Context& c) {
 Types infer_top_k(Context& c) {
   TopKAttrs& a = c.attrs<TopKAttrs>();
   c.expect_numeric(0);
-  c.check(c.rank(0) >= 1, "top_k of a scalar ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 1, "top_k of a scalar ", c.shaped(0));
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   Shape y = c.shape(0);
-  c.check(a.k >= 0 && a.k <= y[size_t(a.axis)], "k ", a.k, " is outside [0, ", y[size_t(a.axis)],
-          "], the extent of axis ", a.axis, " of ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, a.k >= 0 && a.k <= y[size_t(a.axis)], "k ", a.k, " is outside [0, ",
+                      y[size_t(a.axis)], "], the extent of axis ", a.axis, " of ", c.shaped(0));
   y[size_t(a.axis)] = a.k;
   return {{c.dtype(0), y}, {DType::i64, y}};
 }
@@ -200,7 +203,7 @@ Types infer_top_k(Context& c) {
 Types infer_cumsum(Context& c) {
   CumSumAttrs& a = c.attrs<CumSumAttrs>();
   c.expect_numeric(0);
-  c.check(c.rank(0) >= 1, "cumsum of a scalar ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 1, "cumsum of a scalar ", c.shaped(0));
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   return {c.type(0)};
 }
@@ -219,31 +222,37 @@ Types infer_attention(Context& c) {
   c.expect_float(0);
   c.expect_same_dtype(1, 0);
   c.expect_same_dtype(2, 0);
-  c.check(c.rank(0) >= 3 && c.rank(0) <= 4, "attention takes q [B, H, Tq, d] or [B, Tq, d], got ",
-          c.shaped(0));
-  c.check(c.rank(1) == c.rank(0) && c.rank(2) == c.rank(0),
-          "q, k and v need one rank: ", c.shaped(0), ", ", c.shaped(1), ", ", c.shaped(2));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 3 && c.rank(0) <= 4,
+                      "attention takes q [B, H, Tq, d] or [B, Tq, d], got ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(1) == c.rank(0) && c.rank(2) == c.rank(0),
+                      "q, k and v need one rank: ", c.shaped(0), ", ", c.shaped(1), ", ",
+                      c.shaped(2));
   const Shape &q = c.shape(0), &k = c.shape(1), &v = c.shape(2);
   const size_t r = q.size();
   for (size_t d = 0; d + 2 < r; ++d)
-    c.check(k[d] == q[d] && v[d] == q[d], "the leading dims of ", c.shaped(0), ", ", c.shaped(1),
-            " and ", c.shaped(2), " differ");
-  c.check(k[r - 1] == q[r - 1], c.shaped(0), " and ", c.shaped(1), " differ in the head dim");
-  c.check(v[r - 2] == k[r - 2], c.shaped(1), " and ", c.shaped(2), " differ in the key count");
+    FUSEBOX_INFER_CHECK(c, k[d] == q[d] && v[d] == q[d], "the leading dims of ", c.shaped(0), ", ",
+                        c.shaped(1), " and ", c.shaped(2), " differ");
+  FUSEBOX_INFER_CHECK(c, k[r - 1] == q[r - 1], c.shaped(0), " and ", c.shaped(1),
+                      " differ in the head dim");
+  FUSEBOX_INFER_CHECK(c, v[r - 2] == k[r - 2], c.shaped(1), " and ", c.shaped(2),
+                      " differ in the key count");
   // A query row over no keys has no softmax (PyTorch's fused kernels refuse it too); with
   // no query rows there is nothing to compute.
-  c.check(k[r - 2] > 0 || numel(Shape(q.begin(), q.end() - 1)) == 0, c.shaped(1),
-          " has no keys (Tk = 0) for the queries of ", c.shaped(0), ": a softmax over nothing");
-  c.check(std::isfinite(a.scale), "scale ", a.scale, " is not finite");
-  c.check(!a.bias_grad, "bias_grad is attention_backward's attribute, not attention's");
-  c.check(!a.causal || q[r - 2] <= k[r - 2], "causal attention needs Tq <= Tk, got ", c.shaped(0),
-          " and ", c.shaped(1));
+  FUSEBOX_INFER_CHECK(c, k[r - 2] > 0 || numel(Shape(q.begin(), q.end() - 1)) == 0, c.shaped(1),
+                      " has no keys (Tk = 0) for the queries of ", c.shaped(0),
+                      ": a softmax over nothing");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(a.scale), "scale ", a.scale, " is not finite");
+  FUSEBOX_INFER_CHECK(c, !a.bias_grad,
+                      "bias_grad is attention_backward's attribute, not attention's");
+  FUSEBOX_INFER_CHECK(c, !a.causal || q[r - 2] <= k[r - 2], "causal attention needs Tq <= Tk, got ",
+                      c.shaped(0), " and ", c.shaped(1));
   if (c.has(3)) {
     c.expect_float(3);
     Shape scores = q, joined;
     scores[r - 1] = k[r - 2];
-    c.check(c.rank(3) <= r && broadcast_shapes(c.shape(3), scores, &joined) && joined == scores,
-            c.shaped(3), " does not broadcast to the scores ", shape_str(scores));
+    FUSEBOX_INFER_CHECK(
+        c, c.rank(3) <= r && broadcast_shapes(c.shape(3), scores, &joined) && joined == scores,
+        c.shaped(3), " does not broadcast to the scores ", shape_str(scores));
   }
   Shape y = q;
   y[r - 1] = v[r - 1];

@@ -11,7 +11,8 @@ namespace {
 constexpr int64_t kAnyRank = std::numeric_limits<int64_t>::max();
 
 void expect_epsilon(const Context& c, double epsilon) {
-  c.check(std::isfinite(epsilon) && epsilon >= 0, "epsilon ", epsilon, " must be finite and >= 0");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(epsilon) && epsilon >= 0, "epsilon ", epsilon,
+                      " must be finite and >= 0");
 }
 
 }  // namespace
@@ -20,14 +21,15 @@ DType expect_channel_params(const Context& c, int x, int first, int last) {
   const DType xt = c.dtype(x);
   const bool low = xt == DType::f16 || xt == DType::bf16;
   for (int i = first; i <= last; ++i) {
-    c.check(c.dtype(i) == xt || (low && c.dtype(i) == DType::f32), c.input(i), " is ",
-            dtype_name(c.dtype(i)), " but ", c.input(x), " is ", dtype_name(xt),
-            ": the per-channel inputs must have x's dtype, or f32 when x is f16 or bf16");
+    FUSEBOX_INFER_CHECK(
+        c, c.dtype(i) == xt || (low && c.dtype(i) == DType::f32), c.input(i), " is ",
+        dtype_name(c.dtype(i)), " but ", c.input(x), " is ", dtype_name(xt),
+        ": the per-channel inputs must have x's dtype, or f32 when x is f16 or bf16");
   }
   for (int i = first + 1; i <= last; ++i) {
-    c.check(c.dtype(i) == c.dtype(first), c.input(i), " is ", dtype_name(c.dtype(i)), " but ",
-            c.input(first), " is ", dtype_name(c.dtype(first)),
-            ": the per-channel inputs must share one dtype");
+    FUSEBOX_INFER_CHECK(c, c.dtype(i) == c.dtype(first), c.input(i), " is ", dtype_name(c.dtype(i)),
+                        " but ", c.input(first), " is ", dtype_name(c.dtype(first)),
+                        ": the per-channel inputs must share one dtype");
   }
   return c.dtype(first);
 }
@@ -49,14 +51,16 @@ Types infer_batch_norm(Context& c) {
     c.expect_shape(5, x, "(the residual added to y: x's shape)");
   }
   expect_epsilon(c, a.epsilon);
-  c.check(std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
-  c.check(a.training || !a.sync,
-          "sync (statistics over every rank's batch) needs the training form: inference "
-          "normalises with the running statistics");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
+  FUSEBOX_INFER_CHECK(
+      c, a.training || !a.sync,
+      "sync (statistics over every rank's batch) needs the training form: inference "
+      "normalises with the running statistics");
   if (!a.training) return {c.type(0)};
   // Batch statistics need at least one element per channel.
-  c.check(C == 0 || c.product(x, 0, x.size()) > 0, "training needs batch statistics but ",
-          c.shaped(0), " has no elements per channel");
+  FUSEBOX_INFER_CHECK(c, C == 0 || c.product(x, 0, x.size()) > 0,
+                      "training needs batch statistics but ", c.shaped(0),
+                      " has no elements per channel");
   const TensorType per_channel{param, {C}};
   return {c.type(0), per_channel, per_channel, per_channel, per_channel};
 }
@@ -73,8 +77,8 @@ Types infer_layer_norm(Context& c) {
   a.axis = c.axis(a.axis, c.rank(0), "axis");
   const Shape normalised(x.begin() + a.axis, x.end());
   for (int64_t d : normalised)
-    c.check(d >= 1, "the normalised dims ", shape_str(normalised), " of ", c.shaped(0),
-            " (from axis ", a.axis, ") hold no elements");
+    FUSEBOX_INFER_CHECK(c, d >= 1, "the normalised dims ", shape_str(normalised), " of ",
+                        c.shaped(0), " (from axis ", a.axis, ") hold no elements");
   // The mixed form (ir/ops.h NormAttrs): f32 parameters, y's dtype from y_dtype.
   const DType x_dtype = c.dtype(0), y_dtype = a.y_dtype.value_or(x_dtype);
   const auto low = [](DType t) { return t == DType::f16 || t == DType::bf16; };
@@ -83,25 +87,27 @@ Types infer_layer_norm(Context& c) {
     if (c.has(i) && c.dtype(i) == DType::f32 && x_dtype != DType::f32) f32_params = true;
   const bool mixed = y_dtype != x_dtype || f32_params;
   if (mixed) {
-    c.check(x_dtype == y_dtype ? low(x_dtype)
-                               : (x_dtype == DType::f32 && low(y_dtype)) ||
-                                     (low(x_dtype) && y_dtype == DType::f32),
-            "x ", dtype_name(x_dtype), " with y ", dtype_name(y_dtype),
-            ": the mixed form takes x and y of one dtype (f16 or bf16) with f32 scale and bias, "
-            "or one of them f32 and the other f16 or bf16");
+    FUSEBOX_INFER_CHECK(
+        c,
+        x_dtype == y_dtype
+            ? low(x_dtype)
+            : (x_dtype == DType::f32 && low(y_dtype)) || (low(x_dtype) && y_dtype == DType::f32),
+        "x ", dtype_name(x_dtype), " with y ", dtype_name(y_dtype),
+        ": the mixed form takes x and y of one dtype (f16 or bf16) with f32 scale and bias, "
+        "or one of them f32 and the other f16 or bf16");
   }
   for (int i = 1; i < c.count(); ++i) {
     if (!c.has(i)) continue;
     if (mixed)
-      c.check(c.dtype(i) == DType::f32, c.input(i), " is ", dtype_name(c.dtype(i)),
-              " but the mixed form (x ", dtype_name(x_dtype), ", y ", dtype_name(y_dtype),
-              ") takes f32 scale and bias");
+      FUSEBOX_INFER_CHECK(c, c.dtype(i) == DType::f32, c.input(i), " is ", dtype_name(c.dtype(i)),
+                          " but the mixed form (x ", dtype_name(x_dtype), ", y ",
+                          dtype_name(y_dtype), ") takes f32 scale and bias");
     else
       c.expect_same_dtype(i, 0);
     Shape b;
-    c.check(broadcast_shapes(c.shape(i), normalised, &b) && b == normalised, c.shaped(i),
-            " does not broadcast to the normalised dims ", shape_str(normalised), " of ",
-            c.shaped(0), " (axis ", a.axis, ")");
+    FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(i), normalised, &b) && b == normalised,
+                        c.shaped(i), " does not broadcast to the normalised dims ",
+                        shape_str(normalised), " of ", c.shaped(0), " (axis ", a.axis, ")");
   }
   expect_epsilon(c, a.epsilon);
 
@@ -118,26 +124,30 @@ Types infer_layer_norm(Context& c) {
 // the lse_stash form: loss and lse [N, D...] in stash_dtype(logits), weight [classes] too.
 Types infer_cross_entropy(Context& c) {
   const CrossEntropyAttrs& a = c.attrs<CrossEntropyAttrs>();
-  c.check(a.reduction == Reduction::none || a.reduction == Reduction::sum ||
-              a.reduction == Reduction::mean,
-          "unknown reduction ", int(a.reduction));
+  FUSEBOX_INFER_CHECK(c,
+                      a.reduction == Reduction::none || a.reduction == Reduction::sum ||
+                          a.reduction == Reduction::mean,
+                      "unknown reduction ", int(a.reduction));
   c.expect_float(0);
   c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
   const Shape& logits = c.shape(0);
-  c.check(logits[1] >= 1, c.shaped(0), " has no classes (C = 0)");
-  c.check(!a.classes || a.lse_stash, "classes is an attribute of the lse_stash form only");
-  c.check(!a.classes || (*a.classes >= 1 && *a.classes <= logits[1]), "classes ",
-          a.classes.value_or(0), " is outside [1, ", logits[1], "] (dim 1 of ", c.shaped(0), ")");
+  FUSEBOX_INFER_CHECK(c, logits[1] >= 1, c.shaped(0), " has no classes (C = 0)");
+  FUSEBOX_INFER_CHECK(c, !a.classes || a.lse_stash,
+                      "classes is an attribute of the lse_stash form only");
+  FUSEBOX_INFER_CHECK(c, !a.classes || (*a.classes >= 1 && *a.classes <= logits[1]), "classes ",
+                      a.classes.value_or(0), " is outside [1, ", logits[1], "] (dim 1 of ",
+                      c.shaped(0), ")");
   const int64_t classes = a.classes.value_or(logits[1]);
-  c.check(is_integer(c.dtype(1)), c.input(1), " is ", dtype_name(c.dtype(1)),
-          " but must be i64 or i32");
+  FUSEBOX_INFER_CHECK(c, is_integer(c.dtype(1)), c.input(1), " is ", dtype_name(c.dtype(1)),
+                      " but must be i64 or i32");
   Shape labels = logits;
   labels.erase(labels.begin() + 1);
   c.expect_shape(1, labels, cat("([N, D...]: logits ", shape_str(logits), " without dim 1)"));
   const DType stat = a.lse_stash ? stash_dtype(c.dtype(0)) : c.dtype(0);
   if (c.has(2)) {
-    c.check(c.dtype(2) == stat, c.input(2), " is ", dtype_name(c.dtype(2)), " but must be ",
-            dtype_name(stat), a.lse_stash ? " (the lse_stash form's statistics dtype)" : "");
+    FUSEBOX_INFER_CHECK(c, c.dtype(2) == stat, c.input(2), " is ", dtype_name(c.dtype(2)),
+                        " but must be ", dtype_name(stat),
+                        a.lse_stash ? " (the lse_stash form's statistics dtype)" : "");
     c.expect_shape(2, {classes}, "([C], one per class)");
   }
   const Shape loss = a.reduction == Reduction::none ? labels : Shape{};

@@ -20,33 +20,34 @@ Types infer_reshape(Context& c) {
   for (size_t i = 0; i < out.size(); ++i) {
     const int64_t d = out[i];
     if (d == -1) {
-      c.check(inferred < 0, "shape ", shape_str(a.shape), " has more than one -1");
+      FUSEBOX_INFER_CHECK(c, inferred < 0, "shape ", shape_str(a.shape), " has more than one -1");
       inferred = int64_t(i);
     } else if (d == 0 && !a.allow_zero) {
-      c.check(i < x.size(), "shape ", shape_str(a.shape), " has 0 at index ", i,
-              ", which copies that dim of ", c.shaped(0), ", but x has rank ", x.size());
+      FUSEBOX_INFER_CHECK(c, i < x.size(), "shape ", shape_str(a.shape), " has 0 at index ", i,
+                          ", which copies that dim of ", c.shaped(0), ", but x has rank ",
+                          x.size());
       out[i] = x[i];
     } else {
-      c.check(d >= 0, "shape ", shape_str(a.shape), " has extent ", d, " at index ", i,
-              " (extents are >= 0, or -1 for the inferred one)");
+      FUSEBOX_INFER_CHECK(c, d >= 0, "shape ", shape_str(a.shape), " has extent ", d, " at index ",
+                          i, " (extents are >= 0, or -1 for the inferred one)");
       has_zero = has_zero || d == 0;
     }
   }
-  c.check(!(has_zero && inferred >= 0), "shape ", shape_str(a.shape),
-          " holds both 0 (literal, allow_zero) and -1, so the -1 cannot be inferred");
+  FUSEBOX_INFER_CHECK(c, !(has_zero && inferred >= 0), "shape ", shape_str(a.shape),
+                      " holds both 0 (literal, allow_zero) and -1, so the -1 cannot be inferred");
   const int64_t total = c.product(x, 0, x.size());
   if (inferred >= 0) {
     out[size_t(inferred)] = 1;
     const int64_t known = c.product(out, 0, out.size());
-    c.check(known != 0, "shape ", shape_str(a.shape),
-            ": the -1 cannot be inferred when the other extents multiply to 0");
-    c.check(total % known == 0, "shape ", shape_str(a.shape), " does not fit ", c.shaped(0), ": ",
-            total, " elements are not a multiple of ", known);
+    FUSEBOX_INFER_CHECK(c, known != 0, "shape ", shape_str(a.shape),
+                        ": the -1 cannot be inferred when the other extents multiply to 0");
+    FUSEBOX_INFER_CHECK(c, total % known == 0, "shape ", shape_str(a.shape), " does not fit ",
+                        c.shaped(0), ": ", total, " elements are not a multiple of ", known);
     out[size_t(inferred)] = total / known;
   }
   const int64_t count = c.product(out, 0, out.size());
-  c.check(count == total, "shape ", shape_str(a.shape), " resolves to ", shape_str(out), " (",
-          count, " elements) but ", c.shaped(0), " has ", total);
+  FUSEBOX_INFER_CHECK(c, count == total, "shape ", shape_str(a.shape), " resolves to ",
+                      shape_str(out), " (", count, " elements) but ", c.shaped(0), " has ", total);
   a.shape = out;
   a.allow_zero = true;
   return {{c.dtype(0), out}};
@@ -57,8 +58,8 @@ Types infer_flatten(Context& c) {
   FlattenAttrs& a = c.attrs<FlattenAttrs>();
   const Shape& x = c.shape(0);
   const int64_t r = c.rank(0);
-  c.check(a.axis >= -r && a.axis <= r, "axis ", a.axis, " is out of range for rank ", r,
-          " (valid: ", -r, " to ", r, ")");
+  FUSEBOX_INFER_CHECK(c, a.axis >= -r && a.axis <= r, "axis ", a.axis, " is out of range for rank ",
+                      r, " (valid: ", -r, " to ", r, ")");
   if (a.axis < 0) a.axis += r;
   const size_t axis = size_t(a.axis);
   return {{c.dtype(0), {c.product(x, 0, axis), c.product(x, axis, x.size())}}};
@@ -72,14 +73,15 @@ Types infer_transpose(Context& c) {
   if (a.perm.empty()) {
     for (int64_t d = r - 1; d >= 0; --d) a.perm.push_back(d);
   }
-  c.check(int64_t(a.perm.size()) == r, "perm ", shape_str(a.perm), " has ", a.perm.size(),
-          " entries but ", c.shaped(0), " has rank ", r);
+  FUSEBOX_INFER_CHECK(c, int64_t(a.perm.size()) == r, "perm ", shape_str(a.perm), " has ",
+                      a.perm.size(), " entries but ", c.shaped(0), " has rank ", r);
   std::vector<bool> seen(size_t(r), false);
   Shape y;
   for (size_t i = 0; i < a.perm.size(); ++i) {
     int64_t d = 0;
-    c.check(normalize_axis(a.perm[i], r, &d) && !seen[size_t(d)], "perm ", shape_str(a.perm),
-            " is not a permutation of the ", r, " dims of ", c.shaped(0));
+    FUSEBOX_INFER_CHECK(c, normalize_axis(a.perm[i], r, &d) && !seen[size_t(d)], "perm ",
+                        shape_str(a.perm), " is not a permutation of the ", r, " dims of ",
+                        c.shaped(0));
     seen[size_t(d)] = true;
     a.perm[i] = d;
     y.push_back(x[size_t(d)]);
@@ -91,7 +93,7 @@ Types infer_transpose(Context& c) {
 Types infer_concat(Context& c) {
   ConcatAttrs& a = c.attrs<ConcatAttrs>();
   const int64_t r = c.rank(0);
-  c.check(r >= 1, "cannot concatenate rank-0 tensors (", c.shaped(0), ")");
+  FUSEBOX_INFER_CHECK(c, r >= 1, "cannot concatenate rank-0 tensors (", c.shaped(0), ")");
   a.axis = c.axis(a.axis, r, "axis");
   Shape y = c.shape(0);
   for (int i = 1; i < c.count(); ++i) {
@@ -99,7 +101,8 @@ Types infer_concat(Context& c) {
     bool fits = c.rank(i) == r;
     for (int64_t d = 0; fits && d < r; ++d)
       fits = d == a.axis || c.shape(i)[size_t(d)] == y[size_t(d)];
-    c.check(fits, c.shaped(i), " does not match ", c.shaped(0), " outside axis ", a.axis);
+    FUSEBOX_INFER_CHECK(c, fits, c.shaped(i), " does not match ", c.shaped(0), " outside axis ",
+                        a.axis);
     y[size_t(a.axis)] = c.add(y[size_t(a.axis)], c.shape(i)[size_t(a.axis)]);
   }
   return {{c.dtype(0), y}};
@@ -117,22 +120,22 @@ Types infer_slice(Context& c) {
   const Shape& x = c.shape(0);
   const int64_t r = c.rank(0);
   const size_t n = a.starts.size();
-  c.check(a.ends.size() == n, "starts ", shape_str(a.starts), " and ends ", shape_str(a.ends),
-          " must have the same length");
+  FUSEBOX_INFER_CHECK(c, a.ends.size() == n, "starts ", shape_str(a.starts), " and ends ",
+                      shape_str(a.ends), " must have the same length");
   if (a.axes.empty()) {
     for (size_t i = 0; i < n; ++i) a.axes.push_back(int64_t(i));
   }
   if (a.steps.empty()) a.steps.assign(n, 1);
-  c.check(a.axes.size() == n, "axes ", shape_str(a.axes), " must have one entry per start (", n,
-          ")");
-  c.check(a.steps.size() == n, "steps ", shape_str(a.steps), " must have one entry per start (", n,
-          ")");
+  FUSEBOX_INFER_CHECK(c, a.axes.size() == n, "axes ", shape_str(a.axes),
+                      " must have one entry per start (", n, ")");
+  FUSEBOX_INFER_CHECK(c, a.steps.size() == n, "steps ", shape_str(a.steps),
+                      " must have one entry per start (", n, ")");
   a.axes = c.axes(a.axes, r, "axes");
 
   Shape y = x;
   for (size_t k = 0; k < n; ++k) {
     const int64_t dim = x[size_t(a.axes[k])], step = a.steps[k];
-    c.check(step != 0, "steps ", shape_str(a.steps), " has a 0 at index ", k);
+    FUSEBOX_INFER_CHECK(c, step != 0, "steps ", shape_str(a.steps), " has a 0 at index ", k);
     int64_t start = a.starts[k], end = a.ends[k], count = 0;
     if (dim == 0) {
       start = end = 0;
@@ -168,28 +171,30 @@ Types infer_pad(Context& c) {
   const PadAttrs& a = c.attrs<PadAttrs>();
   const Shape& x = c.shape(0);
   const size_t r = x.size();
-  c.check(a.mode == PadMode::constant || a.mode == PadMode::reflect || a.mode == PadMode::edge,
-          "unknown pad mode ", int(a.mode));
-  c.check(a.pads.size() == 2 * r, "pads ", shape_str(a.pads), " has ", a.pads.size(),
-          " values but ", c.shaped(0), " needs 2 * rank = ", 2 * r, " ([begin..., end...])");
+  FUSEBOX_INFER_CHECK(
+      c, a.mode == PadMode::constant || a.mode == PadMode::reflect || a.mode == PadMode::edge,
+      "unknown pad mode ", int(a.mode));
+  FUSEBOX_INFER_CHECK(c, a.pads.size() == 2 * r, "pads ", shape_str(a.pads), " has ", a.pads.size(),
+                      " values but ", c.shaped(0), " needs 2 * rank = ", 2 * r,
+                      " ([begin..., end...])");
   if (a.mode == PadMode::constant && !is_floating(c.dtype(0))) {
-    c.check(std::isfinite(a.value) && a.value == std::trunc(a.value), "value ", a.value,
-            " cannot be stored in ", dtype_name(c.dtype(0)));
+    FUSEBOX_INFER_CHECK(c, std::isfinite(a.value) && a.value == std::trunc(a.value), "value ",
+                        a.value, " cannot be stored in ", dtype_name(c.dtype(0)));
   }
   Shape y(r);
   for (size_t d = 0; d < r; ++d) {
     const int64_t begin = a.pads[d], end = a.pads[r + d];
     y[d] = c.add(c.add(x[d], begin), end);
-    c.check(y[d] >= 0, "pads ", shape_str(a.pads), " crop dim ", d, " of ", c.shaped(0),
-            " to a negative extent ", y[d]);
+    FUSEBOX_INFER_CHECK(c, y[d] >= 0, "pads ", shape_str(a.pads), " crop dim ", d, " of ",
+                        c.shaped(0), " to a negative extent ", y[d]);
     if (begin <= 0 && end <= 0) continue;
     if (a.mode == PadMode::reflect) {
-      c.check(begin <= x[d] - 1 && end <= x[d] - 1, "reflect pads ", shape_str(a.pads),
-              " exceed dim ", d, " of ", c.shaped(0), ": at most ", std::max<int64_t>(x[d] - 1, 0),
-              " per side (extent - 1)");
+      FUSEBOX_INFER_CHECK(c, begin <= x[d] - 1 && end <= x[d] - 1, "reflect pads ",
+                          shape_str(a.pads), " exceed dim ", d, " of ", c.shaped(0), ": at most ",
+                          std::max<int64_t>(x[d] - 1, 0), " per side (extent - 1)");
     } else if (a.mode == PadMode::edge) {
-      c.check(x[d] >= 1, "edge pads ", shape_str(a.pads), " extend dim ", d, " of ", c.shaped(0),
-              ", which is empty");
+      FUSEBOX_INFER_CHECK(c, x[d] >= 1, "edge pads ", shape_str(a.pads), " extend dim ", d, " of ",
+                          c.shaped(0), ", which is empty");
     }
   }
   return {{c.dtype(0), y}};
@@ -209,8 +214,8 @@ Types infer_squeeze(Context& c) {
     std::sort(axes.begin(), axes.end());
   }
   for (int64_t d : axes)
-    c.check(x[size_t(d)] == 1, "axis ", d, " of ", c.shaped(0), " has extent ", x[size_t(d)],
-            ", not 1, so it cannot be squeezed");
+    FUSEBOX_INFER_CHECK(c, x[size_t(d)] == 1, "axis ", d, " of ", c.shaped(0), " has extent ",
+                        x[size_t(d)], ", not 1, so it cannot be squeezed");
   Shape y;
   for (size_t d = 0; d < x.size(); ++d)
     if (!std::binary_search(axes.begin(), axes.end(), int64_t(d))) y.push_back(x[d]);
@@ -223,7 +228,7 @@ Types infer_squeeze(Context& c) {
 Types infer_unsqueeze(Context& c) {
   AxesAttrs& a = c.attrs<AxesAttrs>();
   const Shape& x = c.shape(0);
-  c.check(!a.axes.empty(), "axes must list at least one new dim");
+  FUSEBOX_INFER_CHECK(c, !a.axes.empty(), "axes must list at least one new dim");
   const int64_t out_rank = c.rank(0) + int64_t(a.axes.size());
   std::vector<int64_t> axes = c.axes(a.axes, out_rank, "axes");
   std::sort(axes.begin(), axes.end());
@@ -237,13 +242,13 @@ Types infer_unsqueeze(Context& c) {
 
 Types infer_cast(Context& c) {
   const DType to = c.attrs<CastAttrs>().to;
-  c.check(int(to) < kNumDTypes, "unknown target dtype ", int(to));
+  FUSEBOX_INFER_CHECK(c, int(to) < kNumDTypes, "unknown target dtype ", int(to));
   return {{to, c.shape(0)}};
 }
 
 Types infer_constant(Context& c) {
   const Tensor& v = c.attrs<ConstantAttrs>().value;
-  c.check(v.defined(), "value holds no tensor");
+  FUSEBOX_INFER_CHECK(c, v.defined(), "value holds no tensor");
   return {{v.dtype(), v.shape()}};
 }
 
@@ -256,14 +261,14 @@ namespace {
 // normalised.
 const GatherAttrs& check_gather_inputs(Context& c) {
   GatherAttrs& a = c.attrs<GatherAttrs>();
-  c.check(c.rank(0) >= 1, c.op_name(), " from a scalar ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(0) >= 1, c.op_name(), " from a scalar ", c.shaped(0));
   a.axis = c.axis(a.axis, c.rank(0), "axis");
-  c.check(c.dtype(1) == DType::i64 || c.dtype(1) == DType::i32, c.input(1),
-          " must be i64 or i32, got ", dtype_name(c.dtype(1)));
+  FUSEBOX_INFER_CHECK(c, c.dtype(1) == DType::i64 || c.dtype(1) == DType::i32, c.input(1),
+                      " must be i64 or i32, got ", dtype_name(c.dtype(1)));
   // No index can name an element of an empty axis (PyTorch refuses such a gather too).
-  c.check(c.shape(0)[size_t(a.axis)] > 0 || numel(c.shape(1)) == 0, c.op_name(), " along axis ",
-          a.axis, " of ", c.shaped(0), ", which is empty, with ", c.shaped(1),
-          ": every index would be out of range");
+  FUSEBOX_INFER_CHECK(c, c.shape(0)[size_t(a.axis)] > 0 || numel(c.shape(1)) == 0, c.op_name(),
+                      " along axis ", a.axis, " of ", c.shaped(0), ", which is empty, with ",
+                      c.shaped(1), ": every index would be out of range");
   return a;
 }
 }  // namespace
@@ -283,10 +288,12 @@ Types infer_gather(Context& c) {
 // extent along every dim but `axis` -> the indices' shape, data's dtype.
 Types infer_gather_elements(Context& c) {
   const GatherAttrs& a = check_gather_inputs(c);
-  c.check(c.rank(1) == c.rank(0), c.shaped(1), " must have the rank of ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, c.rank(1) == c.rank(0), c.shaped(1), " must have the rank of ",
+                      c.shaped(0));
   for (int64_t d = 0; d < c.rank(0); ++d)
-    c.check(d == a.axis || c.shape(1)[size_t(d)] <= c.shape(0)[size_t(d)], c.shaped(1),
-            " is longer than ", c.shaped(0), " along dim ", d, " (not the gathered axis)");
+    FUSEBOX_INFER_CHECK(c, d == a.axis || c.shape(1)[size_t(d)] <= c.shape(0)[size_t(d)],
+                        c.shaped(1), " is longer than ", c.shaped(0), " along dim ", d,
+                        " (not the gathered axis)");
   return {{c.dtype(0), c.shape(1)}};
 }
 
@@ -297,34 +304,39 @@ Types infer_resize(Context& c) {
   ResizeAttrs& a = c.attrs<ResizeAttrs>();
   const Shape& x = c.shape(0);
   const size_t r = x.size();
-  c.check(
+  FUSEBOX_INFER_CHECK(
+      c,
       a.mode == ResizeMode::nearest || a.mode == ResizeMode::linear || a.mode == ResizeMode::cubic,
       "unknown resize mode ", int(a.mode));
-  c.check(int(a.coordinates) <= int(ResizeCoordinates::tf_half_pixel_for_nn),
-          "unknown coordinate mode ", int(a.coordinates));
-  c.check(int(a.nearest) <= int(ResizeNearest::ceil), "unknown nearest mode ", int(a.nearest));
+  FUSEBOX_INFER_CHECK(c, int(a.coordinates) <= int(ResizeCoordinates::tf_half_pixel_for_nn),
+                      "unknown coordinate mode ", int(a.coordinates));
+  FUSEBOX_INFER_CHECK(c, int(a.nearest) <= int(ResizeNearest::ceil), "unknown nearest mode ",
+                      int(a.nearest));
   if (a.mode != ResizeMode::nearest) c.expect_float(0);
-  c.check(a.sizes.size() == r, "sizes ", shape_str(a.sizes), " has ", a.sizes.size(),
-          " values for ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, a.sizes.size() == r, "sizes ", shape_str(a.sizes), " has ", a.sizes.size(),
+                      " values for ", c.shaped(0));
   for (size_t d = 0; d < r; ++d) {
-    c.check(a.sizes[d] >= 0, "sizes ", shape_str(a.sizes), " has a negative extent");
-    c.check(x[d] > 0 || a.sizes[d] == 0, "dim ", d, " of ", c.shaped(0),
-            " is empty and cannot resize to ", a.sizes[d]);
+    FUSEBOX_INFER_CHECK(c, a.sizes[d] >= 0, "sizes ", shape_str(a.sizes), " has a negative extent");
+    FUSEBOX_INFER_CHECK(c, x[d] > 0 || a.sizes[d] == 0, "dim ", d, " of ", c.shaped(0),
+                        " is empty and cannot resize to ", a.sizes[d]);
   }
   if (a.scales.empty())
     for (size_t d = 0; d < r; ++d)
       a.scales.push_back(x[d] > 0 ? double(a.sizes[d]) / double(x[d]) : 1.0);
-  c.check(a.scales.size() == r, "scales has ", a.scales.size(), " values for ", c.shaped(0));
+  FUSEBOX_INFER_CHECK(c, a.scales.size() == r, "scales has ", a.scales.size(), " values for ",
+                      c.shaped(0));
   for (double s : a.scales)
-    c.check(std::isfinite(s) && s > 0, "scales has the value ", s, " (must be finite and > 0)");
+    FUSEBOX_INFER_CHECK(c, std::isfinite(s) && s > 0, "scales has the value ", s,
+                        " (must be finite and > 0)");
   if (a.roi_start.empty()) a.roi_start.assign(r, 0.0);
   if (a.roi_end.empty()) a.roi_end.assign(r, 1.0);
-  c.check(a.roi_start.size() == r && a.roi_end.size() == r, "roi has ", a.roi_start.size(), "+",
-          a.roi_end.size(), " values for ", c.shaped(0), " (one start and one end per dim)");
+  FUSEBOX_INFER_CHECK(c, a.roi_start.size() == r && a.roi_end.size() == r, "roi has ",
+                      a.roi_start.size(), "+", a.roi_end.size(), " values for ", c.shaped(0),
+                      " (one start and one end per dim)");
   for (size_t d = 0; d < r; ++d)
-    c.check(std::isfinite(a.roi_start[d]) && std::isfinite(a.roi_end[d]), "roi of dim ", d,
-            " is not finite");
-  c.check(std::isfinite(a.cubic_a), "cubic_coeff_a ", a.cubic_a, " must be finite");
+    FUSEBOX_INFER_CHECK(c, std::isfinite(a.roi_start[d]) && std::isfinite(a.roi_end[d]),
+                        "roi of dim ", d, " is not finite");
+  FUSEBOX_INFER_CHECK(c, std::isfinite(a.cubic_a), "cubic_coeff_a ", a.cubic_a, " must be finite");
   return {{c.dtype(0), Shape(a.sizes.begin(), a.sizes.end())}};
 }
 

@@ -136,8 +136,9 @@ Types infer_fused_pointwise(Context& c) {
   Shape shape = c.shape(0);
   for (int i = 1; i < c.count(); ++i) {
     Shape next;
-    c.check(broadcast_shapes(shape, c.shape(i), &next), c.shaped(i),
-            " does not broadcast with the other inputs (so far ", shape_str(shape), ")");
+    FUSEBOX_INFER_CHECK(c, broadcast_shapes(shape, c.shape(i), &next), c.shaped(i),
+                        " does not broadcast with the other inputs (so far ", shape_str(shape),
+                        ")");
     shape = std::move(next);
   }
   return {{values.back(), shape}};

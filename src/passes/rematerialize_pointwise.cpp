@@ -1,8 +1,6 @@
-// rematerialize_pointwise (passes/rematerialize.h): values are looked at latest producer first;
-// each gets a plan (the elementwise chain to copy before its first late reader, and what the
-// leaves' longer lives cost) priced against the span the value no longer lives. An accepted
-// plan is applied by one rebuild before the next value is looked at: the copies go after the
-// value's producer, so the positions of every node still to be looked at are unchanged.
+// rematerialize_pointwise (passes/rematerialize.h): each value gets a plan (the elementwise
+// chain to copy before its first late reader, and what the leaves' longer lives cost) priced
+// against the span the value no longer lives; the plans of a round are applied by one rebuild.
 #include "fusebox/passes/rematerialize.h"
 
 #include <algorithm>
@@ -22,8 +20,10 @@ double bytes(const Graph& g, ValueId v) {
   return double(numel(t.shape)) * double(dtype_size(t.dtype));
 }
 
-// Where the copies go and which nodes they copy (in node order, the value's producer last).
+// The value to compute again, where the copies go and which nodes they copy (in node order,
+// the value's producer last).
 struct Plan {
+  ValueId value = kNoValue;
   NodeId before = -1;
   std::vector<NodeId> chain;
 };
@@ -55,7 +55,7 @@ class Planner {
       previous = r[i];
     }
     if (size_t(widest) < options_.min_gap) return std::nullopt;
-    Plan plan{.before = r[split], .chain = {}};
+    Plan plan{.value = v, .before = r[split], .chain = {}};
     std::set<ValueId> provided;
     const std::optional<double> cost = recompute(v, plan.before, plan.chain, provided);
     if (!cost || *cost >= bytes(g_, v) * double(widest)) return std::nullopt;
@@ -119,11 +119,26 @@ class Planner {
   std::vector<bool> pinned_;                  // live through the whole step
 };
 
-// g with plan.chain copied before node plan.before; v's readers from there read the copy.
-Graph apply(const Graph& g, ValueId v, const Plan& plan) {
+// The values a plan reads or writes: its value and its copies' inputs and outputs.
+std::set<ValueId> touched(const Graph& g, const Plan& plan) {
+  std::set<ValueId> t{plan.value};
+  for (NodeId c : plan.chain) {
+    const Node& n = g.node(c);
+    t.insert(n.inputs.begin(), n.inputs.end());
+    t.insert(n.outputs.begin(), n.outputs.end());
+  }
+  return t;
+}
+
+// g with each plan's chain copied before its node; its value's readers from there read the copy.
+Graph with_copies(const Graph& g, const std::vector<Plan>& plans) {
+  std::multimap<NodeId, const Plan*> before;
+  for (const Plan& p : plans) before.emplace(p.before, &p);
   GraphRewriter rw(g);
   for (const Node& n : g.nodes()) {
-    if (n.id == plan.before) {
+    const auto [first, last] = before.equal_range(n.id);
+    for (auto it = first; it != last; ++it) {
+      const Plan& plan = *it->second;
       std::map<ValueId, ValueId> copy_of;  // a source value -> its copy's new value
       for (NodeId c : plan.chain) {
         const Node& source = g.node(c);
@@ -137,7 +152,7 @@ Graph apply(const Graph& g, ValueId v, const Plan& plan) {
                                            source.name + "/recompute",
                                            {rw.fresh_name(g.value(out).name + "/recompute")})[0];
       }
-      rw.map(v, copy_of.at(v));
+      rw.map(plan.value, copy_of.at(plan.value));
     }
     rw.copy(n);
   }
@@ -148,18 +163,30 @@ Graph apply(const Graph& g, ValueId v, const Plan& plan) {
 
 size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const RematerializeOptions& options) {
   size_t count = 0;
-  std::optional<Planner> planner(std::in_place, g, options);
-  for (size_t i = g.nodes().size(); i-- > 0;) {
-    const Node& n = g.nodes()[i];
-    if (!is_pointwise_member(g, n)) continue;
-    const ValueId v = n.outputs[0];
-    const std::optional<Plan> plan = planner->plan(v);
-    if (!plan) continue;
-    g = apply(g, v, *plan);
-    planner.emplace(g, options);
-    ++count;
+  // Rounds: every value planned against one graph, latest producer first; the plans that
+  // touch no value another accepted plan recomputes (nor have theirs touched) are applied in
+  // one rebuild, the others planned again in the next round, on the graph with the copies
+  // (a HardSwish's gate first, then the sum it starts from, read by the gate's copy).
+  for (;;) {
+    const Planner planner(g, options);
+    std::vector<Plan> round;
+    std::set<ValueId> recomputed, reached;
+    for (size_t i = g.nodes().size(); i-- > 0;) {
+      const Node& n = g.nodes()[i];
+      if (!is_pointwise_member(g, n) || reached.count(n.outputs[0])) continue;
+      std::optional<Plan> plan = planner.plan(n.outputs[0]);
+      if (!plan) continue;
+      const std::set<ValueId> t = touched(g, *plan);
+      if (std::any_of(t.begin(), t.end(), [&](ValueId v) { return recomputed.count(v) != 0; }))
+        continue;
+      recomputed.insert(plan->value);
+      reached.insert(t.begin(), t.end());
+      round.push_back(std::move(*plan));
+    }
+    if (round.empty()) return count;
+    g = with_copies(g, round);
+    count += round.size();
   }
-  return count;
 }
 
 }  // namespace fusebox
