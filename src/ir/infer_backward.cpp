@@ -109,9 +109,10 @@ Types infer_binary_backward(Context& c) {
   return {grad, grad};
 }
 
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias):
-// dx in x's type, dscale and dbias in the per-channel inputs' dtype (x's, or f32 for f16
-// or bf16 x, as the forward). y (x's type) is given exactly when relu is.
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale,
+// dbias): dx in x's type, dscale and dbias in the per-channel inputs' dtype (x's, or f32 for
+// f16 or bf16 x, as the forward). y (x's type) is given exactly when relu is; bias ([C]) may
+// be with it.
 Types infer_batch_norm_backward(Context& c) {
   c.expect_float(1);
   c.expect_rank_between(1, 2, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
@@ -123,13 +124,17 @@ Types infer_batch_norm_backward(Context& c) {
         " is required with relu: the forward's output 0, which masks dy as relu's gradient");
     expect_type(c, 5, c.type(1), "output y (x's type)");
   } else {
-    FUSEBOX_INFER_CHECK(c, !c.has(5), c.input(5),
-                        " is given but relu is false (only a fused relu reads y)");
+    FUSEBOX_INFER_CHECK(c, !c.has(5) && !c.has(6), c.input(c.has(5) ? 5 : 6),
+                        " is given but relu is false (only a fused relu reads y and bias)");
   }
   const int64_t C = c.shape(1)[1];
-  for (int i = 2; i <= 4; ++i)
+  const int last = c.has(6) ? 6 : 4;
+  for (int i = 2; i <= last; ++i) {
+    if (i == 5) continue;  // y
     c.expect_shape(i, {C}, cat("([C], one per channel of x ", shape_str(c.shape(1)), ")"));
+  }
   const DType param = expect_channel_params(c, 1, 2, 4);
+  if (c.has(6)) expect_type(c, 6, TensorType{param, {C}}, "bias (the per-channel dtype)");
   FUSEBOX_INFER_CHECK(c, !a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
                       "training needs batch statistics but ", c.shaped(1),
                       " has no elements per channel");

@@ -473,7 +473,7 @@ struct UnaryBackwardAttrs {
 struct BinaryBackwardAttrs {
   OpKind op = OpKind::div;
 };
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale [C],
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale [C],
 //   dbias [C]): dx in x's dtype, dscale and dbias in the per-channel inputs' dtype (x's, or
 //   f32 with f16 / bf16 x, as the forward's). With training = true (the training form,
 //   what autodiff of a training batch_norm emits) the batch statistics' dependence on x is
@@ -482,7 +482,11 @@ struct BinaryBackwardAttrs {
 //   dx = dy * scale * inv_std). epsilon and momentum play no part. With relu (the forward
 //   was a fused batch_norm + relu) y, the forward's output 0 (after the relu, x's type), is
 //   input 5 and dy is first masked as relu's gradient (unary_backward of relu at y: dy * 1
-//   where y > 0, else dy * 0, rounded to dy's dtype); without relu there is no input 5.
+//   where y > 0, else dy * 0, rounded to dy's dtype); without relu there is no input 5. Input
+//   6, with relu only, is the forward's bias ([C], the per-channel dtype): with it a backend
+//   may recompute y from x, the saved statistics, scale and bias instead of reading it (the
+//   CUDA kernels do where the statistics are stored in their compute type: the forward's own
+//   coefficients, so the same mask); the CPU reads y.
 // layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias), dscale
 //   and dbias shaped like x's dims [axis, rank) (or like scale when given, summed over
 //   the dims scale broadcasts along; dbias too, so a bias shaped unlike scale needs a

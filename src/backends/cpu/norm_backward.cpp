@@ -104,9 +104,10 @@ void norm_backward(const Node& n, Inputs in, Outputs out, bool centre) {
 
 }  // namespace
 
-// (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias); channel c's
+// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale, dbias); channel c's
 // elements are the N rows x[n, c, :] of `inner` = prod(D) elements each. With relu, every
-// read of dy reads relu's gradient at y instead, rounded to T as backward.cpp's
+// read of dy reads relu's gradient at y instead (y is read: the bias that would let a backend
+// recompute it is not used here), rounded to T as backward.cpp's
 // unary_backward writes it (dy * 1 where y > 0, else dy * 0 in compute_t<T>), so that the
 // fused node is bit for bit unary_backward then batch_norm_backward. With sync (and
 // training) mean(dy) and mean(dy * x_hat) are over every rank of `world` (their sums gathered

@@ -114,8 +114,9 @@ void expect_plain_norm(VjpArgs& a) {
 
 // batch_norm training: (dx, dscale, dbias) = batch_norm_backward(dy, x, scale,
 // saved_mean, saved_inv_std), the forward's outputs 3 and 4; with a fused relu also y, the
-// forward's output 0, by which the backward op masks dy (relu's gradient). The running
-// statistics (inputs 3, 4 and outputs 1, 2) and the saved statistics carry no gradient.
+// forward's output 0, by which the backward op masks dy (relu's gradient), and the forward's
+// bias. The running statistics (inputs 3, 4 and outputs 1, 2) and the saved statistics carry
+// no gradient.
 Grads vjp_batch_norm(VjpArgs& a) {
   const BatchNormAttrs& bn = std::get<BatchNormAttrs>(a.node.attrs);
   if (!bn.training) return batch_norm_inference(a);
@@ -139,7 +140,9 @@ Grads vjp_batch_norm(VjpArgs& a) {
   }
   if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) return out;
   std::vector<ValueId> inputs = {a.dy[0], a.input(0), a.input(1), a.output(3), a.output(4)};
-  if (bn.relu) inputs.push_back(a.output(0));
+  // With a fused relu: y, and the bias by which a backend may recompute y from x instead of
+  // reading it (ir/ops.h).
+  if (bn.relu) inputs.insert(inputs.end(), {a.output(0), a.input(2)});
   const std::vector<ValueId> d =
       a.e.op(OpKind::batch_norm_backward, bn, std::move(inputs), "dx_dscale_dbias");
   for (size_t i = 0; i < 3; ++i)

@@ -183,10 +183,33 @@ TEST(InferBatchNormBackwardErrors, FusedReluY) {
   unfused.push_back(f32({2, 3, 4}));
   EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, BatchNormAttrs{.training = true}, unfused,
                          {"input 5 (y) is given but relu is false"}));
-  unfused.push_back(f32({2, 3, 4}));
+  unfused.push_back(f32({3}));
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, BatchNormAttrs{.training = true}, unfused,
+                         {"input 5 (y) is given but relu is false"}));
+  unfused.push_back(f32({3}));
   EXPECT_TRUE(fails_with(
       OpKind::batch_norm_backward, relu, unfused,
-      {"takes 5 to 6 inputs (dy, x, scale, saved_mean, saved_inv_std, y?)", "but got 7"}));
+      {"takes 5 to 7 inputs (dy, x, scale, saved_mean, saved_inv_std, y?, bias?)", "but got 8"}));
+}
+
+// The forward's bias beside y (input 6, the per-channel dtype), with a fused relu only.
+TEST(InferBatchNormBackward, FusedReluMayTakeTheBias) {
+  const BatchNormAttrs relu{.training = true, .relu = true};
+  const Inferred r = infer(OpKind::batch_norm_backward, relu,
+                           {typed(DType::bf16, {2, 3, 4}), typed(DType::bf16, {2, 3, 4}), f32({3}),
+                            f32({3}), f32({3}), typed(DType::bf16, {2, 3, 4}), f32({3})});
+  EXPECT_EQ(r.types, (Types{typed(DType::bf16, {2, 3, 4}), f32({3}), f32({3})}));
+  std::vector<In> in = {f32({2, 3, 4}), f32({2, 3, 4}), f32({3}), f32({3}),
+                        f32({3}),       f32({2, 3, 4}), f32({4})};
+  EXPECT_TRUE(
+      fails_with(OpKind::batch_norm_backward, relu, in, {"input 6 (bias) is [4] but must be [3]"}));
+  in.back() = typed(DType::bf16, {3});
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, relu, in,
+                         {"input 6 (bias) is bf16[3] but must be f32[3]"}));
+  in.back() = f32({3});
+  in[5] = std::nullopt;
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, BatchNormAttrs{.training = true}, in,
+                         {"input 6 (bias) is given but relu is false"}));
 }
 
 TEST(InferLayerNormBackward, AxisNormalisedAndParamGradientShapes) {

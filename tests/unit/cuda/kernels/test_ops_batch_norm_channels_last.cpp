@@ -467,6 +467,64 @@ TEST_F(BatchNormChannelsLastTest, FusedResidualMatchesCpu) {
   }
 }
 
+// The forward's bias given to the backward (input 6): the relu mask recomputed from x, where
+// the saved statistics are in the compute type (f32 / f64, and f32 statistics of f16 / bf16
+// x), is the mask the GPU's own forward stored, so the outputs are those of the backward that
+// reads y, bit for bit; bf16 statistics of bf16 x read y as before (the same bits trivially).
+TEST_F(BatchNormChannelsLastTest, FusedReluMaskFromXIsTheForwardsMask) {
+  OpHarness h;
+  uint64_t seed = 9600;
+  struct DTypes {
+    DType x, param;
+  };
+  const std::vector<DTypes> dtypes = {{DType::f32, DType::f32},
+                                      {DType::f64, DType::f64},
+                                      {DType::f16, DType::f32},
+                                      {DType::bf16, DType::f32},
+                                      {DType::bf16, DType::bf16}};
+  for (const DTypes& d : dtypes) {
+    for (const Shape& shape : {Shape{8, 64, 14, 14}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+        SCOPED_TRACE(cat(dtype_name(d.x), " x ", dtype_name(d.param), " params ", shape_str(shape),
+                         channels_last ? " NHWC" : " NCHW"));
+        std::vector<Tensor> inputs = forward_inputs(d.x, shape, seed += 5);
+        for (size_t i = 1; i < 5; ++i) inputs[i] = inputs[i].cast(d.param);
+        const BatchNormAttrs attrs{1e-5, 0.9, true, true};
+        const std::vector<Tensor> fwd = run_in_layout(
+            h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset);
+        std::vector<Tensor> back = {random_tensor(d.x, shape, seed + 1, -1, 1),
+                                    inputs[0],
+                                    inputs[1],
+                                    fwd[3],
+                                    fwd[4],
+                                    fwd[0]};
+        BatchNormAttrs back_attrs;
+        back_attrs.training = true;
+        back_attrs.relu = true;
+        const std::vector<Tensor> from_y =
+            run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                          back_attrs, back, {0, 1, 5}, offset);
+        back.push_back(inputs[2]);
+        const std::vector<Tensor> from_x =
+            run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                          back_attrs, back, {0, 1, 5}, offset);
+        ASSERT_EQ(from_x.size(), 3u);
+        for (size_t o = 0; o < 3; ++o)
+          EXPECT_TRUE(bit_identical(from_x[o], from_y[o])) << "backward output " << o;
+        // The mask did cut: dx differs from the unmasked backward's.
+        BatchNormAttrs plain = back_attrs;
+        plain.relu = false;
+        back.resize(5);
+        const std::vector<Tensor> unmasked =
+            run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                          plain, back, {0, 1}, offset);
+        EXPECT_FALSE(bit_identical(from_x[0], unmasked[0]));
+      }
+    }
+  }
+}
+
 // The edges, fused against unfused on the GPU bit for bit: y exactly -0 (x == running
 // mean, negative scale, bias -0: relu keeps -0), y rounding to -0 in f16, NaN x, and
 // infinite and NaN dy (where y <= 0, dy * 0 is NaN in both).

@@ -204,9 +204,14 @@ __global__ void bn_finalize_training(const Moments<Q>* entries, Entries e, int64
     new_var[c] = convert<P>(convert<double>(running_var[c]) * momentum + var * (1 - momentum));
   if (saved_mean) saved_mean[c] = convert<P>(m.mean);
   if (saved_inv_std) saved_inv_std[c] = convert<P>(inv_std);
-  coef[c] = {
-      C(m.mean), C(inv_std * convert<double>(scale[c])), convert<C>(bias[c]), C(inv_std), C(0),
-      C(0)};
+  // Where the statistics are stored in the compute type, k from inv_std as stored, as the
+  // backward computes it: its relu mask recomputed from x (MaskFrom::x) is this pass's.
+  C k;
+  if constexpr (std::is_same_v<P, C>)
+    k = scaled_inv_std<C>(scale[c], convert<P>(inv_std));
+  else
+    k = C(inv_std * convert<double>(scale[c]));
+  coef[c] = {C(m.mean), k, convert<C>(bias[c]), C(inv_std), C(0), C(0)};
 }
 
 // Inference: the coefficients from the running statistics.
@@ -237,7 +242,7 @@ __global__ void bn_apply(const T* x, const T* residual, T* y, int64_t units, Cha
   for (; u < units; u += grid_stride()) {
     const Coefficients<C> k = coef[chan];
     if constexpr (kWidth == 1) {
-      C v = (load_compute(x, u) - k.mean) * k.k + k.bias;
+      C v = affine(load_compute(x, u), k.mean, k.k, k.bias);
       if (residual) v = add_residual<T>(v, load_compute(residual, u));
       store_compute(y, u, activate<T, kRelu>(v));
     } else {
@@ -247,7 +252,7 @@ __global__ void bn_apply(const T* x, const T* residual, T* y, int64_t units, Cha
       Vec<T> out;
 #pragma unroll
       for (int w = 0; w < kWidth; ++w) {
-        C v = (convert<C>(in.v[w]) - k.mean) * k.k + k.bias;
+        C v = affine(convert<C>(in.v[w]), k.mean, k.k, k.bias);
         if (residual) v = add_residual<T>(v, convert<C>(r.v[w]));
         out.v[w] = convert<T>(activate<T, kRelu>(v));
       }
@@ -260,16 +265,21 @@ __global__ void bn_apply(const T* x, const T* residual, T* y, int64_t units, Cha
 // ---- backward -----------------------------------------------------------------------
 
 // Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block); dy
-// masked by relu's gradient at y with kRelu.
-template <class T, class P, bool kRelu>
+// masked by relu's gradient at y as kMask says (scale and bias: with MaskFrom::x).
+template <class T, class P, MaskFrom kMask>
 __global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* saved_mean,
-                                 const P* saved_inv_std, int64_t channels, int64_t inner,
-                                 int64_t per_chunk, int64_t count, RowWalk walk,
-                                 compute_t<T>* partial /* [C][chunks][2] */) {
+                                 const P* saved_inv_std, const P* scale, const P* bias,
+                                 int64_t channels, int64_t inner, int64_t per_chunk, int64_t count,
+                                 RowWalk walk, compute_t<T>* partial /* [C][chunks][2] */) {
   using C = compute_t<T>;
   __shared__ C shared[2][kThreads];
   const int64_t c = blockIdx.x;
   const C mean = convert<C>(saved_mean[c]), inv_std = convert<C>(saved_inv_std[c]);
+  C k = 0, shift = 0;
+  if constexpr (kMask == MaskFrom::x) {
+    k = scaled_inv_std<C>(scale[c], saved_inv_std[c]);
+    shift = convert<C>(bias[c]);
+  }
   const int64_t first = int64_t(blockIdx.y) * per_chunk;
   const int64_t last = min(count, first + per_chunk);
   C sum_dy = 0, sum_dyx = 0;
@@ -277,9 +287,10 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* s
   int64_t row = f / inner, pos = f % inner;
   for (; f < last; f += blockDim.x) {
     const int64_t at = (row * channels + c) * inner + pos;
-    const C g = load_dy<kRelu>(dy, y, at);
+    const C xv = load_compute(x, at);
+    const C g = load_dy<kMask>(dy, y, at, xv, mean, k, shift);
     sum_dy += g;
-    sum_dyx += g * (load_compute(x, at) - mean) * inv_std;
+    sum_dyx += g * (xv - mean) * inv_std;
     walk.advance(row, pos);
   }
   shared[0][threadIdx.x] = sum_dy;
@@ -306,7 +317,7 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* s
 // gather), not the coefficients; its second pass sums the gathered totals into them.
 template <class T, class P, class G, class Q>
 __global__ void bn_backward_finalize(const Q* entries /* pairs */, Entries e, int64_t channels,
-                                     int64_t count, bool training, const P* scale,
+                                     int64_t count, bool training, const P* scale, const P* bias,
                                      const P* saved_mean, const P* saved_inv_std, G* dscale,
                                      G* dbias, Coefficients<compute_t<T>>* coef, double* totals) {
   using C = compute_t<T>;
@@ -336,16 +347,16 @@ __global__ void bn_backward_finalize(const Q* entries /* pairs */, Entries e, in
   }
   const double inv_std = convert<double>(saved_inv_std[c]);
   coef[c] = {convert<C>(saved_mean[c]),
-             C(convert<double>(scale[c]) * inv_std),
-             C(0),
+             scaled_inv_std<C>(scale[c], saved_inv_std[c]),
+             bias ? convert<C>(bias[c]) : C(0),
              C(inv_std),
              C(training ? sum_dy / double(count) : 0.0),
              C(training ? sum_dyx / double(count) : 0.0)};
 }
 
 // Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements (dy masked
-// as stage 1's).
-template <class T, bool kRelu>
+// as stage 1's; with MaskFrom::x the coefficients hold the forward's bias).
+template <class T, MaskFrom kMask>
 __global__ void bn_backward_dx(const T* x, const T* dy, const T* y, T* dx, int64_t total,
                                ChannelWalk walk, const Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
@@ -353,8 +364,10 @@ __global__ void bn_backward_dx(const T* x, const T* dy, const T* y, T* dx, int64
   walk.start(e, chan, pos);
   for (; e < total; e += grid_stride()) {
     const Coefficients<C> k = coef[chan];
-    const C x_hat = (load_compute(x, e) - k.mean) * k.inv_std;
-    store_compute(dx, e, k.k * (load_dy<kRelu>(dy, y, e) - k.mean_dy - x_hat * k.mean_dyx));
+    const C xv = load_compute(x, e);
+    const C x_hat = (xv - k.mean) * k.inv_std;
+    const C g = load_dy<kMask>(dy, y, e, xv, k.mean, k.k, k.bias);
+    store_compute(dx, e, k.k * (g - k.mean_dy - x_hat * k.mean_dyx));
     walk.advance(chan, pos);
   }
 }
@@ -477,7 +490,7 @@ void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, co
 // Stage 1 of the contiguous backward.
 template <class T, class P>
 Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                                  const DeviceTensor& dy, const DeviceTensor* relu_y,
+                                  const DeviceTensor& dy, const ReluMask& mask,
                                   const DeviceTensor& saved_mean,
                                   const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
@@ -485,14 +498,17 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
   Partials p{ctx.encoder.temporary(ctx.allocator, size_t(g.channels * chunks * 2) * sizeof(C)),
              chunks};
-  with_relu(relu_y != nullptr, [&](auto fused) {
-    ctx.encoder.launch(&bn_backward_sums<T, P, decltype(fused)::value>,
-                       dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
-                       norm::ranges({&x, &dy, relu_y, &saved_mean, &saved_inv_std}), {p.buffer},
-                       x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
-                       saved_mean.as<const P>(), saved_inv_std.as<const P>(), g.channels, g.inner,
-                       per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
-                       static_cast<C*>(p.buffer.data()));
+  const bool from_x = mask.from == MaskFrom::x;
+  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
+  with_mask(mask.from, [&](auto from) {
+    ctx.encoder.launch(
+        &bn_backward_sums<T, P, decltype(from)::value>,
+        dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
+        norm::ranges({&x, &dy, y, &saved_mean, &saved_inv_std, mask.scale, mask.bias}), {p.buffer},
+        x.as<const T>(), dy.as<const T>(), y ? y->as<const T>() : nullptr, saved_mean.as<const P>(),
+        saved_inv_std.as<const P>(), from_x ? mask.scale->as<const P>() : nullptr,
+        from_x ? mask.bias->as<const P>() : nullptr, g.channels, g.inner, per_chunk,
+        g.per_channel(), RowWalk::make(g.inner, kThreads), static_cast<C*>(p.buffer.data()));
   });
   return p;
 }
@@ -500,16 +516,17 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
 // Stage 3 of the contiguous backward.
 template <class T>
 void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                            const DeviceTensor& dy, const DeviceTensor* relu_y,
-                            const DeviceTensor& dx, const BufferRange& coef) {
+                            const DeviceTensor& dy, const ReluMask& mask, const DeviceTensor& dx,
+                            const BufferRange& coef) {
   using C = compute_t<T>;
   const unsigned blocks = launch_blocks(g.total(), kThreads);
-  BufferList reads = norm::ranges({&x, &dy, relu_y});
+  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
+  BufferList reads = norm::ranges({&x, &dy, y});
   reads.push_back(coef);
-  with_relu(relu_y != nullptr, [&](auto fused) {
-    ctx.encoder.launch(&bn_backward_dx<T, decltype(fused)::value>, dim3(blocks), dim3(kThreads), 0,
+  with_mask(mask.from, [&](auto from) {
+    ctx.encoder.launch(&bn_backward_dx<T, decltype(from)::value>, dim3(blocks), dim3(kThreads), 0,
                        reads, {dx.range()}, x.as<const T>(), dy.as<const T>(),
-                       relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(), g.total(),
+                       y ? y->as<const T>() : nullptr, dx.as<T>(), g.total(),
                        ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
                        static_cast<const Coefficients<C>*>(coef.data()));
   });
@@ -640,13 +657,16 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   });
 }
 
-// relu_y: the forward's output y of a fused relu (masks dy), or null.
+// relu_y: the forward's output y of a fused relu (masks dy), or null; relu_bias (with relu_y,
+// or null): the forward's bias, by which the mask is recomputed from x where the saved
+// statistics are in the compute type (ReluMask), y then not read.
 // sync (training only): the dx coefficients from every rank's sums (BatchNormAttrs::sync).
 void run_batch_norm_backward(Context& ctx, const std::string& where, bool training, bool sync,
                              const DeviceTensor& x, const DeviceTensor& dy,
-                             const DeviceTensor* relu_y, const DeviceTensor& scale,
-                             const DeviceTensor& saved_mean, const DeviceTensor& saved_inv_std,
-                             DeviceTensor* dx, DeviceTensor* dscale, DeviceTensor* dbias) {
+                             const DeviceTensor* relu_y, const DeviceTensor* relu_bias,
+                             const DeviceTensor& scale, const DeviceTensor& saved_mean,
+                             const DeviceTensor& saved_inv_std, DeviceTensor* dx,
+                             DeviceTensor* dscale, DeviceTensor* dbias) {
   const Geometry g = geometry_of(where, x.shape);
   FUSEBOX_CHECK(dy.dtype == x.dtype && dy.shape == x.shape &&
                     (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)) &&
@@ -658,6 +678,7 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
   check_per_channel(where, "scale", &scale, param, g.channels);
   check_per_channel(where, "saved_mean", &saved_mean, param, g.channels);
   check_per_channel(where, "saved_inv_std", &saved_inv_std, param, g.channels);
+  if (relu_bias) check_per_channel(where, "bias", relu_bias, param, g.channels);
   const DType grad_dtype = dscale ? dscale->dtype : dbias ? dbias->dtype : param;
   for (const DeviceTensor* p : {dscale, dbias}) {
     FUSEBOX_CHECK(!p || (p->numel() == g.channels && p->is_contiguous() && p->dtype == grad_dtype &&
@@ -680,26 +701,33 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       const BufferRange coef =
           ctx.encoder.temporary(ctx.allocator, size_t(g.channels) * sizeof(Coefficients<C>));
       // Stages 1 and 2 read the per-channel tensors; stage 3 only the coefficients.
+      ReluMask mask;
       visit_param_type<T>(x.dtype, param, [&](auto param_tag) {
         using P = decltype(param_tag);
+        if (relu_y != nullptr) {
+          mask = relu_bias != nullptr && std::is_same_v<P, C>
+                     ? ReluMask{MaskFrom::x, nullptr, &scale, relu_bias}
+                     : ReluMask{MaskFrom::y, relu_y, nullptr, nullptr};
+        }
+        const P* bias = mask.from == MaskFrom::x ? relu_bias->as<const P>() : nullptr;
         const Partials partial =
             layout == Layout::channels_last
-                ? channels_last_backward_sums<T, P>(ctx, x, dy, relu_y, saved_mean, saved_inv_std)
-                : contiguous_backward_sums<T, P>(ctx, g, x, dy, relu_y, saved_mean, saved_inv_std);
+                ? channels_last_backward_sums<T, P>(ctx, x, dy, mask, saved_mean, saved_inv_std)
+                : contiguous_backward_sums<T, P>(ctx, g, x, dy, mask, saved_mean, saved_inv_std);
         const Entries chunks{partial.chunks, partial.chunks, 1};
         const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
         auto finalize = [&](auto grad_tag) {
           using G = decltype(grad_tag);
           G* dscale_out = dscale ? dscale->as<G>() : nullptr;
           G* dbias_out = dbias ? dbias->as<G>() : nullptr;
-          BufferList reads = {partial.buffer, scale.range(), saved_mean.range(),
-                              saved_inv_std.range()};
+          BufferList reads = norm::ranges({&scale, mask.bias, &saved_mean, &saved_inv_std});
+          reads.insert(reads.begin(), partial.buffer);
           BufferList writes = norm::ranges({dscale, dbias});
           if (!(sync && training)) {
             writes.push_back(coef);
             ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
                                static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
-                               g.per_channel(), training, scale.as<const P>(),
+                               g.per_channel(), training, scale.as<const P>(), bias,
                                saved_mean.as<const P>(), saved_inv_std.as<const P>(), dscale_out,
                                dbias_out, static_cast<Coefficients<C>*>(coef.data()),
                                static_cast<double*>(nullptr));
@@ -709,19 +737,20 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
           // rank order, make the coefficients (the shards have one shape: count * world).
           const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * 2 * sizeof(double));
           writes.push_back(totals.own_range());
-          ctx.encoder.launch(
-              &bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
-              static_cast<const C*>(partial.buffer.data()), chunks, g.channels, g.per_channel(),
-              training, scale.as<const P>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-              dscale_out, dbias_out, static_cast<Coefficients<C>*>(nullptr), totals.own<double>());
+          ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+                             static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
+                             g.per_channel(), training, scale.as<const P>(), bias,
+                             saved_mean.as<const P>(), saved_inv_std.as<const P>(), dscale_out,
+                             dbias_out, static_cast<Coefficients<C>*>(nullptr),
+                             totals.own<double>());
           totals.gather(ctx);
           reads[0] = totals.whole();
           ctx.encoder.launch(
               &bn_backward_finalize<T, P, G, double>, grid, block, 0, reads, {coef},
               static_cast<const double*>(totals.buffer.data()),
               Entries{totals.ranks, 1, g.channels}, g.channels, g.per_channel() * totals.ranks,
-              training, scale.as<const P>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-              static_cast<G*>(nullptr), static_cast<G*>(nullptr),
+              training, scale.as<const P>(), bias, saved_mean.as<const P>(),
+              saved_inv_std.as<const P>(), static_cast<G*>(nullptr), static_cast<G*>(nullptr),
               static_cast<Coefficients<C>*>(coef.data()), static_cast<double*>(nullptr));
         };
         if (grad_dtype == DType::f32)
@@ -731,9 +760,9 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
       });
       if (!dx) return;
       if (layout == Layout::channels_last)
-        channels_last_backward_dx<T>(ctx, x, dy, relu_y, *dx, coef);
+        channels_last_backward_dx<T>(ctx, x, dy, mask, *dx, coef);
       else
-        contiguous_backward_dx<T>(ctx, g, x, dy, relu_y, *dx, coef);
+        contiguous_backward_dx<T>(ctx, g, x, dy, mask, *dx, coef);
     }
   });
 }
@@ -751,23 +780,25 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          const DeviceTensor& scale, const DeviceTensor& saved_mean,
                          const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
                          DeviceTensor* dbias) {
-  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, false, x, dy, nullptr, scale,
-                              saved_mean, saved_inv_std, dx, dscale, dbias);
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, false, x, dy, nullptr, nullptr,
+                              scale, saved_mean, saved_inv_std, dx, dscale, dbias);
 }
 
-// (dy, x, scale, saved_mean, saved_inv_std, y?) -> (dx, dscale, dbias): dx in x's dtype,
-// dscale and dbias in scale's (x's, or f32 for f16 / bf16 x); y exactly with relu.
+// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale, dbias): dx in x's
+// dtype, dscale and dbias in scale's (x's, or f32 for f16 / bf16 x); y exactly with relu, bias
+// optionally with it (the mask then recomputed from x where it can be: ReluMask).
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
-  FUSEBOX_CHECK((in.size() == 5 || in.size() == 6) && out.size() == 3 && in[0] && in[1] && in[2] &&
-                    in[3] && in[4] && (!attrs.relu || (in.size() == 6 && in[5])),
+  FUSEBOX_CHECK((in.size() >= 5 && in.size() <= 7) && out.size() == 3 && in[0] && in[1] && in[2] &&
+                    in[3] && in[4] && (!attrs.relu || (in.size() >= 6 && in[5])) &&
+                    (in.size() < 7 || !in[6] || attrs.relu),
                 node_label(n), "expects (dy, x, scale, saved_mean, saved_inv_std",
-                attrs.relu ? ", y" : "", ") -> (dx, dscale, dbias)");
+                attrs.relu ? ", y, bias?" : "", ") -> (dx, dscale, dbias)");
   FUSEBOX_CHECK(out[1].dtype == in[2]->dtype && out[2].dtype == in[2]->dtype, node_label(n),
                 "dscale and dbias must be ", dtype_name(in[2]->dtype), " like scale");
   bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, attrs.sync, *in[1], *in[0],
-                              attrs.relu ? in[5] : nullptr, *in[2], *in[3], *in[4], &out[0],
-                              &out[1], &out[2]);
+                              attrs.relu ? in[5] : nullptr, in.size() == 7 ? in[6] : nullptr,
+                              *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
 }
 
 }  // namespace fusebox::cuda

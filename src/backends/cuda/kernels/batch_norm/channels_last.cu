@@ -19,8 +19,8 @@
 //   backward sums: the same shape with sums of dy and dy * x_hat;
 //   apply (y) and dx: a grid-stride walk over rows, elementwise from the channel's
 //     coefficients, loaded once per thread.
-// A fused relu (kRelu, common.cuh): apply stores relu(y); the backward sums and dx read a
-// unit of y beside each unit of dy and mask dy with it.
+// A fused relu (kRelu, kMask, common.cuh): apply stores relu(y); the backward sums and dx
+// mask each unit of dy by relu's gradient at y, read beside it or recomputed from x.
 // Loops load kUnroll rows before using any, to keep enough bytes in flight per thread.
 // Deterministic: fixed chunks, fixed trees, no atomics.
 #include <algorithm>
@@ -64,16 +64,29 @@ __device__ __forceinline__ void store_unit(T* p, int64_t i, const compute_t<T> (
   }
 }
 
-// Unit i of dy as the backward uses it: masked by relu's gradient at y with kRelu.
-template <int W, bool kRelu, class T>
+// A unit's per-channel coefficients of the forward's affine map (MaskFrom::x).
+template <class C, int W>
+struct AffineUnit {
+  C mean[W], k[W], bias[W];
+};
+
+// Unit i of dy as the backward uses it: masked by relu's gradient at y (kMask; xv, the unit of
+// x, and a, its channels' coefficients, with MaskFrom::x).
+template <int W, MaskFrom kMask, class T>
 __device__ __forceinline__ void load_dy_unit(const T* dy, const T* y, int64_t i,
+                                             const compute_t<T> (&xv)[W],
+                                             const AffineUnit<compute_t<T>, W>& a,
                                              compute_t<T> (&g)[W]) {
   load_unit<W>(dy, i, g);
-  if constexpr (kRelu) {
+  if constexpr (kMask == MaskFrom::y) {
     compute_t<T> yv[W];
     load_unit<W>(y, i, yv);
 #pragma unroll
     for (int w = 0; w < W; ++w) g[w] = relu_gradient<T>(g[w], yv[w]);
+  } else if constexpr (kMask == MaskFrom::x) {
+#pragma unroll
+    for (int w = 0; w < W; ++w)
+      g[w] = relu_gradient_at_x<T>(g[w], xv[w], a.mean[w], a.k[w], a.bias[w]);
   }
 }
 
@@ -166,12 +179,12 @@ __global__ void __launch_bounds__(kThreads)
 // row chunk j = blockIdx.y of channel c (as bn_cl_stats). The saved statistics (P: T, or
 // f32 for mixed precision) are read element by element, once per thread: a unit of W
 // activations is not a unit of W statistics when P is wider than T.
-template <class T, class P, int W, bool kRelu>
+template <class T, class P, int W, MaskFrom kMask>
 __global__ void __launch_bounds__(kThreads)
     bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
                         const P* __restrict__ saved_mean, const P* __restrict__ saved_inv_std,
-                        int64_t rows, int64_t units, int64_t rows_per_chunk,
-                        compute_t<T>* __restrict__ partial) {
+                        const P* __restrict__ scale, const P* __restrict__ bias, int64_t rows,
+                        int64_t units, int64_t rows_per_chunk, compute_t<T>* __restrict__ partial) {
   using C = compute_t<T>;
   __shared__ C shared_dy[W][kThreads];
   __shared__ C shared_dyx[W][kThreads];
@@ -183,10 +196,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int w = 0; w < W; ++w) sum_dy[w] = sum_dyx[w] = C(0);
   if (unit < units) {
     C mean[W], inv_std[W];
+    AffineUnit<C, W> a{};
 #pragma unroll
     for (int w = 0; w < W; ++w) {
       mean[w] = convert<C>(saved_mean[unit * W + w]);
       inv_std[w] = convert<C>(saved_inv_std[unit * W + w]);
+      if constexpr (kMask == MaskFrom::x) {
+        a.mean[w] = mean[w];
+        a.k[w] = scaled_inv_std<C>(scale[unit * W + w], saved_inv_std[unit * W + w]);
+        a.bias[w] = convert<C>(bias[unit * W + w]);
+      }
     }
     auto update = [&](const C(&xv)[W], const C(&g)[W]) {
 #pragma unroll
@@ -202,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnrollBackward; ++u) {
         load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-        load_dy_unit<W, kRelu>(dy, y, (r + u * step) * units + unit, g[u]);
+        load_dy_unit<W, kMask>(dy, y, (r + u * step) * units + unit, xv[u], a, g[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnrollBackward; ++u) update(xv[u], g[u]);
@@ -210,7 +229,7 @@ __global__ void __launch_bounds__(kThreads)
     for (; r < last; r += step) {
       C xv[W], g[W];
       load_unit<W>(x, r * units + unit, xv);
-      load_dy_unit<W, kRelu>(dy, y, r * units + unit, g);
+      load_dy_unit<W, kMask>(dy, y, r * units + unit, xv, a, g);
       update(xv, g);
     }
   }
@@ -265,7 +284,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   auto apply = [&](int64_t row, C(&v)[W]) {
 #pragma unroll
-    for (int w = 0; w < W; ++w) v[w] = (v[w] - mean[w]) * k[w] + bias[w];
+    for (int w = 0; w < W; ++w) v[w] = affine(v[w], mean[w], k[w], bias[w]);
     if (residual) {
       C r[W];
       load_unit<W>(residual, row * units + unit, r);
@@ -294,7 +313,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std (dy masked as
 // the sums').
-template <class T, int W, bool kRelu>
+template <class T, int W, MaskFrom kMask>
 __global__ void __launch_bounds__(kThreads)
     bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
                       T* __restrict__ dx, int64_t rows, int64_t units,
@@ -303,8 +322,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (unit >= units) return;
   Coefficients<C> c[W];
+  AffineUnit<C, W> a{};
 #pragma unroll
-  for (int w = 0; w < W; ++w) c[w] = coef[unit * W + w];
+  for (int w = 0; w < W; ++w) {
+    c[w] = coef[unit * W + w];
+    a.mean[w] = c[w].mean;
+    a.k[w] = c[w].k;
+    a.bias[w] = c[w].bias;
+  }
   auto gradient = [&](int64_t row, const C(&xv)[W], const C(&g)[W]) {
     C out[W];
 #pragma unroll
@@ -321,7 +346,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) {
       load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-      load_dy_unit<W, kRelu>(dy, y, (r + u * step) * units + unit, g[u]);
+      load_dy_unit<W, kMask>(dy, y, (r + u * step) * units + unit, xv[u], a, g[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) gradient(r + u * step, xv[u], g[u]);
@@ -329,7 +354,7 @@ __global__ void __launch_bounds__(kThreads)
   for (; r < rows; r += step) {
     C xv[W], g[W];
     load_unit<W>(x, r * units + unit, xv);
-    load_dy_unit<W, kRelu>(dy, y, r * units + unit, g);
+    load_dy_unit<W, kMask>(dy, y, r * units + unit, xv, a, g);
     gradient(r, xv, g);
   }
 }
@@ -431,22 +456,26 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
 
 template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                                     const DeviceTensor* relu_y, const DeviceTensor& saved_mean,
+                                     const ReluMask& mask, const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y});
+  const Tiling t = tiling_for<T>(x, {&x, &dy, mask.y});
   int64_t rows_per_chunk = 0;
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
   Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
              grid.y};
+  const bool from_x = mask.from == MaskFrom::x;
+  const BufferList reads = norm::ranges(
+      {&x, &dy, from_x ? nullptr : mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
   with_width<T>(t, [&](auto width) {
-    with_relu(relu_y != nullptr, [&](auto fused) {
-      ctx.encoder.launch(
-          &bn_cl_backward_sums<T, P, decltype(width)::value, decltype(fused)::value>, grid, t.block,
-          0, norm::ranges({&x, &dy, relu_y, &saved_mean, &saved_inv_std}), {p.buffer},
-          x.as<const T>(), dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr,
-          saved_mean.as<const P>(), saved_inv_std.as<const P>(), t.rows, t.units, rows_per_chunk,
-          static_cast<C*>(p.buffer.data()));
+    with_mask(mask.from, [&](auto from) {
+      ctx.encoder.launch(&bn_cl_backward_sums<T, P, decltype(width)::value, decltype(from)::value>,
+                         grid, t.block, 0, reads, {p.buffer}, x.as<const T>(), dy.as<const T>(),
+                         mask.from == MaskFrom::y ? mask.y->as<const T>() : nullptr,
+                         saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+                         from_x ? mask.scale->as<const P>() : nullptr,
+                         from_x ? mask.bias->as<const P>() : nullptr, t.rows, t.units,
+                         rows_per_chunk, static_cast<C*>(p.buffer.data()));
     });
   });
   return p;
@@ -454,18 +483,19 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
 
 template <class T>
 void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                               const DeviceTensor* relu_y, const DeviceTensor& dx,
+                               const ReluMask& mask, const DeviceTensor& dx,
                                const BufferRange& coef) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, relu_y, &dx});
-  BufferList reads = norm::ranges({&x, &dy, relu_y});
+  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
+  const Tiling t = tiling_for<T>(x, {&x, &dy, y, &dx});
+  BufferList reads = norm::ranges({&x, &dy, y});
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
-    with_relu(relu_y != nullptr, [&](auto fused) {
-      ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(fused)::value>,
+    with_mask(mask.from, [&](auto from) {
+      ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>,
                          walk_grid(t), t.block, 0, reads, {dx.range()}, x.as<const T>(),
-                         dy.as<const T>(), relu_y ? relu_y->as<const T>() : nullptr, dx.as<T>(),
-                         t.rows, t.units, static_cast<const Coefficients<C>*>(coef.data()));
+                         dy.as<const T>(), y ? y->as<const T>() : nullptr, dx.as<T>(), t.rows,
+                         t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }
@@ -475,10 +505,10 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
   template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
                                        const BufferRange&, bool, const DeviceTensor*);           \
   template Partials channels_last_backward_sums<T, T>(Context&, const DeviceTensor&,             \
-                                                      const DeviceTensor&, const DeviceTensor*,  \
+                                                      const DeviceTensor&, const ReluMask&,      \
                                                       const DeviceTensor&, const DeviceTensor&); \
   template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
-                                             const DeviceTensor*, const DeviceTensor&,           \
+                                             const ReluMask&, const DeviceTensor&,               \
                                              const BufferRange&);
 FUSEBOX_BN_CHANNELS_LAST(double)
 FUSEBOX_BN_CHANNELS_LAST(float)
@@ -487,13 +517,12 @@ FUSEBOX_BN_CHANNELS_LAST(__nv_bfloat16)
 #undef FUSEBOX_BN_CHANNELS_LAST
 // Mixed precision: f16 / bf16 activations with f32 saved statistics.
 template Partials channels_last_backward_sums<__half, float>(Context&, const DeviceTensor&,
-                                                             const DeviceTensor&,
-                                                             const DeviceTensor*,
+                                                             const DeviceTensor&, const ReluMask&,
                                                              const DeviceTensor&,
                                                              const DeviceTensor&);
 template Partials channels_last_backward_sums<__nv_bfloat16, float>(Context&, const DeviceTensor&,
                                                                     const DeviceTensor&,
-                                                                    const DeviceTensor*,
+                                                                    const ReluMask&,
                                                                     const DeviceTensor&,
                                                                     const DeviceTensor&);
 

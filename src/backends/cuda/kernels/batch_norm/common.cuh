@@ -9,10 +9,13 @@
 // 3. the elementwise pass (y, or dx). Only stages 1 and 3 depend on the layout.
 //
 // A fused relu (BatchNormAttrs::relu) is a template parameter of the kernels that touch
-// activations (kRelu; the unfused kernels are the ones they were): stage 3 of the forward
-// stores relu(y), and the backward's stages 1 and 3 read y beside dy and mask dy as they
-// load it (load_dy). Both compute exactly what the unfused relu and unary_backward
-// kernels (kernels/pointwise/) would, so the fused path gives the unfused path's bits.
+// activations (kRelu, kMask; the unfused kernels are the ones they were): stage 3 of the
+// forward stores relu(y), and the backward's stages 1 and 3 mask dy as they load it
+// (load_dy), by relu's gradient at y: y read beside dy (MaskFrom::y), or recomputed from the x
+// they read anyway (MaskFrom::x: the forward's affine map with the saved statistics, scale and
+// bias, the very coefficients stage 3 used, so the same y; a third fewer bytes read). Both
+// compute exactly what the unfused relu and unary_backward kernels (kernels/pointwise/) would,
+// so the fused path gives the unfused path's bits.
 #pragma once
 
 #include <cstdint>
@@ -47,15 +50,33 @@ __device__ __forceinline__ Moments<C> merge(const Moments<C>& a, const Moments<C
 // Per-channel coefficients of the elementwise passes.
 //   forward:  y  = (x - mean) * k + bias                     k = scale * inv_std
 //   backward: dx = k * (dy - mean_dy - x_hat * mean_dyx)     x_hat = (x - mean) * inv_std
+// k is scale times inv_std as the statistics output stores it (P), in f64, rounded to C: the
+// backward computes the same k from the saved statistics.
 template <class C>
 struct Coefficients {
   C mean;
   C k;
-  C bias;  // forward only
+  C bias;  // forward; backward with MaskFrom::x
   C inv_std;
   C mean_dy;   // backward: dbias / M (0 for the inference form)
   C mean_dyx;  // backward: dscale / M (0 for the inference form)
 };
+
+// k = scale * inv_std (Coefficients), from the per-channel inputs as stored.
+template <class C, class P>
+__host__ __device__ __forceinline__ C scaled_inv_std(P scale, P inv_std) {
+  return C(convert<double>(scale) * convert<double>(inv_std));
+}
+
+// Stage 3's affine map before any residual or relu: one definition, so that the backward's
+// mask recomputed from x (MaskFrom::x) sees the forward's values bit for bit.
+template <class C>
+__device__ __forceinline__ C affine(C x, C mean, C k, C bias) {
+  return (x - mean) * k + bias;
+}
+
+// Where the backward's relu mask comes from (none: no fused relu).
+enum class MaskFrom { none, y, x };
 
 // y as stage 3 stores it: with kRelu, relu (kernels/pointwise/unary.cu's v < 0 ? 0 : v) of
 // y rounded to T, which is what the unfused relu reads: a value that rounds to -0 stays -0,
@@ -88,23 +109,60 @@ __device__ __forceinline__ compute_t<T> relu_gradient(compute_t<T> dy, compute_t
   return convert<C>(convert<T>(dy * (y > C(0) ? C(1) : C(0))));
 }
 
-// Element i of dy as the backward uses it: masked by relu's gradient at y with kRelu (y is
-// null without).
-template <bool kRelu, class T>
-__device__ __forceinline__ compute_t<T> load_dy(const T* dy, const T* y, int64_t i) {
-  if constexpr (kRelu)
+// relu's gradient at the y stage 3 stored for x (relu of the affine map rounded to T: y > 0
+// exactly where that rounding is > 0).
+template <class T>
+__device__ __forceinline__ compute_t<T> relu_gradient_at_x(compute_t<T> dy, compute_t<T> x,
+                                                           compute_t<T> mean, compute_t<T> k,
+                                                           compute_t<T> bias) {
+  using C = compute_t<T>;
+  return relu_gradient<T>(dy, convert<C>(convert<T>(affine(x, mean, k, bias))));
+}
+
+// Element i of dy as the backward uses it, masked as kMask says (y is null unless
+// MaskFrom::y; x, mean, k, bias are used with MaskFrom::x only).
+template <MaskFrom kMask, class T>
+__device__ __forceinline__ compute_t<T> load_dy(const T* dy, const T* y, int64_t i, compute_t<T> x,
+                                                compute_t<T> mean, compute_t<T> k,
+                                                compute_t<T> bias) {
+  if constexpr (kMask == MaskFrom::y)
     return relu_gradient<T>(load_compute(dy, i), load_compute(y, i));
+  else if constexpr (kMask == MaskFrom::x)
+    return relu_gradient_at_x<T>(load_compute(dy, i), x, mean, k, bias);
   else
     return load_compute(dy, i);
 }
 
-// Calls f(std::bool_constant<relu>{}), picking the kernels' kRelu.
+// Calls f(std::bool_constant<relu>{}), picking the forward kernels' kRelu.
 template <class F>
 void with_relu(bool relu, F&& f) {
   if (relu)
     f(std::true_type{});
   else
     f(std::false_type{});
+}
+
+// The backward's relu mask (run_batch_norm_backward picks it): from y (the forward's output),
+// or from x where the forward's bias is given and the per-channel inputs give the forward's
+// coefficients exactly (P the compute type: the saved statistics are what stage 3 used).
+struct ReluMask {
+  MaskFrom from = MaskFrom::none;
+  const DeviceTensor* y = nullptr;      // MaskFrom::y
+  const DeviceTensor* scale = nullptr;  // MaskFrom::x
+  const DeviceTensor* bias = nullptr;   // MaskFrom::x
+};
+
+// Calls f(std::integral_constant<MaskFrom, from>{}), picking the backward kernels' kMask.
+template <class F>
+void with_mask(MaskFrom from, F&& f) {
+  switch (from) {
+    case MaskFrom::none:
+      return f(std::integral_constant<MaskFrom, MaskFrom::none>{});
+    case MaskFrom::y:
+      return f(std::integral_constant<MaskFrom, MaskFrom::y>{});
+    case MaskFrom::x:
+      return f(std::integral_constant<MaskFrom, MaskFrom::x>{});
+  }
 }
 
 // Stage 1's output: `buffer` holds, per channel c and chunk j, at c * chunks + j, a
@@ -118,7 +176,7 @@ struct Partials {
 // x, y, dy, dx: dense channels-last [N, C, D...] (rank >= 3), at least one element per
 // channel; T a device float type (double, float, __half, __nv_bfloat16); P the device type of
 // the per-channel tensors (T, or float for __half / __nv_bfloat16 T: mixed precision).
-// relu_y: the forward's output of a fused relu, which masks dy (null: no relu).
+// mask: a fused relu's (ReluMask; its y null: no relu).
 // Buffers are allocated as the encoder's temporaries.
 
 template <class T>
@@ -128,11 +186,12 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          const BufferRange& coef, bool relu, const DeviceTensor* residual);
 template <class T, class P>
 Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                                     const DeviceTensor* relu_y, const DeviceTensor& saved_mean,
+                                     const ReluMask& mask, const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std);
+// coef: with MaskFrom::x, bias holds the forward's (bn_backward_finalize).
 template <class T>
 void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
-                               const DeviceTensor* relu_y, const DeviceTensor& dx,
+                               const ReluMask& mask, const DeviceTensor& dx,
                                const BufferRange& coef);
 
 }  // namespace fusebox::cuda::bn
