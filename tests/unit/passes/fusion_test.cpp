@@ -143,8 +143,8 @@ TEST(FuseBatchNormRelu, LeavesBatchNormsWhoseOutputIsReadElsewhereOrIsAnOutput) 
   for (const auto& [name, t] : want) EXPECT_TRUE(bit_identical(got.at(name), t)) << name;
 }
 
-// Gradients: autodiff of the fused graph (batch_norm_backward reading y) gives the unfused
-// graph's bits on the CPU, in both forms (the inference form through plain ops).
+// Gradients: autodiff of the fused graph (batch_norm_backward given y and the bias) gives the
+// unfused graph's bits on the CPU, in both forms (the inference form through plain ops).
 TEST(FuseBatchNormRelu, GradientsMatchTheUnfusedGraph) {
   for (bool training : {true, false}) {
     SCOPED_TRACE(training ? "training" : "inference");
@@ -161,9 +161,9 @@ TEST(FuseBatchNormRelu, GradientsMatchTheUnfusedGraph) {
     ASSERT_EQ(got.size(), want.size());
     for (const auto& [name, t] : want) EXPECT_TRUE(bit_identical(got.at(name), t)) << name;
     if (training) {
-      int masked = 0;  // batch_norm_backward nodes reading y
+      int masked = 0;  // batch_norm_backward nodes given y and the forward's bias
       for (const Node& n : fused.nodes())
-        masked += n.op == OpKind::batch_norm_backward && n.inputs.size() == 6;
+        masked += n.op == OpKind::batch_norm_backward && n.inputs.size() == 7;
       EXPECT_EQ(masked, 2);
     }
     EXPECT_EQ(count_ops(fused, OpKind::relu), 0);
