@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/passes/fuse_pointwise.h"
 #include "fusebox/passes/rematerialize.h"
 #include "fusebox/passes/simplify.h"
@@ -197,6 +198,7 @@ void run_pipeline(const Pipeline& pipeline, Graph& g, PipelineLog* log, bool ver
     }
   }
   for (const Pass& p : pipeline.passes) {
+    const TracePhase trace("pass ", p.name.c_str());
     const size_t nodes_before = g.nodes().size();
     const size_t rewrites = p.run(g, log ? &log->fusion : nullptr);
     if (log) log->passes.push_back({p.name, rewrites, nodes_before, g.nodes().size()});

@@ -15,6 +15,8 @@
 namespace fusebox {
 namespace {
 
+constexpr int kMaxRounds = 32;
+
 double bytes(const Graph& g, ValueId v) {
   const TensorType& t = g.value(v).type;
   return double(numel(t.shape)) * double(dtype_size(t.dtype));
@@ -166,8 +168,10 @@ size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const Rematerialize
   // Rounds: every value planned against one graph, latest producer first; the plans that
   // touch no value another accepted plan recomputes (nor have theirs touched) are applied in
   // one rebuild, the others planned again in the next round, on the graph with the copies
-  // (a HardSwish's gate first, then the sum it starts from, read by the gate's copy).
-  for (;;) {
+  // (a HardSwish's gate first, then the sum it starts from, read by the gate's copy). A copy
+  // is recomputed again only for readers past another wide gap, so rounds end; the bound is a
+  // guard (the graph is whole after every round).
+  for (int rounds = 0; rounds < kMaxRounds; ++rounds) {
     const Planner planner(g, options);
     std::vector<Plan> round;
     std::set<ValueId> recomputed, reached;
@@ -183,10 +187,11 @@ size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const Rematerialize
       reached.insert(t.begin(), t.end());
       round.push_back(std::move(*plan));
     }
-    if (round.empty()) return count;
+    if (round.empty()) break;
     g = with_copies(g, round);
     count += round.size();
   }
+  return count;
 }
 
 }  // namespace fusebox

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/passes/fusion.h"
 #include "train/graph_rewrite.h"
 #include "train/step_graph.h"
@@ -190,8 +191,11 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     FUSEBOX_CHECK(dp.bucket_bytes > 0, where, "data_parallel.bucket_bytes must be > 0");
   }
   const bool step_fusion = opts.step_fusion && InferenceFusionOptions::from_env().pointwise;
-  s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision,
-                                   opts.loss_scaling, dp, opts.low_parameter_copies, step_fusion);
+  {
+    const TracePhase trace("training step graph");
+    s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision,
+                                     opts.loss_scaling, dp, opts.low_parameter_copies, step_fusion);
+  }
   // (With f16, a skipped step 1 leaves the buffer at 0 and step 2 damps: PyTorch would
   // start the buffer at step 2's gradient.)
   if (const auto* sgd = std::get_if<SgdOptions>(&optimizer);

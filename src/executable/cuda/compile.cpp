@@ -8,6 +8,7 @@
 #include "executable/cuda/cuda_executable.h"
 #include "executable/executables.h"
 #include "executable/layout_views.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/ir/op_info.h"
 
@@ -38,9 +39,16 @@ CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
     halt_->word = ctx_.allocator.allocate(sizeof(int32_t));
     FUSEBOX_CUDA_CHECK(cudaMemset(halt_->word.data(), 0, sizeof(int32_t)));
   }
-  plan_memory_and_buffers();
-  upload_constants();
+  {
+    const TracePhase trace("cuda plan memory and buffers");
+    plan_memory_and_buffers();
+  }
+  {
+    const TracePhase trace("cuda upload constants");
+    upload_constants();
+  }
   if (!direct_) {
+    const TracePhase trace("cuda record step");
     FUSEBOX_CHECK(cuda::ErrorFlags::of(ctx_.encoder).pending() == 0, where_,
                   "kernel error records of an earlier run were left unchecked");
     ctx_.encoder.commit();  // the recording starts empty

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "executable/cuda/cuda_executable.h"
+#include "fusebox/core/compile_trace.h"
 
 namespace fusebox::runtime {
 
@@ -115,6 +116,7 @@ std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node
 // node may replace an output by a view (a reshape of its input): `outs` then holds it.
 void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
   const Node& n = graph_.nodes()[i];
+  const TracePhase trace("cuda record ", op_name(n.op));
   // Layout ops read through (layout_views.h): a view or nothing, or a copy from the root.
   if (n.outputs.size() == 1) {
     switch (layout_views_[size_t(n.outputs[0])].kind) {

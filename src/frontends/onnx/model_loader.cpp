@@ -19,6 +19,7 @@
 #include <set>
 
 #include "frontends/onnx/import_context.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/core/memory.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -511,6 +512,7 @@ Graph import_onnx_bytes(const std::string& bytes, const std::string& where,
 }
 
 Graph import_onnx_file(const std::string& path, const OnnxImportOptions& opts) {
+  const TracePhase trace("onnx import");
   const std::string bytes = onnx_import::read_model_file(path);
   std::string dir = std::filesystem::path(path).parent_path().string();
   return onnx_import::import_model(bytes, path, dir.empty() ? "." : dir, opts);

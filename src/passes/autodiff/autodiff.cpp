@@ -11,6 +11,7 @@
 //      needed, and record what it returns as contributions to those inputs.
 //   3. Each wrt's gradient is the sum of its contributions, or zeros when it has none.
 #include "fusebox/passes/autodiff.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/ir/op_groups.h"
 
 #include <set>
@@ -287,6 +288,7 @@ ValueId GradResult::of(ValueId wrt) const {
 }
 
 GradResult grad(Graph& g, ValueId loss, const std::vector<ValueId>& wrt, const GradOptions& opts) {
+  const TracePhase trace("autodiff");
   autodiff::Pass pass(g, opts);
   return pass.run(loss, wrt);
 }

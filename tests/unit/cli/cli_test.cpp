@@ -483,5 +483,25 @@ TEST_F(Cli, InspectFusionPrintsThePlan) {
   EXPECT_TRUE(contains(none.out, "fusion: 0 groups, 0 fused ops, 11 unfused ops\n")) << none.out;
 }
 
+// FUSEBOX_COMPILE_TRACE=1: the compile's phases, printed to stderr at exit (an ONNX import,
+// autodiff and the training step's passes of a small_cnn trained for one step on the CPU);
+// unset, nothing.
+TEST_F(Cli, CompileTracePrintsThePhases) {
+  const std::string model = make_small_cnn();
+  const std::string train = cat("train '", model, "' --synthetic --steps 1 --device cpu");
+  {
+    testing::ScopedEnv on("FUSEBOX_COMPILE_TRACE", "1");
+    const ToolResult r = tool(train);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "fusebox: compile trace (FUSEBOX_COMPILE_TRACE): ")) << r.err;
+    for (const char* phase : {"  onnx import\n", "  autodiff\n", "  training step graph\n",
+                              "  pass fuse_pointwise_chains\n"})
+      EXPECT_TRUE(contains(r.err, phase)) << phase << " in:\n" << r.err;
+  }
+  const ToolResult quiet = tool(train);
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_FALSE(contains(quiet.err, "compile trace")) << quiet.err;
+}
+
 }  // namespace
 }  // namespace fusebox

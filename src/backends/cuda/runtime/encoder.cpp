@@ -5,6 +5,7 @@
 #include <map>
 
 #include "backends/cuda/runtime/settings.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda {
@@ -587,6 +588,7 @@ RecordedGraph CommandEncoder::finish_recording() {
   graph_ = nullptr;
   state->nodes = std::move(nodes_);
   reset_recording();
+  const TracePhase trace("cuda graph instantiate");
   for (size_t i = 0; i < settings().replay_execs; ++i) {
     cudaGraphExec_t exec = nullptr;
     FUSEBOX_CUDA_CHECK_AS(

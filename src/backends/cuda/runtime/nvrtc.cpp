@@ -10,6 +10,7 @@
 
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/settings.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda {
@@ -138,6 +139,7 @@ std::string nvrtc_cache_key(const std::string& source, const NvrtcTarget& target
 
 std::vector<uint8_t> nvrtc_compile(const std::string& source, const NvrtcTarget& target,
                                    const std::string& where) {
+  const TracePhase trace("nvrtc compile");
   Program prog(source, "fusebox_generated.cu");
   const std::vector<std::string> options = nvrtc_options(target);
   std::vector<const char*> argv;
