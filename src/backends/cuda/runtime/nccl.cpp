@@ -65,9 +65,10 @@ const NcclApi& nccl() {
       resolve(lib, "ncclGetErrorString", a.error_string);
       int version = 0;
       a.get_version(&version);
-      FUSEBOX_CHECK(version == NCCL_VERSION_CODE, "nccl", "loaded NCCL ", version,
+      // Codes since 2.9: major * 10000 + minor * 100 + patch.
+      FUSEBOX_CHECK(version / 100 == NCCL_VERSION_CODE / 100, "nccl", "loaded NCCL ", version,
                     " but the build's headers are ", NCCL_VERSION_CODE,
-                    ": one NCCL throughout (scripts/setup.sh pins it)");
+                    ": one NCCL release (major.minor) throughout (scripts/setup.sh pins it)");
       api = a;
     } catch (const Error& e) {
       failure = e;

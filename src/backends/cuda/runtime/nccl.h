@@ -8,9 +8,11 @@
 //   comm.all_reduce_sum(grads, count, DType::f32, stream);
 //
 // NCCL is loaded at the first use (dlopen of libnccl.so.2 from the library path: on the GPU
-// machines the PyTorch environment's nvidia/nccl/lib), and must be the version whose headers
-// the build used (scripts/setup.sh pins nvidia-nccl-cu13 2.28.9, PyTorch 2.11's): one NCCL
-// throughout. Nothing links it: a process that makes no communicator never loads it.
+// machines the PyTorch environment's nvidia/nccl/lib), and must be of the major.minor release
+// whose headers the build used (scripts/setup.sh pins nvidia-nccl-cu13 2.28.9): one NCCL API
+// throughout (a patch release of it changes none of the calls used here; the GPU machines'
+// PyTorch environments have carried 2.28.9 and 2.28.3). Nothing links it: a process that
+// makes no communicator never loads it.
 #pragma once
 
 #include <cuda_runtime.h>
