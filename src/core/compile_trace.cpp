@@ -24,11 +24,10 @@ struct Table {
   ~Table() {
     const std::vector<TracedPhase> rows = traced_compile_phases();
     if (rows.empty()) return;
-    double total = 0;
-    for (const TracedPhase& r : rows) total = std::max(total, r.seconds);
+    const double slowest = rows.front().seconds;  // rows come the slowest first
     std::fprintf(stderr,
                  "fusebox: compile trace (FUSEBOX_COMPILE_TRACE): %zu phases, the slowest %.3f s\n",
-                 rows.size(), total);
+                 rows.size(), slowest);
     for (const TracedPhase& r : rows)
       std::fprintf(stderr, "  %9.3f s %6ld  %s\n", r.seconds, r.calls, r.phase.c_str());
   }

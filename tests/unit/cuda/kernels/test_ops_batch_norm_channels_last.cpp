@@ -361,6 +361,13 @@ std::vector<Tensor> unfused_backward(OpHarness& h, bool channels_last, BatchNorm
                        inputs, {0, 1}, offset);
 }
 
+// batch_norm_backward's inputs for a fused relu: dy, the forward's x and scale, its saved
+// statistics (outputs 3 and 4 of `fwd`) and y.
+std::vector<Tensor> fused_relu_backward_inputs(const Tensor& dy, const std::vector<Tensor>& inputs,
+                                               const std::vector<Tensor>& fwd, const Tensor& y) {
+  return {dy, inputs[0], inputs[1], fwd[3], fwd[4], y};
+}
+
 // Fused forward and backward, both layouts (channels-last also unaligned), both forms, every
 // dtype and the mixed-precision form: against the CPU's fused op to the unfused tests'
 // tolerances, and against the unfused GPU kernels bit for bit (the max and the mask are
@@ -403,12 +410,8 @@ TEST_F(BatchNormChannelsLastTest, FusedReluMatchesCpuAndUnfusedKernels) {
           // Backward: (dy, x, scale, saved statistics, y) from the CPU's training forward.
           const BatchNormAttrs train_attrs{1e-5, 0.9, true, true};
           const std::vector<Tensor> fwd = run_op(OpKind::batch_norm, train_attrs, inputs);
-          const std::vector<Tensor> back = {random_tensor(d.x, shape, seed + 1, -1, 1),
-                                            inputs[0],
-                                            inputs[1],
-                                            fwd[3],
-                                            fwd[4],
-                                            fwd[0]};
+          const std::vector<Tensor> back = fused_relu_backward_inputs(
+              random_tensor(d.x, shape, seed + 1, -1, 1), inputs, fwd, fwd[0]);
           BatchNormAttrs back_attrs;
           back_attrs.training = training;
           back_attrs.relu = true;
@@ -493,12 +496,8 @@ TEST_F(BatchNormChannelsLastTest, FusedReluMaskFromXIsTheForwardsMask) {
         const BatchNormAttrs attrs{1e-5, 0.9, true, true};
         const std::vector<Tensor> fwd = run_in_layout(
             h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset);
-        std::vector<Tensor> back = {random_tensor(d.x, shape, seed + 1, -1, 1),
-                                    inputs[0],
-                                    inputs[1],
-                                    fwd[3],
-                                    fwd[4],
-                                    fwd[0]};
+        std::vector<Tensor> back = fused_relu_backward_inputs(
+            random_tensor(d.x, shape, seed + 1, -1, 1), inputs, fwd, fwd[0]);
         BatchNormAttrs back_attrs;
         back_attrs.training = true;
         back_attrs.relu = true;
@@ -568,8 +567,8 @@ TEST_F(BatchNormChannelsLastTest, FusedReluEdgesBitForBit) {
         }
         const std::vector<Tensor> fwd =
             run_op(OpKind::batch_norm, BatchNormAttrs{1e-5, 0.9, true, true}, inputs);
-        const std::vector<Tensor> back = {
-            Tensor::from_doubles(t, shape, dy), inputs[0], inputs[1], fwd[3], fwd[4], got[0]};
+        const std::vector<Tensor> back =
+            fused_relu_backward_inputs(Tensor::from_doubles(t, shape, dy), inputs, fwd, got[0]);
         BatchNormAttrs back_attrs;
         back_attrs.training = training;
         back_attrs.relu = true;

@@ -498,17 +498,15 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
   Partials p{ctx.encoder.temporary(ctx.allocator, size_t(g.channels * chunks * 2) * sizeof(C)),
              chunks};
-  const bool from_x = mask.from == MaskFrom::x;
-  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
   with_mask(mask.from, [&](auto from) {
     ctx.encoder.launch(
         &bn_backward_sums<T, P, decltype(from)::value>,
         dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
-        norm::ranges({&x, &dy, y, &saved_mean, &saved_inv_std, mask.scale, mask.bias}), {p.buffer},
-        x.as<const T>(), dy.as<const T>(), y ? y->as<const T>() : nullptr, saved_mean.as<const P>(),
-        saved_inv_std.as<const P>(), from_x ? mask.scale->as<const P>() : nullptr,
-        from_x ? mask.bias->as<const P>() : nullptr, g.channels, g.inner, per_chunk,
-        g.per_channel(), RowWalk::make(g.inner, kThreads), static_cast<C*>(p.buffer.data()));
+        norm::ranges({&x, &dy, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias}),
+        {p.buffer}, x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
+        saved_inv_std.as<const P>(), mask.scale_data<P>(), mask.bias_data<P>(), g.channels, g.inner,
+        per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
+        static_cast<C*>(p.buffer.data()));
   });
   return p;
 }
@@ -520,13 +518,12 @@ void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor&
                             const BufferRange& coef) {
   using C = compute_t<T>;
   const unsigned blocks = launch_blocks(g.total(), kThreads);
-  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
-  BufferList reads = norm::ranges({&x, &dy, y});
+  BufferList reads = norm::ranges({&x, &dy, mask.y});
   reads.push_back(coef);
   with_mask(mask.from, [&](auto from) {
     ctx.encoder.launch(&bn_backward_dx<T, decltype(from)::value>, dim3(blocks), dim3(kThreads), 0,
-                       reads, {dx.range()}, x.as<const T>(), dy.as<const T>(),
-                       y ? y->as<const T>() : nullptr, dx.as<T>(), g.total(),
+                       reads, {dx.range()}, x.as<const T>(), dy.as<const T>(), mask.y_data<T>(),
+                       dx.as<T>(), g.total(),
                        ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
                        static_cast<const Coefficients<C>*>(coef.data()));
   });
@@ -709,7 +706,7 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
                      ? ReluMask{MaskFrom::x, nullptr, &scale, relu_bias}
                      : ReluMask{MaskFrom::y, relu_y, nullptr, nullptr};
         }
-        const P* bias = mask.from == MaskFrom::x ? relu_bias->as<const P>() : nullptr;
+        const P* bias = mask.bias_data<P>();
         const Partials partial =
             layout == Layout::channels_last
                 ? channels_last_backward_sums<T, P>(ctx, x, dy, mask, saved_mean, saved_inv_std)

@@ -464,18 +464,15 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
   const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
   Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
              grid.y};
-  const bool from_x = mask.from == MaskFrom::x;
-  const BufferList reads = norm::ranges(
-      {&x, &dy, from_x ? nullptr : mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
+  const BufferList reads =
+      norm::ranges({&x, &dy, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
       ctx.encoder.launch(&bn_cl_backward_sums<T, P, decltype(width)::value, decltype(from)::value>,
                          grid, t.block, 0, reads, {p.buffer}, x.as<const T>(), dy.as<const T>(),
-                         mask.from == MaskFrom::y ? mask.y->as<const T>() : nullptr,
-                         saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-                         from_x ? mask.scale->as<const P>() : nullptr,
-                         from_x ? mask.bias->as<const P>() : nullptr, t.rows, t.units,
-                         rows_per_chunk, static_cast<C*>(p.buffer.data()));
+                         mask.y_data<T>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+                         mask.scale_data<P>(), mask.bias_data<P>(), t.rows, t.units, rows_per_chunk,
+                         static_cast<C*>(p.buffer.data()));
     });
   });
   return p;
@@ -486,16 +483,15 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
                                const ReluMask& mask, const DeviceTensor& dx,
                                const BufferRange& coef) {
   using C = compute_t<T>;
-  const DeviceTensor* y = mask.from == MaskFrom::y ? mask.y : nullptr;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, y, &dx});
-  BufferList reads = norm::ranges({&x, &dy, y});
+  const Tiling t = tiling_for<T>(x, {&x, &dy, mask.y, &dx});
+  BufferList reads = norm::ranges({&x, &dy, mask.y});
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
       ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>,
                          walk_grid(t), t.block, 0, reads, {dx.range()}, x.as<const T>(),
-                         dy.as<const T>(), y ? y->as<const T>() : nullptr, dx.as<T>(), t.rows,
-                         t.units, static_cast<const Coefficients<C>*>(coef.data()));
+                         dy.as<const T>(), mask.y_data<T>(), dx.as<T>(), t.rows, t.units,
+                         static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }

@@ -147,9 +147,23 @@ void with_relu(bool relu, F&& f) {
 // coefficients exactly (P the compute type: the saved statistics are what stage 3 used).
 struct ReluMask {
   MaskFrom from = MaskFrom::none;
-  const DeviceTensor* y = nullptr;      // MaskFrom::y
-  const DeviceTensor* scale = nullptr;  // MaskFrom::x
-  const DeviceTensor* bias = nullptr;   // MaskFrom::x
+  const DeviceTensor* y = nullptr;      // MaskFrom::y only
+  const DeviceTensor* scale = nullptr;  // MaskFrom::x only
+  const DeviceTensor* bias = nullptr;   // MaskFrom::x only
+
+  // The kernels' pointers: null where `from` does not read the tensor.
+  template <class T>
+  const T* y_data() const {
+    return y ? y->as<const T>() : nullptr;
+  }
+  template <class P>
+  const P* scale_data() const {
+    return scale ? scale->as<const P>() : nullptr;
+  }
+  template <class P>
+  const P* bias_data() const {
+    return bias ? bias->as<const P>() : nullptr;
+  }
 };
 
 // Calls f(std::integral_constant<MaskFrom, from>{}), picking the backward kernels' kMask.
