@@ -1,6 +1,8 @@
 #include "fusebox/core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "fusebox/core/memory.h"
@@ -72,7 +74,14 @@ Tensor Tensor::zeros(DType dtype, Shape shape) {
 
 Tensor Tensor::full(DType dtype, Shape shape, double value) {
   Tensor t = empty(dtype, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+  if (t.numel() == 0) return t;
+  // The first element converted once, its bytes then doubled into the rest (set() per element
+  // converted each: seconds for the masks of a large model's Dropout nodes).
+  t.set(0, value);
+  std::byte* bytes = static_cast<std::byte*>(t.raw());
+  const size_t total = t.nbytes();
+  for (size_t filled = dtype_size(dtype); filled < total; filled *= 2)
+    std::memcpy(bytes + filled, bytes, std::min(filled, total - filled));
   return t;
 }
 

@@ -20,6 +20,7 @@
 #include <system_error>
 
 #include "common.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/dist/launcher.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/io/tensor_file.h"
@@ -348,7 +349,9 @@ int train(const TrainArgs& args) {
   TrainArgs model_args = args;
   if (images && !args.given("--num-classes")) model_args.num_classes = images->classes();
 
+  std::optional<TracePhase> loading(std::in_place, "train: load the model");
   Model model = load_model(model_args, data ? &*data : nullptr);
+  loading.reset();
   const Graph& g = model.graph;
   if (g.inputs().size() != 1 || g.outputs().size() != 1) {
     throw Error("fusebox train", cat("the model must have one input (images or token ids) and "
@@ -444,7 +447,9 @@ int train(const TrainArgs& args) {
         .reduce_dtype = args.reduce_dtype == "bf16" ? DType::bf16 : DType::f32,
         .sync_batch_norm = args.sync_bn};
   }
+  std::optional<TracePhase> setting_up(std::in_place, "train: session setup");
   TrainingSession session(g, LossSpec{}, optimizer, session_options);
+  setting_up.reset();
   if (resume) {
     session.restore(*resume, "checkpoint: " + args.resume);
     if (args.given("--lr")) session.set_lr(args.lr);
@@ -564,6 +569,10 @@ int train(const TrainArgs& args) {
     }
     if (step % steps_per_epoch == 0) run_eval();
   };
+  if (session.step_count() < last && stop_signal() == 0) {
+    const TracePhase first("train: first step (queued)");
+    take_step();
+  }
   while (session.step_count() < last && stop_signal() == 0) take_step();
   // Data parallel: the launcher forwarded the signal to every rank; they stop after one step
   // (the most any has queued), so that none waits in a collective for a step a peer never takes.

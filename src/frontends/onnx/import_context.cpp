@@ -6,7 +6,7 @@ namespace fusebox::onnx_import {
 
 NodeContext::NodeContext(Graph& graph, const onnx::NodeProto& proto, std::string where,
                          std::string node_name, int opset, std::vector<NodeInput> inputs,
-                         Materialize materialize)
+                         Materialize materialize, const std::set<std::string>* read)
     : graph_(graph),
       proto_(proto),
       where_(std::move(where)),
@@ -15,6 +15,7 @@ NodeContext::NodeContext(Graph& graph, const onnx::NodeProto& proto, std::string
       opset_(opset),
       inputs_(std::move(inputs)),
       materialize_(std::move(materialize)),
+      read_(read),
       attrs_(proto, where_, desc_),
       outputs_(size_t(proto.output_size())) {}
 
@@ -94,8 +95,12 @@ double NodeContext::const_scalar(int i, const char* role) const {
   return t.get(0);
 }
 
-bool NodeContext::wants_output(int i) const {
+bool NodeContext::names_output(int i) const {
   return i >= 0 && i < output_count() && !proto_.output(i).empty();
+}
+
+bool NodeContext::wants_output(int i) const {
+  return names_output(i) && (read_ == nullptr || read_->count(proto_.output(i)) > 0);
 }
 
 std::vector<ValueId> NodeContext::emit(OpKind op, Attrs attrs, std::vector<ValueId> inputs,

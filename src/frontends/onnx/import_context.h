@@ -15,6 +15,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <functional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,8 +44,10 @@ class NodeContext {
   // Adds a known input to the graph (as a constant) and returns its id.
   using Materialize = std::function<ValueId(const NodeInput&)>;
 
+  // `read`: the names some node or the graph's outputs read (nullptr: every name counts as read).
   NodeContext(Graph& graph, const onnx::NodeProto& proto, std::string where, std::string node_name,
-              int opset, std::vector<NodeInput> inputs, Materialize materialize);
+              int opset, std::vector<NodeInput> inputs, Materialize materialize,
+              const std::set<std::string>* read = nullptr);
 
   Graph& graph() { return graph_; }
   const onnx::NodeProto& proto() const { return proto_; }
@@ -81,7 +84,11 @@ class NodeContext {
 
   // ---- outputs ----
   int output_count() const { return proto_.output_size(); }
-  bool wants_output(int i) const;  // present and named
+  // Present, named and read by a later node or as a graph output: an importer need not make an
+  // output nothing reads (Dropout's mask in a training export: a full tensor per node).
+  bool wants_output(int i) const;
+  // Present and named, read or not (where naming an output changes what the node computes).
+  bool names_output(int i) const;
 
   // Emits a fusebox node named name() (or "name()/suffix" for helper nodes).
   std::vector<ValueId> emit(OpKind op, Attrs attrs, std::vector<ValueId> inputs,
@@ -117,6 +124,7 @@ class NodeContext {
   int opset_;
   std::vector<NodeInput> inputs_;
   Materialize materialize_;
+  const std::set<std::string>* read_;
   Attributes attrs_;
   std::vector<NodeOutput> outputs_;
 };

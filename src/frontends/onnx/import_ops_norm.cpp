@@ -24,14 +24,14 @@ void import_batch_norm(NodeContext& c) {
     c.check(c.output_count() <= 3, "has ", c.output_count(),
             " outputs; from opset 14 on it has at most 3 (Y, running_mean, running_var)");
     a.training = c.attrs().get_bool("training_mode", false);
-    c.check(a.training || (!c.wants_output(1) && !c.wants_output(2)),
+    c.check(a.training || (!c.names_output(1) && !c.names_output(2)),
             "outputs running_mean and running_var are only produced with training_mode=1");
   } else {
-    if (c.wants_output(3) || c.wants_output(4))
+    if (c.names_output(3) || c.names_output(4))
       c.unsupported(
           "outputs saved_mean and saved_var (the opset < 14 training form) are not "
           "supported");
-    a.training = c.wants_output(1) || c.wants_output(2);
+    a.training = c.names_output(1) || c.names_output(2);
   }
   std::vector<ValueId> outs =
       c.emit(OpKind::batch_norm, a, {c.input(0), c.input(1), c.input(2), c.input(3), c.input(4)});

@@ -133,10 +133,16 @@ class Loader {
   Graph run() {
     check_model();
     collect_names();
-    load_initializers();
+    {
+      const TracePhase trace("onnx import: initializers");
+      load_initializers();
+    }
     load_inputs();
     const onnx::GraphProto& g = model_.graph();
-    for (int i = 0; i < g.node_size(); ++i) import_node(i, g.node(i));
+    for (int i = 0; i < g.node_size(); ++i) {
+      const TracePhase trace("onnx import: node ", g.node(i).op_type().c_str());
+      import_node(i, g.node(i));
+    }
     mark_outputs();
     graph_.verify();
     return std::move(graph_);
@@ -185,7 +191,9 @@ class Loader {
     for (const auto& n : g.node()) {
       for (const auto& s : n.input()) reserved_.insert(s);
       for (const auto& s : n.output()) reserved_.insert(s);
+      read_.insert(n.input().begin(), n.input().end());
     }
+    for (const auto& v : g.output()) read_.insert(v.name());
   }
 
   void load_initializers() {
@@ -419,8 +427,9 @@ class Loader {
     }
 
     const size_t first_new = graph_.values().size();
-    NodeContext ctx(graph_, node, where_, name, opset_, inputs,
-                    [this](const NodeInput& in) { return materialize(in.name); });
+    NodeContext ctx(
+        graph_, node, where_, name, opset_, inputs,
+        [this](const NodeInput& in) { return materialize(in.name); }, &read_);
     spec->import(ctx);
     ctx.attrs().finish();
 
@@ -442,6 +451,7 @@ class Loader {
             Binding{{o.constant.dtype(), o.constant.shape()}, o.constant, kNoValue, desc};
         continue;
       }
+      if (o.id == kNoValue && !ctx.wants_output(i)) continue;  // nothing reads it
       check(o.id != kNoValue, desc, ": internal error: output ", i, " was not produced");
       ValueId id = o.id;
       // Each ONNX output is a value of its own: an importer that passes an input
@@ -475,6 +485,7 @@ class Loader {
   int opset_ = 0;
   std::map<std::string, Binding> values_;
   std::set<std::string> reserved_;
+  std::set<std::string> read_;  // read by a node or as a graph output
 };
 
 onnx::ModelProto parse_model(const std::string& bytes, const std::string& where) {
@@ -482,6 +493,7 @@ onnx::ModelProto parse_model(const std::string& bytes, const std::string& where)
   // protobuf's parser takes an int size; a model this large needs external data anyway.
   FUSEBOX_CHECK(bytes.size() < (size_t(1) << 31), where, "the file is ", bytes.size(),
                 " bytes: over protobuf's 2 GiB limit (store the weights as external data)");
+  const TracePhase trace("onnx import: protobuf parse");
   onnx::ModelProto model;
   FUSEBOX_CHECK(model.ParseFromString(bytes), where,
                 "not a valid ONNX model (protobuf parse failed)");
@@ -496,6 +508,7 @@ Graph import_model(const std::string& bytes, const std::string& label, const std
 }
 
 std::string read_model_file(const std::string& path) {
+  const TracePhase trace("onnx import: read the file");
   try {
     return read_file(path);
   } catch (const Error& e) {

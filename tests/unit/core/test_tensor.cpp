@@ -48,6 +48,20 @@ TEST(Tensor, CreateAndAccess) {
   EXPECT_FALSE(Tensor().defined());
 }
 
+TEST(Tensor, FullSetsEveryElementOfEveryDtype) {
+  for (DType dtype :
+       {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i64, DType::i32, DType::boolean}) {
+    for (int64_t n : {0, 1, 2, 7, 1000}) {
+      const double value = dtype == DType::boolean ? 1.0 : -3.0;
+      Tensor t = Tensor::full(dtype, {n}, value);
+      ASSERT_EQ(t.numel(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(t.get(i), value) << dtype_name(dtype) << " of " << n << " at " << i;
+    }
+  }
+  EXPECT_EQ(Tensor::scalar(DType::f32, 2.5).get(0), 2.5);
+}
+
 TEST(Tensor, OwnershipCopySharesCloneDoesNot) {
   Tensor a = Tensor::full(DType::f32, {4}, 1.0);
   Tensor shared = a;

@@ -290,5 +290,37 @@ TEST(OnnxImport, DropoutInferenceIsIdentityWithTrueMask) {
   EXPECT_EQ(r.at("mask").to_doubles(), (std::vector<double>{1, 1, 1, 1}));
 }
 
+// A training export names every Dropout's mask though nothing reads it: no mask is made (a
+// full tensor per node, hundreds of MB for ViT-B/16 at batch 64). A read mask is still made.
+TEST(OnnxImport, DropoutMaskNothingReadsIsNotMade) {
+  TestModel m(13);
+  m.input("x", TensorProto::FLOAT, {2, 2});
+  m.node("Dropout", {"x"}, {"y", "mask"});
+  m.node("Dropout", {"y"}, {"z", "mask2"});
+  m.node("Not", {"mask2"}, {"dropped"});
+  m.output("z");
+  m.output("dropped", TensorProto::BOOL);
+  Graph g = import(m);
+  EXPECT_FALSE(g.find_value("mask").has_value());
+  Tensor x = random_tensor(DType::f32, {2, 2}, 6);
+  NamedTensors r = run_graph(g, {{"x", x}});
+  EXPECT_TRUE(all_close(r.at("z"), x, 0, 0));
+  EXPECT_EQ(r.at("dropped").to_doubles(), (std::vector<double>{0, 0, 0, 0}));
+}
+
+// Before opset 14 naming a BatchNormalization's running statistics selects its training form,
+// whether or not anything reads them.
+TEST(OnnxImport, BatchNormOpset13NamedUnreadStatisticsStillTrain) {
+  TestModel m(13);
+  m.input("x", TensorProto::FLOAT, {2, 3, 4});
+  for (const char* p : {"s", "b", "m", "v"})
+    m.initializer(p, Tensor::full(DType::f32, {3}, std::string(p) == "v" ? 2.0 : 0.5));
+  m.node("BatchNormalization", {"x", "s", "b", "m", "v"}, {"y", "rm", "rv"}, "bn");
+  m.output("y");
+  Graph g = import(m);
+  ASSERT_EQ(g.nodes().size(), 1u);
+  EXPECT_TRUE(std::get<BatchNormAttrs>(g.nodes()[0].attrs).training);
+}
+
 }  // namespace
 }  // namespace fusebox::testing

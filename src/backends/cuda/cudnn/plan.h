@@ -57,10 +57,12 @@ VariantPack variant_pack(const ConvOperands& t, ConvFusion fused);
 
 // Builds the plan of one graph variant (`fused`: how much of the epilogue): heuristics,
 // numerical notes filtered, then the heuristics' first buildable plan or, with
-// settings.autotune, the fastest candidate timed on `t` (one progress line on stderr).
+// settings.autotune, the fastest candidate timed on `t` (one progress line on stderr);
+// `beat_ms`: the project's kernel's time, which a candidate must come near to be timed in full.
 // Throws CudnnRefused; a CUDA failure is a fusebox::Error.
 EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands& t,
-                          ConvFusion fused, const ConvSettings& settings, ConvPlanStats& stats);
+                          ConvFusion fused, const ConvSettings& settings, ConvPlanStats& stats,
+                          std::optional<double> beat_ms);
 
 // The graph's serialized bytes (cudnn-frontend's Graph::serialize); false when it cannot
 // be serialized. Never throws.

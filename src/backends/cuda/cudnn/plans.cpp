@@ -230,7 +230,8 @@ bool record_native(Context& ctx, PlanEntry& e, VariantPack& pack, void* workspac
 // The entry of problem `p` (key `key`): from memory, else from disk, else built and stored.
 // A plan chosen by the heuristics is tuned once autotuning is asked for. c.mutex is held.
 EntryPtr find_or_build(Context& ctx, PlanCaches& c, const ConvProblem& p, const std::string& key,
-                       const ConvOperands& t, const ConvSettings& settings, bool& first_use) {
+                       const ConvOperands& t, const ConvSettings& settings,
+                       std::optional<double> beat_ms, bool& first_use) {
   EntryPtr entry;
   if (EntryPtr* hit = c.memory->find(key)) {
     entry = *hit;
@@ -270,7 +271,7 @@ EntryPtr find_or_build(Context& ctx, PlanCaches& c, const ConvProblem& p, const 
     bool store = true;
     for (ConvFusion fused : p.fusions()) {
       try {
-        entry = build_cudnn_plan(ctx, p, t, fused, settings, c.stats);
+        entry = build_cudnn_plan(ctx, p, t, fused, settings, c.stats, beat_ms);
         entry->reason = refusal;
         break;
       } catch (const CudnnRefused& r) {
@@ -408,7 +409,7 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
     // Both tuned: the faster first (a refusal counts as slowest).
     bool fresh = false;
     for (LoweredPlan& l : plans)
-      l.entry = find_or_build(ctx, c, l.problem, l.key, t, settings, fresh);
+      l.entry = find_or_build(ctx, c, l.problem, l.key, t, settings, beat_ms, fresh);
     outcome.first_use = fresh;
     auto time_of = [](const LoweredPlan& l) { return l.entry->graph ? l.entry->tuned_ms : 1e30; };
     if (time_of(plans[1]) < time_of(plans[0])) std::swap(plans[0], plans[1]);
@@ -425,7 +426,7 @@ CudnnConvOutcome cudnn_conv_record(Context& ctx, const ConvProblem& p, const Con
   std::string standard_reason;
   for (LoweredPlan& l : plans) {
     bool fresh = false;
-    if (!l.entry) l.entry = find_or_build(ctx, c, l.problem, l.key, t, settings, fresh);
+    if (!l.entry) l.entry = find_or_build(ctx, c, l.problem, l.key, t, settings, beat_ms, fresh);
     outcome.first_use = outcome.first_use || fresh;
     std::string reason = l.entry->reason;
     if (beat_ms && l.entry->graph && l.entry->tuned_ms > *beat_ms) {

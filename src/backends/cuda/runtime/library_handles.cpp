@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "backends/cuda/runtime/device.h"
+#include "fusebox/core/compile_trace.h"
 #include "fusebox/core/error.h"
 
 namespace fusebox::cuda {
@@ -78,6 +79,7 @@ std::string cudnn_version_mismatch(int64_t compiled, int64_t loaded) {
 cublasLtHandle_t Device::cublaslt_handle() const {
   std::call_once(cublaslt_once_, [this] {  // a throw leaves it unset: the next call retries
     DeviceGuard guard(id_);                // cublasLtCreate ties the context to the current device
+    const TracePhase trace("cuda create the cuBLASLt handle");
     FUSEBOX_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   });
   return cublaslt_;
@@ -90,6 +92,7 @@ cudnnHandle_t Device::cudnn_handle(cudaStream_t stream) const {
     check_loaded_cudnn();
     DeviceGuard guard(id_);  // cudnnCreate binds the handle to the current device
     cudnnHandle_t handle = nullptr;
+    const TracePhase trace("cuda create a cuDNN handle");
     FUSEBOX_CUDNN_CHECK(cudnnCreate(&handle));
     it = handles.by_device.emplace(id_, handle).first;
   }

@@ -62,6 +62,7 @@
 #include "backends/cuda/kernels/conv/engines.h"
 
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -69,6 +70,7 @@
 #include "backends/cuda/kernels/conv/engines/engine_list.h"
 #include "backends/cuda/kernels/conv/engines/halo_wgrad/plan.h"
 #include "backends/cuda/kernels/conv/selection.h"
+#include "fusebox/core/compile_trace.h"
 
 namespace fusebox::cuda {
 
@@ -344,6 +346,7 @@ std::optional<Timed> fastest(Context& ctx, const ConvCall& call,
   for (const Candidate& c : candidates) {
     std::string plan;
     std::optional<double> ms;
+    TracePhase trace("conv autotune: time our engine ", c.engine->name());
     try {
       ms = time_own_conv(
           ctx,
@@ -352,7 +355,7 @@ std::optional<Timed> fastest(Context& ctx, const ConvCall& call,
             if (!r.ran) throw Error(call.label(), cat(c.engine->name(), " declined: ", r.reason));
             return r.plan;
           },
-          plan);
+          plan, best ? best->ms : std::numeric_limits<double>::infinity());
     } catch (const std::exception& ex) {
       // Not timed (out of memory for its temporaries, a decline): the others compete; a
       // broken context fails the next call anyway.
@@ -483,6 +486,8 @@ ConvOutcome run_conv_engines(Context& ctx, const ConvCall& call) {
     ConvCall c = call;
     c.settings = &timed;
     if (rule4) notes.push_back(*rule4);
+    TracePhase trace(rule4 ? "conv timed by default (rule 4), " : "conv autotuned, ",
+                     conv_op_name(call.op()));
     if (std::optional<ConvOutcome> o = run_autotuned(ctx, c, &notes)) {
       if (rule4) o->reason = joined({*rule4, o->reason});
       return *o;

@@ -166,7 +166,7 @@ void clear_conv_selections() {
 
 std::optional<double> time_own_conv(Context& ctx,
                                     const std::function<std::string(Context&)>& record,
-                                    std::string& plan) {
+                                    std::string& plan, double bound_ms) {
   if (!ctx.encoder.options().use_graphs) return std::nullopt;
   // A scratch encoder on the device's stream: its replays run after the work committed so
   // far (the main recording is not committed), on this node's output and temporaries of
@@ -198,9 +198,12 @@ std::optional<double> time_own_conv(Context& ctx,
     FUSEBOX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     return double(ms) / reps / kCalls;
   };
-  // As cudnn/conv_graph.cpp's time_plan: one run sizes the measurement (~2 ms of work).
+  // As cudnn/conv_graph.cpp's time_plan: one run sizes the measurement (~2 ms of work); one
+  // over twice the bound already cannot win (the graph's instantiation loaded its kernels).
   const double first = timed(1);
-  const double ms = timed(int(std::clamp(2.0 / std::max(first * kCalls, 1e-3), 3.0, 50.0)));
+  const double ms = first > 2 * bound_ms
+                        ? first
+                        : timed(int(std::clamp(2.0 / std::max(first * kCalls, 1e-3), 3.0, 50.0)));
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
   scratch.synchronize();

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,10 +55,13 @@ void clear_conv_selections();
 
 // Times `record` (which records our kernel for the node on the context it is given and
 // returns its plan) as a replayed graph of 8 calls: the mean of enough replays for ~2 ms,
-// after one warm-up, per call. nullopt when the encoder launches directly (FUSEBOX_CUDA_GRAPHS=0:
-// there is no graph to replay). `plan` receives the description.
+// after one warm-up, per call; where the warm-up's calls took over twice `bound_ms` each
+// (the fastest engine so far), their mean: that engine cannot win. nullopt when the encoder
+// launches directly (FUSEBOX_CUDA_GRAPHS=0: there is no graph to replay). `plan` receives the
+// description.
 std::optional<double> time_own_conv(Context& ctx,
                                     const std::function<std::string(Context&)>& record,
-                                    std::string& plan);
+                                    std::string& plan,
+                                    double bound_ms = std::numeric_limits<double>::infinity());
 
 }  // namespace fusebox::cuda
