@@ -8,6 +8,11 @@
 #include <iostream>
 
 #include "fusebox/backends/cpu_fast.h"
+#ifdef FUSEBOX_WITH_ONEDNN
+#include <cstring>
+
+#include "backends/cpu_fast/onednn.h"
+#endif
 #include "fusebox/ir/builder.h"
 #include "fusebox/passes/pipeline.h"
 #include "fusebox/runtime/executable.h"
@@ -415,6 +420,119 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
             std::string::npos)
       << exe->stats().fast_summary;
 }
+
+// Elementwise programs between convolutions (MobileNetV3's hardswish) run over the writer's
+// blocked layout and leave theirs in it; 12 channels pad to the layout's block (8 or 16): a
+// program that keeps zero zero runs in the padded layout, one that does not (x + 3) reads and
+// writes densely; a per-channel input (the excitation's scale) is read by each element's
+// channel in the layout, and a row broadcast keeps its program dense.
+TEST(CpuFast, PointwiseProgramsBetweenConvolutionsStayInOneDnnLayout) {
+  REQUIRE_ONEDNN();
+  Graph g("hardswish");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 8, 10, 10});
+  const ValueId s = g.add_input("s", DType::f32, {2, 12, 1, 1});
+  const ConvAttrs same = same_padding();
+  const ValueId three = g.add_constant("three", Tensor::scalar(DType::f32, 3));
+  const ValueId six = g.add_constant("six", Tensor::scalar(DType::f32, 6));
+  const PointwiseInstr relu6{.op = OpKind::clip, .operands = {3}, .min = 0, .max = 6};
+  const PointwiseProgram hardswish{
+      3, {{OpKind::add, {0, 1}}, relu6, {OpKind::div, {4, 2}}, {OpKind::mul, {0, 5}}}};
+  const PointwiseProgram plus_three{2, {{OpKind::add, {0, 1}}}};
+  const PointwiseProgram scaled{2, {{OpKind::mul, {0, 1}}}};
+  const ValueId c1 = b.conv(x, weight3x3(g, "w1", 12, 8, 1), kNoValue, same);
+  const ValueId h = g.add_node(OpKind::fused_pointwise, hardswish, {c1, three, six}, "hs")[0];
+  const ValueId c2 = b.conv(h, weight3x3(g, "w2", 12, 12, 2), kNoValue, same);
+  const ValueId p = g.add_node(OpKind::fused_pointwise, plus_three, {c2, three}, "plus3")[0];
+  const ValueId c3 = b.conv(p, weight3x3(g, "w3", 12, 12, 3), kNoValue, same);
+  const ValueId e = g.add_node(OpKind::fused_pointwise, scaled, {c3, s}, "excite")[0];
+  const ValueId c4 = b.conv(e, weight3x3(g, "w4", 12, 12, 4), kNoValue, same);
+  const ValueId row = g.add_input("row", DType::f32, {10});
+  const ValueId r = g.add_node(OpKind::fused_pointwise, scaled, {c4, row}, "rows")[0];
+  const ValueId c5 = b.conv(r, weight3x3(g, "w5", 4, 12, 5), kNoValue, same);
+  g.rename_value(c5, "y");
+  g.mark_output(c5);
+  expect_fast_matches_reference(g,
+                                {{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 6, -4, 4)},
+                                 {"s", random_tensor(DType::f32, {2, 12, 1, 1}, 7)},
+                                 {"row", random_tensor(DType::f32, {10}, 8)}},
+                                9);
+  auto exe = Executable::compile(g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast});
+  // c1, h, c2, p, c3, e: readers that take them in oneDNN's layout; c4 (read by the row
+  // broadcast) and r (its program's output) are dense.
+  EXPECT_NE(exe->stats().fast_summary.find("6 values stay in their writer's layout"),
+            std::string::npos)
+      << exe->stats().fast_summary;
+}
+
+#ifdef FUSEBOX_WITH_ONEDNN
+// The kernel handed a value in a padded blocked layout (12 channels in nChw8c: 4 of padding)
+// as a convolution would leave it: hardswish keeps zero zero, so it runs in that layout and
+// its padding stays zero; x + 3 does not, so it reads the value densely and leaves a dense one.
+TEST(CpuFast, PointwiseProgramInAPaddedLayoutOnlyWhereZeroStaysZero) {
+  using dnnl::memory;
+  const Shape shape = {1, 12, 3, 3};
+  const Tensor x = random_tensor(DType::f32, shape, 8, -5, 5);
+  const Tensor three = Tensor::scalar(DType::f32, 3), six = Tensor::scalar(DType::f32, 6);
+  const Tensor scale = random_tensor(DType::f32, {1, 12, 1, 1}, 9, -2, 2);
+  const memory::desc blocked(cpu_fast::dims_of(shape), memory::data_type::f32,
+                             memory::format_tag::nChw8c);
+  ASSERT_NE(blocked.get_padded_dims(), blocked.get_dims());
+  const memory plain = cpu_fast::wrap(cpu_fast::plain_desc(cpu_fast::dims_of(shape)), x.raw());
+  const memory held(blocked, cpu_fast::cpu_engine());
+  std::memset(held.get_data_handle(), 0, blocked.get_size());
+  cpu_fast::execute(dnnl::reorder(plain, held), {{DNNL_ARG_FROM, plain}, {DNNL_ARG_TO, held}});
+  const cpu_fast::OnednnValue own_x(held);
+
+  const PointwiseInstr relu6{.op = OpKind::clip, .operands = {3}, .min = 0, .max = 6};
+  const PointwiseProgram hardswish{
+      3, {{OpKind::add, {0, 1}}, relu6, {OpKind::div, {4, 2}}, {OpKind::mul, {0, 5}}}};
+  // x + 3 + 6 - 6 (every input read)
+  const PointwiseProgram plus_three{
+      3, {{OpKind::add, {0, 1}}, {OpKind::add, {3, 2}}, {OpKind::sub, {4, 2}}}};
+  // x * six * scale (per channel) / three
+  const PointwiseProgram excite{
+      4, {{OpKind::mul, {0, 2}}, {OpKind::mul, {4, 3}}, {OpKind::div, {5, 1}}}};
+  for (const PointwiseProgram* program : {&hardswish, &plus_three, &excite}) {
+    const bool zero_stays_zero = program != &plus_three;
+    Graph g("program");
+    std::vector<ValueId> in = {g.add_input("x", DType::f32, shape), g.add_constant("three", three),
+                               g.add_constant("six", six)};
+    if (program == &excite) in.push_back(g.add_constant("scale", scale));
+    const ValueId y = g.add_node(OpKind::fused_pointwise, *program, in, "p")[0];
+    g.mark_output(y);
+    const Tensor want = run_graph(g, {{"x", x}}).at(g.value(y).name);
+    const cpu_fast::Planned planned = cpu_fast::plan(g, g.nodes().back());
+    ASSERT_TRUE(planned.kernel) << planned.why_not;
+    ASSERT_TRUE(planned.kernel->reads_own_layout(0));
+    const Tensor undefined;
+    const std::vector<const Tensor*> inputs = {&undefined, &three, &six, &scale};
+    const std::vector<const cpu_fast::OwnLayout*> own = {&own_x, nullptr, nullptr, nullptr};
+    std::vector<Tensor> outputs(1);
+    std::shared_ptr<cpu_fast::OwnLayout> out;
+    const size_t arity = in.size();  // the program's inputs of the four
+    planned.kernel->run_own(std::span(inputs).first(arity), std::span(own).first(arity), 0, outputs,
+                            &out);
+    ASSERT_TRUE(out);
+    const memory& got = static_cast<const cpu_fast::OnednnValue&>(*out).memory;
+    EXPECT_EQ(got.get_desc() == blocked, zero_stays_zero);
+    Tensor dense = Tensor::empty(DType::f32, shape);
+    const memory to = cpu_fast::wrap(cpu_fast::plain_desc(cpu_fast::dims_of(shape)), dense.raw());
+    cpu_fast::execute(dnnl::reorder(got, to), {{DNNL_ARG_FROM, got}, {DNNL_ARG_TO, to}});
+    EXPECT_TRUE(all_close(dense, want, 0, 0));
+    if (zero_stays_zero) {  // channels 12..15 of each 8-channel block's pixels
+      const float* v = static_cast<const float*>(got.get_data_handle());
+      for (int64_t pixel = 0; pixel < 9; ++pixel)
+        for (int64_t c = 12; c < 16; ++c) EXPECT_EQ(v[72 + pixel * 8 + (c - 8)], 0.f);
+    }
+    // Dense in, dense out: the interpreter as before.
+    outputs[0] = Tensor::empty(DType::f32, shape);
+    const std::vector<const Tensor*> dense_inputs = {&x, &three, &six, &scale};
+    planned.kernel->run(std::span(dense_inputs).first(arity), outputs);
+    EXPECT_TRUE(all_close(outputs[0], want, 0, 0));
+  }
+}
+#endif
 
 // Pools read a convolution's blocked output as it lies and leave theirs in oneDNN's layout for a
 // convolution (ResNet's stem: conv -> max_pool -> conv; its head: conv -> global_avg_pool): the
