@@ -437,12 +437,13 @@ EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands
       std::fprintf(stderr,
                    "fusebox: autotuned %s: %s: %lld of %zu candidates timed (%lld from mode B; "
                    "%lld dropped after one run; distinct and buildable among %lld configs of "
-                   "modes A+FALLBACK%s, cap %zu) in %.2f s; best %s %.4f ms (heuristics' first "
-                   "%.4f ms)\n",
+                   "modes A+FALLBACK%s, cap %zu) in %.2f s; best %s (candidate %lld) %.4f ms "
+                   "(heuristics' first %.4f ms)\n",
                    p.label.c_str(), p.describe().c_str(), (long long)timed, candidates.size(),
                    (long long)from_b, (long long)dropped, (long long)configs, mode_b ? "+B" : "",
                    settings.autotune_candidates, seconds,
-                   plan_name_at(best->graph->graph, best->index).c_str(), best_ms, first_ms);
+                   plan_name_at(best->graph->graph, best->index).c_str(),
+                   (long long)(best - candidates.data()) + 1, best_ms, first_ms);
     chosen = best->graph == chosen.get() ? chosen : mode_b;
     entry->warmed_up = true;
   }
