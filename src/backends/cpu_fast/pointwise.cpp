@@ -320,24 +320,19 @@ class PointwiseKernel final : public Kernel {
 #endif
   }
 
-  // Whether the program gives 0 where its in-place inputs are 0 (its scalars as given): the
-  // padding of a blocked layout then stays zero.
+  // Whether the program gives 0 where its in-place and per-channel inputs are 0 (its scalars
+  // as given): the padding of a blocked layout then stays zero.
   bool zero_stays_zero(std::span<const Tensor* const> in) const {
-    std::vector<float> buffers(dtypes_.size() * size_t(kBlock), 0.f);
-    std::vector<const float*> values(dtypes_.size());
-    for (size_t k = 0; k < inputs_.size(); ++k) {
-      if (inputs_[k].placement == Placement::scalar)
-        fill_scalar(in[k]->raw(), k, buffer(buffers, k));
-      values[k] = buffer(buffers, k);
-    }
-    const size_t k = size_t(p_.inputs);
-    for (size_t i = 0; i < p_.instrs.size(); ++i) {
-      float* r = buffer(buffers, k + i);
-      instruction(p_.instrs[i], dtypes_[k + i], values, r);
-      values[k + i] = r;
-    }
-    const float* result = values.back();
-    return std::all_of(result, result + kBlock, [](float v) { return v == 0.f; });
+    // One block of zeros for every input but the scalars, a per-channel one read as a layout
+    // of one channel per element (ChannelOrder's defaults), through the run's own path.
+    const std::vector<float> zeros(size_t(kBlock), 0.f);
+    std::vector<const void*> data(inputs_.size(), zeros.data());
+    for (size_t k = 0; k < inputs_.size(); ++k)
+      if (inputs_[k].placement == Placement::scalar) data[k] = in[k]->raw();
+    std::vector<float> result(size_t(kBlock), 0.f);
+    const ChannelOrder one_channel;
+    run_raw(data, result.data(), kBlock, &one_channel);
+    return std::all_of(result.begin(), result.end(), [](float v) { return v == 0.f; });
   }
 
   float* buffer(std::vector<float>& buffers, size_t v) const {
