@@ -340,8 +340,11 @@ inline constexpr OpInfo kOpTable[] = {
     {FUSEBOX_OP_ROW(concat), .family = OpFamily::shape, .min_inputs = 1,
      .max_inputs = kUnboundedInputs, .roles = {}, .attrs = attrs_index<ConcatAttrs>(),
      .layout = LayoutRole::channelwise, .cuda_strided_inputs = true},
+    // channelwise: a slice keeps its input's order (a concat's gradient, sliced into its
+    // inputs' gradients, stays channels-last for the convolutions that read them: UNet).
     {FUSEBOX_OP_ROW(slice), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
-     .roles = op_roles::kX, .attrs = attrs_index<SliceAttrs>(), .cuda_strided_inputs = true},
+     .roles = op_roles::kX, .attrs = attrs_index<SliceAttrs>(), .layout = LayoutRole::channelwise,
+     .cuda_strided_inputs = true},
     {FUSEBOX_OP_ROW(pad), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,
      .roles = op_roles::kX, .attrs = attrs_index<PadAttrs>()},
     {FUSEBOX_OP_ROW(squeeze), .family = OpFamily::shape, .min_inputs = 1, .max_inputs = 1,

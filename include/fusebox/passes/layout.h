@@ -14,7 +14,7 @@
 //   1. Each op has a layout role (layout_role, from the op table in ir/op_info.h):
 //      `convolution` ops prefer channels-last and read their activations and filters in
 //      the output's order (an input written contiguous, by a pad, is converted: a
-//      conversion); `elementwise` and `channelwise` ops (concat among them) run in either
+//      conversion); `elementwise` and `channelwise` ops (concat and slice among them) run in either
 //      order, with all their operands of the output's shape (elementwise) or rank
 //      (channelwise) in one order; `any_order` ops (transpose) read any strides and write
 //      whichever order their output is given; `contiguous` ops need contiguous inputs and

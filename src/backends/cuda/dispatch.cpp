@@ -94,7 +94,8 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
 //    kernels' contiguous-output paths run unchanged;
 //  - channelwise ops (batch_norm, pools and their backward ops) whose outputs are
 //    channels-last: inputs of the outputs' rank are converted to channels-last when they
-//    are not; the kernels take NCHW or channels-last operands, all in one order;
+//    are not; the kernels take NCHW or channels-last operands, all in one order (concat
+//    and slice, copies from any strides, take their inputs as they are);
 //  - reductions of a channels-last input that keep C alone run in its physical order
 //    (reduced_channels_last: a column reduction, no copy; the layout plan still lists the
 //    conversion it would have been);
@@ -177,10 +178,13 @@ void run_convolution(Context& ctx, const Node& n, Inputs in, Outputs out) {
 
 void run_channelwise_channels_last(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const size_t rank = out[0].shape.size();
-  // Activation operands (the outputs' rank) channels-last, per-channel vectors contiguous.
+  // Activation operands (the outputs' rank) channels-last, per-channel vectors contiguous;
+  // ops that copy from any strides (concat, slice) take their inputs as they are.
+  const bool strided_ok = op_info(n.op).cuda_strided_inputs;
   const ConvertedInputs inputs(ctx, in, [&](const DeviceTensor& t) -> std::optional<MemoryFormat> {
     if (t.shape.size() == rank)
-      return t.is_channels_last() ? std::nullopt : std::optional(MemoryFormat::channels_last);
+      return t.is_channels_last() || strided_ok ? std::nullopt
+                                                : std::optional(MemoryFormat::channels_last);
     return t.is_contiguous() ? std::nullopt : std::optional(MemoryFormat::contiguous);
   });
   run_contiguous(ctx, n, inputs.get(), out);

@@ -299,6 +299,43 @@ TEST(LayoutPass, ConcatOfConvolutionsIsChannelsLast) {
     EXPECT_EQ(c.node, -1) << plan.describe(g);
 }
 
+// UNet's skip connection in training: the concat's gradient is sliced into its inputs'
+// gradients, which the convolutions' backward ops read: the slices keep the concat
+// gradient's channels-last order (a slice whose output were contiguous would transpose 512 MB
+// and hand cuDNN NCHW gradients: 3.2 ms of UNet's step on an H200), and no convolution reads
+// a converted operand.
+TEST(LayoutPass, ConcatGradientSlicesStayChannelsLast) {
+  Graph g("skip");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 4, 8, 8});
+  ValueId w1 = g.add_input("w1", DType::f32, {4, 4, 3, 3});
+  ValueId w2 = g.add_input("w2", DType::f32, {4, 4, 1, 1});
+  ValueId w3 = g.add_input("w3", DType::f32, {2, 8, 3, 3});
+  const ConvAttrs same{.pads_begin = {1, 1}, .pads_end = {1, 1}};
+  ValueId skip = b.relu(b.conv(x, w1, kNoValue, same));
+  ValueId up = b.conv(skip, w2);
+  ValueId y = b.conv(b.concat({skip, up}, 1), w3, kNoValue, same);
+  ValueId loss = b.reduce_mean(b.mul(y, y), {}, false);
+  g.mark_output(loss);
+  GradResult r = grad(g, loss, {w1, w2, w3});
+  for (ValueId v : {w1, w2, w3}) g.mark_output(r.of(v));
+
+  const LayoutPlan plan = plan_layouts(g);
+  int slices = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::slice) continue;
+    ++slices;
+    EXPECT_EQ(plan.of(n.inputs[0]), kCL) << node_label(n) << "\n" << plan.describe(g);
+    EXPECT_EQ(plan.of(n.outputs[0]), kCL) << node_label(n) << "\n" << plan.describe(g);
+  }
+  EXPECT_EQ(slices, 2) << "the concat's gradient should be sliced in two";
+  for (const LayoutPlan::Conversion& c : plan.conversions) {
+    if (c.node < 0) continue;
+    EXPECT_NE(layout_role(g.node(c.node)), LayoutRole::convolution)
+        << "a convolution reads a converted operand: " << plan.describe(g);
+  }
+}
+
 // What still copies, with why: a transpose that is a view is not listed, one that is not is;
 // a slice, a concat, a cast and the plan's conversions are.
 TEST(LayoutPass, CopiesAreListedWithReasons) {

@@ -266,6 +266,45 @@ TEST(CudaLayout, TrainingGradientsMatchCpu) {
   for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 2e-4, 2e-5)) << name;
 }
 
+// UNet's skip connection in training: the concat's gradient sliced channels-last into the
+// gradients its convolutions' backward ops read (one slice a view, one a strided copy), and
+// the bias gradient of the convolution that reads a slice reduced in its channels-last order.
+TEST(CudaLayout, SkipConnectionGradientsMatchCpu) {
+  FUSEBOX_REQUIRE_GPU();
+  ScopedEnv tf32("FUSEBOX_ALLOW_TF32", "0");
+  Graph g("layout_skip");
+  Builder b(g);
+  ValueId x = g.add_input("x", DType::f32, {2, 8, 10, 10});
+  ValueId w1 = g.add_input("w1", DType::f32, {8, 8, 3, 3});
+  ValueId w2 = g.add_input("w2", DType::f32, {8, 8, 1, 1});
+  ValueId b2 = g.add_input("b2", DType::f32, {8});
+  ValueId w3 = g.add_input("w3", DType::f32, {8, 16, 3, 3});
+  const ConvAttrs same{.pads_begin = {1, 1}, .pads_end = {1, 1}};
+  ValueId skip = b.relu(b.conv(x, w1, kNoValue, same));
+  ValueId up = b.conv(skip, w2, b2);
+  ValueId y = b.conv(b.concat({skip, up}, 1), w3, kNoValue, same);
+  ValueId loss = b.reduce_mean(b.mul(y, y), {}, false);
+  g.mark_output(loss);
+  GradResult r = grad(g, loss, {w1, w2, b2, w3, x});
+  for (ValueId v : {w1, w2, b2, w3, x}) g.mark_output(r.of(v));
+
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {2, 8, 10, 10}, 1)},
+                           {"w1", random_tensor(DType::f32, {8, 8, 3, 3}, 2, -0.2, 0.2)},
+                           {"w2", random_tensor(DType::f32, {8, 8, 1, 1}, 3, -0.3, 0.3)},
+                           {"b2", random_tensor(DType::f32, {8}, 4)},
+                           {"w3", random_tensor(DType::f32, {8, 16, 3, 3}, 5, -0.2, 0.2)}};
+  const NamedTensors want = run_graph(g, feeds);
+  ScopedEnv layout("FUSEBOX_LAYOUT", "auto");
+  const LayoutPlan plan = plan_layouts(g);
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::slice)
+      EXPECT_EQ(plan.of(n.outputs[0]), MemoryFormat::channels_last) << plan.describe(g);
+  }
+  auto exe = Executable::compile(g, {.device = fusebox::Device::cuda, .poison = true});
+  const NamedTensors got = exe->run(feeds);
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 2e-4, 2e-5)) << name;
+}
+
 // A random f32 constant of `g` in [lo, hi).
 ValueId f32_constant(Graph& g, const std::string& name, Shape shape, uint64_t seed, double lo,
                      double hi) {
