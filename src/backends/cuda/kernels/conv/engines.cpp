@@ -54,6 +54,7 @@
 //       rows-kernel wgrads, fprops with neither an epilogue nor a measured shape): its
 //       heuristics' plan for a depthwise wgrad was 10-20x the depthwise kernel (ConvNeXt-T
 //       above), so nothing but a timing decides between them.
+//     Rule 4 times the heuristics' first kRule4Candidates (8) cuDNN plans, not autotuning's 48.
 //
 // Autotuning (FUSEBOX_AUTOTUNE, FUSEBOX_CONV_BACKEND unset, cuDNN takes the problem): every
 // engine but cuDNN and the direct kernel that accepts the problem, fused or unfused, is
@@ -61,6 +62,7 @@
 // decision is cached in memory and on disk.
 #include "backends/cuda/kernels/conv/engines.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <mutex>
@@ -204,6 +206,18 @@ std::optional<std::string> timed_by_default(const ConvCall& call) {
   return std::nullopt;
 }
 
+// The most cuDNN candidates rule 4 times: the heuristics' first 8. Timing 8 instead of 48 left
+// EfficientNet-B0's and MobileNetV3-L's training steps unchanged (23.60 vs 23.60 ms, 12.69 vs
+// 12.68; H200, bf16, batch 128) and cut their cold first steps from 25.7 to 13.0 s and 21.5 to
+// 11.5 s: the winners sit early in the heuristics' order, and the generic engines further down
+// cost tens of ms a run on depthwise problems (bench/results/2026-11-30_h200_issue40_session39/).
+// A smaller FUSEBOX_CONV_AUTOTUNE_CANDIDATES still applies; 0 (all) does not lift the cap.
+constexpr size_t kRule4Candidates = 8;
+
+size_t rule4_candidates(size_t setting) {
+  return setting == 0 ? kRule4Candidates : std::min(setting, kRule4Candidates);
+}
+
 // Whether `scope` lets engine `e` run at all.
 bool in_scope(const ConvEngine& e, Scope scope) {
   switch (scope) {
@@ -320,11 +334,19 @@ struct Candidate {
 };
 
 // Autotuning's candidates: every engine but cuDNN and the direct kernel (the oracle) that
-// takes the call fused, or else unfused.
-std::vector<Candidate> tuning_candidates(const ConvCall& call) {
+// takes the call fused, or else unfused. A depthwise problem timed by default (rule 4) weighs
+// the depthwise kernel alone against cuDNN: the GEMM engines would run it as C groups of one
+// channel (a K of R*S taps), and timing the implicit GEMM on EfficientNet-B0's 22 such
+// problems took 1.9 s of its cold first step (H200, session 39).
+std::vector<Candidate> tuning_candidates(const ConvCall& call, bool by_default) {
+  const ConvEngine& depthwise = depthwise_engine();
+  const bool depthwise_only = by_default && depthwise.implements(call.op()) &&
+                              (!depthwise.cannot_implement(call) ||
+                               (call.has_epilogue() && !depthwise.cannot_implement(unfused(call))));
   std::vector<Candidate> out;
   for (const ConvEngine* e : conv_engines()) {
     if (e == &cudnn_engine() || e == &direct_engine() || !e->implements(call.op())) continue;
+    if (depthwise_only && e != &depthwise) continue;
     if (!e->cannot_implement(call))
       out.push_back({e, false});
     else if (call.has_epilogue() && !e->cannot_implement(unfused(call)))
@@ -388,14 +410,14 @@ std::optional<ConvOutcome> replay_own(Context& ctx, const ConvCall& call, const 
 }
 
 // Autotuning (see the top of the file), or nullopt with cuDNN's reason in *notes where it
-// declined.
+// declined. by_default: rule 4's timing, not FUSEBOX_AUTOTUNE's.
 std::optional<ConvOutcome> run_autotuned(Context& ctx, const ConvCall& call,
-                                         std::vector<std::string>* notes) {
+                                         std::vector<std::string>* notes, bool by_default) {
   const ConvProblem& p = *call.problem;
   const ConvEngine& cudnn = cudnn_engine();
   std::optional<ConvSelection> selected;
   std::optional<Timed> best;
-  const std::vector<Candidate> candidates = tuning_candidates(call);
+  const std::vector<Candidate> candidates = tuning_candidates(call, by_default);
   if (!candidates.empty()) {
     selected = find_conv_selection(p);
     if (selected && selected->own) {
@@ -483,12 +505,13 @@ ConvOutcome run_conv_engines(Context& ctx, const ConvCall& call) {
     ConvSettings timed = s;
     timed.autotune = true;
     timed.quiet_tuning = !s.autotune;
+    if (rule4) timed.autotune_candidates = rule4_candidates(s.autotune_candidates);
     ConvCall c = call;
     c.settings = &timed;
     if (rule4) notes.push_back(*rule4);
     TracePhase trace(rule4 ? "conv timed by default (rule 4), " : "conv autotuned, ",
                      conv_op_name(call.op()));
-    if (std::optional<ConvOutcome> o = run_autotuned(ctx, c, &notes)) {
+    if (std::optional<ConvOutcome> o = run_autotuned(ctx, c, &notes, rule4.has_value())) {
       if (rule4) o->reason = joined({*rule4, o->reason});
       return *o;
     }
