@@ -170,7 +170,8 @@ struct ExecutableStats {
   size_t temporary_bytes = 0;      // kernel workspaces and conversions the step holds
   // CUDA: the nodes whose recording took device memory of its own (outside the arena and the
   // inputs and outputs: a workspace larger than the node's gap in the arena, a conversion),
-  // the most first (at most 5, each at least 1 MiB): what temporary_bytes holds.
+  // the most first (at most 5, each at least 1 MiB), then the smaller nodes together and what
+  // no node accounts for (each entry at least 1 MiB): what temporary_bytes holds.
   std::vector<std::pair<std::string, size_t>> temporary_holders;
   size_t views = 0;  // layout ops that copy nothing (CUDA: read through)
   // CUDA: the layout ops (reshapes, transposes, slices) that run no kernel: their outputs are

@@ -9,6 +9,7 @@
 #include "executable/executables.h"
 #include "executable/layout_views.h"
 #include "fusebox/core/compile_trace.h"
+#include "fusebox/core/memory.h"
 #include "fusebox/ir/op_groups.h"
 #include "fusebox/ir/op_info.h"
 
@@ -70,9 +71,24 @@ CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
   const size_t in_use = ctx_.allocator.stats().bytes_in_use - in_use_before;
   const size_t known = stats_.arena_bytes + stats_.io_bytes + stats_.constant_bytes;
   stats_.temporary_bytes = in_use > known ? in_use - known : 0;
+  note_small_holders();
   stats_.nodes = graph_.nodes().size();
   stats_.compile_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The rest of temporary_holders: the nodes that each held less than the 1 MiB a holder is
+// listed for, together, and what no node's recording accounts for (the allocator's rounding
+// of the step's buffers, a cached block larger than asked for, staging), so that the list
+// (with every node of 1 MiB or more) sums to temporary_bytes.
+void CudaExecutable::note_small_holders() {
+  constexpr size_t kNoted = size_t(1) << 20;
+  auto& holders = stats_.temporary_holders;
+  if (small_holder_bytes_ >= kNoted)
+    holders.emplace_back(cat(small_holders_, " nodes under 1 MiB each"), small_holder_bytes_);
+  size_t listed = small_holder_bytes_ + large_holder_bytes_;
+  if (stats_.temporary_bytes >= listed + kNoted)
+    holders.emplace_back("outside the nodes", stats_.temporary_bytes - listed);
 }
 
 // Steps 1-2: the arena, the inputs' and outputs' buffers, which aliases run in place.
@@ -129,20 +145,57 @@ void CudaExecutable::plan_memory_and_buffers() {
                             "); try a smaller batch"));
   }
 
+  // The inputs' and outputs' buffers are one allocation, each tensor at an aligned offset in
+  // it: a buffer each is rounded up to the allocator's 2 MiB step, which cost ViT-B/16's
+  // training ~190 MiB (its 2.25 and 6.75 MiB weights, each three times with AdamW's moments).
+  // A first pass over the decisions below sizes it (tensors without a buffer), the second
+  // places them.
+  constexpr size_t kIoAlignment = 256;
+  cuda::DeviceBuffer pool;
+  size_t pool_used = 0;
+  std::string pool_names;  // the first few, for an out-of-memory error
   auto allocate = [&](const TensorType& t, MemoryFormat f, const std::string& what) {
-    try {
-      DeviceTensor d = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, f);
-      stats_.io_bytes += d.buffer.size();
-      return d;
-    } catch (const Error& e) {
-      throw Error(where_, cat("out of device memory for ", what, " (",
-                              bytes_str(size_t(numel(t.shape)) * dtype_size(t.dtype)),
-                              "): ", error_message(e), "; try a smaller batch"));
+    const size_t bytes =
+        std::max<size_t>(tensor_size_or_throw(t.shape, t.dtype, where_, what).bytes, 1);
+    const size_t at = (pool_used + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+    pool_used = at + bytes;
+    if (!pool) {
+      if (pool_names.size() < 200) pool_names += cat(pool_names.empty() ? "" : ", ", what);
+      DeviceTensor sized;
+      sized.dtype = t.dtype;
+      sized.shape = t.shape;
+      sized.strides = strides_for(t.shape, f);
+      return sized;
     }
+    stats_.io_bytes += bytes;
+    return DeviceTensor::over(cuda::BufferRange(pool, at, bytes), t.dtype, t.shape, f);
   };
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1 && pool_used > 0) {
+      try {
+        pool = ctx_.allocator.allocate(pool_used);
+      } catch (const Error& e) {
+        throw Error(where_,
+                    cat("out of device memory for the inputs and outputs (", bytes_str(pool_used),
+                        ": ", pool_names, "): ", error_message(e), "; try a smaller batch"));
+      }
+    }
+    pool_used = 0;
+    stats_.aliases_in_place = stats_.aliases_copied = 0;
+    assign_io_buffers(allocate, converted_in_arena);
+  }
+}
+
+// Step 2's decisions: which input and output buffers the executable owns, in which order,
+// and which aliased outputs are computed in place. Run twice by plan_memory_and_buffers (to
+// size its one allocation, then to place the tensors in it): `allocate` returns a tensor
+// without a buffer in the first pass.
+void CudaExecutable::assign_io_buffers(const IoAllocate& allocate,
+                                       const std::vector<bool>& converted_in_arena) {
+  const size_t values = graph_.values().size();
   auto own_array = [&](const DeviceTensor& d) { return DeviceArray(cuda_storage(d)); };
 
-  inputs_.resize(io_.input_names.size());
+  inputs_.resize(io_.input_names.size());  // each pass sets what it decides
   for (size_t i = 0; i < inputs_.size(); ++i) {
     Input& in = inputs_[i];
     in.value = graph_.inputs()[i];
@@ -169,7 +222,7 @@ void CudaExecutable::plan_memory_and_buffers() {
   }
   output_staging_.resize(io_.output_names.size());
   readback_.resize(io_.output_names.size());
-  alias_buffer_.resize(io_.output_names.size());
+  alias_buffer_.assign(io_.output_names.size(), DeviceTensor{});
   input_staging_.resize(io_.input_names.size());
   outputs_.resize(io_.output_names.size());
   in_place_.assign(values, -1);

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -115,6 +116,10 @@ class CudaExecutable final : public Executable {
 
   // compile.cpp
   void plan_memory_and_buffers();
+  using IoAllocate =
+      std::function<DeviceTensor(const TensorType&, MemoryFormat, const std::string& what)>;
+  void assign_io_buffers(const IoAllocate& allocate, const std::vector<bool>& converted_in_arena);
+  void note_small_holders();
   void plan_layout_views_into(std::vector<size_t>& bytes,
                               const std::vector<bool>& converted_in_arena);
   bool can_compute_in_place(ValueId out, size_t input) const;
@@ -196,7 +201,12 @@ class CudaExecutable final : public Executable {
   bool time_runs_ = false;
   std::shared_ptr<RunTiming> last_timed_;
   mutable ExecutableStats stats_;  // runs_not_applied refreshed by stats()
-  cuda::ConvReportSink report_;    // filled by every recording (a ConvReportScope)
+  // What the nodes' recordings took of their own (record_node): nodes of 1 MiB or more (the
+  // largest five are stats_.temporary_holders) and the rest, summed.
+  size_t large_holder_bytes_ = 0;
+  size_t small_holder_bytes_ = 0;
+  size_t small_holders_ = 0;
+  cuda::ConvReportSink report_;  // filled by every recording (a ConvReportScope)
 };
 
 }  // namespace fusebox::runtime

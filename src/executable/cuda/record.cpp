@@ -148,7 +148,12 @@ void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTens
   // What the node's recording holds of its own (ExecutableStats::temporary_holders).
   const size_t in_use = ctx_.allocator.stats().bytes_in_use;
   constexpr size_t kNoted = size_t(1) << 20;
+  if (in_use > in_use_before && in_use < in_use_before + kNoted) {
+    small_holder_bytes_ += in_use - in_use_before;
+    ++small_holders_;
+  }
   if (in_use >= in_use_before + kNoted) {
+    large_holder_bytes_ += in_use - in_use_before;
     auto& holders = stats_.temporary_holders;
     holders.emplace_back(n.name, in_use - in_use_before);
     std::stable_sort(holders.begin(), holders.end(),

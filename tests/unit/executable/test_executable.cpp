@@ -344,6 +344,29 @@ TEST(CudaExecutable, ARunRecordsNothing) {
   EXPECT_EQ(later.replays, first.replays + 3);
 }
 
+// The inputs and outputs the executable owns are one allocation: five 2.25 MiB tensors take
+// 11.25 MiB, not five buffers rounded up to the allocator's 2 MiB step (20 MiB).
+TEST(CudaExecutable, InputsAndOutputsShareOneAllocation) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  constexpr size_t MiB = size_t(1) << 20;
+  const int64_t n = 589824;  // 2.25 MiB of f32
+  Graph g("io_pool");
+  Builder b(g);
+  std::vector<ValueId> xs;
+  for (int i = 0; i < 4; ++i) xs.push_back(g.add_input("x" + std::to_string(i), DType::f32, {n}));
+  g.mark_output(b.add(b.add(xs[0], xs[1]), b.add(xs[2], xs[3])));
+  auto exe = Executable::compile(g, {.device = Device::cuda, .poison = true});
+  const size_t tensor_bytes = size_t(n) * 4;
+  EXPECT_EQ(exe->stats().io_bytes, 5 * tensor_bytes);
+  EXPECT_LT(exe->stats().temporary_bytes, 4 * MiB) << "the allocator's rounding per buffer";
+  NamedTensors feeds;
+  for (int i = 0; i < 4; ++i)
+    feeds["x" + std::to_string(i)] = random_tensor(DType::f32, {n}, uint64_t(20 + i));
+  const NamedTensors want = run_graph(g, feeds, {.device = Device::cpu});
+  const NamedTensors got = exe->run(feeds);
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 0, 0)) << name;
+}
+
 TEST(CudaExecutable, DeviceArraysRoundTrip) {
   FUSEBOX_RUNTIME_REQUIRE_GPU();
   const Tensor t = random_tensor(DType::bf16, {2, 3, 4, 5}, 9);
