@@ -77,6 +77,14 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
     r.begin = std::min(r.begin, life.first[v]);
     r.end = std::max({r.end, life.first[v], life.last[v]});
   }
+  plan.held_from.assign(count, 0);
+  plan.held_to.assign(count, -1);
+  for (size_t v = 0; v < count; ++v) {
+    if (bytes[v] == 0) continue;
+    const bool is_root = root[v] == ValueId(v);
+    plan.held_from[v] = is_root ? when[v].begin : life.first[v];
+    plan.held_to[v] = is_root ? when[v].end : std::max(life.first[v], life.last[v]);
+  }
   if (values.empty()) return plan;
 
   // Largest first; ties in node order, so the plan does not depend on the sort's whims.
@@ -137,10 +145,13 @@ std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vect
   const int nodes = int(g.nodes().size());
   // The placed values live at each node, as byte intervals.
   std::vector<std::vector<std::pair<size_t, size_t>>> taken(static_cast<size_t>(nodes));
+  const bool held = plan.held_from.size() == plan.offset.size();
   for (size_t v = 0; v < plan.offset.size(); ++v) {
     if (plan.offset[v] == MemoryPlan::kNotPlanned || bytes[v] == 0) continue;
-    const int begin = std::max(life.first[v], 0);
-    const int end = std::min(std::max(life.first[v], life.last[v]), nodes - 1);
+    const int first = held ? plan.held_from[v] : life.first[v];
+    const int last = held ? plan.held_to[v] : std::max(life.first[v], life.last[v]);
+    const int begin = std::max(first, 0);
+    const int end = std::min(std::max(first, last), nodes - 1);
     for (int i = begin; i <= end; ++i)
       taken[size_t(i)].emplace_back(plan.offset[v], plan.offset[v] + aligned(bytes[v]));
   }

@@ -48,12 +48,20 @@ struct MemoryPlan {
   int peak_node = -1;
   std::vector<ValueId> peak_values;
   ValueId largest = kNoValue;  // the largest planned value
+  // By ValueId, for the planned values: the nodes from and to which its bytes are held; a
+  // root's (a value with views) from the first writer to the last reader of it or any of its
+  // views, a view's its own life (inside its root's).
+  std::vector<int> held_from, held_to;
 };
 
 // Bytes of the arena no planned value occupies while node i runs, for the node's
 // temporaries (CommandEncoder::set_temporary_region): the largest such gap for each node,
 // [offset, offset + bytes). Sharing them is safe for the reason above: the temporaries are
-// declared to the encoder like any arena bytes.
+// declared to the encoder like any arena bytes. A root's bytes are occupied for as long as the
+// plan holds them (MemoryPlan::held_from/held_to), not only while the root itself lives: a
+// view need not be made by a reader of its root (layout_views.h maps a chain of layout ops
+// onto the first stored value of the chain, past stored copies in it), so a view read in the
+// backward may be of a value the forward read last.
 struct Gap {
   size_t offset = 0;
   size_t bytes = 0;

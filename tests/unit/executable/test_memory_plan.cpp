@@ -193,6 +193,40 @@ TEST(MemoryPlan, ViewsAtAnOffsetStartInsideTheirRoot) {
   expect_error([&] { runtime::plan_memory(g, life, bytes, true, same, offset); }, {"view"});
 }
 
+// A view made late from a stored copy of its root (the layout-views plan maps a layout chain
+// onto its first stored value: attention's output O -> transpose (stored) -> reshape -> ... ->
+// a transpose back in the backward is a view of O itself): the root's bytes stay its own from
+// its last reader in the forward to the view's reader, for the nodes' temporaries too.
+TEST(MemoryPlan, FreeGapsKeepARootsBytesUntilItsViewsAreRead) {
+  const int64_t n = 1024;
+  Graph g("late_view");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {n});
+  const ValueId a = b.op(OpKind::relu, {}, {x}).at(0);     // 0: the root
+  const ValueId c = b.op(OpKind::sigmoid, {}, {a}).at(0);  // 1: a's last reader
+  const ValueId d = b.op(OpKind::relu, {}, {c}).at(0);     // 2
+  const ValueId e = b.op(OpKind::sigmoid, {}, {d}).at(0);  // 3
+  const ValueId late = b.op(OpKind::neg, {}, {c}).at(0);   // 4: planned a view of a below
+  g.mark_output(b.op(OpKind::add, {}, {late, e}).at(0));   // 5: the view's reader
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  std::vector<ValueId> same(g.values().size(), kNoValue);
+  same[size_t(late)] = a;
+  const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true, same);
+  EXPECT_EQ(plan.offset[size_t(late)], plan.offset[size_t(a)]);
+  EXPECT_EQ(plan.held_from[size_t(a)], life.first[size_t(a)]);
+  EXPECT_EQ(plan.held_to[size_t(a)], life.last[size_t(late)]);
+  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, life, bytes, plan);
+  const size_t at = plan.offset[size_t(a)];
+  for (int i = 0; i <= life.last[size_t(late)]; ++i) {
+    const runtime::Gap& gap = gaps[size_t(i)];
+    if (gap.bytes == 0) continue;
+    EXPECT_TRUE(at + bytes[size_t(a)] <= gap.offset || gap.offset + gap.bytes <= at)
+        << "node " << i << "'s gap [" << gap.offset << ", " << gap.offset + gap.bytes
+        << ") lies in a's bytes, which its view holds until node " << life.last[size_t(late)];
+  }
+}
+
 // A node's temporaries go in the arena's largest gap at that node: inside the arena and
 // clear of every value live while the node runs (its inputs and outputs included).
 TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {
