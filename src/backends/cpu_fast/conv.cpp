@@ -86,6 +86,24 @@ class ConvKernel final : public Kernel {
   bool has_bias_, has_residual_;
 };
 
+// Whether a convolution asks for 8-channel blocks (nChw8c) around it, not oneDNN's choice:
+// f32 1x1 convolutions over multiples of 8 channels on AVX2 CPUs (no AVX-512). oneDNN 3.2
+// picks channels-last and its brgconv kernels for "any", which were 1.11-1.45x slower on
+// ResNet-50's 1x1 convolutions there than its direct kernel on 8-channel blocks (2-core AMD
+// EPYC, batch 8), while its 3x3 convolutions were 1.1-1.4x faster channels-last: blocked 1x1
+// convolutions beside channels-last 3x3 ones (a reorder between them, 11 ms a step) ran
+// ResNet-50 b8 in 474.8 ms against 504.2 (b1 57.2 against 60.6; MobileNetV3-S b8 unchanged,
+// interleaved runs; bench/results/2026-11-30_cpu_issue43_blocked_1x1/).
+bool blocked_1x1(DType dtype, const Shape& xs, const Shape& ws, const Shape& ys, int64_t groups) {
+  static const bool avx2_only = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni ||
+           isa == dnnl::cpu_isa::avx2_vnni_2;
+  }();
+  return avx2_only && dtype == DType::f32 && groups == 1 && xs.size() == 4 && ws[2] == 1 &&
+         ws[3] == 1 && xs[1] % 8 == 0 && ys[1] % 8 == 0;
+}
+
 }  // namespace
 
 Planned plan_conv(const Graph& g, const Node& n) {
@@ -130,8 +148,10 @@ Planned plan_conv(const Graph& g, const Node& n) {
   const memory::desc y_plain = plain_desc(dims_of(ys), dtype);
   const auto any = memory::format_tag::any;
   const memory::data_type type = *data_type_of(dtype);
-  const memory::desc x_any(dims_of(xs), type, any), w_any(w_dims, type, any),
-      y_any(dims_of(ys), type, any);
+  const auto activations =
+      blocked_1x1(dtype, xs, ws, ys, groups) ? memory::format_tag::nChw8c : any;
+  const memory::desc x_any(dims_of(xs), type, activations), w_any(w_dims, type, any),
+      y_any(dims_of(ys), type, activations);
 
   dnnl::post_ops ops;
   std::string why;

@@ -421,6 +421,32 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
       << exe->stats().fast_summary;
 }
 
+// A bottleneck block: on AVX2 CPUs the 1x1 convolutions take 8-channel blocks and the 3x3 one
+// channels-last (conv.cpp blocked_1x1), a reorder between them; the residual, written in
+// the first convolution's layout, is added by the last one's sum post-op.
+TEST(CpuFast, BottleneckAcrossConvolutionLayoutsMatchesTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("bottleneck");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 16, 9, 9});
+  auto weight = [&](const char* name, int64_t k, int64_t c, int64_t r, uint64_t seed) {
+    return g.add_constant(name, random_tensor(DType::f32, {k, c, r, r}, seed, -0.2, 0.2));
+  };
+  ConvAttrs relu;
+  relu.activation.kind = Activation::relu;
+  ConvAttrs relu_same = same_padding();
+  relu_same.activation.kind = Activation::relu;
+  const ValueId reduce = b.conv(x, weight("w1", 8, 16, 1, 1), kNoValue, relu);
+  const ValueId spatial = b.conv(reduce, weight("w2", 8, 8, 3, 2), kNoValue, relu_same);
+  ConvAttrs expand;
+  expand.residual_activation.kind = Activation::relu;
+  const ValueId y = g.add_node(OpKind::conv, expand,
+                               {spatial, weight("w3", 16, 8, 1, 3), kNoValue, x}, "expand")[0];
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  expect_fast_matches_reference(g, {{"x", random_tensor(DType::f32, {2, 16, 9, 9}, 4)}}, 3);
+}
+
 // Elementwise programs between convolutions (MobileNetV3's hardswish) run over the writer's
 // blocked layout and leave theirs in it; 12 channels pad to the layout's block (8 or 16): a
 // program that keeps zero zero runs in the padded layout, one that does not (x + 3) reads and
