@@ -6,6 +6,9 @@ with the same number of threads. Median latency per step, one table and one JSON
 
     .venv/bin/python bench/cpu_vs_onnxruntime.py [--fusebox BIN] [--models resnet50,...]
         [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference] [--bf16]
+        [--seq-len T]
+
+Decoders (gpt2*) run `--seq-len` tokens per sequence (default 128), random token ids.
 
 --bf16 adds fusebox's `--precision bf16` run (oneDNN's bf16 kernels where the CPU has AVX-512
 BF16 / AMX) beside the f32 one; onnxruntime runs the f32 model either way.
@@ -77,6 +80,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--no-reference", action="store_true", help="skip --device cpu-ref (slow)")
     ap.add_argument("--bf16", action="store_true", help="also fusebox --precision bf16")
+    ap.add_argument("--seq-len", type=int, default=128, help="decoders' tokens per sequence")
     a = ap.parse_args()
     # fusebox's reference and oneDNN's OpenMP threads: the same count as onnxruntime's.
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
@@ -85,8 +89,12 @@ def main():
         for name in a.models.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 model = os.path.join(tmp, f"{name}_b{batch}.onnx")
-                run([a.fusebox, "zoo", name, "--out", model, "--batch", str(batch), "--seed", "0"])
+                decoder = name.startswith("gpt2")
+                run([a.fusebox, "zoo", name, "--out", model, "--batch", str(batch), "--seed", "0"]
+                    + (["--seq-len", str(a.seq_len)] if decoder else []))
                 row = {"model": name, "batch": batch, "threads": a.threads}
+                if decoder:
+                    row["seq_len"] = a.seq_len
                 try:
                     row["fast_ms"], row["fast_nodes"], row["fast_compile_s"] = fusebox_ms(
                         a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "f.json"))

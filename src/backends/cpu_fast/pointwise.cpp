@@ -25,14 +25,11 @@
 #include "backends/cpu/kernel_util.h"
 #include "backends/cpu/pointwise_math.h"
 #include "backends/cpu_fast/kernels.h"
+#include "backends/cpu_fast/threads.h"
 #include "fusebox/core/parallel.h"
 #include "fusebox/ir/pointwise_program.h"
 #ifdef FUSEBOX_WITH_ONEDNN
 #include "backends/cpu_fast/onednn.h"
-#endif
-
-#if defined(_OPENMP)
-#include <omp.h>
 #endif
 
 namespace fusebox::cpu_fast {
@@ -296,28 +293,8 @@ class PointwiseKernel final : public Kernel {
         block(data, y, buffers, values, begin, std::min(kBlock, count - begin), order);
       }
     };
-#if defined(_OPENMP)
-    // On oneDNN's OpenMP threads (libgomp, the one runtime): fusebox's own pool woke threads
-    // that competed with OpenMP's workers still spinning after a convolution (libgomp was
-    // 31% of MobileNetV3-S's batch-1 profile, and a second pool thread bought nothing).
-    const int threads = int(std::clamp<int64_t>(
-        blocks / std::max<int64_t>(1, kMinElementsPerThread / kBlock), 1, num_threads()));
-    if (threads == 1) return blocks_from_to(0, blocks);
-    std::exception_ptr failure;
-#pragma omp parallel num_threads(threads)
-    {
-      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-      try {
-        blocks_from_to(blocks * t / n, blocks * (t + 1) / n);
-      } catch (...) {
-#pragma omp critical
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
-#else
-    parallel_for(blocks, kMinElementsPerThread / kBlock, blocks_from_to);
-#endif
+    split_over_threads(blocks, std::max<int64_t>(1, kMinElementsPerThread / kBlock),
+                       blocks_from_to);
   }
 
   // Whether the program gives 0 where its in-place and per-channel inputs are 0 (its scalars

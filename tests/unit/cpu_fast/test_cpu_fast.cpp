@@ -320,13 +320,25 @@ TEST(CpuFast, TransposesAndSlicesMatchTheReference) {
     g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 3, 1}}, {x}, "kt" + s)[0]);
     g.mark_output(
         g.add_node(OpKind::slice, SliceAttrs{{1, 2}, {6, 7}, {1, 3}, {2, 3}}, {x}, "steps" + s)[0]);
+    // A batch of 2-D transposes with partial 32 x 32 tiles at both edges: the tiled kernel.
+    const ValueId m = g.add_input("m" + s, t, {2, 40, 33});
+    feeds["m" + s] = random_tensor(t, {2, 40, 33}, 5, -3, 3);
+    g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 1}}, {m}, "tiles" + s)[0]);
+    // Runs of 32 contiguous elements: a head split and a slice of the last dim.
+    const ValueId h = g.add_input("h" + s, t, {2, 5, 3, 32});
+    feeds["h" + s] = random_tensor(t, {2, 5, 3, 32}, 6, -3, 3);
+    g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 1, 3}}, {h}, "runs" + s)[0]);
+    const ValueId p = g.add_input("p" + s, t, {2, 6, 96});
+    feeds["p" + s] = random_tensor(t, {2, 6, 96}, 7, -3, 3);
+    g.mark_output(
+        g.add_node(OpKind::slice, SliceAttrs{{32}, {64}, {2}, {1}}, {p}, "k_part" + s)[0]);
   }
   const ValueId x = g.value(g.inputs()[0]).id;
   g.mark_output(g.add_node(OpKind::slice, SliceAttrs{{6}, {0}, {1}, {-2}}, {x}, "backwards")[0]);
   const ValueId ids = g.add_input("ids", DType::i64, {3, 4});
   feeds["ids"] = Tensor::from_vector<int64_t>({3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
   g.mark_output(g.add_node(OpKind::transpose, TransposeAttrs{{1, 0}}, {ids}, "ids_t")[0]);
-  expect_fast_matches_reference(g, feeds, 6, 0, 0);
+  expect_fast_matches_reference(g, feeds, 12, 0, 0);
 }
 
 // Inference attention on oneDNN (scores, softmax, product), with and without an additive
