@@ -140,18 +140,15 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
   return plan;
 }
 
-std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+std::vector<Gap> free_gaps(const Graph& g, const std::vector<size_t>& bytes,
                            const MemoryPlan& plan) {
   const int nodes = int(g.nodes().size());
   // The placed values live at each node, as byte intervals.
   std::vector<std::vector<std::pair<size_t, size_t>>> taken(static_cast<size_t>(nodes));
-  const bool held = plan.held_from.size() == plan.offset.size();
   for (size_t v = 0; v < plan.offset.size(); ++v) {
     if (plan.offset[v] == MemoryPlan::kNotPlanned || bytes[v] == 0) continue;
-    const int first = held ? plan.held_from[v] : life.first[v];
-    const int last = held ? plan.held_to[v] : std::max(life.first[v], life.last[v]);
-    const int begin = std::max(first, 0);
-    const int end = std::min(std::max(first, last), nodes - 1);
+    const int begin = std::max(plan.held_from[v], 0);
+    const int end = std::min(std::max(plan.held_from[v], plan.held_to[v]), nodes - 1);
     for (int i = begin; i <= end; ++i)
       taken[size_t(i)].emplace_back(plan.offset[v], plan.offset[v] + aligned(bytes[v]));
   }

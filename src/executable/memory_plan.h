@@ -66,7 +66,7 @@ struct Gap {
   size_t offset = 0;
   size_t bytes = 0;
 };
-std::vector<Gap> free_gaps(const Graph& g, const Liveness& life, const std::vector<size_t>& bytes,
+std::vector<Gap> free_gaps(const Graph& g, const std::vector<size_t>& bytes,
                            const MemoryPlan& plan);
 
 // Plans the values with bytes[v] > 0 (the caller gives 0 for inputs, constants, outputs and

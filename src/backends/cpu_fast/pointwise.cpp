@@ -26,7 +26,6 @@
 #include "backends/cpu/pointwise_math.h"
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/threads.h"
-#include "fusebox/core/parallel.h"
 #include "fusebox/ir/pointwise_program.h"
 #ifdef FUSEBOX_WITH_ONEDNN
 #include "backends/cpu_fast/onednn.h"

@@ -127,7 +127,7 @@ void CudaExecutable::plan_memory_and_buffers() {
   offsets_ = plan.offset;
   // The nodes' temporaries go where no value is at the time (none without reuse: that
   // plan is the reference the reusing one is tested against).
-  if (options_.reuse_memory) gaps_ = free_gaps(graph_, life_, bytes, plan);
+  if (options_.reuse_memory) gaps_ = free_gaps(graph_, bytes, plan);
   stats_.arena_bytes = plan.arena_bytes;
   stats_.unshared_bytes = plan.unshared_bytes;
   stats_.peak_live_bytes = plan.peak_live_bytes;

@@ -216,7 +216,7 @@ TEST(MemoryPlan, FreeGapsKeepARootsBytesUntilItsViewsAreRead) {
   EXPECT_EQ(plan.offset[size_t(late)], plan.offset[size_t(a)]);
   EXPECT_EQ(plan.held_from[size_t(a)], life.first[size_t(a)]);
   EXPECT_EQ(plan.held_to[size_t(a)], life.last[size_t(late)]);
-  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, life, bytes, plan);
+  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, bytes, plan);
   const size_t at = plan.offset[size_t(a)];
   for (int i = 0; i <= life.last[size_t(late)]; ++i) {
     const runtime::Gap& gap = gaps[size_t(i)];
@@ -237,7 +237,7 @@ TEST(MemoryPlan, FreeGapsAvoidEveryLiveValue) {
   const auto life = runtime::liveness(g);
   const auto bytes = intermediate_bytes(g);
   const MemoryPlan plan = runtime::plan_memory(g, life, bytes, true);
-  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, life, bytes, plan);
+  const std::vector<runtime::Gap> gaps = runtime::free_gaps(g, bytes, plan);
   ASSERT_EQ(gaps.size(), g.nodes().size());
   size_t lent = 0, with_gap = 0;
   for (size_t i = 0; i < gaps.size(); ++i) {

@@ -339,19 +339,17 @@ struct Candidate {
 // channel (a K of R*S taps), and timing the implicit GEMM on EfficientNet-B0's 22 such
 // problems took 1.9 s of its cold first step (H200, session 39).
 std::vector<Candidate> tuning_candidates(const ConvCall& call, bool by_default) {
-  const ConvEngine& depthwise = depthwise_engine();
-  const bool depthwise_only = by_default && depthwise.implements(call.op()) &&
-                              (!depthwise.cannot_implement(call) ||
-                               (call.has_epilogue() && !depthwise.cannot_implement(unfused(call))));
   std::vector<Candidate> out;
   for (const ConvEngine* e : conv_engines()) {
     if (e == &cudnn_engine() || e == &direct_engine() || !e->implements(call.op())) continue;
-    if (depthwise_only && e != &depthwise) continue;
     if (!e->cannot_implement(call))
       out.push_back({e, false});
     else if (call.has_epilogue() && !e->cannot_implement(unfused(call)))
       out.push_back({e, true});
   }
+  auto depthwise = [](const Candidate& c) { return c.engine == &depthwise_engine(); };
+  if (by_default && std::any_of(out.begin(), out.end(), depthwise))
+    std::erase_if(out, [&](const Candidate& c) { return !depthwise(c); });
   return out;
 }
 
