@@ -126,13 +126,23 @@ bool apply_layout(IndexMap& map, const Node& n, const Shape& out) {
   return false;
 }
 
-// Maps run forward from the roots; the kinds are decided backward, each value after all its
-// readers: a value is a view where it is one and every reader takes strides (or is a layout op
-// whose output is not copied from it), unstored where only such layout ops read it, and stored
-// otherwise (copied from the root's view where its input is unstored).
-std::vector<LayoutView> plan_layout_views(
-    const Graph& g, const std::vector<bool>& eligible, const std::vector<Shape>& stored,
-    const std::function<ReaderTakes(const Node&, size_t)>& takes) {
+namespace {
+
+using Kind = LayoutView::Kind;
+
+// One planning round. Maps run forward from the roots; the kinds are decided backward, each
+// value after all its readers: a value is a view where it is one and every reader takes
+// strides (or is a layout op whose output is not copied from it), unstored where only such
+// layout ops read it, and stored otherwise (copied from the root's view where its input is
+// unstored). A value marked in `restart` (stored in an earlier round) keeps that round's plan
+// (`kept`) and is the root of the chain below it. `chain_root` gets each mapped value's root
+// (the plan forgets the roots of copies).
+std::vector<LayoutView> plan_round(const Graph& g, const std::vector<bool>& eligible,
+                                   const std::vector<Shape>& stored,
+                                   const std::function<ReaderTakes(const Node&, size_t)>& takes,
+                                   const std::vector<bool>& restart,
+                                   const std::vector<LayoutView>& kept,
+                                   std::vector<ValueId>& chain_root) {
   const size_t count = g.values().size();
   std::vector<LayoutView> plan(count);
   std::vector<std::optional<IndexMap>> map(count);
@@ -143,7 +153,7 @@ std::vector<LayoutView> plan_layout_views(
     if (!eligible[size_t(out)]) continue;
     std::optional<IndexMap> m;
     ValueId root = kNoValue;
-    if (eligible[size_t(in)] && map[size_t(in)]) {
+    if (eligible[size_t(in)] && map[size_t(in)] && !restart[size_t(in)]) {
       m = map[size_t(in)];
       root = plan[size_t(in)].root;
     } else if (!stored[size_t(in)].empty()) {
@@ -161,12 +171,15 @@ std::vector<LayoutView> plan_layout_views(
       if (g.nodes()[i].inputs[k] != kNoValue)
         readers[size_t(g.nodes()[i].inputs[k])].push_back({i, k});
 
-  using Kind = LayoutView::Kind;
   for (size_t i = g.nodes().size(); i-- > 0;) {
     const Node& n = g.nodes()[i];
     if (!follows_layout(n) || n.outputs.size() != 1) continue;
     const ValueId v = n.outputs[0];
     if (!map[size_t(v)]) continue;
+    if (restart[size_t(v)]) {
+      plan[size_t(v)] = kept[size_t(v)];
+      continue;
+    }
     const std::optional<Shape> strides = map[size_t(v)]->strides();
     const Value& value = g.value(v);
     const bool aligned = map[size_t(v)]->offset() * int64_t(dtype_size(value.type.dtype)) %
@@ -218,15 +231,66 @@ std::vector<LayoutView> plan_layout_views(
     if (!follows_layout(n) || n.outputs.size() != 1 || n.inputs.size() != 1) continue;
     const ValueId in = n.inputs[0], out = n.outputs[0];
     LayoutView& p = plan[size_t(out)];
-    if (p.kind != Kind::copy || plan[size_t(in)].kind != Kind::unstored) continue;
+    if (restart[size_t(out)] || p.kind != Kind::copy || plan[size_t(in)].kind != Kind::unstored)
+      continue;
     const std::optional<Shape> strides = map[size_t(out)]->strides();
     p.kind = Kind::from_root;
     p.offset = map[size_t(out)]->offset();
     p.strides = *strides;
   }
-  for (size_t v = 0; v < count; ++v)
+  chain_root.assign(count, kNoValue);
+  for (size_t v = 0; v < count; ++v) {
+    if (map[v]) chain_root[v] = plan[v].root;
     if (plan[v].kind == Kind::copy) plan[v].root = kNoValue;
+  }
   return plan;
+}
+
+bool stored_kind(Kind k) {
+  return k == Kind::copy || k == Kind::from_root;
+}
+
+}  // namespace
+
+// A chain can pass stored copies (a transpose a GEMM reads as rows); what follows them is still
+// mapped onto the chain's first root, which then lives as long as any of them. Where the chain
+// goes on past such a copy (the inverse reshape and transpose a backward reads), the copy is
+// made the root of what follows, so the first root dies with its own readers (ViT's attention
+// output, kept once as the output projection's rows). A copy is kept as a root only where no
+// value below it turns from a view (or unstored) into a copy by it (strides it cannot take).
+std::vector<LayoutView> plan_layout_views(
+    const Graph& g, const std::vector<bool>& eligible, const std::vector<Shape>& stored,
+    const std::function<ReaderTakes(const Node&, size_t)>& takes) {
+  const size_t count = g.values().size();
+  std::vector<ValueId> first_roots;
+  const std::vector<LayoutView> first =
+      plan_round(g, eligible, stored, takes, std::vector<bool>(count, false), {}, first_roots);
+  std::vector<bool> restart(count, false);
+  bool any = false;
+  for (const Node& n : g.nodes()) {
+    if (!follows_layout(n) || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
+    const ValueId in = n.inputs[0];
+    if (first_roots[size_t(n.outputs[0])] == kNoValue || first_roots[size_t(in)] == kNoValue ||
+        !stored_kind(first[size_t(in)].kind) || stored[size_t(in)].empty())
+      continue;
+    restart[size_t(in)] = true;  // a mapped stored value a mapped layout op reads
+    any = true;
+  }
+  while (any) {
+    std::vector<ValueId> roots;
+    std::vector<LayoutView> plan = plan_round(g, eligible, stored, takes, restart, first, roots);
+    any = false;
+    for (size_t v = 0; v < count; ++v) {
+      const ValueId r = roots[v];
+      if (r == kNoValue || !restart[size_t(r)] || stored_kind(first[v].kind) ||
+          !stored_kind(plan[v].kind))
+        continue;
+      restart[size_t(r)] = false;  // v would be copied below it: the first plan's root stays
+      any = true;
+    }
+    if (!any) return plan;
+  }
+  return first;
 }
 
 }  // namespace fusebox::runtime

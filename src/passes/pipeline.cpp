@@ -141,7 +141,10 @@ Pipeline training_forward_pipeline(Precision precision) {
 Pipeline training_step_pipeline(bool step_fusion) {
   std::vector<Pass> passes = {pass("concat_slice_gradients", concat_slice_gradients)};
   if (step_fusion) {
-    // First, on the step as autodiff wrote it: the forward's elementwise values the backward
+    // The attention output is kept once: attention_backward reads it through the projection's
+    // layout copy.
+    passes.push_back(pass("attention_output_from_layout_copy", attention_output_from_layout_copy));
+    // Then, on the step as autodiff wrote it: the forward's elementwise values the backward
     // reads are computed again there from what it keeps anyway (x * sigmoid(x) keeps x, not
     // the gate too); the copies then fuse into the backward's kernels below.
     passes.push_back(pass("rematerialize_pointwise", [](Graph& g, FusionLog* log) {

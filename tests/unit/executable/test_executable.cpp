@@ -246,9 +246,11 @@ TEST_P(Executables, BlockSlicesComputeAsCopies) {
 // [T, B, 3, E] -> ... -> [T, B*H, d] -> [B*H, T, d] -> [B, H, T, d]) feeding attention and its
 // backward, whose dy comes through a transpose too: the CUDA executable reads q, k, v and dy
 // as strided views of the projection (layout_views.h; cuDNN takes them in bf16) and computes
-// what the CPU oracle does.
-void head_split_into_attention(Device device, int64_t t) {
-  SCOPED_TRACE(cat(t, " tokens"));
+// what the CPU oracle does. With `o_through_rows`, the backward reads the attention output O as
+// a training step does after attention_output_from_layout_copy: through the inverse transpose of
+// the rows [T*B, E] the output projection reads, a view of those rows (O dies in the forward).
+void head_split_into_attention(Device device, int64_t t, bool o_through_rows) {
+  SCOPED_TRACE(cat(t, " tokens", o_through_rows ? ", o through the rows" : ""));
   const int64_t b = 2, h = 2, d = 64, e = h * d;
   Graph g("head_split");
   const ValueId x = g.add_input("x", DType::bf16, {t, b, 3 * e});
@@ -272,27 +274,42 @@ void head_split_into_attention(Device device, int64_t t) {
   ValueId dy = g.add_node(OpKind::relu, {}, {up})[0];
   dy = node(OpKind::reshape, ReshapeAttrs{{t, b, h, d}}, dy);
   dy = node(OpKind::transpose, TransposeAttrs{{1, 2, 0, 3}}, dy);
+  ValueId o = fwd[0], projected = kNoValue;
+  if (o_through_rows) {
+    const ValueId rows = node(OpKind::reshape, ReshapeAttrs{{t * b, e}},
+                              node(OpKind::transpose, TransposeAttrs{{2, 0, 1, 3}}, o));
+    const ValueId w = g.add_input("w", DType::bf16, {e, 16});
+    projected = g.add_node(OpKind::matmul, {}, {rows, w}, "projection")[0];
+    o = node(OpKind::transpose, TransposeAttrs{{1, 2, 0, 3}},
+             node(OpKind::reshape, ReshapeAttrs{{t, b, h, d}}, rows));
+  }
   const std::vector<ValueId> grads =
-      g.add_node(OpKind::attention_backward, attrs, {dy, qkv[0], qkv[1], qkv[2], fwd[0], fwd[1]},
+      g.add_node(OpKind::attention_backward, attrs, {dy, qkv[0], qkv[1], qkv[2], o, fwd[1]},
                  "attention_backward");
-  g.mark_output(fwd[0]);
+  const ValueId checked = o_through_rows ? projected : fwd[0];
+  g.mark_output(checked);
   for (ValueId v : grads) g.mark_output(v);
   auto exe = Executable::compile(g, {.device = device, .poison = true});
-  const NamedTensors feeds = {{"x", random_tensor(DType::bf16, {t, b, 3 * e}, 7, -1, 1)},
-                              {"up", random_tensor(DType::bf16, {t, b, e}, 8, -1, 1)}};
+  NamedTensors feeds = {{"x", random_tensor(DType::bf16, {t, b, 3 * e}, 7, -1, 1)},
+                        {"up", random_tensor(DType::bf16, {t, b, e}, 8, -1, 1)}};
+  if (o_through_rows) feeds.emplace("w", random_tensor(DType::bf16, {e, 16}, 9, -1, 1));
   const NamedTensors got = exe->run(feeds), want = run_graph(g, feeds);
-  EXPECT_TRUE(all_close(got.at(g.value(fwd[0]).name), want.at(g.value(fwd[0]).name), 3e-2, 3e-2));
+  EXPECT_TRUE(all_close(got.at(g.value(checked).name), want.at(g.value(checked).name), 3e-2, 3e-2));
   for (size_t i = 0; i < 3; ++i) {
     const std::string& name = g.value(grads[i]).name;
     EXPECT_TRUE(all_close(got.at(name), want.at(name), 5e-2, 5e-2)) << name;
   }
-  // Nothing of the split is copied: 3 x 5 steps to q, k, v and 4 shared before, dy's 2.
-  if (device == Device::cuda) EXPECT_GE(exe->stats().views, 3u * 5 + 4 + 2);
+  // Nothing of the split is copied: 3 x 5 steps to q, k, v and 4 shared before, dy's 2; and
+  // with the rows, O's transpose they are copied from and the 2 steps back onto them.
+  if (device == Device::cuda)
+    EXPECT_GE(exe->stats().views, 3u * 5 + 4 + 2 + (o_through_rows ? 3 : 0));
 }
 
 TEST_P(Executables, HeadSplitViewsFeedAttention) {
   // 19 tokens: the short-sequence kernel's forward (on copies); 80: cuDNN's, on the views.
-  for (const int64_t t : {19, 80}) head_split_into_attention(device(), t);
+  for (const int64_t t : {19, 80})
+    for (const bool o_through_rows : {false, true})
+      head_split_into_attention(device(), t, o_through_rows);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Executables, ::testing::Values(Device::cpu, Device::cuda),

@@ -204,5 +204,60 @@ TEST(LayoutViews, DenseReadersGetViewsOnlyOfTheStoredOrderAtAlignedOffsets) {
   EXPECT_EQ(strided[size_t(cols)].kind, Kind::copy);
 }
 
+// A transformer's attention output O [B, H, T, d] is copied into the rows [B*T, H*d] its output
+// projection reads; the backward reads O again through the inverse reshape and transpose. That
+// chain is a view of the rows copy, so O need not live into the backward; unless its reader
+// needs O's own order, which only O has without a copy.
+struct RowsAndBack {
+  Graph g{"rows"};
+  ValueId o, t1, rows, r2, t2;
+  explicit RowsAndBack(bool back_reader_takes_strides) {
+    const int64_t b = 2, h = 3, t = 5, d = 4;
+    const ValueId x = g.add_input("x", DType::f32, {b, h, t, d});
+    o = g.add_node(OpKind::relu, {}, {x})[0];
+    t1 = g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 1, 3}}, {o})[0];
+    rows = g.add_node(OpKind::reshape, ReshapeAttrs{{b * t, h * d}}, {t1})[0];
+    const ValueId w = g.add_input("w", DType::f32, {h * d, 8});
+    g.mark_output(g.add_node(OpKind::matmul, {}, {rows, w})[0]);
+    r2 = g.add_node(OpKind::reshape, ReshapeAttrs{{b, t, h, d}}, {rows})[0];
+    t2 = g.add_node(OpKind::transpose, TransposeAttrs{{0, 2, 1, 3}}, {r2})[0];
+    g.mark_output(
+        g.add_node(back_reader_takes_strides ? OpKind::relu : OpKind::sigmoid, {}, {t2})[0]);
+  }
+  std::vector<LayoutView> plan() const {
+    std::vector<bool> eligible(g.values().size(), false);
+    std::vector<Shape> stored(g.values().size());
+    for (ValueId v : {o, t1, rows, r2, t2}) {
+      stored[size_t(v)] = contiguous_strides(g.value(v).type.shape);
+      eligible[size_t(v)] = v != o;
+    }
+    return runtime::plan_layout_views(g, eligible, stored, takes_as_cuda);  // sigmoid: planned
+  }
+};
+
+TEST(LayoutViews, ChainsPastAStoredCopyAreViewsOfTheCopy) {
+  const RowsAndBack c(/*back_reader_takes_strides=*/true);
+  const std::vector<LayoutView> plan = c.plan();
+  EXPECT_EQ(plan[size_t(c.t1)].kind, Kind::view);  // the rows are copied from O's view
+  EXPECT_EQ(plan[size_t(c.t1)].root, c.o);
+  EXPECT_EQ(plan[size_t(c.rows)].kind, Kind::copy);
+  ASSERT_EQ(plan[size_t(c.r2)].kind, Kind::view);
+  EXPECT_EQ(plan[size_t(c.r2)].root, c.rows);
+  ASSERT_EQ(plan[size_t(c.t2)].kind, Kind::view);
+  EXPECT_EQ(plan[size_t(c.t2)].root, c.rows);  // not O: O dies with the rows' copy
+  EXPECT_EQ(plan[size_t(c.t2)].offset, 0);
+  EXPECT_EQ(plan[size_t(c.t2)].strides, (Shape{60, 4, 12, 1}));  // [B, H, T, d] over [B*T, H*d]
+}
+
+TEST(LayoutViews, AChainPastACopyStaysOnItsRootWhereTheCopyWouldCostACopy) {
+  // The reader takes only O's stored order: O's own identity view is that, the rows' is not.
+  const RowsAndBack c(/*back_reader_takes_strides=*/false);
+  const std::vector<LayoutView> plan = c.plan();
+  EXPECT_EQ(plan[size_t(c.rows)].kind, Kind::copy);
+  ASSERT_EQ(plan[size_t(c.t2)].kind, Kind::view);
+  EXPECT_EQ(plan[size_t(c.t2)].root, c.o);
+  EXPECT_EQ(plan[size_t(c.t2)].strides, (Shape{60, 20, 4, 1}));
+}
+
 }  // namespace
 }  // namespace fusebox::testing

@@ -29,8 +29,9 @@ struct AttentionProblem {
   bool bias_grad = false;                  // the backward also writes dbias
   bool with_lse = false;                   // forward: also write lse (training)
   bool backward = false;                   // the backward: dq, dk, dv from do, q, k, v, o, lse
-  // Strides (elements) of q, k, v and do over [B, H, T, d]; empty: dense.
-  std::vector<int64_t> q_strides, k_strides, v_strides, do_strides;
+  // Strides (elements) of q, k, v, do and (the backward's input) o over [B, H, T, d]; empty:
+  // dense.
+  std::vector<int64_t> q_strides, k_strides, v_strides, do_strides, o_strides;
   std::string describe() const;  // "bf16 b64 h12 tq197 tk197 d64 dv64 scale 0.125"
 };
 

@@ -72,7 +72,7 @@ std::shared_ptr<AttentionPlan> build(cudnnHandle_t handle, const AttentionProble
           .set_stride(contiguous_strides(lse_dims))
           .set_data_type(fe::DataType_t::FLOAT);
   } else {
-    auto o = tensor("o", kUidO, o_dims);
+    auto o = tensor("o", kUidO, o_dims, p.o_strides);
     auto d_o = tensor("do", kUidDo, o_dims, p.do_strides);
     auto lse = tensor("lse", kUidLse, lse_dims);
     lse->set_data_type(fe::DataType_t::FLOAT);
@@ -125,7 +125,7 @@ std::string AttentionProblem::describe() const {
                             : std::string(),
              bias_grad ? " dbias" : "", with_lse && !backward ? " with lse" : "",
              strides("q", q_strides), strides("k", k_strides), strides("v", v_strides),
-             strides("do", do_strides));
+             strides("do", do_strides), strides("o", o_strides));
 }
 
 std::shared_ptr<AttentionPlan> attention_plan(cudnnHandle_t handle, const AttentionProblem& p,

@@ -549,18 +549,21 @@ void attention_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   if (regrouped_backward(ctx, n, in, out)) return;
   const DeviceTensor &dy = *in[0], &q = *in[1], &k = *in[2], &v = *in[3];
   const DeviceTensor* bias = in.size() > 6 ? in[6] : nullptr;
-  // Views among dy, q, k, v: cuDNN reads them where they lie, the rest as they are.
-  const bool views = unless_dense(dy) || unless_dense(q) || unless_dense(k) || unless_dense(v);
+  const DeviceTensor& o = *in[4];
+  // Views among dy, q, k, v, o (o: the rows the output projection keeps, read back through the
+  // inverse transpose): cuDNN reads them where they lie, the rest as they are.
+  const bool views =
+      unless_dense(dy) || unless_dense(q) || unless_dense(k) || unless_dense(v) || unless_dense(o);
   const bool dense_rest =
-      !unless_dense(*in[4]) && !unless_dense(*in[5]) && (!bias || !unless_dense(*bias)) &&
+      !unless_dense(*in[5]) && (!bias || !unless_dense(*bias)) &&
       std::all_of(out.begin(), out.end(), [](const DeviceTensor& t) { return t.is_contiguous(); });
   if (views && dense_rest && !settings().attention_own && q.numel() > 0 &&
       cudnn_reads_in_place(dy) && cudnn_reads_in_place(q) && cudnn_reads_in_place(k) &&
-      cudnn_reads_in_place(v)) {
+      cudnn_reads_in_place(v) && cudnn_reads_in_place(o)) {
     AttentionProblem p = problem_of(n, q, k, v, bias, true);
     if (out.size() <= 3 || numel(bias->shape) == p.bias_batch * p.bias_heads * p.tq * p.tk) {
       p.do_strides = strides4(dy), p.q_strides = strides4(q), p.k_strides = strides4(k),
-      p.v_strides = strides4(v);
+      p.v_strides = strides4(v), p.o_strides = strides4(o);
       std::string why;
       if (cudnn_takes(ctx, p, why) && record_cudnn_backward(ctx, n, p, in, out, why)) return;
     }
