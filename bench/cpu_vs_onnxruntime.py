@@ -6,12 +6,17 @@ with the same number of threads. Median latency per step, one table and one JSON
 
     .venv/bin/python bench/cpu_vs_onnxruntime.py [--fusebox BIN] [--models resnet50,...]
         [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference] [--bf16]
-        [--seq-len T]
+        [--seq-len T] [--whole-process N]
 
 Decoders (gpt2*) run `--seq-len` tokens per sequence (default 128), random token ids.
 
 --bf16 adds fusebox's `--precision bf16` run (oneDNN's bf16 kernels where the CPU has AVX-512
 BF16 / AMX) beside the f32 one; onnxruntime runs the f32 model either way.
+
+--whole-process N adds the whole process of one inference, start-up included, as a user meets
+it: `fusebox run MODEL --device cpu` against a Python process that imports onnxruntime, makes a
+session and runs it once (its usual front end); median wall time of N processes each, and the
+largest resident memory (the kernel's max RSS of each child).
 
 Needs onnxruntime and numpy (scripts/setup.sh puts them in .venv)."""
 import argparse
@@ -70,6 +75,35 @@ def onnxruntime_ms(model, threads, steps):
     return statistics.median(times), first
 
 
+ORT_ONE_RUN = """
+import sys, numpy as np, onnxruntime as ort
+o = ort.SessionOptions(); o.intra_op_num_threads = int(sys.argv[2]); o.inter_op_num_threads = 1
+s = ort.InferenceSession(sys.argv[1], o, providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(0)
+feeds = {i.name: (rng.integers(0, 10, size=[d if isinstance(d, int) else 1 for d in i.shape])
+                  .astype(np.int64) if "int" in i.type else
+                  rng.uniform(-1, 1, size=[d if isinstance(d, int) else 1 for d in i.shape])
+                  .astype(np.float32)) for i in s.get_inputs()}
+s.run(None, feeds)
+"""
+
+
+def whole_process(cmd, runs):
+    """Median wall seconds of `runs` processes of cmd, and the largest max RSS (MiB) among them."""
+    walls, rss = [], 0
+    for _ in range(runs):
+        start = time.perf_counter()
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(child.pid, 0)
+        walls.append(time.perf_counter() - start)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({child.returncode}):\n"
+                               f"{child.stderr.read().decode()[-2000:]}")
+        rss = max(rss, usage.ru_maxrss / 1024)  # KiB on Linux
+    return statistics.median(walls), rss
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fusebox", default="build/release/tools/fusebox")
@@ -81,6 +115,8 @@ def main():
     ap.add_argument("--no-reference", action="store_true", help="skip --device cpu-ref (slow)")
     ap.add_argument("--bf16", action="store_true", help="also fusebox --precision bf16")
     ap.add_argument("--seq-len", type=int, default=128, help="decoders' tokens per sequence")
+    ap.add_argument("--whole-process", type=int, default=0, metavar="N",
+                    help="also time N whole processes of one inference each side")
     a = ap.parse_args()
     # fusebox's reference and oneDNN's OpenMP threads: the same count as onnxruntime's.
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
@@ -108,6 +144,14 @@ def main():
                     row["onnxruntime_ms"], row["onnxruntime_first_s"] = onnxruntime_ms(
                         model, a.threads, a.steps)
                     row["fast_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_ms"]
+                    if a.whole_process:
+                        row["process_s"], row["process_rss_mib"] = whole_process(
+                            [a.fusebox, "run", model, "--device", "cpu"], a.whole_process)
+                        row["onnxruntime_process_s"], row["onnxruntime_process_rss_mib"] = (
+                            whole_process([sys.executable, "-c", ORT_ONE_RUN, model,
+                                           str(a.threads)], a.whole_process))
+                        row["process_vs_onnxruntime"] = (row["onnxruntime_process_s"]
+                                                         / row["process_s"])
                     if a.bf16:
                         row["fast_bf16_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_bf16_ms"]
                 except RuntimeError as e:
@@ -126,6 +170,15 @@ def main():
         print(f"{r['model']:<20}{r['batch']:>6}{r['fast_ms']:>10.1f}{ref:>10}"
               f"{r['onnxruntime_ms']:>10.1f}{r['fast_vs_onnxruntime']:>9.2f}x{r['fast_nodes']:>14}"
               f"{bf16}")
+    if any("process_s" in r for r in rows):
+        print(f"\nwhole process (one inference, start-up included): median s, max RSS MiB\n"
+              f"{'model':<20}{'batch':>6}{'fusebox s':>11}{'ort s':>9}{'ort/fb':>8}"
+              f"{'fusebox MiB':>13}{'ort MiB':>9}")
+        for r in rows:
+            if "process_s" in r:
+                print(f"{r['model']:<20}{r['batch']:>6}{r['process_s']:>11.3f}"
+                      f"{r['onnxruntime_process_s']:>9.3f}{r['process_vs_onnxruntime']:>7.2f}x"
+                      f"{r['process_rss_mib']:>13.0f}{r['onnxruntime_process_rss_mib']:>9.0f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"schema_version": 1, "bench": "cpu_vs_onnxruntime", "rows": rows}, f,
