@@ -53,8 +53,9 @@ PyTrainer::PyTrainer(std::shared_ptr<const Graph> model, const std::string& opti
   {
     nb::gil_scoped_release released;
     if (device_ == Device::cuda) cuda::set_tf32(p != Precision::f32);
-    session_ = std::make_unique<TrainingSession>(*model_, LossSpec{}, spec,
-                                                 SessionOptions{.device = device_, .precision = p});
+    session_ = std::make_unique<TrainingSession>(
+        *model_, LossSpec{}, spec,
+        SessionOptions{.device = device_, .cpu_kernels = cpu_kernels_for(device), .precision = p});
   }
   const Graph& step = session_->step_graph();
   for (const std::string& name : session_->batch_inputs()) {

@@ -152,7 +152,9 @@ void TrainingSession::Impl::copy_state_to_host() const {
 
 std::unique_ptr<Executable> TrainingSession::Impl::compile_bound(
     const Graph& g, const train::StepGraph* updates) const {
-  CompileOptions co{.device = opts.device, .communicator = opts.data_parallel.world};
+  CompileOptions co{.device = opts.device,
+                    .cpu_kernels = opts.cpu_kernels,
+                    .communicator = opts.data_parallel.world};
   for (ValueId v : g.inputs()) {
     const std::string& name = g.value(v).name;
     if (std::find(batch_inputs.begin(), batch_inputs.end(), name) != batch_inputs.end() ||
@@ -212,7 +214,8 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
 
   // Compile the step with every state input aliased to its next value, then upload the
   // initial state (the model's constants, zero optimizer state) into its arrays, once.
-  CompileOptions co{.device = opts.device, .communicator = dp.world};
+  CompileOptions co{
+      .device = opts.device, .cpu_kernels = opts.cpu_kernels, .communicator = dp.world};
   for (const auto& [input, output] : s.step.state_updates) co.aliases.emplace_back(output, input);
   s.step_exe = Executable::compile(s.step.graph, co);
   NamedTensors initial;

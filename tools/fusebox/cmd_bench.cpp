@@ -171,7 +171,9 @@ Figures bench_train(const BenchArgs& args, Device device, Precision precision) {
   const OptimizerSpec optimizer = args.optimizer == "adamw"
                                       ? OptimizerSpec(AdamWOptions{})
                                       : OptimizerSpec(SgdOptions{.lr = 0.05, .momentum = 0.9});
-  TrainingSession session(g, LossSpec{}, optimizer, {.device = device, .precision = precision});
+  TrainingSession session(
+      g, LossSpec{}, optimizer,
+      {.device = device, .cpu_kernels = cpu_kernels_for(args.device), .precision = precision});
   // cross_entropy's labels: logits [N, C, D...] -> [N, D...] (a decoder's [N, vocab, tokens]:
   // one label per token).
   Shape label_shape = logits.type.shape;

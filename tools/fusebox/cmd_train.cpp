@@ -439,7 +439,8 @@ int train(const TrainArgs& args) {
   check_step_count(args, batch, world, resume ? &*resume : nullptr);
   std::ostringstream quiet;
   std::ostream& out = rank == 0 ? std::cout : quiet;
-  SessionOptions session_options{.device = device, .precision = precision};
+  SessionOptions session_options{
+      .device = device, .cpu_kernels = cpu_kernels_for(args.device), .precision = precision};
   if (parallel) {
     session_options.data_parallel = {
         .world = parallel->world,
@@ -660,8 +661,10 @@ Command add_train_command(CLI::App& parent) {
                   "default 100")
       ->check(integer_range(1));
   app->add_option("--device", args->device,
-                  "cpu, cuda, or auto (cuda when available, else cpu); default cpu")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+                  "cpu (the fast kernels where they take a node: oneDNN's forward and backward "
+                  "convolutions, products, pooling), cpu-ref (the reference kernels alone, "
+                  "exact), cuda, or auto (cuda when available, else cpu); default cpu")
+      ->check(CLI::IsMember({"cpu", "cpu-ref", "cuda", "auto"}));
   app->add_option("--precision", args->precision,
                   "f32, tf32 (default: TF32 convolutions and matmuls), bf16 or f16 (mixed "
                   "precision: docs/mixed_precision.md; f16 with dynamic loss scaling: steps "

@@ -7,7 +7,8 @@
 // the pointwise programs are the reference's bits.
 //
 // Taken now: convolutions (1-3 spatial dims, groups, dilation, padding; bias, the fused
-// activations and residual add of ConvAttrs as post-ops), gemm (a bias vector, alpha 1,
+// activations and residual add of ConvAttrs as post-ops), their backward data (no bias) and
+// filter gradients (training steps), gemm (a bias vector, alpha 1,
 // the fused activation), matmul (rank 2-4, batch broadcast), max/average/global average
 // pooling (no indices), unary activations (relu, gelu, sigmoid, tanh, silu), add / sub / mul /
 // div (a broadcast second operand, or first for add and mul), layer norm

@@ -68,7 +68,6 @@
 #include "fusebox/ir/graph.h"
 #include "fusebox/passes/mixed_precision.h"
 #include "fusebox/runtime/executable.h"
-#include "fusebox/runtime/executor.h"
 #include "fusebox/train/checkpoint.h"
 #include "fusebox/train/optimizer.h"
 
@@ -128,6 +127,11 @@ struct DataParallel {
 
 struct SessionOptions {
   Device device = Device::cpu;
+  // On the CPU: the reference kernels (exact, the oracle's numbers) or the fast ones where
+  // they take a node (oneDNN's forward and backward convolutions, products, pooling...: within
+  // docs/cpu_fast.md's tolerance of the reference). `fusebox train --device cpu` takes the fast
+  // ones, `cpu-ref` the reference.
+  CpuKernels cpu_kernels = CpuKernels::reference;
   // bf16 / f16: the model's forward pass rewritten with PyTorch autocast's rules
   // (passes/mixed_precision.h) before the loss and the gradients are built; parameters,
   // optimizer state and batch-norm statistics stay f32. f16 also scales the loss

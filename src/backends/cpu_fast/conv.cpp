@@ -7,6 +7,11 @@
 // post-op (dst += the residual, which the run first writes into dst in dst's layout): a binary
 // post-op reading a plain residual beside a blocked dst sent oneDNN to its reference
 // implementation (300-430 ms for one of ResNet-50's 1x1 convolutions at batch 1, 2 cores).
+//
+// The backward ones (training steps, and conv_backward_data as a ConvTranspose): oneDNN's
+// backward-data and backward-weights primitives, made at compile with the forward they belong
+// to as the hint oneDNN asks for, every operand's layout left to it; dense tensors in and out,
+// reordered around the run where its layouts differ.
 #ifdef FUSEBOX_WITH_ONEDNN
 #include "backends/cpu_fast/kernels.h"
 #include "backends/cpu_fast/onednn.h"
@@ -104,7 +109,166 @@ bool blocked_1x1(DType dtype, const Shape& xs, const Shape& ws, const Shape& ys,
          ws[3] == 1 && xs[1] % 8 == 0 && ys[1] % 8 == 0;
 }
 
+// The geometry oneDNN's convolution primitives share.
+struct Geometry {
+  memory::dims strides, dilates, pad_l, pad_r;
+  memory::dims w_dims;  // [K, C/g, R...], grouped as [g, K/g, C/g, R...]
+};
+
+Geometry geometry_of(const ConvAttrs& a, const Shape& ws, size_t spatial) {
+  Geometry geo{memory::dims(spatial, 1), memory::dims(spatial, 0), memory::dims(spatial, 0),
+               memory::dims(spatial, 0), dims_of(ws)};
+  for (size_t d = 0; d < spatial; ++d) {
+    if (d < a.strides.size()) geo.strides[d] = a.strides[d];
+    if (d < a.dilations.size()) geo.dilates[d] = a.dilations[d] - 1;  // oneDNN counts the gaps
+    if (d < a.pads_begin.size()) geo.pad_l[d] = a.pads_begin[d];
+    if (d < a.pads_end.size()) geo.pad_r[d] = a.pads_end[d];
+  }
+  if (a.groups > 1) {
+    geo.w_dims[0] /= a.groups;
+    geo.w_dims.insert(geo.w_dims.begin(), a.groups);
+  }
+  return geo;
+}
+
+// Why oneDNN cannot take these operands (empty where it can): one dtype among them, f32, or
+// bf16 / f16 where the CPU computes in them (else oneDNN refuses the primitive, saying so).
+std::string dtype_refusal(const Graph& g, std::initializer_list<ValueId> values) {
+  const DType dtype = g.value(*values.begin()).type.dtype;
+  if (!data_type_of(dtype)) return cat("a ", dtype_name(dtype), " input (f32, bf16 and f16 only)");
+  for (ValueId v : values)
+    if (g.value(v).type.dtype != dtype)
+      return cat("operands of mixed dtypes (", dtype_name(dtype), " and ",
+                 dtype_name(g.value(v).type.dtype), ")");
+  return "";
+}
+
+// One backward primitive on dense tensors: input i is the oneDNN argument ins[i].arg, held
+// dense as ins[i].plain and read in ins[i].want; output 0 likewise.
+struct Operand {
+  int arg;
+  memory::desc plain, want;
+};
+
+class ConvBackwardKernel final : public Kernel {
+ public:
+  ConvBackwardKernel(dnnl::primitive primitive, std::string what, std::vector<Operand> ins,
+                     Operand out)
+      : primitive_(std::move(primitive)),
+        what_(std::move(what)),
+        ins_(std::move(ins)),
+        out_(std::move(out)) {}
+
+  void run(std::span<const Tensor* const> in, std::span<Tensor> out) override {
+    std::unordered_map<int, memory> args;
+    for (size_t i = 0; i < ins_.size(); ++i)
+      args[ins_[i].arg] = in_layout(wrap(ins_[i].plain, in[i]->raw()), ins_[i].want);
+    const memory dense = wrap(out_.plain, out[0].raw());
+    const bool direct = out_.want == out_.plain;
+    args[out_.arg] = direct ? dense : memory(out_.want, cpu_engine());
+    execute(primitive_, args);
+    if (!direct)
+      execute(dnnl::reorder(args[out_.arg], dense),
+              {{DNNL_ARG_FROM, args[out_.arg]}, {DNNL_ARG_TO, dense}});
+  }
+
+  std::string describe() const override { return what_; }
+
+ private:
+  dnnl::primitive primitive_;
+  std::string what_;
+  std::vector<Operand> ins_;
+  Operand out_;
+};
+
+// The forward a backward primitive belongs to (oneDNN's hint), on "any" layouts.
+dnnl::convolution_forward::primitive_desc training_forward(const Geometry& geo,
+                                                           const memory::desc& x,
+                                                           const memory::desc& w,
+                                                           const memory::desc& y) {
+  return dnnl::convolution_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_training,
+                                                   dnnl::algorithm::convolution_direct, x, w, y,
+                                                   geo.strides, geo.dilates, geo.pad_l, geo.pad_r);
+}
+
+// What a backward node's ConvAttrs may carry for oneDNN: the convolution alone.
+std::string epilogue_refusal(const ConvAttrs& a) {
+  if (a.activation || a.residual_activation) return "a fused activation on a backward convolution";
+  return "";
+}
+
 }  // namespace
+
+Planned plan_conv_backward_data(const Graph& g, const Node& n) {
+  const auto& a = std::get<ConvBackwardDataAttrs>(n.attrs);
+  if (n.inputs.size() > 2 && n.inputs[2] != kNoValue)
+    return {nullptr, "a bias (a ConvTranspose's): the reference adds it"};
+  const ValueId dy = n.inputs[0], w = n.inputs[1], dx = n.outputs[0];
+  if (std::string why = dtype_refusal(g, {dy, w, dx}); !why.empty()) return {nullptr, why};
+  if (std::string why = epilogue_refusal(a.conv); !why.empty()) return {nullptr, why};
+  const Shape &ys = g.value(dy).type.shape, &ws = g.value(w).type.shape,
+              &xs = g.value(dx).type.shape;
+  const size_t spatial = xs.size() - 2;
+  if (spatial < 1 || spatial > 3)
+    return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
+  const Geometry geo = geometry_of(a.conv, ws, spatial);
+  const DType dtype = g.value(dy).type.dtype;
+  const memory::data_type type = *data_type_of(dtype);
+  const auto any = memory::format_tag::any;
+  const memory::desc x_any(dims_of(xs), type, any), w_any(geo.w_dims, type, any),
+      y_any(dims_of(ys), type, any);
+  dnnl::convolution_backward_data::primitive_desc pd;
+  try {
+    pd = dnnl::convolution_backward_data::primitive_desc(
+        cpu_engine(), dnnl::algorithm::convolution_direct, x_any, w_any, y_any, geo.strides,
+        geo.dilates, geo.pad_l, geo.pad_r, training_forward(geo, x_any, w_any, y_any));
+  } catch (const dnnl::error& e) {
+    return {nullptr, cat("oneDNN has no backward-data convolution for it (", e.what(), ")")};
+  }
+  return {std::make_unique<ConvBackwardKernel>(
+              dnnl::convolution_backward_data(pd),
+              cat("oneDNN conv backward data ", implementation(pd)),
+              std::vector<Operand>{
+                  {DNNL_ARG_DIFF_DST, plain_desc(dims_of(ys), dtype), pd.diff_dst_desc()},
+                  {DNNL_ARG_WEIGHTS, plain_desc(geo.w_dims, dtype), pd.weights_desc()}},
+              Operand{DNNL_ARG_DIFF_SRC, plain_desc(dims_of(xs), dtype), pd.diff_src_desc()}),
+          ""};
+}
+
+Planned plan_conv_backward_filter(const Graph& g, const Node& n) {
+  const auto& a = std::get<ConvBackwardFilterAttrs>(n.attrs);
+  const ValueId x = n.inputs[0], dy = n.inputs[1], dw = n.outputs[0];
+  if (std::string why = dtype_refusal(g, {x, dy, dw}); !why.empty()) return {nullptr, why};
+  if (std::string why = epilogue_refusal(a.conv); !why.empty()) return {nullptr, why};
+  const Shape &xs = g.value(x).type.shape, &ys = g.value(dy).type.shape,
+              &ws = g.value(dw).type.shape;
+  const size_t spatial = xs.size() - 2;
+  if (spatial < 1 || spatial > 3)
+    return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
+  const Geometry geo = geometry_of(a.conv, ws, spatial);
+  const DType dtype = g.value(x).type.dtype;
+  const memory::data_type type = *data_type_of(dtype);
+  const auto any = memory::format_tag::any;
+  const memory::desc x_any(dims_of(xs), type, any), w_any(geo.w_dims, type, any),
+      y_any(dims_of(ys), type, any);
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  try {
+    pd = dnnl::convolution_backward_weights::primitive_desc(
+        cpu_engine(), dnnl::algorithm::convolution_direct, x_any, w_any, y_any, geo.strides,
+        geo.dilates, geo.pad_l, geo.pad_r, training_forward(geo, x_any, w_any, y_any));
+  } catch (const dnnl::error& e) {
+    return {nullptr, cat("oneDNN has no backward-weights convolution for it (", e.what(), ")")};
+  }
+  return {
+      std::make_unique<ConvBackwardKernel>(
+          dnnl::convolution_backward_weights(pd),
+          cat("oneDNN conv backward weights ", implementation(pd)),
+          std::vector<Operand>{
+              {DNNL_ARG_SRC, plain_desc(dims_of(xs), dtype), pd.src_desc()},
+              {DNNL_ARG_DIFF_DST, plain_desc(dims_of(ys), dtype), pd.diff_dst_desc()}},
+          Operand{DNNL_ARG_DIFF_WEIGHTS, plain_desc(geo.w_dims, dtype), pd.diff_weights_desc()}),
+      ""};
+}
 
 Planned plan_conv(const Graph& g, const Node& n) {
   const auto& a = std::get<ConvAttrs>(n.attrs);
@@ -114,12 +278,9 @@ Planned plan_conv(const Graph& g, const Node& n) {
   // (AVX-512 BF16 / AMX, AVX-512 FP16: else oneDNN refuses the primitive below, saying so);
   // the bias in it or f32.
   const DType dtype = g.value(x).type.dtype;
-  if (!data_type_of(dtype))
-    return {nullptr, cat("a ", dtype_name(dtype), " input (f32, bf16 and f16 only)")};
-  for (ValueId v : {w, residual, n.outputs[0]})
-    if (v != kNoValue && g.value(v).type.dtype != dtype)
-      return {nullptr, cat("operands of mixed dtypes (", dtype_name(dtype), " and ",
-                           dtype_name(g.value(v).type.dtype), ")")};
+  if (std::string why = dtype_refusal(g, {x, w, n.outputs[0], residual == kNoValue ? x : residual});
+      !why.empty())
+    return {nullptr, why};
   const DType bias_dtype = bias == kNoValue ? dtype : g.value(bias).type.dtype;
   if (bias_dtype != dtype && bias_dtype != DType::f32)
     return {nullptr, cat("a ", dtype_name(bias_dtype), " bias for ", dtype_name(dtype), " x")};
@@ -130,19 +291,8 @@ Planned plan_conv(const Graph& g, const Node& n) {
   if (spatial < 1 || spatial > 3)
     return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
   const int64_t groups = a.groups;
-  memory::dims strides(spatial, 1), dilates(spatial, 0), pad_l(spatial, 0), pad_r(spatial, 0);
-  for (size_t d = 0; d < spatial; ++d) {
-    if (d < a.strides.size()) strides[d] = a.strides[d];
-    if (d < a.dilations.size()) dilates[d] = a.dilations[d] - 1;  // oneDNN counts the gaps
-    if (d < a.pads_begin.size()) pad_l[d] = a.pads_begin[d];
-    if (d < a.pads_end.size()) pad_r[d] = a.pads_end[d];
-  }
-  // Weights: [K, C/g, R...], grouped as [g, K/g, C/g, R...].
-  memory::dims w_dims = dims_of(ws);
-  if (groups > 1) {
-    w_dims[0] /= groups;
-    w_dims.insert(w_dims.begin(), groups);
-  }
+  const Geometry geo = geometry_of(a, ws, spatial);
+  const memory::dims& w_dims = geo.w_dims;
   const memory::desc x_plain = plain_desc(dims_of(xs), dtype);
   const memory::desc w_plain = plain_desc(w_dims, dtype);
   const memory::desc y_plain = plain_desc(dims_of(ys), dtype);
@@ -167,11 +317,11 @@ Planned plan_conv(const Graph& g, const Node& n) {
       pd = dnnl::convolution_forward::primitive_desc(
           cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
           x_any, w_any, memory::desc({ws[0]}, *data_type_of(bias_dtype), memory::format_tag::x),
-          y_any, strides, dilates, pad_l, pad_r, attr);
+          y_any, geo.strides, geo.dilates, geo.pad_l, geo.pad_r, attr);
     } else {
       pd = dnnl::convolution_forward::primitive_desc(
           cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-          x_any, w_any, y_any, strides, dilates, pad_l, pad_r, attr);
+          x_any, w_any, y_any, geo.strides, geo.dilates, geo.pad_l, geo.pad_r, attr);
     }
   } catch (const dnnl::error& e) {
     return {nullptr, cat("oneDNN has no convolution for it (", e.what(), ")")};

@@ -5,17 +5,19 @@
 
 namespace fusebox::cpu_fast {
 
-Planned plan_conv(const Graph& g, const Node& n);        // conv.cpp
-Planned plan_gemm(const Graph& g, const Node& n);        // matmul.cpp
-Planned plan_matmul(const Graph& g, const Node& n);      // matmul.cpp
-Planned plan_pool(const Graph& g, const Node& n);        // pool.cpp: max, average, global
-Planned plan_softmax(const Graph& g, const Node& n);     // norm.cpp: softmax, log_softmax
-Planned plan_layer_norm(const Graph& g, const Node& n);  // norm.cpp
-Planned plan_eltwise(const Graph& g, const Node& n);     // eltwise.cpp: unary activations
-Planned plan_binary(const Graph& g, const Node& n);      // eltwise.cpp: add, sub, mul, div
-Planned plan_attention(const Graph& g, const Node& n);   // attention.cpp: inference
-Planned plan_transpose(const Graph& g, const Node& n);   // copy.cpp: a reorder
-Planned plan_slice(const Graph& g, const Node& n);       // copy.cpp: a reorder
+Planned plan_conv(const Graph& g, const Node& n);                  // conv.cpp
+Planned plan_conv_backward_data(const Graph& g, const Node& n);    // conv.cpp
+Planned plan_conv_backward_filter(const Graph& g, const Node& n);  // conv.cpp
+Planned plan_gemm(const Graph& g, const Node& n);                  // matmul.cpp
+Planned plan_matmul(const Graph& g, const Node& n);                // matmul.cpp
+Planned plan_pool(const Graph& g, const Node& n);                  // pool.cpp: max, average, global
+Planned plan_softmax(const Graph& g, const Node& n);               // norm.cpp: softmax, log_softmax
+Planned plan_layer_norm(const Graph& g, const Node& n);            // norm.cpp
+Planned plan_eltwise(const Graph& g, const Node& n);               // eltwise.cpp: unary activations
+Planned plan_binary(const Graph& g, const Node& n);     // eltwise.cpp: add, sub, mul, div
+Planned plan_attention(const Graph& g, const Node& n);  // attention.cpp: inference
+Planned plan_transpose(const Graph& g, const Node& n);  // copy.cpp: a reorder
+Planned plan_slice(const Graph& g, const Node& n);      // copy.cpp: a reorder
 // Not on oneDNN: a block interpreter of the program, in every build.
 Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
 

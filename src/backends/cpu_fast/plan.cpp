@@ -24,6 +24,10 @@ Planned plan(const Graph& g, const Node& n) {
     switch (n.op) {
       case OpKind::conv:
         return plan_conv(g, n);
+      case OpKind::conv_backward_data:
+        return plan_conv_backward_data(g, n);
+      case OpKind::conv_backward_filter:
+        return plan_conv_backward_filter(g, n);
       case OpKind::gemm:
         return plan_gemm(g, n);
       case OpKind::matmul:

@@ -51,11 +51,9 @@ struct ConvCase {
   bool bias = true, residual = false, weights_as_input = false;
 };
 
-TEST(CpuFast, ConvolutionsMatchTheReference) {
-  REQUIRE_ONEDNN();
-  const FusedActivation relu{Activation::relu}, gelu{Activation::gelu}, silu{Activation::silu},
-      clip{Activation::clip, -0.5, 0.5};
-  const std::vector<ConvCase> cases = {
+// A convolution of every shape class (no epilogue): the forward's and the backward's cases.
+std::vector<ConvCase> conv_geometries() {
+  return {
       {"3x3 same", {2, 8, 9, 9}, {16, 8, 3, 3}, {.pads_begin = {1, 1}, .pads_end = {1, 1}}},
       {"1x1 stride 2", {2, 16, 8, 8}, {8, 16, 1, 1}, {.strides = {2, 2}}},
       {"7x7 stride 2 stem, C 3",
@@ -70,12 +68,25 @@ TEST(CpuFast, ConvolutionsMatchTheReference) {
        {2, 8, 7, 7},
        {12, 4, 3, 3},
        {.pads_begin = {1, 1}, .pads_end = {1, 1}, .groups = 2}},
+      {"depthwise 5x5",
+       {2, 12, 9, 9},
+       {12, 1, 5, 5},
+       {.pads_begin = {2, 2}, .pads_end = {2, 2}, .groups = 12}},
+      {"1-D", {2, 6, 17}, {5, 6, 3}, {.pads_begin = {1}, .pads_end = {1}}},
+      {"3-D", {1, 3, 5, 6, 7}, {4, 3, 3, 3, 3}, {.pads_begin = {1, 1, 1}, .pads_end = {1, 1, 1}}},
+  };
+}
+
+TEST(CpuFast, ConvolutionsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  const FusedActivation relu{Activation::relu}, gelu{Activation::gelu}, silu{Activation::silu},
+      clip{Activation::clip, -0.5, 0.5};
+  std::vector<ConvCase> cases = conv_geometries();
+  const std::vector<ConvCase> epilogues = {
       {"depthwise 5x5 + relu",
        {2, 12, 9, 9},
        {12, 1, 5, 5},
        {.pads_begin = {2, 2}, .pads_end = {2, 2}, .groups = 12, .activation = relu}},
-      {"1-D", {2, 6, 17}, {5, 6, 3}, {.pads_begin = {1}, .pads_end = {1}}},
-      {"3-D", {1, 3, 5, 6, 7}, {4, 3, 3, 3, 3}, {.pads_begin = {1, 1, 1}, .pads_end = {1, 1, 1}}},
       {"no bias + gelu", {1, 4, 6, 6}, {4, 4, 3, 3}, {.activation = gelu}, false},
       {"silu", {1, 4, 6, 6}, {4, 4, 1, 1}, {.activation = silu}},
       {"clip", {1, 4, 6, 6}, {4, 4, 1, 1}, {.activation = clip}},
@@ -99,6 +110,7 @@ TEST(CpuFast, ConvolutionsMatchTheReference) {
        false,
        true},
   };
+  cases.insert(cases.end(), epilogues.begin(), epilogues.end());
   uint64_t seed = 1;
   for (const ConvCase& c : cases) {
     SCOPED_TRACE(c.what);
@@ -135,6 +147,49 @@ TEST(CpuFast, ConvolutionsMatchTheReference) {
     g.mark_output(y);
     expect_fast_matches_reference(g, feeds, 1);
   }
+}
+
+// conv_backward_data (a training step's dx, a ConvTranspose) and conv_backward_filter (dw) on
+// oneDNN's backward primitives, over the forward cases' geometries; a ConvTranspose's bias stays
+// on the reference.
+TEST(CpuFast, BackwardConvolutionsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  uint64_t seed = 100;
+  for (const ConvCase& c : conv_geometries()) {
+    SCOPED_TRACE(c.what);
+    // dy's shape: the forward's output.
+    Graph probe("probe");
+    const Shape y_shape =
+        probe
+            .value(Builder(probe).conv(probe.add_input("x", DType::f32, c.x),
+                                       probe.add_constant("w", Tensor::zeros(DType::f32, c.w)),
+                                       kNoValue, c.attrs))
+            .type.shape;
+    const std::vector<int64_t> input_spatial(c.x.begin() + 2, c.x.end()),
+        filter_spatial(c.w.begin() + 2, c.w.end());
+    Graph g("conv_backward");
+    const ValueId x = g.add_input("x", DType::f32, c.x),
+                  dy = g.add_input("dy", DType::f32, y_shape),
+                  w = g.add_input("w", DType::f32, c.w);
+    g.mark_output(g.add_node(OpKind::conv_backward_data,
+                             ConvBackwardDataAttrs{c.attrs, input_spatial}, {dy, w}, "dx")[0]);
+    g.mark_output(g.add_node(OpKind::conv_backward_filter,
+                             ConvBackwardFilterAttrs{c.attrs, filter_spatial}, {x, dy}, "dw")[0]);
+    const NamedTensors feeds{{"x", random_tensor(DType::f32, c.x, seed++)},
+                             {"dy", random_tensor(DType::f32, y_shape, seed++)},
+                             {"w", random_tensor(DType::f32, c.w, seed++, -0.3, 0.3)}};
+    // dw sums over N and the output's pixels: up to 2 x 16 x 16 products here.
+    expect_fast_matches_reference(g, feeds, 2, 1e-4, 1e-4);
+  }
+  // A ConvTranspose's bias: the reference's.
+  Graph g("conv_transpose");
+  const ValueId dy = g.add_input("dy", DType::f32, {1, 4, 5, 5});
+  const ValueId w = g.add_constant("w", random_tensor(DType::f32, {4, 3, 3, 3}, 7, -0.3, 0.3));
+  const ValueId b = g.add_constant("b", random_tensor(DType::f32, {3}, 8));
+  const ConvAttrs up{.strides = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
+  g.mark_output(g.add_node(OpKind::conv_backward_data, ConvBackwardDataAttrs{up, {9, 9}},
+                           {dy, w, b}, "up")[0]);
+  expect_fast_matches_reference(g, {{"dy", random_tensor(DType::f32, {1, 4, 5, 5}, 9)}}, 0, 0, 0);
 }
 
 TEST(CpuFast, GemmAndMatmulMatchTheReference) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/frontends/onnx.h"
 #include "fusebox/runtime/executor.h"
 #include "fusebox/train/evaluate.h"
@@ -96,6 +97,42 @@ TEST(TrainSession, SmallCnnLossFallsTenfoldOnTheSyntheticSet) {
     }
   }
   EXPECT_GE(correct, 56) << "of 64";
+}
+
+// `fusebox train --device cpu`'s session: the fast CPU kernels (oneDNN's forward and backward
+// convolutions, the products, pooling) take the step's nodes they have, and a step's update of
+// every parameter (lr x its gradient) follows the reference session's within their tolerance.
+TEST(TrainSession, FastCpuKernelsFollowTheReference) {
+  if (!cpu_fast::built_with_onednn())
+    GTEST_SKIP() << "this build has no oneDNN (scripts/setup.sh puts it in .deps-cpu/)";
+  Graph model = build_zoo_model(
+      "resnet18", {.batch = 4, .image_size = 32, .num_classes = 10, .seed = 1, .training = true});
+  const SgdOptions sgd{.lr = 0.01};
+  TrainingSession reference(model, LossSpec{}, sgd);
+  TrainingSession fast(model, LossSpec{}, sgd, {.cpu_kernels = CpuKernels::fast});
+  const std::string& summary = fast.step_executable().stats().fast_summary;
+  for (const char* op : {"conv_backward_data: ", "conv_backward_filter: ", "conv: "})
+    EXPECT_NE(summary.find(op), std::string::npos) << op << "\n" << summary;
+  EXPECT_EQ(summary.find("conv_backward_filter: 0 fast"), std::string::npos) << summary;
+  EXPECT_GE(fast.step_executable().stats().fast_nodes, 40u) << summary;
+  BatchSampler sampler(synthetic_dataset(4, 3, 32, 10, 0), 4, false, 0);
+  const float want = reference.step(zoo_batch(sampler, 0)), got = fast.step(zoo_batch(sampler, 0));
+  EXPECT_NEAR(got, want, 1e-4 * std::abs(want));
+  const NamedTensors& after_ref = reference.parameters();
+  const NamedTensors& after_fast = fast.parameters();
+  for (const std::string& p : reference.parameter_names()) {
+    const Tensor& before = *model.constant(*model.find_value(p));
+    Tensor step_ref = Tensor::empty(DType::f32, before.shape()),
+           step_fast = Tensor::empty(DType::f32, before.shape());
+    for (int64_t i = 0; i < before.numel(); ++i) {
+      step_ref.data<float>()[i] = float(after_ref.at(p).get(i) - before.get(i));
+      step_fast.data<float>()[i] = float(after_fast.at(p).get(i) - before.get(i));
+    }
+    double largest = 0;
+    for (int64_t i = 0; i < before.numel(); ++i)
+      largest = std::max(largest, std::abs(double(step_ref.data<float>()[i])));
+    EXPECT_TRUE(all_close(step_fast, step_ref, 1e-2, 1e-3 * largest + 1e-9)) << p;
+  }
 }
 
 // Batch norm's running statistics move with each training step; predict reads them.
