@@ -11,7 +11,8 @@ namespace fusebox::bench {
 Json report(std::string_view bench) {
   return Json::object({{"schema_version", kReportSchemaVersion},
                        {"bench", std::string(bench)},
-                       {"device", cuda::Device::get(0).properties().name},
+                       {"device", cuda::device_present() ? cuda::Device::get(0).properties().name
+                                                         : std::string("cpu (no CUDA device)")},
                        {"commit", source_commit()}});
 }
 

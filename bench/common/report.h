@@ -14,7 +14,8 @@ using Json = fusebox::Json;
 // Raised when a report's layout changes in a way its readers must know about.
 inline constexpr int kReportSchemaVersion = 1;
 
-// An object holding the header: schema_version, bench, device (CUDA device 0's name) and
+// An object holding the header: schema_version, bench, device (CUDA device 0's name, or "cpu
+// (no CUDA device)" on a machine without one: the CPU benchmarks) and
 // commit (fusebox/core/build_info.h). The benchmark adds its own fields after them.
 Json report(std::string_view bench);
 

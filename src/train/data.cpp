@@ -201,16 +201,22 @@ BatchSampler::BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle
   FUSEBOX_CHECK(batch_size >= 1, "batches", "batch size must be >= 1, got ", batch_size);
 }
 
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+  if (!shuffle) return order;
+  // Fisher-Yates with the zoo's portable stream: the same order everywhere.
+  zoo::Rng rng = zoo::tensor_rng(seed, cat("shuffle.epoch", epoch));
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(order[size_t(i)], order[rng.next() % uint64_t(i + 1)]);
+  return order;
+}
+
 int64_t BatchSampler::sample_index(int64_t position) const {
   const int64_t n = data_.size(), epoch = position / n, offset = position % n;
   if (!shuffle_) return offset;
   if (epoch != cached_epoch_) {
-    // Fisher-Yates with the zoo's portable stream: the same order everywhere.
-    cached_order_.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) cached_order_[size_t(i)] = i;
-    zoo::Rng rng = zoo::tensor_rng(seed_, cat("shuffle.epoch", epoch));
-    for (int64_t i = n - 1; i > 0; --i)
-      std::swap(cached_order_[size_t(i)], cached_order_[rng.next() % uint64_t(i + 1)]);
+    cached_order_ = epoch_order(n, shuffle_, seed_, epoch);
     cached_epoch_ = epoch;
   }
   return cached_order_[size_t(offset)];

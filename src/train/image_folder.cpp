@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <system_error>
+#include <vector>
 
 #include "fusebox/core/error.h"
 #include "fusebox/core/parallel.h"
@@ -36,36 +37,65 @@ Taps taps(int64_t o, int64_t offset, double scale, int64_t extent) {
   return {lo, std::min(lo + 1, extent - 1), float(c - double(lo))};
 }
 
-// The crop of `image` into out [3, size, size] (see the header comment).
-void resize_crop_normalise(const DecodedImage& image, int64_t size, float* out) {
-  const double scale = double(size) / double(std::min(image.height, image.width));
-  const int64_t resized_h = std::max(size, int64_t(std::lround(double(image.height) * scale)));
-  const int64_t resized_w = std::max(size, int64_t(std::lround(double(image.width) * scale)));
-  const int64_t top = (resized_h - size) / 2, left = (resized_w - size) / 2;
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  const std::string text = read_file(path);
+  return {text.begin(), text.end()};
+}
+
+// out [3, rows, cols]: pixel (y, x) the bilinear sample of `image` between its rows rows[y] and
+// columns cols[x] (each pair of taps and its weight, precomputed once per row and column),
+// normalised as ImageNet's.
+void sample_normalise(const DecodedImage& image, const std::vector<Taps>& rows,
+                      const std::vector<Taps>& cols, float* out) {
+  const int64_t height = int64_t(rows.size()), width = int64_t(cols.size());
   const uint8_t* rgb = image.rgb.data();
-  for (int64_t y = 0; y < size; ++y) {
-    const Taps ty = taps(y, top, scale, image.height);
-    for (int64_t x = 0; x < size; ++x) {
-      const Taps tx = taps(x, left, scale, image.width);
+  for (int64_t y = 0; y < height; ++y) {
+    const Taps& ty = rows[size_t(y)];
+    for (int64_t x = 0; x < width; ++x) {
+      const Taps& tx = cols[size_t(x)];
       for (int c = 0; c < 3; ++c) {
         auto at = [&](int64_t r, int64_t col) {
           return float(rgb[(r * image.width + col) * 3 + c]);
         };
         const float top_row = at(ty.lo, tx.lo) * (1 - tx.w) + at(ty.lo, tx.hi) * tx.w;
         const float bottom_row = at(ty.hi, tx.lo) * (1 - tx.w) + at(ty.hi, tx.hi) * tx.w;
-        out[(c * size + y) * size + x] =
+        out[(c * height + y) * width + x] =
             imagenet_normalised(c, top_row * (1 - ty.w) + bottom_row * ty.w);
       }
     }
   }
 }
 
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  const std::string text = read_file(path);
-  return {text.begin(), text.end()};
+}  // namespace
+
+// The crop of `image` into out [3, size, size] (see the header comment).
+void resize_crop_normalise(const DecodedImage& image, int64_t size, float* out) {
+  const double scale = double(size) / double(std::min(image.height, image.width));
+  const int64_t resized_h = std::max(size, int64_t(std::lround(double(image.height) * scale)));
+  const int64_t resized_w = std::max(size, int64_t(std::lround(double(image.width) * scale)));
+  const int64_t top = (resized_h - size) / 2, left = (resized_w - size) / 2;
+  std::vector<Taps> rows(static_cast<size_t>(size)), cols(static_cast<size_t>(size));
+  for (int64_t o = 0; o < size; ++o) {
+    rows[size_t(o)] = taps(o, top, scale, image.height);
+    cols[size_t(o)] = taps(o, left, scale, image.width);
+  }
+  sample_normalise(image, rows, cols, out);
 }
 
-}  // namespace
+// The box (top, left, height, width) of `image` resized to size x size, mirrored left to right
+// with `flip`: output (y, x) samples the box at ((y + 0.5) h / size - 0.5, ...) from the box's
+// corner, clamped at the box's edges (torchvision's crop, then its bilinear resize).
+void crop_resize_normalise(const DecodedImage& image, const CropBox& box, int64_t size, bool flip,
+                           float* out) {
+  const double sy = double(size) / double(box.height), sx = double(size) / double(box.width);
+  std::vector<Taps> rows(static_cast<size_t>(size)), cols(static_cast<size_t>(size));
+  for (int64_t o = 0; o < size; ++o) {
+    const Taps r = taps(o, 0, sy, box.height), c = taps(flip ? size - 1 - o : o, 0, sx, box.width);
+    rows[size_t(o)] = {box.top + r.lo, box.top + r.hi, r.w};
+    cols[size_t(o)] = {box.left + c.lo, box.left + c.hi, c.w};
+  }
+  sample_normalise(image, rows, cols, out);
+}
 
 ImageFolder scan_image_folder(const std::string& dir) {
   const std::string where = "image folder " + dir;

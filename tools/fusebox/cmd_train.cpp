@@ -28,6 +28,7 @@
 #include "fusebox/train/data.h"
 #include "fusebox/train/data_parallel.h"
 #include "fusebox/train/evaluate.h"
+#include "fusebox/train/image_stream.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
 #include "stop_signals.h"
@@ -58,6 +59,9 @@ struct TrainArgs {
   std::string data;
   std::string eval_data;        // --eval-data: a held-out set evaluated each epoch
   bool strict_data = false;     // --strict-data: an image that does not decode is an error
+  bool augment = false;         // --augment: random-resized-crop and flip of --data's images
+  int64_t read_ahead = 4;       // --read-ahead: batches of --data's images decoded ahead
+  int data_threads = 0;         // --data-threads: their decoding threads (0: half the machine's)
   std::string layout = "nchw";  // --layout: how an .npz holds its images
   bool synthetic = false;
   int64_t samples = 64;
@@ -217,11 +221,11 @@ std::map<std::string, std::string> run_signature(const TrainArgs& args) {
   std::map<std::string, std::string> sig;
   sig["model"] = args.model;
   for (const char* option :
-       {"--optimizer",   "--lr",        "--momentum",   "--weight-decay", "--batch-size",
-        "--steps",       "--precision", "--seed",       "--resume",       "--image-size",
-        "--num-classes", "--seq-len",   "--data",       "--eval-data",    "--synthetic",
-        "--samples",     "--shuffle",   "--shape",      "--bucket-mb",    "--reduce-dtype",
-        "--sync-bn",     "--layout",    "--strict-data"}) {
+       {"--optimizer",   "--lr",        "--momentum",    "--weight-decay", "--batch-size",
+        "--steps",       "--precision", "--seed",        "--resume",       "--image-size",
+        "--num-classes", "--seq-len",   "--data",        "--eval-data",    "--synthetic",
+        "--samples",     "--shuffle",   "--shape",       "--bucket-mb",    "--reduce-dtype",
+        "--sync-bn",     "--layout",    "--strict-data", "--augment"}) {
     const CLI::Option* o = args.app->get_option_no_throw(option);
     if (o != nullptr && o->count() > 0) sig[option] = o->as<std::string>();
   }
@@ -264,8 +268,8 @@ void check_step_count(const TrainArgs& args, int64_t batch, int world, const Che
 // path ending in .tar, or a pattern of them with braces); nullopt for anything else (an .npz).
 struct ImageSet {
   std::string source;
-  std::optional<ImageFolder> folder;
-  std::optional<ImageShards> shards;
+  std::shared_ptr<const ImageFolder> folder;  // one of the two
+  std::shared_ptr<const ImageShards> shards;
 
   int64_t classes() const { return folder ? int64_t(folder->classes.size()) : shards->classes; }
   int64_t ignored() const { return folder ? folder->ignored : shards->ignored; }
@@ -279,18 +283,25 @@ struct ImageSet {
     for (size_t i = 0; i < folder->classes.size(); ++i) out += cat(" ", i, "=", folder->classes[i]);
     return out + "\n";
   }
+  int64_t size() const {
+    return folder ? int64_t(folder->files.size()) : int64_t(shards->samples.size());
+  }
   DecodedFolder decode(int64_t size, bool strict) const {
     return folder ? decode_image_folder(*folder, size, strict)
                   : decode_image_shards(*shards, size, strict);
+  }
+  std::function<LabelledImage(int64_t)> images() const {
+    return folder ? folder_images(folder) : shard_images(shards);
   }
 };
 
 std::optional<ImageSet> image_set(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return ImageSet{path, scan_image_folder(path), {}};
+  if (std::filesystem::is_directory(path, ec))
+    return ImageSet{path, std::make_shared<const ImageFolder>(scan_image_folder(path)), {}};
   const bool tar = path.size() >= 4 && path.compare(path.size() - 4, 4, ".tar") == 0;
   if (tar || path.find('{') != std::string::npos)
-    return ImageSet{path, {}, read_image_shards(path)};
+    return ImageSet{path, {}, std::make_shared<const ImageShards>(read_image_shards(path))};
   return std::nullopt;
 }
 
@@ -384,12 +395,17 @@ int train(const TrainArgs& args) {
   // An image set decoded to the model's input: RGB, square; what it held goes to
   // `image_notes` (printed with the run's header).
   std::ostringstream image_notes;
-  auto decode_images = [&](const ImageSet& set, const std::string& option) {
+  auto check_images = [&](const ImageSet& set, const std::string& option) {
     FUSEBOX_CHECK(!tokens && !per_pixel && sample[0] == 3 && sample[1] == sample[2],
                   "fusebox train", option, " ", set.source,
                   " holds images for a classifier of square RGB images [N, 3, S, S]; the model "
                   "takes ",
                   shape_str(xs), " and gives logits ", shape_str(ls));
+    FUSEBOX_CHECK(set.classes() <= classes, "fusebox train", option, " ", set.source, " holds ",
+                  set.classes(), " classes; the model's logits have ", classes);
+  };
+  auto decode_images = [&](const ImageSet& set, const std::string& option) {
+    check_images(set, option);
     DecodedFolder decoded = set.decode(sample[1], args.strict_data);
     image_notes << "  " << option << " " << set.source << ": " << decoded.data.size()
                 << " images of " << set.classes() << " classes decoded to 3x" << sample[1] << "x"
@@ -401,7 +417,18 @@ int train(const TrainArgs& args) {
     image_notes << "\n" << set.class_names();
     return std::move(decoded.data);
   };
-  if (images) data = decode_images(*images, "--data");
+  // The training images are decoded as the run draws them (train/image_stream.h); the
+  // evaluation set once, here.
+  if (images) {
+    check_images(*images, "--data");
+    image_notes << "  --data " << images->source << ": " << images->size() << " images of "
+                << images->classes() << " classes, decoded as drawn to 3x" << sample[1] << "x"
+                << sample[1] << " (" << args.read_ahead << " batches ahead)"
+                << (args.augment ? ", random-resized-crop and flip" : ", resize and centre crop");
+    if (images->ignored() > 0)
+      image_notes << "; " << images->ignored() << " " << images->ignored_what();
+    image_notes << "\n" << images->class_names();
+  }
   if (eval_images) eval_data = decode_images(*eval_images, "--eval-data");
   if (args.synthetic && tokens) {
     data = synthetic_token_dataset(args.samples, sample[0], classes, args.seed);
@@ -414,13 +441,15 @@ int train(const TrainArgs& args) {
     FUSEBOX_CHECK(sample[1] == sample[2], "fusebox train", "--synthetic makes square images; the ",
                   "model takes ", shape_str(sample));
     data = synthetic_dataset(args.samples, sample[0], sample[1], classes, args.seed);
-  } else {
+  } else if (data) {
     check_dataset(*data, sample, label_shape, classes, "data: " + args.data);
   }
   if (eval_data)
     check_dataset(*eval_data, sample, label_shape, classes, "eval data: " + args.eval_data);
   const char* unit = tokens ? "sequences" : "images";
-  BatchSampler batches(*data, batch, args.shuffle, args.seed);
+  std::optional<BatchSampler> batches;  // the in-memory sets' (else the stream's)
+  if (data) batches.emplace(*data, batch, args.shuffle, args.seed);
+  const int64_t train_size = data ? data->size() : images->size();
 
   const Precision precision = parse_precision(args.precision);
   set_float_math(precision);  // before the backend reads its settings
@@ -436,6 +465,12 @@ int train(const TrainArgs& args) {
   if (parallel) stop_signals.emplace();
   const int rank = parallel ? parallel->env.rank : 0;
   const int world = parallel ? parallel->env.world_size : 1;
+  std::optional<ImageStream> stream;  // --data's images (a folder or shards), for this rank
+  if (images)
+    stream.emplace(images->size(), images->images(), batch,
+                   ImageTransform{.size = sample[1], .augment = args.augment}, args.shuffle,
+                   args.seed, args.strict_data, args.read_ahead, args.data_threads,
+                   "--data " + images->source, world);
   check_step_count(args, batch, world, resume ? &*resume : nullptr);
   std::ostringstream quiet;
   std::ostream& out = rank == 0 ? std::cout : quiet;
@@ -468,7 +503,7 @@ int train(const TrainArgs& args) {
         << batch * world << " a step), gradients in " << fixed(args.bucket_mb, 1)
         << " MB buckets reduced as " << args.reduce_dtype
         << (args.sync_bn ? ", batch norms synchronized" : "") << "\n";
-  out << "  batch " << batch << " from " << data->size()
+  out << "  batch " << batch << " from " << train_size
       << (args.synthetic ? cat(" synthetic ", unit) : cat(" ", unit, " from ", args.data))
       << (args.shuffle ? ", shuffled" : ", in order") << "\n"
       << image_notes.str();
@@ -478,7 +513,8 @@ int train(const TrainArgs& args) {
   const int64_t first = session.step_count() + 1, last = session.step_count() + args.steps;
   Progress progress(first, last,
                     args.log_every > 0 ? args.log_every : std::max<int64_t>(1, args.steps / 10));
-  DeviceBatches device_batches(batches, input, device, args.shuffle);
+  std::optional<DeviceBatches> device_batches;
+  if (batches) device_batches.emplace(*batches, input, device, args.shuffle);
   const auto start = std::chrono::steady_clock::now();
   float first_loss = 0, loss = 0;
   // Steps are queued (the device runs behind the host); each loss is reported once it has
@@ -528,7 +564,7 @@ int train(const TrainArgs& args) {
   if (!stop_signals) stop_signals.emplace();
   // --eval-data: after every epoch (a pass over the training set: ceil(N / (batch x ranks))
   // steps) and after the last step, rank 0 evaluates the model in eval form.
-  const int64_t steps_per_epoch = (data->size() + batch * world - 1) / (batch * world);
+  const int64_t steps_per_epoch = (train_size + batch * world - 1) / (batch * world);
   int64_t evaluated_at = -1;
   auto run_eval = [&] {
     const int64_t step = session.step_count();
@@ -552,12 +588,12 @@ int train(const TrainArgs& args) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - drawing).count();
       ++data_batches;
     };
-    if (device_batches.active()) {
-      const Feeds& feeds = device_batches.batch(index);
+    if (device_batches && device_batches->active()) {
+      const Feeds& feeds = device_batches->batch(index);
       data_done();
       losses.emplace_back(taking, session.step_async(feeds));
     } else {
-      auto [x, y] = batches.batch(index);
+      auto [x, y] = batches ? batches->batch(index) : stream->batch(index);
       if (x.dtype() != input.type.dtype) x = x.cast(input.type.dtype);
       data_done();
       losses.emplace_back(taking, session.step_async(NamedTensors{{input.name, x}, {"labels", y}}));
@@ -596,6 +632,11 @@ int train(const TrainArgs& args) {
       << double(done * batch * world) / seconds << " " << unit << "/s"
       << (world > 1 ? cat(" (", world, " ranks)") : "") << "; loss " << std::setprecision(4)
       << first_loss << " -> " << loss << "\n";
+  if (stream && stream->skipped() > 0)
+    out << "  --data: " << stream->skipped()
+        << (stream->skipped() == 1 ? " image skipped (does not decode"
+                                   : " images skipped (do not decode")
+        << "; the first: " << stream->first_skipped() << ")\n";
   if (settled_at && end > settled) {
     const double steady = std::chrono::duration<double>(finished - *settled_at).count();
     out << "  steady state (steps " << settled + 1 << " to " << end << "): " << std::setprecision(1)
@@ -712,6 +753,18 @@ Command add_train_command(CLI::App& parent) {
                   "default) or nhwc ([N, H, W, C], as numpy image stacks); uint8 images become "
                   "x / 255 normalised with ImageNet's mean and std")
       ->check(CLI::IsMember({"nchw", "nhwc"}));
+  app->add_flag("--augment", args->augment,
+                "Training augmentations for --data's images (a folder or shards): "
+                "torchvision's RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and "
+                "RandomHorizontalFlip, drawn from --seed and each image's place in the run (the "
+                "same seed, the same batches); default: resize and centre crop, as --eval-data");
+  app->add_option("--read-ahead", args->read_ahead,
+                  "Batches of --data's images (a folder or shards) decoded ahead of the step "
+                  "that takes them, on --data-threads threads while the steps run; default 4")
+      ->check(integer_range(1));
+  app->add_option("--data-threads", args->data_threads,
+                  "Threads decoding --data's images; default 0: half the machine's threads")
+      ->check(CLI::Range(0, 1024));
   app->add_flag("--strict-data", args->strict_data,
                 "An image of --data / --eval-data that does not decode is an error naming it "
                 "(default: skipped and counted)");

@@ -104,10 +104,13 @@ DecodedFolder decode_image_shards(const ImageShards& shards, int64_t size, bool 
 void check_dataset(const Dataset& data, const Shape& sample_shape, const Shape& label_shape,
                    int64_t num_classes, const std::string& where);
 
+// The order of epoch `epoch` over a set of n samples: 0 .. n-1 without shuffling; with it, a
+// permutation seeded by (seed, epoch), the same on every platform.
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch);
+
 // Batch i of an endless stream over the set: samples i*B .. i*B+B-1 of the sequence
-// epoch 0, epoch 1, ... (so a batch may wrap around into the next epoch). Without
-// shuffling each epoch is the set in order; with it, a permutation seeded by (seed,
-// epoch). Batch i depends only on i, so a resumed run draws the batches it would have.
+// epoch 0, epoch 1, ... (so a batch may wrap around into the next epoch), each epoch in
+// epoch_order's. Batch i depends only on i, so a resumed run draws the batches it would have.
 class BatchSampler {
  public:
   BatchSampler(const Dataset& data, int64_t batch_size, bool shuffle, uint64_t seed);

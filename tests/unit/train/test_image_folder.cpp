@@ -8,17 +8,21 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 
 #include "fusebox/io/image.h"
 #include "fusebox/train/data.h"
+#include "fusebox/train/image_stream.h"
 #include "testing.h"
+#include "train_test_util.h"
 
 namespace fusebox::testing {
 namespace {
@@ -72,8 +76,10 @@ void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(uint8_t(v >> shift));
 }
 
-// A PNG of one colour, 8-bit RGB, w x h (IHDR, one zlib IDAT of filter-0 rows, IEND).
-std::vector<uint8_t> png_of(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+// A PNG of 8-bit RGB, w x h, pixel (x, y) = rgb(x, y) (IHDR, one zlib IDAT of filter-0 rows,
+// IEND).
+std::vector<uint8_t> png_pattern(int w, int h,
+                                 const std::function<std::array<uint8_t, 3>(int, int)>& rgb) {
   std::vector<uint8_t> out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   auto chunk = [&](const char* type, const std::vector<uint8_t>& data) {
     put_u32(out, uint32_t(data.size()));
@@ -90,7 +96,10 @@ std::vector<uint8_t> png_of(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
   std::vector<uint8_t> raw;
   for (int y = 0; y < h; ++y) {
     raw.push_back(0);
-    for (int x = 0; x < w; ++x) raw.insert(raw.end(), {r, g, b});
+    for (int x = 0; x < w; ++x) {
+      const std::array<uint8_t, 3> p = rgb(x, y);
+      raw.insert(raw.end(), p.begin(), p.end());
+    }
   }
   uLongf size = compressBound(uLong(raw.size()));
   std::vector<uint8_t> z(size);
@@ -99,6 +108,11 @@ std::vector<uint8_t> png_of(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
   chunk("IDAT", z);
   chunk("IEND", {});
   return out;
+}
+
+// A PNG of one colour.
+std::vector<uint8_t> png_of(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+  return png_pattern(w, h, [&](int, int) { return std::array<uint8_t, 3>{r, g, b}; });
 }
 
 void write(const fs::path& path, const std::vector<uint8_t>& bytes) {
@@ -324,12 +338,12 @@ TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
   }
   write(root_ / "blue" / "bad.jpg", {0xff, 0xd8, 0xff, 0x00});
   // `fusebox train small_cnn --data <data>`'s output; its loss falls.
-  auto train_on = [&](const std::string& data) {
+  auto train_on = [&](const std::string& data, const std::string& more = "") {
     const fs::path out = root_ / "stdout.txt";
     const std::string command =
         cat("'", FUSEBOX_TOOL_PATH, "' train small_cnn --data '", data,
-            "' --image-size 16 --batch-size 8 --shuffle --steps 16 --log-every 4 > '", out.string(),
-            "' 2>&1");
+            "' --image-size 16 --batch-size 8 --shuffle --steps 16 --log-every 4 ", more, " > '",
+            out.string(), "' 2>&1");
     const int status = std::system(command.c_str());
     std::stringstream text;
     text << std::ifstream(out).rdbuf();
@@ -344,10 +358,21 @@ TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
     if (!losses.empty()) EXPECT_LT(losses.back(), losses.front() * 0.7) << log;
     return log;
   };
+  // Decoded as the run draws them: the bad file is found then, counted and named at the end.
   const std::string log = train_on(root_.string());
-  EXPECT_NE(log.find("16 images of 2 classes decoded to 3x16x16; 1 skipped"), std::string::npos)
+  EXPECT_NE(log.find("17 images of 2 classes, decoded as drawn to 3x16x16 (4 batches ahead), "
+                     "resize and centre crop"),
+            std::string::npos)
       << log;
+  EXPECT_NE(log.find("--data: 1 image skipped (does not decode; the first: ["), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("bad.jpg]"), std::string::npos) << log;
   EXPECT_NE(log.find("classes: 0=blue 1=red"), std::string::npos) << log;
+  // With the training augmentations (crops of one colour are that colour) it learns too.
+  const std::string augmented =
+      train_on(root_.string(), "--augment --read-ahead 2 --data-threads 1");
+  EXPECT_NE(augmented.find("(2 batches ahead), random-resized-crop and flip"), std::string::npos)
+      << augmented;
 
   // The same kind of images as two tar shards (key.png + key.cls) train the same way.
   std::vector<std::pair<std::string, std::string>> members[2];
@@ -363,8 +388,123 @@ TEST_F(ImageFolderTest, TrainLearnsAFolderOfPngs) {
     std::ofstream((root_ / cat("shard-", k, ".tar")).string(), std::ios::binary)
         << tar_of(members[k]);
   const std::string shards_log = train_on((root_ / "shard-{0..1}.tar").string());
-  EXPECT_NE(shards_log.find("16 images of 2 classes decoded to 3x16x16"), std::string::npos)
+  EXPECT_NE(shards_log.find("16 images of 2 classes, decoded as drawn to 3x16x16"),
+            std::string::npos)
       << shards_log;
+}
+
+// A folder of patterned PNGs of several sizes (2 classes), for the streams below.
+std::shared_ptr<const ImageFolder> patterned_folder(const fs::path& root) {
+  const int sizes[][2] = {{12, 9}, {9, 12}, {10, 10}, {16, 7}, {7, 16}, {11, 13}};
+  for (int i = 0; i < 6; ++i) {
+    const auto [w, h] = sizes[i];
+    write(root / (i % 2 ? "dog" : "cat") / cat("img", i, ".png"),
+          png_pattern(w, h, [&, w = w, h = h](int x, int y) {
+            return std::array<uint8_t, 3>{uint8_t(x * 255 / (w - 1)), uint8_t(y * 255 / (h - 1)),
+                                          uint8_t(40 * i)};
+          }));
+  }
+  return std::make_shared<const ImageFolder>(scan_image_folder(root.string()));
+}
+
+// Without augmentation a stream's batches are the decoded folder's BatchSampler's, bit for bit,
+// whichever batch is asked first.
+TEST_F(ImageFolderTest, StreamWithoutAugmentationIsTheDecodedFoldersBatches) {
+  const auto folder = patterned_folder(root_);
+  const Dataset all = decode_image_folder(*folder, 8, true).data;
+  const BatchSampler sampler(all, 4, true, 5);
+  ImageStream stream(int64_t(folder->files.size()), folder_images(folder), 4, {.size = 8}, true, 5,
+                     true, 2, 2, "test");
+  for (int64_t i : {0, 1, 2, 5, 3, 9}) {  // 3 after 5: asked again after being dropped
+    const auto [x, y] = stream.batch(i);
+    const auto [want_x, want_y] = sampler.batch(i);
+    EXPECT_TRUE(same_bits(x, want_x)) << "batch " << i;
+    EXPECT_TRUE(same_bits(y, want_y)) << "batch " << i;
+  }
+  EXPECT_EQ(stream.skipped(), 0);
+}
+
+// Augmented batches are a function of (index, seed): one thread reading one batch ahead and
+// three threads reading four ahead, asked in other orders, give the same bytes; another seed
+// other ones.
+TEST_F(ImageFolderTest, AugmentedStreamDependsOnlyOnIndexAndSeed) {
+  const auto folder = patterned_folder(root_);
+  const int64_t n = int64_t(folder->files.size());
+  const ImageTransform augment{.size = 8, .augment = true};
+  ImageStream one(n, folder_images(folder), 3, augment, true, 7, true, 1, 1, "one");
+  ImageStream three(n, folder_images(folder), 3, augment, true, 7, true, 4, 3, "three");
+  ImageStream other_seed(n, folder_images(folder), 3, augment, true, 8, true, 1, 1, "other");
+  ImageStream plain(n, folder_images(folder), 3, {.size = 8}, true, 7, true, 1, 1, "plain");
+  std::map<int64_t, Tensor> first;
+  for (int64_t i = 0; i < 6; ++i) first[i] = one.batch(i).first;
+  for (int64_t i : {4, 0, 5, 1, 2, 3}) {
+    const auto [x, y] = three.batch(i);
+    EXPECT_TRUE(same_bits(x, first[i])) << "batch " << i;
+  }
+  EXPECT_FALSE(same_bits(other_seed.batch(0).first, first[0]));
+  EXPECT_FALSE(same_bits(plain.batch(0).first, first[0]));
+  for (int64_t i = 0; i < 6; ++i)  // normalised values of 0..255
+    for (int64_t k = 0; k < first[i].numel(); ++k)
+      ASSERT_TRUE(first[i].get(k) >= -2.2 && first[i].get(k) <= 2.7) << first[i].get(k);
+}
+
+// With the whole image as the box (scale 1, the image's own ratio), an augmented sample is the
+// image itself or its mirror, both of which occur.
+TEST_F(ImageFolderTest, AugmentedStreamFlipsHalfTheImages) {
+  const int w = 8;
+  write(root_ / "a" / "x.png", png_pattern(w, w, [](int x, int y) {
+          return std::array<uint8_t, 3>{uint8_t(30 * x), uint8_t(20 * y), 7};
+        }));
+  const auto folder = std::make_shared<const ImageFolder>(scan_image_folder(root_.string()));
+  const ImageTransform whole{
+      .size = w, .augment = true, .scale_min = 1.0, .ratio_min = 1.0, .ratio_max = 1.0};
+  ImageStream stream(1, folder_images(folder), 16, whole, false, 3, true, 1, 1, "flip");
+  const Tensor x = stream.batch(0).first;
+  int flipped = 0, kept = 0;
+  for (int64_t b = 0; b < 16; ++b) {
+    bool same = true, mirror = true;
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < w; ++y)
+        for (int col = 0; col < w; ++col) {
+          const double v = x.get(((b * 3 + c) * w + y) * w + col);
+          const int xs[2] = {col, w - 1 - col};
+          for (int m = 0; m < 2; ++m) {
+            const double pixel = c == 0 ? 30 * xs[m] : c == 1 ? 20 * y : 7;
+            if (std::abs(v - normalised(c, pixel)) > 1e-5) (m ? mirror : same) = false;
+          }
+        }
+    ASSERT_TRUE(same || mirror) << "sample " << b;
+    flipped += mirror && !same, kept += same;
+  }
+  EXPECT_GT(flipped, 0);
+  EXPECT_GT(kept, 0);
+}
+
+// An image that does not decode is counted once, named, and replaced by the stream's next one
+// (every batch full); with strict it is the batch's Error, naming the file.
+TEST_F(ImageFolderTest, StreamSkipsAnImageThatDoesNotDecode) {
+  write(root_ / "a" / "0.png", png_of(9, 9, 10, 20, 30));
+  std::vector<uint8_t> truncated = png_of(9, 9, 1, 2, 3);
+  truncated.resize(truncated.size() / 2);
+  write(root_ / "a" / "1.png", truncated);
+  write(root_ / "b" / "2.png", png_of(9, 9, 200, 100, 0));
+  const auto folder = std::make_shared<const ImageFolder>(scan_image_folder(root_.string()));
+  ImageStream stream(3, folder_images(folder), 3, {.size = 4}, false, 0, false, 2, 2, "skip");
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto [x, y] = stream.batch(i);
+    for (int64_t b = 0; b < 3; ++b)  // image 1 is image 2 (class b) in every batch
+      EXPECT_EQ(y.get(b), b == 0 ? 0 : 1) << "batch " << i << " sample " << b;
+  }
+  EXPECT_EQ(stream.skipped(), 1);
+  EXPECT_NE(stream.first_skipped().find("1.png"), std::string::npos) << stream.first_skipped();
+  ImageStream strict(3, folder_images(folder), 3, {.size = 4}, false, 0, true, 1, 1, "strict");
+  try {
+    strict.batch(0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--strict-data"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1.png"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
