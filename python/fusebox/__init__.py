@@ -37,8 +37,8 @@ del _cls
 
 __all__ = [
     "DynamicModel", "Error", "Executable", "Loss", "Model", "OutOfMemory",
-    "ShapeCachedExecutable", "SymbolicSpec", "TensorSpec", "Trainer", "__version__", "cli_path",
-    "compile", "cuda_available", "from_torch", "load", "zoo_models",
+    "ShapeCachedExecutable", "SymbolicSpec", "TensorSpec", "Trainer", "__version__", "bench",
+    "cli_path", "compile", "cuda_available", "from_torch", "load", "zoo_models",
 ]
 
 
@@ -95,3 +95,51 @@ def cli_path():
     except ImportError:
         raise Error("[fusebox.cli_path] no fusebox CLI found: set FUSEBOX_CLI to the binary")
     return cli
+
+
+def bench(model, *, mode="infer", device="cpu", precision=None, batch_size=None, steps=None,
+          warmup=None, image_size=None, num_classes=None, optimizer=None, shapes=None,
+          memory_limit=None):
+    """`fusebox bench`'s figures as a dict: the whole model's steps timed as the CLI times them
+    (compile = the first step, then `warmup` untimed and `steps` timed steps; inference or, with
+    mode="train", whole training steps), in a process of its own so that nothing of the caller's
+    (its threads, its GPU work) is in the figures. The keys are the CLI's --json report's:
+    step_ms_median / _min / _max, images_per_s, compile_s, peak_device_bytes, batch, precision,
+    device, commit, ...
+
+    model: a path to an ONNX file, a zoo name ("resnet50"), or a fusebox.Model (written to a
+    temporary ONNX file first). The other arguments are the CLI's options of the same names
+    (None: the CLI's default); shapes: {input name: shape} for symbolic input extents. A
+    refused option or a failed run raises fusebox.Error with the CLI's message."""
+    import json as _json
+    import subprocess as _subprocess
+    import tempfile as _tempfile
+
+    with _tempfile.TemporaryDirectory(prefix="fusebox-bench-") as tmp:
+        if isinstance(model, Model):
+            path = _os.path.join(tmp, "model.onnx")
+            model.save(path)
+        elif isinstance(model, DynamicModel):
+            path = model.path
+        elif isinstance(model, (str, _os.PathLike)):
+            path = _os.fspath(model)
+        else:
+            raise Error(f"[fusebox.bench] model must be a path, a zoo name or a fusebox.Model, "
+                        f"not {type(model).__name__}")
+        report = _os.path.join(tmp, "bench.json")
+        command = [cli_path(), "bench", path, "--mode", mode, "--device", device,
+                   "--json", report]
+        options = {"--precision": precision, "--batch-size": batch_size, "--steps": steps,
+                   "--warmup": warmup, "--image-size": image_size, "--num-classes": num_classes,
+                   "--optimizer": optimizer, "--memory-limit": memory_limit}
+        for option, value in options.items():
+            if value is not None:
+                command += [option, str(value)]
+        for name, shape in (shapes or {}).items():
+            command += ["--shape", f"{name}={','.join(str(int(d)) for d in shape)}"]
+        done = _subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip() or done.stdout.strip())[-4000:]
+            raise Error(f"[fusebox.bench {path}] " + (why or f"exit status {done.returncode}"))
+        with open(report) as f:
+            return _json.load(f)
