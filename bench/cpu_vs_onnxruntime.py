@@ -16,7 +16,7 @@ BF16 / AMX) beside the f32 one; onnxruntime runs the f32 model either way.
 --whole-process N adds the whole process of one inference, start-up included, as a user meets
 it: `fusebox run MODEL --device cpu` against a Python process that imports onnxruntime, makes a
 session and runs it once (its usual front end); median wall time of N processes each, and the
-largest resident memory (the kernel's max RSS of each child).
+largest resident memory (GNU time's max RSS; n/a without /usr/bin/time).
 
 Needs onnxruntime and numpy (scripts/setup.sh puts them in .venv)."""
 import argparse
@@ -88,19 +88,27 @@ s.run(None, feeds)
 """
 
 
+GNU_TIME = "/usr/bin/time"
+
+
 def whole_process(cmd, runs):
-    """Median wall seconds of `runs` processes of cmd, and the largest max RSS (MiB) among them."""
-    walls, rss = [], 0
+    """Median wall seconds of `runs` processes of cmd, and the largest max RSS (MiB) among them
+    (None without GNU time). The RSS is GNU time's: a child forked from this process would
+    count this process's own resident pages (this benchmark's onnxruntime sessions) in its
+    ru_maxrss, which survives the exec; time's child is forked from time, a small process."""
+    walls, rss = [], None
+    timed = os.access(GNU_TIME, os.X_OK)
     for _ in range(runs):
         start = time.perf_counter()
-        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(child.pid, 0)
+        done = subprocess.run(([GNU_TIME, "-f", "fusebox-max-rss-kib %M"] if timed else []) + cmd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         walls.append(time.perf_counter() - start)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({child.returncode}):\n"
-                               f"{child.stderr.read().decode()[-2000:]}")
-        rss = max(rss, usage.ru_maxrss / 1024)  # KiB on Linux
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n"
+                               f"{done.stderr[-2000:]}")
+        for line in done.stderr.splitlines():
+            if line.startswith("fusebox-max-rss-kib "):
+                rss = max(rss or 0, int(line.split()[1]) / 1024)
     return statistics.median(walls), rss
 
 
@@ -170,6 +178,9 @@ def main():
         print(f"{r['model']:<20}{r['batch']:>6}{r['fast_ms']:>10.1f}{ref:>10}"
               f"{r['onnxruntime_ms']:>10.1f}{r['fast_vs_onnxruntime']:>9.2f}x{r['fast_nodes']:>14}"
               f"{bf16}")
+    def mib(v):
+        return "n/a" if v is None else f"{v:.0f}"
+
     if any("process_s" in r for r in rows):
         print(f"\nwhole process (one inference, start-up included): median s, max RSS MiB\n"
               f"{'model':<20}{'batch':>6}{'fusebox s':>11}{'ort s':>9}{'ort/fb':>8}"
@@ -178,7 +189,7 @@ def main():
             if "process_s" in r:
                 print(f"{r['model']:<20}{r['batch']:>6}{r['process_s']:>11.3f}"
                       f"{r['onnxruntime_process_s']:>9.3f}{r['process_vs_onnxruntime']:>7.2f}x"
-                      f"{r['process_rss_mib']:>13.0f}{r['onnxruntime_process_rss_mib']:>9.0f}")
+                      f"{mib(r['process_rss_mib']):>13}{mib(r['onnxruntime_process_rss_mib']):>9}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"schema_version": 1, "bench": "cpu_vs_onnxruntime", "rows": rows}, f,

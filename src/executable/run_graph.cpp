@@ -12,6 +12,7 @@
 #include "backends/cuda/runtime/check.h"
 #include "backends/cuda/runtime/device.h"
 #include "executable/executables.h"
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/runtime/executable.h"
 
 namespace fusebox {
@@ -69,8 +70,15 @@ std::unique_ptr<Executable> Executable::compile(const Graph& graph, const Compil
     FUSEBOX_CHECK(cuda_available(), "run " + graph.name(),
                   "no CUDA device is available on this machine; use --device cpu");
   std::optional<Graph> prepared;
-  if (options.pipeline.kind != PipelineKind::none)
-    prepared = prepare_graph(graph, options.pipeline);
+  if (options.pipeline.kind != PipelineKind::none) {
+    PipelineOptions pipeline = options.pipeline;
+    // The CPU's fast kernels run f32 attention on oneDNN (fused: the scores written and read
+    // once); the GPU's f32 products are faster unfused, on cuBLASLt.
+    pipeline.fusion.f32_attention = options.device == Device::cpu &&
+                                    options.cpu_kernels == CpuKernels::fast &&
+                                    cpu_fast::built_with_onednn();
+    prepared = prepare_graph(graph, pipeline);
+  }
   const Graph& g = prepared ? *prepared : graph;
   return options.device == Device::cuda ? runtime::compile_cuda(g, options)
                                         : runtime::compile_cpu(g, options);

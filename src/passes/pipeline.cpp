@@ -32,9 +32,10 @@ Pass pad_columns() {
           [](Graph& g, FusionLog* log) { return pad_product_columns(g, log); }};
 }
 
-Pass attention(bool training) {
-  return {training ? "fuse_attention (training)" : "fuse_attention",
-          [training](Graph& g, FusionLog* log) { return fuse_attention(g, log, training); }};
+Pass attention(bool training, bool f32 = false) {
+  return {
+      training ? "fuse_attention (training)" : "fuse_attention",
+      [training, f32](Graph& g, FusionLog* log) { return fuse_attention(g, log, training, f32); }};
 }
 
 // What a pass must leave as it found it: the graph's inputs and outputs, by name and type.
@@ -95,7 +96,7 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   add(fusion.conv_epilogue, pass("fuse_conv_epilogues", fuse_conv_epilogues));
   add(fusion.conv_epilogue, pass("fuse_gemm_epilogues", fuse_gemm_epilogues));
   // Before the pointwise chains, which would take the scale and the casts around the softmax.
-  add(fusion.attention, attention(/*training=*/false));
+  add(fusion.attention, attention(/*training=*/false, fusion.f32_attention));
   // The batch norms the folding left (not after a conv); the residual first, which takes the
   // relu after the add too.
   add(fusion.batch_norm, pass("fuse_batch_norm_residual", fuse_batch_norm_residual));

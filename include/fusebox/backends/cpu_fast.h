@@ -12,7 +12,7 @@
 // the fused activation), matmul (rank 2-4, batch broadcast), max/average/global average
 // pooling (no indices), unary activations (relu, gelu, sigmoid, tanh, silu), add / sub / mul /
 // div (a broadcast second operand, or first for add and mul), layer norm
-// (inference: statistics unread), attention (inference, no causal mask), in f32 or, where
+// (inference: statistics unread), attention (inference, causal or not), in f32 or, where
 // the CPU computes in them, bf16 / f16; softmax and log-softmax in f32; fused_pointwise
 // programs of f32, bf16 and f16 values.
 #pragma once

@@ -131,9 +131,10 @@ size_t form_linears(Graph& g, FusionLog* log = nullptr);
 // [.., Tq, Tk] scores and probabilities are otherwise written and read four times (ViT-B/16:
 // 30M elements a layer at batch 64) and the softmax runs in f32 between casts. `training`:
 // the nodes also output lse (AttentionAttrs::with_lse), which their gradient rule reads; run
-// it on the forward graph before autodiff (the training forward pipeline does). Returns the
-// number fused.
-size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false);
+// it on the forward graph before autodiff (the training forward pipeline does). `f32`: f32
+// chains fuse too (the CPU's fast kernels run them on oneDNN; on the GPU an f32 chain's products
+// are faster on cuBLASLt, unfused). Returns the number fused.
+size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false, bool f32 = false);
 
 // fold_norm_casts: a layer_norm / rms_norm computed in f32 between casts, as mixed precision
 // leaves it (the norms are on autocast's f32 list, the products around them in bf16/f16):
@@ -156,13 +157,16 @@ struct InferenceFusionOptions {
   bool batch_norm = true;     // fuse_batch_norm_residual, fuse_batch_norm_relu
   bool pointwise = true;      // fuse_pointwise_chains
   bool attention = true;      // fuse_attention
-  bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
-  bool norm_casts = true;     // fold_norm_casts
-  bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
-  bool gelu = true;           // recognize_gelu (passes/simplify.h)
+  // fuse_attention takes f32 chains too: set by Executable::compile for the CPU's fast kernels
+  // (oneDNN's attention kernel), not for the GPU (cuBLASLt's f32 products beat a fused one).
+  bool f32_attention = false;
+  bool identity_ops = true;  // remove_identity_ops (passes/simplify.h)
+  bool norm_casts = true;    // fold_norm_casts
+  bool hoist_casts = true;   // hoist_narrowing_casts (passes/simplify.h)
+  bool gelu = true;          // recognize_gelu (passes/simplify.h)
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {
-    return {false, false, false, false, false, false, false, false, false};
+    return {false, false, false, false, false, false, false, false, false, false};
   }
 };
 

@@ -19,8 +19,9 @@
 // its bias after the scale). This covers
 // the zoo's ViT (scale after the product) and PyTorch's exported scaled_dot_product_attention
 // (sqrt(scale) on q and on k^T). q, k, v and y must share one dtype, bf16 or f16: what cuDNN's
-// fused attention takes. An f32 chain stays as it is: its products run on cuBLASLt (TF32),
-// far faster than a fused kernel on CUDA cores would. In training graphs the node also
+// fused attention takes. An f32 chain stays as it is (its products run on cuBLASLt, TF32, far
+// faster than a fused kernel on CUDA cores would), unless asked (`f32`: the CPU's oneDNN
+// attention kernel takes f32). In training graphs the node also
 // outputs lse for its gradient rule (passes/autodiff/vjp_norm.cpp). A transpose on the scores'
 // right operand that also splits the heads (perm [0, 2, 3, 1] from k [B, T, H, d], as exporters
 // fold permute + transpose) is first split into the head split and the swap; Swin's shifted
@@ -130,7 +131,7 @@ Operand walk_operand(const Graph& g, const Readers& r, ValueId v) {
 // Matches the pattern at a softmax; fills `t` and the scale. Nodes are the graph's.
 class Matcher {
  public:
-  Matcher(const Graph& g, const Readers& r) : g_(g), r_(r) {}
+  Matcher(const Graph& g, const Readers& r, bool f32) : g_(g), r_(r), f32_(f32) {}
 
   bool match(const Node& softmax, Takeover& t, AttentionAttrs& attrs,
              std::vector<std::string>& ops) {
@@ -214,9 +215,9 @@ class Matcher {
     // (no broadcasting), y's dtype q's.
     const TensorType &tq = g_.value(q).type, &tk = g_.value(k).type, &tv = g_.value(values).type,
                      &ty = g_.value(product->outputs[0]).type;
-    if ((tq.dtype != DType::bf16 && tq.dtype != DType::f16) || tk.dtype != tq.dtype ||
-        tv.dtype != tq.dtype || ty.dtype != tq.dtype || tq.shape.size() != rank ||
-        tk.shape.size() != rank || tv.shape.size() != rank)
+    if ((tq.dtype != DType::bf16 && tq.dtype != DType::f16 && !(f32_ && tq.dtype == DType::f32)) ||
+        tk.dtype != tq.dtype || tv.dtype != tq.dtype || ty.dtype != tq.dtype ||
+        tq.shape.size() != rank || tk.shape.size() != rank || tv.shape.size() != rank)
       return false;
     for (size_t d = 0; d + 2 < rank; ++d)
       if (tk.shape[d] != tq.shape[d] || tv.shape[d] != tq.shape[d]) return false;
@@ -263,6 +264,7 @@ class Matcher {
 
   const Graph& g_;
   const Readers& r_;
+  bool f32_;  // f32 chains fuse too
   std::vector<NodeId> replaced_;
 };
 
@@ -595,7 +597,7 @@ size_t merge_window_heads(Graph& g, std::optional<Graph>& original) {
 
 }  // namespace
 
-size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
+size_t fuse_attention(Graph& g, FusionLog* log, bool training, bool f32) {
   // The split and the merged windows are undone when nothing fuses (a graph without attention
   // is left as it was); a split transpose whose chain does not fuse while others do stays
   // split.
@@ -605,7 +607,7 @@ size_t fuse_attention(Graph& g, FusionLog* log, bool training) {
   const Readers r(g);
   std::vector<Takeover> takeover(g.nodes().size());
   size_t count = 0;
-  Matcher m(g, r);
+  Matcher m(g, r, f32);
   for (const Node& n : g.nodes()) {
     if (n.op != OpKind::softmax) continue;
     Takeover t;

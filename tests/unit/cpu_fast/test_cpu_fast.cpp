@@ -397,7 +397,8 @@ TEST(CpuFast, TransposesAndSlicesMatchTheReference) {
 }
 
 // Inference attention on oneDNN (scores, softmax, product), with and without an additive
-// bias broadcast over the batch, rank 4 and 3; a causal one stays on the reference kernels.
+// bias broadcast over the batch, rank 4 and 3; causal ones (a constant 0 / -inf post-op), with
+// and without a bias, Tq < Tk.
 TEST(CpuFast, AttentionMatchesTheReference) {
   REQUIRE_ONEDNN();
   Graph g("attention");
@@ -413,13 +414,16 @@ TEST(CpuFast, AttentionMatchesTheReference) {
       g.add_node(OpKind::attention, AttentionAttrs{.scale = 0.25}, {q3, q3, q3}, "self")[0]);
   g.mark_output(g.add_node(OpKind::attention, AttentionAttrs{.scale = 0.25, .causal = true},
                            {q3, q3, q3}, "causal")[0]);
+  // Causal with a bias, fewer queries than keys (top-left aligned: key j > query i out).
+  g.mark_output(g.add_node(OpKind::attention, AttentionAttrs{.scale = 0.35, .causal = true},
+                           {q, k, v, bias}, "causal_biased")[0]);
   expect_fast_matches_reference(g,
                                 {{"q", random_tensor(DType::f32, {2, 3, 5, 8}, 1, -2, 2)},
                                  {"k", random_tensor(DType::f32, {2, 3, 7, 8}, 2, -2, 2)},
                                  {"v", random_tensor(DType::f32, {2, 3, 7, 4}, 3)},
                                  {"bias", random_tensor(DType::f32, {1, 3, 5, 7}, 4, -3, 0)},
                                  {"q3", random_tensor(DType::f32, {4, 6, 16}, 5)}},
-                                3);
+                                5);
 }
 
 // What oneDNN does not take (here: f64, gemm's alpha 2, a full C) runs on the reference

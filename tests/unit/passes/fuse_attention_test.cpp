@@ -9,10 +9,13 @@
 // tests/unit/cuda/kernels/test_ops_attention.cpp.
 #include <cmath>
 
+#include "fusebox/backends/cpu_fast.h"
 #include "fusebox/backends/cuda.h"
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/passes/fusion.h"
 #include "fusebox/passes/pipeline.h"
+#include "fusebox/runtime/executable.h"
+#include "fusebox/runtime/executor.h"
 #include "fusebox/zoo.h"
 #include "testing.h"
 
@@ -76,6 +79,51 @@ TEST(FuseAttention, ZooGpt2FusesEveryLayerAsCausal) {
   }
   EXPECT_TRUE(all_close(run_graph(fused, feeds).at("logits"), run_graph(plain, feeds).at("logits"),
                         3e-2, 3e-2));
+}
+
+// f32 chains fuse where asked (InferenceFusionOptions::f32_attention: the CPU's fast kernels,
+// set by Executable::compile): the zoo's ViT and its causal decoder, computing what the chains
+// compute; on the CPU's fast kernels every attention node runs on oneDNN.
+TEST(FuseAttention, F32ChainsFuseWhereAsked) {
+  struct Case {
+    const char* model;
+    ZooOptions options;
+    NamedTensors feeds;
+    bool causal;
+  };
+  const Case cases[] = {
+      {"vit_test",
+       {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 4},
+       {{"input", random_tensor(DType::f32, {2, 3, 32, 32}, 5)}},
+       false},
+      {"gpt2_test",
+       {.batch = 2, .seed = 4, .sequence_length = 16},
+       {{"input", random_tensor(DType::i64, {2, 16}, 5, 0, 128)}},
+       true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.model);
+    const Graph model = build_zoo_model(c.model, c.options);
+    InferenceFusionOptions f32;
+    f32.f32_attention = true;
+    const Graph fused = prepare_graph(model, {.kind = PipelineKind::inference, .fusion = f32});
+    const Graph plain = prepare_graph(model, {.kind = PipelineKind::inference});
+    EXPECT_EQ(count_op(plain, OpKind::attention), 0u);  // not asked: f32 chains stay
+    EXPECT_EQ(count_op(fused, OpKind::attention), 2u);
+    EXPECT_EQ(count_op(fused, OpKind::softmax), 0u);
+    for (const Node& n : fused.nodes())
+      if (n.op == OpKind::attention) EXPECT_EQ(std::get<AttentionAttrs>(n.attrs).causal, c.causal);
+    const Tensor want = run_graph(plain, c.feeds).at("logits");
+    EXPECT_TRUE(all_close(run_graph(fused, c.feeds).at("logits"), want, 1e-4, 1e-5));
+    if (!cpu_fast::built_with_onednn()) continue;
+    auto exe = Executable::compile(model, {.device = Device::cpu,
+                                           .cpu_kernels = CpuKernels::fast,
+                                           .pipeline = {.kind = PipelineKind::inference}});
+    EXPECT_EQ(count_op(exe->graph(), OpKind::attention), 2u);
+    EXPECT_NE(exe->stats().fast_summary.find("attention: 2 fast"), std::string::npos)
+        << exe->stats().fast_summary;
+    EXPECT_TRUE(all_close(exe->run(c.feeds).at("logits"), want, 1e-3, 1e-4));
+  }
 }
 
 // q [B, H, T, d], k, v: PyTorch's exported scaled_dot_product_attention multiplies q and k^T
