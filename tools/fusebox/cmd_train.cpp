@@ -347,6 +347,15 @@ int train(const TrainArgs& args) {
     images = image_set(args.data);
     if (!images) data = load_dataset(args.data, layout);
   }
+  // The stream's options would change nothing for an in-memory set: refused, not ignored.
+  if (!images) {
+    for (const char* option : {"--augment", "--read-ahead", "--data-threads"})
+      if (args.given(option))
+        throw UsageError(cat(option,
+                             " applies to --data as a folder of images or tar shards (decoded "
+                             "as the run draws them), not to ",
+                             args.synthetic ? "--synthetic" : "an .npz set"));
+  }
   if (!args.eval_data.empty()) {
     eval_images = image_set(args.eval_data);
     if (!eval_images) eval_data = load_dataset(args.eval_data, layout);
