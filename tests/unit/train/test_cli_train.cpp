@@ -522,20 +522,24 @@ TEST_F(CliTrain, DataParallelRefusalsNameWhatIsWrong) {
   EXPECT_TRUE(contains(r.err, "data-parallel training runs on CUDA")) << r.err;
   r = train(cat(kSmall, " --steps 1 --reduce-dtype f16"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  // The image stream's options without images to stream: refused, naming the option.
-  for (const char* option : {"--augment", "--read-ahead 2", "--data-threads 1"}) {
-    r = train(cat(kSmall, " --steps 1 ", option));
-    EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_TRUE(contains(r.err, std::string(option).substr(0, std::string(option).find(' ')) +
-                                    " applies to --data as a folder of images or tar shards"))
-        << r.err;
-  }
   // The data-parallel options in one process: refused, naming the option.
   for (const char* option : {"--sync-bn", "--bucket-mb 4", "--reduce-dtype bf16"}) {
     r = train(cat(kSmall, " --steps 1 ", option));
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, std::string(option).substr(0, std::string(option).find(' ')) +
                                     " applies to data-parallel runs"))
+        << r.err;
+  }
+}
+
+// The image stream's options (train/image_stream.h) without images to stream: refused, naming
+// the option.
+TEST_F(CliTrain, StreamOptionsWithoutImagesAreRefused) {
+  for (const char* option : {"--augment", "--read-ahead 2", "--data-threads 1"}) {
+    const ToolResult r = train(cat(kSmall, " --steps 1 ", option));
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, std::string(option).substr(0, std::string(option).find(' ')) +
+                                    " applies to --data as a folder of images or tar shards"))
         << r.err;
   }
 }
