@@ -37,11 +37,6 @@ Taps taps(int64_t o, int64_t offset, double scale, int64_t extent) {
   return {lo, std::min(lo + 1, extent - 1), float(c - double(lo))};
 }
 
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  const std::string text = read_file(path);
-  return {text.begin(), text.end()};
-}
-
 // out [3, rows, cols]: pixel (y, x) the bilinear sample of `image` between its rows rows[y] and
 // columns cols[x] (each pair of taps and its weight, precomputed once per row and column),
 // normalised as ImageNet's.
@@ -184,12 +179,14 @@ DecodedFolder decode_labelled_images(int64_t n, const std::function<LabelledImag
 
 DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool strict) {
   return decode_labelled_images(
-      int64_t(folder.files.size()),
-      [&](int64_t i) {
-        const auto& [path, label] = folder.files[size_t(i)];
-        return LabelledImage{path, file_bytes(path), label};
-      },
-      size, strict, "image folder " + folder.dir);
+      int64_t(folder.files.size()), [&](int64_t i) { return folder_image(folder, i); }, size,
+      strict, "image folder " + folder.dir);
+}
+
+LabelledImage folder_image(const ImageFolder& folder, int64_t i) {
+  const auto& [path, label] = folder.files.at(size_t(i));
+  const std::string text = read_file(path);
+  return LabelledImage{path, std::vector<uint8_t>(text.begin(), text.end()), label};
 }
 
 }  // namespace fusebox

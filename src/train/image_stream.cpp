@@ -22,7 +22,6 @@
 
 #include "fusebox/core/error.h"
 #include "fusebox/io/image.h"
-#include "fusebox/io/tensor_file.h"
 #include "train/labelled_images.h"
 #include "zoo/layers.h"
 
@@ -248,11 +247,7 @@ std::string ImageStream::first_skipped() const {
 }
 
 std::function<LabelledImage(int64_t)> folder_images(std::shared_ptr<const ImageFolder> folder) {
-  return [folder = std::move(folder)](int64_t i) {
-    const auto& [path, label] = folder->files.at(size_t(i));
-    const std::string text = read_file(path);
-    return LabelledImage{path, std::vector<uint8_t>(text.begin(), text.end()), label};
-  };
+  return [folder = std::move(folder)](int64_t i) { return folder_image(*folder, i); };
 }
 
 std::function<LabelledImage(int64_t)> shard_images(std::shared_ptr<const ImageShards> shards) {

@@ -11,6 +11,9 @@
 
 namespace fusebox {
 
+// Image i of a folder, its file read now (image_folder.cpp).
+LabelledImage folder_image(const ImageFolder& folder, int64_t i);
+
 // torchvision's Resize(size) + CenterCrop(size) of `image` (bilinear, no antialiasing), then
 // ImageNet's normalisation, into out [3, size, size] (image_folder.cpp).
 void resize_crop_normalise(const DecodedImage& image, int64_t size, float* out);

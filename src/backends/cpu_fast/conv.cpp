@@ -181,20 +181,48 @@ class ConvBackwardKernel final : public Kernel {
   Operand out_;
 };
 
-// The forward a backward primitive belongs to (oneDNN's hint), on "any" layouts.
-dnnl::convolution_forward::primitive_desc training_forward(const Geometry& geo,
-                                                           const memory::desc& x,
-                                                           const memory::desc& w,
-                                                           const memory::desc& y) {
-  return dnnl::convolution_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_training,
-                                                   dnnl::algorithm::convolution_direct, x, w, y,
-                                                   geo.strides, geo.dilates, geo.pad_l, geo.pad_r);
-}
+// What both backward planners share: the convolution (x, w, y) they differentiate, refused or
+// described for oneDNN: its geometry, each operand "any" (oneDNN's layout) and plain (the
+// tensor the executable holds), and the forward oneDNN asks for as the hint.
+struct BackwardProblem {
+  Geometry geo;
+  memory::desc x_any, w_any, y_any, x_plain, w_plain, y_plain;
+  dnnl::convolution_forward::primitive_desc forward;
+};
 
-// What a backward node's ConvAttrs may carry for oneDNN: the convolution alone.
-std::string epilogue_refusal(const ConvAttrs& a) {
-  if (a.activation || a.residual_activation) return "a fused activation on a backward convolution";
-  return "";
+// x, w, y: the forward's operands as this node has them (dx or x, w or dw, dy); nullopt with
+// `why` where oneDNN cannot take them.
+std::optional<BackwardProblem> backward_problem(const Graph& g, const ConvAttrs& a, ValueId x,
+                                                ValueId w, ValueId y, std::string& why) {
+  why = dtype_refusal(g, {x, w, y});
+  if (why.empty() && (a.activation || a.residual_activation))
+    why = "a fused activation on a backward convolution";
+  if (!why.empty()) return std::nullopt;
+  const Shape &xs = g.value(x).type.shape, &ws = g.value(w).type.shape, &ys = g.value(y).type.shape;
+  const size_t spatial = xs.size() - 2;
+  if (spatial < 1 || spatial > 3) {
+    why = cat(spatial, " spatial dims (oneDNN takes 1 to 3)");
+    return std::nullopt;
+  }
+  const DType dtype = g.value(x).type.dtype;
+  const memory::data_type type = *data_type_of(dtype);
+  const auto any = memory::format_tag::any;
+  BackwardProblem p{geometry_of(a, ws, spatial), {}, {}, {}, {}, {}, {}, {}};
+  p.x_any = memory::desc(dims_of(xs), type, any);
+  p.w_any = memory::desc(p.geo.w_dims, type, any);
+  p.y_any = memory::desc(dims_of(ys), type, any);
+  p.x_plain = plain_desc(dims_of(xs), dtype);
+  p.w_plain = plain_desc(p.geo.w_dims, dtype);
+  p.y_plain = plain_desc(dims_of(ys), dtype);
+  try {
+    p.forward = dnnl::convolution_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+        p.x_any, p.w_any, p.y_any, p.geo.strides, p.geo.dilates, p.geo.pad_l, p.geo.pad_r);
+  } catch (const dnnl::error& e) {
+    why = cat("oneDNN has no convolution for it (", e.what(), ")");
+    return std::nullopt;
+  }
+  return p;
 }
 
 }  // namespace
@@ -203,71 +231,48 @@ Planned plan_conv_backward_data(const Graph& g, const Node& n) {
   const auto& a = std::get<ConvBackwardDataAttrs>(n.attrs);
   if (n.inputs.size() > 2 && n.inputs[2] != kNoValue)
     return {nullptr, "a bias (a ConvTranspose's): the reference adds it"};
-  const ValueId dy = n.inputs[0], w = n.inputs[1], dx = n.outputs[0];
-  if (std::string why = dtype_refusal(g, {dy, w, dx}); !why.empty()) return {nullptr, why};
-  if (std::string why = epilogue_refusal(a.conv); !why.empty()) return {nullptr, why};
-  const Shape &ys = g.value(dy).type.shape, &ws = g.value(w).type.shape,
-              &xs = g.value(dx).type.shape;
-  const size_t spatial = xs.size() - 2;
-  if (spatial < 1 || spatial > 3)
-    return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
-  const Geometry geo = geometry_of(a.conv, ws, spatial);
-  const DType dtype = g.value(dy).type.dtype;
-  const memory::data_type type = *data_type_of(dtype);
-  const auto any = memory::format_tag::any;
-  const memory::desc x_any(dims_of(xs), type, any), w_any(geo.w_dims, type, any),
-      y_any(dims_of(ys), type, any);
+  std::string why;
+  const std::optional<BackwardProblem> p =
+      backward_problem(g, a.conv, n.outputs[0], n.inputs[1], n.inputs[0], why);
+  if (!p) return {nullptr, why};
   dnnl::convolution_backward_data::primitive_desc pd;
   try {
     pd = dnnl::convolution_backward_data::primitive_desc(
-        cpu_engine(), dnnl::algorithm::convolution_direct, x_any, w_any, y_any, geo.strides,
-        geo.dilates, geo.pad_l, geo.pad_r, training_forward(geo, x_any, w_any, y_any));
+        cpu_engine(), dnnl::algorithm::convolution_direct, p->x_any, p->w_any, p->y_any,
+        p->geo.strides, p->geo.dilates, p->geo.pad_l, p->geo.pad_r, p->forward);
   } catch (const dnnl::error& e) {
     return {nullptr, cat("oneDNN has no backward-data convolution for it (", e.what(), ")")};
   }
   return {std::make_unique<ConvBackwardKernel>(
               dnnl::convolution_backward_data(pd),
               cat("oneDNN conv backward data ", implementation(pd)),
-              std::vector<Operand>{
-                  {DNNL_ARG_DIFF_DST, plain_desc(dims_of(ys), dtype), pd.diff_dst_desc()},
-                  {DNNL_ARG_WEIGHTS, plain_desc(geo.w_dims, dtype), pd.weights_desc()}},
-              Operand{DNNL_ARG_DIFF_SRC, plain_desc(dims_of(xs), dtype), pd.diff_src_desc()}),
+              std::vector<Operand>{{DNNL_ARG_DIFF_DST, p->y_plain, pd.diff_dst_desc()},
+                                   {DNNL_ARG_WEIGHTS, p->w_plain, pd.weights_desc()}},
+              Operand{DNNL_ARG_DIFF_SRC, p->x_plain, pd.diff_src_desc()}),
           ""};
 }
 
 Planned plan_conv_backward_filter(const Graph& g, const Node& n) {
   const auto& a = std::get<ConvBackwardFilterAttrs>(n.attrs);
-  const ValueId x = n.inputs[0], dy = n.inputs[1], dw = n.outputs[0];
-  if (std::string why = dtype_refusal(g, {x, dy, dw}); !why.empty()) return {nullptr, why};
-  if (std::string why = epilogue_refusal(a.conv); !why.empty()) return {nullptr, why};
-  const Shape &xs = g.value(x).type.shape, &ys = g.value(dy).type.shape,
-              &ws = g.value(dw).type.shape;
-  const size_t spatial = xs.size() - 2;
-  if (spatial < 1 || spatial > 3)
-    return {nullptr, cat(spatial, " spatial dims (oneDNN takes 1 to 3)")};
-  const Geometry geo = geometry_of(a.conv, ws, spatial);
-  const DType dtype = g.value(x).type.dtype;
-  const memory::data_type type = *data_type_of(dtype);
-  const auto any = memory::format_tag::any;
-  const memory::desc x_any(dims_of(xs), type, any), w_any(geo.w_dims, type, any),
-      y_any(dims_of(ys), type, any);
+  std::string why;
+  const std::optional<BackwardProblem> p =
+      backward_problem(g, a.conv, n.inputs[0], n.outputs[0], n.inputs[1], why);
+  if (!p) return {nullptr, why};
   dnnl::convolution_backward_weights::primitive_desc pd;
   try {
     pd = dnnl::convolution_backward_weights::primitive_desc(
-        cpu_engine(), dnnl::algorithm::convolution_direct, x_any, w_any, y_any, geo.strides,
-        geo.dilates, geo.pad_l, geo.pad_r, training_forward(geo, x_any, w_any, y_any));
+        cpu_engine(), dnnl::algorithm::convolution_direct, p->x_any, p->w_any, p->y_any,
+        p->geo.strides, p->geo.dilates, p->geo.pad_l, p->geo.pad_r, p->forward);
   } catch (const dnnl::error& e) {
     return {nullptr, cat("oneDNN has no backward-weights convolution for it (", e.what(), ")")};
   }
-  return {
-      std::make_unique<ConvBackwardKernel>(
-          dnnl::convolution_backward_weights(pd),
-          cat("oneDNN conv backward weights ", implementation(pd)),
-          std::vector<Operand>{
-              {DNNL_ARG_SRC, plain_desc(dims_of(xs), dtype), pd.src_desc()},
-              {DNNL_ARG_DIFF_DST, plain_desc(dims_of(ys), dtype), pd.diff_dst_desc()}},
-          Operand{DNNL_ARG_DIFF_WEIGHTS, plain_desc(geo.w_dims, dtype), pd.diff_weights_desc()}),
-      ""};
+  return {std::make_unique<ConvBackwardKernel>(
+              dnnl::convolution_backward_weights(pd),
+              cat("oneDNN conv backward weights ", implementation(pd)),
+              std::vector<Operand>{{DNNL_ARG_SRC, p->x_plain, pd.src_desc()},
+                                   {DNNL_ARG_DIFF_DST, p->y_plain, pd.diff_dst_desc()}},
+              Operand{DNNL_ARG_DIFF_WEIGHTS, p->w_plain, pd.diff_weights_desc()}),
+          ""};
 }
 
 Planned plan_conv(const Graph& g, const Node& n) {
