@@ -31,6 +31,10 @@ std::optional<OpExample> tiny_example(OpKind op) {
       return OpExample{
           BatchNormAttrs{.training = true},
           {uniform({2, 3, 4}), uniform({3}), uniform({3}), uniform({3}), uniform({3}, 0.5, 1.5)}};
+    case OpKind::batch_norm_apply:
+      return OpExample{
+          BatchNormAttrs{.relu = true},
+          {uniform({2, 3, 4}), uniform({3}), uniform({3}), uniform({3}), uniform({3}, 0.5, 1.5)}};
     case OpKind::layer_norm:
       return OpExample{NormAttrs{}, {uniform({2, 3}), uniform({3}), uniform({3})}};
     case OpKind::rms_norm:

@@ -222,6 +222,8 @@ std::vector<TensorType> infer_and_normalize(Node& node,
       return infer_conv_backward_filter(c);
     case OpKind::batch_norm:
       return infer_batch_norm(c);
+    case OpKind::batch_norm_apply:
+      return infer_batch_norm_apply(c);
     case OpKind::layer_norm:
     case OpKind::rms_norm:
       return infer_layer_norm(c);

@@ -114,6 +114,7 @@ Types infer_attention_backward(Context& c);
 
 // infer_norm.cpp
 Types infer_batch_norm(Context& c);
+Types infer_batch_norm_apply(Context& c);
 Types infer_layer_norm(Context& c);  // layer_norm, rms_norm
 Types infer_cross_entropy(Context& c);
 

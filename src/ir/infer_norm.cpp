@@ -65,6 +65,18 @@ Types infer_batch_norm(Context& c) {
   return {c.type(0), per_channel, per_channel, per_channel, per_channel};
 }
 
+// batch_norm_apply: x [N, C, D...] with scale, bias, saved_mean, saved_inv_std all [C], as
+// batch_norm's per-channel inputs; y has x's type.
+Types infer_batch_norm_apply(Context& c) {
+  c.expect_float(0);
+  c.expect_rank_between(0, 2, kAnyRank, "[N, C, D...]");
+  const Shape& x = c.shape(0);
+  for (int i = 1; i <= 4; ++i)
+    c.expect_shape(i, {x[1]}, cat("([C], one per channel of x ", shape_str(x), ")"));
+  expect_channel_params(c, 0, 1, 4);
+  return {c.type(0)};
+}
+
 // layer_norm: x, scale?, bias? normalised over dims [axis, rank); scale and bias
 // broadcast (one way) to those dims. Outputs y, mean, inv_std_dev; the statistics
 // keep x's shape with the normalised dims set to 1, in f32 (f64 for f64 x), as

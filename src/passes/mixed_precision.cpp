@@ -96,6 +96,7 @@ AutocastRule autocast_rule(OpKind op) {
     // On no list: cuDNN's and fusebox's kernels take low-precision x with f32 parameters
     // and statistics, which keeps the running statistics f32.
     case OpKind::batch_norm:
+    case OpKind::batch_norm_apply:
       return AutocastRule::batch_norm;
     // On no list (so they run in their inputs' dtype), or the promote list (binary ops of
     // mixed dtypes run in the widest). Their kernels compute in f32 whatever the storage.

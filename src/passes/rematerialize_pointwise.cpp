@@ -17,6 +17,18 @@ namespace {
 
 constexpr int kMaxRounds = 32;
 
+// A training batch_norm whose y (output 0) batch_norm_apply computes again bit for bit: its
+// saved statistics are outputs (3 and 4) stored in x's compute type and no residual is fused
+// (y would need it too). Synchronized norms are left alone: their y would be as exact (the
+// saved statistics are every rank's), but no data-parallel test covers the copy.
+bool recomputable_batch_norm(const Graph& g, const Node& n) {
+  if (n.op != OpKind::batch_norm || n.outputs.size() < 5) return false;
+  const auto& a = std::get<BatchNormAttrs>(n.attrs);
+  if (!a.training || a.sync || (n.inputs.size() > 5 && n.inputs[5] != kNoValue)) return false;
+  const DType x = g.value(n.inputs[0]).type.dtype, param = g.value(n.inputs[1]).type.dtype;
+  return is_floating(x) && param == (x == DType::f64 ? DType::f64 : DType::f32);
+}
+
 double bytes(const Graph& g, ValueId v) {
   const TensorType& t = g.value(v).type;
   return double(numel(t.shape)) * double(dtype_size(t.dtype));
@@ -42,6 +54,7 @@ class Planner {
     for (const auto& [v, tensor] : g.constants()) pinned_[size_t(v)] = true;
   }
 
+  // v: the output of an elementwise op or a recomputable batch norm's y.
   std::optional<Plan> plan(ValueId v) const {
     const std::vector<NodeId>& r = readers_[size_t(v)];
     if (pinned_[size_t(v)] || r.empty()) return std::nullopt;
@@ -58,6 +71,8 @@ class Planner {
     }
     if (size_t(widest) < options_.min_gap) return std::nullopt;
     Plan plan{.value = v, .before = r[split], .chain = {}};
+    const Node& producer = g_.node(g_.value(v).producer);
+    if (producer.op == OpKind::batch_norm) return plan_batch_norm(plan, r, split, widest);
     std::set<ValueId> provided;
     const std::optional<double> cost = recompute(v, plan.before, plan.chain, provided);
     if (!cost || *cost >= bytes(g_, v) * double(widest)) return std::nullopt;
@@ -71,6 +86,37 @@ class Planner {
   }
 
  private:
+  // A batch norm's y, computed again by batch_norm_apply from x and the saved statistics
+  // (which its backward reads, so they are live there anyway): a pass over memory of its own,
+  // made where every late reader is elementwise or the norm's own backward (its relu mask),
+  // not for a convolution's (wgrad reads the y it also took forward: that is the convolution's
+  // input, kept as PyTorch keeps it).
+  std::optional<Plan> plan_batch_norm(Plan plan, const std::vector<NodeId>& r, size_t split,
+                                      NodeId widest) const {
+    const Node& bn = g_.node(g_.value(plan.value).producer);
+    // The norm writes y whatever is read: a copy before every reader would be a second y. And
+    // one copy per norm, for the backward's readers (the widest gap): the forward's, planned
+    // again in a later round across a narrower gap, keep y.
+    if (split == 0) return std::nullopt;
+    for (NodeId reader : readers_[size_t(bn.outputs[3])])
+      if (g_.node(reader).op == OpKind::batch_norm_apply) return std::nullopt;
+    for (size_t i = split; i < r.size(); ++i) {
+      const Node& reader = g_.node(r[i]);
+      if (!is_pointwise_member(g_, reader) && reader.op != OpKind::batch_norm_backward)
+        return std::nullopt;
+    }
+    double cost = 0;  // the leaves kept alive until the copy
+    for (ValueId in : {bn.inputs[0], bn.inputs[1], bn.inputs[2], bn.outputs[3], bn.outputs[4]}) {
+      if (live_at(in, plan.before)) continue;
+      const std::vector<NodeId>& in_readers = readers_[size_t(in)];
+      const NodeId last = in_readers.empty() ? bn.id : in_readers.back();
+      cost += bytes(g_, in) * double(plan.before - last);
+    }
+    if (cost >= bytes(g_, plan.value) * double(widest)) return std::nullopt;
+    plan.chain = {bn.id};
+    return plan;
+  }
+
   bool large_widening_cast(ValueId v, const Plan& plan) const {
     if (plan.chain.size() != 1) return false;
     const Node& cast = g_.node(plan.chain[0]);
@@ -144,6 +190,18 @@ Graph with_copies(const Graph& g, const std::vector<Plan>& plans) {
       std::map<ValueId, ValueId> copy_of;  // a source value -> its copy's new value
       for (NodeId c : plan.chain) {
         const Node& source = g.node(c);
+        if (source.op == OpKind::batch_norm) {  // y from x and the saved statistics
+          const ValueId out = source.outputs[0];
+          BatchNormAttrs a;
+          a.relu = std::get<BatchNormAttrs>(source.attrs).relu;
+          copy_of[out] = rw.graph().add_node(
+              OpKind::batch_norm_apply, a,
+              {rw.mapped(source.inputs[0]), rw.mapped(source.inputs[1]),
+               rw.mapped(source.inputs[2]), rw.mapped(source.outputs[3]),
+               rw.mapped(source.outputs[4])},
+              source.name + "/recompute", {rw.fresh_name(g.value(out).name + "/recompute")})[0];
+          continue;
+        }
         std::vector<ValueId> inputs;
         for (ValueId in : source.inputs) {
           const auto copied = copy_of.find(in);
@@ -177,7 +235,9 @@ size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const Rematerialize
     std::set<ValueId> recomputed, reached;
     for (size_t i = g.nodes().size(); i-- > 0;) {
       const Node& n = g.nodes()[i];
-      if (!is_pointwise_member(g, n) || reached.count(n.outputs[0])) continue;
+      if (!(is_pointwise_member(g, n) || recomputable_batch_norm(g, n)) ||
+          reached.count(n.outputs[0]))
+        continue;
       std::optional<Plan> plan = planner.plan(n.outputs[0]);
       if (!plan) continue;
       const std::set<ValueId> t = touched(g, *plan);

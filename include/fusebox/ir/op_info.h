@@ -113,6 +113,8 @@ inline constexpr const char* kConv[] = {"x", "w", "bias", "residual"};
 inline constexpr const char* kConvBackwardData[] = {"dy", "w", "bias"};
 inline constexpr const char* kConvBackwardFilter[] = {"x", "dy"};
 inline constexpr const char* kBatchNorm[] = {"x", "scale", "bias", "mean", "var", "residual"};
+inline constexpr const char* kBatchNormApply[] = {"x", "scale", "bias", "saved_mean",
+                                                  "saved_inv_std"};
 inline constexpr const char* kLayerNorm[] = {"x", "scale", "bias"};
 inline constexpr const char* kRmsNorm[] = {"x", "scale"};
 inline constexpr const char* kBinary[] = {"a", "b"};
@@ -175,6 +177,9 @@ inline constexpr OpInfo kOpTable[] = {
      .roles = op_roles::kBatchNorm, .attrs = attrs_index<BatchNormAttrs>(),
      .attrs_defaultable = true, .layout = LayoutRole::channelwise,
      .in_place = op_in_place::kBatchNorm},
+    {FUSEBOX_OP_ROW(batch_norm_apply), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 5,
+     .roles = op_roles::kBatchNormApply, .attrs = attrs_index<BatchNormAttrs>(),
+     .attrs_defaultable = true, .layout = LayoutRole::channelwise, .differentiable = false},
     {FUSEBOX_OP_ROW(layer_norm), .family = OpFamily::norm, .min_inputs = 1, .max_inputs = 3,
      .roles = op_roles::kLayerNorm, .attrs = attrs_index<NormAttrs>(), .attrs_defaultable = true},
     {FUSEBOX_OP_ROW(rms_norm), .family = OpFamily::norm, .min_inputs = 1, .max_inputs = 2,

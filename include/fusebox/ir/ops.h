@@ -19,7 +19,8 @@ namespace fusebox {
 
 // clang-format off
 #define FUSEBOX_OP_KINDS(X)                                                                        \
-  X(conv) X(conv_backward_data) X(conv_backward_filter) X(batch_norm) X(layer_norm) X(rms_norm)    \
+  X(conv) X(conv_backward_data) X(conv_backward_filter) X(batch_norm) X(batch_norm_apply)          \
+  X(layer_norm) X(rms_norm)                                                                        \
   X(relu) X(leaky_relu) X(gelu) X(silu) X(sigmoid) X(tanh) X(exp) X(log) X(sqrt) X(rsqrt)          \
   X(reciprocal)                                                                                    \
   X(neg) X(abs) X(erf) X(sin) X(cos) X(floor) X(ceil) X(round) X(clip)                             \
@@ -130,6 +131,13 @@ struct ConvBackwardFilterAttrs {
 //   batch_norm_backward with sync and training: mean(dy) and mean(dy * x_hat) of dx are
 //     over every rank's dy; dscale and dbias stay this rank's sums (the data-parallel
 //     gradient average then makes them the whole batch's).
+// batch_norm_apply: (x, scale, bias, saved_mean, saved_inv_std) -> y: a training batch_norm's
+//   output 0 computed again from its saved statistics (outputs 3 and 4) instead of kept:
+//   y = (x - saved_mean) * k + bias with k = scale * saved_inv_std, in compute_t of x's dtype,
+//   rounded to x's dtype, then relu'd with `relu` (BatchNormAttrs; the others play no part).
+//   Bit for bit the training forward's y where the statistics' dtype is x's compute type (f32
+//   for f16 / bf16 / f32 x, f64 for f64 x): the forward normalises with the statistics as it
+//   stores them there. passes/rematerialize.h emits it; nothing imports it.
 struct BatchNormAttrs {
   double epsilon = 1e-5;
   double momentum = 0.9;

@@ -21,7 +21,14 @@
 // bytes times that span. The copy is made when those costs are below v's bytes times the span
 // it no longer lives (its last early reader to L); every late reader then reads the copy.
 // Exact: the copies compute the very ops on the very values (elementwise ops are
-// deterministic), so the step's results keep their bits. The copies are new nodes (their names
+// deterministic), so the step's results keep their bits.
+// A training batch_norm's y is recomputed the same way, by batch_norm_apply from x and the
+// saved statistics (bit for bit where those are stored in x's compute type: ir/ops.h), which
+// the norm's backward reads anyway: where every late reader of y is elementwise or that
+// backward (its relu mask). MobileNetV3's HardSwish backward reads the norm's y, RegNet's
+// squeeze-and-excitation backward a relu'd one: each kept across the whole gap had put those
+// steps' peaks above PyTorch eager's. The copy is a pass over memory of its own (read x, write
+// y), not taken into the readers' kernels. The copies are new nodes (their names
 // the originals' + "/recompute") that fuse_pointwise_chains then takes into the backward's
 // generated kernels where the late readers are elementwise too; where one is not, the copy
 // would run as a kernel of its own, and is made for a large widening cast only.

@@ -25,6 +25,8 @@ void run_node(const Graph& g, const Node& n, std::span<const Tensor* const> inpu
       return conv_backward_filter(n, inputs, outputs);
     case OpKind::batch_norm:
       return batch_norm(world, n, inputs, outputs);
+    case OpKind::batch_norm_apply:
+      return batch_norm_apply(n, inputs, outputs);
     case OpKind::layer_norm:
       return layer_norm(n, inputs, outputs);
     case OpKind::rms_norm:

@@ -31,6 +31,7 @@ void global_avg_pool(const Node& n, Inputs in, Outputs out);
 
 // norm.cpp
 void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
+void batch_norm_apply(const Node& n, Inputs in, Outputs out);
 void layer_norm(const Node& n, Inputs in, Outputs out);
 void rms_norm(const Node& n, Inputs in, Outputs out);
 

@@ -1,10 +1,13 @@
-// Normalisation: batch_norm, layer_norm, rms_norm.
+// Normalisation: batch_norm, batch_norm_apply, layer_norm, rms_norm.
 //
 // Everything runs in f64 and is rounded once to the output dtype: statistics
 // (means, variances, mean squares) with two passes (mean first, then squared
 // deviations), and the per-element (x - mean) * inv_std too, since rounding the
 // mean to f32 first would cost the precision a large common offset leaves.
-// Statistics outputs are written in whatever dtype inference gave them.
+// Statistics outputs are written in whatever dtype inference gave them. One exception: a
+// training batch_norm whose statistics are stored in x's compute type normalises with them as
+// stored, so that batch_norm_apply (y computed again from the saved statistics, for the
+// backward) gives its bits; the rounding costs f32 x no more than its own quantisation.
 #include <cmath>
 
 #include "kernel_util.h"
@@ -122,6 +125,52 @@ void merge_ranks(dist::Communicator* world, int64_t count, std::vector<double>& 
 //   sync:      (training) each rank's (count, mean, M2) per channel, gathered from every
 //              rank of `world` and merged in rank order (Chan et al.): the statistics of
 //              the ranks' x together, the same bits on every rank.
+namespace {
+
+// Stage "apply" of batch_norm and batch_norm_apply: y = (x - mean[c]) * k[c] + bias[c] in
+// f64, rounded to T, then the residual added and the relu, each as the unfused op.
+template <class T>
+void apply_batch_norm(const T* px, T* py, const T* residual, bool relu, int64_t batch,
+                      int64_t channels, int64_t inner, const std::vector<double>& mean,
+                      const std::vector<double>& k, const std::vector<double>& bias) {
+  using C = compute_t<T>;
+  const auto activate = [](T y) { return convert<T>(to_compute(y) < C(0) ? C(0) : to_compute(y)); };
+  parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 for (int64_t r = r0; r < r1; ++r) {
+                   const size_t c = size_t(r % channels);
+                   const double m = mean[c], kc = k[c], b = bias[c];
+                   const T* xr = px + r * inner;
+                   T* yr = py + r * inner;
+                   for (int64_t i = 0; i < inner; ++i)
+                     yr[i] = convert<T>((double(to_compute(xr[i])) - m) * kc + b);
+                   if (residual) {
+                     const T* rr = residual + r * inner;
+                     for (int64_t i = 0; i < inner; ++i)
+                       yr[i] = convert<T>(to_compute(yr[i]) + to_compute(rr[i]));
+                   }
+                   if (relu)
+                     for (int64_t i = 0; i < inner; ++i) yr[i] = activate(yr[i]);
+                 }
+               });
+}
+
+// Whether per-channel values of dtype `param` are x's compute type (the statistics a training
+// forward normalises with as stored).
+template <class T>
+bool stored_in_compute_type(DType param) {
+  return param == (std::is_same_v<compute_t<T>, double> ? DType::f64 : DType::f32);
+}
+
+// `values` as a per-channel tensor of dtype `param` stores them.
+std::vector<double> as_stored(std::vector<double> values, DType param) {
+  if (param == DType::f32)
+    for (double& v : values) v = double(float(v));
+  return values;
+}
+
+}  // namespace
+
 void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
@@ -169,29 +218,14 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
     std::vector<double> inv_std(size_t(channels), 0.0);
     for (size_t c = 0; c < inv_std.size(); ++c)
       inv_std[c] = 1.0 / std::sqrt(var[c] + attrs.epsilon);
-
-    T* py = out[0].data<T>();
+    // The statistics as the training form stores them, where batch_norm_apply can recompute y.
+    const bool stored = attrs.training && stored_in_compute_type<T>(in[1]->dtype());
+    const std::vector<double> m = stored ? as_stored(mean, in[1]->dtype()) : mean;
+    std::vector<double> k = stored ? as_stored(inv_std, in[1]->dtype()) : inv_std;
+    for (size_t c = 0; c < k.size(); ++c) k[c] *= scale[c];
     const T* residual = in.size() > 5 && in[5] ? in[5]->data<T>() : nullptr;
-    using C = compute_t<T>;
-    const auto relu = [](T y) { return convert<T>(to_compute(y) < C(0) ? C(0) : to_compute(y)); };
-    parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
-                 [&](int64_t r0, int64_t r1) {
-                   for (int64_t r = r0; r < r1; ++r) {
-                     const size_t c = size_t(r % channels);
-                     const double m = mean[c], k = inv_std[c] * scale[c], b = bias[c];
-                     const T* xr = px + r * inner;
-                     T* yr = py + r * inner;
-                     for (int64_t i = 0; i < inner; ++i)
-                       yr[i] = convert<T>((double(to_compute(xr[i])) - m) * k + b);
-                     if (residual) {
-                       const T* rr = residual + r * inner;
-                       for (int64_t i = 0; i < inner; ++i)
-                         yr[i] = convert<T>(to_compute(yr[i]) + to_compute(rr[i]));
-                     }
-                     if (attrs.relu)
-                       for (int64_t i = 0; i < inner; ++i) yr[i] = relu(yr[i]);
-                   }
-                 });
+    apply_batch_norm<T>(px, out[0].data<T>(), residual, attrs.relu, batch, channels, inner, m, k,
+                        bias);
 
     if (attrs.training && out.size() > 1) {
       std::vector<double> new_mean(size_t(channels), 0.0), new_var(size_t(channels), 0.0);
@@ -202,6 +236,29 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
       const std::vector<double>* stats[] = {&new_mean, &new_var, &mean, &inv_std};
       for (size_t o = 1; o < out.size() && o <= 4; ++o) store_values(out[o], *stats[o - 1]);
     }
+  });
+}
+
+// batch_norm_apply: the training forward's y from its saved statistics (ir/ops.h), with the
+// forward's arithmetic (apply_batch_norm).
+void batch_norm_apply(const Node& n, Inputs in, Outputs out) {
+  const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
+  const Tensor& x = *in[0];
+  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
+  const int64_t batch = x.dim(0), channels = x.dim(1);
+  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
+  for (const Tensor* p : {in[1], in[2], in[3], in[4]}) {
+    FUSEBOX_CHECK(p->numel() == channels, node_label(n), "per-channel input has ", p->numel(),
+                  " elements for ", channels, " channels");
+  }
+  const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
+  const std::vector<double> mean = in[3]->to_doubles();
+  std::vector<double> k = in[4]->to_doubles();
+  for (size_t c = 0; c < k.size(); ++c) k[c] *= scale[c];
+  visit_float(n, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    apply_batch_norm<T>(x.data<T>(), out[0].data<T>(), nullptr, attrs.relu, batch, channels, inner,
+                        mean, k, bias);
   });
 }
 

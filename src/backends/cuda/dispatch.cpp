@@ -18,6 +18,7 @@ void run_contiguous(Context& ctx, const Node& n, Inputs in, Outputs out) {
     case OpKind::conv_backward_data: return conv_backward_data(ctx, n, in, out);
     case OpKind::conv_backward_filter: return conv_backward_filter(ctx, n, in, out);
     case OpKind::batch_norm: return batch_norm(ctx, n, in, out);
+    case OpKind::batch_norm_apply: return batch_norm_apply(ctx, n, in, out);
     case OpKind::layer_norm: return layer_norm(ctx, n, in, out);
     case OpKind::rms_norm: return rms_norm(ctx, n, in, out);
     FUSEBOX_UNARY_POINTWISE_OPS(FUSEBOX_OP_CASE)

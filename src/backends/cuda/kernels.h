@@ -109,6 +109,7 @@ void all_reduce(Context& ctx, const Node& n, Inputs in, Outputs out);
 void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
+void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out);
 void max_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
 void avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
 void global_avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -115,6 +115,10 @@ Grads vjp(VjpArgs& a) {
       a.no_gradient(
           "fused_pointwise has no gradient rule: fuse pointwise chains only in graphs that are "
           "not differentiated (passes/fuse_pointwise.h)");
+    case OpKind::batch_norm_apply:
+      a.no_gradient(
+          "batch_norm_apply has no gradient rule: the training step's memory pass emits it "
+          "(passes/rematerialize.h), after autodiff");
     case OpKind::attention:
       return vjp_attention(a);
   }

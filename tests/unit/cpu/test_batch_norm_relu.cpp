@@ -181,5 +181,35 @@ TEST(CpuBatchNormRelu, ResidualIsBatchNormAddReluBitForBit) {
   }
 }
 
+// batch_norm_apply (y computed again from a training forward's saved statistics, for the
+// backward: passes/rematerialize.h) gives the forward's y bit for bit where the statistics are
+// stored in x's compute type, with and without the relu; and it reads them: another mean
+// gives another y.
+TEST(CpuBatchNormRelu, ApplyFromSavedStatisticsIsTheTrainingForwardsY) {
+  uint64_t seed = 500;
+  for (const Case& k : cases()) {
+    const bool stored = k.param == (k.t == DType::f64 ? DType::f64 : DType::f32);
+    if (!k.training || !stored) continue;
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(cat(k.name(), relu ? ", relu" : ""));
+      const std::vector<Tensor> in = forward_inputs(k.t, k.param, seed += 10);
+      const BatchNormAttrs forward{
+          .epsilon = 1e-3, .momentum = 0.8, .training = true, .relu = relu};
+      const std::vector<Tensor> fwd = run_op(OpKind::batch_norm, forward, in);
+      const BatchNormAttrs apply{.relu = relu};
+      const Tensor got =
+          run_op(OpKind::batch_norm_apply, apply, {in[0], in[1], in[2], fwd[3], fwd[4]}).at(0);
+      EXPECT_TRUE(same_values(got, fwd[0]));
+      std::vector<double> mean = fwd[3].to_doubles();
+      mean[1] += 0.125;
+      const Tensor moved =
+          run_op(OpKind::batch_norm_apply, apply,
+                 {in[0], in[1], in[2], Tensor::from_doubles(k.param, {kShape[1]}, mean), fwd[4]})
+              .at(0);
+      EXPECT_FALSE(same_values(moved, fwd[0]));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusebox::testing

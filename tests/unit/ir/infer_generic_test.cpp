@@ -33,6 +33,8 @@ std::optional<Sample> sample(OpKind op) {
       return Sample{BatchNormAttrs{.training = true},
                     {f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({3})},
                     5};
+    case OpKind::batch_norm_apply:
+      return Sample{BatchNormAttrs{}, {f32({2, 3, 4}), f32({3}), f32({3}), f32({3}), f32({3})}};
     case OpKind::layer_norm:
       return Sample{NormAttrs{}, {x23, f32({3}), f32({3})}, 3};
     case OpKind::rms_norm:
@@ -210,6 +212,7 @@ const std::vector<OpKind> kAllOps = {
 // Ops whose attribute struct is entirely defaultable: std::monostate is accepted.
 const std::set<OpKind> kDefaultable = {OpKind::conv,
                                        OpKind::batch_norm,
+                                       OpKind::batch_norm_apply,
                                        OpKind::layer_norm,
                                        OpKind::rms_norm,
                                        OpKind::leaky_relu,

@@ -153,5 +153,98 @@ TEST(RematerializePointwise, AWidenedNormInputIsCastAgainForTheNormBackward) {
   for (const char* d : {"dw", "dw2"}) EXPECT_TRUE(all_close(got.at(d), want.at(d), 0, 0)) << d;
 }
 
+// x [8, 4, 5, 5] in `t` -> a training batch norm (`param` scale, bias and statistics; `relu`
+// fused) -> y -> `after` -> a 1x1 convolution; the gradients of scale, bias and the filter.
+// after: "hardswish" (y * clip(y / 6 + 1/2), as exported: its backward reads y), "gate"
+// (y * sigmoid(mean of y over H, W), squeeze-and-excitation: its backward reads y), or
+// "none" (the convolution reads y: its wgrad does too).
+Graph batch_norm_step(DType t, DType param, bool relu, const std::string& after) {
+  Graph g("batch_norm_step");
+  Builder b(g);
+  const ValueId x = g.add_input("x", t, {8, 4, 5, 5});
+  std::vector<ValueId> p;
+  for (const char* name : {"scale", "bias", "running_mean", "running_var"})
+    p.push_back(g.add_input(name, param, {4}));
+  const ValueId y = b.batch_norm_training(x, p[0], p[1], p[2], p[3],
+                                          {.epsilon = 1e-3, .training = true, .relu = relu})[0];
+  g.rename_value(y, "y");
+  ValueId h = y;
+  if (after == "hardswish") {
+    const ValueId gate =
+        b.clip(b.add(b.mul(y, b.cast(scalar(b, 1.0 / 6.0), t)), b.cast(scalar(b, 0.5), t)), 0, 1);
+    h = b.mul(y, gate);
+  } else if (after == "gate") {
+    h = b.mul(y, b.sigmoid(b.reduce_mean(y, {2, 3}, true)));
+  }
+  const ValueId w = g.add_input("w", t, {6, 4, 1, 1});
+  differentiate(g, b, b.conv(h, w), {p[0], p[1], w});
+  return g;
+}
+
+NamedTensors batch_norm_feeds(DType t, DType param) {
+  return {{"x", random_tensor(t, {8, 4, 5, 5}, 11, -2, 3)},
+          {"scale", random_tensor(param, {4}, 12, 0.5, 1.5)},
+          {"bias", random_tensor(param, {4}, 13, -0.5, 0.5)},
+          {"running_mean", random_tensor(param, {4}, 14, -0.5, 0.5)},
+          {"running_var", random_tensor(param, {4}, 15, 0.5, 1.5)},
+          {"w", random_tensor(t, {6, 4, 1, 1}, 16, -0.5, 0.5)}};
+}
+
+// The batch_norm_apply nodes of g.
+std::vector<const Node*> applies(const Graph& g) {
+  std::vector<const Node*> out;
+  for (const Node& n : g.nodes())
+    if (n.op == OpKind::batch_norm_apply) out.push_back(&n);
+  return out;
+}
+
+TEST(RematerializePointwise, ABatchNormsYIsAppliedAgainForElementwiseBackwardReaders) {
+  struct Case {
+    DType t, param;
+    bool relu;
+    const char* after;
+  };
+  for (const Case& k :
+       {Case{DType::f32, DType::f32, false, "hardswish"},
+        Case{DType::bf16, DType::f32, false, "hardswish"},
+        Case{DType::f32, DType::f32, true, "gate"}, Case{DType::bf16, DType::f32, true, "gate"}}) {
+    SCOPED_TRACE(cat(dtype_name(k.t), " x, ", dtype_name(k.param), " params, ", k.after,
+                     k.relu ? ", relu" : ""));
+    const Graph before = batch_norm_step(k.t, k.param, k.relu, k.after);
+    Graph g = before;
+    EXPECT_GE(rematerialize_pointwise(g, nullptr, kSmallGraph), 1u);
+    g.verify();
+    const std::vector<const Node*> apply = applies(g);
+    ASSERT_EQ(apply.size(), 1u);
+    // From x and the saved statistics, with the forward's relu; y itself is read by the
+    // forward alone now (its last reader well before the copy's first).
+    const Node& bn = g.node(g.value(*g.find_value("y")).producer);
+    EXPECT_EQ(apply[0]->inputs[0], bn.inputs[0]);
+    EXPECT_EQ(apply[0]->inputs[3], bn.outputs[3]);
+    EXPECT_EQ(apply[0]->inputs[4], bn.outputs[4]);
+    EXPECT_EQ(std::get<BatchNormAttrs>(apply[0]->attrs).relu, k.relu);
+    const std::vector<NodeId> y_readers = readers_of(g, "y");
+    ASSERT_FALSE(readers_of(g, "y/recompute").empty());
+    EXPECT_LT(y_readers.back(), readers_of(g, "y/recompute").front());
+    for (NodeId r : y_readers) EXPECT_LT(r, apply[0]->id);
+    // The same gradients, bit for bit (the forward normalises with the statistics as stored).
+    const NamedTensors feeds = batch_norm_feeds(k.t, k.param);
+    const NamedTensors want = run_graph(before, feeds), got = run_graph(g, feeds);
+    for (const char* d : {"dscale", "dbias", "dw"})
+      EXPECT_TRUE(all_close(got.at(d), want.at(d), 0, 0)) << d;
+  }
+}
+
+TEST(RematerializePointwise, ABatchNormsYStaysWhereAConvolutionOrInexactStatisticsReadIt) {
+  // The convolution's wgrad reads y: it is the convolution's input, kept.
+  Graph conv = batch_norm_step(DType::f32, DType::f32, true, "none");
+  rematerialize_pointwise(conv, nullptr, kSmallGraph);
+  EXPECT_TRUE(applies(conv).empty());
+  // bf16 statistics (not x's compute type): y from them would not be the forward's bits.
+  Graph low = batch_norm_step(DType::bf16, DType::bf16, false, "hardswish");
+  rematerialize_pointwise(low, nullptr, kSmallGraph);
+  EXPECT_TRUE(applies(low).empty());
+}
+
 }  // namespace
 }  // namespace fusebox::testing

@@ -37,6 +37,10 @@ std::string describe_lowering(const Node& n) {
       if (std::get<BatchNormAttrs>(n.attrs).relu) parts.push_back("relu");
       return "own kernel " + join_ops(parts);
     }
+    case OpKind::batch_norm_apply:
+      return std::get<BatchNormAttrs>(n.attrs).relu
+                 ? "own kernel batch_norm (apply from saved statistics) + relu"
+                 : "own kernel batch_norm (apply from saved statistics)";
     case OpKind::gemm: {
       const auto& a = std::get<GemmAttrs>(n.attrs);
       parts.push_back("gemm");

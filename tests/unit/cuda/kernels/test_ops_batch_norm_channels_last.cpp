@@ -18,7 +18,7 @@
 // A fused relu (BatchNormAttrs::relu; batch_norm_backward reading y) in both layouts, every
 // dtype and the mixed form: against the CPU's fused op to the tolerances above, and against
 // the unfused kernels (batch_norm then the relu kernel; relu's unary_backward then
-// batch_norm_backward) bit for bit.
+// batch_norm_backward) bit for bit. batch_norm_apply: the training forward's y bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -519,6 +519,54 @@ TEST_F(BatchNormChannelsLastTest, FusedReluMaskFromXIsTheForwardsMask) {
             run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
                           plain, back, {0, 1}, offset);
         EXPECT_FALSE(bit_identical(from_x[0], unmasked[0]));
+      }
+    }
+  }
+}
+
+// batch_norm_apply (the training forward's y from its saved statistics, for the backward:
+// passes/rematerialize.h) in both layouts: the forward's y bit for bit where the statistics
+// are in the compute type, with and without relu; against the CPU's apply to the forward's
+// tolerance; and the statistics are read (another mean, another y).
+TEST_F(BatchNormChannelsLastTest, ApplyFromSavedStatisticsIsTheForwardsY) {
+  OpHarness h;
+  uint64_t seed = 9800;
+  struct DTypes {
+    DType x, param;
+  };
+  for (const DTypes& d : {DTypes{DType::f32, DType::f32}, DTypes{DType::f64, DType::f64},
+                          DTypes{DType::f16, DType::f32}, DTypes{DType::bf16, DType::f32}}) {
+    for (const Shape& shape : {Shape{8, 64, 14, 14}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        for (bool relu : {false, true}) {
+          const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+          SCOPED_TRACE(cat(dtype_name(d.x), " x ", dtype_name(d.param), " params ",
+                           shape_str(shape), channels_last ? " NHWC" : " NCHW",
+                           relu ? " relu" : ""));
+          std::vector<Tensor> inputs = forward_inputs(d.x, shape, seed += 5);
+          for (size_t i = 1; i < 5; ++i) inputs[i] = inputs[i].cast(d.param);
+          const BatchNormAttrs attrs{1e-5, 0.9, true, relu};
+          const std::vector<Tensor> fwd = run_in_layout(
+              h, channels_last, &batch_norm, OpKind::batch_norm, attrs, inputs, {0}, offset);
+          BatchNormAttrs apply;
+          apply.relu = relu;
+          std::vector<Tensor> saved = {inputs[0], inputs[1], inputs[2], fwd[3], fwd[4]};
+          const std::vector<Tensor> got =
+              run_in_layout(h, channels_last, &batch_norm_apply, OpKind::batch_norm_apply, apply,
+                            saved, {0}, offset);
+          ASSERT_EQ(got.size(), 1u);
+          EXPECT_TRUE(bit_identical(got[0], fwd[0]));
+          const Tensor cpu = run_op(OpKind::batch_norm_apply, apply, saved).at(0);
+          const Tolerance tol = forward_tolerance(d.x);
+          EXPECT_TRUE(all_close(got[0], cpu, tol.rtol, tol.atol));
+          std::vector<double> mean = fwd[3].to_doubles();
+          mean[1] += 0.5;
+          saved[3] = Tensor::from_doubles(d.param, {shape[1]}, mean);
+          const std::vector<Tensor> moved =
+              run_in_layout(h, channels_last, &batch_norm_apply, OpKind::batch_norm_apply, apply,
+                            saved, {0}, offset);
+          EXPECT_FALSE(bit_identical(moved[0], fwd[0]));
+        }
       }
     }
   }

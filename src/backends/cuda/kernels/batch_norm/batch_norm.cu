@@ -1,5 +1,5 @@
-// batch_norm (inference and training forward) and batch_norm_backward
-// (kernels/batch_norm/direct.h).
+// batch_norm (inference and training forward), batch_norm_apply (stage 3 alone, from a training
+// forward's saved statistics) and batch_norm_backward (kernels/batch_norm/direct.h).
 //
 // Layouts: the activation operands (x, y; dy, x, dx) are all contiguous [N, C, D...] or all
 // dense channels-last (N, D..., C in memory; the layout pass chooses); anything else is an
@@ -227,6 +227,24 @@ __global__ void bn_coefficients_inference(int64_t channels, const P* scale, cons
              C(inv_std * convert<double>(scale[c])),
              convert<C>(bias[c]),
              C(inv_std),
+             C(0),
+             C(0)};
+}
+
+// batch_norm_apply: the training forward's coefficients from its saved statistics, as stage 2
+// computes them where the statistics are stored in the compute type (P = C: the mean as
+// rounded, k from inv_std as stored), so stage 3 then writes the forward's y bit for bit.
+template <class T, class P>
+__global__ void bn_coefficients_saved(int64_t channels, const P* scale, const P* bias,
+                                      const P* saved_mean, const P* saved_inv_std,
+                                      Coefficients<compute_t<T>>* coef) {
+  using C = compute_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  coef[c] = {convert<C>(saved_mean[c]),
+             scaled_inv_std<C>(scale[c], saved_inv_std[c]),
+             convert<C>(bias[c]),
+             convert<C>(saved_inv_std[c]),
              C(0),
              C(0)};
 }
@@ -569,11 +587,17 @@ struct RankTotals {
   }
 };
 
+// batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics).
 void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
-  FUSEBOX_CHECK((in.size() == 5 || in.size() == 6) && in[0] && !out.empty(), where,
-                "expects (x, scale, bias, running_mean, running_var, residual?) -> (y, ...)");
+  const bool apply = n.op == OpKind::batch_norm_apply;
+  FUSEBOX_CHECK(apply ? in.size() == 5 && in[0] && out.size() == 1
+                      : (in.size() == 5 || in.size() == 6) && in[0] && !out.empty(),
+                where,
+                apply
+                    ? "expects (x, scale, bias, saved_mean, saved_inv_std) -> y"
+                    : "expects (x, scale, bias, running_mean, running_var, residual?) -> (y, ...)");
   const DeviceTensor& x = *in[0];
   const DeviceTensor* residual = in.size() > 5 ? in[5] : nullptr;
   FUSEBOX_CHECK(!residual || (residual->dtype == x.dtype && residual->shape == x.shape), where,
@@ -582,7 +606,9 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   FUSEBOX_CHECK(in[1], where, "scale is absent");
   const DType param = param_dtype(where, x.dtype, in[1]->dtype);
   const char* names[] = {"x", "scale", "bias", "running_mean", "running_var"};
-  for (size_t i = 1; i <= 4; ++i) check_per_channel(where, names[i], in[i], param, g.channels);
+  const char* apply_names[] = {"x", "scale", "bias", "saved_mean", "saved_inv_std"};
+  for (size_t i = 1; i <= 4; ++i)
+    check_per_channel(where, (apply ? apply_names : names)[i], in[i], param, g.channels);
   FUSEBOX_CHECK(out[0].dtype == x.dtype && out[0].shape == x.shape, where, "output y must be ",
                 dtype_name(x.dtype), " ", shape_str(x.shape));
   for (size_t o = 1; o < out.size(); ++o)
@@ -601,6 +627,12 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       using P = decltype(param_tag);
       const P *scale = in[1]->as<const P>(), *bias = in[2]->as<const P>();
       const P *running_mean = in[3]->as<const P>(), *running_var = in[4]->as<const P>();
+      if (apply) {  // inputs 3 and 4 are the saved mean and inverse std
+        ctx.encoder.launch(&bn_coefficients_saved<T, P>, dim3(unsigned((g.channels + 127) / 128)),
+                           dim3(128), 0, params, {coef}, g.channels, scale, bias, running_mean,
+                           running_var, static_cast<Coefficients<C>*>(coef.data()));
+        return;
+      }
       if (!attrs.training) {
         ctx.encoder.launch(&bn_coefficients_inference<T, P>,
                            dim3(unsigned((g.channels + 127) / 128)), dim3(128), 0, params, {coef},
@@ -770,6 +802,10 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
 // x [N, C, D...], scale, bias, running_mean, running_var [C] -> y (inference), or y, new
 // running mean, new running var, saved mean, saved inverse std (training).
 void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+  bn::run_batch_norm(ctx, n, in, out);
+}
+
+void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out) {
   bn::run_batch_norm(ctx, n, in, out);
 }
 
