@@ -18,7 +18,12 @@
 //   - every value it reads or writes broadcasts to the output's shape (always so for
 //     elementwise ops; no reductions, which are not members).
 // Groups grow backwards from their output, taking a producer when all of its value's readers
-// are members, until nothing more can join (or 16 inputs are reached). The fused node takes
+// are members, until nothing more can join (or 16 inputs are reached). A producer does not
+// join where that would keep a large value (>= 64 MiB) it reads alive more than 2 nodes past
+// its last reader outside the group: the group computes it at its output's place, so its
+// inputs live until there. A gradient sum's adds, one per branch of a layer read by many
+// (DeepLabV3's ASPP head: five 256 MiB gradients), as one kernel held every branch's
+// gradient at once where the adds alone hold one running sum. The fused node takes
 // the output's place in the graph, writes the output's value (its name kept) and is named
 // after the output's node; its inputs are the values the group reads, in the order the
 // program first reads them. Other nodes, inputs, constants and outputs stay as they were.

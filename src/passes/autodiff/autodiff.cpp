@@ -253,7 +253,14 @@ class Pass {
       FUSEBOX_CHECK(got == want, node_label(node), "internal: the gradient of input ", i, " is ",
                     dtype_name(got.dtype), " ", shape_str(got.shape), " but the input is ",
                     dtype_name(want.dtype), " ", shape_str(want.shape));
-      contributions_[node.inputs[i]].push_back(grads[i]);
+      // Summed as they come (the order gradient_of would sum them in): a value read by many
+      // branches (an ASPP head's input, five convolutions) holds one running sum, not every
+      // branch's gradient until its producer is reached.
+      std::vector<ValueId>& parts = contributions_[node.inputs[i]];
+      if (parts.empty())
+        parts.push_back(grads[i]);
+      else
+        parts[0] = e_.add(parts[0], grads[i]);
     }
   }
 

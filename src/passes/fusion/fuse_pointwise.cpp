@@ -20,6 +20,11 @@ bool is_pointwise_member(const Graph& g, const Node& n) {
 
 namespace {
 
+// fuse_pointwise.h: a producer joins only where no large value it reads lives longer by more
+// than this many nodes.
+constexpr NodeId kMaxDeferral = 2;
+constexpr size_t kDeferredBytes = size_t(64) << 20;
+
 bool broadcasts_to(const Shape& s, const Shape& to) {
   Shape b;
   return broadcast_shapes(s, to, &b) && b == to;
@@ -44,6 +49,7 @@ class Finder {
         if (v != kNoValue) readers_[size_t(v)].push_back(n.id);
     }
     for (ValueId v : g.outputs()) graph_outputs_.insert(v);
+    for (ValueId v : g.inputs()) graph_inputs_.insert(v);
   }
 
   std::vector<Group> groups() {
@@ -71,6 +77,24 @@ class Finder {
   }
 
  private:
+  // Whether node p joining the group of `sink` would keep u, a large value p reads, alive more
+  // than kMaxDeferral nodes past its last reader outside the group (p included).
+  bool deferred_too_long(ValueId u, NodeId p, const std::set<NodeId>& members, NodeId sink) const {
+    if (sink - p <= kMaxDeferral || g_.is_constant(u) || graph_inputs_.count(u)) return false;
+    const TensorType& t = g_.value(u).type;
+    if (size_t(numel(t.shape)) * dtype_size(t.dtype) < kDeferredBytes) return false;
+    NodeId last = p;
+    for (NodeId r : readers_[size_t(u)])
+      if (!members.count(r)) last = std::max(last, r);
+    // u read by p and the group alone, from a producer that may join too: computed in the
+    // group then (that producer's inputs checked when it joins).
+    const NodeId q = g_.value(u).producer;
+    if (last == p && q >= 0 && fusible_[size_t(q)] && group_of_[size_t(q)] < 0 &&
+        !graph_outputs_.count(u))
+      return false;
+    return sink - last > kMaxDeferral;
+  }
+
   // The values members read that no member writes.
   std::set<ValueId> inputs_of(const std::set<NodeId>& members) const {
     std::set<ValueId> in;
@@ -80,8 +104,9 @@ class Finder {
     return in;
   }
 
-  // Whether the producer of `v` may join `members` (whose output has shape `out`).
-  bool may_join(ValueId v, const std::set<NodeId>& members, const Shape& out) const {
+  // Whether the producer of `v` may join `members` (whose output has shape `out`, written by
+  // node `sink`).
+  bool may_join(ValueId v, const std::set<NodeId>& members, const Shape& out, NodeId sink) const {
     const NodeId p = g_.value(v).producer;
     if (p < 0 || !fusible_[size_t(p)] || group_of_[size_t(p)] >= 0 || members.count(p))
       return false;
@@ -89,7 +114,8 @@ class Finder {
     for (NodeId r : readers_[size_t(v)])
       if (!members.count(r)) return false;
     for (ValueId u : g_.node(p).inputs)
-      if (!broadcasts_to(g_.value(u).type.shape, out)) return false;
+      if (!broadcasts_to(g_.value(u).type.shape, out) || deferred_too_long(u, p, members, sink))
+        return false;
     std::set<NodeId> with = members;
     with.insert(p);
     return inputs_of(with).size() <= size_t(kMaxPointwiseInputs);
@@ -105,7 +131,7 @@ class Finder {
     for (bool grew = true; grew;) {
       grew = false;
       for (ValueId v : inputs_of(members)) {
-        if (!may_join(v, members, out)) continue;
+        if (!may_join(v, members, out, sink)) continue;
         members.insert(g_.value(v).producer);
         grew = true;
         break;  // inputs changed: look again
@@ -150,7 +176,7 @@ class Finder {
 
   const Graph& g_;
   std::vector<std::vector<NodeId>> readers_;  // by value
-  std::set<ValueId> graph_outputs_;
+  std::set<ValueId> graph_outputs_, graph_inputs_;
   std::vector<int> group_of_;  // by node: the group it joined, -1 for none
   std::vector<bool> fusible_;
 };

@@ -286,6 +286,57 @@ TEST(AutodiffGraph, AddsNoGraphConstants) {
   EXPECT_EQ(g.constants().size(), before);
 }
 
+// A value read by several branches (x -> four convolutions, summed) holds one running sum of
+// their gradients: each add comes right after the branch whose contribution it takes, before
+// the next branch's backward, so no more than two branch gradients are ever live. The sum's
+// order is the branches' arrival order, as when summed at the end: the same values.
+TEST(AutodiffGraph, ContributionsAreSummedAsTheyArrive) {
+  Graph g("branches");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f64, {2, 3, 5, 5});
+  std::vector<ValueId> w;
+  ValueId sum = kNoValue;
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(g.add_input(cat("w", i), DType::f64, {3, 3, 1, 1}));
+    const ValueId branch = b.conv(x, w.back());
+    sum = sum == kNoValue ? branch : b.add(sum, branch);
+  }
+  const ValueId loss = b.reduce_sum(b.mul(sum, sum), {}, false);
+  const size_t forward = g.nodes().size();
+  const GradResult r = grad(g, loss, {x});
+  const std::vector<Node> backward = appended(g, forward);
+  std::vector<size_t> dx, adds;  // positions of the branches' input gradients and their sums
+  for (size_t i = 0; i < backward.size(); ++i) {
+    if (backward[i].op == OpKind::conv_backward_data) dx.push_back(i);
+    const bool sums_a_dx =
+        backward[i].op == OpKind::add &&
+        std::any_of(backward[i].inputs.begin(), backward[i].inputs.end(), [&](ValueId v) {
+          const NodeId p = g.value(v).producer;
+          return p >= 0 && g.node(p).op == OpKind::conv_backward_data;
+        });
+    if (sums_a_dx) adds.push_back(i);
+  }
+  ASSERT_EQ(dx.size(), 4u);
+  ASSERT_EQ(adds.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_GT(adds[k], dx[k + 1]) << k;
+    if (k + 2 < dx.size()) EXPECT_LT(adds[k], dx[k + 2]) << k;
+  }
+  EXPECT_EQ(g.value(r.of(x)).producer, NodeId(forward + adds.back()));
+  std::vector<Leaf> leaves = {input("x", {2, 3, 5, 5}, 9100)};
+  for (int i = 0; i < 4; ++i)
+    leaves.push_back(param(cat("w", i), {3, 3, 1, 1}, 9101 + uint64_t(i)));
+  Forward f = [](Builder& fb, const std::vector<ValueId>& v) {
+    ValueId s = kNoValue;
+    for (size_t i = 1; i <= 4; ++i) {
+      const ValueId branch = fb.conv(v[0], v[i]);
+      s = s == kNoValue ? branch : fb.add(s, branch);
+    }
+    return std::vector<ValueId>{fb.reduce_sum(fb.mul(s, s), {}, false)};
+  };
+  EXPECT_TRUE(check_gradients(leaves, f, {"four branches of x, summed", "branches", {}, 6, 9110}));
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

@@ -225,5 +225,46 @@ TEST(FusePointwise, RandomChainsFuseWhole) {
   }
 }
 
+// A producer does not join where its large input (>= 64 MiB) would live more than 2 nodes
+// past its last reader outside the group: a gradient sum's adds, one per branch with a
+// branch's backward between them, stay adds (one running sum live, not every branch's
+// gradient until the last add). The same chain on small values, or with the adds adjacent,
+// is one kernel.
+TEST(FusePointwise, LargeInputsAreNotKeptAliveForAFarGroup) {
+  const auto sum_of_branches = [](const Shape& shape, bool spaced) {
+    Graph g("branches");
+    const ValueId d = g.add_input("d", DType::bf16, shape);
+    ValueId acc = kNoValue;
+    for (int i = 0; i < 4; ++i) {
+      // A branch: its gradient is born right before its add (the negation stands for the
+      // branch's backward, not elementwise-fusible: a reduction then an expand).
+      ValueId branch = g.add_node(OpKind::neg, {}, {d}, cat("branch", i))[0];
+      if (spaced) {
+        for (int k = 0; k < 3; ++k) {
+          const ValueId r = g.add_node(OpKind::reduce_sum, ReduceAttrs{{1}, true}, {branch},
+                                       cat("spacer", i, k))[0];
+          branch = g.add_node(OpKind::expand, ExpandAttrs{shape}, {r}, cat("back", i, k))[0];
+        }
+      }
+      acc = acc == kNoValue ? branch : g.add_node(OpKind::add, {}, {acc, branch}, cat("sum", i))[0];
+    }
+    g.rename_value(acc, "y");
+    g.mark_output(acc);
+    return g;
+  };
+  const Shape large = {64, 64, 128, 64};  // 64 MiB of bf16
+  Graph far = sum_of_branches(large, true);
+  fuse_pointwise_chains(far);
+  EXPECT_EQ(nodes_of(far, OpKind::add).size(), 3u);
+  // Small values: the adds become one kernel (and the negations beside them).
+  const Graph small = sum_of_branches({2, 4, 3, 3}, true);
+  const Graph f = fused_copy(small, feeds_for(small, 3), 1);
+  EXPECT_TRUE(nodes_of(f, OpKind::add).empty());
+  // Large but adjacent: one kernel too.
+  Graph near = sum_of_branches(large, false);
+  EXPECT_EQ(fuse_pointwise_chains(near), 1u);
+  EXPECT_TRUE(nodes_of(near, OpKind::add).empty());
+}
+
 }  // namespace
 }  // namespace fusebox::testing
