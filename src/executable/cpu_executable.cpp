@@ -227,6 +227,27 @@ class CpuExecutable final : public Executable {
     return result;
   }
 
+  // A tensor for value v's output. One of kPooledBytes or more takes a block of its size that
+  // an earlier output had and nothing holds any more (its value died, or nobody kept the run's
+  // tensor): glibc served such blocks from fresh mappings (past its 32 MiB heap limit:
+  // keep_freed_host_memory; and, strace showed, GPT-2's 9 MB products too, run after run), so a
+  // run paid a page fault for every 4 KiB of them it touched. GPT-2 at batch 8 writes
+  // [8, 128, 50257] f32 logits twice (the LM head's product, then the classes-first transpose
+  // the graph outputs): 206 MB, ~50,000 faults, each. (Transparent huge pages instead made
+  // those faults slower still on this machine: direct compaction.) The pool keeps what a run
+  // held of each size at once, between runs, as an allocator arena keeps it.
+  Tensor output_tensor(ValueId v) {
+    const TensorType& t = graph_.value(v).type;
+    const size_t bytes = size_t(numel(t.shape)) * dtype_size(t.dtype);
+    if (bytes < kPooledBytes) return Tensor::empty(t.dtype, t.shape);
+    const std::lock_guard<std::mutex> lock(pool_mutex_);  // a check and a take, together
+    std::vector<std::shared_ptr<std::byte[]>>& blocks = pool_[bytes];
+    for (const std::shared_ptr<std::byte[]>& block : blocks)
+      if (block.use_count() == 1) return Tensor::adopt(t.dtype, t.shape, block);
+    blocks.push_back(allocate_host(bytes, cat(dtype_name(t.dtype), shape_str(t.shape))));
+    return Tensor::adopt(t.dtype, t.shape, blocks.back());
+  }
+
   // Node `n`'s outputs into `outs` (and `own`), from its inputs in `slots` and `own` (timed
   // into `times` when given).
   void execute_node(const Node& n, const std::vector<Tensor>& slots,
@@ -247,8 +268,7 @@ class CpuExecutable final : public Executable {
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       outs.emplace_back();
       if (i == 0 && own_output) continue;  // left in the kernel's layout, in `own`
-      const TensorType& t = graph_.value(n.outputs[i]).type;
-      outs.back() = Tensor::empty(t.dtype, t.shape);
+      outs.back() = output_tensor(n.outputs[i]);
       if (options_.poison) outs.back().poison();
     }
     std::vector<const cpu_fast::OwnLayout*> own_in;
@@ -317,6 +337,9 @@ class CpuExecutable final : public Executable {
   std::vector<std::unique_ptr<cpu_fast::Kernel>> fast_;  // by node; null: the reference's
   std::vector<bool> own_writer_;  // by node: output 0 stays in its kernel's layout
   ExecutableReport report_;
+  static constexpr size_t kPooledBytes = size_t(1) << 20;
+  std::mutex pool_mutex_;
+  std::map<size_t, std::vector<std::shared_ptr<std::byte[]>>> pool_;  // output_tensor's, by size
 };
 
 // The host allocator (glibc's) told to keep the blocks a run frees for the next run, once per
