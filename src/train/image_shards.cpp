@@ -1,5 +1,6 @@
-// read_image_shards and decode_image_shards (fusebox/train/data.h): WebDataset tar shards into
-// memory, then the same decode as an image folder (labelled_images.h).
+// read_image_shards, shard_image and decode_image_shards (fusebox/train/data.h): WebDataset tar
+// shards scanned by their headers, each image read from its shard when asked for, then the
+// same decode as an image folder (labelled_images.h).
 //
 // Tar: 512-byte ustar headers (name, prefix for long paths, size in octal, a checksum over
 // the header with its own field as spaces, type '0' or NUL for a file), each file's bytes
@@ -8,10 +9,11 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 
 #include "fusebox/core/error.h"
 #include "fusebox/io/image.h"
-#include "fusebox/io/tensor_file.h"
 #include "fusebox/train/data.h"
 #include "train/labelled_images.h"
 
@@ -81,19 +83,24 @@ uint64_t octal(const char* header, size_t offset, size_t length, const std::stri
   return value;
 }
 
+// A regular file of a tar: its path, and where its bytes lie.
 struct Member {
   std::string path;
-  std::string_view bytes;
+  uint64_t offset = 0, size = 0;
 };
 
-// The regular files of one tar, in order.
-std::vector<Member> tar_members(const std::string& data, const std::string& shard) {
+// The regular files of one tar, in order, from its headers alone: each header read, each
+// body passed over (a seek), so a scan reads 512 bytes per member whatever the images' sizes.
+std::vector<Member> tar_members(std::ifstream& in, uint64_t file_size, const std::string& shard) {
   std::vector<Member> members;
-  for (size_t at = 0;;) {
+  char header[kBlock];
+  for (uint64_t at = 0;;) {
     const std::string where = cat(shard, " at byte ", at);
-    FUSEBOX_CHECK(at + kBlock <= data.size(), where,
+    FUSEBOX_CHECK(at + kBlock <= file_size, where,
                   "the tar ends early (no end-of-archive blocks): truncated?");
-    const char* header = data.data() + at;
+    in.seekg(std::streamoff(at));
+    in.read(header, kBlock);
+    FUSEBOX_CHECK(in.gcount() == std::streamsize(kBlock), where, "cannot be read");
     if (std::all_of(header, header + kBlock, [](char c) { return c == 0; })) return members;
     uint64_t sum = 0;
     for (size_t i = 0; i < kBlock; ++i)
@@ -103,16 +110,27 @@ std::vector<Member> tar_members(const std::string& data, const std::string& shar
                   "a tar header whose checksum does not match: not a tar, or corrupt");
     const uint64_t size = octal(header, 124, 12, where);
     const char type = header[156];
-    const size_t body = at + kBlock;
-    FUSEBOX_CHECK(size <= data.size() - body, where, "a member of ", size,
+    const uint64_t body = at + kBlock;
+    FUSEBOX_CHECK(size <= file_size - body, where, "a member of ", size,
                   " bytes runs past the end of the file: truncated?");
     if (type == '0' || type == '\0') {
       const std::string prefix = field(header, 345, 155), name = field(header, 0, 100);
-      members.push_back(
-          {prefix.empty() ? name : prefix + "/" + name, std::string_view(data).substr(body, size)});
+      members.push_back({prefix.empty() ? name : prefix + "/" + name, body, size});
     }
     at = body + (size + kBlock - 1) / kBlock * kBlock;
   }
+}
+
+// `size` bytes at `offset` of the file `in` reads (an Error naming `where` when short).
+std::string read_at(std::ifstream& in, uint64_t offset, uint64_t size, const std::string& where) {
+  std::string bytes(size, '\0');
+  in.clear();
+  in.seekg(std::streamoff(offset));
+  in.read(bytes.data(), std::streamsize(size));
+  FUSEBOX_CHECK(in.gcount() == std::streamsize(size), where, "cannot read its ", size,
+                " bytes at byte ", offset,
+                " of the shard: removed, or changed since it was scanned?");
+  return bytes;
 }
 
 // WebDataset's key and extension of a member path: split at the file name's first dot.
@@ -132,9 +150,14 @@ ImageShards read_image_shards(const std::string& pattern) {
   ImageShards out;
   out.pattern = pattern;
   out.shards = expand_braces(pattern);
-  for (const std::string& shard : out.shards) {
-    const std::string data = read_file(shard);  // an Error naming the file when missing
-    const std::vector<Member> members = tar_members(data, shard);
+  for (size_t shard_index = 0; shard_index < out.shards.size(); ++shard_index) {
+    const std::string& shard = out.shards[shard_index];
+    std::ifstream in(shard, std::ios::binary);
+    std::error_code error;
+    const uint64_t file_size = std::filesystem::file_size(shard, error);
+    FUSEBOX_CHECK(in && !error, "shards " + pattern, "cannot read ", shard,
+                  error ? ": " + error.message() : std::string(": missing or unreadable"));
+    const std::vector<Member> members = tar_members(in, file_size, shard);
     // Consecutive members of one key form a sample.
     for (size_t i = 0; i < members.size();) {
       const std::string key = key_and_extension(members[i].path).first;
@@ -154,7 +177,10 @@ ImageShards read_image_shards(const std::string& pattern) {
       const std::string name = cat(shard, ":", image->path);
       FUSEBOX_CHECK(label != nullptr, "shards " + pattern, "sample '", key, "' of ", shard,
                     " has an image and no .cls label");
-      std::string text(label->bytes);
+      // A label is a short integer: a .cls of more bytes than this is not one.
+      const std::string bytes = read_at(in, label->offset, std::min<uint64_t>(label->size, 64),
+                                        cat(shard, ":", label->path));
+      std::string text = label->size > 64 ? std::string("(too long)") : bytes;
       text.erase(
           std::remove_if(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c); }),
           text.end());
@@ -163,9 +189,8 @@ ImageShards read_image_shards(const std::string& pattern) {
           !text.empty() && std::from_chars(text.data(), text.data() + text.size(), value).ptr ==
                                text.data() + text.size();
       FUSEBOX_CHECK(parsed && value >= 0, "shards " + pattern, "sample '", key, "' of ", shard,
-                    ": its .cls holds '", std::string(label->bytes.substr(0, 40)),
-                    "', not a class number >= 0");
-      out.samples.push_back({name, {image->bytes.begin(), image->bytes.end()}, value});
+                    ": its .cls holds '", bytes.substr(0, 40), "', not a class number >= 0");
+      out.samples.push_back({name, shard_index, image->offset, image->size, value});
       out.classes = std::max(out.classes, value + 1);
     }
   }
@@ -174,9 +199,17 @@ ImageShards read_image_shards(const std::string& pattern) {
   return out;
 }
 
+LabelledImage shard_image(const ImageShards& shards, int64_t i) {
+  const ShardSample& sample = shards.samples.at(size_t(i));
+  std::ifstream in(shards.shards.at(sample.shard), std::ios::binary);
+  FUSEBOX_CHECK(in, sample.name, "cannot open the shard any more: removed?");
+  const std::string bytes = read_at(in, sample.offset, sample.size, sample.name);
+  return {sample.name, {bytes.begin(), bytes.end()}, sample.label};
+}
+
 DecodedFolder decode_image_shards(const ImageShards& shards, int64_t size, bool strict) {
   return decode_labelled_images(
-      int64_t(shards.samples.size()), [&](int64_t i) { return shards.samples[size_t(i)]; }, size,
+      int64_t(shards.samples.size()), [&](int64_t i) { return shard_image(shards, i); }, size,
       strict, "shards " + shards.pattern);
 }
 

@@ -251,7 +251,7 @@ std::function<LabelledImage(int64_t)> folder_images(std::shared_ptr<const ImageF
 }
 
 std::function<LabelledImage(int64_t)> shard_images(std::shared_ptr<const ImageShards> shards) {
-  return [shards = std::move(shards)](int64_t i) { return shards->samples.at(size_t(i)); };
+  return [shards = std::move(shards)](int64_t i) { return shard_image(*shards, i); };
 }
 
 }  // namespace fusebox

@@ -81,20 +81,31 @@ DecodedFolder decode_image_folder(const ImageFolder& folder, int64_t size, bool 
 // a key (a member's path up to its file name's first dot): an image (.jpg, .jpeg, .png) and
 // its class (.cls: an integer, as text). Samples of no image are ignored (counted); a missing
 // shard, a malformed tar or a sample whose image has no .cls is an Error naming the shard
-// (and the member). The shards are read into memory.
+// (and the member). Only the tars' headers and the .cls labels are read here (an ImageNet's
+// shards are ~140 GB): each image is read from its shard when it is asked for (shard_image).
 struct LabelledImage {
   std::string name;  // for errors: "shard.tar:key.jpg", or the file's path
   std::vector<uint8_t> bytes;
   int64_t label = 0;
 };
+struct ShardSample {
+  std::string name;     // "shard.tar:key.jpg"
+  size_t shard = 0;     // index into ImageShards::shards
+  uint64_t offset = 0;  // of the image's bytes in the shard
+  uint64_t size = 0;    // of the image, bytes
+  int64_t label = 0;
+};
 struct ImageShards {
   std::string pattern;
   std::vector<std::string> shards;  // the pattern expanded, in order
-  std::vector<LabelledImage> samples;
+  std::vector<ShardSample> samples;
   int64_t ignored = 0;  // members of samples that hold no image
   int64_t classes = 0;  // the largest label + 1
 };
 ImageShards read_image_shards(const std::string& pattern);
+// Sample i's image read from its shard; an Error naming the sample where the shard cannot be
+// read there any more (removed, or shorter than when it was scanned).
+LabelledImage shard_image(const ImageShards& shards, int64_t i);
 // Every sample decoded as decode_image_folder decodes a folder's images.
 DecodedFolder decode_image_shards(const ImageShards& shards, int64_t size, bool strict);
 

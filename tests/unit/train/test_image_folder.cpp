@@ -284,6 +284,35 @@ TEST_F(ImageFolderTest, TarShardsAsWebDatasetWritesThem) {
   EXPECT_NE(error_of("s-{03..01}.tar").find("first <= last"), std::string::npos);
 }
 
+// A scan reads the tars' headers and labels; each image is read from its shard when asked for:
+// bytes written into the shard after the scan are what comes back, and a shard cut short
+// after it is an Error naming the sample.
+TEST_F(ImageFolderTest, ShardImagesAreReadWhenAskedFor) {
+  fs::create_directories(root_);
+  const fs::path path = root_ / "s.tar";
+  auto write = [&](const std::string& first, const std::string& second) {
+    std::ofstream(path.string(), std::ios::binary | std::ios::trunc)
+        << tar_of({{"k1.jpg", first}, {"k1.cls", "3"}, {"k2.png", second}, {"k2.cls", "1"}});
+  };
+  write(std::string(700, 'a'), std::string(20, 'b'));
+  const ImageShards shards = read_image_shards(path.string());
+  ASSERT_EQ(shards.samples.size(), 2u);
+  EXPECT_EQ(shards.samples[0].size, 700u);
+  EXPECT_EQ(shards.samples[0].offset, 512u);
+  EXPECT_EQ(shards.classes, 4);
+  write(std::string(700, 'x'), std::string(20, 'y'));  // the same layout, other bytes
+  const LabelledImage first = shard_image(shards, 0), second = shard_image(shards, 1);
+  EXPECT_EQ(std::string(first.bytes.begin(), first.bytes.end()), std::string(700, 'x'));
+  EXPECT_EQ(first.label, 3);
+  EXPECT_EQ(std::string(second.bytes.begin(), second.bytes.end()), std::string(20, 'y'));
+  EXPECT_EQ(second.name, path.string() + ":k2.png");
+  fs::resize_file(path, 600);
+  const std::string error = error_message([&] { shard_image(shards, 0); });
+  EXPECT_NE(error.find(path.string() + ":k1.jpg"), std::string::npos) << error;
+  EXPECT_NE(error.find("changed since it was scanned"), std::string::npos) << error;
+  EXPECT_THROW(shard_image(shards, 2), std::out_of_range);
+}
+
 // Truncated and bit-flipped PNGs, JPEGs and tar shards (a small fuzz of the parsers users'
 // files reach): each decodes or is a fusebox::Error, nothing else.
 TEST_F(ImageFolderTest, MutatedFilesDecodeOrAreErrors) {
