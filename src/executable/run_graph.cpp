@@ -13,6 +13,7 @@
 #include "backends/cuda/runtime/device.h"
 #include "executable/executables.h"
 #include "fusebox/backends/cpu_fast.h"
+#include "fusebox/passes/simplify.h"
 #include "fusebox/runtime/executable.h"
 
 namespace fusebox {
@@ -72,12 +73,14 @@ std::unique_ptr<Executable> Executable::compile(const Graph& graph, const Compil
   std::optional<Graph> prepared;
   if (options.pipeline.kind != PipelineKind::none) {
     PipelineOptions pipeline = options.pipeline;
+    const bool onednn = options.device == Device::cpu && options.cpu_kernels == CpuKernels::fast &&
+                        cpu_fast::built_with_onednn();
     // The CPU's fast kernels run f32 attention on oneDNN (fused: the scores written and read
     // once); the GPU's f32 products are faster unfused, on cuBLASLt.
-    pipeline.fusion.f32_attention = options.device == Device::cpu &&
-                                    options.cpu_kernels == CpuKernels::fast &&
-                                    cpu_fast::built_with_onednn();
+    pipeline.fusion.f32_attention = onednn;
     prepared = prepare_graph(graph, pipeline);
+    // oneDNN's matmul writes the classes-first logits itself (passes/simplify.h).
+    if (onednn) swap_transposed_products(*prepared);
   }
   const Graph& g = prepared ? *prepared : graph;
   return options.device == Device::cuda ? runtime::compile_cuda(g, options)

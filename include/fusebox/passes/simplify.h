@@ -65,6 +65,17 @@ size_t recognize_gelu(Graph& g, FusionLog* log = nullptr);
 // of transposes folded.
 size_t fold_gemm_transposes(Graph& g, FusionLog* log = nullptr);
 
+// swap_transposed_products: transpose(matmul(a, b)) swapping the last two dims, where only the
+// transpose reads the product (>= 16 MiB) and a is at most an eighth of it, becomes
+// matmul(b^T, a^T) (the same values: each element the same dot product): b^T a constant
+// transposed at compile, or the input of a transpose b came from; a^T a transpose of the small
+// operand. Why: a decoder's classes-first logits (GPT-2's [B, T, 50257] transposed to
+// [B, 50257, T] for a cross entropy over dim 1) were a 206 MB copy at batch 8 after the LM
+// head's product; swapped, the product writes that order. Run by Executable::compile for the
+// CPU's fast kernels (oneDNN reads the broadcast constant and the strided operand as they
+// are). Returns the number of products swapped.
+size_t swap_transposed_products(Graph& g, FusionLog* log = nullptr);
+
 // pad_product_columns: a matmul of rows [.., K] by a 2-D weight [K, N] whose N is not a
 // multiple of 8 becomes, where its flops pay for the copies (PadColumnsThresholds):
 //   rows = reshape(x, [M, K]); y' = matmul(rows, pad(w, N -> N')) [M, N'];
