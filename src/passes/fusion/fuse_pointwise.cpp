@@ -80,7 +80,10 @@ class Finder {
   // Whether node p joining the group of `sink` would keep u, a large value p reads, alive more
   // than kMaxDeferral nodes past its last reader outside the group (p included).
   bool deferred_too_long(ValueId u, NodeId p, const std::set<NodeId>& members, NodeId sink) const {
-    if (sink - p <= kMaxDeferral || g_.is_constant(u) || graph_inputs_.count(u)) return false;
+    // Inputs, outputs and constants live through the whole graph: nothing to extend.
+    if (sink - p <= kMaxDeferral || g_.is_constant(u) || graph_inputs_.count(u) ||
+        graph_outputs_.count(u))
+      return false;
     const TensorType& t = g_.value(u).type;
     if (size_t(numel(t.shape)) * dtype_size(t.dtype) < kDeferredBytes) return false;
     NodeId last = p;
