@@ -4,7 +4,10 @@
 // programs, against the unfused CUDA kernels, recorded into an executable's CUDA graph and
 // launched directly, and the kernel caches (memory, and a fresh disk cache directory).
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "backends/cuda/runtime/nvrtc.h"
 #include "backends/cuda/runtime/settings.h"
@@ -66,6 +69,48 @@ class FusedPointwiseTest : public ::testing::Test {
     EXPECT_TRUE(all_close(got[0], want[0], tol.rtol, tol.atol)) << pointwise_program_text(p);
   }
 };
+
+// A generated kernel NVRTC refuses (FUSEBOX_TEST_NVRTC_FAILURE=1 refuses them all) is no
+// error: the node runs unfused, one kernel per instruction, to the chain's tolerance; its
+// source is written to the temporary directory. A program of its own (leaky_relu's alpha
+// 0.3125 is in the source, as 0x1.4p-2f), so no other test's pattern is marked refused for the
+// process.
+TEST_F(FusedPointwiseTest, ARefusedKernelRunsUnfusedAndLeavesItsSource) {
+  const PointwiseProgram p{2,
+                           {{OpKind::mul, {0, 1}},
+                            {.op = OpKind::leaky_relu, .operands = {2}, .alpha = 0.3125},
+                            {OpKind::add, {3, 0}}}};
+  const std::vector<Tensor> inputs = {random_tensor(DType::f32, {2, 16, 8, 8}, 41, -2, 2),
+                                      random_tensor(DType::f32, {16, 1, 1}, 42, -1, 1)};
+  const auto sources = [] {
+    std::set<std::string> found;
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::temp_directory_path()))
+      if (e.path().filename().string().rfind("fusebox_generated_", 0) == 0)
+        found.insert(e.path().string());
+    return found;
+  };
+  const std::set<std::string> before = sources();
+  ASSERT_EQ(setenv("FUSEBOX_TEST_NVRTC_FAILURE", "1", 1), 0);
+  ::testing::internal::CaptureStderr();
+  expect_matches_cpu(p, inputs);
+  expect_matches_cpu(p, inputs);  // once refused, straight to the unfused ops
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  unsetenv("FUSEBOX_TEST_NVRTC_FAILURE");
+  EXPECT_NE(warned.find("did not compile"), std::string::npos) << warned;
+  EXPECT_NE(warned.find("runs unfused"), std::string::npos) << warned;
+  EXPECT_EQ(warned.find("did not compile", warned.find("did not compile") + 1), std::string::npos)
+      << "warned twice: " << warned;
+  std::set<std::string> added;
+  for (const std::string& s : sources())
+    if (!before.count(s)) added.insert(s);
+  ASSERT_EQ(added.size(), 1u);
+  std::ifstream source(*added.begin());
+  const std::string text((std::istreambuf_iterator<char>(source)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("0x1.4p-2"), std::string::npos);  // 0.3125, as the source spells it
+  std::filesystem::remove(*added.begin());
+}
 
 TEST_F(FusedPointwiseTest, PerChannelChainOnEveryDtype) {
   // [2,16,8,8]: 64 % W == 0, the vectorised step (per-channel inputs uniform);

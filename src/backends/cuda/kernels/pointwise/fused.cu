@@ -15,8 +15,22 @@
 //               index math over the merged walk (at most 8 dims, as the other kernels)
 // The pattern, the dtypes and W are all the generated source depends on (sizes, strides
 // and pointers are parameters), so equal patterns share one compiled kernel.
+//
+// A generated kernel NVRTC does not compile (or load) is not an error of the run: the source is
+// written to a file, a warning names the node and the file, and the node runs unfused, each
+// instruction as its own op's kernel on temporaries (the values of the ops the fusion took in;
+// a product and a sum the fused kernel contracts into one FMA round twice there). Once per
+// source: later recordings of the same pattern go straight to the unfused ops.
+// FUSEBOX_TEST_NVRTC_FAILURE=1 makes every generated kernel fail so (docs/settings.md: tests).
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
 
 #include "backends/cuda/device/math.cuh"
 #include "backends/cuda/kernels.h"
@@ -47,6 +61,59 @@ bool row_of(const FusedParams& p, int rank, size_t k, int w) {
   for (int d = 1; d < rank; ++d)
     if (p.stride[k][d] % w != 0) return false;
   return true;
+}
+
+// The program one instruction at a time, each its own op's kernel (run_node: any strides,
+// broadcasts, channels-last), the intermediate values on temporaries, the last into y.
+void run_unfused(Context& ctx, const Node& n, const std::vector<DType>& values, Inputs in,
+                 const DeviceTensor& y) {
+  const PointwiseProgram& program = std::get<PointwiseProgram>(n.attrs);
+  std::vector<DeviceTensor> computed;
+  computed.reserve(program.instrs.size());
+  for (size_t i = 0; i < program.instrs.size(); ++i) {
+    const PointwiseInstr& instr = program.instrs[i];
+    std::vector<const DeviceTensor*> operands;
+    Shape shape;
+    for (int32_t o : instr.operands) {
+      operands.push_back(o < program.inputs ? in[size_t(o)]
+                                            : &computed[size_t(o - program.inputs)]);
+      Shape merged;
+      FUSEBOX_CHECK(broadcast_shapes(shape, operands.back()->shape, &merged), node_label(n),
+                    "instruction ", i, "'s operands do not broadcast");
+      shape = merged;
+    }
+    Node node;
+    node.op = instr.op;
+    node.attrs = pointwise_instr_attrs(instr);
+    node.name = cat(n.name, "/unfused", i);
+    const bool last = i + 1 == program.instrs.size();
+    computed.push_back(last ? y : temporary_tensor(ctx, values[size_t(program.inputs) + i], shape));
+    run_node(ctx, node, operands, std::span<DeviceTensor>(&computed.back(), 1));
+  }
+}
+
+// The sources NVRTC refused in this process (their hashes): recorded again, they run unfused
+// without another try or warning.
+struct RefusedSources {
+  std::mutex mutex;
+  std::set<size_t> hashes;
+};
+RefusedSources& refused_sources() {
+  static auto* r = new RefusedSources();
+  return *r;
+}
+
+// Writes `source` next to the other temporary files and says so, naming the node.
+void report_refused(const Node& n, const std::string& source, size_t hash, const Error& e) {
+  char name[64];
+  std::snprintf(name, sizeof name, "fusebox_generated_%016zx.cu", hash);
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / name;
+  std::ofstream(file) << source;
+  std::fprintf(stderr,
+               "fusebox: %s: its generated kernel did not compile (%s); the source is in %s; the "
+               "node runs unfused (one kernel per op)\n",
+               node_label(n).c_str(), std::string(e.what()).substr(0, 300).c_str(),
+               file.string().c_str());
 }
 
 }  // namespace
@@ -139,8 +206,29 @@ void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out) {
     }
   }
 
-  const GeneratedKernel kernel = generated_kernel(ctx.device, fused_kernel_source(spec),
-                                                  kFusedKernelName, kDefaultThreads, node_label(n));
+  const std::string source = fused_kernel_source(spec);
+  const size_t hash = std::hash<std::string>{}(source);
+  RefusedSources& refused = refused_sources();
+  {
+    const std::lock_guard lock(refused.mutex);
+    if (refused.hashes.count(hash)) return run_unfused(ctx, n, spec.values, in, y);
+  }
+  GeneratedKernel kernel;
+  try {
+    const char* injected = std::getenv("FUSEBOX_TEST_NVRTC_FAILURE");
+    if (injected != nullptr && std::string(injected) == "1")
+      throw Error(node_label(n), "FUSEBOX_TEST_NVRTC_FAILURE=1: NVRTC refused it, as asked");
+    kernel = generated_kernel(ctx.device, source, kFusedKernelName, kDefaultThreads, node_label(n));
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const Error& e) {
+    {
+      const std::lock_guard lock(refused.mutex);
+      refused.hashes.insert(hash);
+    }
+    report_refused(n, source, hash, e);
+    return run_unfused(ctx, n, spec.values, in, y);
+  }
   BufferList reads;
   for (const DeviceTensor* t : in) reads.push_back(t->range());
   void* args[] = {&params};
