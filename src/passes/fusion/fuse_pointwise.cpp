@@ -92,9 +92,7 @@ class Finder {
     // u read by p and the group alone, from a producer that may join too: computed in the
     // group then (that producer's inputs checked when it joins).
     const NodeId q = g_.value(u).producer;
-    if (last == p && q >= 0 && fusible_[size_t(q)] && group_of_[size_t(q)] < 0 &&
-        !graph_outputs_.count(u))
-      return false;
+    if (last == p && q >= 0 && fusible_[size_t(q)] && group_of_[size_t(q)] < 0) return false;
     return sink - last > kMaxDeferral;
   }
 
