@@ -127,6 +127,23 @@ void merge_ranks(dist::Communicator* world, int64_t count, std::vector<double>& 
 //              the ranks' x together, the same bits on every rank.
 namespace {
 
+// batch_norm's and batch_norm_apply's x [N, C, D...] (checked: rank >= 2, inputs 1-4 of C
+// elements each) as N * C rows of `inner` elements.
+struct BatchNormRows {
+  int64_t batch = 0, channels = 0, inner = 0;
+};
+BatchNormRows batch_norm_rows(const Node& n, Inputs in) {
+  const Tensor& x = *in[0];
+  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
+  const BatchNormRows rows{x.dim(0), x.dim(1),
+                           numel(Shape(x.shape().begin() + 2, x.shape().end()))};
+  for (const Tensor* p : {in[1], in[2], in[3], in[4]}) {
+    FUSEBOX_CHECK(p->numel() == rows.channels, node_label(n), "per-channel input has ", p->numel(),
+                  " elements for ", rows.channels, " channels");
+  }
+  return rows;
+}
+
 // Stage "apply" of batch_norm and batch_norm_apply: y = (x - mean[c]) * k[c] + bias[c] in
 // f64, rounded to T, then the residual added and the relu, each as the unfused op.
 template <class T>
@@ -174,19 +191,14 @@ std::vector<double> as_stored(std::vector<double> values, DType param) {
 void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
-  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
+  const BatchNormRows rows = batch_norm_rows(n, in);
+  const int64_t batch = rows.batch, channels = rows.channels, inner = rows.inner;
   FUSEBOX_CHECK(
       in.size() <= 5 || !in[5] || (in[5]->shape() == x.shape() && in[5]->dtype() == x.dtype()),
       node_label(n), "the residual must be ", dtype_name(x.dtype()), shape_str(x.shape()),
       " like x");
-  const int64_t batch = x.dim(0), channels = x.dim(1);
-  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
   const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
   const std::vector<double> running_mean = in[3]->to_doubles(), running_var = in[4]->to_doubles();
-  for (const Tensor* p : {in[1], in[2], in[3], in[4]}) {
-    FUSEBOX_CHECK(p->numel() == channels, node_label(n), "per-channel input has ", p->numel(),
-                  " elements for ", channels, " channels");
-  }
 
   visit_float(n, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -244,13 +256,8 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
 void batch_norm_apply(const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
-  FUSEBOX_CHECK(x.rank() >= 2, node_label(n), "expects x of rank >= 2, got ", shape_str(x.shape()));
-  const int64_t batch = x.dim(0), channels = x.dim(1);
-  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
-  for (const Tensor* p : {in[1], in[2], in[3], in[4]}) {
-    FUSEBOX_CHECK(p->numel() == channels, node_label(n), "per-channel input has ", p->numel(),
-                  " elements for ", channels, " channels");
-  }
+  const BatchNormRows rows = batch_norm_rows(n, in);
+  const int64_t batch = rows.batch, channels = rows.channels, inner = rows.inner;
   const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
   const std::vector<double> mean = in[3]->to_doubles();
   std::vector<double> k = in[4]->to_doubles();

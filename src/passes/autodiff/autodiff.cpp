@@ -6,9 +6,11 @@
 //      those values get gradients, so nothing is built for a branch that no wrt reaches
 //      or that does not reach the loss.
 //   2. Seed the loss's gradient, then walk the forward nodes in reverse (the node list is
-//      a topological order). For a node with a needed output: sum each output's
-//      gradient contributions (add), run the op's VJP rule for the inputs that are
-//      needed, and record what it returns as contributions to those inputs.
+//      a topological order). For a node with a needed output: run the op's VJP rule on
+//      its outputs' gradients for the inputs that are needed, and add what it returns to
+//      those inputs' running sums (one add as each contribution arrives: a value read by
+//      many branches, an ASPP head's input by five convolutions, holds one sum, not every
+//      branch's gradient until its producer is reached).
 //   3. Each wrt's gradient is the sum of its contributions, or zeros when it has none.
 #include "fusebox/passes/autodiff.h"
 #include "fusebox/core/compile_trace.h"
@@ -167,7 +169,7 @@ class Pass {
 
     GradResult result;
     result.seed = make_seed(loss);
-    contributions_[loss].push_back(result.seed);
+    gradients_[loss] = result.seed;
 
     for (size_t i = num_nodes; i-- > 0;) {
       const Node node = g_.nodes()[i];  // a copy: emitting grows the node storage
@@ -222,14 +224,9 @@ class Pass {
   }
 
   // The summed gradient of v, or kNoValue when nothing contributed.
-  ValueId gradient_of(ValueId v) {
-    auto it = contributions_.find(v);
-    if (it == contributions_.end() || it->second.empty()) return kNoValue;
-    std::vector<ValueId>& parts = it->second;
-    ValueId sum = parts[0];
-    for (size_t i = 1; i < parts.size(); ++i) sum = e_.add(sum, parts[i]);
-    parts.assign(1, sum);
-    return sum;
+  ValueId gradient_of(ValueId v) const {
+    auto it = gradients_.find(v);
+    return it == gradients_.end() ? kNoValue : it->second;
   }
 
   void differentiate(const Node& node) {
@@ -253,14 +250,9 @@ class Pass {
       FUSEBOX_CHECK(got == want, node_label(node), "internal: the gradient of input ", i, " is ",
                     dtype_name(got.dtype), " ", shape_str(got.shape), " but the input is ",
                     dtype_name(want.dtype), " ", shape_str(want.shape));
-      // Summed as they come (the order gradient_of would sum them in): a value read by many
-      // branches (an ASPP head's input, five convolutions) holds one running sum, not every
-      // branch's gradient until its producer is reached.
-      std::vector<ValueId>& parts = contributions_[node.inputs[i]];
-      if (parts.empty())
-        parts.push_back(grads[i]);
-      else
-        parts[0] = e_.add(parts[0], grads[i]);
+      // The running sum (step 2 above).
+      const auto [sum, first] = gradients_.try_emplace(node.inputs[i], grads[i]);
+      if (!first) sum->second = e_.add(sum->second, grads[i]);
     }
   }
 
@@ -286,7 +278,7 @@ class Pass {
   const GradOptions& opts_;
   Emitter e_;
   std::vector<bool> needed_;
-  std::map<ValueId, std::vector<ValueId>> contributions_;
+  std::map<ValueId, ValueId> gradients_;  // by value: the sum of its contributions so far
 };
 
 }  // namespace
