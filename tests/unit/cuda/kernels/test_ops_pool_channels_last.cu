@@ -5,7 +5,8 @@
 // position (both layouts at once), ties and NaN, operands at an odd element offset (the
 // scalar fallback of the vectorised path), and mixed layouts (an Error). max_pool_backward
 // (dy, x) also in the contiguous layout, with stride > kernel, windows with no in-bounds
-// tap and all-equal inputs, bit for bit against the direct call given the indices.
+// tap and all-equal inputs, bit for bit against the direct call given the indices (through
+// one-byte tap codes, and i64 indices for a window of 343 taps).
 //
 // Inputs are uploaded NCHW and copied (copy_strided) into channels-last tensors; outputs
 // are channels-last, poisoned (0xFF bytes) first, and copied back to NCHW to compare.
@@ -324,6 +325,11 @@ std::vector<PoolCase> max_backward_cases() {
   cases.push_back({"1-d empty windows, C = 8", {2, 8, 2}, window({2}, {1}, {3}, {3}, {4})});
   cases.push_back(
       {"2-d empty windows, C = 5", {1, 5, 2, 3}, window({2, 2}, {1, 2}, {3, 0}, {3, 1}, {4, 1})});
+  // 343 taps: more than a one-byte tap code holds, so the (dy, x) form goes through i64
+  // indices; the cases above all take the tap codes.
+  cases.push_back({"3-d 7x7x7 s(1,2,1) pad (i64 indices), C = 8",
+                   {1, 8, 7, 9, 8},
+                   window({7, 7, 7}, {1, 2, 1}, {0, 1, 0}, {0, 1, 1})});
   return cases;
 }
 
@@ -382,7 +388,7 @@ TEST_F(PoolChannelsLastTest, MaxPoolBackwardFromXMatchesCpuAndIndices) {
       }
     }
   }
-  EXPECT_EQ(runs, 4 * 18 * 4 * 2);
+  EXPECT_EQ(runs, 4 * 19 * 4 * 2);
 }
 
 // Operands one element past a 16-byte boundary: the vectorised kernels' scalar fallback.

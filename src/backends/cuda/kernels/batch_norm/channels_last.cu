@@ -25,9 +25,11 @@
 // Deterministic: fixed chunks, fixed trees, no atomics.
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <type_traits>
 
 #include "backends/cuda/kernels/batch_norm/common.cuh"
+#include "backends/cuda/kernels/common/occupancy.cuh"
 #include "backends/cuda/kernels/norm/common.h"
 
 namespace fusebox::cuda::bn {
@@ -38,8 +40,6 @@ constexpr int kMaxTileUnits = 32;     // units per block row (one warp's worth)
 constexpr int kUnroll = 4;            // rows loaded at once (one tensor read)
 constexpr int kUnrollBackward = 2;    // rows loaded at once (two tensors read)
 constexpr int kMinRowsPerThread = 8;  // stage 1: each thread reduces at least this many rows
-constexpr int kStatsBlocksPerSm =
-    4;  // stage 1: blocks in all, per SM (as kernels/batch_norm/batch_norm.cu)
 
 // Unit i of p as W compute values (one 16-byte vector, or one element when W == 1).
 template <int W, class T>
@@ -389,22 +389,37 @@ Tiling tiling_for(const DeviceTensor& x, std::initializer_list<const DeviceTenso
   return t;
 }
 
-// Stage 1's grid: row chunks of at least kMinRowsPerThread rows per thread, about
-// kStatsBlocksPerSm blocks per SM in all.
-dim3 chunk_grid(Context& ctx, const Tiling& t, int64_t& rows_per_chunk) {
-  const int64_t sms = ctx.device.properties().sm_count;
-  const int64_t wanted = (kStatsBlocksPerSm * sms + t.col_tiles - 1) / t.col_tiles;
+// How many row blocks of `kernel` (over t.col_tiles column tiles) fit on the device at once:
+// the sums and the elementwise passes run one wave of them. Every block has the same rows to
+// do, so a grid of 1.33 waves (a fixed 4 blocks per SM where 74-register blocks fit 3)
+// takes as long as two.
+template <class Kernel>
+int64_t row_blocks_per_wave(Context& ctx, const Tiling& t, Kernel kernel) {
+  const DeviceProperties& props = ctx.device.properties();
+  const unsigned resident = persistent_grid(BoundKernel<Kernel>{kernel, kThreads},
+                                            int(t.block.x * t.block.y), 0, props, INT64_MAX);
+  FUSEBOX_CHECK(resident > 0, "batch_norm", "a ", t.block.x, "x", t.block.y,
+                " block of its channels-last kernel does not launch on this device");
+  return std::max<int64_t>(1, int64_t(resident) / t.col_tiles);
+}
+
+// Stage 1's grid: one wave (row_blocks_per_wave) of row chunks, at least kMinRowsPerThread
+// rows per thread.
+template <class Kernel>
+dim3 chunk_grid(Context& ctx, const Tiling& t, Kernel kernel, int64_t& rows_per_chunk) {
+  const int64_t wanted = row_blocks_per_wave(ctx, t, kernel);
   const int64_t most = std::max<int64_t>(1, t.rows / (int64_t(t.block.y) * kMinRowsPerThread));
   const int64_t chunks = std::clamp<int64_t>(wanted, 1, std::min<int64_t>(most, 65535));
   rows_per_chunk = (t.rows + chunks - 1) / chunks;
   return dim3(t.col_tiles, unsigned((t.rows + rows_per_chunk - 1) / rows_per_chunk));
 }
 
-// Stage 3's grid: enough row blocks for about kMaxGridStrideBlocks blocks in all, each
-// thread walking at least kUnroll rows.
-dim3 walk_grid(const Tiling& t) {
+// Stage 3's grid: at most one wave (row_blocks_per_wave), each thread walking at least
+// kUnroll rows.
+template <class Kernel>
+dim3 walk_grid(Context& ctx, const Tiling& t, Kernel kernel) {
   const int64_t per_block = int64_t(t.block.y) * kUnroll;
-  const int64_t wanted = std::max<int64_t>(1, kMaxGridStrideBlocks / t.col_tiles);
+  const int64_t wanted = row_blocks_per_wave(ctx, t, kernel);
   const int64_t row_blocks = std::clamp<int64_t>((t.rows + per_block - 1) / per_block, 1,
                                                  std::min<int64_t>(wanted, 65535));
   return dim3(t.col_tiles, unsigned(row_blocks));
@@ -426,15 +441,17 @@ Partials channels_last_stats(Context& ctx, const DeviceTensor& x) {
   using C = compute_t<T>;
   const Tiling t = tiling_for<T>(x, {&x});
   int64_t rows_per_chunk = 0;
-  const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
-  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * sizeof(Moments<C>)),
-             grid.y};
+  std::optional<Partials> p;  // sized by the grid, which depends on the kernel
   with_width<T>(t, [&](auto width) {
-    ctx.encoder.launch(&bn_cl_stats<T, decltype(width)::value>, grid, t.block, 0, {x.range()},
-                       {p.buffer}, x.as<const T>(), t.rows, t.units, rows_per_chunk,
-                       static_cast<Moments<C>*>(p.buffer.data()));
+    const auto kernel = &bn_cl_stats<T, decltype(width)::value>;
+    const dim3 grid = chunk_grid(ctx, t, kernel, rows_per_chunk);
+    p.emplace(
+        ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * sizeof(Moments<C>)),
+        grid.y);
+    ctx.encoder.launch(kernel, grid, t.block, 0, {x.range()}, {p->buffer}, x.as<const T>(), t.rows,
+                       t.units, rows_per_chunk, static_cast<Moments<C>*>(p->buffer.data()));
   });
-  return p;
+  return *p;
 }
 
 template <class T>
@@ -446,10 +463,10 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
     with_relu(relu, [&](auto fused) {
-      ctx.encoder.launch(&bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>,
-                         walk_grid(t), t.block, 0, reads, {y.range()}, x.as<const T>(),
-                         residual ? residual->as<const T>() : nullptr, y.as<T>(), t.rows, t.units,
-                         static_cast<const Coefficients<C>*>(coef.data()));
+      const auto kernel = &bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>;
+      ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {y.range()},
+                         x.as<const T>(), residual ? residual->as<const T>() : nullptr, y.as<T>(),
+                         t.rows, t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }
@@ -461,21 +478,22 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
   using C = compute_t<T>;
   const Tiling t = tiling_for<T>(x, {&x, &dy, mask.y});
   int64_t rows_per_chunk = 0;
-  const dim3 grid = chunk_grid(ctx, t, rows_per_chunk);
-  Partials p{ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
-             grid.y};
+  std::optional<Partials> p;  // sized by the grid, which depends on the kernel
   const BufferList reads =
       norm::ranges({&x, &dy, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
-      ctx.encoder.launch(&bn_cl_backward_sums<T, P, decltype(width)::value, decltype(from)::value>,
-                         grid, t.block, 0, reads, {p.buffer}, x.as<const T>(), dy.as<const T>(),
-                         mask.y_data<T>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-                         mask.scale_data<P>(), mask.bias_data<P>(), t.rows, t.units, rows_per_chunk,
-                         static_cast<C*>(p.buffer.data()));
+      const auto kernel = &bn_cl_backward_sums<T, P, decltype(width)::value, decltype(from)::value>;
+      const dim3 grid = chunk_grid(ctx, t, kernel, rows_per_chunk);
+      p.emplace(ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
+                grid.y);
+      ctx.encoder.launch(kernel, grid, t.block, 0, reads, {p->buffer}, x.as<const T>(),
+                         dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
+                         saved_inv_std.as<const P>(), mask.scale_data<P>(), mask.bias_data<P>(),
+                         t.rows, t.units, rows_per_chunk, static_cast<C*>(p->buffer.data()));
     });
   });
-  return p;
+  return *p;
 }
 
 template <class T>
@@ -488,10 +506,10 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
-      ctx.encoder.launch(&bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>,
-                         walk_grid(t), t.block, 0, reads, {dx.range()}, x.as<const T>(),
-                         dy.as<const T>(), mask.y_data<T>(), dx.as<T>(), t.rows, t.units,
-                         static_cast<const Coefficients<C>*>(coef.data()));
+      const auto kernel = &bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>;
+      ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {dx.range()},
+                         x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), dx.as<T>(), t.rows,
+                         t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }

@@ -34,19 +34,25 @@ constexpr int kThreads = 256;
 
 // y = max over each window, indices its position (see the header comment). `narrow`: the
 // walk fits uint32_t. y or indices may be null (max_pool_backward only wants indices).
-template <class T, int V, bool kCL>
+// kTaps: the lanes' tap codes into `taps` (window.cuh) instead of y and indices. kUnit:
+// unit_windows(g) (window.cuh).
+template <class T, int V, bool kCL, bool kUnit, bool kTaps = false>
 __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int64_t* indices,
-                                bool indices_cl) {
+                                bool indices_cl, uint8_t* taps) {
   using C = compute_t<T>;
   const int64_t units = g.channels / V, in_size = g.in_size(), out_size = g.out_size();
   const int64_t total = g.batch * units * out_size;
   for (int64_t w = global_thread_index(); w < total; w += grid_stride()) {
     const Site s = locate<kCL>(w, units, g.out, narrow);
     const int64_t c0 = s.unit * V;
-    const TapRange t0 = window_taps(g, 0, s.p[0]), t1 = window_taps(g, 1, s.p[1]),
-                   t2 = window_taps(g, 2, s.p[2]);
+    const TapRange t0 = taps_of<kUnit>(g, 0, s.p[0]), t1 = taps_of<kUnit>(g, 1, s.p[1]),
+                   t2 = taps_of<kUnit>(g, 2, s.p[2]);
+    // The kernel tap of each dim's first in-bounds tap (for the tap codes).
+    const int64_t j0 = kTaps ? tap_along<kUnit>(g, 0, t0.first, s.p[0]) : 0,
+                  j1 = kTaps ? tap_along<kUnit>(g, 1, t1.first, s.p[1]) : 0,
+                  j2 = kTaps ? tap_along<kUnit>(g, 2, t2.first, s.p[2]) : 0;
     C best[V];
-    int64_t best_at[V];  // spatial offset of the lane's max; -1 before the first tap
+    int64_t best_at[V];  // spatial offset (kTaps: tap code) of the lane's max; -1 before the first
 #pragma unroll
     for (int l = 0; l < V; ++l) {
       best[l] = C(-INFINITY);
@@ -58,14 +64,22 @@ __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int
         const int64_t i1 = t1.first + b * g.dilation[1];
         for (int64_t c = 0; c < t2.count; ++c) {
           const int64_t sp = spatial_offset(g.in, i0, i1, t2.first + c * g.dilation[2]);
+          const int64_t at = kTaps ? tap_code(g, j0 + a, j1 + b, j2 + c) : sp;
           C v[V];
           load_lanes<V>(x, element_at<kCL>(s.n, c0, g.channels, in_size, sp), v);
 #pragma unroll
-          for (int l = 0; l < V; ++l) keep_max(best[l], best_at[l], v[l], sp);
+          for (int l = 0; l < V; ++l) keep_max(best[l], best_at[l], v[l], at);
         }
       }
     }
     const int64_t out_sp = spatial_offset(g.out, s.p[0], s.p[1], s.p[2]);
+    if constexpr (kTaps) {
+      const int64_t first = element_at<kCL>(s.n, c0, g.channels, out_size, out_sp);
+#pragma unroll
+      for (int l = 0; l < V; ++l)  // kCL: the lanes' codes are V consecutive bytes
+        taps[first + l] = uint8_t(best_at[l] < 0 ? kNoTap : best_at[l]);
+      continue;
+    }
     if (y) store_lanes<V>(y, element_at<kCL>(s.n, c0, g.channels, out_size, out_sp), best);
     if (indices) {
 #pragma unroll
@@ -80,7 +94,7 @@ __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int
 }
 
 // y = the window's in-bounds sum / its divisor (see the header comment).
-template <class T, int V, bool kCL>
+template <class T, int V, bool kCL, bool kUnit>
 __global__ void avg_pool_kernel(PoolWindow g, bool narrow, bool count_include_pad, const T* x,
                                 T* y) {
   using C = compute_t<T>;
@@ -89,8 +103,8 @@ __global__ void avg_pool_kernel(PoolWindow g, bool narrow, bool count_include_pa
   for (int64_t w = global_thread_index(); w < total; w += grid_stride()) {
     const Site s = locate<kCL>(w, units, g.out, narrow);
     const int64_t c0 = s.unit * V;
-    const TapRange t0 = window_taps(g, 0, s.p[0]), t1 = window_taps(g, 1, s.p[1]),
-                   t2 = window_taps(g, 2, s.p[2]);
+    const TapRange t0 = taps_of<kUnit>(g, 0, s.p[0]), t1 = taps_of<kUnit>(g, 1, s.p[1]),
+                   t2 = taps_of<kUnit>(g, 2, s.p[2]);
     C sum[V];
 #pragma unroll
     for (int l = 0; l < V; ++l) sum[l] = 0;
@@ -269,12 +283,39 @@ void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g
   visit_device_float(where, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
-      constexpr int V = decltype(vec)::value;
-      const int64_t work = outputs / V;
-      ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value>,
-                         dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
-                         writes, g, fits_u32(work), x.as<const T>(), y ? y->as<T>() : nullptr,
-                         indices ? indices->as<int64_t>() : nullptr, idx_cl);
+      visit_unit_windows(g, [&](auto unit) {
+        constexpr int V = decltype(vec)::value;
+        const int64_t work = outputs / V;
+        ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value, decltype(unit)::value>,
+                           dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
+                           writes, g, fits_u32(work), x.as<const T>(), y ? y->as<T>() : nullptr,
+                           indices ? indices->as<int64_t>() : nullptr, idx_cl,
+                           static_cast<uint8_t*>(nullptr));
+      });
+    });
+  });
+}
+
+void launch_max_pool_taps(Context& ctx, const std::string& where, const PoolWindow& g,
+                          const DeviceTensor& x, const BufferRange& taps) {
+  FUSEBOX_CHECK(fits_tap_codes(g), where, "tap codes need a window of fewer than ", kNoTap,
+                " taps");
+  const PoolLayout layout = pool_layout(where, {{"x", &x}});
+  const int64_t outputs = g.batch * g.channels * g.out_size();
+  FUSEBOX_CHECK(taps.bytes >= size_t(outputs), where, "tap codes need ", outputs, " bytes");
+  if (outputs == 0) return;
+  visit_device_float(where, x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
+      visit_unit_windows(g, [&](auto unit) {
+        constexpr int V = decltype(vec)::value;
+        const int64_t work = outputs / V;
+        ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value, decltype(unit)::value, true>,
+                           dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
+                           {taps}, g, fits_u32(work), x.as<const T>(), static_cast<T*>(nullptr),
+                           static_cast<int64_t*>(nullptr), false,
+                           static_cast<uint8_t*>(taps.data()));
+      });
     });
   });
 }
@@ -308,12 +349,14 @@ void avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out) {
   visit_device_float(where, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
-      constexpr int V = decltype(vec)::value;
-      const int64_t work = y.numel() / V;
-      ctx.encoder.launch(&avg_pool_kernel<T, V, decltype(cl)::value>,
-                         dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
-                         {y.range()}, g, fits_u32(work), attrs.count_include_pad, x.as<const T>(),
-                         y.as<T>());
+      visit_unit_windows(g, [&](auto unit) {
+        constexpr int V = decltype(vec)::value;
+        const int64_t work = y.numel() / V;
+        ctx.encoder.launch(&avg_pool_kernel<T, V, decltype(cl)::value, decltype(unit)::value>,
+                           dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
+                           {y.range()}, g, fits_u32(work), attrs.count_include_pad, x.as<const T>(),
+                           y.as<T>());
+      });
     });
   });
 }

@@ -107,6 +107,21 @@ inline void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b,
 void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g,
                      const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices);
 
+// Tap codes: max_pool_backward's compact form of the forward's choice. Per output element
+// (indexed as an element of dy, in x's layout), one byte: the kernel tap its window's max
+// sits at, (j0 * kernel[1] + j1) * kernel[2] + j2 with j_d < kernel[d] (padding taps
+// counted, so the code is the same whichever taps are in bounds), or kNoTap for a window
+// with no in-bounds tap. For kernels of fewer than kNoTap taps (fits_tap_codes); an i64
+// index per output costs 8x the bytes to write and to read back, which made the stem pool's
+// backward of ResNet-50 training its slowest node (H200, bf16, batch 128: 1.10 ms).
+inline constexpr int kNoTap = 255;
+inline bool fits_tap_codes(const PoolWindow& g) {
+  return g.kernel[0] * g.kernel[1] * g.kernel[2] < kNoTap;
+}
+// max_pool's kernel for x into `taps` (bytes, dy.numel() of them; the layout of x).
+void launch_max_pool_taps(Context& ctx, const std::string& where, const PoolWindow& g,
+                          const DeviceTensor& x, const BufferRange& taps);
+
 // ---- indexing (device) ---------------------------------------------------------------------
 
 // Element (n, c, spatial offset sp) of a dense [N, C, D...] tensor with `size` = prod(D).
@@ -150,6 +165,85 @@ __device__ __forceinline__ Site locate(int64_t w, int64_t units, const int64_t (
                                        bool narrow) {
   return narrow ? locate_as<kCL>(uint32_t(w), uint32_t(units), ext)
                 : locate_as<kCL>(uint64_t(w), uint64_t(units), ext);
+}
+
+// ---- window arithmetic, fast where every dilation is 1 ---------------------------------------
+// pool_window.h's forms divide by the dilation and the stride in 64 bits, a few times per
+// output (and per window holding an input in the backward): in kernels that do a few loads
+// per element that division was the cost (ResNet-50's stem pool, bf16 batch 256 on an H200:
+// backward 1.92 ms, forward 0.49 ms for 0.5 GB moved). Where every dilation is 1 and every
+// extent fits 32 bits (unit_windows, the kernels' kUnit), the taps take no division and the
+// windows holding a position one 32-bit division by the stride (none for stride 1). Same
+// results as the generic forms.
+inline bool unit_windows(const PoolWindow& g) {
+  constexpr int64_t kMost = int64_t(1) << 30;
+  for (int d = 0; d < 3; ++d)
+    if (g.dilation[d] != 1 || g.in[d] + g.pad_lo[d] + g.pad_hi[d] >= kMost ||
+        g.out[d] * g.stride[d] >= kMost || g.kernel[d] >= kMost)
+      return false;
+  return true;
+}
+
+// Calls f(std::bool_constant<unit_windows(g)>).
+template <class F>
+void visit_unit_windows(const PoolWindow& g, F&& f) {
+  if (unit_windows(g))
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// window_taps (pool_window.h).
+template <bool kUnit>
+__device__ __forceinline__ TapRange taps_of(const PoolWindow& g, int d, int64_t o) {
+  if constexpr (!kUnit) {
+    return window_taps(g, d, o);
+  } else {
+    const int64_t start = o * g.stride[d] - g.pad_lo[d], k = g.kernel[d];
+    const int64_t j_first = clamp_index(-start, 0, k), j_end = clamp_index(g.in[d] - start, 0, k);
+    TapRange t;
+    t.first = start + j_first;
+    t.count = j_end > j_first ? j_end - j_first : 0;
+    t.padded =
+        clamp_index(g.in[d] + g.pad_hi[d] - start, 0, k) - clamp_index(-g.pad_lo[d] - start, 0, k);
+    return t;
+  }
+}
+
+// windows_holding (pool_window.h).
+template <bool kUnit>
+__device__ __forceinline__ OutputSpan holding(const PoolWindow& g, int d, int64_t i) {
+  if constexpr (!kUnit) {
+    return windows_holding(g, d, i);
+  } else {
+    const int reach = int(i + g.pad_lo[d]), below = int(g.kernel[d]) - 1, s = int(g.stride[d]);
+    const int low = reach - below;  // o * s >= low
+    int lowest = s == 1 ? low : (low >= 0 ? (low + s - 1) / s : -(-low / s));
+    const int highest = s == 1 ? reach : reach / s;  // reach >= 0
+    OutputSpan span;
+    span.first = lowest > 0 ? lowest : 0;
+    span.last = highest < g.out[d] - 1 ? highest : g.out[d] - 1;
+    return span;
+  }
+}
+
+// is_window_tap (pool_window.h): always, with unit dilation.
+template <bool kUnit>
+__device__ __forceinline__ bool holds(const PoolWindow& g, int d, int64_t i, int64_t o) {
+  if constexpr (kUnit)
+    return true;
+  else
+    return is_window_tap(g, d, i, o);
+}
+
+// The tap of output o's window along dim d at input position i (holds(g, d, i, o)).
+template <bool kUnit>
+__device__ __forceinline__ int64_t tap_along(const PoolWindow& g, int d, int64_t i, int64_t o) {
+  const int64_t offset = i + g.pad_lo[d] - o * g.stride[d];
+  return kUnit ? offset : offset / g.dilation[d];
+}
+__device__ __forceinline__ int tap_code(const PoolWindow& g, int64_t j0, int64_t j1, int64_t j2) {
+  return int((j0 * g.kernel[1] + j1) * g.kernel[2] + j2);
 }
 
 __device__ __forceinline__ int64_t spatial_offset(const int64_t (&ext)[3], int64_t p0, int64_t p1,
