@@ -1,6 +1,7 @@
 // Random pointwise chains for the fused_pointwise tests (CPU, pass, CUDA): a program over
 // inputs of numpy-broadcast shapes and float dtypes, and the same computation as a graph of
 // the unfused ops (one node per instruction), which must give the same bits on the CPU.
+// Instructions: casts, the unary and binary pointwise ops, unary_backward of the activations.
 //
 //   RandomChain c = random_chain(seed);
 //   run_graph(fused_graph(c), c.feeds())  ==  run_graph(unfused_graph(c), c.feeds())
@@ -27,6 +28,7 @@ struct ChainOptions {
   bool random_shape = true;
   bool well_conditioned = false;  // no sub, div, pow, reciprocal, exp, log, rsqrt (GPU
                                   // comparisons: no cancellation or blow-up of ulps)
+  bool derivatives = true;        // unary_backward instructions too (dy and x of one shape)
 };
 
 struct RandomChain {
@@ -64,6 +66,7 @@ class Builder {
       }
       c.inputs.push_back(random_tensor(t, s, seed * 101 + uint64_t(j), -2.0, 2.0));
       dtypes_.push_back(t);
+      shapes_.push_back(s);
     }
     for (int i = 1 + pick(o_.max_instrs); i > 0; --i) instruction();
     // Every input and every instruction but the last read: the unread are added in.
@@ -89,8 +92,15 @@ class Builder {
   int32_t push(PointwiseInstr ins) {
     DType t = dtypes_[size_t(ins.operands[0])];
     if (ins.op == OpKind::cast) t = ins.to;
+    Shape shape;
+    for (int32_t a : ins.operands) {
+      Shape merged;
+      broadcast_shapes(shape, shapes_[size_t(a)], &merged);
+      shape = merged;
+    }
     instrs_.push_back(std::move(ins));
     dtypes_.push_back(t);
+    shapes_.push_back(shape);
     return last();
   }
 
@@ -120,6 +130,7 @@ class Builder {
         a = push({OpKind::abs, {a}});  // in their domain (0 aside)
       return push_unary(op, a);
     }
+    if (kind == 9 && o_.derivatives) return push_derivative(a);
     const OpKind op = kBinary[pick(int(std::size(kBinary)))];
     if (o_.well_conditioned && (op == OpKind::sub || op == OpKind::div || op == OpKind::pow)) {
       push({OpKind::mul, {a, same_dtype(a)}});
@@ -143,6 +154,23 @@ class Builder {
     push(std::move(ins));
   }
 
+  // unary_backward (dy = a, x = a value of a's dtype and shape) of an activation the programs
+  // take (is_program_derivative), with random attributes.
+  void push_derivative(int32_t a) {
+    static const OpKind kForward[] = {OpKind::relu, OpKind::leaky_relu, OpKind::gelu,
+                                      OpKind::silu, OpKind::sigmoid,    OpKind::tanh};
+    std::vector<int32_t> same;
+    for (int32_t v = 0; v <= last(); ++v)
+      if (dtypes_[size_t(v)] == dtypes_[size_t(a)] && shapes_[size_t(v)] == shapes_[size_t(a)])
+        same.push_back(v);
+    PointwiseInstr ins{OpKind::unary_backward, {a, same[size_t(pick(int(same.size())))]}};
+    ins.of = kForward[pick(int(std::size(kForward)))];
+    static const double kAlphas[] = {0.01, 0.2, 1.5};
+    ins.alpha = kAlphas[pick(3)];
+    ins.tanh_approximation = pick(2) == 0;
+    push(std::move(ins));
+  }
+
   // Another value of a's dtype (a itself when there is none).
   int32_t same_dtype(int32_t a) {
     std::vector<int32_t> same;
@@ -154,6 +182,7 @@ class Builder {
   std::mt19937_64 rng_;
   const ChainOptions& o_;
   std::vector<DType> dtypes_;  // every value's
+  std::vector<Shape> shapes_;  // every value's
   std::vector<PointwiseInstr> instrs_;
 };
 

@@ -12,11 +12,32 @@ namespace fusebox {
 
 bool is_pointwise_program_op(OpKind op) {
   const OpFamily family = op_info(op).family;
-  return family == OpFamily::unary || family == OpFamily::binary || op == OpKind::cast;
+  return family == OpFamily::unary || family == OpFamily::binary || op == OpKind::cast ||
+         op == OpKind::unary_backward;
+}
+
+bool is_program_derivative(OpKind op) {
+  switch (op) {
+    case OpKind::relu:
+    case OpKind::leaky_relu:
+    case OpKind::gelu:
+    case OpKind::silu:
+    case OpKind::sigmoid:
+    case OpKind::tanh:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_pointwise_instr_node(const Node& n) {
+  if (!is_pointwise_program_op(n.op)) return false;
+  const auto* a = std::get_if<UnaryBackwardAttrs>(&n.attrs);
+  return n.op != OpKind::unary_backward || (a && is_program_derivative(a->op));
 }
 
 int pointwise_arity(OpKind op) {
-  return op_info(op).family == OpFamily::binary ? 2 : 1;
+  return op_info(op).family == OpFamily::binary || op == OpKind::unary_backward ? 2 : 1;
 }
 
 std::string pointwise_operand_name(const PointwiseProgram& p, int32_t index) {
@@ -40,7 +61,10 @@ std::vector<DType> check_pointwise_program(const PointwiseProgram& p, std::span<
   std::vector<bool> read(size_t(k) + p.instrs.size(), false);
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const PointwiseInstr& ins = p.instrs[i];
-    if (!is_pointwise_program_op(ins.op)) fail(i, "not a unary or binary pointwise op or cast");
+    if (!is_pointwise_program_op(ins.op))
+      fail(i, "not a unary or binary pointwise op, cast or unary_backward");
+    if (ins.op == OpKind::unary_backward && !is_program_derivative(ins.of))
+      fail(i, cat("the derivative of ", op_name(ins.of), " is not a program instruction"));
     const int arity = pointwise_arity(ins.op);
     if (int(ins.operands.size()) != arity)
       fail(i,
@@ -62,7 +86,8 @@ std::vector<DType> check_pointwise_program(const PointwiseProgram& p, std::span<
                   ") and ", pointwise_operand_name(p, ins.operands[1]), " (",
                   dtype_name(dtypes[size_t(ins.operands[1])]), ") have different dtypes"));
     }
-    if (ins.op == OpKind::leaky_relu && !std::isfinite(ins.alpha))
+    const OpKind formula = ins.op == OpKind::unary_backward ? ins.of : ins.op;
+    if (formula == OpKind::leaky_relu && !std::isfinite(ins.alpha))
       fail(i, cat("alpha ", ins.alpha, " must be finite"));
     if (ins.op == OpKind::clip && (std::isnan(ins.min) || std::isnan(ins.max) || ins.min > ins.max))
       fail(i, cat("clip bounds [", ins.min, ", ", ins.max, "] must be ordered and not NaN"));
@@ -87,6 +112,13 @@ PointwiseInstr pointwise_instr(const Node& n, std::vector<int32_t> operands) {
     ins.max = a->max;
   }
   if (const auto* a = std::get_if<CastAttrs>(&n.attrs)) ins.to = a->to;
+  if (const auto* a = std::get_if<UnaryBackwardAttrs>(&n.attrs)) {
+    ins.of = a->op;
+    ins.alpha = a->alpha;
+    ins.tanh_approximation = a->tanh_approximation;
+    ins.min = a->min;
+    ins.max = a->max;
+  }
   return ins;
 }
 
@@ -100,6 +132,8 @@ Attrs pointwise_instr_attrs(const PointwiseInstr& ins) {
       return ClipAttrs{ins.min, ins.max};
     case OpKind::cast:
       return CastAttrs{ins.to};
+    case OpKind::unary_backward:
+      return UnaryBackwardAttrs{ins.of, ins.alpha, ins.tanh_approximation, ins.min, ins.max};
     default:
       return std::monostate{};
   }
@@ -112,9 +146,11 @@ std::string pointwise_program_text(const PointwiseProgram& p) {
     out += cat(i ? "; " : "", "t", i, "=", op_name(ins.op), "(");
     for (size_t o = 0; o < ins.operands.size(); ++o)
       out += cat(o ? "," : "", pointwise_operand_name(p, ins.operands[o]));
-    if (ins.op == OpKind::leaky_relu) out += cat(",alpha=", ins.alpha);
-    if (ins.op == OpKind::gelu && ins.tanh_approximation) out += ",approximate=tanh";
-    if (ins.op == OpKind::clip) out += cat(",min=", ins.min, ",max=", ins.max);
+    const OpKind formula = ins.op == OpKind::unary_backward ? ins.of : ins.op;
+    if (ins.op == OpKind::unary_backward) out += cat(",of=", op_name(ins.of));
+    if (formula == OpKind::leaky_relu) out += cat(",alpha=", ins.alpha);
+    if (formula == OpKind::gelu && ins.tanh_approximation) out += ",approximate=tanh";
+    if (formula == OpKind::clip) out += cat(",min=", ins.min, ",max=", ins.max);
     if (ins.op == OpKind::cast) out += cat(",to=", dtype_name(ins.to));
     out += ")";
   }

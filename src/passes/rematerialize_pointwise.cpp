@@ -17,6 +17,13 @@ namespace {
 
 constexpr int kMaxRounds = 32;
 
+// The elementwise ops this pass copies, and counts as elementwise readers: the generated
+// programs' members but unary_backward, whose values are gradients, computed once where they
+// arise (a program member since it fuses with its neighbours; this pass was measured without).
+bool is_elementwise(const Graph& g, const Node& n) {
+  return n.op != OpKind::unary_backward && is_pointwise_member(g, n);
+}
+
 // A training batch_norm whose y (output 0) batch_norm_apply computes again bit for bit: its
 // saved statistics are outputs (3 and 4) stored in x's compute type and no residual is fused
 // (y would need it too). Synchronized norms are left alone: their y would be as exact (the
@@ -79,7 +86,7 @@ class Planner {
     // Copies that a late reader cannot take into its generated kernel (it is not elementwise)
     // are a pass over memory of their own: made for a large widening cast only.
     const bool fused = std::all_of(r.begin() + std::ptrdiff_t(split), r.end(),
-                                   [&](NodeId n) { return is_pointwise_member(g_, g_.node(n)); });
+                                   [&](NodeId n) { return is_elementwise(g_, g_.node(n)); });
     if (!fused && !large_widening_cast(v, plan)) return std::nullopt;
     std::sort(plan.chain.begin(), plan.chain.end());
     return plan;
@@ -102,7 +109,7 @@ class Planner {
       if (g_.node(reader).op == OpKind::batch_norm_apply) return std::nullopt;
     for (size_t i = split; i < r.size(); ++i) {
       const Node& reader = g_.node(r[i]);
-      if (!is_pointwise_member(g_, reader) && reader.op != OpKind::batch_norm_backward)
+      if (!is_elementwise(g_, reader) && reader.op != OpKind::batch_norm_backward)
         return std::nullopt;
     }
     double cost = 0;  // the leaves kept alive until the copy
@@ -134,7 +141,7 @@ class Planner {
   std::optional<double> recompute(ValueId u, NodeId at, std::vector<NodeId>& chain,
                                   std::set<ValueId>& provided) const {
     const NodeId p = g_.value(u).producer;
-    if (p < 0 || !is_pointwise_member(g_, g_.node(p)) || chain.size() >= options_.max_chain)
+    if (p < 0 || !is_elementwise(g_, g_.node(p)) || chain.size() >= options_.max_chain)
       return std::nullopt;
     chain.push_back(p);
     double cost = 0;
@@ -235,8 +242,7 @@ size_t rematerialize_pointwise(Graph& g, FusionLog* /*log*/, const Rematerialize
     std::set<ValueId> recomputed, reached;
     for (size_t i = g.nodes().size(); i-- > 0;) {
       const Node& n = g.nodes()[i];
-      if (!(is_pointwise_member(g, n) || recomputable_batch_norm(g, n)) ||
-          reached.count(n.outputs[0]))
+      if (!(is_elementwise(g, n) || recomputable_batch_norm(g, n)) || reached.count(n.outputs[0]))
         continue;
       std::optional<Plan> plan = planner.plan(n.outputs[0]);
       if (!plan) continue;

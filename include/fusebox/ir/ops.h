@@ -189,8 +189,10 @@ struct ClipAttrs {  // min/max of +-infinity mean unbounded
 //   of instructions: instruction i computes `op` on its operands, where an index < k names
 //   input `index` and k + j names instruction j's result (j < i); y is the last one's value.
 //   ops: the unary pointwise ops (relu .. clip, their attributes held here), the binary
-//   ones (add .. pow) and cast (float to float). Every input and every instruction but the
-//   last is read by some instruction.
+//   ones (add .. pow), cast (float to float) and unary_backward (dy, x) of the activations
+//   whose derivative the generator writes (is_program_derivative: relu, leaky_relu, gelu,
+//   silu, sigmoid, tanh; the forward op in `of`, its attributes held here). Every input and
+//   every instruction but the last is read by some instruction.
 //   Semantics: every instruction is its op exactly as the op alone: computed in f32 (f64
 //   for f64) from its operands' values and rounded to the dtype that op gives (its operand's;
 //   a binary op's operands share one, except pow's exponent, any float dtype; cast's `to`).
@@ -200,7 +202,9 @@ struct ClipAttrs {  // min/max of +-infinity mean unbounded
 //   on graphs that are not differentiated.
 struct PointwiseInstr {
   OpKind op = OpKind::add;
-  std::vector<int32_t> operands;    // 1 (unary ops, cast) or 2 (binary ops; pow: base, exponent)
+  std::vector<int32_t> operands;    // 1 (unary ops, cast) or 2 (binary ops; pow: base, exponent;
+                                    // unary_backward: dy, x)
+  OpKind of = OpKind::relu;         // unary_backward: the forward op
   double alpha = 0.01;              // leaky_relu
   bool tanh_approximation = false;  // gelu
   double min = -std::numeric_limits<double>::infinity();  // clip

@@ -16,12 +16,12 @@
 //                  the broadcast dims.
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <utility>
 
 #include "data_movement.h"
 #include "kernel_util.h"
 #include "kernels.h"
+#include "pointwise_math.h"
 
 namespace fusebox::cpu {
 
@@ -41,91 +41,13 @@ void map_unary_backward(const Tensor& dy, const Tensor& x, Tensor& dx, F df) {
   });
 }
 
-// 1 / (1 + e^-v): e^-v overflows to inf for very negative v, giving 0, never NaN.
-template <class C>
-C logistic(C v) {
-  return C(1) / (C(1) + std::exp(-v));
-}
-
 template <class T>
 void unary_backward_typed(const Node& n, const Tensor& dy, const Tensor& x, Tensor& dx) {
   using C = compute_t<T>;
   const auto& a = std::get<UnaryBackwardAttrs>(n.attrs);
-  switch (a.op) {
-    case OpKind::relu:  // relu'(0) = 0
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return v > 0 ? C(1) : C(0); });
-    case OpKind::leaky_relu: {  // slope alpha at 0 (PyTorch)
-      const C alpha = C(a.alpha);
-      return map_unary_backward<T>(dy, x, dx, [alpha](C v) { return v > 0 ? C(1) : alpha; });
-    }
-    case OpKind::gelu:
-      if (a.tanh_approximation) {
-        // u = k (v + 0.044715 v^3), k = sqrt(2/pi):
-        // d/dv 0.5 v (1 + tanh u) = 0.5 (1 + tanh u) + 0.5 v (1 - tanh^2 u) k (1 + 3*0.044715 v^2)
-        const C k = std::numbers::sqrt2_v<C> * std::numbers::inv_sqrtpi_v<C>;
-        return map_unary_backward<T>(dy, x, dx, [k](C v) {
-          const C t = std::tanh(k * (v + C(0.044715) * v * v * v));
-          return C(0.5) * (C(1) + t) +
-                 C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(3 * 0.044715) * v * v);
-        });
-      }
-      // d/dv v Phi(v) = Phi(v) + v phi(v)
-      return map_unary_backward<T>(dy, x, dx, [](C v) {
-        const C cdf = C(0.5) * (C(1) + std::erf(v * C(std::numbers::sqrt2 / 2)));
-        const C pdf =
-            std::exp(C(-0.5) * v * v) * C(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
-        return cdf + v * pdf;
-      });
-    case OpKind::silu:  // s (1 + v (1 - s))
-      return map_unary_backward<T>(dy, x, dx, [](C v) {
-        const C s = logistic(v);
-        return s * (C(1) + v * (C(1) - s));
-      });
-    case OpKind::sigmoid:
-      return map_unary_backward<T>(dy, x, dx, [](C v) {
-        const C s = logistic(v);
-        return s * (C(1) - s);
-      });
-    case OpKind::tanh:
-      return map_unary_backward<T>(dy, x, dx, [](C v) {
-        const C t = std::tanh(v);
-        return C(1) - t * t;
-      });
-    case OpKind::exp:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return std::exp(v); });
-    case OpKind::log:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return C(1) / v; });
-    case OpKind::sqrt:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return C(0.5) / std::sqrt(v); });
-    case OpKind::rsqrt:  // -0.5 v^(-3/2)
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return C(-0.5) / (v * std::sqrt(v)); });
-    case OpKind::reciprocal:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return C(-1) / (v * v); });
-    case OpKind::neg:
-      return map_unary_backward<T>(dy, x, dx, [](C) { return C(-1); });
-    case OpKind::abs:  // sign(v), 0 at 0
-      return map_unary_backward<T>(dy, x, dx, [](C v) {
-        return v > 0 ? C(1) : v < 0 ? C(-1) : C(0);
-      });
-    case OpKind::erf:
-      return map_unary_backward<T>(
-          dy, x, dx, [](C v) { return C(2) * std::numbers::inv_sqrtpi_v<C> * std::exp(-v * v); });
-    case OpKind::sin:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return std::cos(v); });
-    case OpKind::cos:
-      return map_unary_backward<T>(dy, x, dx, [](C v) { return -std::sin(v); });
-    case OpKind::floor:  // piecewise constant: 0 (as PyTorch)
-    case OpKind::ceil:
-    case OpKind::round:
-      return map_unary_backward<T>(dy, x, dx, [](C) { return C(0); });
-    case OpKind::clip: {  // passes where min <= v <= max, bounds inclusive (PyTorch)
-      const C lo = C(a.min), hi = C(a.max);
-      return map_unary_backward<T>(dy, x, dx,
-                                   [lo, hi](C v) { return v >= lo && v <= hi ? C(1) : C(0); });
-    }
-    default:
-      break;
-  }
+  if (with_float_derivative<C>(a.op, a.alpha, a.tanh_approximation, a.min, a.max,
+                               [&](auto df) { map_unary_backward<T>(dy, x, dx, df); }))
+    return;
   throw Error(node_label(n), cat("has no derivative for ", op_name(a.op)));
 }
 

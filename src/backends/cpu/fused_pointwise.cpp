@@ -158,7 +158,7 @@ class Interpreter {
         // The exponent of pow may be the other width; as() reuses one scratch buffer per
         // width, and u is never converted (binary operands share the result's dtype).
         const C* v = buf.as<C>(values_[size_t(ins.operands[1])], count);
-        if (with_float_binary<C>(ins.op, [&](auto f) {
+        if (with_float_binary_instr<C>(ins, [&](auto f) {
               for (int64_t j = 0; j < count; ++j) r[j] = round(f(u[j], v[j]));
             }))
           return;

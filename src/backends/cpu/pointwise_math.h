@@ -6,6 +6,9 @@
 //   with_float_unary<C>(instr, use)   calls use(f), f: C -> C, for relu .. clip with the
 //                                     instruction's attributes (alpha, tanh, clip bounds)
 //   with_float_binary<C>(op, use)     calls use(f), f: (C, C) -> C, for add .. pow
+//   with_float_derivative<C>(op, ...) calls use(df), df: C -> C, a unary op's derivative
+//                                     (unary_backward's formulas: dx = dy * df(x))
+//   with_float_binary_instr<C>(ins, use)  a two-operand instruction: binary ops, unary_backward
 //   activate_in_place<C>(a, y, n)     a fused epilogue's activation (ir/ops.h FusedActivation:
 //                                     a conv's or gemm's) by the unary op's formula
 // Both return false (calling nothing) for any other op. A node's attributes come in as
@@ -132,6 +135,105 @@ bool with_float_binary(OpKind op, Use&& use) {
     default:
       return false;
   }
+}
+
+// 1 / (1 + e^-v): e^-v overflows to inf for very negative v, giving 0, never NaN (the
+// derivatives' form; the forward's sigmoid above avoids the overflow instead).
+template <class C>
+C logistic(C v) {
+  return C(1) / (C(1) + std::exp(-v));
+}
+
+// Calls use(df), df: C -> C the derivative of unary op `op` (unary_backward's forward op;
+// alpha, tanh_approximation, min and max its attributes), with the formulas unary_backward
+// computes dx = dy * df(x) by; false for an op without one.
+template <class C, class Use>
+bool with_float_derivative(OpKind op, double alpha, bool tanh_approximation, double min, double max,
+                           Use&& use) {
+  auto call = [&](auto f) {
+    use(f);
+    return true;
+  };
+  switch (op) {
+    case OpKind::relu:  // relu'(0) = 0
+      return call([](C v) { return v > 0 ? C(1) : C(0); });
+    case OpKind::leaky_relu: {  // slope alpha at 0 (PyTorch)
+      const C a = C(alpha);
+      return call([a](C v) { return v > 0 ? C(1) : a; });
+    }
+    case OpKind::gelu:
+      if (tanh_approximation) {
+        // u = k (v + 0.044715 v^3), k = sqrt(2/pi):
+        // d/dv 0.5 v (1 + tanh u) = 0.5 (1 + tanh u) + 0.5 v (1 - tanh^2 u) k (1 + 3*0.044715 v^2)
+        const C k = std::numbers::sqrt2_v<C> * std::numbers::inv_sqrtpi_v<C>;
+        return call([k](C v) {
+          const C t = std::tanh(k * (v + C(0.044715) * v * v * v));
+          return C(0.5) * (C(1) + t) +
+                 C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(3 * 0.044715) * v * v);
+        });
+      }
+      // d/dv v Phi(v) = Phi(v) + v phi(v)
+      return call([](C v) {
+        const C cdf = C(0.5) * (C(1) + std::erf(v * C(std::numbers::sqrt2 / 2)));
+        const C pdf =
+            std::exp(C(-0.5) * v * v) * C(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
+        return cdf + v * pdf;
+      });
+    case OpKind::silu:  // s (1 + v (1 - s))
+      return call([](C v) {
+        const C s = logistic(v);
+        return s * (C(1) + v * (C(1) - s));
+      });
+    case OpKind::sigmoid:
+      return call([](C v) {
+        const C s = logistic(v);
+        return s * (C(1) - s);
+      });
+    case OpKind::tanh:
+      return call([](C v) {
+        const C t = std::tanh(v);
+        return C(1) - t * t;
+      });
+    case OpKind::exp:
+      return call([](C v) { return std::exp(v); });
+    case OpKind::log:
+      return call([](C v) { return C(1) / v; });
+    case OpKind::sqrt:
+      return call([](C v) { return C(0.5) / std::sqrt(v); });
+    case OpKind::rsqrt:  // -0.5 v^(-3/2)
+      return call([](C v) { return C(-0.5) / (v * std::sqrt(v)); });
+    case OpKind::reciprocal:
+      return call([](C v) { return C(-1) / (v * v); });
+    case OpKind::neg:
+      return call([](C) { return C(-1); });
+    case OpKind::abs:  // sign(v), 0 at 0
+      return call([](C v) { return v > 0 ? C(1) : v < 0 ? C(-1) : C(0); });
+    case OpKind::erf:
+      return call([](C v) { return C(2) * std::numbers::inv_sqrtpi_v<C> * std::exp(-v * v); });
+    case OpKind::sin:
+      return call([](C v) { return std::cos(v); });
+    case OpKind::cos:
+      return call([](C v) { return -std::sin(v); });
+    case OpKind::floor:  // piecewise constant: 0 (as PyTorch)
+    case OpKind::ceil:
+    case OpKind::round:
+      return call([](C) { return C(0); });
+    case OpKind::clip: {  // passes where min <= v <= max, bounds inclusive (PyTorch)
+      const C lo = C(min), hi = C(max);
+      return call([lo, hi](C v) { return v >= lo && v <= hi ? C(1) : C(0); });
+    }
+    default:
+      return false;
+  }
+}
+
+// A two-operand program instruction (ir/pointwise_program.h): calls use(f), f: (C, C) -> C,
+// for the binary ops and unary_backward (dy, x) -> dy * df(x); false for any other op.
+template <class C, class Use>
+bool with_float_binary_instr(const PointwiseInstr& ins, Use&& use) {
+  if (ins.op != OpKind::unary_backward) return with_float_binary<C>(ins.op, use);
+  return with_float_derivative<C>(ins.of, ins.alpha, ins.tanh_approximation, ins.min, ins.max,
+                                  [&](auto df) { use([df](C dy, C x) { return dy * df(x); }); });
 }
 
 // y[i] = a(y[i]) for i < count, a being the unary op the activation stands for (none: y

@@ -368,7 +368,7 @@ class PointwiseKernel final : public Kernel {
       cpu::with_float_unary<float>(ins, [&](auto f) { map_block(f, a, r); });
     } else {
       const float* b = values[size_t(ins.operands[1])];
-      cpu::with_float_binary<float>(ins.op, [&](auto f) { map_block(f, a, b, r); });
+      cpu::with_float_binary_instr<float>(ins, [&](auto f) { map_block(f, a, b, r); });
     }
     round_block(dtype, r);
   }
@@ -452,7 +452,7 @@ std::string unsupported_instruction(const PointwiseProgram& p) {
     const bool known =
         ins.op == OpKind::cast ||
         (pointwise_arity(ins.op) == 1 ? cpu::with_float_unary<float>(ins, nothing)
-                                      : cpu::with_float_binary<float>(ins.op, nothing));
+                                      : cpu::with_float_binary_instr<float>(ins, nothing));
     if (!known) return cat("instruction t", i, ": ", op_name(ins.op), " (not interpreted here)");
   }
   return "";

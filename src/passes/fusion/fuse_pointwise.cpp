@@ -12,7 +12,7 @@
 namespace fusebox {
 
 bool is_pointwise_member(const Graph& g, const Node& n) {
-  if (n.op == OpKind::fused_pointwise || !is_pointwise_program_op(n.op)) return false;
+  if (n.op == OpKind::fused_pointwise || !is_pointwise_instr_node(n)) return false;
   for (ValueId v : n.inputs)
     if (v == kNoValue || !is_floating(g.value(v).type.dtype)) return false;
   return n.outputs.size() == 1 && is_floating(g.value(n.outputs[0]).type.dtype);

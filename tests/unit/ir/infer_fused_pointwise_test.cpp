@@ -72,6 +72,24 @@ TEST(InferFusedPointwiseErrors, ProgramChecksNameTheInstruction) {
   EXPECT_TRUE(fails_with(
       op, PointwiseProgram{1, {{.op = OpKind::clip, .operands = {0}, .min = 1, .max = -1}}},
       {f32({3})}, {"t0 (clip): clip bounds [1, -1] must be ordered"}));
+  // unary_backward: (dy, x), of an activation whose derivative the generator writes.
+  EXPECT_TRUE(fails_with(
+      op,
+      PointwiseProgram{2, {{.op = OpKind::unary_backward, .operands = {0, 1}, .of = OpKind::exp}}},
+      two, {"t0 (unary_backward): the derivative of exp is not a program instruction"}));
+  EXPECT_TRUE(fails_with(op, PointwiseProgram{1, {{.op = OpKind::unary_backward, .operands = {0}}}},
+                         {f32({3})}, {"t0 (unary_backward): takes 2 operands, got 1"}));
+  EXPECT_TRUE(fails_with(op,
+                         PointwiseProgram{2,
+                                          {{.op = OpKind::unary_backward,
+                                            .operands = {0, 1},
+                                            .of = OpKind::leaky_relu,
+                                            .alpha = NAN}}},
+                         two, {"t0 (unary_backward): alpha nan must be finite"}));
+  EXPECT_TRUE(fails_with(
+      op,
+      PointwiseProgram{2, {{.op = OpKind::unary_backward, .operands = {0, 1}, .of = OpKind::relu}}},
+      {f32({3}), bf16({3})}, {"operands in0 (f32) and in1 (bf16)"}));
 }
 
 TEST(InferFusedPointwiseErrors, InputsAndShapes) {
@@ -100,6 +118,18 @@ TEST(InferFusedPointwise, TextForm) {
   EXPECT_EQ(pointwise_program_text(p),
             "t0=leaky_relu(in0,alpha=0.25); t1=gelu(t0,approximate=tanh); "
             "t2=clip(t1,min=-1,max=2); t3=cast(t2,to=bf16)");
+  const PointwiseProgram d{
+      2,
+      {{.op = OpKind::unary_backward, .operands = {0, 1}},
+       {.op = OpKind::unary_backward,
+        .operands = {2, 1},
+        .of = OpKind::gelu,
+        .tanh_approximation = true},
+       {.op = OpKind::unary_backward, .operands = {3, 0}, .of = OpKind::leaky_relu, .alpha = 0.5}}};
+  EXPECT_EQ(pointwise_program_text(d),
+            "t0=unary_backward(in0,in1,of=relu); "
+            "t1=unary_backward(t0,in1,of=gelu,approximate=tanh); "
+            "t2=unary_backward(t1,in0,of=leaky_relu,alpha=0.5)");
   Graph g("dump");
   const ValueId a = g.add_input("a", DType::f32, {3});
   const ValueId b = g.add_input("b", DType::f32, {3});
@@ -123,6 +153,25 @@ TEST(InferFusedPointwise, InstructionsStandForTheirNodes) {
   EXPECT_EQ(std::get<ClipAttrs>(back).min, -2);
   EXPECT_EQ(std::get<ClipAttrs>(back).max, 3);
   EXPECT_TRUE(std::holds_alternative<std::monostate>(pointwise_instr_attrs({OpKind::add, {0, 1}})));
+  // unary_backward: the forward op and its attributes, and back.
+  Node u;
+  u.op = OpKind::unary_backward;
+  u.attrs = UnaryBackwardAttrs{.op = OpKind::gelu, .tanh_approximation = true};
+  const PointwiseInstr d = pointwise_instr(u, {0, 1});
+  EXPECT_EQ(d.of, OpKind::gelu);
+  EXPECT_TRUE(d.tanh_approximation);
+  const Attrs d_back = pointwise_instr_attrs(d);
+  const auto& attrs = std::get<UnaryBackwardAttrs>(d_back);
+  EXPECT_EQ(attrs.op, OpKind::gelu);
+  EXPECT_TRUE(attrs.tanh_approximation);
+  // Which derivatives a program holds: the activations; exp's stays its own node.
+  EXPECT_TRUE(is_pointwise_instr_node(u));
+  u.attrs = UnaryBackwardAttrs{.op = OpKind::exp};
+  EXPECT_FALSE(is_pointwise_instr_node(u));
+  for (OpKind op : {OpKind::relu, OpKind::leaky_relu, OpKind::gelu, OpKind::silu, OpKind::sigmoid,
+                    OpKind::tanh})
+    EXPECT_TRUE(is_program_derivative(op)) << op_name(op);
+  EXPECT_FALSE(is_program_derivative(OpKind::clip));
 }
 
 TEST(InferFusedPointwise, IsNotDifferentiated) {

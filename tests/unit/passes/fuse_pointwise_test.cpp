@@ -161,6 +161,33 @@ TEST(FusePointwise, OnlyFloatPointwiseOpsJoin) {
   EXPECT_EQ(f.nodes().size(), g.nodes().size());
 }
 
+// A residual block's backward: the gradient's two contributions summed, then relu's mask
+// (unary_backward at the block's output y): one kernel; a derivative the programs do not hold
+// (exp's) stays its own node.
+TEST(FusePointwise, ActivationGradientsJoinTheirNeighbours) {
+  Graph g("residual_backward");
+  const ValueId a = g.add_input("a", DType::bf16, {2, 3, 4, 4});
+  const ValueId b = g.add_input("b", DType::bf16, {2, 3, 4, 4});
+  const ValueId y = g.add_input("y", DType::bf16, {2, 3, 4, 4});
+  ValueId s = g.add_node(OpKind::add, {}, {a, b}, "sum")[0];
+  ValueId d = g.add_node(OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::relu}, {s, y},
+                         "relu_dx")[0];
+  g.mark_output(d);
+  ValueId e = g.add_node(OpKind::mul, {}, {d, a}, "m")[0];
+  e = g.add_node(OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::exp}, {e, y},
+                 "exp_dx")[0];
+  e = g.add_node(OpKind::add, {}, {e, b}, "z")[0];
+  g.mark_output(e);
+  // m -> exp_dx -> z would be one group if exp's derivative joined: m and z stay lone.
+  const Graph f = fused_copy(g, feeds_for(g, 3), 1);
+  const std::vector<const Node*> fused = nodes_of(f, OpKind::fused_pointwise);
+  ASSERT_EQ(fused.size(), 1u);
+  EXPECT_EQ(pointwise_program_text(std::get<PointwiseProgram>(fused[0]->attrs)),
+            "t0=add(in0,in1); t1=unary_backward(t0,in2,of=relu)");
+  EXPECT_EQ(nodes_of(f, OpKind::unary_backward).size(), 1u);  // exp's
+  EXPECT_EQ(f.nodes().size(), 4u);
+}
+
 TEST(FusePointwise, ShapesBroadcastWithinTheGroup) {
   // t = a * b with a, b per channel, then x + t: the product is computed at x's shape.
   Graph g("per_channel");

@@ -585,6 +585,41 @@ TEST(TrainSession, FusedBatchNormReluTrainsBitForBitAsUnfused) {
   }
 }
 
+// Generated programs in `g` holding relu's gradient (unary_backward of relu).
+int programs_with_relu_gradients(const Graph& g) {
+  int n = 0;
+  for (const Node& node : g.nodes()) {
+    if (node.op != OpKind::fused_pointwise) continue;
+    bool found = false;
+    for (const PointwiseInstr& instr : std::get<PointwiseProgram>(node.attrs).instrs)
+      found = found || (instr.op == OpKind::unary_backward && instr.of == OpKind::relu);
+    n += found;
+  }
+  return n;
+}
+
+// ResNet-18's residual junctions: in the step each block output's gradient is the sum of its
+// readers' contributions, then relu's mask at the block's output: one generated program per
+// junction (7 of its 8 blocks: the last one's gradient comes from the pool alone), and the
+// step's numbers are the unfused step's bit for bit (the CPU programs compute the ops' bits).
+TEST(TrainSession, ResidualGradientSumsAndReluMasksFuseAndChangeNoBit) {
+  const Graph model = build_zoo_model(
+      "resnet18", {.batch = 2, .image_size = 32, .num_classes = 10, .seed = 1, .training = true});
+  const SgdOptions sgd{.lr = 0.05, .momentum = 0.9};
+  TrainingSession fused(model, LossSpec{}, sgd, {.step_fusion = true});
+  TrainingSession unfused(model, LossSpec{}, sgd, {.step_fusion = false});
+  EXPECT_GE(programs_with_relu_gradients(fused.step_graph()), 7);
+  EXPECT_EQ(count_ops(unfused.step_graph(), OpKind::fused_pointwise), 0);
+  EXPECT_GE(count_ops(unfused.step_graph(), OpKind::unary_backward), 7);
+  BatchSampler sampler(synthetic_dataset(4, 3, 32, 10, 3), 2, false, 0);
+  for (int i = 0; i < 2; ++i) {
+    const float a = fused.step(zoo_batch(sampler, i)), b = unfused.step(zoo_batch(sampler, i));
+    EXPECT_TRUE(same_bits(a, b)) << "step " << i << ": " << a << " vs " << b;
+  }
+  EXPECT_TRUE(same_tensors(fused.parameters(), unfused.parameters()));
+  EXPECT_TRUE(same_tensors(fused.optimizer_state(), unfused.optimizer_state()));
+}
+
 // Casts in `g` that read one of `names` (the parameters): what low copies remove.
 int casts_of_parameters(const Graph& g, const std::vector<std::string>& names) {
   const std::set<std::string> params(names.begin(), names.end());

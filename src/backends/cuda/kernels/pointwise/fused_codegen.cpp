@@ -300,10 +300,31 @@ class Emitter {
         return cat("fb_", op_name(ins.op), "(", a, ", ", b, ")");
       case OpKind::cast:
         return cast(a, s_.values[a_value], t);
+      case OpKind::unary_backward:  // dy * f'(x), kernels/pointwise/backward.cu's UnaryGrad
+        return cat("fb_mul(", a, ", ", derivative(ins, b, t), ")");
       default:
         break;
     }
     throw Error("fused_pointwise codegen", cat(op_name(ins.op), " is not a pointwise op"));
+  }
+
+  // f'(x) of unary_backward's forward op (fused_preamble.cpp: backward.cu's formulas).
+  static std::string derivative(const PointwiseInstr& ins, const std::string& x, DType t) {
+    switch (ins.of) {
+      case OpKind::relu:
+      case OpKind::silu:
+      case OpKind::sigmoid:
+      case OpKind::tanh:
+        return cat("fb_", op_name(ins.of), "_grad(", x, ")");
+      case OpKind::leaky_relu:
+        return cat("fb_leaky_relu_grad(", x, ", ", literal(t, ins.alpha), ")");
+      case OpKind::gelu:
+        return cat(ins.tanh_approximation ? "fb_gelu_tanh_grad(" : "fb_gelu_grad(", x, ")");
+      default:
+        break;
+    }
+    throw Error("fused_pointwise codegen",
+                cat("the derivative of ", op_name(ins.of), " is not generated"));
   }
 
   // a (a value of dtype `from`, in its compute type) converted to `to`, in to's compute type.

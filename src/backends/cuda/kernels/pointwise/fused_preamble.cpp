@@ -88,6 +88,38 @@ template <class C> __device__ __forceinline__ C fb_clip(C v, C lo, C hi) {
   const C w = v < lo ? lo : v;
   return hi < w ? hi : w;
 }
+// unary_backward's derivatives, kernels/pointwise/backward.cu's formulas (the instruction is
+// fb_mul(dy, f'(x)), as UnaryGrad's dy * df(x)). The double literals are the C++ constants
+// backward.cu converts (std::numbers::sqrt2, inv_sqrtpi, and their products in double).
+template <class C> __device__ __forceinline__ C fb_relu_grad(C v) { return v > C(0) ? C(1) : C(0); }
+template <class C> __device__ __forceinline__ C fb_leaky_relu_grad(C v, C alpha) {
+  return v > C(0) ? C(1) : alpha;
+}
+template <class C> __device__ __forceinline__ C fb_logistic(C v) {
+  return C(1) / (C(1) + fb_exp(-v));
+}
+template <class C> __device__ __forceinline__ C fb_silu_grad(C v) {
+  const C s = fb_logistic(v);
+  return s * (C(1) + v * (C(1) - s));
+}
+template <class C> __device__ __forceinline__ C fb_sigmoid_grad(C v) {
+  const C s = fb_logistic(v);
+  return s * (C(1) - s);
+}
+template <class C> __device__ __forceinline__ C fb_tanh_grad(C v) {
+  const C t = fb_tanh(v);
+  return C(1) - t * t;
+}
+template <class C> __device__ __forceinline__ C fb_gelu_tanh_grad(C v) {
+  const C k = C(1.4142135623730951) * C(0.5641895835477563);
+  const C t = fb_tanh(k * (v + C(0.044715) * v * v * v));
+  return C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(0.134145) * v * v);
+}
+template <class C> __device__ __forceinline__ C fb_gelu_grad(C v) {
+  const C cdf = C(0.5) * (C(1) + fb_erf(v * C(0.7071067811865476)));
+  const C pdf = fb_exp(C(-0.5) * v * v) * C(0.3989422804014327);
+  return cdf + v * pdf;
+}
 template <class C> __device__ __forceinline__ C fb_max(C u, C v) { return (u > v || u != u) ? u : v; }
 template <class C> __device__ __forceinline__ C fb_min(C u, C v) { return (u < v || u != u) ? u : v; }
 
