@@ -11,17 +11,16 @@
 // for f64) and rounding once. max_pool's takes the forward's indices; the IR op
 // max_pool_backward (dy, x) first recomputes them into a temporary (in dy's layout) with
 // the forward kernel, so the choice among ties and NaNs is exactly the forward's, then
-// gathers; as one-byte tap codes where the window has fewer than 255 taps (window.cuh:
-// ResNet-50's stem pool, bf16 batch 128 on an H200, took 1.10 ms through i64 indices), else
-// as i64 indices. (Recomputing each window's argmax inside the gather instead, with no indices,
-// was measured 3x slower on the H100: ResNet-50's stem pool, TF32 batch 128, 4.7 ms against
-// 1.4 + 0.55 ms.) Except where the windows tile x (stride = kernel, no dilation or padding, each
-// extent a multiple of the kernel: U-Net's and VGG's 2x2 pools): there each dx element lies in
-// exactly one window, so one thread per window (per V channels) finds the forward's max (its
-// rule, in its order) and writes the whole window's dx, dy at the max and 0 elsewhere: x and dy
-// read once, dx written once, no indices (U-Net's first pool, [16, 64, 512, 512] bf16 on an
-// H200: 2.1 ms through the indices). avg_pool_backward's IR op (dy) is the direct call with
-// the node's attributes.
+// gathers; as one-byte tap codes where the window has fewer than 255 taps (window.cuh: an
+// eighth of the temporary), else as i64 indices. (Recomputing each window's argmax inside the
+// gather instead, with no indices, was measured 3x slower on the H100: ResNet-50's stem pool, TF32
+// batch 128, 4.7 ms against 1.4 + 0.55 ms.) Except where the windows tile x (stride = kernel, no
+// dilation or padding, each extent a multiple of the kernel: U-Net's and VGG's 2x2 pools): there
+// each dx element lies in exactly one window, so one thread per window (per V channels) finds the
+// forward's max (its rule, in its order) and writes the whole window's dx, dy at the max and 0
+// elsewhere: x and dy read once, dx written once, no indices (U-Net's first pool, [16, 64, 512,
+// 512] bf16 on an H200: 2.1 ms through the indices). avg_pool_backward's IR op (dy) is the direct
+// call with the node's attributes.
 #include "backends/cuda/kernels/pool/direct.h"
 #include "backends/cuda/kernels/pool/window.cuh"
 
