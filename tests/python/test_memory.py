@@ -1,5 +1,6 @@
-"""1,000 calls leave memory flat: the outputs handed out and the inputs read in place are all
-released."""
+"""Many calls leave memory flat: the outputs handed out and the inputs read in place are all
+released. 10,000 calls of a small CNN (issue 41's count: a leak of ~400 bytes a call shows);
+1,000 of 1 MiB arrays (the pooled outputs; one array kept per call would add 1 GiB)."""
 
 import numpy as np
 import pytest
@@ -18,12 +19,12 @@ def calls_grow_rss(exe, make_inputs, calls=1000):
     return rss_bytes() - before
 
 
-def test_thousand_calls_of_a_cnn_keep_memory_flat():
+def test_ten_thousand_calls_of_a_cnn_keep_memory_flat():
     model = fusebox.load("small_cnn", batch=2, image_size=16, num_classes=10)
     exe = fusebox.compile(model, device="cpu-ref")
     x = np.random.default_rng(0).uniform(-1, 1, model.inputs[0].shape).astype(np.float32)
-    grown = calls_grow_rss(exe, lambda: (x.copy(),))
-    assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 1,000 calls"
+    grown = calls_grow_rss(exe, lambda: (x.copy(),), calls=10000)
+    assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 10,000 calls"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-ref"])
