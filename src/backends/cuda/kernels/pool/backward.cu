@@ -153,27 +153,31 @@ bool windows_tile(const PoolWindow& g) {
   return true;
 }
 
+// kMax: the forward's choices as i64 `indices`, or as tap codes in `taps` (window.cuh).
 template <bool kMax>
 void launch_pool_backward(Context& ctx, const std::string& where, const PoolWindow& g,
                           bool count_include_pad, const DeviceTensor& dy,
-                          const DeviceTensor* indices, const DeviceTensor& dx) {
+                          const DeviceTensor* indices, const DeviceTensor& dx,
+                          const BufferRange* taps = nullptr) {
   const PoolLayout layout = pool_layout(where, {{"dy", &dy}, {"dx", &dx}});
   const bool idx_cl = indices && indices_channels_last(where, *indices);
   if (dx.numel() == 0) return;
   BufferList reads = {dy.range()};
   if (indices) reads.push_back(indices->range());
+  if (taps) reads.push_back(*taps);
   visit_device_float(where, dx.dtype, [&](auto tag) {
     using T = decltype(tag);
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       visit_unit_windows(g, [&](auto unit) {
         constexpr int V = decltype(vec)::value;
+        constexpr bool kCL = decltype(cl)::value, kUnit = decltype(unit)::value;
         const int64_t work = dx.numel() / V;
-        ctx.encoder.launch(
-            &pool_backward_kernel<T, V, decltype(cl)::value, decltype(unit)::value, kMax>,
-            dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, reads, {dx.range()}, g,
-            fits_u32(work), count_include_pad, dy.as<const T>(),
-            indices ? indices->as<const int64_t>() : nullptr, idx_cl,
-            static_cast<const uint8_t*>(nullptr), dx.as<T>());
+        ctx.encoder.launch(taps ? &pool_backward_kernel<T, V, kCL, kUnit, kMax, kMax>
+                                : &pool_backward_kernel<T, V, kCL, kUnit, kMax, false>,
+                           dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, reads,
+                           {dx.range()}, g, fits_u32(work), count_include_pad, dy.as<const T>(),
+                           indices ? indices->as<const int64_t>() : nullptr, idx_cl,
+                           taps ? static_cast<const uint8_t*>(taps->data()) : nullptr, dx.as<T>());
       });
     });
   });
@@ -239,22 +243,8 @@ void max_pool_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   // with the recording. One byte per output where the window allows (window.cuh).
   if (fits_tap_codes(g)) {
     const BufferRange taps = ctx.encoder.temporary(ctx.allocator, size_t(dy.numel()));
-    launch_max_pool_taps(ctx, where, g, x, taps);
-    visit_device_float(where, dx.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
-        visit_unit_windows(g, [&](auto unit) {
-          constexpr int V = decltype(vec)::value;
-          const int64_t work = dx.numel() / V;
-          ctx.encoder.launch(
-              &pool_backward_kernel<T, V, decltype(cl)::value, decltype(unit)::value, true, true>,
-              dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {dy.range(), taps},
-              {dx.range()}, g, fits_u32(work), false, dy.as<const T>(),
-              static_cast<const int64_t*>(nullptr), false, static_cast<const uint8_t*>(taps.data()),
-              dx.as<T>());
-        });
-      });
-    });
+    launch_max_pool(ctx, where, g, x, nullptr, nullptr, &taps);
+    launch_pool_backward<true>(ctx, where, g, false, dy, nullptr, dx, &taps);
     return;
   }
   DeviceTensor indices = temporary_tensor(

@@ -271,50 +271,35 @@ void global_avg_pool_channels_last(Context& ctx, const std::string& where, const
 }  // namespace
 
 void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g,
-                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices) {
+                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices,
+                     const BufferRange* taps) {
+  const int64_t outputs = g.batch * g.channels * g.out_size();
+  if (taps) {
+    FUSEBOX_CHECK(!y && !indices && fits_tap_codes(g), where,
+                  "tap codes alone, for a window of fewer than ", kNoTap, " taps");
+    FUSEBOX_CHECK(taps->bytes >= size_t(outputs), where, "tap codes need ", outputs, " bytes");
+  }
   const PoolLayout layout =
       y ? pool_layout(where, {{"x", &x}, {"y", y}}) : pool_layout(where, {{"x", &x}});
   const bool idx_cl = indices && indices_channels_last(where, *indices);
   BufferList writes;
   if (y) writes.push_back(y->range());
   if (indices) writes.push_back(indices->range());
-  const int64_t outputs = g.batch * g.channels * g.out_size();
+  if (taps) writes.push_back(*taps);
   if (outputs == 0) return;
   visit_device_float(where, x.dtype, [&](auto tag) {
     using T = decltype(tag);
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       visit_unit_windows(g, [&](auto unit) {
         constexpr int V = decltype(vec)::value;
+        constexpr bool kCL = decltype(cl)::value, kUnit = decltype(unit)::value;
         const int64_t work = outputs / V;
-        ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value, decltype(unit)::value>,
+        ctx.encoder.launch(taps ? &max_pool_kernel<T, V, kCL, kUnit, true>
+                                : &max_pool_kernel<T, V, kCL, kUnit, false>,
                            dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
                            writes, g, fits_u32(work), x.as<const T>(), y ? y->as<T>() : nullptr,
                            indices ? indices->as<int64_t>() : nullptr, idx_cl,
-                           static_cast<uint8_t*>(nullptr));
-      });
-    });
-  });
-}
-
-void launch_max_pool_taps(Context& ctx, const std::string& where, const PoolWindow& g,
-                          const DeviceTensor& x, const BufferRange& taps) {
-  FUSEBOX_CHECK(fits_tap_codes(g), where, "tap codes need a window of fewer than ", kNoTap,
-                " taps");
-  const PoolLayout layout = pool_layout(where, {{"x", &x}});
-  const int64_t outputs = g.batch * g.channels * g.out_size();
-  FUSEBOX_CHECK(taps.bytes >= size_t(outputs), where, "tap codes need ", outputs, " bytes");
-  if (outputs == 0) return;
-  visit_device_float(where, x.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
-      visit_unit_windows(g, [&](auto unit) {
-        constexpr int V = decltype(vec)::value;
-        const int64_t work = outputs / V;
-        ctx.encoder.launch(&max_pool_kernel<T, V, decltype(cl)::value, decltype(unit)::value, true>,
-                           dim3(launch_blocks(work, kThreads)), dim3(kThreads), 0, {x.range()},
-                           {taps}, g, fits_u32(work), x.as<const T>(), static_cast<T*>(nullptr),
-                           static_cast<int64_t*>(nullptr), false,
-                           static_cast<uint8_t*>(taps.data()));
+                           taps ? static_cast<uint8_t*>(taps->data()) : nullptr);
       });
     });
   });

@@ -102,10 +102,12 @@ inline void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b,
 }
 
 // max_pool's kernel (kernels/pool/pool.cu) for x into y and/or indices (either may be null; the
-// backward pass wants indices only). Indices may be contiguous or channels-last whatever
-// the layout of x and y.
+// backward pass wants indices only), or, with `taps`, into its tap codes alone (below: bytes,
+// dy.numel() of them, in x's layout; y and indices null). Indices may be contiguous or
+// channels-last whatever the layout of x and y.
 void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g,
-                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices);
+                     const DeviceTensor& x, const DeviceTensor* y, const DeviceTensor* indices,
+                     const BufferRange* taps = nullptr);
 
 // Tap codes: max_pool_backward's compact form of the forward's choice. Per output element
 // (indexed as an element of dy, in x's layout), one byte: the kernel tap its window's max
@@ -119,9 +121,6 @@ inline constexpr int kNoTap = 255;
 inline bool fits_tap_codes(const PoolWindow& g) {
   return g.kernel[0] * g.kernel[1] * g.kernel[2] < kNoTap;
 }
-// max_pool's kernel for x into `taps` (bytes, dy.numel() of them; the layout of x).
-void launch_max_pool_taps(Context& ctx, const std::string& where, const PoolWindow& g,
-                          const DeviceTensor& x, const BufferRange& taps);
 
 // ---- indexing (device) ---------------------------------------------------------------------
 
