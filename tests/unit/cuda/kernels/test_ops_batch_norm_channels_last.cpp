@@ -190,6 +190,26 @@ TEST_F(BatchNormChannelsLastTest, ForwardSingleElementAndUnaligned) {
   }
 }
 
+// A mean a thousand standard deviations from zero (f32 x in [100, 100.1)): the statistics
+// pass's Welford updates keep the variance's precision where sums of x and x * x would lose
+// it all (100^2 * 2^-24 is the variance's own size). The statistics
+// outputs to 1e-4 of the CPU's; y to 1e-3 (the mean's rounding, half an ulp of 100 in f32,
+// times k = 1 / std ~ 35).
+TEST_F(BatchNormChannelsLastTest, StatisticsOfAFarFromZeroMeanKeepTheirPrecision) {
+  OpHarness h;
+  const Shape shape{64, 64, 28, 28};
+  std::vector<Tensor> inputs = forward_inputs(DType::f32, shape, 6500);
+  inputs[0] = random_tensor(DType::f32, shape, 6505, 100.0, 100.1);
+  const BatchNormAttrs attrs{1e-9, 0.9, true};
+  const std::vector<Tensor> want = run_op(OpKind::batch_norm, attrs, inputs);
+  const std::vector<Tensor> got =
+      run_channels_last(h, &batch_norm, OpKind::batch_norm, attrs, inputs, {0});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t o = 1; o < got.size(); ++o)
+    EXPECT_TRUE(all_close(got[o], want[o], 1e-4, 0.0)) << "output " << o;
+  EXPECT_TRUE(all_close(got[0], want[0], 0.0, 1e-3)) << "y";
+}
+
 // (dy, x, scale, saved_mean, saved_inv_std): the statistics from the CPU's training forward
 // (training form) or made-up ones (inference form), as test_ops_backward_pool_norm.cpp.
 std::vector<Tensor> backward_inputs(DType t, const Shape& shape, bool training, uint64_t seed) {

@@ -163,10 +163,19 @@ struct Entries {
 template <class Q>
 __device__ Moments<double> merge_channel(const Moments<Q>* entries, Entries e, int64_t c,
                                          int lane) {
+  // The lane's entries loaded kAhead at a time before they are merged (in the same order):
+  // one dependent load per merge left ~12 L2 round trips per lane at 396 chunks.
+  constexpr int kAhead = 4;
   Moments<double> m{0, 0, 0};
-  for (int64_t j = lane; j < e.count; j += 32) {
-    const Moments<Q>& p = entries[e.at(c, j)];
-    m = merge(m, Moments<double>{double(p.count), double(p.mean), double(p.m2)});
+  for (int64_t j0 = lane; j0 < e.count; j0 += 32 * kAhead) {
+    Moments<Q> p[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (j0 + 32 * u < e.count) p[u] = entries[e.at(c, j0 + 32 * u)];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      if (j0 + 32 * u < e.count)
+        m = merge(m, Moments<double>{double(p[u].count), double(p[u].mean), double(p[u].m2)});
   }
   for (int s = 16; s > 0; s /= 2) {
     const Moments<double> other{__shfl_down_sync(0xffffffffu, m.count, s),

@@ -12,7 +12,9 @@
 // max_pool_backward (dy, x) first recomputes them into a temporary (in dy's layout) with
 // the forward kernel, so the choice among ties and NaNs is exactly the forward's, then
 // gathers; as one-byte tap codes where the window has fewer than 255 taps (window.cuh: an
-// eighth of the temporary), else as i64 indices. (Recomputing each window's argmax inside the
+// eighth of the temporary), else as i64 indices. Small windows (window.cuh: small_windows)
+// gather from the tap codes with every holding window's codes loaded at once
+// (max_pool_small_backward_kernel). (Recomputing each window's argmax inside the
 // gather instead, with no indices, was measured 3x slower on the H100: ResNet-50's stem pool, TF32
 // batch 128, 4.7 ms against 1.4 + 0.55 ms.) Except where the windows tile x (stride = kernel, no
 // dilation or padding, each extent a multiple of the kernel: U-Net's and VGG's 2x2 pools): there
@@ -102,6 +104,80 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
   }
 }
 
+// pool_backward_kernel<kMax, kTaps>'s result for small windows (window.cuh: small_windows),
+// channels-last with V = kVecWidth<T>: work item w (V channels of one dx position, in physical
+// order: dx's offset is w * V) loads the V tap codes of every output window holding it (at
+// most S along each of dims 1 and 2: S >= ceil(kernel / stride)), then dy where a lane's
+// window chose it, then each lane sums those in the generic kernel's order (row-major over
+// the windows).
+template <class T, int S>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_small_backward_kernel(PoolWindow g, uint32_t total, const T* __restrict__ dy,
+                                   const uint8_t* __restrict__ taps, T* __restrict__ dx) {
+  constexpr int V = kVecWidth<T>;
+  using C = compute_t<T>;
+  const uint32_t units = uint32_t(g.channels / V), in_h = uint32_t(g.in[1]),
+                 in_w = uint32_t(g.in[2]);
+  const int out_w = int(g.out[2]), kw = int(g.kernel[2]);
+  for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
+    uint32_t rest = w / units;
+    const uint32_t unit = w - rest * units, iw = rest % in_w;
+    rest /= in_w;
+    const uint32_t ih = rest % in_h, n = rest / in_h;
+    const OutputSpan rows = holding<true>(g, 1, ih), cols = holding<true>(g, 2, iw);
+    const int o1 = int(rows.first), o2 = int(cols.first);
+    // Window (o1 + a, o2 + b)'s forward work item: its V codes, dy's V lanes.
+    const int64_t first = (int64_t(n) * g.out[1] + o1) * out_w + o2;
+    // This element's tap in window (o1, o2); window (o1 + a, o2 + b) sees it a * stride rows
+    // and b * stride columns earlier.
+    const int tap0 = (int(ih) + int(g.pad_lo[1]) - o1 * int(g.stride[1])) * kw +
+                     (int(iw) + int(g.pad_lo[2]) - o2 * int(g.stride[2]));
+    unsigned chosen[S][S];  // bit l: lane l's window chose this element
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int b = 0; b < S; ++b) {
+        chosen[a][b] = 0;
+        if (o1 + a <= rows.last && o2 + b <= cols.last) {
+          const Pack<uint8_t, V> codes = load_pack<V>(taps, (first + a * out_w + b) * units + unit);
+          const int code = tap0 - (a * int(g.stride[1]) * kw + b * int(g.stride[2]));
+#pragma unroll
+          for (int l = 0; l < V; ++l) chosen[a][b] |= unsigned(codes.v[l] == code) << l;
+        }
+      }
+    }
+    Vec<T> grad[S][S];
+#pragma unroll
+    for (int a = 0; a < S; ++a) {
+#pragma unroll
+      for (int b = 0; b < S; ++b)
+        if (chosen[a][b]) grad[a][b] = load_vec(dy, (first + a * out_w + b) * units + unit);
+    }
+    C sum[V];
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      sum[l] = 0;
+#pragma unroll
+      for (int a = 0; a < S; ++a) {
+#pragma unroll
+        for (int b = 0; b < S; ++b)
+          if (chosen[a][b] >> l & 1u) sum[l] += convert<C>(grad[a][b].v[l]);
+      }
+    }
+    store_lanes<V>(dx, int64_t(w) * V, sum);
+  }
+}
+
+// Calls f(std::integral_constant<int, S>) with S = 2 or 3, at least the number of windows
+// holding one element along each of dims 1 and 2 of small windows (ceil(kernel / stride)).
+template <class F>
+void visit_small_span(const PoolWindow& g, F&& f) {
+  if (ceil_div(g.kernel[1], g.stride[1]) <= 2 && ceil_div(g.kernel[2], g.stride[2]) <= 2)
+    f(std::integral_constant<int, 2>{});
+  else
+    f(std::integral_constant<int, kSmallTaps>{});
+}
+
 // The tiling windows' max_pool backward (see the header comment).
 template <class T, int V, bool kCL>
 __global__ void max_pool_tiles_backward(PoolWindow g, bool narrow, const T* x, const T* dy, T* dx) {
@@ -167,6 +243,16 @@ void launch_pool_backward(Context& ctx, const std::string& where, const PoolWind
   if (taps) reads.push_back(*taps);
   visit_device_float(where, dx.dtype, [&](auto tag) {
     using T = decltype(tag);
+    const int64_t vectors = dx.numel() / kVecWidth<T>;
+    if (kMax && taps && layout.channels_last && layout.vectorised && small_windows(g, vectors)) {
+      visit_small_span(g, [&](auto span) {
+        ctx.encoder.launch(&max_pool_small_backward_kernel<T, decltype(span)::value>,
+                           dim3(launch_blocks(vectors, kThreads)), dim3(kThreads), 0, reads,
+                           {dx.range()}, g, uint32_t(vectors), dy.as<const T>(),
+                           static_cast<const uint8_t*>(taps->data()), dx.as<T>());
+      });
+      return;
+    }
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       visit_unit_windows(g, [&](auto unit) {
         constexpr int V = decltype(vec)::value;

@@ -18,8 +18,9 @@
 // output position in channels-last (16-byte vector loads; a warp reads whole cache lines
 // of neighbouring channels), in physical output order, grid-stride. The window's tap
 // ranges are computed per dim (a few integer operations), then a loop over the in-bounds
-// taps. Each input element is read by about prod(kernel / stride) threads, from L1 / L2:
-// fine for the small windows networks use (2x2, 3x3 stride 2 run near copy bandwidth).
+// taps. Each input element is read by about prod(kernel / stride) threads, from L1 / L2.
+// Small 2-D windows in channels-last with vectors (window.cuh: small_windows; the stems'
+// 3x3 stride 2, 2x2 pools) load the whole window before comparing (max_pool_small_kernel).
 // global_avg_pool, contiguous: one warp per plane when planes are small (< 1024 elements),
 // else one block per plane; a fixed reduction tree. Channels-last: per image a column
 // reduction over prod(D) rows of C columns (below).
@@ -91,6 +92,76 @@ __global__ void max_pool_kernel(PoolWindow g, bool narrow, const T* x, T* y, int
       }
     }
   }
+}
+
+// max_pool_kernel's result for small windows (window.cuh: small_windows), channels-last with
+// V = kVecWidth<T>: work item w (V channels of one output position, in physical order, so y's
+// and the tap codes' offset is w * V) loads its window's in-bounds taps, at most K x K 16-byte
+// vectors (K: the larger kernel extent of dims 1 and 2; dim 0 is one position), then each
+// lane compares them in row-major tap order (keep_max).
+template <class T, int K, bool kTaps>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_small_kernel(PoolWindow g, uint32_t total, const T* __restrict__ x, T* __restrict__ y,
+                          uint8_t* __restrict__ taps) {
+  constexpr int V = kVecWidth<T>;
+  using C = compute_t<T>;
+  const uint32_t units = uint32_t(g.channels / V), out_h = uint32_t(g.out[1]),
+                 out_w = uint32_t(g.out[2]);
+  const int in_h = int(g.in[1]), in_w = int(g.in[2]), kh = int(g.kernel[1]), kw = int(g.kernel[2]);
+  for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
+    uint32_t rest = w / units;
+    const uint32_t unit = w - rest * units, ow = rest % out_w;
+    rest /= out_w;
+    const uint32_t oh = rest % out_h, n = rest / out_h;
+    const int h0 = int(oh) * int(g.stride[1]) - int(g.pad_lo[1]);
+    const int w0 = int(ow) * int(g.stride[2]) - int(g.pad_lo[2]);
+    const T* image = x + (int64_t(n) * in_h * in_w) * g.channels + int64_t(unit) * V;
+    Vec<T> tap[K][K];
+    unsigned inside = 0;  // bit a * K + b: tap (a, b) is in the kernel and in bounds
+#pragma unroll
+    for (int a = 0; a < K; ++a) {
+#pragma unroll
+      for (int b = 0; b < K; ++b) {
+        const int h = h0 + a, c = w0 + b;
+        if (a < kh && b < kw && h >= 0 && h < in_h && c >= 0 && c < in_w) {
+          inside |= 1u << (a * K + b);
+          tap[a][b] = load_vec(image + (int64_t(h) * in_w + c) * g.channels, 0);
+        }
+      }
+    }
+    C best[V];
+    int best_at[V];  // the tap code of the lane's max; -1 before the first tap
+#pragma unroll
+    for (int l = 0; l < V; ++l) {
+      best[l] = C(-INFINITY);
+      best_at[l] = -1;
+#pragma unroll
+      for (int a = 0; a < K; ++a) {
+#pragma unroll
+        for (int b = 0; b < K; ++b)
+          if (inside >> (a * K + b) & 1u)
+            keep_max(best[l], best_at[l], convert<C>(tap[a][b].v[l]), a * kw + b);
+      }
+    }
+    if constexpr (kTaps) {
+      Pack<uint8_t, V> codes;
+#pragma unroll
+      for (int l = 0; l < V; ++l) codes.v[l] = uint8_t(best_at[l] < 0 ? kNoTap : best_at[l]);
+      store_pack<V>(taps, int64_t(w), codes);
+    } else {
+      store_lanes<V>(y, int64_t(w) * V, best);
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, K>) with K = 2 or 3, at least each kernel extent of dims 1
+// and 2 of small windows.
+template <class F>
+void visit_small_kernel(const PoolWindow& g, F&& f) {
+  if (g.kernel[1] <= 2 && g.kernel[2] <= 2)
+    f(std::integral_constant<int, 2>{});
+  else
+    f(std::integral_constant<int, kSmallTaps>{});
 }
 
 // y = the window's in-bounds sum / its divisor (see the header comment).
@@ -289,6 +360,18 @@ void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g
   if (outputs == 0) return;
   visit_device_float(where, x.dtype, [&](auto tag) {
     using T = decltype(tag);
+    const int64_t vectors = outputs / kVecWidth<T>;
+    if (layout.channels_last && layout.vectorised && !indices && small_windows(g, vectors)) {
+      visit_small_kernel(g, [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        ctx.encoder.launch(
+            taps ? &max_pool_small_kernel<T, K, true> : &max_pool_small_kernel<T, K, false>,
+            dim3(launch_blocks(vectors, kThreads)), dim3(kThreads), 0, {x.range()}, writes, g,
+            uint32_t(vectors), x.as<const T>(), y ? y->as<T>() : nullptr,
+            taps ? static_cast<uint8_t*>(taps->data()) : nullptr);
+      });
+      return;
+    }
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       visit_unit_windows(g, [&](auto unit) {
         constexpr int V = decltype(vec)::value;
