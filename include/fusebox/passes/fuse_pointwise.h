@@ -21,13 +21,13 @@
 // Groups grow backwards from their output, taking a producer when all of its value's readers
 // are members, until nothing more can join (or 16 inputs are reached). A producer does not
 // join where that would keep a large value (>= 64 MiB) it reads alive more than 2 nodes past
-// its last reader outside the group: the group computes it at its output's place, so its
-// inputs live until there. A gradient sum's adds, one per branch of a layer read by many
-// (DeepLabV3's ASPP head: five 256 MiB gradients), as one kernel held every branch's
-// gradient at once where the adds alone hold one running sum. The fused node takes
-// the output's place in the graph, writes the output's value (its name kept) and is named
-// after the output's node; its inputs are the values the group reads, in the order the
-// program first reads them. Other nodes, inputs, constants and outputs stay as they were.
+// its last reader outside the group, and no member reads it already: the group computes it
+// at its output's place, so its inputs live until there. A gradient sum's adds, one per branch of a
+// layer read by many (DeepLabV3's ASPP head: five 256 MiB gradients), as one kernel held every
+// branch's gradient at once where the adds alone hold one running sum. The fused node takes the
+// output's place in the graph, writes the output's value (its name kept) and is named after the
+// output's node; its inputs are the values the group reads, in the order the program first reads
+// them. Other nodes, inputs, constants and outputs stay as they were.
 //
 // Run it after the fusions that take pointwise ops into other nodes (passes/fusion.h: a
 // batch norm's relu, a convolution's epilogue), so it leaves those alone; the ops they

@@ -87,8 +87,12 @@ class Finder {
     const TensorType& t = g_.value(u).type;
     if (size_t(numel(t.shape)) * dtype_size(t.dtype) < kDeferredBytes) return false;
     NodeId last = p;
-    for (NodeId r : readers_[size_t(u)])
-      if (!members.count(r)) last = std::max(last, r);
+    for (NodeId r : readers_[size_t(u)]) {
+      // A member reads u already: u lives to the group's place whether p joins or not
+      // (HardSwish's x * gate(x): the gate's scale of x joins the product of x).
+      if (members.count(r)) return false;
+      last = std::max(last, r);
+    }
     // u read by p and the group alone, from a producer that may join too: computed in the
     // group then (that producer's inputs checked when it joins).
     const NodeId q = g_.value(u).producer;
