@@ -558,7 +558,8 @@ TEST_F(CliTrain, BenchPrintsAndWritesEveryFigure) {
       EXPECT_TRUE(contains(r.out, figure)) << mode << ": " << r.out;
     const std::string text = slurp(json);
     for (const char* key : {"\"compile_s\"", "\"images_per_s\"", "\"step_ms_median\"",
-                            "\"host_us_per_step\"", "\"peak_device_bytes\""})
+                            "\"host_us_per_step\"", "\"peak_device_bytes\"",
+                            "\"peak_device_bytes_first_step\"", "\"peak_device_bytes_steps\""})
       EXPECT_TRUE(contains(text, key)) << mode << ": " << text;
     EXPECT_EQ(contains(text, "\"final_loss\""), std::string(mode) == "train") << text;
   }
