@@ -122,7 +122,9 @@ void CudaExecutable::plan_memory_and_buffers() {
   }
   // Views: layout ops read through (layout_views.h) where their readers take the view.
   same_bytes_.assign(values, kNoValue);
+  computed_in_input_.assign(values, false);
   plan_layout_views_into(bytes, converted_in_arena);
+  if (options_.reuse_memory) plan_elementwise_in_place(bytes, converted_in_arena);
   const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
   offsets_ = plan.offset;
   // The nodes' temporaries go where no value is at the time (none without reuse: that
@@ -264,6 +266,60 @@ bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
   if (std::count(n.inputs.begin(), n.inputs.end(), in.value) != 1) return false;
   if (std::count(graph_.outputs().begin(), graph_.outputs().end(), out) != 1) return false;
   return in_format(in.array.storage()->tensor, layout_.of(out));
+}
+
+// Step 1c: an elementwise node's output computed in the bytes of an input that dies there
+// (same_bytes_[out] = that input: the plan places them once, the output living on in them).
+// At a transformer MLP's peak the product's output and its GELU are both live, and a residual
+// stream's r_i = r_{i-1} + f(...) holds two values that greedy placement cannot pack; in place,
+// each pair is one buffer. Safe because every element of the input is read, by the thread
+// that writes the output's element at the same address, before that write (the map kernels
+// and the generated programs: elementwise.cuh, fused_codegen; no __restrict__ in either), and
+// nothing reads the input after this node. Taken only where the input and the output have one
+// dtype, shape and planned order, both are stored arena values that no layout view reads, and
+// the input is not read through another operand of the node under other strides (it is dense
+// in that order like the output, so every operand of it indexes alike). Returns how many.
+// (Memory plans without reuse, the reference the reusing ones are tested against, take none.)
+size_t CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& bytes,
+                                                 const std::vector<bool>& converted_in_arena) {
+  const size_t values = graph_.values().size();
+  std::vector<bool> viewed(values, false);           // a layout view's root
+  std::vector<bool>& in_place = computed_in_input_;  // computed in its input's bytes (below)
+  in_place.assign(values, false);
+  std::vector<bool> reused(values, false);  // an output is computed in its bytes (below)
+  for (size_t v = 0; v < values; ++v)
+    if (same_bytes_[v] != kNoValue) viewed[size_t(same_bytes_[v])] = true;
+  // Stored in the arena by its own node: not a layout view (an output computed in place is,
+  // and may be an input again: a chain of them shares one buffer) nor read through one.
+  auto stored = [&](ValueId v) {
+    return v != kNoValue && bytes[size_t(v)] > 0 && !viewed[size_t(v)] &&
+           layout_views_[size_t(v)].kind == LayoutView::Kind::copy &&
+           (same_bytes_[size_t(v)] == kNoValue || in_place[size_t(v)]);
+  };
+  size_t taken = 0;
+  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+    const Node& n = graph_.nodes()[i];
+    const OpFamily family = op_info(n.op).family;
+    if (n.outputs.size() != 1 ||
+        (family != OpFamily::unary && family != OpFamily::binary && family != OpFamily::pointwise))
+      continue;
+    const ValueId out = n.outputs[0];
+    if (!stored(out) || in_place[size_t(out)] || converted_in_arena[size_t(out)]) continue;
+    const TensorType& t = graph_.value(out).type;
+    for (ValueId in : n.inputs) {
+      if (!stored(in) || reused[size_t(in)] || life_.last[size_t(in)] != int(i)) continue;
+      const TensorType& u = graph_.value(in).type;
+      if (u.dtype != t.dtype || u.shape != t.shape || layout_.of(in) != layout_.of(out) ||
+          bytes[size_t(in)] != bytes[size_t(out)])
+        continue;
+      same_bytes_[size_t(out)] = in;
+      in_place[size_t(out)] = true;
+      reused[size_t(in)] = true;
+      ++taken;
+      break;
+    }
+  }
+  return taken;
 }
 
 // Step 3: constants, each once, in its planned order.

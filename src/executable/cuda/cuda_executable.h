@@ -123,6 +123,8 @@ class CudaExecutable final : public Executable {
   void plan_layout_views_into(std::vector<size_t>& bytes,
                               const std::vector<bool>& converted_in_arena);
   bool can_compute_in_place(ValueId out, size_t input) const;
+  size_t plan_elementwise_in_place(const std::vector<size_t>& bytes,
+                                   const std::vector<bool>& converted_in_arena);
   void upload_constants();
 
   // record.cpp
@@ -156,8 +158,11 @@ class CudaExecutable final : public Executable {
   std::vector<DeviceTensor> constants_;  // by ValueId
   std::vector<Input> inputs_;
   std::vector<DeviceArray> outputs_;
-  std::vector<int> in_place_;        // by ValueId: the input an output is computed in
-  std::vector<ValueId> same_bytes_;  // by ValueId: the root whose bytes a layout view reads
+  std::vector<int> in_place_;  // by ValueId: the input an output is computed in
+  // By ValueId: the root whose bytes a layout view reads, or the dying input an elementwise
+  // output is computed in (plan_elementwise_in_place; computed_in_input_ says which).
+  std::vector<ValueId> same_bytes_;
+  std::vector<bool> computed_in_input_;
   // By ValueId: layout ops' outputs read through (views, unstored values; layout_views.h).
   std::vector<LayoutView> layout_views_;
   // By output: where an aliased output that cannot be computed in place is computed, to be

@@ -1,5 +1,5 @@
 // Executable::profile on CUDA: each node recorded `repeats` times into a graph of its own
-// and timed (cuda_executable.h).
+// and timed (cuda_executable.h), an output planned in its input's bytes into its own buffer.
 #include "executable/cuda/cuda_executable.h"
 
 namespace fusebox::runtime {
@@ -23,7 +23,15 @@ std::vector<NodeTime> CudaExecutable::profile(int repeats) {
     ctx_.encoder.commit();
     for (size_t i = 0; i < graph_.nodes().size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      const std::vector<DeviceTensor> outs = node_outputs(w, n);
+      std::vector<DeviceTensor> outs = node_outputs(w, n);
+      // An output computed in its input's bytes would read its own result on the repeats
+      // (and leave the next nodes that): profiled into a buffer of its own.
+      for (size_t k = 0; k < outs.size(); ++k) {
+        const ValueId v = n.outputs[k];
+        if (!computed_in_input_[size_t(v)]) continue;
+        const TensorType& t = graph_.value(v).type;
+        outs[k] = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape, layout_.of(v));
+      }
       std::vector<DeviceTensor> written;
       for (int r = 0; r < repeats; ++r) {
         written = outs;

@@ -386,6 +386,32 @@ TEST(CudaExecutable, ARunRecordsNothing) {
   EXPECT_EQ(later.replays, first.replays + 3);
 }
 
+// An elementwise node's output is computed in the bytes of an input that dies there: a chain
+// of 40 adds and muls (the first reads the graph's input, outside the arena) runs in one
+// 4000-byte buffer, not two in turn, with the CPU's bits; a profile, which repeats each node,
+// computes those outputs into buffers of their own and leaves the run's result.
+TEST(CudaExecutable, ElementwiseOutputsAreComputedInTheirDyingInputsBytes) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  const Graph g = chain_graph(40, 1000);
+  auto exe = Executable::compile(g, {.device = Device::cuda, .poison = true});
+  EXPECT_EQ(exe->stats().arena_bytes, 4096u);  // 4000 bytes rounded to 256, once
+  auto unshared = Executable::compile(g, {.device = Device::cuda, .reuse_memory = false});
+  EXPECT_GT(unshared->stats().arena_bytes, 30 * 4096u);
+  const NamedTensors feeds = chain_feeds(1000, 3);
+  const NamedTensors want = run_graph(g, feeds, {.device = Device::cpu});
+  EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want.at("y"), 0, 0));
+  EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want.at("y"), 0, 0)) << "a second run";
+  EXPECT_TRUE(all_close(unshared->run(feeds).at("y"), want.at("y"), 0, 0));
+  Feeds device_feeds;
+  for (const auto& [name, t] : feeds) device_feeds[name] = t;
+  StepResult r = exe->run_async(device_feeds, {"y"});
+  r.host.at("y").get();
+  r.outputs.at("y").copy_from(Tensor::full(DType::f32, {1000}, std::nan("")));
+  exe->profile(3);
+  EXPECT_TRUE(all_close(r.outputs.at("y").to_host(), want.at("y"), 0, 0)) << "after a profile";
+  EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want.at("y"), 0, 0)) << "a run after it";
+}
+
 // The inputs and outputs the executable owns are one allocation: five 2.25 MiB tensors take
 // 11.25 MiB, not five buffers rounded up to the allocator's 2 MiB step (20 MiB).
 TEST(CudaExecutable, InputsAndOutputsShareOneAllocation) {
