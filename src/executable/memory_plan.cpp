@@ -170,6 +170,53 @@ std::vector<Gap> free_gaps(const Graph& g, const std::vector<size_t>& bytes,
   return gaps;
 }
 
+std::vector<ValueId> elementwise_in_place(const Graph& g, const Liveness& life,
+                                          const std::vector<size_t>& bytes,
+                                          const InPlaceCandidates& c) {
+  const size_t count = g.values().size();
+  auto tensor_bytes = [&](ValueId v) {
+    const TensorType& t = g.value(v).type;
+    return size_t(numel(t.shape)) * dtype_size(t.dtype);
+  };
+  // The last node that reads a holder's bytes, through it or any view of it.
+  std::vector<int> held_to(count, -1);
+  for (size_t v = 0; v < count; ++v)
+    if (c.holder[v] != kNoValue)
+      held_to[size_t(c.holder[v])] = std::max(held_to[size_t(c.holder[v])], life.last[v]);
+  std::vector<ValueId> in(count, kNoValue);
+  std::vector<bool> reused(count, false);  // a holder whose bytes an output took
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    const OpFamily family = op_info(n.op).family;
+    if (n.outputs.size() != 1 ||
+        (family != OpFamily::unary && family != OpFamily::binary && family != OpFamily::pointwise))
+      continue;
+    const ValueId out = n.outputs[0];
+    if (c.holder[size_t(out)] != out || c.order[size_t(out)] < 0) continue;
+    const TensorType& t = g.value(out).type;
+    for (ValueId u : n.inputs) {
+      if (u == kNoValue || c.holder[size_t(u)] == kNoValue) continue;
+      const ValueId h = c.holder[size_t(u)];
+      const TensorType& ut = g.value(u).type;
+      if (reused[size_t(h)] || held_to[size_t(h)] != int(i) || ut.dtype != t.dtype ||
+          ut.shape != t.shape || c.order[size_t(u)] != c.order[size_t(out)] ||
+          bytes[size_t(h)] != tensor_bytes(out))
+        continue;
+      // Every operand in h's bytes read element for element as the output is written.
+      bool aligned = true;
+      for (ValueId w : n.inputs)
+        if (w != kNoValue && c.holder[size_t(w)] == h)
+          aligned = aligned && c.order[size_t(w)] == c.order[size_t(out)] &&
+                    g.value(w).type.shape == t.shape && g.value(w).type.dtype == t.dtype;
+      if (!aligned) continue;
+      in[size_t(out)] = h;
+      reused[size_t(h)] = true;
+      break;
+    }
+  }
+  return in;
+}
+
 void note_peak(const Graph& g, const MemoryPlan& plan, const std::vector<size_t>& bytes,
                ExecutableStats& stats) {
   constexpr size_t kNamed = 8;

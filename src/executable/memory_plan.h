@@ -80,6 +80,25 @@ MemoryPlan plan_memory(const Graph& g, const Liveness& life, const std::vector<s
                        bool reuse, const std::vector<ValueId>& same_bytes = {},
                        const std::vector<size_t>& view_offset = {});
 
+// The outputs of elementwise nodes that may be computed in the bytes of an input that dies
+// there (for kernels that read every element of the input before writing the output's element
+// at the same address: the CUDA map kernels and generated programs). Per value, `holder`: the
+// stored value whose bytes it is (itself, or the root of a layout view of it), kNoValue for
+// none; `order`: the order (a MemoryFormat) its elements lie in densely from the holder's first
+// byte, -1 for any other (a strided or offset view). A node of the unary, binary or pointwise
+// family takes, for its output (a holder, in some order), the bytes of the first input of the
+// same dtype, shape and order whose holder is of that size and is read by nothing after the
+// node (nor its views), every operand of the node in those bytes being read in that order; a
+// holder once. Returns, by ValueId, that holder (kNoValue where none). An output taken may be
+// an input again: a chain shares one buffer.
+struct InPlaceCandidates {
+  std::vector<ValueId> holder;
+  std::vector<int> order;
+};
+std::vector<ValueId> elementwise_in_place(const Graph& g, const Liveness& life,
+                                          const std::vector<size_t>& bytes,
+                                          const InPlaceCandidates& c);
+
 // Fills stats' peak_node and peak_values from `plan` (`bytes` as given to plan_memory).
 void note_peak(const Graph& g, const MemoryPlan& plan, const std::vector<size_t>& bytes,
                ExecutableStats& stats);

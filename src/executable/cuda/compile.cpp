@@ -269,55 +269,54 @@ bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
 }
 
 // Step 1c: an elementwise node's output computed in the bytes of an input that dies there
-// (same_bytes_[out] = that input: the plan places them once, the output living on in them).
-// At a transformer MLP's peak the product's output and its GELU are both live, and a residual
-// stream's r_i = r_{i-1} + f(...) holds two values that greedy placement cannot pack; in place,
-// each pair is one buffer. Safe because every element of the input is read, by the thread
-// that writes the output's element at the same address, before that write (the map kernels
-// and the generated programs: elementwise.cuh, fused_codegen; no __restrict__ in either), and
-// nothing reads the input after this node. Taken only where the input and the output have one
-// dtype, shape and planned order, both are stored arena values that no layout view reads, and
-// the input is not read through another operand of the node under other strides (it is dense
-// in that order like the output, so every operand of it indexes alike). Returns how many.
-// (Memory plans without reuse, the reference the reusing ones are tested against, take none.)
+// (memory_plan.h elementwise_in_place; same_bytes_[out] = that input: the plan places them
+// once, the output living on in them). At a transformer MLP's peak the product's output and
+// its GELU are both live, and a residual stream's r_i = r_{i-1} + f(...) holds two values that
+// greedy placement cannot pack; in place, each pair is one buffer. Safe because every element
+// of the input is read, by the thread that writes the output's element at the same address,
+// before that write (the map kernels, elementwise.cuh, and the generated programs,
+// fused_codegen: no __restrict__ in either; a refused program's unfused ops write only their
+// last into y), and nothing reads the input after this node. The input may be a layout view
+// (a reshape of the product's rows): its root's bytes are taken where the view reads them
+// densely from the first byte in the output's order.
+// Returns how many. (Plans without reuse, the reference the reusing ones are tested against,
+// take none.)
 size_t CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& bytes,
                                                  const std::vector<bool>& converted_in_arena) {
   const size_t values = graph_.values().size();
-  std::vector<bool> viewed(values, false);           // a layout view's root
-  std::vector<bool>& in_place = computed_in_input_;  // computed in its input's bytes (below)
-  in_place.assign(values, false);
-  std::vector<bool> reused(values, false);  // an output is computed in its bytes (below)
-  for (size_t v = 0; v < values; ++v)
-    if (same_bytes_[v] != kNoValue) viewed[size_t(same_bytes_[v])] = true;
-  // Stored in the arena by its own node: not a layout view (an output computed in place is,
-  // and may be an input again: a chain of them shares one buffer) nor read through one.
-  auto stored = [&](ValueId v) {
-    return v != kNoValue && bytes[size_t(v)] > 0 && !viewed[size_t(v)] &&
-           layout_views_[size_t(v)].kind == LayoutView::Kind::copy &&
-           (same_bytes_[size_t(v)] == kNoValue || in_place[size_t(v)]);
+  InPlaceCandidates c{std::vector<ValueId>(values, kNoValue), std::vector<int>(values, -1)};
+  auto holds = [&](ValueId v) {  // stored by its own node (or a copy from a view): its bytes
+    const LayoutView::Kind kind = layout_views_[size_t(v)].kind;
+    return bytes[size_t(v)] > 0 && same_bytes_[size_t(v)] == kNoValue &&
+           !converted_in_arena[size_t(v)] && kind != LayoutView::Kind::view &&
+           kind != LayoutView::Kind::unstored;
   };
-  size_t taken = 0;
-  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
-    const Node& n = graph_.nodes()[i];
-    const OpFamily family = op_info(n.op).family;
-    if (n.outputs.size() != 1 ||
-        (family != OpFamily::unary && family != OpFamily::binary && family != OpFamily::pointwise))
+  for (size_t v = 0; v < values; ++v) {
+    const ValueId id = ValueId(v);
+    if (holds(id)) {
+      c.holder[v] = id;
+      c.order[v] = int(layout_.of(id));
       continue;
-    const ValueId out = n.outputs[0];
-    if (!stored(out) || in_place[size_t(out)] || converted_in_arena[size_t(out)]) continue;
-    const TensorType& t = graph_.value(out).type;
-    for (ValueId in : n.inputs) {
-      if (!stored(in) || reused[size_t(in)] || life_.last[size_t(in)] != int(i)) continue;
-      const TensorType& u = graph_.value(in).type;
-      if (u.dtype != t.dtype || u.shape != t.shape || layout_.of(in) != layout_.of(out) ||
-          bytes[size_t(in)] != bytes[size_t(out)])
-        continue;
-      same_bytes_[size_t(out)] = in;
-      in_place[size_t(out)] = true;
-      reused[size_t(in)] = true;
-      ++taken;
-      break;
     }
+    const LayoutView& lv = layout_views_[v];
+    if (lv.kind != LayoutView::Kind::view || lv.root == kNoValue || !holds(lv.root)) continue;
+    c.holder[v] = lv.root;  // read through: its root's bytes are read at its readers too
+    const Shape& shape = graph_.value(id).type.shape;
+    if (lv.offset != 0) continue;
+    for (MemoryFormat f : {MemoryFormat::contiguous, MemoryFormat::channels_last})
+      if ((f == MemoryFormat::contiguous || shape.size() >= 3) &&
+          lv.strides == strides_for(shape, f)) {
+        c.order[v] = int(f);
+        break;
+      }
+  }
+  const std::vector<ValueId> in = elementwise_in_place(graph_, life_, bytes, c);
+  size_t taken = 0;
+  for (size_t v = 0; v < values; ++v) {
+    if (in[v] == kNoValue) continue;
+    same_bytes_[v] = in[v];
+    computed_in_input_[v] = true;
+    ++taken;
   }
   return taken;
 }

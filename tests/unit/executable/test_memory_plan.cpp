@@ -4,6 +4,7 @@
 
 #include "executable/memory_plan.h"
 #include "executable_test_util.h"
+#include "fusebox/ir/op_groups.h"
 #include "fusebox/train/session.h"
 #include "fusebox/zoo.h"
 
@@ -267,6 +268,113 @@ namespace {
 
 // A collective's inputs live to the last node (so no later node writes their bytes and waits
 // for it); its outputs and everything else keep their usual lives.
+// Planned bytes by root (a view, or an output computed in an input's bytes, is its root's):
+// two roots that are held at one node at the same time have disjoint bytes.
+::testing::AssertionResult no_root_overlap(const Graph& g, const std::vector<size_t>& bytes,
+                                           const std::vector<ValueId>& same,
+                                           const MemoryPlan& plan) {
+  std::vector<size_t> roots;
+  for (size_t v = 0; v < bytes.size(); ++v)
+    if (bytes[v] > 0 && same[v] == kNoValue) roots.push_back(v);
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const size_t a = roots[i];
+    for (size_t j = i + 1; j < roots.size(); ++j) {
+      const size_t b = roots[j];
+      if (plan.held_from[a] > plan.held_to[b] || plan.held_from[b] > plan.held_to[a]) continue;
+      if (plan.offset[a] + bytes[a] > plan.offset[b] && plan.offset[b] + bytes[b] > plan.offset[a])
+        return ::testing::AssertionFailure() << g.values()[a].name << " and " << g.values()[b].name
+                                             << " share bytes while both are held";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every value with bytes holds them, in one order.
+std::vector<ValueId> in_place_of(const Graph& g, const runtime::Liveness& life,
+                                 const std::vector<size_t>& bytes) {
+  runtime::InPlaceCandidates c{std::vector<ValueId>(bytes.size(), kNoValue),
+                               std::vector<int>(bytes.size(), -1)};
+  for (size_t v = 0; v < bytes.size(); ++v)
+    if (bytes[v] > 0) c.holder[v] = ValueId(v), c.order[v] = 0;
+  return runtime::elementwise_in_place(g, life, bytes, c);
+}
+
+// An elementwise node's output may take the bytes of an input that dies there, the same dtype
+// and shape: a chain of adds and muls then runs in one buffer. Not an input read later, nor
+// one of another dtype or shape (a broadcast scale), nor one an output took already.
+TEST(MemoryPlan, ElementwiseOutputsTakeTheirDyingInputsBytes) {
+  const Graph chain = chain_graph(40, 1000);
+  const auto chain_life = runtime::liveness(chain);
+  const auto chain_bytes = intermediate_bytes(chain);
+  const std::vector<ValueId> in = in_place_of(chain, chain_life, chain_bytes);
+  size_t taken = 0;
+  for (const Node& n : chain.nodes()) {
+    const ValueId out = n.outputs[0];
+    if (in[size_t(out)] == kNoValue) continue;
+    EXPECT_EQ(in[size_t(out)], n.inputs[0]) << chain.value(out).name;
+    ++taken;
+  }
+  EXPECT_EQ(taken, 39u);  // the first reads the graph's input, the last writes its output
+  const MemoryPlan plan = runtime::plan_memory(chain, chain_life, chain_bytes, true, in);
+  EXPECT_EQ(plan.arena_bytes, 4096u);
+  EXPECT_TRUE(no_root_overlap(chain, chain_bytes, in, plan));
+
+  Graph g("not_in_place");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {4, 8});
+  const ValueId s = g.add_input("s", DType::f32, {4, 1});
+  const ValueId a = b.op(OpKind::relu, {}, {x}).at(0);     // 0
+  const ValueId c = b.op(OpKind::sigmoid, {}, {a}).at(0);  // 1: a is read again at 3
+  const ValueId sc = b.op(OpKind::relu, {}, {s}).at(0);    // 2
+  const ValueId d = b.op(OpKind::mul, {}, {c, a}).at(0);   // 3: in place of c (a taken? no)
+  const ValueId e = b.op(OpKind::mul, {}, {d, sc}).at(0);  // 4: of d, not of sc [4, 1]
+  const ValueId h = b.op(OpKind::cast, CastAttrs{DType::f16}, {e}).at(0);  // 5: a shape op
+  g.mark_output(b.op(OpKind::relu, {}, {h}).at(0));
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  const std::vector<ValueId> got = in_place_of(g, life, bytes);
+  EXPECT_EQ(got[size_t(c)], kNoValue) << "a is read after node 1";
+  EXPECT_EQ(got[size_t(d)], c) << "the first operand that dies, of d's dtype and shape";
+  EXPECT_EQ(got[size_t(e)], d) << "not the [4, 1] scale";
+  EXPECT_EQ(got[size_t(h)], kNoValue) << "cast is not elementwise here (another dtype)";
+}
+
+// On a model, with its reshapes as views of their inputs (as the CUDA executable reads them
+// through): the in-place plan is smaller and shares no held bytes. ConvNeXt's block holds its
+// residual, the MLP's product (its rows reshaped: a view) and its GELU at once; in place, the
+// GELU takes the product's bytes.
+TEST(MemoryPlan, ElementwiseInPlaceShrinksAModelsArena) {
+  const Graph g = build_zoo_model("convnext_test", {.batch = 4});
+  const auto life = runtime::liveness(g);
+  const auto bytes = intermediate_bytes(g);
+  runtime::InPlaceCandidates c{std::vector<ValueId>(bytes.size(), kNoValue),
+                               std::vector<int>(bytes.size(), -1)};
+  std::vector<ValueId> views(g.values().size(), kNoValue);
+  for (size_t v = 0; v < bytes.size(); ++v)
+    if (bytes[v] > 0) c.holder[v] = ValueId(v), c.order[v] = 0;
+  for (const Node& n : g.nodes()) {  // in node order: a view of a view has the first's root
+    if (!is_reshape_family(n.op) || c.holder[size_t(n.inputs[0])] == kNoValue) continue;
+    const ValueId out = n.outputs[0], root = c.holder[size_t(n.inputs[0])];
+    views[size_t(out)] = root;
+    c.holder[size_t(out)] = root;  // a reshape of a dense value: dense from byte 0, same order
+  }
+  const std::vector<ValueId> in = runtime::elementwise_in_place(g, life, bytes, c);
+  std::vector<ValueId> same = views;
+  size_t taken = 0;
+  for (size_t v = 0; v < same.size(); ++v)
+    if (in[v] != kNoValue) same[v] = in[v], ++taken;
+  EXPECT_GT(taken, 0u);
+  const MemoryPlan before = runtime::plan_memory(g, life, bytes, true, views);
+  const MemoryPlan after = runtime::plan_memory(g, life, bytes, true, same);
+  EXPECT_TRUE(no_root_overlap(g, bytes, same, after));
+  EXPECT_LT(after.arena_bytes, before.arena_bytes);
+  EXPECT_LT(after.peak_live_bytes, before.peak_live_bytes);
+  std::printf(
+      "convnext_test b4: %zu outputs in place; arena %zu -> %zu bytes (live at most %zu "
+      "-> %zu)\n",
+      taken, before.arena_bytes, after.arena_bytes, before.peak_live_bytes, after.peak_live_bytes);
+}
+
 TEST(MemoryPlan, AllReduceInputsLiveToTheStepsEnd) {
   Graph g("collective");
   Builder b(g);
