@@ -373,6 +373,18 @@ TEST(MemoryPlan, ElementwiseInPlaceShrinksAModelsArena) {
       "convnext_test b4: %zu outputs in place; arena %zu -> %zu bytes (live at most %zu "
       "-> %zu)\n",
       taken, before.arena_bytes, after.arena_bytes, before.peak_live_bytes, after.peak_live_bytes);
+  // A training step (relu masks, gradient sums, optimizer-side chains): never more live, and no
+  // bytes shared while held.
+  const Graph step = resnet18_step();
+  const auto step_life = runtime::liveness(step);
+  const auto step_bytes = intermediate_bytes(step);
+  const std::vector<ValueId> step_in = in_place_of(step, step_life, step_bytes);
+  const MemoryPlan step_before = runtime::plan_memory(step, step_life, step_bytes, true);
+  const MemoryPlan step_after = runtime::plan_memory(step, step_life, step_bytes, true, step_in);
+  EXPECT_TRUE(no_root_overlap(step, step_bytes, step_in, step_after));
+  EXPECT_LE(step_after.peak_live_bytes, step_before.peak_live_bytes);
+  EXPECT_GT(std::count_if(step_in.begin(), step_in.end(), [](ValueId v) { return v != kNoValue; }),
+            0);
 }
 
 TEST(MemoryPlan, AllReduceInputsLiveToTheStepsEnd) {
