@@ -62,8 +62,6 @@ CudaExecutable::CudaExecutable(const Graph& g, const CompileOptions& options)
       throw;
     }
     step_ = ctx_.encoder.finish_recording();
-    for (Input& in : inputs_)
-      if (in.stage_op != cuda::CommandEncoder::kNoOp) set_stage_enabled(in, false);
     errors_ = std::make_shared<const cuda::ErrorFlags::Reserved>(
         cuda::ErrorFlags::of(ctx_.encoder).take());
     stats_.operations = step_ ? step_.ops() : 0;

@@ -97,15 +97,16 @@ class CudaExecutable final : public Executable {
     bool convert = false;       // the step reads a converted copy (value_tensor)
     DeviceTensor value_tensor;  // what the step reads
     bool has_contents = false;
-    // Double-buffered staging (recorded steps, inputs fed from the host): a batch is copied
-    // on the copy stream into stage[k] while the device still runs the step before, and
-    // the step's first operation (memcpy op `stage_op`, pointed at stage[k]) copies it in.
-    cuda::DeviceBuffer stage[2];
-    cuda::Fence stage_free[2];  // after the last step that read stage[k]
-    bool staged = false;        // fed from the host through stage[] (large inputs, recorded steps)
-    size_t stage_op = cuda::CommandEncoder::kNoOp;
-    int next_stage = 0;
-    bool stage_enabled = true;
+    // Staging (recorded steps, inputs fed from the host): a batch is copied on the copy
+    // stream into `stage` while the device still runs the step before; just before the
+    // step's launch a device copy on the step's stream moves it into `array`, and
+    // `stage_free` marks that copy's end, which is all the next batch's copy waits for. One
+    // staging buffer: the next batch's copy overlaps the step as well as with two (it waits
+    // for the device copy, tens of microseconds, not for the step), and a second costs an
+    // input's worth of device memory (74 MiB for Swin-T at batch 128).
+    cuda::DeviceBuffer stage;
+    cuda::Fence stage_free;  // after the last device copy out of `stage`
+    bool staged = false;     // fed from the host through `stage` (large inputs, recorded steps)
   };
 
   // The values a walk over the nodes reads and writes.
@@ -139,8 +140,8 @@ class CudaExecutable final : public Executable {
 
   // run.cpp
   void feed_inputs(const Feeds& feeds);
-  const cuda::DeviceBuffer& stage_buffer(Input& in, int k);
-  void set_stage_enabled(Input& in, bool enabled);
+  const cuda::DeviceBuffer& stage_buffer(Input& in);
+  void copy_staged_inputs();
   void retire_oldest_run();
 
   Graph graph_;
@@ -174,7 +175,7 @@ class CudaExecutable final : public Executable {
   std::vector<DeviceTensor> readback_;  // by output: contiguous copies of non-contiguous ones
   cuda::PinnedPool error_staging_;
   std::vector<std::shared_ptr<cuda::PinnedSlot>> fed_slots_;
-  std::vector<std::pair<Input*, int>> staged_now_;  // inputs staged this run, and their stage
+  std::vector<Input*> staged_now_;  // inputs whose batch is in `stage`, to be copied in
   std::unique_ptr<cuda::CopyStream> copy_stream_;
   // Host outputs of kOverlappedOutputBytes or more are copied out on a stream of their own,
   // so that the next run's nodes overlap the copy (GPT-2's 3.3 GB of f32 logits take ~60 ms

@@ -44,21 +44,15 @@ void CudaExecutable::record_step() {
   flags.clear_halt();
 }
 
-// Constants and inputs in their slots. The step also records each staged input's copy
-// from its staging buffer, then the input conversions; a profile (`step` false) reads the
-// inputs as the last run left them and records only the conversions (arena values).
+// Constants and inputs in their slots, then the input conversions (a staged input's copy in
+// from its staging buffer runs before the step's launch: run.cpp); a profile (`step`
+// false) reads the inputs as the last run left them and records only the conversions
+// (arena values).
 CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
   Walk w;
   w.slots.resize(graph_.values().size());
   for (const auto& [v, t] : graph_.constants()) w.slots[size_t(v)] = constants_[size_t(v)];
   for (Input& in : inputs_) {
-    if (in.staged && step) {
-      // The staging buffers come with the first feed from the host (a loop fed from device
-      // arrays never needs them); until then the copy reads the arena (never runs: off).
-      const cuda::DeviceTensor& dst = in.array.storage()->tensor;
-      const cuda::DeviceBuffer& src = arena_.size() >= dst.nbytes() ? arena_ : stage_buffer(in, 0);
-      in.stage_op = ctx_.encoder.memcpy(dst.range(), cuda::BufferRange(src, 0, dst.nbytes()));
-    }
     if (in.convert) cuda::copy_strided(ctx_, in.array.storage()->tensor, in.value_tensor);
     w.slots[size_t(in.value)] = in.value_tensor;
   }

@@ -57,6 +57,7 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       next_run_.timing = std::make_shared<RunTiming>();
       FUSEBOX_CUDA_CHECK(cudaEventRecord(next_run_.timing->start, ctx_.encoder.stream()));
     }
+    copy_staged_inputs();  // timed with the step, as the step's own first operation would be
     ctx_.encoder.replay(step_);
     if (time_runs_)
       FUSEBOX_CUDA_CHECK(cudaEventRecord(next_run_.timing->end, ctx_.encoder.stream()));
@@ -130,8 +131,6 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
   if (run->records) run->records->last_use = run->fence;
   for (auto& slot : fed_slots_) slot->last_use = run->fence;
   fed_slots_.clear();
-  for (auto& [in, k] : staged_now_) in->stage_free[k] = run->fence;
-  staged_now_.clear();
   next_run_.run = run;
   in_flight_.push_back(std::move(next_run_));
   next_run_ = {};
@@ -171,9 +170,7 @@ void CudaExecutable::feed_inputs(const Feeds& feeds) {
     if (const Tensor* t = std::get_if<Tensor>(&it->second)) {
       if (!dst.is_contiguous()) {
         in.array.copy_from(*t);  // resident state in another order: converted (blocking)
-      } else if (in.stage_op != cuda::CommandEncoder::kNoOp && t->nbytes() > kSmallFeedBytes) {
-        const int k = in.next_stage;
-        in.next_stage ^= 1;
+      } else if (in.staged && t->nbytes() > kSmallFeedBytes) {
         const void* source = t->raw();
         if (is_pinned(source)) {
           next_run_.pinned_feeds.push_back(*t);  // not written until copied: executable.h
@@ -183,11 +180,11 @@ void CudaExecutable::feed_inputs(const Feeds& feeds) {
           source = slot->bytes.get();
           fed_slots_.push_back(std::move(slot));
         }
+        // The copy into `stage` waits for the last copy out of it (the run before's first
+        // device operation), then the step's stream waits for it.
         ctx_.encoder.wait(copy_stream_->copy_to_device(
-            cuda::BufferRange(stage_buffer(in, k), 0, t->nbytes()), source, in.stage_free[k]));
-        step_.set_memcpy(in.stage_op, dst.data(), in.stage[k].data(), t->nbytes());
-        set_stage_enabled(in, true);
-        staged_now_.push_back({&in, k});
+            cuda::BufferRange(stage_buffer(in), 0, t->nbytes()), source, in.stage_free));
+        staged_now_.push_back(&in);
         in.has_contents = true;
         continue;
       } else if (t->nbytes() > 0) {
@@ -210,32 +207,32 @@ void CudaExecutable::feed_inputs(const Feeds& feeds) {
     }
     in.has_contents = true;
   }
-  // An input not fed from the host this run keeps its buffer: its staging copy is off.
-  for (Input& in : inputs_) {
-    const bool staged = std::any_of(staged_now_.begin(), staged_now_.end(),
-                                    [&](const auto& s) { return s.first == &in; });
-    if (in.stage_op != cuda::CommandEncoder::kNoOp && !staged) set_stage_enabled(in, false);
-  }
 }
 
-const cuda::DeviceBuffer& CudaExecutable::stage_buffer(Input& in, int k) {
-  if (!in.stage[k]) {
+const cuda::DeviceBuffer& CudaExecutable::stage_buffer(Input& in) {
+  if (!in.stage) {  // with the first feed from the host: a loop fed from device arrays needs none
     const size_t bytes = in.array.nbytes();
     try {
-      in.stage[k] = ctx_.allocator.allocate(bytes);
+      in.stage = ctx_.allocator.allocate(bytes);
     } catch (const Error& e) {
       throw Error(where_, cat("out of device memory for the staging buffer of input '",
                               io_.input_names[size_t(&in - inputs_.data())], "' (",
                               bytes_str(bytes), "): ", error_message(e)));
     }
   }
-  return in.stage[k];
+  return in.stage;
 }
 
-void CudaExecutable::set_stage_enabled(Input& in, bool enabled) {
-  if (in.stage_enabled == enabled) return;
-  step_.set_enabled(in.stage_op, enabled);
-  in.stage_enabled = enabled;
+// The batches fed through `stage` this run, copied into their inputs' buffers on the step's
+// stream (after the run before has read them); `stage_free` then lets the next batch's copy
+// into `stage` start while this step runs.
+void CudaExecutable::copy_staged_inputs() {
+  for (Input* in : staged_now_) {
+    const cuda::DeviceTensor& dst = in->array.storage()->tensor;
+    ctx_.encoder.copy_now(dst.range(), cuda::BufferRange(in->stage, 0, dst.nbytes()));
+    in->stage_free = ctx_.encoder.fence();
+  }
+  staged_now_.clear();
 }
 
 // Waits for the oldest run in flight, lets go of what it held, checks its error records.

@@ -3,6 +3,8 @@
 // tests skip without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backends/cuda/runtime/encoder.h"
 #include "executable_test_util.h"
 #include "fusebox/train/session.h"
@@ -51,6 +53,41 @@ TEST_P(Executables, LargeHostOutputsOfQueuedRunsAreEachTheirRuns) {
   EXPECT_EQ(again.numel(), n);
   for (size_t i = 0; i < held.size(); ++i)
     EXPECT_TRUE(all_close(held[i], want[i], 1e-5, 1e-6)) << "run " << i;
+}
+
+TEST_P(Executables, StagedInputsOfQueuedRunsAreEachTheirRuns) {
+  // 4 MB inputs: on the GPU each batch goes through one staging buffer, copied in just
+  // before its step, while the step before still runs (cuda_executable.h). Runs queued
+  // before any is read, fed from pinned and from pageable memory in turn, then a run that
+  // feeds no x (it reads the last batch again) and one fed from a device array.
+  const int64_t n = 1000000;
+  const Graph g = chain_graph(4, n);
+  auto exe = Executable::compile(g, {.device = device(), .poison = true});
+  std::vector<PendingTensor> pending;
+  std::vector<Tensor> want;
+  std::vector<Tensor> pinned;  // each run's own, unchanged until its run is done
+  NamedTensors feeds;
+  for (uint64_t seed = 1; seed < 7; ++seed) {
+    feeds = chain_feeds(n, seed);
+    want.push_back(run_graph(g, feeds, {.device = Device::cpu}).at("y"));
+    if (seed % 2) {
+      Tensor p = pinned_host_tensor(DType::f32, {n});
+      std::memcpy(p.raw(), feeds.at("x").raw(), feeds.at("x").nbytes());
+      feeds.at("x") = p;
+      pinned.push_back(p);
+    }
+    pending.push_back(exe->run_async(Feeds(feeds.begin(), feeds.end()), {"y"}).host.at("y"));
+  }
+  const Tensor no_x = exe->run_async({{"a", feeds.at("a")}}, {"y"}).host.at("y").get();
+  EXPECT_TRUE(all_close(no_x, want.back(), 1e-5, 1e-6)) << "a run that feeds no x";
+  const NamedTensors last = chain_feeds(n, 11);
+  Feeds from_device(last.begin(), last.end());
+  from_device["x"] = DeviceArray::upload(last.at("x"), device());
+  const Tensor on_device = exe->run_async(from_device, {"y"}).host.at("y").get();
+  EXPECT_TRUE(all_close(on_device, run_graph(g, last, {.device = Device::cpu}).at("y"), 1e-5, 1e-6))
+      << "fed from a device array";
+  for (size_t i = 0; i < pending.size(); ++i)
+    EXPECT_TRUE(all_close(pending[i].get(), want[i], 1e-5, 1e-6)) << "run " << i;
 }
 
 TEST_P(Executables, AnAliasedInputKeepsItsStateAcrossRuns) {
