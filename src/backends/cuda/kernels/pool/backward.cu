@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int a = 0; a < S; ++a) {
 #pragma unroll
         for (int b = 0; b < S; ++b)
-          if (chosen[a][b] >> l & 1u) sum[l] += convert<C>(grad[a][b].v[l]);
+          if (chosen[a][b] >> l & 1u) sum[l] += lane_value<C>(grad[a][b], l);
       }
     }
     store_lanes<V>(dx, int64_t(w) * V, sum);

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int b = 0; b < K; ++b)
           if (inside >> (a * K + b) & 1u)
-            keep_max(best[l], best_at[l], convert<C>(tap[a][b].v[l]), a * kw + b);
+            keep_max(best[l], best_at[l], lane_value<C>(tap[a][b], l), a * kw + b);
       }
     }
     if constexpr (kTaps) {
