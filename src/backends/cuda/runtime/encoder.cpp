@@ -79,7 +79,7 @@ struct RecordedGraph::State {
   int device = -1;
   cudaGraph_t graph = nullptr;  // the template the execs came from: set_enabled names its nodes
   // Its instantiations (settings().replay_execs), replays taking them in turn; every change
-  // (set_enabled, set_memcpy, set_wait) goes to each.
+  // (set_enabled, set_wait) goes to each.
   std::vector<cudaGraphExec_t> execs;
   size_t next_exec = 0;
   std::vector<cudaGraphNode_t> nodes;  // by operation index
@@ -101,15 +101,6 @@ void RecordedGraph::set_enabled(size_t op, bool enabled) {
   DeviceGuard guard(state_->device);
   for (cudaGraphExec_t exec : state_->execs)
     FUSEBOX_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, state_->nodes[op], enabled ? 1 : 0));
-}
-
-void RecordedGraph::set_memcpy(size_t op, void* dst, const void* src, size_t bytes) {
-  FUSEBOX_CHECK(state_ && op < state_->nodes.size(), "cuda", "set_memcpy: no operation ", op,
-                " in a recorded graph of ", ops(), " operations");
-  DeviceGuard guard(state_->device);
-  for (cudaGraphExec_t exec : state_->execs)
-    FUSEBOX_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, state_->nodes[op], dst, src, bytes,
-                                                          cudaMemcpyDeviceToDevice));
 }
 
 // ---- Recording ---------------------------------------------------------------------------

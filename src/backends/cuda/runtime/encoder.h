@@ -96,10 +96,6 @@ class RecordedGraph {
   // memcpy nodes: cudaGraphNodeSetEnabled). E.g. the executor poisons a step's outputs in
   // its first launch only. Not while a launch of this graph is being issued elsewhere.
   void set_enabled(size_t op, bool enabled);
-  // Points memcpy operation `op` at other bytes for later launches (the same size and
-  // device; cudaGraphExecMemcpyNodeSetParams1D), e.g. the executable's input copy from the
-  // staging buffer the next batch arrived in. Not while a launch is being issued elsewhere.
-  void set_memcpy(size_t op, void* dst, const void* src, size_t bytes);
   // Points event-wait operation `op` (CommandEncoder::wait_for) at `fence` for later launches
   // (cudaGraphExecEventWaitNodeSetEvent). The caller keeps the fence until those launches
   // have completed. Not while a launch is being issued elsewhere.
