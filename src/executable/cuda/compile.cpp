@@ -276,11 +276,10 @@ bool CudaExecutable::can_compute_in_place(ValueId out, size_t input) const {
 // fused_codegen: no __restrict__ in either; a refused program's unfused ops write only their
 // last into y), and nothing reads the input after this node. The input may be a layout view
 // (a reshape of the product's rows): its root's bytes are taken where the view reads them
-// densely from the first byte in the output's order.
-// Returns how many. (Plans without reuse, the reference the reusing ones are tested against,
-// take none.)
-size_t CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& bytes,
-                                                 const std::vector<bool>& converted_in_arena) {
+// densely from the first byte in the output's order. (Plans without reuse, the reference the
+// reusing ones are tested against, take none.)
+void CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& bytes,
+                                               const std::vector<bool>& converted_in_arena) {
   const size_t values = graph_.values().size();
   InPlaceCandidates c{std::vector<ValueId>(values, kNoValue), std::vector<int>(values, -1)};
   auto holds = [&](ValueId v) {  // stored by its own node (or a copy from a view): its bytes
@@ -309,14 +308,11 @@ size_t CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& byte
       }
   }
   const std::vector<ValueId> in = elementwise_in_place(graph_, life_, bytes, c);
-  size_t taken = 0;
   for (size_t v = 0; v < values; ++v) {
     if (in[v] == kNoValue) continue;
     same_bytes_[v] = in[v];
     computed_in_input_[v] = true;
-    ++taken;
   }
-  return taken;
 }
 
 // Step 3: constants, each once, in its planned order.

@@ -124,8 +124,8 @@ class CudaExecutable final : public Executable {
   void plan_layout_views_into(std::vector<size_t>& bytes,
                               const std::vector<bool>& converted_in_arena);
   bool can_compute_in_place(ValueId out, size_t input) const;
-  size_t plan_elementwise_in_place(const std::vector<size_t>& bytes,
-                                   const std::vector<bool>& converted_in_arena);
+  void plan_elementwise_in_place(const std::vector<size_t>& bytes,
+                                 const std::vector<bool>& converted_in_arena);
   void upload_constants();
 
   // record.cpp
