@@ -335,7 +335,8 @@ std::string attr_str(const Attrs& attrs) {
         else if constexpr (std::is_same_v<A, GemmAttrs>)
           return cat("trans_a=", a.trans_a, " trans_b=", a.trans_b, " alpha=", a.alpha,
                      " beta=", a.beta,
-                     a.activation ? " activation=" + activation_str(a.activation) : "");
+                     a.activation ? " activation=" + activation_str(a.activation) : "",
+                     a.y_dtype ? cat(" y_dtype=", dtype_name(*a.y_dtype)) : "");
         else if constexpr (std::is_same_v<A, ReduceAttrs>)
           return cat("axes=", ints(a.axes), " keepdims=", a.keepdims);
         else if constexpr (std::is_same_v<A, SoftmaxAttrs>)

@@ -131,7 +131,13 @@ Types infer_gemm(Context& c) {
     FUSEBOX_INFER_CHECK(c, broadcast_shapes(c.shape(2), y, &b) && b == y, c.shaped(2),
                         " does not broadcast to [M, N] = ", shape_str(y));
   }
-  return {{c.dtype(0), y}};
+  // The mixed form (ir/ops.h GemmAttrs): f16/bf16 operands, the f32 accumulator stored.
+  const DType y_dtype = a.y_dtype.value_or(c.dtype(0));
+  if (y_dtype != c.dtype(0))
+    FUSEBOX_INFER_CHECK(c, is_low_float(c.dtype(0)) && y_dtype == DType::f32 && !c.has(2),
+                        "y_dtype ", dtype_name(y_dtype), " with ", c.shaped(0),
+                        ": the mixed form takes f16 or bf16 operands without C and stores f32");
+  return {{y_dtype, y}};
 }
 
 // reduce_sum / reduce_mean / reduce_max over the listed axes (all when empty).

@@ -106,6 +106,8 @@ Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& f
   add(fusion.hoist_casts, pass("hoist_narrowing_casts", hoist_narrowing_casts));
   // Before the pointwise chains, which would take the casts into kernels of their own.
   add(fusion.norm_casts, pass("fold_norm_casts", fold_norm_casts));
+  // Likewise a product's widening cast (GPT-2's LM head writing its f32 logits).
+  add(fusion.product_casts, pass("fold_product_casts", fold_product_casts));
   // Last: the elementwise chains no pass above took into a node of its own.
   add(fusion.pointwise, pass("fuse_pointwise_chains", fuse_pointwise_chains));
   return {"inference", std::move(passes)};

@@ -225,12 +225,18 @@ struct PointwiseProgram {
 //   to [M, N]. y = activation(alpha * A' B' + beta * C): the activation is a fused
 //   epilogue (none from ONNX; passes/fusion.h fuse_gemm_epilogues sets it), computed in
 //   the compute type before the result is rounded, as cuBLASLt's epilogues compute it.
+//   y has A's dtype, or y_dtype where set: the mixed form (A and B f16 or bf16, no C,
+//   y_dtype f32; fold_product_casts, passes/fusion.h, makes it of a product read only by a
+//   widening cast) stores the f32 accumulator unrounded: the values of the product computed
+//   in f32 from the same operands, which the rounded product widened is not. Inference
+//   forms only (no gradient).
 struct GemmAttrs {
   bool trans_a = false;
   bool trans_b = false;
   double alpha = 1.0;
   double beta = 1.0;
   FusedActivation activation;
+  std::optional<DType> y_dtype;
 };
 
 // ---- reductions ------------------------------------------------------------

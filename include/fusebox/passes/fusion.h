@@ -28,7 +28,8 @@
 //   3c. fuse_attention: matmul -> scale -> softmax -> matmul as one attention node;
 //   4. the batch-norm fusions above for the batch norms left (not after a conv);
 //   4b. hoist_narrowing_casts (passes/simplify.h), then fold_norm_casts: the casts around
-//       layer/RMS norms taken into the norms;
+//       layer/RMS norms taken into the norms; fold_product_casts: a product's widening cast
+//       taken into its store;
 //   5. fuse_pointwise_chains (passes/fuse_pointwise.h): the chains of elementwise ops no
 //      node above took become one generated kernel each.
 // The groups each fusion formed are kept in a FusionLog: `fusebox inspect --fusion`
@@ -149,6 +150,17 @@ size_t fuse_attention(Graph& g, FusionLog* log = nullptr, bool training = false,
 // rule). Returns the number of norms that took a cast.
 size_t fold_norm_casts(Graph& g, FusionLog* log = nullptr);
 
+// fold_product_casts: an f16/bf16 product widened to f32 and read by nothing else,
+//   gemm(A, B) without C (or matmul of [.., K] rows by a 2-D [K, N] matrix) -> cast(-> f32),
+// becomes gemm's mixed form (ir/ops.h GemmAttrs::y_dtype = f32; a matmul first becomes the
+// gemm of its rows, reshaped back): the product's f32 accumulator stored as it is, in the
+// cast's place. Why: GPT-2's LM head (16 x 1024 rows by a 50,257-wide vocabulary) wrote
+// 1.6 GB of bf16 logits that a cast then read to write 3.3 GB of f32 ones, both alive at once
+// (the inference peak). Values: the product computed in f32 from the same bf16 operands,
+// unrounded, where the casts gave it rounded to bf16 first (more exact, never less).
+// Inference graphs only (the mixed form has no gradient rule). Returns the number folded.
+size_t fold_product_casts(Graph& g, FusionLog* log = nullptr);
+
 // Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them
 // all off (for comparisons), 1 (default) on: from_env(), which the CLI passes.
 struct InferenceFusionOptions {
@@ -160,13 +172,14 @@ struct InferenceFusionOptions {
   // fuse_attention takes f32 chains too: set by Executable::compile for the CPU's fast kernels
   // (oneDNN's attention kernel), not for the GPU (cuBLASLt's f32 products beat a fused one).
   bool f32_attention = false;
-  bool identity_ops = true;  // remove_identity_ops (passes/simplify.h)
-  bool norm_casts = true;    // fold_norm_casts
-  bool hoist_casts = true;   // hoist_narrowing_casts (passes/simplify.h)
-  bool gelu = true;          // recognize_gelu (passes/simplify.h)
+  bool identity_ops = true;   // remove_identity_ops (passes/simplify.h)
+  bool norm_casts = true;     // fold_norm_casts
+  bool product_casts = true;  // fold_product_casts
+  bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
+  bool gelu = true;           // recognize_gelu (passes/simplify.h)
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {
-    return {false, false, false, false, false, false, false, false, false, false};
+    return {false, false, false, false, false, false, false, false, false, false, false};
   }
 };
 

@@ -113,8 +113,9 @@ Planned make(const Graph& g, ValueId b, const memory::desc& a_desc, const memory
 
 // The operands' one dtype (f32, or bf16 / f16 where the CPU computes in it: else oneDNN
 // refuses the primitive, saying so); a gemm's bias may be f32 beside bf16 / f16 operands.
+// (y has it too, or f32: gemm's mixed form, ir/ops.h GemmAttrs.)
 std::optional<DType> operand_dtype(const Graph& g, const Node& n, std::string* why) {
-  const DType t = g.value(n.outputs[0]).type.dtype;
+  const DType t = g.value(n.inputs[0]).type.dtype;
   if (!data_type_of(t)) {
     *why = cat("a ", dtype_name(t), " product (f32, bf16 and f16 only)");
     return std::nullopt;
@@ -156,8 +157,9 @@ Planned plan_gemm(const Graph& g, const Node& n) {
   if (!append_activation(ops, a.activation, &why)) return {nullptr, why};
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
+  const DType y_dtype = g.value(n.outputs[0]).type.dtype;  // f32 in the mixed form
   return make(g, n.inputs[1], matrix_desc({m, k}, a.trans_a, *dtype),
-              matrix_desc({k, cols}, a.trans_b, *dtype), plain_desc({m, cols}, *dtype), bias, attr,
+              matrix_desc({k, cols}, a.trans_b, *dtype), plain_desc({m, cols}, y_dtype), bias, attr,
               "gemm");
 }
 

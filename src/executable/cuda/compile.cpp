@@ -122,6 +122,7 @@ void CudaExecutable::plan_memory_and_buffers() {
   same_bytes_.assign(values, kNoValue);
   computed_in_input_.assign(values, false);
   plan_layout_views_into(bytes, converted_in_arena);
+  plan_outputs_through_reshapes(bytes, converted_in_arena);
   if (options_.reuse_memory) plan_elementwise_in_place(bytes, converted_in_arena);
   const MemoryPlan plan = plan_memory(graph_, life_, bytes, options_.reuse_memory, same_bytes_);
   offsets_ = plan.offset;
@@ -312,6 +313,44 @@ void CudaExecutable::plan_elementwise_in_place(const std::vector<size_t>& bytes,
     if (in[v] == kNoValue) continue;
     same_bytes_[v] = in[v];
     computed_in_input_[v] = true;
+  }
+}
+
+// Step 1b': a value read only by the reshape that makes a graph output is computed in that
+// output's buffer (both dense in one order: the same bytes), and the reshape records nothing.
+// GPT-2's LM head (a gemm of [16384, 768] rows) writes its f32 logits into the [16, 1024,
+// 50257] output directly, where the arena held them (3.3 GB) for the reshape to copy. Not for
+// an aliased output (state written in place has rules of its own: can_compute_in_place), an
+// output listed twice, or a value anything else reads or views.
+void CudaExecutable::plan_outputs_through_reshapes(std::vector<size_t>& bytes,
+                                                   const std::vector<bool>& converted_in_arena) {
+  const size_t values = graph_.values().size();
+  computed_in_output_.assign(values, -1);
+  reshape_into_output_.assign(graph_.nodes().size(), false);
+  std::vector<int> readers(values, 0), listed(values, 0);
+  for (const Node& n : graph_.nodes())
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) ++readers[size_t(v)];
+  for (ValueId v : graph_.outputs()) ++listed[size_t(v)];
+  using Kind = LayoutView::Kind;
+  for (size_t i = 0; i < io_.output_names.size(); ++i) {
+    const ValueId o = graph_.outputs()[i];
+    const NodeId r = graph_.value(o).producer;
+    if (io_.alias_of_output[i] >= 0 || listed[size_t(o)] != 1 || r < 0) continue;
+    const Node& n = graph_.node(r);
+    if (!is_reshape_family(n.op) || n.outputs.size() != 1 ||
+        layout_views_[size_t(o)].kind != Kind::copy)
+      continue;
+    const ValueId v = n.inputs[0];
+    const Kind kind = layout_views_[size_t(v)].kind;
+    if (bytes[size_t(v)] == 0 || converted_in_arena[size_t(v)] ||
+        same_bytes_[size_t(v)] != kNoValue || kind == Kind::view || kind == Kind::unstored ||
+        readers[size_t(v)] != 1 || listed[size_t(v)] != 0 ||
+        layout_.of(v) != MemoryFormat::contiguous || layout_.of(o) != MemoryFormat::contiguous)
+      continue;
+    computed_in_output_[size_t(v)] = int(i);
+    reshape_into_output_[size_t(r)] = true;
+    bytes[size_t(v)] = 0;  // not in the arena
   }
 }
 

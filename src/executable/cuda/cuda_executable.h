@@ -124,6 +124,8 @@ class CudaExecutable final : public Executable {
   void plan_layout_views_into(std::vector<size_t>& bytes,
                               const std::vector<bool>& converted_in_arena);
   bool can_compute_in_place(ValueId out, size_t input) const;
+  void plan_outputs_through_reshapes(std::vector<size_t>& bytes,
+                                     const std::vector<bool>& converted_in_arena);
   void plan_elementwise_in_place(const std::vector<size_t>& bytes,
                                  const std::vector<bool>& converted_in_arena);
   void upload_constants();
@@ -164,6 +166,10 @@ class CudaExecutable final : public Executable {
   // output is computed in (plan_elementwise_in_place; computed_in_input_ says which).
   std::vector<ValueId> same_bytes_;
   std::vector<bool> computed_in_input_;
+  // By ValueId: the output (index) whose buffer the value is computed in, the reshape of it
+  // that makes that output recording nothing (plan_outputs_through_reshapes); -1: none.
+  std::vector<int> computed_in_output_;
+  std::vector<bool> reshape_into_output_;  // by node: such a reshape
   // By ValueId: layout ops' outputs read through (views, unstored values; layout_views.h).
   std::vector<LayoutView> layout_views_;
   // By output: where an aliased output that cannot be computed in place is computed, to be
@@ -178,20 +184,33 @@ class CudaExecutable final : public Executable {
   std::vector<Input*> staged_now_;  // inputs whose batch is in `stage`, to be copied in
   std::unique_ptr<cuda::CopyStream> copy_stream_;
   // Host outputs of kOverlappedOutputBytes or more are copied out on a stream of their own,
-  // so that the next run's nodes overlap the copy (GPT-2's 3.3 GB of f32 logits take ~60 ms
-  // over PCIe; its step computes in ~15): the step's operation outputs_free_op_ makes every
-  // node that writes an output wait for the last such copies (outputs_read_), and only
-  // those nodes. Recorded steps only (launching directly, a run waits at its start).
+  // so that the next run's nodes overlap the copy (GPT-2's 3.3 GB of f32 logits take ~66 ms
+  // over PCIe; its step computes in ~15): the nodes that write an output wait for the last
+  // copy of its bytes out, and only those nodes. A large output is copied in pieces, each
+  // with its own wait in the step, so that a node writing the first rows waits for those
+  // rows' copy, not the whole output's (GPT-2's LM head writes the logits in 13 blocks of
+  // rows: waiting for all of them, each run would wait out the whole copy and then compute
+  // the blocks). Recorded steps only (launching directly, a run waits at its start).
+  struct ReadbackPiece {
+    int output = -1;              // a piece of this output; -1: all the small ones whole
+    size_t begin = 0, bytes = 0;  // a piece's bytes in its output
+    cuda::BufferList ranges;      // what the step's writers wait on
+    size_t op = cuda::CommandEncoder::kNoOp;  // the step's wait (CommandEncoder::wait_for)
+    cuda::Fence read;                         // after the last copy of these bytes out
+    bool stale = false;  // `read` changed since the step's wait was pointed at it
+  };
+  void plan_readback_pieces();  // record.cpp, by begin_walk
   std::unique_ptr<cuda::CopyStream> readback_stream_;
-  size_t outputs_free_op_ = cuda::CommandEncoder::kNoOp;
-  cuda::Fence outputs_read_;
-  bool outputs_wait_stale_ = false;  // outputs_read_ changed since the step was pointed at it
+  std::vector<ReadbackPiece> readback_pieces_;  // the small outputs' first
+  cuda::Fence outputs_read_;                    // after the last copies out (of every output)
   static constexpr size_t kOverlappedOutputBytes = size_t(8) << 20;
+  static constexpr size_t kReadbackPieceBytes = size_t(64) << 20;  // at least, and
+  static constexpr size_t kMaxReadbackPieces = 16;                 // at most, per output
   // A run queued on the device: its error check (and fence), and the feeds it copies
   // straight from the caller's memory, held until it has completed.
   struct RunInFlight {
     std::shared_ptr<RunCheck> run;
-    cuda::Fence waited;  // the copies its outputs_free_op_ waited for (set_wait: held)
+    std::vector<cuda::Fence> waited;  // the copies its readback waits waited for (held)
     std::vector<Tensor> pinned_feeds;
     std::vector<DeviceArray> array_feeds;
     std::shared_ptr<RunTiming> timing;  // FUSEBOX_TIME_RUNS: the replay's events

@@ -58,18 +58,17 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
   }
   w.output_tensor.resize(graph_.values().size());
   if (step) {
-    // The first operation: the writers of the returned outputs wait for the last copies of
-    // them out (cuda_executable.h). A recorded step needs a fence to record the wait with:
-    // one after nothing yet, until a run copies.
+    // The first operations: the writers of the returned outputs' pieces wait for the last
+    // copies of those bytes out (cuda_executable.h). A recorded step needs a fence to record
+    // each wait with: one after nothing yet, until a run copies.
     if (!direct_ && !outputs_read_)
       outputs_read_ = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
-    cuda::BufferList returned;
-    for (size_t i = 0; i < outputs_.size(); ++i) {
-      const ValueId v = graph_.outputs()[i];
-      if (in_place_[size_t(v)] < 0 && !alias_buffer_[i].buffer)
-        returned.push_back(outputs_[i].storage()->tensor.range());
+    plan_readback_pieces();
+    for (ReadbackPiece& p : readback_pieces_) {
+      if (!p.read) p.read = outputs_read_;
+      p.op =
+          p.ranges.empty() ? cuda::CommandEncoder::kNoOp : ctx_.encoder.wait_for(p.read, p.ranges);
     }
-    outputs_free_op_ = ctx_.encoder.wait_for(outputs_read_, returned);
   }
   for (size_t i = 0; i < outputs_.size(); ++i) {
     const ValueId v = graph_.outputs()[i];
@@ -81,7 +80,41 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
       w.output_tensor[size_t(v)] = outputs_[i].storage()->tensor;
     }
   }
+  // Values computed in an output's buffer, in their own shape (plan_outputs_through_reshapes).
+  for (size_t v = 0; v < computed_in_output_.size(); ++v) {
+    if (computed_in_output_[v] < 0) continue;
+    const DeviceTensor& out = outputs_[size_t(computed_in_output_[v])].storage()->tensor;
+    const Shape& shape = graph_.values()[v].type.shape;
+    w.output_tensor[v] = out.view(out.offset, shape, strides_for(shape, MemoryFormat::contiguous));
+  }
   return w;
+}
+
+// The returned outputs' bytes as readback pieces (cuda_executable.h): the outputs smaller than
+// two pieces together in the first, each larger one in up to kMaxReadbackPieces of at least
+// kReadbackPieceBytes. Once: the pieces and their fences outlive the recording.
+void CudaExecutable::plan_readback_pieces() {
+  if (!readback_pieces_.empty()) return;
+  readback_pieces_.emplace_back();
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const ValueId v = graph_.outputs()[i];
+    if (in_place_[size_t(v)] >= 0 || alias_buffer_[i].buffer) continue;
+    const cuda::BufferRange range = outputs_[i].storage()->tensor.range();
+    const size_t count = std::min(kMaxReadbackPieces, range.bytes / kReadbackPieceBytes);
+    if (count < 2) {
+      readback_pieces_[0].ranges.push_back(range);
+      continue;
+    }
+    const size_t step = ((range.bytes + count - 1) / count + 255) / 256 * 256;
+    for (size_t at = 0; at < range.bytes; at += step) {
+      ReadbackPiece p;
+      p.output = int(i);
+      p.begin = at;
+      p.bytes = std::min(step, range.bytes - at);
+      p.ranges = {cuda::BufferRange(range.buffer, range.offset + at, p.bytes)};
+      readback_pieces_.push_back(std::move(p));
+    }
+  }
 }
 
 // Where node `n`'s outputs go: a returned buffer, the arena, or (no bytes) a buffer of
@@ -111,6 +144,7 @@ std::vector<DeviceTensor> CudaExecutable::node_outputs(const Walk& w, const Node
 void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs) {
   const Node& n = graph_.nodes()[i];
   const TracePhase trace("cuda record ", op_name(n.op));
+  if (reshape_into_output_[i]) return;  // its input was computed in its output's bytes
   // Layout ops read through (layout_views.h): a view or nothing, or a copy from the root.
   if (n.outputs.size() == 1) {
     switch (layout_views_[size_t(n.outputs[0])].kind) {
@@ -163,7 +197,7 @@ void CudaExecutable::record_nodes() {
     std::vector<DeviceTensor> outs = node_outputs(w, n);
     // Poison all but state updated in place (the poison would be its only value) and
     // views (the poison would be their input's).
-    if (options_.poison)
+    if (options_.poison && !reshape_into_output_[i])  // (that one: its input's bytes)
       for (size_t k = 0; k < outs.size(); ++k)
         if (in_place_[size_t(n.outputs[k])] < 0 && same_bytes_[size_t(n.outputs[k])] == kNoValue)
           ctx_.encoder.memset(outs[k].range(), 0xff);

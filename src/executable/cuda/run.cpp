@@ -47,11 +47,11 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       throw Error(e.where(), (label.empty() ? "" : label + ": ") + error_message(e) + halted);
     }
   } else {
-    if (outputs_wait_stale_ && outputs_free_op_ != cuda::CommandEncoder::kNoOp) {
-      step_.set_wait(outputs_free_op_, outputs_read_);
-      outputs_wait_stale_ = false;
+    for (ReadbackPiece& p : readback_pieces_) {
+      if (p.stale && p.op != cuda::CommandEncoder::kNoOp) step_.set_wait(p.op, p.read);
+      p.stale = false;
+      next_run_.waited.push_back(p.read);
     }
-    next_run_.waited = outputs_read_;
     if (time_runs_) {
       ctx_.encoder.commit();  // the feeds' copies before the start event
       next_run_.timing = std::make_shared<RunTiming>();
@@ -81,6 +81,7 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
   StepResult result;
   std::vector<std::shared_ptr<PendingTensor::State>> copies;
   std::vector<DeviceTensor> sources;
+  std::vector<int> copied_outputs;
   size_t copy_bytes = 0;
   for (size_t i = 0; i < io_.output_names.size(); ++i) {
     const std::string& name = io_.output_names[i];
@@ -102,9 +103,12 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
       if (!readback_[i].buffer)
         readback_[i] = DeviceTensor::empty(ctx_.allocator, t.dtype, t.shape);
       src = readback_[i];
+      // Not over the last run's copy out of it, which may still be going on.
+      if (outputs_read_ && readback_stream_) ctx_.encoder.wait(outputs_read_);
       cuda::copy_strided(ctx_, t, src);
     }
     copy_bytes += t.nbytes();
+    copied_outputs.push_back(int(i));
     copies.push_back(state);
     sources.push_back(src);
     result.host[name] = PendingTensor(std::move(state));
@@ -115,10 +119,24 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
   if (overlapped) {
     if (!readback_stream_) readback_stream_ = std::make_unique<cuda::CopyStream>(ctx_.device.id());
     const cuda::Fence written = ctx_.encoder.fence();
-    for (size_t k = 0; k < copies.size(); ++k)
-      readback_stream_->copy_to_host(copies[k]->slot->bytes.get(), sources[k].range(), written);
+    for (size_t k = 0; k < copies.size(); ++k) {
+      std::byte* host = copies[k]->slot->bytes.get();
+      const cuda::BufferRange src = sources[k].range();
+      bool in_pieces = false;
+      for (ReadbackPiece& p : readback_pieces_) {  // a large output's pieces, each fenced
+        if (p.output != copied_outputs[k]) continue;
+        readback_stream_->copy_to_host(
+            host + p.begin, cuda::BufferRange(src.buffer, src.offset + p.begin, p.bytes), written);
+        p.read = readback_stream_->fence();
+        p.stale = in_pieces = true;
+      }
+      if (!in_pieces) readback_stream_->copy_to_host(host, src, written);
+    }
     outputs_read_ = readback_stream_->fence();
-    outputs_wait_stale_ = true;
+    if (!readback_pieces_.empty()) {  // the small outputs' piece
+      readback_pieces_[0].read = outputs_read_;
+      readback_pieces_[0].stale = true;
+    }
   } else {
     for (size_t k = 0; k < copies.size(); ++k)
       ctx_.encoder.copy_to_host_async(copies[k]->slot->bytes.get(), sources[k].range());

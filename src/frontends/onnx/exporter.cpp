@@ -345,6 +345,10 @@ void Exporter::export_node(const Node& n) {
     case OpKind::gemm: {
       // A fused activation (ir/ops.h GemmAttrs) is ONNX's Gemm, then the activation.
       const auto& a = std::get<GemmAttrs>(n.attrs);
+      if (a.y_dtype && *a.y_dtype != in_type(n, 0).dtype)
+        fail(n,
+             "the mixed-dtype form (fold_product_casts: an inference graph after its passes) "
+             "has no ONNX node; export the graph before compiling it");
       const std::string product = a.activation ? fresh(n.name + "/gemm") : out(n, 0);
       NodeProto* p = add("Gemm", n.name, ins(n), {product});
       set_float(p, "alpha", a.alpha);

@@ -166,6 +166,10 @@ Grads vjp_gemm(VjpArgs& a) {
   FUSEBOX_CHECK(!g.activation, node_label(a.node),
                 "a gemm with a fused activation has no gradient rule: differentiate the "
                 "unfused graph (passes/fusion.h)");
+  if (g.y_dtype.value_or(a.e.dtype(a.input(0))) != a.e.dtype(a.input(0)))
+    a.no_gradient(
+        "its mixed-dtype form (an f32 product of low-precision operands, made by "
+        "fold_product_casts for inference) has no gradient rule");
   const ValueId dy = a.dy[0], A = a.input(0), B = a.input(1);
   auto product = [&](ValueId lhs, bool t_lhs, ValueId rhs, bool t_rhs, const char* part) {
     return e.op1(OpKind::gemm, GemmAttrs{t_lhs, t_rhs, g.alpha, 1.0}, {lhs, rhs}, part);

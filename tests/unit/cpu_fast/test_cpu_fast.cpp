@@ -449,6 +449,29 @@ TEST(CpuFast, RefusedNodesRunOnTheReference) {
   EXPECT_NE(summary.find("gemm: 0 fast, 2 reference"), std::string::npos) << summary;
 }
 
+// gemm's mixed form (bf16 operands, the f32 accumulator stored; ir/ops.h GemmAttrs::y_dtype,
+// GPT-2's LM head after fold_product_casts): on oneDNN with an f32 destination where the CPU
+// computes in bf16 (else its refusal leaves it to the reference kernel), the reference's f32
+// values either way.
+TEST(CpuFast, MixedGemmStoresF32) {
+  REQUIRE_ONEDNN();
+  Graph g("lm_head");
+  const ValueId a = g.add_input("a", DType::bf16, {6, 32});
+  const ValueId w = g.add_constant("w", random_tensor(DType::bf16, {32, 20}, 3));
+  GemmAttrs attrs;
+  attrs.y_dtype = DType::f32;
+  g.mark_output(g.add_node(OpKind::gemm, attrs, {a, w}, "head")[0]);
+  const NamedTensors feeds{{"a", random_tensor(DType::bf16, {6, 32}, 4)}};
+  const NamedTensors want = run_graph(g, feeds);
+  ASSERT_EQ(want.begin()->second.dtype(), DType::f32);
+  auto exe = Executable::compile(
+      g, {.device = Device::cpu, .cpu_kernels = CpuKernels::fast, .poison = true});
+  const NamedTensors got = exe->run(feeds);
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(all_close(got.at(name), t, 1e-5, 1e-6)) << name << "\n"
+                                                        << exe->stats().fast_summary;
+}
+
 // A constant 3x3 convolution weight [k, c, 3, 3] of `g`, and "same" padding for it.
 ValueId weight3x3(Graph& g, const char* name, int64_t k, int64_t c, uint64_t seed) {
   return g.add_constant(name, random_tensor(DType::f32, {k, c, 3, 3}, seed, -0.2, 0.2));

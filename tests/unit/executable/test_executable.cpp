@@ -449,6 +449,71 @@ TEST(CudaExecutable, ElementwiseOutputsAreComputedInTheirDyingInputsBytes) {
   EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want.at("y"), 0, 0)) << "a run after it";
 }
 
+// A value read only by the reshape that makes an output is computed in the output's buffer:
+// a product's [8, 12] rows reshaped to [2, 4, 12] leave the arena empty, the reshape records
+// nothing, and runs (poisoned first), a profile and a run after it give the CPU's values. A
+// product that is also an output itself keeps its own buffer.
+TEST(CudaExecutable, AnOutputMadeByAReshapeIsComputedInItsBuffer) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  Graph g("rows");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {8, 16});
+  const ValueId w = g.add_constant("w", random_tensor(DType::f32, {16, 12}, 4));
+  ValueId y = b.reshape(b.matmul(x, w), {2, 4, 12});
+  g.rename_value(y, "y");
+  g.mark_output(y);
+  auto exe = Executable::compile(g, {.device = Device::cuda, .poison = true});
+  EXPECT_EQ(exe->stats().arena_bytes, 0u);
+  for (uint64_t seed = 1; seed < 4; ++seed) {
+    const NamedTensors feeds{{"x", random_tensor(DType::f32, {8, 16}, seed)}};
+    const Tensor want = run_graph(g, feeds, {.device = Device::cpu}).at("y");
+    EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want, 1e-5, 1e-6)) << seed;
+    if (seed == 2) {
+      exe->profile(2);
+      EXPECT_TRUE(all_close(exe->run(feeds).at("y"), want, 1e-5, 1e-6)) << "after a profile";
+    }
+  }
+  Graph both("both");
+  Builder bb(both);
+  const ValueId p = bb.matmul(both.add_input("x", DType::f32, {8, 16}),
+                              both.add_constant("w", random_tensor(DType::f32, {16, 12}, 4)));
+  both.rename_value(p, "p");
+  both.mark_output(p);
+  const ValueId r = bb.reshape(p, {2, 4, 12});
+  both.rename_value(r, "y");
+  both.mark_output(r);
+  auto exe2 = Executable::compile(both, {.device = Device::cuda, .poison = true});
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {8, 16}, 7)}};
+  const NamedTensors want = run_graph(both, feeds, {.device = Device::cpu});
+  const NamedTensors got = exe2->run(feeds);
+  for (const auto& [name, t] : want) EXPECT_TRUE(all_close(got.at(name), t, 1e-5, 1e-6)) << name;
+}
+
+// An output of 2 x 64 MiB or more is copied back in pieces, each with its own wait in the step
+// (cuda_executable.h ReadbackPiece): 144 MB of f32 (two pieces), five runs queued before any
+// is read, each result its own run's; then a run whose output is not read back, and one that
+// is again.
+TEST(CudaExecutable, HostOutputsReadBackInPiecesAreEachTheirRuns) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  const int64_t n = 36000000;
+  const Graph g = chain_graph(2, n);
+  auto exe = Executable::compile(g, {.device = Device::cuda, .poison = true});
+  std::vector<PendingTensor> pending;
+  std::vector<Tensor> want;
+  for (uint64_t seed = 1; seed < 6; ++seed) {
+    const NamedTensors feeds = chain_feeds(n, seed);
+    want.push_back(run_graph(g, feeds, {.device = Device::cpu}).at("y"));
+    pending.push_back(exe->run_async(Feeds(feeds.begin(), feeds.end()), {"y"}).host.at("y"));
+  }
+  for (size_t i = 0; i < pending.size(); ++i)
+    EXPECT_TRUE(all_close(pending[i].get(), want[i], 1e-5, 1e-6)) << "run " << i;
+  const NamedTensors quiet = chain_feeds(n, 11);
+  exe->run_async(Feeds(quiet.begin(), quiet.end()), {});
+  const NamedTensors last = chain_feeds(n, 12);
+  const Tensor again = exe->run_async(Feeds(last.begin(), last.end()), {"y"}).host.at("y").get();
+  EXPECT_TRUE(all_close(again, run_graph(g, last, {.device = Device::cpu}).at("y"), 1e-5, 1e-6));
+}
+
 // The inputs and outputs the executable owns are one allocation: five 2.25 MiB tensors take
 // 11.25 MiB, not five buffers rounded up to the allocator's 2 MiB step (20 MiB).
 TEST(CudaExecutable, InputsAndOutputsShareOneAllocation) {

@@ -52,6 +52,7 @@ std::string describe_lowering(const Node& n) {
       const bool activation_in_epilogue =
           a.activation.kind == Activation::relu || a.activation.kind == Activation::gelu_tanh;
       return "cuBLASLt " + join_ops(parts) + (bias || activation_in_epilogue ? " (epilogue)" : "") +
+             (a.y_dtype ? cat(", ", dtype_name(*a.y_dtype), " store") : "") +
              (a.activation && !activation_in_epilogue ? " + activation kernel" : "");
     }
     case OpKind::fused_pointwise:

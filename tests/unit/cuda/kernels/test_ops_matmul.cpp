@@ -272,6 +272,44 @@ TEST_F(MatmulTest, UnalignedColumnCountsRunPadded) {
   }
 }
 
+// gemm's mixed form (ir/ops.h GemmAttrs::y_dtype f32): bf16 / f16 operands, the f32
+// accumulator stored: a small product (cuBLASLt on y's unaligned f32 rows), a padded one (N
+// not a multiple of 8) in one block of rows, and one of 70,000 rows whose padded f32 product
+// takes two blocks (matmul.cpp: kPadBlockBytes); the sampled rows span both blocks.
+TEST_F(MatmulTest, MixedGemmStoresTheF32Accumulator) {
+  OpHarness h;
+  struct Case {
+    int64_t m, n, k;
+    bool trans_b;
+  };
+  const Case cases[] = {{33, 65, 129, false}, {2048, 1025, 1024, true}, {70000, 1025, 1024, false}};
+  uint64_t seed = 1400;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(cat(dtype_name(t), " m ", c.m, " n ", c.n, " k ", c.k));
+      GemmAttrs attrs{.trans_b = c.trans_b};
+      attrs.y_dtype = DType::f32;
+      const Tensor a = random_tensor(t, {c.m, c.k}, seed++);
+      const Tensor b = random_tensor(t, c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, seed++);
+      const Tensor got = h.run(&gemm, OpKind::gemm, attrs, {a, b})[0];
+      ASSERT_EQ(got.dtype(), DType::f32);
+      const std::vector<double> y = got.to_doubles(), av = a.to_doubles();
+      const int64_t rows = std::min<int64_t>(c.m, 48);
+      std::vector<double> a_rows, y_rows;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t r = rows == 1 ? 0 : i * (c.m - 1) / (rows - 1);
+        a_rows.insert(a_rows.end(), av.begin() + r * c.k, av.begin() + (r + 1) * c.k);
+        y_rows.insert(y_rows.end(), y.begin() + r * c.n, y.begin() + (r + 1) * c.n);
+      }
+      const Tensor want =
+          run_op(OpKind::gemm, attrs, {Tensor::from_doubles(t, {rows, c.k}, a_rows), b})[0];
+      ASSERT_EQ(want.dtype(), DType::f32);
+      // The f32 sums of the same operands, not rounded to t (whose unit is 4e-3 / 5e-4).
+      EXPECT_TRUE(close_in_norm(Tensor::from_doubles(DType::f32, {rows, c.n}, y_rows), want, 1e-5));
+    }
+  }
+}
+
 TEST_F(MatmulTest, RepeatedShapesReuseThePlanAndStayCorrect) {
   OpHarness h;
   for (int step = 0; step < 3; ++step) {

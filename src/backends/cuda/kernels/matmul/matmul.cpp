@@ -28,6 +28,9 @@
 // cuBLASLt has no algorithm with that epilogue, and for the other activations, the plain
 // GEMM and then one pass over y (kernels/conv/epilogue.cu's conv_epilogue on [M, N]).
 //
+// gemm's mixed form (GemmAttrs::y_dtype f32 with f16/bf16 operands) is cuBLASLt's f32 C/D
+// beside the low-precision A/B: the accumulator stored without rounding.
+//
 // Precision: f32 runs in f32 (CUBLAS_COMPUTE_32F), as PyTorch's default; TF32 tensor-core
 // math only with FUSEBOX_ALLOW_TF32_MATMUL=1 (FUSEBOX_ALLOW_TF32 is the convolutions'
 // switch, default on, as PyTorch's cudnn.allow_tf32). f16 and bf16 multiply on the
@@ -59,7 +62,8 @@ constexpr size_t kMaxCachedPlans = 1024;
 // One (batched) GEMM in row-major terms: Y = alpha * op(A) op(B) + beta * Y for each of
 // `batch` matrices, operand X's matrices stride_x elements apart.
 struct GemmProblem {
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;    // the operands'
+  DType y_dtype = DType::f32;  // y's: the operands', or f32 in gemm's mixed form
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldy = 0;  // row strides of the stored matrices
@@ -185,7 +189,7 @@ std::shared_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProblem& p,
                           : make_layout(type, p.n, p.k, p.ldb, p.batch, p.stride_b);
   plan->second = p.trans_a ? make_layout(type, p.m, p.k, p.lda, p.batch, p.stride_a)
                            : make_layout(type, p.k, p.m, p.lda, p.batch, p.stride_a);
-  plan->out = make_layout(type, p.n, p.m, p.ldy, p.batch, p.stride_y);
+  plan->out = make_layout(data_type(p.y_dtype), p.n, p.m, p.ldy, p.batch, p.stride_y);
 
   cublasLtMatmulPreference_t preference = nullptr;
   FUSEBOX_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -217,11 +221,12 @@ std::shared_ptr<Plan> make_plan(cublasLtHandle_t handle, const GemmProblem& p,
 // The plan of a problem, from the cache or made now; null when cuBLASLt has no algorithm.
 std::shared_ptr<Plan> find_plan(Device& device, const GemmProblem& p,
                                 const std::array<uint32_t, 3>& align) {
-  using Key = std::array<int64_t, 19>;
+  using Key = std::array<int64_t, 20>;
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<Plan>> cache;
   const Key key = {device.id(),
                    int64_t(p.dtype),
+                   int64_t(p.y_dtype),
                    p.trans_a,
                    p.trans_b,
                    p.m,
@@ -262,17 +267,17 @@ struct GemmOperands {
 
 // The alignments cuBLASLt may assume of the operands (a, b, y) of every call in `ops`.
 std::array<uint32_t, 3> operand_alignments(const GemmProblem& p, const GemmOperands& ops) {
-  const size_t elem = dtype_size(p.dtype);
+  const size_t elem = dtype_size(p.dtype), y_elem = dtype_size(p.y_dtype);
   const char* pa = static_cast<const char*>(ops.a->data());
   const char* pb = static_cast<const char*>(ops.b->data());
   const char* py = static_cast<const char*>(ops.y->data());
   std::array<uint32_t, 3> align = {alignment(pa, p.lda, p.stride_a, elem),
                                    alignment(pb, p.ldb, p.stride_b, elem),
-                                   alignment(py, p.ldy, p.stride_y, elem)};
+                                   alignment(py, p.ldy, p.stride_y, y_elem)};
   for (const auto& off : ops.offsets) {
     align[0] = std::min(align[0], alignment(pa + off[0] * int64_t(elem), 0, 0, elem));
     align[1] = std::min(align[1], alignment(pb + off[1] * int64_t(elem), 0, 0, elem));
-    align[2] = std::min(align[2], alignment(py + off[2] * int64_t(elem), 0, 0, elem));
+    align[2] = std::min(align[2], alignment(py + off[2] * int64_t(y_elem), 0, 0, y_elem));
   }
   return align;
 }
@@ -282,7 +287,7 @@ std::array<uint32_t, 3> operand_alignments(const GemmProblem& p, const GemmOpera
 void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProblem& p,
                  const GemmOperands& ops, const std::vector<std::array<int64_t, 3>>& offsets,
                  double alpha, double beta, const BufferList& reads, const void* bias) {
-  const size_t elem = dtype_size(p.dtype);
+  const size_t elem = dtype_size(p.dtype), y_elem = dtype_size(p.y_dtype);
   const char* pa = static_cast<const char*>(ops.a->data());
   const char* pb = static_cast<const char*>(ops.b->data());
   char* py = static_cast<char*>(ops.y->data());
@@ -302,7 +307,7 @@ void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProb
   }
   ctx.encoder.capture_library_call(reads, writes, [&](cudaStream_t stream) {
     for (const auto& off : offsets) {
-      void* y = py + off[2] * int64_t(elem);
+      void* y = py + off[2] * int64_t(y_elem);
       FUSEBOX_CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, alpha_p, pb + off[1] * int64_t(elem),
                                           plan->first, pa + off[0] * int64_t(elem), plan->second,
                                           beta_p, y, plan->out, y, plan->out, &plan->heuristic.algo,
@@ -317,12 +322,16 @@ void record_plan(Context& ctx, const std::shared_ptr<Plan>& plan, const GemmProb
 // product on an H200, and 14.0 with the leading dims alone padded (N still odd). So a single
 // GEMM whose N is not a multiple of 16 bytes' elements runs on padded copies where the copies
 // are cheap against the product: N rounded up, B copied into a zero-filled [K, N'] (or
-// [N', K]), the bias into a zero-filled [N'], Y written as [M, N'] and its first N columns
-// copied into place (Inductor pads such dims too). The copies move B and Y twice; the
-// product's flops must be at least kPadFlopsPerByte times those bytes (GPT-2's LM head: ~380
-// flops per byte), and large enough that the extra launches do not matter.
+// [N', K]), the bias into a zero-filled [N'], Y written as [rows, N'] blocks whose first N
+// columns are copied into place (Inductor pads such dims too). The copies move B and Y twice;
+// the product's flops must be at least kPadFlopsPerByte times those bytes (GPT-2's LM head:
+// ~380 flops per byte), and large enough that the extra launches do not matter. The padded Y
+// is a block of at most kPadBlockBytes of rows at a time, reused by the next block: padded
+// whole, GPT-2's f32 logits would need a second 3.3 GB beside the output.
 constexpr double kPadFlopsPerByte = 128;
 constexpr double kPadMinFlops = double(int64_t(1) << 32);
+constexpr int64_t kPadBlockBytes = int64_t(256) << 20;
+constexpr int64_t kPadBlockRowMultiple = 128;  // a tile's rows: blocks keep whole tiles
 
 // A matrix stored [rows, cols] with row stride `ld`, `offset` elements into `t`, as a view.
 DeviceTensor matrix_view(const DeviceTensor& t, int64_t offset, int64_t rows, int64_t cols,
@@ -335,11 +344,12 @@ DeviceTensor matrix_view(const DeviceTensor& t, int64_t offset, int64_t rows, in
 // algorithm for the padded problem. beta is 0 (y is only written); `bias` as record_plan's.
 bool record_padded(Context& ctx, const GemmProblem& p, const GemmOperands& ops, double alpha,
                    const DeviceTensor* bias) {
-  const size_t elem = dtype_size(p.dtype);
+  const size_t elem = dtype_size(p.dtype), y_elem = dtype_size(p.y_dtype);
   if (p.dtype == DType::f64 || p.batch != 1 || ops.offsets.size() != 1) return false;
-  const int64_t per_row = int64_t(16 / elem);
+  const int64_t per_row = int64_t(16 / elem);  // also a multiple of y's per 16 bytes
   if (p.n % per_row == 0 || (p.lda * int64_t(elem)) % 16 != 0) return false;
-  const double copied = 2.0 * double(elem) * (double(p.k) + double(p.m)) * double(p.n);
+  const double copied =
+      2.0 * (double(elem) * double(p.k) + double(y_elem) * double(p.m)) * double(p.n);
   const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
   if (flops < kPadMinFlops || flops < kPadFlopsPerByte * copied) return false;
 
@@ -349,14 +359,27 @@ bool record_padded(Context& ctx, const GemmProblem& p, const GemmOperands& ops, 
   const int64_t b_rows = p.trans_b ? p.n : p.k, b_cols = p.trans_b ? p.k : p.n;
   q.ldb = p.trans_b ? p.k : q.n;
   q.ldy = q.n;
+  int64_t block =
+      kPadBlockBytes / (q.n * int64_t(y_elem)) / kPadBlockRowMultiple * kPadBlockRowMultiple;
+  block = std::min(p.m, std::max(block, kPadBlockRowMultiple));
+  // Row r of op(A) starts r elements into a stored [K, M] (trans_a), r rows into [M, K].
+  const int64_t a_row_step = p.trans_a ? 1 : p.lda;
   const auto& off = ops.offsets.front();
   DeviceTensor b = temporary_tensor(ctx, p.dtype, {p.trans_b ? q.n : p.k, q.ldb});
-  DeviceTensor y = temporary_tensor(ctx, p.dtype, {p.m, q.ldy});
+  DeviceTensor y = temporary_tensor(ctx, p.y_dtype, {block, q.ldy});
+  // The plans of the whole blocks and of the last, shorter one: all found before anything
+  // is recorded.
+  std::vector<std::pair<int64_t, std::shared_ptr<Plan>>> blocks;  // (first row, plan)
+  for (int64_t r = 0; r < p.m; r += block) {
+    GemmProblem qb = q;
+    qb.m = std::min(block, p.m - r);
+    const GemmOperands padded{ops.a, &b, &y, {{off[0] + r * a_row_step, 0, 0}}};
+    std::shared_ptr<Plan> plan = find_plan(ctx.device, qb, operand_alignments(qb, padded));
+    if (!plan) return false;
+    blocks.emplace_back(r, std::move(plan));
+  }
   std::optional<DeviceTensor> padded_bias;
   if (bias) padded_bias = temporary_tensor(ctx, bias->dtype, {q.n});
-  const GemmOperands padded{ops.a, &b, &y, {{off[0], 0, 0}}};
-  const std::shared_ptr<Plan> plan = find_plan(ctx.device, q, operand_alignments(q, padded));
-  if (!plan) return false;
   ctx.encoder.memset(b.range(), 0);
   copy_strided(ctx, matrix_view(*ops.b, off[1], b_rows, b_cols, p.ldb),
                matrix_view(b, 0, b_rows, b_cols, q.ldb));
@@ -367,10 +390,15 @@ bool record_padded(Context& ctx, const GemmProblem& p, const GemmOperands& ops, 
                  padded_bias->view(padded_bias->offset, {p.n}, {1}));
     reads.push_back(padded_bias->range());
   }
-  record_plan(ctx, plan, q, padded, padded.offsets, alpha, 0.0, reads,
-              padded_bias ? padded_bias->data() : nullptr);
-  copy_strided(ctx, matrix_view(y, 0, p.m, p.n, q.ldy),
-               matrix_view(*ops.y, off[2], p.m, p.n, p.ldy));
+  for (const auto& [r, plan] : blocks) {
+    GemmProblem qb = q;
+    qb.m = std::min(block, p.m - r);
+    const GemmOperands padded{ops.a, &b, &y, {{off[0] + r * a_row_step, 0, 0}}};
+    record_plan(ctx, plan, qb, padded, padded.offsets, alpha, 0.0, reads,
+                padded_bias ? padded_bias->data() : nullptr);
+    copy_strided(ctx, matrix_view(y, 0, qb.m, p.n, q.ldy),
+                 matrix_view(*ops.y, off[2] + r * p.ldy, qb.m, p.n, p.ldy));
+  }
   return true;
 }
 
@@ -477,7 +505,7 @@ void matmul(Context& ctx, const Node& n, Inputs in, Outputs out) {
   }
 
   GemmProblem p;
-  p.dtype = a.dtype;
+  p.dtype = p.y_dtype = a.dtype;
   p.m = m;
   p.n = cols;
   p.k = k;
@@ -548,8 +576,9 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const DeviceTensor* c = in.size() > 2 ? in[2] : nullptr;
   DeviceTensor& y = out[0];
   check_float(where, a.dtype);
-  FUSEBOX_CHECK(b.dtype == a.dtype && y.dtype == a.dtype && (!c || c->dtype == a.dtype), where,
-                "operands and output must share a dtype");
+  const bool mixed = y.dtype == DType::f32 && is_low_float(a.dtype) && !c;  // ir/ops.h
+  FUSEBOX_CHECK(b.dtype == a.dtype && (y.dtype == a.dtype || mixed) && (!c || c->dtype == a.dtype),
+                where, "operands and output must share a dtype (or be gemm's mixed form)");
   FUSEBOX_CHECK(a.rank() == 2 && b.rank() == 2, where, "expects 2-D operands, got ",
                 shape_str(a.shape), " and ", shape_str(b.shape));
   const int64_t m = attrs.trans_a ? a.shape[1] : a.shape[0];
@@ -572,6 +601,7 @@ void gemm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   };
   GemmProblem p;
   p.dtype = a.dtype;
+  p.y_dtype = y.dtype;
   p.trans_a = attrs.trans_a;
   p.trans_b = attrs.trans_b;
   p.m = m;
