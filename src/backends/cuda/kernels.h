@@ -98,6 +98,17 @@ void rms_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out);
 // sync)
 void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out);
 void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out);
+// One node's operands, for what records several nodes at once.
+struct NodeOperands {
+  const Node* node;
+  Inputs in;
+  Outputs out;
+};
+// A run of a step's optimizer updates (sgd_update or adamw_update) as multi-tensor launches, one
+// per up to 192 tensors: the run must share op, attributes, scalar inputs (the same lr, step,
+// grad_scale and skip) and dtypes, with every tensor 16-byte aligned; false, recording nothing,
+// where it does not (the caller then records each node). A malformed node throws, as alone.
+bool record_update_group(Context& ctx, std::span<const NodeOperands> nodes);
 // f16 loss scaling, also in kernels/optimizer/optimizer.cu: inputs in any dense order
 void nonfinite_any(Context& ctx, const Node& n, Inputs in, Outputs out);
 void loss_scale_update(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -137,6 +137,8 @@ class CudaExecutable final : public Executable {
   Walk begin_walk(bool step);
   std::vector<DeviceTensor> node_outputs(const Walk& w, const Node& n);
   void record_node(size_t i, const Walk& w, std::vector<DeviceTensor>& outs);
+  std::vector<DeviceTensor> poisoned_outputs(const Walk& w, size_t i);
+  size_t record_updates(size_t i, Walk& w);
   void record_nodes();
   void end_walk(const Walk& w);
 

@@ -65,7 +65,11 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
       outputs_read_ = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
     plan_readback_pieces();
     for (ReadbackPiece& p : readback_pieces_) {
-      if (!p.read) p.read = outputs_read_;
+      // An event of its own for each wait: the driver may take two wait nodes on one event
+      // (and the same dependencies) for one, and then refuses to re-point the second
+      // (cudaGraphExecEventWaitNodeSetEvent: invalid argument, seen on an H200).
+      if (!p.read && !direct_)
+        p.read = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
       p.op =
           p.ranges.empty() ? cuda::CommandEncoder::kNoOp : ctx_.encoder.wait_for(p.read, p.ranges);
     }
@@ -190,19 +194,63 @@ void CudaExecutable::record_node(size_t i, const Walk& w, std::vector<DeviceTens
   }
 }
 
+// Node i's outputs (node_outputs), poisoned where the options ask: all but state updated in
+// place (the poison would be its only value) and views (the poison would be their input's).
+std::vector<DeviceTensor> CudaExecutable::poisoned_outputs(const Walk& w, size_t i) {
+  const Node& n = graph_.nodes()[i];
+  std::vector<DeviceTensor> outs = node_outputs(w, n);
+  if (options_.poison && !reshape_into_output_[i])  // (that one: its input's bytes)
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (in_place_[size_t(n.outputs[k])] < 0 && same_bytes_[size_t(n.outputs[k])] == kNoValue)
+        ctx_.encoder.memset(outs[k].range(), 0xff);
+  return outs;
+}
+
+// The run of optimizer updates from node i (the step emits them one after another) as
+// multi-tensor launches (kernels.h record_update_group), else node by node. Returns the node
+// after the run.
+size_t CudaExecutable::record_updates(size_t i, Walk& w) {
+  const std::vector<Node>& nodes = graph_.nodes();
+  size_t end = i;
+  while (end < nodes.size() && nodes[end].op == nodes[i].op) ++end;
+  std::vector<std::vector<DeviceTensor>> outs(end - i);
+  std::vector<std::vector<const DeviceTensor*>> ins(end - i);
+  std::vector<cuda::NodeOperands> operands;
+  for (size_t k = i; k < end; ++k) {
+    outs[k - i] = poisoned_outputs(w, k);
+    for (ValueId v : nodes[k].inputs)
+      ins[k - i].push_back(v == kNoValue ? nullptr : &w.slots[size_t(v)]);
+    operands.push_back({&nodes[k], ins[k - i], outs[k - i]});
+  }
+  ctx_.encoder.set_temporary_region(cuda::BufferRange(arena_, 0, 0));
+  bool grouped = false;
+  try {
+    grouped = cuda::record_update_group(ctx_, operands);
+  } catch (...) {
+    ctx_.encoder.clear_temporary_region();
+    throw;
+  }
+  ctx_.encoder.clear_temporary_region();
+  for (size_t k = i; k < end; ++k) {
+    if (!grouped) record_node(k, w, outs[k - i]);
+    for (size_t o = 0; o < nodes[k].outputs.size(); ++o)
+      w.slots[size_t(nodes[k].outputs[o])] = outs[k - i][o];
+  }
+  return end;
+}
+
 void CudaExecutable::record_nodes() {
   Walk w = begin_walk(true);
-  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+  for (size_t i = 0; i < graph_.nodes().size();) {
     const Node& n = graph_.nodes()[i];
-    std::vector<DeviceTensor> outs = node_outputs(w, n);
-    // Poison all but state updated in place (the poison would be its only value) and
-    // views (the poison would be their input's).
-    if (options_.poison && !reshape_into_output_[i])  // (that one: its input's bytes)
-      for (size_t k = 0; k < outs.size(); ++k)
-        if (in_place_[size_t(n.outputs[k])] < 0 && same_bytes_[size_t(n.outputs[k])] == kNoValue)
-          ctx_.encoder.memset(outs[k].range(), 0xff);
+    if (n.op == OpKind::sgd_update || n.op == OpKind::adamw_update) {
+      i = record_updates(i, w);
+      continue;
+    }
+    std::vector<DeviceTensor> outs = poisoned_outputs(w, i);
     record_node(i, w, outs);
     for (size_t k = 0; k < n.outputs.size(); ++k) w.slots[size_t(n.outputs[k])] = outs[k];
+    ++i;
   }
   end_walk(w);
 }

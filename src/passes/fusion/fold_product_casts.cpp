@@ -19,6 +19,7 @@ namespace {
 // bf16 gemm without C in its plain form, or a matmul of rows by a 2-D matrix; not an empty
 // product (nothing to gain, and the backends' empty-K paths write the operands' dtype).
 bool foldable_product(const Graph& g, const Node& p) {
+  if (p.op != OpKind::gemm && p.op != OpKind::matmul) return false;
   const TensorType& y = g.value(p.outputs[0]).type;
   if (!is_low_float(y.dtype) || numel(y.shape) == 0) return false;
   const Shape& a = g.value(p.inputs[0]).type.shape;

@@ -514,6 +514,69 @@ TEST(CudaExecutable, HostOutputsReadBackInPiecesAreEachTheirRuns) {
   EXPECT_TRUE(all_close(again, run_graph(g, last, {.device = Device::cpu}).at("y"), 1e-5, 1e-6));
 }
 
+// A step's optimizer updates run as multi-tensor launches (kernels.h record_update_group):
+// SGD with momentum and AdamW over parameters of 3 to 262,147 elements (vector tails, one
+// block and many), AdamW also with bf16 gradients and low copies as bf16 training has them,
+// give the CPU's values (SGD: its bits); a run of updates that read two learning rates is
+// recorded node by node, with the same values.
+TEST(CudaExecutable, OptimizerUpdatesRunAsMultiTensorLaunches) {
+  FUSEBOX_RUNTIME_REQUIRE_GPU();
+  const std::vector<int64_t> sizes = {3, 64, 1000, 4099, 262147};
+  auto build = [&](OpKind op, bool two_rates, bool low) {
+    Graph g(op_name(op));
+    const ValueId lr = g.add_input("lr", DType::f32, {});
+    const ValueId lr2 = two_rates ? g.add_input("lr2", DType::f32, {}) : lr;
+    const ValueId step = g.add_input("step", DType::f32, {});
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string p = "p" + std::to_string(i);
+      const Shape shape = {sizes[i]};
+      std::vector<ValueId> in = {g.add_input(p, DType::f32, shape),
+                                 g.add_input(p + "/grad", low ? DType::bf16 : DType::f32, shape),
+                                 g.add_input(p + "/m", DType::f32, shape)};
+      if (op == OpKind::adamw_update) in.push_back(g.add_input(p + "/v", DType::f32, shape));
+      in.push_back(i == 3 ? lr2 : lr);
+      if (op == OpKind::adamw_update) in.push_back(step);
+      if (low) {
+        in.push_back(kNoValue);  // grad_scale
+        in.push_back(kNoValue);  // skip
+        in.push_back(g.add_input(p + "/low", DType::bf16, shape));
+      }
+      const Attrs attrs = op == OpKind::sgd_update
+                              ? Attrs(SgdAttrs{.momentum = 0.9, .weight_decay = 1e-4})
+                              : Attrs(AdamWAttrs{});
+      for (ValueId v : g.add_node(op, attrs, in, "update/" + p)) g.mark_output(v);
+    }
+    return g;
+  };
+  auto feeds_of = [&](const Graph& g) {
+    NamedTensors feeds;
+    uint64_t seed = 40;
+    for (ValueId v : g.inputs()) {
+      const Value& in = g.value(v);
+      feeds[in.name] = in.type.shape.empty()
+                           ? Tensor::scalar(in.type.dtype, in.name == "step" ? 3.0 : 0.01)
+                           : random_tensor(in.type.dtype, in.type.shape, seed++, 0.1, 1.0);
+    }
+    return feeds;
+  };
+  for (OpKind op : {OpKind::sgd_update, OpKind::adamw_update}) {
+    for (bool low : {false, true}) {
+      for (bool two_rates : {false, true}) {
+        SCOPED_TRACE(
+            cat(op_name(op), low ? " bf16 grads and copies" : "", two_rates ? " two rates" : ""));
+        const Graph g = build(op, two_rates, low);
+        const NamedTensors feeds = feeds_of(g);
+        const NamedTensors want = run_graph(g, feeds, {.device = Device::cpu});
+        auto exe = Executable::compile(g, {.device = Device::cuda, .poison = true});
+        const NamedTensors got = exe->run(feeds);
+        const double tol = op == OpKind::sgd_update ? 0 : 1e-6;
+        for (const auto& [name, t] : want)
+          EXPECT_TRUE(all_close(got.at(name), t, tol, tol)) << name;
+      }
+    }
+  }
+}
+
 // The inputs and outputs the executable owns are one allocation: five 2.25 MiB tensors take
 // 11.25 MiB, not five buffers rounded up to the allocator's 2 MiB step (20 MiB).
 TEST(CudaExecutable, InputsAndOutputsShareOneAllocation) {

@@ -63,7 +63,7 @@ TEST(FoldProductCasts, MatmulOfRowsBecomesTheMixedGemm) {
       ASSERT_EQ(g.outputs().size(), 1u);
       const Value& out = g.value(g.outputs()[0]);
       EXPECT_EQ(out.name, "out");
-      EXPECT_EQ(out.type, (TensorType{DType::f32, g.value(before.outputs()[0]).type.shape}));
+      EXPECT_EQ(out.type, (TensorType{DType::f32, before.value(before.outputs()[0]).type.shape}));
       ASSERT_EQ(log.groups().size(), 1u);
       EXPECT_EQ(log.groups()[0].ops.size(), 2u);  // the product, the cast
       const NamedTensors feeds{{"x", random_tensor(low, x, 3, -2, 2)}};
@@ -119,9 +119,10 @@ TEST(FoldProductCasts, LeavesWhatMustNotFold) {
     g.mark_output(b.cast(p, DType::f32));
     EXPECT_EQ(folds(g), 0u);
   }
-  {  // a narrowing or same-width cast; an f32 product
+  {  // a narrowing or same-width cast; an f32 product; a cast of something else (one input)
     Graph g("casts");
     Builder b(g);
+    g.mark_output(b.cast(b.relu(g.add_input("r", DType::bf16, {4})), DType::f32));
     g.mark_output(b.cast(
         b.matmul(g.add_input("x", DType::bf16, {4, kK}), g.add_input("w", DType::bf16, {kK, kN})),
         DType::f16));

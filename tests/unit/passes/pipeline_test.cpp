@@ -21,11 +21,12 @@ std::vector<std::string> names(const Pipeline& p) {
 using Names = std::vector<std::string>;
 
 TEST(Pipeline, InferenceOrder) {
-  EXPECT_EQ(names(inference_pipeline(Precision::bf16)),
-            (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "form_linears",
-                   "mixed_precision", "fuse_conv_epilogues", "fuse_gemm_epilogues",
-                   "fuse_attention", "fuse_batch_norm_residual", "fuse_batch_norm_relu",
-                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
+  EXPECT_EQ(
+      names(inference_pipeline(Precision::bf16)),
+      (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "form_linears",
+             "mixed_precision", "fuse_conv_epilogues", "fuse_gemm_epilogues", "fuse_attention",
+             "fuse_batch_norm_residual", "fuse_batch_norm_relu", "hoist_narrowing_casts",
+             "fold_norm_casts", "fold_product_casts", "fuse_pointwise_chains"}));
   EXPECT_EQ(inference_pipeline(Precision::f32).name, "inference");
 }
 
@@ -36,14 +37,16 @@ TEST(Pipeline, InferenceSwitchesLeaveTheirPassesOut) {
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.conv_epilogue = false})),
             (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "mixed_precision",
                    "fuse_attention", "fuse_batch_norm_residual", "fuse_batch_norm_relu",
-                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
+                   "hoist_narrowing_casts", "fold_norm_casts", "fold_product_casts",
+                   "fuse_pointwise_chains"}));
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.batch_norm = false, .attention = false})),
             (Names{"remove_identity_ops", "recognize_gelu", "fold_batch_norms", "form_linears",
                    "mixed_precision", "fuse_conv_epilogues", "fuse_gemm_epilogues",
-                   "hoist_narrowing_casts", "fold_norm_casts", "fuse_pointwise_chains"}));
+                   "hoist_narrowing_casts", "fold_norm_casts", "fold_product_casts",
+                   "fuse_pointwise_chains"}));
   EXPECT_EQ(
       names(inference_pipeline(Precision::f32, {.norm_casts = false, .hoist_casts = false})).size(),
-      11u);
+      12u);
   EXPECT_EQ(names(inference_pipeline(Precision::f32, {.gelu = false}))[1], "fold_batch_norms");
 }
 
@@ -64,7 +67,7 @@ TEST(Pipeline, LogRecordsEachPassAndTheGroups) {
       build_zoo_model("resnet18", {.batch = 1, .image_size = 32, .num_classes = 10, .seed = 7});
   PipelineLog log;
   const Graph g = prepare_graph(model, {.kind = PipelineKind::inference, .log = &log});
-  ASSERT_EQ(log.passes.size(), 13u);
+  ASSERT_EQ(log.passes.size(), 14u);
   EXPECT_EQ(log.passes[0].pass, "remove_identity_ops");
   EXPECT_EQ(log.passes[0].rewrites, 0u);  // the zoo's ResNet has none
   EXPECT_EQ(log.passes[1].pass, "recognize_gelu");

@@ -34,6 +34,13 @@
 // W elements; a low gradient or copy moves W elements in 8 bytes), a scalar tail; grid-stride
 // loops.
 //
+// Multi-tensor updates (record_update_group): a step's consecutive updates of one kind, with
+// the same attributes, scalar inputs and dtypes, every pointer aligned, run as one launch per
+// kMultiTensorBatch tensors (as PyTorch's fused optimizers): each tensor gets blocks for its
+// size (kPacksPerThread vectors per thread), the tensors' first blocks are in the launch's
+// parameters, and a block finds its tensor by binary search, then walks that tensor's vectors
+// with the same per-element code. ResNet-50's 161 parameter updates were 161 launches.
+//
 // f16 loss scaling:
 //   nonfinite_any: the output zeroed, then one launch per kNonfiniteBatch inputs (grid.y
 //   the input, grid.x a grid-stride loop over its elements) testing each element's
@@ -209,32 +216,50 @@ __device__ __forceinline__ void sgd_element(const SgdArgs<compute_t<T>>& a, comp
   new_buf = convert<T>(b);
 }
 
-// W elements per step (16-byte vectors) when W > 1, then the scalar tail. G: grad's type; L:
-// the low copy's (low null: none).
-template <class T, class G, class L, int W>
-__global__ void sgd_kernel(const T* param, const G* grad, const T* buf, ScalarInput lr,
-                           UpdateScalars u, T* new_param, T* new_buf, L* low, int64_t n,
-                           SgdArgs<compute_t<T>> a) {
-  using C = compute_t<T>;
-  const C rate = C(lr.load());
-  const Unscale<C> unscale = unscale_of<C>(u);
-  const bool skip = u.skipped();
-  const int64_t packs = W > 1 ? n / W : 0;
-  for (int64_t v = global_thread_index(); v < packs; v += grid_stride()) {
-    const Pack<T, W> p = load_pack<W>(param, v), b = load_pack<W>(buf, v);
-    const Pack<G, W> g = load_pack<W>(grad, v);
+// One tensor's operands. G: grad's type; L: the low copy's (low null: none).
+template <class T, class G, class L>
+struct SgdTensor {
+  const T* param;
+  const G* grad;
+  const T* buf;
+  T* new_param;
+  T* new_buf;
+  L* low;
+  int64_t n;
+};
+
+// One tensor's update by the threads `first`, first + stride, ...: W elements per step (16-byte
+// vectors) when W > 1, then the scalar tail.
+template <int W, class T, class G, class L>
+__device__ __forceinline__ void sgd_tensor(const SgdTensor<T, G, L>& t, int64_t first,
+                                           int64_t stride, const SgdArgs<compute_t<T>>& a,
+                                           compute_t<T> rate, const Unscale<compute_t<T>>& unscale,
+                                           bool skip) {
+  const int64_t packs = W > 1 ? t.n / W : 0;
+  for (int64_t v = first; v < packs; v += stride) {
+    const Pack<T, W> p = load_pack<W>(t.param, v), b = load_pack<W>(t.buf, v);
+    const Pack<G, W> g = load_pack<W>(t.grad, v);
     Pack<T, W> np, nb;
 #pragma unroll
     for (int j = 0; j < W; ++j)
       sgd_element(a, rate, unscale, skip, p.v[j], g.v[j], b.v[j], np.v[j], nb.v[j]);
-    store_pack<W>(new_param, v, np);
-    store_pack<W>(new_buf, v, nb);
-    if (low != nullptr) store_low<L>(low, v, np);
+    store_pack<W>(t.new_param, v, np);
+    store_pack<W>(t.new_buf, v, nb);
+    if (t.low != nullptr) store_low<L>(t.low, v, np);
   }
-  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride()) {
-    sgd_element(a, rate, unscale, skip, param[i], grad[i], buf[i], new_param[i], new_buf[i]);
-    if (low != nullptr) low[i] = convert<L>(convert<float>(new_param[i]));
+  for (int64_t i = packs * W + first; i < t.n; i += stride) {
+    sgd_element(a, rate, unscale, skip, t.param[i], t.grad[i], t.buf[i], t.new_param[i],
+                t.new_buf[i]);
+    if (t.low != nullptr) t.low[i] = convert<L>(convert<float>(t.new_param[i]));
   }
+}
+
+template <class T, class G, class L, int W>
+__global__ void sgd_kernel(SgdTensor<T, G, L> t, ScalarInput lr, UpdateScalars u,
+                           SgdArgs<compute_t<T>> a) {
+  using C = compute_t<T>;
+  sgd_tensor<W>(t, global_thread_index(), grid_stride(), a, C(lr.load()), unscale_of<C>(u),
+                u.skipped());
 }
 
 // ---- adamw -----------------------------------------------------------------------------
@@ -284,32 +309,102 @@ __device__ __forceinline__ void adamw_element(const AdamWArgs<compute_t<T>>& a,
   v_out = convert<T>(v);
 }
 
-template <class T, class G, class L, int W>
-__global__ void adamw_kernel(const T* param, const G* grad, const T* m, const T* v, ScalarInput lr,
-                             ScalarInput step, UpdateScalars u, T* new_param, T* new_m, T* new_v,
-                             L* low, int64_t n, AdamWArgs<compute_t<T>> a) {
-  const AdamWStep<compute_t<T>> s = adamw_step(a, lr, step);
-  const Unscale<compute_t<T>> unscale = unscale_of<compute_t<T>>(u);
-  const bool skip = u.skipped();
-  const int64_t packs = W > 1 ? n / W : 0;
-  for (int64_t i = global_thread_index(); i < packs; i += grid_stride()) {
-    const Pack<T, W> p = load_pack<W>(param, i), mv = load_pack<W>(m, i), vv = load_pack<W>(v, i);
-    const Pack<G, W> g = load_pack<W>(grad, i);
+template <class T, class G, class L>
+struct AdamWTensor {
+  const T* param;
+  const G* grad;
+  const T* m;
+  const T* v;
+  T* new_param;
+  T* new_m;
+  T* new_v;
+  L* low;
+  int64_t n;
+};
+
+// As sgd_tensor.
+template <int W, class T, class G, class L>
+__device__ __forceinline__ void adamw_tensor(const AdamWTensor<T, G, L>& t, int64_t first,
+                                             int64_t stride, const AdamWArgs<compute_t<T>>& a,
+                                             const AdamWStep<compute_t<T>>& s,
+                                             const Unscale<compute_t<T>>& unscale, bool skip) {
+  const int64_t packs = W > 1 ? t.n / W : 0;
+  for (int64_t i = first; i < packs; i += stride) {
+    const Pack<T, W> p = load_pack<W>(t.param, i), mv = load_pack<W>(t.m, i),
+                     vv = load_pack<W>(t.v, i);
+    const Pack<G, W> g = load_pack<W>(t.grad, i);
     Pack<T, W> np, nm, nv;
 #pragma unroll
     for (int j = 0; j < W; ++j)
       adamw_element(a, s, unscale, skip, p.v[j], g.v[j], mv.v[j], vv.v[j], np.v[j], nm.v[j],
                     nv.v[j]);
-    store_pack<W>(new_param, i, np);
-    store_pack<W>(new_m, i, nm);
-    store_pack<W>(new_v, i, nv);
-    if (low != nullptr) store_low<L>(low, i, np);
+    store_pack<W>(t.new_param, i, np);
+    store_pack<W>(t.new_m, i, nm);
+    store_pack<W>(t.new_v, i, nv);
+    if (t.low != nullptr) store_low<L>(t.low, i, np);
   }
-  for (int64_t i = packs * W + global_thread_index(); i < n; i += grid_stride()) {
-    adamw_element(a, s, unscale, skip, param[i], grad[i], m[i], v[i], new_param[i], new_m[i],
-                  new_v[i]);
-    if (low != nullptr) low[i] = convert<L>(convert<float>(new_param[i]));
+  for (int64_t i = packs * W + first; i < t.n; i += stride) {
+    adamw_element(a, s, unscale, skip, t.param[i], t.grad[i], t.m[i], t.v[i], t.new_param[i],
+                  t.new_m[i], t.new_v[i]);
+    if (t.low != nullptr) t.low[i] = convert<L>(convert<float>(t.new_param[i]));
   }
+}
+
+template <class T, class G, class L, int W>
+__global__ void adamw_kernel(AdamWTensor<T, G, L> t, ScalarInput lr, ScalarInput step,
+                             UpdateScalars u, AdamWArgs<compute_t<T>> a) {
+  adamw_tensor<W>(t, global_thread_index(), grid_stride(), a, adamw_step(a, lr, step),
+                  unscale_of<compute_t<T>>(u), u.skipped());
+}
+
+// ---- multi-tensor launches -------------------------------------------------------------
+
+constexpr int kMultiTensorBatch = 192;  // tensors per launch (kernel parameters: < 16 KB)
+constexpr int64_t kPacksPerThread = 16;
+
+// A launch's tensors and each one's first block (ascending; blocks past the last tensor's
+// first belong to it).
+template <class Tensor>
+struct TensorBatch {
+  Tensor t[kMultiTensorBatch];
+  int32_t first_block[kMultiTensorBatch];
+  int count;
+};
+
+// This block's tensor, and the thread's place among that tensor's threads.
+template <class Tensor>
+__device__ __forceinline__ int tensor_of_block(const TensorBatch<Tensor>& b, int64_t& first,
+                                               int64_t& stride) {
+  int lo = 0, hi = b.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (b.first_block[mid] <= int32_t(blockIdx.x))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int32_t end = lo + 1 < b.count ? b.first_block[lo + 1] : int32_t(gridDim.x);
+  first = int64_t(blockIdx.x - uint32_t(b.first_block[lo])) * blockDim.x + threadIdx.x;
+  stride = int64_t(end - b.first_block[lo]) * blockDim.x;
+  return lo;
+}
+
+template <class T, class G, class L>
+__global__ void sgd_multi_kernel(TensorBatch<SgdTensor<T, G, L>> b, ScalarInput lr, UpdateScalars u,
+                                 SgdArgs<compute_t<T>> a) {
+  using C = compute_t<T>;
+  int64_t first = 0, stride = 0;
+  const int t = tensor_of_block(b, first, stride);
+  sgd_tensor<kVecWidth<T>>(b.t[t], first, stride, a, C(lr.load()), unscale_of<C>(u), u.skipped());
+}
+
+template <class T, class G, class L>
+__global__ void adamw_multi_kernel(TensorBatch<AdamWTensor<T, G, L>> b, ScalarInput lr,
+                                   ScalarInput step, UpdateScalars u, AdamWArgs<compute_t<T>> a) {
+  int64_t first = 0, stride = 0;
+  const int t = tensor_of_block(b, first, stride);
+  adamw_tensor<kVecWidth<T>>(b.t[t], first, stride, a, adamw_step(a, lr, step),
+                             unscale_of<compute_t<T>>(u), u.skipped());
 }
 
 // ---- f16 loss scaling ------------------------------------------------------------------
@@ -470,12 +565,54 @@ bool all_aligned(std::initializer_list<const void*> pointers) {
   return true;
 }
 
-// The byte ranges of the inputs present.
+// The byte ranges of the inputs present; of the outputs.
 BufferList ranges_of(Inputs in) {
   BufferList ranges;
   for (const DeviceTensor* t : in)
     if (t != nullptr) ranges.push_back(t->range());
   return ranges;
+}
+BufferList ranges_of(Outputs out) {
+  BufferList ranges;
+  for (const DeviceTensor& t : out) ranges.push_back(t.range());
+  return ranges;
+}
+
+template <class C>
+SgdArgs<C> sgd_args(const SgdAttrs& attrs) {
+  return {C(attrs.momentum), C(1.0 - attrs.dampening), C(attrs.weight_decay), attrs.momentum != 0.0,
+          attrs.nesterov};
+}
+
+template <class C>
+AdamWArgs<C> adamw_args(const AdamWAttrs& attrs, ErrorRecord* error) {
+  return {C(attrs.beta1),       C(attrs.beta2),       C(attrs.epsilon),
+          C(1.0 - attrs.beta1), C(1.0 - attrs.beta2), attrs.beta1,
+          attrs.beta2,          attrs.weight_decay,   error};
+}
+
+// One node's tensors (check_update has checked them).
+template <class T, class G, class L>
+SgdTensor<T, G, L> sgd_tensor_of(Inputs in, Outputs out, bool has_low) {
+  return {in[0]->as<T>(), in[1]->as<G>(), in[2]->as<T>(),
+          out[0].as<T>(), out[1].as<T>(), has_low ? out[2].as<L>() : nullptr,
+          in[0]->numel()};
+}
+template <class T, class G, class L>
+AdamWTensor<T, G, L> adamw_tensor_of(Inputs in, Outputs out, bool has_low) {
+  return {in[0]->as<T>(), in[1]->as<G>(), in[2]->as<T>(), in[3]->as<T>(),
+          out[0].as<T>(), out[1].as<T>(), out[2].as<T>(), has_low ? out[3].as<L>() : nullptr,
+          in[0]->numel()};
+}
+
+// True when every pointer of the tensor allows 16-byte vector access.
+template <class T, class G, class L>
+bool aligned(const SgdTensor<T, G, L>& t) {
+  return all_aligned({t.param, t.grad, t.buf, t.new_param, t.new_buf, t.low});
+}
+template <class T, class G, class L>
+bool aligned(const AdamWTensor<T, G, L>& t) {
+  return all_aligned({t.param, t.grad, t.m, t.v, t.new_param, t.new_m, t.new_v, t.low});
 }
 
 }  // namespace
@@ -494,24 +631,19 @@ void sgd_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
     using G = decltype(gtag);
     using L = decltype(ltag);
     using C = compute_t<T>;
-    const SgdArgs<C> a{C(attrs.momentum), C(1.0 - attrs.dampening), C(attrs.weight_decay),
-                       attrs.momentum != 0.0, attrs.nesterov};
-    const T *param = in[0]->as<T>(), *buf = in[2]->as<T>();
-    const G* grad = in[1]->as<G>();
-    T *new_param = out[0].as<T>(), *new_buf = out[1].as<T>();
-    L* low = has_low ? out[2].as<L>() : nullptr;
+    const SgdArgs<C> a = sgd_args<C>(attrs);
+    const SgdTensor<T, G, L> t = sgd_tensor_of<T, G, L>(in, out, has_low);
     const ScalarInput lr{in[3]->data(), in[3]->dtype};
     BufferList reads = ranges_of(in);
     const UpdateScalars u{optional_scalar(in, 4), optional_scalar(in, 5), halt_read_by(ctx, reads)};
-    BufferList writes{out[0].range(), out[1].range()};
-    if (has_low) writes.push_back(out[2].range());
+    BufferList writes = ranges_of(out);
     constexpr int W = kVecWidth<T>;
-    if (all_aligned({param, grad, buf, new_param, new_buf, low}))
+    if (aligned(t))
       ctx.encoder.launch(sgd_kernel<T, G, L, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
-                         reads, writes, param, grad, buf, lr, u, new_param, new_buf, low, count, a);
+                         reads, writes, t, lr, u, a);
     else
       ctx.encoder.launch(sgd_kernel<T, G, L, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
-                         writes, param, grad, buf, lr, u, new_param, new_buf, low, count, a);
+                         writes, t, lr, u, a);
   });
 }
 
@@ -532,29 +664,152 @@ void adamw_update(Context& ctx, const Node& n, Inputs in, Outputs out) {
     using G = decltype(gtag);
     using L = decltype(ltag);
     using C = compute_t<T>;
-    const AdamWArgs<C> a{C(attrs.beta1),       C(attrs.beta2),       C(attrs.epsilon),
-                         C(1.0 - attrs.beta1), C(1.0 - attrs.beta2), attrs.beta1,
-                         attrs.beta2,          attrs.weight_decay,   slot.record};
-    const T* param = in[0]->as<T>();
-    const G* grad = in[1]->as<G>();
-    const T *m = in[2]->as<T>(), *v = in[3]->as<T>();
-    T *new_param = out[0].as<T>(), *new_m = out[1].as<T>(), *new_v = out[2].as<T>();
-    L* low = has_low ? out[3].as<L>() : nullptr;
+    const AdamWArgs<C> a = adamw_args<C>(attrs, slot.record);
+    const AdamWTensor<T, G, L> t = adamw_tensor_of<T, G, L>(in, out, has_low);
     const ScalarInput lr{in[4]->data(), in[4]->dtype}, step{in[5]->data(), in[5]->dtype};
     BufferList reads = ranges_of(in);
     const UpdateScalars u{optional_scalar(in, 6), optional_scalar(in, 7), halt_read_by(ctx, reads)};
-    BufferList writes{out[0].range(), out[1].range(), out[2].range(), slot.range};
-    if (has_low) writes.push_back(out[3].range());
+    BufferList writes = ranges_of(out);
+    writes.push_back(slot.range);
     constexpr int W = kVecWidth<T>;
-    if (all_aligned({param, grad, m, v, new_param, new_m, new_v, low}))
+    if (aligned(t))
       ctx.encoder.launch(adamw_kernel<T, G, L, W>, launch_blocks(count / W + 1), kDefaultThreads, 0,
-                         reads, writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v,
-                         low, count, a);
+                         reads, writes, t, lr, step, u, a);
     else
       ctx.encoder.launch(adamw_kernel<T, G, L, 1>, launch_blocks(count), kDefaultThreads, 0, reads,
-                         writes, param, grad, m, v, lr, step, u, new_param, new_m, new_v, low,
-                         count, a);
+                         writes, t, lr, step, u, a);
   });
+}
+
+namespace {
+
+// Whether update b shares what a multi-tensor launch shares with update a: op, attributes, the
+// scalar inputs (lr, step, grad_scale, skip: the same bytes) and the dtypes of param, grad and
+// the low copy.
+bool same_group(const NodeOperands& a, const NodeOperands& b, size_t states, size_t scalars) {
+  if (a.node->op != b.node->op || a.in.size() != b.in.size() || a.out.size() != b.out.size())
+    return false;
+  if (a.node->op == OpKind::sgd_update) {
+    const auto &x = std::get<SgdAttrs>(a.node->attrs), &y = std::get<SgdAttrs>(b.node->attrs);
+    if (x.momentum != y.momentum || x.dampening != y.dampening ||
+        x.weight_decay != y.weight_decay || x.nesterov != y.nesterov)
+      return false;
+  } else {
+    const auto &x = std::get<AdamWAttrs>(a.node->attrs), &y = std::get<AdamWAttrs>(b.node->attrs);
+    if (x.beta1 != y.beta1 || x.beta2 != y.beta2 || x.epsilon != y.epsilon ||
+        x.weight_decay != y.weight_decay)
+      return false;
+  }
+  for (size_t i = states; i < std::min(a.in.size(), low_slot(states, scalars)); ++i) {
+    const DeviceTensor *p = a.in[i], *q = b.in[i];
+    if ((p == nullptr) != (q == nullptr) ||
+        (p != nullptr && (p->data() != q->data() || p->dtype != q->dtype)))
+      return false;
+  }
+  if (a.in[0]->dtype != b.in[0]->dtype || a.in[1]->dtype != b.in[1]->dtype) return false;
+  const bool low = has_low_copy(a.in, states, scalars);
+  return low == has_low_copy(b.in, states, scalars) &&
+         (!low || a.out.back().dtype == b.out.back().dtype);
+}
+
+// Calls launch(batch, blocks, first node) for each kMultiTensorBatch of `tensors` (W elements
+// per vector): every tensor at least one block, kPacksPerThread vectors per thread.
+template <class Tensor, class Launch>
+void launch_batches(const std::vector<Tensor>& tensors, int W, Launch&& launch) {
+  for (size_t begin = 0; begin < tensors.size(); begin += kMultiTensorBatch) {
+    TensorBatch<Tensor> b{};
+    b.count = int(std::min<size_t>(kMultiTensorBatch, tensors.size() - begin));
+    int64_t blocks = 0;
+    for (int k = 0; k < b.count; ++k) {
+      b.t[k] = tensors[begin + size_t(k)];
+      b.first_block[k] = int32_t(blocks);
+      const int64_t packs = (b.t[k].n + W - 1) / W, per_block = kDefaultThreads * kPacksPerThread;
+      blocks += std::max<int64_t>(1, (packs + per_block - 1) / per_block);
+    }
+    launch(b, unsigned(blocks), begin);
+  }
+}
+
+}  // namespace
+
+bool record_update_group(Context& ctx, std::span<const NodeOperands> nodes) {
+  if (nodes.size() < 2) return false;
+  const Node& first = *nodes[0].node;
+  const bool sgd = first.op == OpKind::sgd_update;
+  if (!sgd && first.op != OpKind::adamw_update) return false;
+  const size_t states = sgd ? 3 : 4, scalars = sgd ? 1 : 2;
+  for (const NodeOperands& x : nodes) {
+    check_update(*x.node, x.in, states, scalars, x.out);
+    if (!same_group(nodes[0], x, states, scalars) || x.in[0]->numel() == 0) return false;
+  }
+  Inputs in0 = nodes[0].in;
+  const bool has_low = has_low_copy(in0, states, scalars);
+  const std::optional<DType> low_dtype =
+      has_low ? std::optional(nodes[0].out.back().dtype) : std::nullopt;
+  // What a batch of nodes [begin, begin + count) reads and writes.
+  auto ranges = [&](size_t begin, int count, BufferList& reads, BufferList& writes) {
+    for (size_t k = begin; k < begin + size_t(count); ++k) {
+      const BufferList r = ranges_of(nodes[k].in), w = ranges_of(nodes[k].out);
+      reads.insert(reads.end(), r.begin(), r.end());
+      writes.insert(writes.end(), w.begin(), w.end());
+    }
+  };
+  bool recorded = false;
+  visit_update_types(
+      first, in0[0]->dtype, in0[1]->dtype, low_dtype, [&](auto tag, auto gtag, auto ltag) {
+        using T = decltype(tag);
+        using G = decltype(gtag);
+        using L = decltype(ltag);
+        using C = compute_t<T>;
+        constexpr int W = kVecWidth<T>;
+        if (sgd) {
+          std::vector<SgdTensor<T, G, L>> tensors;
+          for (const NodeOperands& x : nodes) {
+            tensors.push_back(sgd_tensor_of<T, G, L>(x.in, x.out, has_low));
+            if (!aligned(tensors.back())) return;
+          }
+          const SgdArgs<C> a = sgd_args<C>(std::get<SgdAttrs>(first.attrs));
+          const ScalarInput lr{in0[3]->data(), in0[3]->dtype};
+          launch_batches(
+              tensors, W,
+              [&](const TensorBatch<SgdTensor<T, G, L>>& b, unsigned blocks, size_t begin) {
+                BufferList reads, writes;
+                ranges(begin, b.count, reads, writes);
+                const UpdateScalars u{optional_scalar(in0, 4), optional_scalar(in0, 5),
+                                      halt_read_by(ctx, reads)};
+                ctx.encoder.launch(sgd_multi_kernel<T, G, L>, blocks, kDefaultThreads, 0, reads,
+                                   writes, b, lr, u, a);
+              });
+        } else {
+          std::vector<AdamWTensor<T, G, L>> tensors;
+          for (const NodeOperands& x : nodes) {
+            tensors.push_back(adamw_tensor_of<T, G, L>(x.in, x.out, has_low));
+            if (!aligned(tensors.back())) return;
+          }
+          const ErrorSlot slot =
+              ErrorFlags::of(ctx.encoder)
+                  .reserve(
+                      cat(node_label(first), " (and the ", nodes.size() - 1, " updates after it)"),
+                      [](int64_t, int64_t s) {
+                        return cat("step ", s, " must be >= 1 (it counts from 1)");
+                      });
+          const AdamWArgs<C> a = adamw_args<C>(std::get<AdamWAttrs>(first.attrs), slot.record);
+          const ScalarInput lr{in0[4]->data(), in0[4]->dtype}, step{in0[5]->data(), in0[5]->dtype};
+          launch_batches(
+              tensors, W,
+              [&](const TensorBatch<AdamWTensor<T, G, L>>& b, unsigned blocks, size_t begin) {
+                BufferList reads, writes;
+                ranges(begin, b.count, reads, writes);
+                writes.push_back(slot.range);
+                const UpdateScalars u{optional_scalar(in0, 6), optional_scalar(in0, 7),
+                                      halt_read_by(ctx, reads)};
+                ctx.encoder.launch(adamw_multi_kernel<T, G, L>, blocks, kDefaultThreads, 0, reads,
+                                   writes, b, lr, step, u, a);
+              });
+        }
+        recorded = true;
+      });
+  return recorded;
 }
 
 // (x1, ..., xn) -> f32 []: 1 when some element is an infinity or a NaN, else 0.
