@@ -64,14 +64,17 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
     if (!direct_ && !outputs_read_)
       outputs_read_ = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
     plan_readback_pieces();
-    for (ReadbackPiece& p : readback_pieces_) {
-      // An event of its own for each wait: the driver may take two wait nodes on one event
-      // (and the same dependencies) for one, and then refuses to re-point the second
-      // (cudaGraphExecEventWaitNodeSetEvent: invalid argument, seen on an H200).
+    // Each wait after the one before, in the order the copies end (the large outputs' pieces,
+    // then the small outputs', whose fence is the last copy's): only the first is a root of the
+    // graph, and each its own event (set_wait refused to re-point one of several root waits on an
+    // H200).
+    size_t last_wait = cuda::CommandEncoder::kNoOp;
+    for (size_t k = 1; k <= readback_pieces_.size(); ++k) {
+      ReadbackPiece& p = readback_pieces_[k % readback_pieces_.size()];
       if (!p.read && !direct_)
         p.read = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
-      p.op =
-          p.ranges.empty() ? cuda::CommandEncoder::kNoOp : ctx_.encoder.wait_for(p.read, p.ranges);
+      p.op = cuda::CommandEncoder::kNoOp;
+      if (!p.ranges.empty()) last_wait = p.op = ctx_.encoder.wait_for(p.read, p.ranges, last_wait);
     }
   }
   for (size_t i = 0; i < outputs_.size(); ++i) {

@@ -526,7 +526,7 @@ TEST(CudaExecutable, OptimizerUpdatesRunAsMultiTensorLaunches) {
     Graph g(op_name(op));
     const ValueId lr = g.add_input("lr", DType::f32, {});
     const ValueId lr2 = two_rates ? g.add_input("lr2", DType::f32, {}) : lr;
-    const ValueId step = g.add_input("step", DType::f32, {});
+    const ValueId step = g.add_input("step", DType::i64, {});
     for (size_t i = 0; i < sizes.size(); ++i) {
       const std::string p = "p" + std::to_string(i);
       const Shape shape = {sizes[i]};

@@ -197,9 +197,9 @@ TEST(FoldNormCasts, InferencePipelineTakesAutocastsCasts) {
   g.mark_output(v);
   PipelineOptions with{
       .kind = PipelineKind::inference, .precision = Precision::bf16, .verify = true};
+  with.fusion.product_casts = false;  // it would take the products' casts (without: the first's)
   PipelineOptions without = with;
   without.fusion.norm_casts = false;
-  without.fusion.product_casts = false;  // it would take the first product's cast instead
   const Graph folded = prepare_graph(g, with), unfolded = prepare_graph(g, without);
   const Node& n = only_norm(folded);
   EXPECT_EQ(folded.value(n.inputs[0]).type.dtype, DType::bf16);

@@ -186,6 +186,12 @@ size_t CommandEncoder::add_node(const BufferList& reads, const BufferList& write
                                 AppendKey&& append_key_part, MakeNode&& make_node) {
   ensure_graph();
   find_dependencies(reads, writes);
+  if (extra_dep_ != kNoOp) {
+    const auto extra = uint32_t(extra_dep_);
+    extra_dep_ = kNoOp;
+    auto at = std::lower_bound(deps_.begin(), deps_.end(), extra);
+    if (at == deps_.end() || *at != extra) deps_.insert(at, extra);
+  }
   dep_nodes_.clear();
   for (uint32_t d : deps_) dep_nodes_.push_back(nodes_[d]);
   cudaGraphNode_t node = make_node(dep_nodes_.data(), dep_nodes_.size());
@@ -743,7 +749,7 @@ void RecordedGraph::set_wait(size_t op, const Fence& fence) {
         cudaGraphExecEventWaitNodeSetEvent(exec, state_->nodes[op], fence.state_->event));
 }
 
-size_t CommandEncoder::wait_for(const Fence& fence, const BufferList& writes) {
+size_t CommandEncoder::wait_for(const Fence& fence, const BufferList& writes, size_t after) {
   if (!fence) return kNoOp;
   check_buffers(writes);
   DeviceGuard guard(device_.id());
@@ -752,6 +758,7 @@ size_t CommandEncoder::wait_for(const Fence& fence, const BufferList& writes) {
     return note_direct_op({}, writes);
   }
   keep_alive(fence.state_);
+  extra_dep_ = after;
   return add_node(
       {}, writes, [&](std::string& key) { key += 'W'; },
       [&](const cudaGraphNode_t* deps, size_t count) {

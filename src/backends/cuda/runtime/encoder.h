@@ -268,8 +268,10 @@ class CommandEncoder {
   // Records a wait for `fence` (work on another stream) that later accesses to `writes`
   // are ordered after, and only those: an event-wait node, which RecordedGraph::set_wait
   // re-points before a launch (the fence is held with the recording). Launching directly,
-  // a wait on the stream now. kNoOp for an empty fence.
-  size_t wait_for(const Fence& fence, const BufferList& writes);
+  // a wait on the stream now. kNoOp for an empty fence. `after`: an earlier wait_for's op this
+  // one also follows (several waits re-pointed each launch: only the first may be a root of
+  // the graph, which set_wait refuses otherwise on an H200; see wait_for).
+  size_t wait_for(const Fence& fence, const BufferList& writes, size_t after = kNoOp);
 
   // Introspection for tests: the graph being recorded (null before the first node and
   // when launching directly), an operation's node, and the edges as (from, to) operation
@@ -350,6 +352,7 @@ class CommandEncoder {
   std::unordered_map<const void*, BlockState> blocks_;  // by block address
   // Scratch of find_dependencies, kept to save allocations per operation.
   std::vector<uint32_t> hazards_, deps_;
+  size_t extra_dep_ = kNoOp;  // an op the next node follows besides its hazards (wait_for)
   std::vector<BlockState*> touched_;
   std::vector<cudaGraphNode_t> dep_nodes_;
   std::vector<std::shared_ptr<const void>> objects_;

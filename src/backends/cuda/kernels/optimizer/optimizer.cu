@@ -712,6 +712,46 @@ bool same_group(const NodeOperands& a, const NodeOperands& b, size_t states, siz
          (!low || a.out.back().dtype == b.out.back().dtype);
 }
 
+// A node's operands with its param-shaped tensors as flat vectors of its elements.
+struct FlatOperands {
+  std::vector<DeviceTensor> in_tensors;
+  std::vector<const DeviceTensor*> in;
+  std::vector<DeviceTensor> out;
+};
+
+// x's operands flattened, where every param-shaped tensor lies as param does (dense: contiguous
+// or channels-last, param's strides): an update is elementwise, so element i of each flat
+// vector is the same parameter element (what run_node's channels-last path makes of it by
+// permuting). False where they do not.
+bool flatten(const NodeOperands& x, FlatOperands& f) {
+  const DeviceTensor& param = *x.in[0];
+  if (!param.is_contiguous() && !param.is_channels_last()) return false;
+  auto flat = [&](const DeviceTensor& t) {
+    DeviceTensor v = t;
+    v.shape = {t.numel()};
+    v.strides = {1};
+    return v;
+  };
+  auto alike = [&](const DeviceTensor& t) {
+    return t.shape == param.shape && t.strides == param.strides;
+  };
+  f.in_tensors.reserve(x.in.size());
+  for (const DeviceTensor* t : x.in) {
+    if (t == nullptr) {
+      f.in.push_back(nullptr);
+      continue;
+    }
+    if (t->rank() > 0 && !alike(*t)) return false;
+    f.in_tensors.push_back(t->rank() > 0 ? flat(*t) : *t);
+    f.in.push_back(&f.in_tensors.back());
+  }
+  for (const DeviceTensor& t : x.out) {
+    if (!alike(t)) return false;
+    f.out.push_back(flat(t));
+  }
+  return true;
+}
+
 // Calls launch(batch, blocks, first node) for each kMultiTensorBatch of `tensors` (W elements
 // per vector): every tensor at least one block, kPacksPerThread vectors per thread.
 template <class Tensor, class Launch>
@@ -732,15 +772,21 @@ void launch_batches(const std::vector<Tensor>& tensors, int W, Launch&& launch) 
 
 }  // namespace
 
-bool record_update_group(Context& ctx, std::span<const NodeOperands> nodes) {
-  if (nodes.size() < 2) return false;
-  const Node& first = *nodes[0].node;
+bool record_update_group(Context& ctx, std::span<const NodeOperands> given) {
+  if (given.size() < 2) return false;
+  const Node& first = *given[0].node;
   const bool sgd = first.op == OpKind::sgd_update;
   if (!sgd && first.op != OpKind::adamw_update) return false;
   const size_t states = sgd ? 3 : 4, scalars = sgd ? 1 : 2;
-  for (const NodeOperands& x : nodes) {
-    check_update(*x.node, x.in, states, scalars, x.out);
-    if (!same_group(nodes[0], x, states, scalars) || x.in[0]->numel() == 0) return false;
+  std::vector<FlatOperands> flats(given.size());
+  std::vector<NodeOperands> nodes;
+  for (size_t k = 0; k < given.size(); ++k) {
+    const NodeOperands& x = given[k];
+    if (x.in.empty() || x.in[0] == nullptr || x.in[0]->numel() == 0 || !flatten(x, flats[k]))
+      return false;
+    nodes.push_back({x.node, flats[k].in, flats[k].out});
+    check_update(*x.node, nodes.back().in, states, scalars, nodes.back().out);
+    if (!same_group(nodes[0], nodes.back(), states, scalars)) return false;
   }
   Inputs in0 = nodes[0].in;
   const bool has_low = has_low_copy(in0, states, scalars);
