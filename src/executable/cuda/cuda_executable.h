@@ -200,6 +200,9 @@ class CudaExecutable final : public Executable {
     size_t op = cuda::CommandEncoder::kNoOp;  // the step's wait (CommandEncoder::wait_for)
     cuda::Fence read;                         // after the last copy of these bytes out
     bool stale = false;  // `read` changed since the step's wait was pointed at it
+    // What the step's wait waits on now, held until it is re-pointed: a graph exec's wait
+    // node whose event was destroyed cannot be re-pointed.
+    cuda::Fence pointed;
   };
   void plan_readback_pieces();  // record.cpp, by begin_walk
   std::unique_ptr<cuda::CopyStream> readback_stream_;

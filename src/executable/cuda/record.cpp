@@ -75,6 +75,7 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
         p.read = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
       p.op = cuda::CommandEncoder::kNoOp;
       if (!p.ranges.empty()) last_wait = p.op = ctx_.encoder.wait_for(p.read, p.ranges, last_wait);
+      p.pointed = p.read;
     }
   }
   for (size_t i = 0; i < outputs_.size(); ++i) {

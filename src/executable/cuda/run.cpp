@@ -48,7 +48,10 @@ StepResult CudaExecutable::run_async(const Feeds& feeds, const std::set<std::str
     }
   } else {
     for (ReadbackPiece& p : readback_pieces_) {
-      if (p.stale && p.op != cuda::CommandEncoder::kNoOp) step_.set_wait(p.op, p.read);
+      if (p.stale && p.op != cuda::CommandEncoder::kNoOp) {
+        step_.set_wait(p.op, p.read);
+        p.pointed = p.read;
+      }
       p.stale = false;
       next_run_.waited.push_back(p.read);
     }
