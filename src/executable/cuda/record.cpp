@@ -65,9 +65,8 @@ CudaExecutable::Walk CudaExecutable::begin_walk(bool step) {
       outputs_read_ = cuda::Fence::record(ctx_.encoder.stream(), ctx_.device.id());
     plan_readback_pieces();
     // Each wait after the one before, in the order the copies end (the large outputs' pieces,
-    // then the small outputs', whose fence is the last copy's): only the first is a root of the
-    // graph, and each its own event (set_wait refused to re-point one of several root waits on an
-    // H200).
+    // then the small outputs', whose fence is the last copy's): no wait gets longer, and the
+    // graph has one root wait instead of one per piece.
     size_t last_wait = cuda::CommandEncoder::kNoOp;
     for (size_t k = 1; k <= readback_pieces_.size(); ++k) {
       ReadbackPiece& p = readback_pieces_[k % readback_pieces_.size()];

@@ -98,7 +98,9 @@ class RecordedGraph {
   void set_enabled(size_t op, bool enabled);
   // Points event-wait operation `op` (CommandEncoder::wait_for) at `fence` for later launches
   // (cudaGraphExecEventWaitNodeSetEvent). The caller keeps the fence until those launches
-  // have completed. Not while a launch is being issued elsewhere.
+  // have completed, and the fence the node waits on until it is re-pointed: CUDA refuses to
+  // re-point a node whose event was destroyed (invalid argument; bench/probes/
+  // graph_wait_repoint.cu). Not while a launch is being issued elsewhere.
   void set_wait(size_t op, const class Fence& fence);
 
  private:
@@ -268,9 +270,8 @@ class CommandEncoder {
   // Records a wait for `fence` (work on another stream) that later accesses to `writes`
   // are ordered after, and only those: an event-wait node, which RecordedGraph::set_wait
   // re-points before a launch (the fence is held with the recording). Launching directly,
-  // a wait on the stream now. kNoOp for an empty fence. `after`: an earlier wait_for's op this
-  // one also follows (several waits re-pointed each launch: only the first may be a root of
-  // the graph, which set_wait refuses otherwise on an H200; see wait_for).
+  // a wait on the stream now. kNoOp for an empty fence. `after`: an earlier operation this one
+  // also follows (a chain of waits for copies that end in that order).
   size_t wait_for(const Fence& fence, const BufferList& writes, size_t after = kNoOp);
 
   // Introspection for tests: the graph being recorded (null before the first node and
