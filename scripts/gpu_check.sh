@@ -72,6 +72,18 @@ if [ -n "${GPU_CHECK_TEST_FILTER:-}" ]; then
     > "$out/cuda_tests.log" 2>&1 || status=1
   grep -E "FAILED|PASSED|SKIPPED|tests ran" "$out/cuda_tests.log" | tail -30
 fi
+# GPU_CHECK_TESTS="fusebox_executable_tests:*CudaExecutable* fusebox_cuda_tests:MatmulTest.*": each
+# test binary with its gtest filter (globbing off: the filters hold '*'), before the parts.
+if [ -n "${GPU_CHECK_TESTS:-}" ]; then
+  set -f
+  for t in $GPU_CHECK_TESTS; do
+    bin=${t%%:*}; filter=${t#*:}
+    echo "== $bin --gtest_filter=$filter"
+    build/gpu/tests/"$bin" --gtest_brief=1 --gtest_filter="$filter" > "$out/$bin.log" 2>&1 || status=1
+    grep -E "FAILED|PASSED|SKIPPED|tests ran|Failure|exception" "$out/$bin.log" | head -40
+  done
+  set +f
+fi
 if [[ " $parts " == *" tests "* ]]; then
 echo "== GPU tests"
 build/gpu/tests/fusebox_cuda_tests --gtest_brief=1 > "$out/cuda_tests.log" 2>&1 || status=1
@@ -154,6 +166,28 @@ bench/suite/run.sh --fusebox build/gpu/tools/fusebox --out "$suite_dir" --resume
 grep '^|' "$suite_dir/suite.md" || true
 tar czf "$out/suite.tgz" --exclude='*.onnx' --exclude='work' -C "$(dirname "$suite_dir")" \
   "$(basename "$suite_dir")" || status=1
+fi
+
+# GPU_CHECK_CELLS="infer:gpt2 train:resnet50": suite cells, fusebox's side alone against PyTorch's
+# newest committed cells (bench/suite/torch_ref.py), each cell's report line (peak, plan) shown;
+# no cell starts after GPU_CHECK_CELLS_LIMIT seconds of the script (default 480). Tables, JSON
+# and reports come back as cells_<mode>.tgz.
+if [ -n "${GPU_CHECK_CELLS:-}" ]; then
+  python3 bench/suite/torch_ref.py out/torch_ref > /dev/null || status=1
+  for c in $GPU_CHECK_CELLS; do
+    mode=${c%%:*}; model=${c#*:}
+    if [ "$SECONDS" -gt "${GPU_CHECK_CELLS_LIMIT:-480}" ]; then echo "== time limit: $c not run"; continue; fi
+    echo "== cell $mode $model"
+    bench/suite/run.sh --fusebox build/gpu/tools/fusebox --out "out/cells_$mode" --resume --report \
+      --mode "$mode" --models "$model" --sides fusebox --reuse-torch out/torch_ref 2>&1 \
+      | grep -v '^|' | tail -3 || status=1
+    grep "^| $model" "out/cells_$mode/suite.md" || true
+    report="out/cells_$mode/reports/${model}_${mode}.txt"
+    [ -f "$report" ] && grep -E "^(peak device memory|memory plan|ms/step|images/s) " "$report"
+  done
+  for d in out/cells_*; do
+    [ -d "$d" ] && tar czf "$out/$(basename "$d").tgz" --exclude='*.onnx' --exclude='work' -C out "$(basename "$d")"
+  done
 fi
 
 python3 - "$out" <<'PY' || status=1
