@@ -479,6 +479,47 @@ TEST_F(ImplicitGemmTest, PatchWgradMatchesCpu) {
   }
 }
 
+// engines.cpp's rule 4 for an RGB stem's weight gradient (7x7 stride 2 over 3 channels): under
+// the default policy a bf16/f16 one is timed (cuDNN's tuned plan against the project's engines,
+// the patch wgrad among them), not run on the heuristics' plan; f32 and stride 1 are not.
+// Whichever wins, dw matches the CPU.
+TEST_F(ImplicitGemmTest, StemWgradIsTimedByDefault) {
+  OpHarness h;
+  ScopedEnv backend("FUSEBOX_CONV_BACKEND", std::nullopt);
+  ScopedEnv autotune("FUSEBOX_AUTOTUNE", std::nullopt);
+  struct Case {
+    DType dtype;
+    int64_t stride;
+    bool timed;
+  };
+  const Case cases[] = {{DType::bf16, 2, true},
+                        {DType::f16, 2, true},
+                        {DType::f32, 2, false},
+                        {DType::bf16, 1, false}};
+  for (const Case& k : cases) {
+    ConvConfig c;
+    c.op = OpKind::conv_backward_filter;
+    c.dtype = k.dtype;
+    c.batch = 2;
+    c.in_channels = 3, c.out_channels = 64;
+    c.spatial = {40, 40}, c.filter = {7, 7};
+    c.strides = {k.stride, k.stride}, c.dilations = {1, 1};
+    c.pads_begin = {3, 3}, c.pads_end = {3, 3};
+    c.channels_last = true;
+    SCOPED_TRACE(c.describe());
+    const std::vector<Tensor> in = conv_inputs(c, 97);
+    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+    clear_conv_decisions();
+    const Tensor got = run_conv_on_gpu(h, c, in);
+    ASSERT_FALSE(conv_decisions().empty());
+    const ConvDecision d = conv_decisions().back();
+    EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, k.timed)
+        << d.path << " " << d.plan << " (" << d.reason << ")";
+    if (k.timed) EXPECT_NE(d.reason.find("stem's wgrad"), std::string::npos) << d.reason;
+    EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
+  }
+}
+
 // The phase dgrad (kernels/conv/engines/phase_dgrad/, H100/H200 only) against the CPU: 3x3 stride-2
 // pad-1 backward data with even and odd extents (dx's last row or column then has one
 // phase fewer), trailing pads of 0 (dy one smaller), a lattice not a multiple of the 128-point

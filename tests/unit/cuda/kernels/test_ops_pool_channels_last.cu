@@ -325,6 +325,18 @@ std::vector<PoolCase> max_backward_cases() {
   cases.push_back({"1-d empty windows, C = 8", {2, 8, 2}, window({2}, {1}, {3}, {3}, {4})});
   cases.push_back(
       {"2-d empty windows, C = 5", {1, 5, 2, 3}, window({2, 2}, {1, 2}, {3, 0}, {3, 1}, {4, 1})});
+  // The small windows' blocked gather (backward.cu: max_pool_small_backward_kernel, blocks of
+  // stride[1] x stride[2] dx positions) with 16-byte vectors: mixed strides (block 1 x 2,
+  // three windows along dim 1), ceil_mode (windows past the end), no padding with positions
+  // in no window, 2x2 stride 1, and one image's blocks cut by the edges.
+  cases.push_back(
+      {"3x3 s(1,2) p1, C = 16", {2, 16, 9, 10}, window({3, 3}, {1, 2}, {1, 1}, {1, 1})});
+  cases.push_back({"3x3 s2 p1 ceil, C = 16",
+                   {2, 16, 10, 11},
+                   window({3, 3}, {2, 2}, {1, 1}, {1, 1}, {}, true)});
+  cases.push_back(
+      {"3x2 s2 no pad (gaps), C = 24", {1, 24, 10, 9}, window({3, 2}, {2, 2}, {0, 0}, {0, 0})});
+  cases.push_back({"2x2 s1 p(1,0), C = 8", {2, 8, 6, 5}, window({2, 2}, {1, 1}, {1, 0}, {0, 1})});
   // 343 taps: more than a one-byte tap code holds, so the (dy, x) form goes through i64
   // indices; the cases above all take the tap codes.
   cases.push_back({"3-d 7x7x7 s(1,2,1) pad (i64 indices), C = 8",
@@ -388,7 +400,7 @@ TEST_F(PoolChannelsLastTest, MaxPoolBackwardFromXMatchesCpuAndIndices) {
       }
     }
   }
-  EXPECT_EQ(runs, 4 * 19 * 4 * 2);
+  EXPECT_EQ(runs, 4 * 23 * 4 * 2);
 }
 
 // Operands one element past a 16-byte boundary: the vectorised kernels' scalar fallback.

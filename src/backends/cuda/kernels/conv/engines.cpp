@@ -47,9 +47,12 @@
 //       eng10/eng41 at ~12 TFLOP/s (block1-0: 2.32 ms; whole model 30.7 ms), where cuDNN's
 //       own eng52 runs them in 0.48 ms and the implicit GEMM in 0.51 (whole model autotuned
 //       15.2 ms; H200, batch 256, bench/results/2026-11-29_h200_issue40_session31/);
-//     - a strided fprop over few channels (an RGB stem: C <= 4, a stride > 1): the fused
-//       7x7/2 stem of DenseNet-121 and ResNet-50 ran on eng10 at 1.93 ms (~16 TFLOP/s, batch
-//       256), and space-to-depth measured 2.13x cuDNN's best plan on that stem (session 25).
+//     - a strided fprop or wgrad over few channels (an RGB stem: C <= 4, a stride > 1): the
+//       fused 7x7/2 stem of DenseNet-121 and ResNet-50 ran on eng10 at 1.93 ms (~16 TFLOP/s,
+//       batch 256), and space-to-depth measured 2.13x cuDNN's best plan on that stem (session
+//       25); the stem's wgrad ran on the heuristics' eng33 at 1.11 ms (batch 256, ~54
+//       TFLOP/s, 3% of ResNet-50's training step), where the patch wgrad measured 1.56x
+//       cuDNN's best plan (batch 64, session 25).
 //     - a depthwise convolution rules 1 and 2 leave to cuDNN (strided dgrads, 5-wide or
 //       rows-kernel wgrads, fprops with neither an epilogue nor a measured shape): its
 //       heuristics' plan for a depthwise wgrad was 10-20x the depthwise kernel (ConvNeXt-T
@@ -199,10 +202,11 @@ std::optional<std::string> timed_by_default(const ConvCall& call) {
         "rule 4)");
   bool strided = false;
   for (int d = 0; d < 3; ++d) strided = strided || g.stride[d] > 1;
-  if (call.op() == ConvOp::fprop && g.groups == 1 && g.in_channels <= 4 && strided &&
+  const bool stem_op = call.op() == ConvOp::fprop || call.op() == ConvOp::wgrad;
+  if (stem_op && g.groups == 1 && g.in_channels <= 4 && strided &&
       !patchify_passes_cudnn_over(call))  // rule 3 decides those
-    return std::string(
-        "a strided few-channel stem: timed, not the heuristics' plan (engines.cpp, rule 4)");
+    return cat("a strided few-channel stem's ", call.op() == ConvOp::fprop ? "fprop" : "wgrad",
+               ": timed, not the heuristics' plan (engines.cpp, rule 4)");
   return std::nullopt;
 }
 

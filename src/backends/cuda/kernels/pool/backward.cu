@@ -104,78 +104,140 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
   }
 }
 
-// pool_backward_kernel<kMax, kTaps>'s result for small windows (window.cuh: small_windows),
-// channels-last with V = kVecWidth<T>: work item w (V channels of one dx position, in physical
-// order: dx's offset is w * V) loads the V tap codes of every output window holding it (at
-// most S along each of dims 1 and 2: S >= ceil(kernel / stride)), then dy where a lane's
-// window chose it, then each lane sums those in the generic kernel's order (row-major over
-// the windows).
-template <class T, int S>
+// pool_backward_kernel<kMax, kTaps>'s result for small windows (window.cuh: small_windows)
+// with strides of at most kMaxBlock along dims 1 and 2, channels-last with V = kVecWidth<T>.
+// Algorithm: dx's positions fall into blocks of stride[1] x stride[2] (block q along dim d
+// holds the padded positions q * s ... q * s + s - 1), and every position of a block lies in
+// the same windows: q - m for m = 0 ... (kernel - 1) / s, at most S along each dim (S >= 1 +
+// (kernel - 1) / s), the position at offset t of the block being that window's tap m * s +
+// t. Work item w is V channels of one block (n, q1, q2, unit), in physical order. It
+//   1. loads those windows' V tap codes each (window.cuh),
+//   2. loads dy for each window whose code names, in some lane, a position of the block,
+//   3. per position of the block, sums in each lane the dy of the windows whose code names
+//      that position, in the generic kernel's order (row-major over the windows), and
+//      stores the V sums.
+// One item per block instead of one per position: ResNet-50's 3x3 stride-2 stem pool loads
+// each window's codes and dy once for four dx positions, not once for each (the per-position
+// gather held 4 code loads and up to 4 dy loads per 16-byte store).
+constexpr int kMaxBlock = 2;
+
+template <class T, int S, int B>
 __global__ void __launch_bounds__(kThreads)
-    max_pool_small_backward_kernel(PoolWindow g, uint32_t total, const T* __restrict__ dy,
+    max_pool_small_backward_kernel(PoolWindow g, uint32_t total, uint32_t blocks_h,
+                                   uint32_t blocks_w, const T* __restrict__ dy,
                                    const uint8_t* __restrict__ taps, T* __restrict__ dx) {
   constexpr int V = kVecWidth<T>;
   using C = compute_t<T>;
-  const uint32_t units = uint32_t(g.channels / V), in_h = uint32_t(g.in[1]),
-                 in_w = uint32_t(g.in[2]);
-  const int out_w = int(g.out[2]), kw = int(g.kernel[2]);
+  const uint32_t units = uint32_t(g.channels / V);
+  const int in_h = int(g.in[1]), in_w = int(g.in[2]), out_h = int(g.out[1]), out_w = int(g.out[2]);
+  const int s1 = int(g.stride[1]), s2 = int(g.stride[2]), kh = int(g.kernel[1]),
+            kw = int(g.kernel[2]);
+  const int q1_lo = int(g.pad_lo[1]) / s1, q2_lo = int(g.pad_lo[2]) / s2;
   for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
     uint32_t rest = w / units;
-    const uint32_t unit = w - rest * units, iw = rest % in_w;
-    rest /= in_w;
-    const uint32_t ih = rest % in_h, n = rest / in_h;
-    const OutputSpan rows = holding<true>(g, 1, ih), cols = holding<true>(g, 2, iw);
-    const int o1 = int(rows.first), o2 = int(cols.first);
-    // Window (o1 + a, o2 + b)'s forward work item: its V codes, dy's V lanes.
-    const int64_t first = (int64_t(n) * g.out[1] + o1) * out_w + o2;
-    // This element's tap in window (o1, o2); window (o1 + a, o2 + b) sees it a * stride rows
-    // and b * stride columns earlier.
-    const int tap0 = (int(ih) + int(g.pad_lo[1]) - o1 * int(g.stride[1])) * kw +
-                     (int(iw) + int(g.pad_lo[2]) - o2 * int(g.stride[2]));
-    unsigned chosen[S][S];  // bit l: lane l's window chose this element
+    const uint32_t unit = w - rest * units, b2 = rest % blocks_w;
+    rest /= blocks_w;
+    const uint32_t b1 = rest % blocks_h, n = rest / blocks_h;
+    const int q1 = q1_lo + int(b1), q2 = q2_lo + int(b2);
+    // The block's first position (padded offsets subtracted) along dims 1 and 2.
+    const int h0 = q1 * s1 - int(g.pad_lo[1]), w0 = q2 * s2 - int(g.pad_lo[2]);
+    // Window (q1 - m1, q2 - m2) exists and reaches the block.
+    auto window_in = [&](int m1, int m2) {
+      return q1 - m1 >= 0 && q1 - m1 < out_h && m1 * s1 < kh && q2 - m2 >= 0 && q2 - m2 < out_w &&
+             m2 * s2 < kw;
+    };
+    auto window_at = [&](int m1, int m2) {
+      return ((int64_t(n) * out_h + (q1 - m1)) * out_w + (q2 - m2)) * units + unit;
+    };
+    // Position (t1, t2) of the block is a position of dx.
+    auto in_dx = [&](int t1, int t2) {
+      return t1 < s1 && t2 < s2 && h0 + t1 >= 0 && h0 + t1 < in_h && w0 + t2 >= 0 && w0 + t2 < in_w;
+    };
+    // Position (t1, t2) is tap (m1 s1 + t1, m2 s2 + t2) of window (m1, m2): its code there
+    // where that is a tap and the position is in dx, else -1 (no code).
+    auto code_of = [&](int m1, int m2, int t1, int t2) {
+      const int j1 = m1 * s1 + t1, j2 = m2 * s2 + t2;
+      return in_dx(t1, t2) && j1 < kh && j2 < kw ? j1 * kw + j2 : -1;
+    };
+    // 1. Codes.
+    Pack<uint8_t, V> codes[S][S];
 #pragma unroll
-    for (int a = 0; a < S; ++a) {
+    for (int m1 = 0; m1 < S; ++m1) {
 #pragma unroll
-      for (int b = 0; b < S; ++b) {
-        chosen[a][b] = 0;
-        if (o1 + a <= rows.last && o2 + b <= cols.last) {
-          const Pack<uint8_t, V> codes = load_pack<V>(taps, (first + a * out_w + b) * units + unit);
-          const int code = tap0 - (a * int(g.stride[1]) * kw + b * int(g.stride[2]));
+      for (int m2 = 0; m2 < S; ++m2) {
+        if (window_in(m1, m2)) {
+          codes[m1][m2] = load_pack<V>(taps, window_at(m1, m2));
+        } else {
 #pragma unroll
-          for (int l = 0; l < V; ++l) chosen[a][b] |= unsigned(codes.v[l] == code) << l;
+          for (int l = 0; l < V; ++l) codes[m1][m2].v[l] = uint8_t(kNoTap);
         }
       }
     }
+    // 2. dy where some lane's window chose a position of the block.
     Vec<T> grad[S][S];
 #pragma unroll
-    for (int a = 0; a < S; ++a) {
+    for (int m1 = 0; m1 < S; ++m1) {
 #pragma unroll
-      for (int b = 0; b < S; ++b)
-        if (chosen[a][b]) grad[a][b] = load_vec(dy, (first + a * out_w + b) * units + unit);
-    }
-    C sum[V];
+      for (int m2 = 0; m2 < S; ++m2) {
+        bool wanted = false;
 #pragma unroll
-    for (int l = 0; l < V; ++l) {
-      sum[l] = 0;
+        for (int t1 = 0; t1 < B; ++t1) {
 #pragma unroll
-      for (int a = 0; a < S; ++a) {
+          for (int t2 = 0; t2 < B; ++t2) {
+            const int code = code_of(m1, m2, t1, t2);
 #pragma unroll
-        for (int b = 0; b < S; ++b)
-          if (chosen[a][b] >> l & 1u) sum[l] += lane_value<C>(grad[a][b], l);
+            for (int l = 0; l < V; ++l) wanted = wanted || int(codes[m1][m2].v[l]) == code;
+          }
+        }
+        if (wanted) grad[m1][m2] = load_vec(dy, window_at(m1, m2));
       }
     }
-    store_lanes<V>(dx, int64_t(w) * V, sum);
+    // 3. Each position's sums, windows in row-major order (m descending).
+#pragma unroll
+    for (int t1 = 0; t1 < B; ++t1) {
+#pragma unroll
+      for (int t2 = 0; t2 < B; ++t2) {
+        if (!in_dx(t1, t2)) continue;
+        C sum[V];
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+          sum[l] = 0;
+#pragma unroll
+          for (int m1 = S - 1; m1 >= 0; --m1) {
+#pragma unroll
+            for (int m2 = S - 1; m2 >= 0; --m2)
+              if (int(codes[m1][m2].v[l]) == code_of(m1, m2, t1, t2))
+                sum[l] += lane_value<C>(grad[m1][m2], l);
+          }
+        }
+        const int64_t at = ((int64_t(n) * in_h + (h0 + t1)) * in_w + (w0 + t2)) * units + unit;
+        store_lanes<V>(dx, at * V, sum);
+      }
+    }
   }
 }
 
-// Calls f(std::integral_constant<int, S>) with S = 2 or 3, at least the number of windows
-// holding one element along each of dims 1 and 2 of small windows (ceil(kernel / stride)).
+// Whether max_pool_small_backward_kernel takes these windows (strides of at most kMaxBlock), and
+// f(std::integral_constant<int, S>, std::integral_constant<int, B>) with S = 2 or 3 windows
+// per block along each of dims 1 and 2 (S >= 1 + (kernel - 1) / stride) and B = 1 or 2 (B >=
+// each stride).
 template <class F>
-void visit_small_span(const PoolWindow& g, F&& f) {
-  if (ceil_div(g.kernel[1], g.stride[1]) <= 2 && ceil_div(g.kernel[2], g.stride[2]) <= 2)
-    f(std::integral_constant<int, 2>{});
+bool visit_small_blocks(const PoolWindow& g, F&& f) {
+  if (g.stride[1] > kMaxBlock || g.stride[2] > kMaxBlock) return false;
+  const int64_t windows =
+      std::max(1 + (g.kernel[1] - 1) / g.stride[1], 1 + (g.kernel[2] - 1) / g.stride[2]);
+  const bool wide = std::max(g.stride[1], g.stride[2]) > 1;
+  auto with_span = [&](auto b) {
+    if (windows <= 2)
+      f(std::integral_constant<int, 2>{}, b);
+    else
+      f(std::integral_constant<int, kSmallTaps>{}, b);
+  };
+  if (wide)
+    with_span(std::integral_constant<int, 2>{});
   else
-    f(std::integral_constant<int, kSmallTaps>{});
+    with_span(std::integral_constant<int, 1>{});
+  return true;
 }
 
 // The tiling windows' max_pool backward (see the header comment).
@@ -245,13 +307,21 @@ void launch_pool_backward(Context& ctx, const std::string& where, const PoolWind
     using T = decltype(tag);
     const int64_t vectors = dx.numel() / kVecWidth<T>;
     if (kMax && taps && layout.channels_last && layout.vectorised && small_windows(g, vectors)) {
-      visit_small_span(g, [&](auto span) {
-        ctx.encoder.launch(&max_pool_small_backward_kernel<T, decltype(span)::value>,
-                           dim3(launch_blocks(vectors, kThreads)), dim3(kThreads), 0, reads,
-                           {dx.range()}, g, uint32_t(vectors), dy.as<const T>(),
-                           static_cast<const uint8_t*>(taps->data()), dx.as<T>());
-      });
-      return;
+      // Blocks along dims 1 and 2 (see the kernel): those holding padded positions pad_lo ...
+      // pad_lo + in - 1.
+      const int64_t blocks_h =
+          (g.in[1] - 1 + g.pad_lo[1]) / g.stride[1] - g.pad_lo[1] / g.stride[1] + 1;
+      const int64_t blocks_w =
+          (g.in[2] - 1 + g.pad_lo[2]) / g.stride[2] - g.pad_lo[2] / g.stride[2] + 1;
+      const int64_t items = g.batch * blocks_h * blocks_w * (g.channels / kVecWidth<T>);
+      if (items <= int64_t(INT32_MAX) && visit_small_blocks(g, [&](auto span, auto block) {
+            ctx.encoder.launch(
+                &max_pool_small_backward_kernel<T, decltype(span)::value, decltype(block)::value>,
+                dim3(launch_blocks(items, kThreads)), dim3(kThreads), 0, reads, {dx.range()}, g,
+                uint32_t(items), uint32_t(blocks_h), uint32_t(blocks_w), dy.as<const T>(),
+                static_cast<const uint8_t*>(taps->data()), dx.as<T>());
+          }))
+        return;
     }
     visit_pool_layout<T>(layout, [&](auto vec, auto cl) {
       visit_unit_windows(g, [&](auto unit) {
