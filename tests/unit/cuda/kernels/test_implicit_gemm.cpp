@@ -515,7 +515,9 @@ TEST_F(ImplicitGemmTest, StemWgradIsTimedByDefault) {
     const ConvDecision d = conv_decisions().back();
     EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, k.timed)
         << d.path << " " << d.plan << " (" << d.reason << ")";
-    if (k.timed) EXPECT_NE(d.reason.find("stem's wgrad"), std::string::npos) << d.reason;
+    if (k.timed) {
+      EXPECT_NE(d.reason.find("stem's wgrad"), std::string::npos) << d.reason;
+    }
     EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
   }
 }

@@ -111,27 +111,30 @@ __global__ void pool_backward_kernel(PoolWindow g, bool narrow, bool count_inclu
 // the same windows: q - m for m = 0 ... (kernel - 1) / s, at most S along each dim (S >= 1 +
 // (kernel - 1) / s), the position at offset t of the block being that window's tap m * s +
 // t. Work item w is V channels of one block (n, q1, q2, unit), in physical order. It
-//   1. loads those windows' V tap codes each (window.cuh),
-//   2. loads dy for each window whose code names, in some lane, a position of the block,
-//   3. per position of the block, sums in each lane the dy of the windows whose code names
+//   1. loads those windows' V tap codes and dy's V lanes each,
+//   2. per position of the block, sums in each lane the dy of the windows whose code names
 //      that position, in the generic kernel's order (row-major over the windows), and
 //      stores the V sums.
 // One item per block instead of one per position: ResNet-50's 3x3 stride-2 stem pool loads
-// each window's codes and dy once for four dx positions, not once for each (the per-position
-// gather held 4 code loads and up to 4 dy loads per 16-byte store).
+// each window's codes and dy once for four dx positions, not once for each. The kernel is
+// bound by its compares, not by memory (the per-position gather ran at 78% of the SMs' issue
+// and a quarter of DRAM's bandwidth, H200): K and St, when not 0, fix the kernel extent and
+// stride of both dims at compile time (3x3 stride 2, 3x3 stride 1), so that every window and
+// position pair that cannot match is dropped before it is compared.
 constexpr int kMaxBlock = 2;
 
-template <class T, int S, int B>
+template <class T, int S, int B, int K = 0, int St = 0>
 __global__ void __launch_bounds__(kThreads)
     max_pool_small_backward_kernel(PoolWindow g, uint32_t total, uint32_t blocks_h,
                                    uint32_t blocks_w, const T* __restrict__ dy,
                                    const uint8_t* __restrict__ taps, T* __restrict__ dx) {
+  wait_for_prior_grids();  // launched early (encoder.h)
   constexpr int V = kVecWidth<T>;
   using C = compute_t<T>;
   const uint32_t units = uint32_t(g.channels / V);
   const int in_h = int(g.in[1]), in_w = int(g.in[2]), out_h = int(g.out[1]), out_w = int(g.out[2]);
-  const int s1 = int(g.stride[1]), s2 = int(g.stride[2]), kh = int(g.kernel[1]),
-            kw = int(g.kernel[2]);
+  const int s1 = St ? St : int(g.stride[1]), s2 = St ? St : int(g.stride[2]);
+  const int kh = K ? K : int(g.kernel[1]), kw = K ? K : int(g.kernel[2]);
   const int q1_lo = int(g.pad_lo[1]) / s1, q2_lo = int(g.pad_lo[2]) / s2;
   for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
     uint32_t rest = w / units;
@@ -141,58 +144,32 @@ __global__ void __launch_bounds__(kThreads)
     const int q1 = q1_lo + int(b1), q2 = q2_lo + int(b2);
     // The block's first position (padded offsets subtracted) along dims 1 and 2.
     const int h0 = q1 * s1 - int(g.pad_lo[1]), w0 = q2 * s2 - int(g.pad_lo[2]);
-    // Window (q1 - m1, q2 - m2) exists and reaches the block.
-    auto window_in = [&](int m1, int m2) {
-      return q1 - m1 >= 0 && q1 - m1 < out_h && m1 * s1 < kh && q2 - m2 >= 0 && q2 - m2 < out_w &&
-             m2 * s2 < kw;
-    };
-    auto window_at = [&](int m1, int m2) {
-      return ((int64_t(n) * out_h + (q1 - m1)) * out_w + (q2 - m2)) * units + unit;
-    };
+    // Window (q1 - m1, q2 - m2) reaches the block (a compile-time fact with K and St).
+    auto reaches = [&](int m1, int m2) { return m1 * s1 < kh && m2 * s2 < kw; };
     // Position (t1, t2) of the block is a position of dx.
     auto in_dx = [&](int t1, int t2) {
       return t1 < s1 && t2 < s2 && h0 + t1 >= 0 && h0 + t1 < in_h && w0 + t2 >= 0 && w0 + t2 < in_w;
     };
-    // Position (t1, t2) is tap (m1 s1 + t1, m2 s2 + t2) of window (m1, m2): its code there
-    // where that is a tap and the position is in dx, else -1 (no code).
-    auto code_of = [&](int m1, int m2, int t1, int t2) {
-      const int j1 = m1 * s1 + t1, j2 = m2 * s2 + t2;
-      return in_dx(t1, t2) && j1 < kh && j2 < kw ? j1 * kw + j2 : -1;
-    };
-    // 1. Codes.
+    // 1. Each window's codes and dy (kNoTap codes for a window that does not exist).
     Pack<uint8_t, V> codes[S][S];
+    Vec<T> grad[S][S];
 #pragma unroll
     for (int m1 = 0; m1 < S; ++m1) {
 #pragma unroll
       for (int m2 = 0; m2 < S; ++m2) {
-        if (window_in(m1, m2)) {
-          codes[m1][m2] = load_pack<V>(taps, window_at(m1, m2));
+        const int o1 = q1 - m1, o2 = q2 - m2;
+        if (reaches(m1, m2) && o1 >= 0 && o1 < out_h && o2 >= 0 && o2 < out_w) {
+          const int64_t at = ((int64_t(n) * out_h + o1) * out_w + o2) * units + unit;
+          codes[m1][m2] = load_pack<V>(taps, at);
+          grad[m1][m2] = load_vec(dy, at);
         } else {
 #pragma unroll
           for (int l = 0; l < V; ++l) codes[m1][m2].v[l] = uint8_t(kNoTap);
         }
       }
     }
-    // 2. dy where some lane's window chose a position of the block.
-    Vec<T> grad[S][S];
-#pragma unroll
-    for (int m1 = 0; m1 < S; ++m1) {
-#pragma unroll
-      for (int m2 = 0; m2 < S; ++m2) {
-        bool wanted = false;
-#pragma unroll
-        for (int t1 = 0; t1 < B; ++t1) {
-#pragma unroll
-          for (int t2 = 0; t2 < B; ++t2) {
-            const int code = code_of(m1, m2, t1, t2);
-#pragma unroll
-            for (int l = 0; l < V; ++l) wanted = wanted || int(codes[m1][m2].v[l]) == code;
-          }
-        }
-        if (wanted) grad[m1][m2] = load_vec(dy, window_at(m1, m2));
-      }
-    }
-    // 3. Each position's sums, windows in row-major order (m descending).
+    // 2. Each position's sums, windows in row-major order (m descending): position (t1, t2)
+    // is tap (m1 s1 + t1, m2 s2 + t2) of window (m1, m2) where that is a tap.
 #pragma unroll
     for (int t1 = 0; t1 < B; ++t1) {
 #pragma unroll
@@ -200,14 +177,17 @@ __global__ void __launch_bounds__(kThreads)
         if (!in_dx(t1, t2)) continue;
         C sum[V];
 #pragma unroll
-        for (int l = 0; l < V; ++l) {
-          sum[l] = 0;
+        for (int l = 0; l < V; ++l) sum[l] = 0;
 #pragma unroll
-          for (int m1 = S - 1; m1 >= 0; --m1) {
+        for (int m1 = S - 1; m1 >= 0; --m1) {
 #pragma unroll
-            for (int m2 = S - 1; m2 >= 0; --m2)
-              if (int(codes[m1][m2].v[l]) == code_of(m1, m2, t1, t2))
-                sum[l] += lane_value<C>(grad[m1][m2], l);
+          for (int m2 = S - 1; m2 >= 0; --m2) {
+            const int j1 = m1 * s1 + t1, j2 = m2 * s2 + t2;
+            if (j1 >= kh || j2 >= kw) continue;
+            const int code = j1 * kw + j2;
+#pragma unroll
+            for (int l = 0; l < V; ++l)
+              if (int(codes[m1][m2].v[l]) == code) sum[l] += lane_value<C>(grad[m1][m2], l);
           }
         }
         const int64_t at = ((int64_t(n) * in_h + (h0 + t1)) * in_w + (w0 + t2)) * units + unit;
@@ -218,25 +198,28 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Whether max_pool_small_backward_kernel takes these windows (strides of at most kMaxBlock), and
-// f(std::integral_constant<int, S>, std::integral_constant<int, B>) with S = 2 or 3 windows
-// per block along each of dims 1 and 2 (S >= 1 + (kernel - 1) / stride) and B = 1 or 2 (B >=
-// each stride).
-template <class F>
+// f(kernel) with its instance: S = 2 or 3 windows per block along each of dims 1 and 2 (S >= 1
+// + (kernel - 1) / stride), B = 1 or 2 (B >= each stride), and the compile-time geometry of
+// 3x3 windows of stride 2 (ResNet's and DenseNet's stem pools) and stride 1.
+template <class T, class F>
 bool visit_small_blocks(const PoolWindow& g, F&& f) {
   if (g.stride[1] > kMaxBlock || g.stride[2] > kMaxBlock) return false;
+  const bool square = g.kernel[1] == g.kernel[2] && g.stride[1] == g.stride[2];
+  if (square && g.kernel[1] == 3 && g.stride[1] == 2) {
+    f(&max_pool_small_backward_kernel<T, 2, 2, 3, 2>);
+    return true;
+  }
+  if (square && g.kernel[1] == 3 && g.stride[1] == 1) {
+    f(&max_pool_small_backward_kernel<T, 3, 1, 3, 1>);
+    return true;
+  }
   const int64_t windows =
       std::max(1 + (g.kernel[1] - 1) / g.stride[1], 1 + (g.kernel[2] - 1) / g.stride[2]);
   const bool wide = std::max(g.stride[1], g.stride[2]) > 1;
-  auto with_span = [&](auto b) {
-    if (windows <= 2)
-      f(std::integral_constant<int, 2>{}, b);
-    else
-      f(std::integral_constant<int, kSmallTaps>{}, b);
-  };
-  if (wide)
-    with_span(std::integral_constant<int, 2>{});
+  if (windows <= 2)
+    f(wide ? &max_pool_small_backward_kernel<T, 2, 2> : &max_pool_small_backward_kernel<T, 2, 1>);
   else
-    with_span(std::integral_constant<int, 1>{});
+    f(wide ? &max_pool_small_backward_kernel<T, 3, 2> : &max_pool_small_backward_kernel<T, 3, 1>);
   return true;
 }
 
@@ -314,12 +297,11 @@ void launch_pool_backward(Context& ctx, const std::string& where, const PoolWind
       const int64_t blocks_w =
           (g.in[2] - 1 + g.pad_lo[2]) / g.stride[2] - g.pad_lo[2] / g.stride[2] + 1;
       const int64_t items = g.batch * blocks_h * blocks_w * (g.channels / kVecWidth<T>);
-      if (items <= int64_t(INT32_MAX) && visit_small_blocks(g, [&](auto span, auto block) {
-            ctx.encoder.launch(
-                &max_pool_small_backward_kernel<T, decltype(span)::value, decltype(block)::value>,
-                dim3(launch_blocks(items, kThreads)), dim3(kThreads), 0, reads, {dx.range()}, g,
-                uint32_t(items), uint32_t(blocks_h), uint32_t(blocks_w), dy.as<const T>(),
-                static_cast<const uint8_t*>(taps->data()), dx.as<T>());
+      if (items <= int64_t(INT32_MAX) && visit_small_blocks<T>(g, [&](auto kernel) {
+            ctx.encoder.launch_early(kernel, dim3(launch_blocks(items, kThreads)), dim3(kThreads),
+                                     0, reads, {dx.range()}, g, uint32_t(items), uint32_t(blocks_h),
+                                     uint32_t(blocks_w), dy.as<const T>(),
+                                     static_cast<const uint8_t*>(taps->data()), dx.as<T>());
           }))
         return;
     }
