@@ -1,7 +1,6 @@
 // Small kernels for the encoder tests (see cuda_test_util.h).
 #include <cstdint>
 
-#include "backends/cuda/device/grid_dependency.cuh"
 #include "test_kernels.h"
 
 namespace fusebox::cuda::testing {
@@ -34,15 +33,6 @@ __global__ void add(const float* x, float* y, float addend, int n, uint64_t spin
   }
 }
 
-// add for CommandEncoder::launch_early: waits for the kernels before it first.
-__global__ void add_after_wait(const float* x, float* y, float addend, int n, uint64_t spin_ns) {
-  wait_for_prior_grids();
-  spin(spin_ns);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    y[i] = x[i] + addend;
-  }
-}
-
 __global__ void reverse_through_shared(const float* x, float* y, int n) {
   extern __shared__ float staged[];
   for (int i = threadIdx.x; i < n; i += blockDim.x) staged[i] = x[i];
@@ -57,9 +47,6 @@ FillKernel fill_kernel() {
 }
 AddKernel add_kernel() {
   return add;
-}
-AddKernel add_after_wait_kernel() {
-  return add_after_wait;
 }
 ReverseKernel reverse_through_shared_kernel() {
   return reverse_through_shared;

@@ -16,8 +16,6 @@ using AddKernel = void (*)(const float* x, float* y, float addend, int n,
 using ReverseKernel = void (*)(const float* x, float* y, int n);
 FillKernel fill_kernel();
 AddKernel add_kernel();
-// add, first waiting for the kernels before it (device/grid_dependency.cuh): for launch_early.
-AddKernel add_after_wait_kernel();
 ReverseKernel reverse_through_shared_kernel();
 
 }  // namespace fusebox::cuda::testing

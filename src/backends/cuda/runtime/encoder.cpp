@@ -26,7 +26,6 @@ std::string launch_text(dim3 grid, dim3 block, size_t shared_bytes) {
 CommandEncoder::Options CommandEncoder::Options::from_env() {
   Options options;
   options.use_graphs = settings().use_graphs;
-  options.early_launches = settings().early_launches;
   options.graph_cache_capacity = settings().graph_cache_capacity;
   return options;
 }
@@ -236,8 +235,8 @@ void CommandEncoder::opt_in_shared_memory(const void* kernel, size_t shared_byte
 }
 
 size_t CommandEncoder::launch_kernel(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes,
-                                     void** args, const BufferList& reads, const BufferList& writes,
-                                     bool early) {
+                                     void** args, const BufferList& reads,
+                                     const BufferList& writes) {
   check_buffers(reads);
   check_buffers(writes);
   uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -254,11 +253,10 @@ size_t CommandEncoder::launch_kernel(const void* kernel, dim3 grid, dim3 block, 
                           launch_text(grid, block, shared_bytes));
     return note_direct_op(reads, writes);
   }
-  early = early && options_.early_launches && device_.properties().compute_major >= 9;
   return add_node(
       reads, writes,
       [&](std::string& key) {
-        key += early ? 'E' : 'K';
+        key += 'K';
         append_key(key, reinterpret_cast<uintptr_t>(kernel));
         append_key(key, grid);
         append_key(key, block);
@@ -271,37 +269,10 @@ size_t CommandEncoder::launch_kernel(const void* kernel, dim3 grid, dim3 block, 
         params.blockDim = block;
         params.sharedMemBytes = unsigned(shared_bytes);
         params.kernelParams = args;
-        // An early launch's dependencies on kernel nodes become programmatic edges, added
-        // after the node; the rest stay full edges.
-        programmatic_from_.clear();
-        std::vector<cudaGraphNode_t> full;
-        if (early) {
-          full.reserve(count);
-          for (size_t i = 0; i < count; ++i) {
-            cudaGraphNodeType type{};
-            FUSEBOX_CUDA_CHECK(cudaGraphNodeGetType(deps[i], &type));
-            (type == cudaGraphNodeTypeKernel ? programmatic_from_ : full).push_back(deps[i]);
-          }
-          deps = full.data();
-          count = full.size();
-        }
         cudaGraphNode_t node = nullptr;
         FUSEBOX_CUDA_CHECK_AS(
             cudaGraphAddKernelNode(&node, graph_, deps, count, &params),
             cat("cudaGraphAddKernelNode: ", launch_text(grid, block, shared_bytes)));
-        if (!programmatic_from_.empty()) {
-          cudaGraphEdgeData edge{};
-          edge.from_port = cudaGraphKernelNodePortLaunchCompletion;
-          edge.type = cudaGraphDependencyTypeProgrammatic;
-          const std::vector<cudaGraphEdgeData> edges(programmatic_from_.size(), edge);
-          const std::vector<cudaGraphNode_t> to(programmatic_from_.size(), node);
-          FUSEBOX_CUDA_CHECK_AS(
-              cudaGraphAddDependencies(graph_, programmatic_from_.data(), to.data(), edges.data(),
-                                       programmatic_from_.size()),
-              cat("cudaGraphAddDependencies (", programmatic_from_.size(),
-                  " programmatic edges): ", launch_text(grid, block, shared_bytes)));
-          stats_.programmatic_edges += programmatic_from_.size();
-        }
         return node;
       });
 }
@@ -813,7 +784,7 @@ std::vector<std::pair<size_t, size_t>> CommandEncoder::recorded_edges() const {
   size_t count = 0;
   FUSEBOX_CUDA_CHECK(cudaGraphGetEdges(graph_, nullptr, nullptr, nullptr, &count));
   std::vector<cudaGraphNode_t> from(count), to(count);
-  std::vector<cudaGraphEdgeData> data(count);  // plain or programmatic (launch_early)
+  std::vector<cudaGraphEdgeData> data(count);  // (ours are all plain edges)
   if (count > 0) {
     FUSEBOX_CUDA_CHECK(cudaGraphGetEdges(graph_, from.data(), to.data(), data.data(), &count));
   }

@@ -50,16 +50,6 @@
 // caller's handles to its buffers) while a launch runs is safe. New values reach a replay
 // through the contents of its buffers, never through its parameters.
 //
-// Early launches. A kernel recorded with launch_early() begins with wait_for_prior_grids()
-// (device/grid_dependency.cuh), before it touches memory: its edges from kernel nodes are then
-// programmatic (programmatic dependent launch, sm_90+), so its blocks are scheduled once
-// every block of the kernels before it has begun, filling their last wave's idle SMs and
-// hiding the launch, and wait on the device until those kernels have completed and their
-// writes are visible. Edges from anything else (library calls, copies) stay full. With the
-// wait first, every hazard those edges order is still ordered, and so is one they imply
-// (A -> B -> C: B's blocks cannot exit before A completes). FUSEBOX_CUDA_PDL=0, a device
-// before sm_90 or direct launches: every edge full, the wait a no-op.
-//
 // Child graphs. add_child_graph() places a graph built elsewhere (cuDNN's native
 // cudnnBackendPopulateCudaGraph, say) in the recording as one operation, ordered by the
 // buffers it declares like any other.
@@ -144,7 +134,6 @@ class CommandEncoder {
  public:
   struct Options {
     bool use_graphs = true;            // FUSEBOX_CUDA_GRAPHS (1, or 0 to launch directly)
-    bool early_launches = true;        // FUSEBOX_CUDA_PDL (see "Early launches" above)
     size_t graph_cache_capacity = 64;  // FUSEBOX_CUDA_GRAPH_CACHE
     size_t miss_warning_every = 100;   // see GraphCache
     // As the environment sets them (settings(), read once); a malformed value throws.
@@ -154,7 +143,6 @@ class CommandEncoder {
     uint64_t ops_recorded = 0;         // launches, library calls, memsets, memcpys
     uint64_t nodes_recorded = 0;       // graph nodes added (0 when launching directly)
     uint64_t edges_recorded = 0;       // hazard edges added
-    uint64_t programmatic_edges = 0;   // of those, programmatic (launch_early)
     uint64_t commits = 0;              // commits that had work to launch
     uint64_t direct_launches = 0;      // operations launched directly (FUSEBOX_CUDA_GRAPHS=0)
     uint64_t recordings_finished = 0;  // finish_recording() calls that returned a graph
@@ -190,34 +178,17 @@ class CommandEncoder {
         },
         values);
   }
-  // launch() for a kernel whose every thread begins with wait_for_prior_grids() (see "Early
-  // launches" above).
-  template <class... Params, class... Args>
-  size_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                      const BufferList& reads, const BufferList& writes, Args&&... args) {
-    static_assert(sizeof...(Params) == sizeof...(Args),
-                  "CommandEncoder::launch_early: argument count differs from the kernel's");
-    std::tuple<std::remove_cvref_t<Params>...> values(std::forward<Args>(args)...);
-    return std::apply(
-        [&](auto&... value) {
-          void* pointers[] = {static_cast<void*>(&value)..., nullptr};
-          return launch_kernel(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes,
-                               pointers, reads, writes, /*early=*/true);
-        },
-        values);
-  }
-  // The same with the kernel and its argument pointers given raw (as cudaLaunchKernel);
-  // early: as launch_early.
+  // The same with the kernel and its argument pointers given raw (as cudaLaunchKernel).
   size_t launch_kernel(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, void** args,
-                       const BufferList& reads, const BufferList& writes, bool early = false);
+                       const BufferList& reads, const BufferList& writes);
   // The same for a kernel given as a handle: a library's kernel, e.g. one generated and
   // compiled at run time (runtime/nvrtc.h). CUDA takes a cudaKernel_t, cast to a pointer,
   // wherever a kernel's address goes (cudaLaunchKernel, kernel nodes, cudaFuncSetAttribute),
   // so it is recorded, ordered and replayed like any other launch.
   size_t launch_handle(cudaKernel_t kernel, dim3 grid, dim3 block, size_t shared_bytes, void** args,
-                       const BufferList& reads, const BufferList& writes, bool early = false) {
+                       const BufferList& reads, const BufferList& writes) {
     return launch_kernel(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, args,
-                         reads, writes, early);
+                         reads, writes);
   }
 
   // Records the stream-ordered work `record` issues on the stream it is given.
@@ -385,7 +356,6 @@ class CommandEncoder {
   size_t extra_dep_ = kNoOp;  // an op the next node follows besides its hazards (wait_for)
   std::vector<BlockState*> touched_;
   std::vector<cudaGraphNode_t> dep_nodes_;
-  std::vector<cudaGraphNode_t> programmatic_from_;  // launch_early: its kernel-node deps
   std::vector<std::shared_ptr<const void>> objects_;
   std::vector<DeviceBuffer> temporaries_;
   DeviceBuffer scratch_;  // see scratch()

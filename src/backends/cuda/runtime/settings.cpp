@@ -166,7 +166,6 @@ BackendSettings BackendSettings::from_env() {
   if (auto text = env_text("FUSEBOX_CUDA_MEMORY_LIMIT"))
     s.memory_limit = parse_byte_count(*text, "FUSEBOX_CUDA_MEMORY_LIMIT", "cuda");
   read_switch("FUSEBOX_CUDA_GRAPHS", s.use_graphs);
-  read_switch("FUSEBOX_CUDA_PDL", s.early_launches);
   read_count("FUSEBOX_CUDA_GRAPH_CACHE", s.graph_cache_capacity);
   read_count("FUSEBOX_REPLAY_EXECS", s.replay_execs);
   if (s.replay_execs < 1 || s.replay_execs > 2)

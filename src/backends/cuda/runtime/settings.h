@@ -89,10 +89,6 @@ struct BackendSettings {
   // FUSEBOX_CUDA_GRAPHS: true records each step into a CUDA graph; false (0) launches every
   // operation directly, for debugging and comparison.
   bool use_graphs = true;
-  // FUSEBOX_CUDA_PDL: true lets the kernels recorded with CommandEncoder::launch_early be
-  // scheduled while the kernels before them finish (programmatic dependent launch); false
-  // (0) makes every graph edge a full dependency, for debugging and comparison.
-  bool early_launches = true;
   // FUSEBOX_CUDA_GRAPH_CACHE: instantiated graphs each command encoder keeps (0: none).
   size_t graph_cache_capacity = 64;
   // FUSEBOX_REPLAY_EXECS: instantiations of each recorded graph, replays taking them in turn

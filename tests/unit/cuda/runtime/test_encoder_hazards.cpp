@@ -271,44 +271,6 @@ TEST_P(EncoderHazards, LargeDynamicSharedMemoryIsOptedIn) {
                Error);
 }
 
-// launch_early: a kernel's edges from kernel nodes become programmatic (its blocks may start
-// while the kernel before it runs, and wait on the device), edges from anything else stay
-// full. A slow first kernel shows a wait that does not hold as a wrong result: y read
-// before it is written, z before y, x overwritten before it is read.
-TEST_P(EncoderHazards, EarlyLaunchesWaitForTheKernelsBeforeThem) {
-  for (bool early : {true, false}) {
-    SCOPED_TRACE(early ? "FUSEBOX_CUDA_PDL=1" : "FUSEBOX_CUDA_PDL=0");
-    CommandEncoder::Options options;
-    options.use_graphs = graphs();
-    options.early_launches = early;
-    CommandEncoder encoder(Device::get(0), options, allocator_.get());
-    DeviceBuffer x = poisoned(), y = poisoned(), z = poisoned();
-    auto add_early = [&](const BufferRange& in, const BufferRange& out, float addend) {
-      return encoder.launch_early(testing::add_after_wait_kernel(), kGrid, kBlock, 0, {in}, {out},
-                                  static_cast<const float*>(in.data()),
-                                  static_cast<float*>(out.data()), addend, kN, uint64_t(0));
-    };
-    encoder.launch(fill_kernel(), kGrid, kBlock, 0, {}, {x}, static_cast<float*>(x.data()), 1.0f,
-                   kN, kSpinNs);  // 0
-    add_early(x, y, 1.0f);        // 1: after 0
-    add_early(y, z, 1.0f);        // 2: after 1
-    encoder.memset(y, 0);         // 3: after 2 reads y (a full edge: not a kernel)
-    add_early(z, y, 10.0f);       // 4: after 3 (full) and 2 (programmatic)
-    encoder.launch(fill_kernel(), kGrid, kBlock, 0, {}, {x}, static_cast<float*>(x.data()), 100.0f,
-                   kN, uint64_t(0));  // 5: after 1 read x
-    if (graphs()) {
-      EXPECT_EQ(encoder.recorded_edges(), Edges({{0, 1}, {1, 2}, {1, 5}, {2, 3}, {3, 4}}));
-      const bool programmatic = early && Device::get(0).properties().compute_major >= 9;
-      // 0 -> 1, 1 -> 2; 2 -> 4 is implied by 2 -> 3 -> 4 and left out.
-      EXPECT_EQ(encoder.stats().programmatic_edges, programmatic ? 2u : 0u);
-    }
-    encoder.synchronize();
-    EXPECT_EQ(count_not_equal(download(encoder, z), 3.0f), 0u);
-    EXPECT_EQ(count_not_equal(download(encoder, y), 13.0f), 0u);
-    EXPECT_EQ(count_not_equal(download(encoder, x), 100.0f), 0u);
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Modes, EncoderHazards, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "graphs" : "direct");

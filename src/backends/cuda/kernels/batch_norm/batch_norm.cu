@@ -195,7 +195,6 @@ __global__ void bn_finalize_training(const Moments<Q>* entries, Entries e, int64
                                      const P* running_var, double eps, double momentum, P* new_mean,
                                      P* new_var, P* saved_mean, P* saved_inv_std,
                                      Coefficients<compute_t<T>>* coef, Moments<double>* totals) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x % 32);
@@ -348,7 +347,6 @@ __global__ void bn_backward_finalize(const Q* entries /* pairs */, Entries e, in
                                      int64_t count, bool training, const P* scale, const P* bias,
                                      const P* saved_mean, const P* saved_inv_std, G* dscale,
                                      G* dbias, Coefficients<compute_t<T>>* coef, double* totals) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x % 32);
@@ -663,17 +661,17 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       if (!attrs.sync) {
         BufferList reads = params;
         reads.push_back(partial.buffer);
-        ctx.encoder.launch_early(&bn_finalize_training<T, P, C>, grid, block, 0, reads, writes,
-                                 static_cast<const Moments<C>*>(partial.buffer.data()), chunks,
-                                 g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
-                                 attrs.momentum, output(1), output(2), output(3), output(4),
-                                 static_cast<Coefficients<C>*>(coef.data()),
-                                 static_cast<Moments<double>*>(nullptr));
+        ctx.encoder.launch(&bn_finalize_training<T, P, C>, grid, block, 0, reads, writes,
+                           static_cast<const Moments<C>*>(partial.buffer.data()), chunks,
+                           g.channels, scale, bias, running_mean, running_var, attrs.epsilon,
+                           attrs.momentum, output(1), output(2), output(3), output(4),
+                           static_cast<Coefficients<C>*>(coef.data()),
+                           static_cast<Moments<double>*>(nullptr));
         return;
       }
       // Sync: this rank's triples, gathered from every rank, merged in rank order.
       const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * sizeof(Moments<double>));
-      ctx.encoder.launch_early(
+      ctx.encoder.launch(
           &bn_finalize_training<T, P, C>, grid, block, 0, {partial.buffer}, {totals.own_range()},
           static_cast<const Moments<C>*>(partial.buffer.data()), chunks, g.channels, scale, bias,
           running_mean, running_var, attrs.epsilon, attrs.momentum, static_cast<P*>(nullptr),
@@ -682,7 +680,7 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       totals.gather(ctx);
       BufferList reads = params;
       reads.push_back(totals.whole());
-      ctx.encoder.launch_early(
+      ctx.encoder.launch(
           &bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
           static_cast<const Moments<double>*>(totals.buffer.data()),
           Entries{totals.ranks, 1, g.channels}, g.channels, scale, bias, running_mean, running_var,
@@ -765,27 +763,27 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
           BufferList writes = norm::ranges({dscale, dbias});
           if (!(sync && training)) {
             writes.push_back(coef);
-            ctx.encoder.launch_early(
-                &bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
-                static_cast<const C*>(partial.buffer.data()), chunks, g.channels, g.per_channel(),
-                training, scale.as<const P>(), bias, saved_mean.as<const P>(),
-                saved_inv_std.as<const P>(), dscale_out, dbias_out,
-                static_cast<Coefficients<C>*>(coef.data()), static_cast<double*>(nullptr));
+            ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+                               static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
+                               g.per_channel(), training, scale.as<const P>(), bias,
+                               saved_mean.as<const P>(), saved_inv_std.as<const P>(), dscale_out,
+                               dbias_out, static_cast<Coefficients<C>*>(coef.data()),
+                               static_cast<double*>(nullptr));
             return;
           }
           // Sync: this rank's sums are dscale and dbias; every rank's, gathered and summed in
           // rank order, make the coefficients (the shards have one shape: count * world).
           const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * 2 * sizeof(double));
           writes.push_back(totals.own_range());
-          ctx.encoder.launch_early(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
-                                   static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
-                                   g.per_channel(), training, scale.as<const P>(), bias,
-                                   saved_mean.as<const P>(), saved_inv_std.as<const P>(),
-                                   dscale_out, dbias_out, static_cast<Coefficients<C>*>(nullptr),
-                                   totals.own<double>());
+          ctx.encoder.launch(&bn_backward_finalize<T, P, G, C>, grid, block, 0, reads, writes,
+                             static_cast<const C*>(partial.buffer.data()), chunks, g.channels,
+                             g.per_channel(), training, scale.as<const P>(), bias,
+                             saved_mean.as<const P>(), saved_inv_std.as<const P>(), dscale_out,
+                             dbias_out, static_cast<Coefficients<C>*>(nullptr),
+                             totals.own<double>());
           totals.gather(ctx);
           reads[0] = totals.whole();
-          ctx.encoder.launch_early(
+          ctx.encoder.launch(
               &bn_backward_finalize<T, P, G, double>, grid, block, 0, reads, {coef},
               static_cast<const double*>(totals.buffer.data()),
               Entries{totals.ranks, 1, g.channels}, g.channels, g.per_channel() * totals.ranks,

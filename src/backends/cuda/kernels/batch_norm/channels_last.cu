@@ -105,7 +105,6 @@ template <class T, int W>
 __global__ void __launch_bounds__(kThreads)
     bn_cl_stats(const T* __restrict__ x, int64_t rows, int64_t units, int64_t rows_per_chunk,
                 Moments<compute_t<T>>* __restrict__ partial) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   __shared__ C shared_count[kThreads];
   __shared__ C shared_mean[W][kThreads];
@@ -186,7 +185,6 @@ __global__ void __launch_bounds__(kThreads)
                         const P* __restrict__ saved_mean, const P* __restrict__ saved_inv_std,
                         const P* __restrict__ scale, const P* __restrict__ bias, int64_t rows,
                         int64_t units, int64_t rows_per_chunk, compute_t<T>* __restrict__ partial) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   __shared__ C shared_dy[W][kThreads];
   __shared__ C shared_dyx[W][kThreads];
@@ -273,7 +271,6 @@ template <class T, int W, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
     bn_cl_apply(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ y,
                 int64_t rows, int64_t units, const Coefficients<compute_t<T>>* __restrict__ coef) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (unit >= units) return;
@@ -321,7 +318,6 @@ __global__ void __launch_bounds__(kThreads)
     bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
                       T* __restrict__ dx, int64_t rows, int64_t units,
                       const Coefficients<compute_t<T>>* __restrict__ coef) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   using C = compute_t<T>;
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (unit >= units) return;
@@ -452,9 +448,8 @@ Partials channels_last_stats(Context& ctx, const DeviceTensor& x) {
     p.emplace(
         ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * sizeof(Moments<C>)),
         grid.y);
-    ctx.encoder.launch_early(kernel, grid, t.block, 0, {x.range()}, {p->buffer}, x.as<const T>(),
-                             t.rows, t.units, rows_per_chunk,
-                             static_cast<Moments<C>*>(p->buffer.data()));
+    ctx.encoder.launch(kernel, grid, t.block, 0, {x.range()}, {p->buffer}, x.as<const T>(), t.rows,
+                       t.units, rows_per_chunk, static_cast<Moments<C>*>(p->buffer.data()));
   });
   return *p;
 }
@@ -469,10 +464,9 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
   with_width<T>(t, [&](auto width) {
     with_relu(relu, [&](auto fused) {
       const auto kernel = &bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>;
-      ctx.encoder.launch_early(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {y.range()},
-                               x.as<const T>(), residual ? residual->as<const T>() : nullptr,
-                               y.as<T>(), t.rows, t.units,
-                               static_cast<const Coefficients<C>*>(coef.data()));
+      ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {y.range()},
+                         x.as<const T>(), residual ? residual->as<const T>() : nullptr, y.as<T>(),
+                         t.rows, t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }
@@ -493,11 +487,10 @@ Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const 
       const dim3 grid = chunk_grid(ctx, t, kernel, rows_per_chunk);
       p.emplace(ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
                 grid.y);
-      ctx.encoder.launch_early(kernel, grid, t.block, 0, reads, {p->buffer}, x.as<const T>(),
-                               dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
-                               saved_inv_std.as<const P>(), mask.scale_data<P>(),
-                               mask.bias_data<P>(), t.rows, t.units, rows_per_chunk,
-                               static_cast<C*>(p->buffer.data()));
+      ctx.encoder.launch(kernel, grid, t.block, 0, reads, {p->buffer}, x.as<const T>(),
+                         dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
+                         saved_inv_std.as<const P>(), mask.scale_data<P>(), mask.bias_data<P>(),
+                         t.rows, t.units, rows_per_chunk, static_cast<C*>(p->buffer.data()));
     });
   });
   return *p;
@@ -514,9 +507,9 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
       const auto kernel = &bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>;
-      ctx.encoder.launch_early(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {dx.range()},
-                               x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), dx.as<T>(),
-                               t.rows, t.units, static_cast<const Coefficients<C>*>(coef.data()));
+      ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {dx.range()},
+                         x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), dx.as<T>(), t.rows,
+                         t.units, static_cast<const Coefficients<C>*>(coef.data()));
     });
   });
 }

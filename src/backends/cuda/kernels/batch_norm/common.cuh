@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/device/grid_dependency.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 

@@ -238,8 +238,7 @@ void fused_pointwise(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const int64_t wave = int64_t(ctx.device.properties().sm_count) * kernel.blocks_per_sm;
   const auto blocks =
       unsigned(std::clamp<int64_t>((steps + kDefaultThreads - 1) / kDefaultThreads, 1, wave));
-  ctx.encoder.launch_handle(kernel.kernel, blocks, kDefaultThreads, 0, args, reads, {y.range()},
-                            /*early=*/true);
+  ctx.encoder.launch_handle(kernel.kernel, blocks, kDefaultThreads, 0, args, reads, {y.range()});
 }
 
 }  // namespace fusebox::cuda

@@ -119,11 +119,6 @@ class Emitter {
     out_ += fused_kernel_preamble();
     out_ += cat("\nextern \"C\" __global__ void __launch_bounds__(256) ", kFusedKernelName,
                 "(const FbParams p) {\n");
-    // Launched early (runtime/encoder.h: "Early launches"): every thread waits for the
-    // kernels before it first, as device/grid_dependency.cuh's wait_for_prior_grids.
-    out_ +=
-        "#if __CUDA_ARCH__ >= 900\n  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-        "#endif\n";
     out_ += cat("  typedef ", s_.index32 ? "unsigned" : "unsigned long long", " I;\n");
     out_ += "  const I n = (I)p.n;\n";
     out_ += "  const I step = (I)gridDim.x * (I)blockDim.x;\n";

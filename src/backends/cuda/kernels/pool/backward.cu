@@ -128,7 +128,6 @@ __global__ void __launch_bounds__(kThreads)
     max_pool_small_backward_kernel(PoolWindow g, uint32_t total, uint32_t blocks_h,
                                    uint32_t blocks_w, const T* __restrict__ dy,
                                    const uint8_t* __restrict__ taps, T* __restrict__ dx) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   constexpr int V = kVecWidth<T>;
   using C = compute_t<T>;
   const uint32_t units = uint32_t(g.channels / V);
@@ -298,10 +297,10 @@ void launch_pool_backward(Context& ctx, const std::string& where, const PoolWind
           (g.in[2] - 1 + g.pad_lo[2]) / g.stride[2] - g.pad_lo[2] / g.stride[2] + 1;
       const int64_t items = g.batch * blocks_h * blocks_w * (g.channels / kVecWidth<T>);
       if (items <= int64_t(INT32_MAX) && visit_small_blocks<T>(g, [&](auto kernel) {
-            ctx.encoder.launch_early(kernel, dim3(launch_blocks(items, kThreads)), dim3(kThreads),
-                                     0, reads, {dx.range()}, g, uint32_t(items), uint32_t(blocks_h),
-                                     uint32_t(blocks_w), dy.as<const T>(),
-                                     static_cast<const uint8_t*>(taps->data()), dx.as<T>());
+            ctx.encoder.launch(kernel, dim3(launch_blocks(items, kThreads)), dim3(kThreads), 0,
+                               reads, {dx.range()}, g, uint32_t(items), uint32_t(blocks_h),
+                               uint32_t(blocks_w), dy.as<const T>(),
+                               static_cast<const uint8_t*>(taps->data()), dx.as<T>());
           }))
         return;
     }

@@ -103,7 +103,6 @@ template <class T, int K, bool kTaps>
 __global__ void __launch_bounds__(kThreads)
     max_pool_small_kernel(PoolWindow g, uint32_t total, const T* __restrict__ x, T* __restrict__ y,
                           uint8_t* __restrict__ taps) {
-  wait_for_prior_grids();  // launched early (encoder.h)
   constexpr int V = kVecWidth<T>;
   using C = compute_t<T>;
   const uint32_t units = uint32_t(g.channels / V), out_h = uint32_t(g.out[1]),
@@ -365,7 +364,7 @@ void launch_max_pool(Context& ctx, const std::string& where, const PoolWindow& g
     if (layout.channels_last && layout.vectorised && !indices && small_windows(g, vectors)) {
       visit_small_kernel(g, [&](auto k) {
         constexpr int K = decltype(k)::value;
-        ctx.encoder.launch_early(
+        ctx.encoder.launch(
             taps ? &max_pool_small_kernel<T, K, true> : &max_pool_small_kernel<T, K, false>,
             dim3(launch_blocks(vectors, kThreads)), dim3(kThreads), 0, {x.range()}, writes, g,
             uint32_t(vectors), x.as<const T>(), y ? y->as<T>() : nullptr,

@@ -27,7 +27,6 @@
 #include <utility>
 
 #include "backends/common/pool_window.h"
-#include "backends/cuda/device/grid_dependency.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/common/dtype_dispatch.cuh"
 #include "backends/cuda/kernels/common/indexing.cuh"
