@@ -342,6 +342,22 @@ TEST_F(ImplicitGemmTest, PatchifyRunsOnSpaceToDepthByDefault) {
   }
 }
 
+// Runs c on the GPU under the default policy and checks engines.cpp's rule 4 decided it (the
+// problem was timed) exactly when `timed`, and dw/dx/y against the CPU; returns the decision.
+ConvDecision expect_timed_by_rule_4(OpHarness& h, const ConvConfig& c, uint64_t seed, bool timed) {
+  const std::vector<Tensor> in = conv_inputs(c, seed);
+  const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
+  clear_conv_decisions();
+  const Tensor got = run_conv_on_gpu(h, c, in);
+  EXPECT_FALSE(conv_decisions().empty());
+  if (conv_decisions().empty()) return {};
+  const ConvDecision d = conv_decisions().back();
+  EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, timed)
+      << d.path << " " << d.plan << " (" << d.reason << ")";
+  EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
+  return d;
+}
+
 // engines.cpp's rule 4: under the default policy a grouped convolution (not depthwise) in
 // bf16/f16 is timed (cuDNN's tuned plan against the project's engines), not run on the
 // heuristics' plan; f32 and one group are not. Each op, with a fused bias + ReLU on fprop.
@@ -376,15 +392,7 @@ TEST_F(ImplicitGemmTest, GroupedConvolutionIsTimedByDefault) {
       c.activation.kind = Activation::relu;
     }
     SCOPED_TRACE(c.describe());
-    const std::vector<Tensor> in = conv_inputs(c, 83);
-    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
-    clear_conv_decisions();
-    const Tensor got = run_conv_on_gpu(h, c, in);
-    ASSERT_FALSE(conv_decisions().empty());
-    const ConvDecision d = conv_decisions().back();
-    EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, k.timed)
-        << d.path << " " << d.plan << " (" << d.reason << ")";
-    EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
+    expect_timed_by_rule_4(h, c, 83, k.timed);
   }
 }
 
@@ -507,18 +515,10 @@ TEST_F(ImplicitGemmTest, StemWgradIsTimedByDefault) {
     c.pads_begin = {3, 3}, c.pads_end = {3, 3};
     c.channels_last = true;
     SCOPED_TRACE(c.describe());
-    const std::vector<Tensor> in = conv_inputs(c, 97);
-    const Tensor want = run_op(c.op, c.node_attrs(), in)[0];
-    clear_conv_decisions();
-    const Tensor got = run_conv_on_gpu(h, c, in);
-    ASSERT_FALSE(conv_decisions().empty());
-    const ConvDecision d = conv_decisions().back();
-    EXPECT_EQ(d.reason.find("rule 4") != std::string::npos, k.timed)
-        << d.path << " " << d.plan << " (" << d.reason << ")";
+    const ConvDecision d = expect_timed_by_rule_4(h, c, 97, k.timed);
     if (k.timed) {
       EXPECT_NE(d.reason.find("stem's wgrad"), std::string::npos) << d.reason;
     }
-    EXPECT_LE(relative_l2_error(got, want), 2 * conv_l2_tolerance(c.dtype, true)) << d.plan;
   }
 }
 
