@@ -81,6 +81,11 @@ if [ -n "${GPU_CHECK_TESTS:-}" ]; then
     echo "== $bin --gtest_filter=$filter"
     build/gpu/tests/"$bin" --gtest_brief=1 --gtest_filter="$filter" > "$out/$bin.log" 2>&1 || status=1
     grep -E "FAILED|PASSED|SKIPPED|tests ran|Failure|exception" "$out/$bin.log" | head -40
+    # A filter that names nothing passes silently otherwise (parameterised suites carry a
+    # prefix: `Modes/EncoderHazards.*`, not `EncoderHazards.*`).
+    if grep -q " 0 tests from 0 test suites ran" "$out/$bin.log"; then
+      echo "== $bin: the filter $filter matched no test"; status=1
+    fi
   done
   set +f
 fi
