@@ -215,10 +215,13 @@ bool visit_small_blocks(const PoolWindow& g, F&& f) {
   const int64_t windows =
       std::max(1 + (g.kernel[1] - 1) / g.stride[1], 1 + (g.kernel[2] - 1) / g.stride[2]);
   const bool wide = std::max(g.stride[1], g.stride[2]) > 1;
+  // small_windows caps each kernel extent at kSmallTaps: at most that many windows per block.
+  constexpr int kMost = kSmallTaps;
   if (windows <= 2)
     f(wide ? &max_pool_small_backward_kernel<T, 2, 2> : &max_pool_small_backward_kernel<T, 2, 1>);
   else
-    f(wide ? &max_pool_small_backward_kernel<T, 3, 2> : &max_pool_small_backward_kernel<T, 3, 1>);
+    f(wide ? &max_pool_small_backward_kernel<T, kMost, 2>
+           : &max_pool_small_backward_kernel<T, kMost, 1>);
   return true;
 }
 
