@@ -322,7 +322,8 @@ std::string attr_str(const Attrs& attrs) {
           return cat(conv_attr_str(a.conv), " filter_spatial=", ints(a.filter_spatial));
         else if constexpr (std::is_same_v<A, BatchNormAttrs>)
           return cat("epsilon=", a.epsilon, " momentum=", a.momentum, " training=", a.training,
-                     a.relu ? " relu=1" : "", a.sync ? " sync=1" : "");
+                     a.relu ? " relu=1" : "", a.sync ? " sync=1" : "",
+                     a.dy_output ? " dy_output=1" : "");
         else if constexpr (std::is_same_v<A, NormAttrs>)
           return cat("axis=", a.axis, " epsilon=", a.epsilon,
                      a.y_dtype ? cat(" y_dtype=", dtype_name(*a.y_dtype)) : "");

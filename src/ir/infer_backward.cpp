@@ -109,10 +109,10 @@ Types infer_binary_backward(Context& c) {
   return {grad, grad};
 }
 
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale,
-// dbias): dx in x's type, dscale and dbias in the per-channel inputs' dtype (x's, or f32 for
-// f16 or bf16 x, as the forward). y (x's type) is given exactly when relu is; bias ([C]) may
-// be with it.
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?, dy_addend?) -> (dx,
+// dscale, dbias, dy_used?): dx in x's type, dscale and dbias in the per-channel inputs' dtype
+// (x's, or f32 for f16 or bf16 x, as the forward). y (x's type) is given exactly when relu is;
+// bias ([C]) may be with it; dy_addend has dy's type; dy_used (dy's type) with dy_output.
 Types infer_batch_norm_backward(Context& c) {
   c.expect_float(1);
   c.expect_rank_between(1, 2, std::numeric_limits<int64_t>::max(), "[N, C, D...]");
@@ -138,7 +138,9 @@ Types infer_batch_norm_backward(Context& c) {
   FUSEBOX_INFER_CHECK(c, !a.training || C == 0 || c.product(c.shape(1), 0, c.shape(1).size()) > 0,
                       "training needs batch statistics but ", c.shaped(1),
                       " has no elements per channel");
+  if (c.has(7)) expect_type(c, 7, c.type(1), "x (a second term of dy, of dy's type)");
   const TensorType per_channel{param, {C}};
+  if (a.dy_output) return {c.type(1), per_channel, per_channel, c.type(1)};
   return {c.type(1), per_channel, per_channel};
 }
 

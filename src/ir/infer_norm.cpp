@@ -56,6 +56,7 @@ Types infer_batch_norm(Context& c) {
       c, a.training || !a.sync,
       "sync (statistics over every rank's batch) needs the training form: inference "
       "normalises with the running statistics");
+  FUSEBOX_INFER_CHECK(c, !a.dy_output, "dy_output is batch_norm_backward's (the dy it used)");
   if (!a.training) return {c.type(0)};
   // Batch statistics need at least one element per channel.
   FUSEBOX_INFER_CHECK(c, C == 0 || c.product(x, 0, x.size()) > 0,

@@ -158,6 +158,9 @@ Pipeline training_step_pipeline(bool step_fusion) {
     // into the norm (it writes the low dtype, as the cast rounded it).
     passes.push_back(pass("hoist_narrowing_casts", hoist_narrowing_casts));
     passes.push_back(pass("fold_norm_casts", fold_norm_casts));
+    // Before the pointwise chains, which would take a block output's gradient sum into a
+    // kernel of its own: the batch norm's backward adds its two terms as it reads them.
+    passes.push_back(pass("fold_gradient_sums", fold_gradient_sums));
     // Last, as for inference: the casts around the f32 residual adds and the backward's
     // elementwise chains, each one generated kernel.
     passes.push_back(pass("fuse_pointwise_chains", fuse_pointwise_chains));

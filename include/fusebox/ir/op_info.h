@@ -132,7 +132,7 @@ inline constexpr const char* kAttentionBackward[] = {"dy", "q", "k", "v", "y", "
 inline constexpr const char* kDyXY[] = {"dy", "x", "y"};
 inline constexpr const char* kBinaryBackward[] = {"dy", "a", "b"};
 inline constexpr const char* kBatchNormBackward[] = {
-    "dy", "x", "scale", "saved_mean", "saved_inv_std", "y", "bias"};
+    "dy", "x", "scale", "saved_mean", "saved_inv_std", "y", "bias", "dy_addend"};
 inline constexpr const char* kLayerNormBackward[] = {"dy", "x", "scale", "mean", "inv_std_dev"};
 inline constexpr const char* kRmsNormBackward[] = {"dy", "x", "scale", "inv_rms"};
 inline constexpr const char* kCrossEntropyBackward[] = {"dloss", "log_prob", "labels", "weight",
@@ -386,7 +386,7 @@ inline constexpr OpInfo kOpTable[] = {
      .attrs = attrs_index<BinaryBackwardAttrs>(), .layout = LayoutRole::elementwise,
      .differentiable = false},
     {FUSEBOX_OP_ROW(batch_norm_backward), .family = OpFamily::backward, .min_inputs = 5,
-     .max_inputs = 7, .roles = op_roles::kBatchNormBackward, .attrs = attrs_index<BatchNormAttrs>(),
+     .max_inputs = 8, .roles = op_roles::kBatchNormBackward, .attrs = attrs_index<BatchNormAttrs>(),
      .attrs_defaultable = true, .layout = LayoutRole::channelwise, .differentiable = false},
     {FUSEBOX_OP_ROW(layer_norm_backward), .family = OpFamily::backward, .min_inputs = 5,
      .max_inputs = 5, .roles = op_roles::kLayerNormBackward, .attrs = attrs_index<NormAttrs>(),

@@ -144,6 +144,8 @@ struct BatchNormAttrs {
   bool training = false;
   bool relu = false;
   bool sync = false;
+  // batch_norm_backward only: output 3 is dy as the backward used it (see there).
+  bool dy_output = false;
 };
 // layer_norm: x, scale?, bias? (shape of x's dims from `axis` on, or broadcastable to it).
 //   Normalises over dims [axis, rank). 3 outputs: y, mean, inv_std_dev; mean and
@@ -491,11 +493,11 @@ struct UnaryBackwardAttrs {
 struct BinaryBackwardAttrs {
   OpKind op = OpKind::div;
 };
-// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale [C],
-//   dbias [C]): dx in x's dtype, dscale and dbias in the per-channel inputs' dtype (x's, or
-//   f32 with f16 / bf16 x, as the forward's). With training = true (the training form,
-//   what autodiff of a training batch_norm emits) the batch statistics' dependence on x is
-//   included; with training = false (the default, so a node without attributes gets this
+// batch_norm_backward: (dy, x, scale, saved_mean, saved_inv_std, y?, bias?, dy_addend?) -> (dx,
+//   dscale [C], dbias [C], dy_used?): dx in x's dtype, dscale and dbias in the per-channel
+//   inputs' dtype (x's, or f32 with f16 / bf16 x, as the forward's). With training = true (the
+//   training form, what autodiff of a training batch_norm emits) the batch statistics' dependence
+//   on x is included; with training = false (the default, so a node without attributes gets this
 //   form!) mean and inv_std are constants (the running statistics of an inference forward:
 //   dx = dy * scale * inv_std). epsilon and momentum play no part. With relu (the forward
 //   was a fused batch_norm + relu) y, the forward's output 0 (after the relu, x's type), is
@@ -505,6 +507,13 @@ struct BinaryBackwardAttrs {
 //   may recompute y from x, the saved statistics, scale and bias instead of reading it (the
 //   CUDA kernels do where the statistics are stored in their compute type: the forward's own
 //   coefficients, so the same mask); the CPU reads y.
+//   Input 7, dy_addend (dy's type), is a second term of the gradient: dy + dy_addend, as the
+//   add op computes it (rounded to dy's dtype), is the dy masked and used (autodiff's sum of
+//   two contributions, taken in by fold_gradient_sums, passes/fusion.h). With dy_output the
+//   node has output 3, that dy as used (the sum, masked by relu's gradient with relu), in dy's
+//   dtype: the gradient at a residual batch_norm's sum, which its residual input gets too.
+//   A relu over a fused residual masks by the output after the add, so such a node is given y
+//   and no bias (the bias alone does not give that y back).
 // layer_norm_backward: (dy, x, scale?, mean, inv_std_dev) -> (dx, dscale, dbias), dscale
 //   and dbias shaped like x's dims [axis, rank) (or like scale when given, summed over
 //   the dims scale broadcasts along; dbias too, so a bias shaped unlike scale needs a

@@ -104,12 +104,14 @@ void norm_backward(const Node& n, Inputs in, Outputs out, bool centre) {
 
 }  // namespace
 
-// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale, dbias); channel c's
-// elements are the N rows x[n, c, :] of `inner` = prod(D) elements each. With relu, every
-// read of dy reads relu's gradient at y instead (y is read: the bias that would let a backend
-// recompute it is not used here), rounded to T as backward.cpp's
+// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?, dy_addend?) -> (dx, dscale, dbias,
+// dy_used?); channel c's elements are the N rows x[n, c, :] of `inner` = prod(D) elements each.
+// dy is first dy + dy_addend when given, in compute_t<T> rounded to T as pointwise.cpp's add.
+// With relu, every read of dy reads relu's gradient at y instead (y is read: the bias that
+// would let a backend recompute it is not used here), rounded to T as backward.cpp's
 // unary_backward writes it (dy * 1 where y > 0, else dy * 0 in compute_t<T>), so that the
-// fused node is bit for bit unary_backward then batch_norm_backward. With sync (and
+// fused node is bit for bit add, unary_backward then batch_norm_backward; dy_used (output 3,
+// with dy_output) is that dy. With sync (and
 // training) mean(dy) and mean(dy * x_hat) are over every rank of `world` (their sums gathered
 // and added in rank order); dscale and dbias stay this rank's sums.
 void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
@@ -122,6 +124,11 @@ void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Ou
   const Tensor* y = attrs.relu && in.size() > 5 ? in[5] : nullptr;
   FUSEBOX_CHECK(!attrs.relu || (y && y->shape() == x.shape() && y->dtype() == x.dtype()),
                 node_label(n), "relu needs y (input 5) like x ", shape_str(x.shape()));
+  const Tensor* addend = in.size() > 7 ? in[7] : nullptr;
+  FUSEBOX_CHECK(!addend || (addend->shape() == x.shape() && addend->dtype() == x.dtype()),
+                node_label(n), "dy_addend (input 7) must be like dy ", shape_str(x.shape()));
+  FUSEBOX_CHECK(out.size() == (attrs.dy_output ? 4u : 3u), node_label(n), "expects ",
+                attrs.dy_output ? 4 : 3, " outputs, got ", out.size());
   const int64_t batch = x.dim(0), channels = x.dim(1);
   const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
   const std::vector<double> scale = in[2]->to_doubles(), mean = in[3]->to_doubles(),
@@ -137,10 +144,13 @@ void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Ou
     const T* pdy = dy.data<T>();
     const T* px = x.data<T>();
     const T* py = y ? y->data<T>() : nullptr;
+    const T* padd = addend ? addend->data<T>() : nullptr;
     auto grad = [&](int64_t i) {
-      if (!py) return double(to_compute(pdy[i]));
+      const C d = padd ? to_compute(convert<T>(to_compute(pdy[i]) + to_compute(padd[i])))
+                       : to_compute(pdy[i]);
+      if (!py) return double(d);
       const C mask = to_compute(py[i]) > C(0) ? C(1) : C(0);
-      return double(to_compute(convert<T>(to_compute(pdy[i]) * mask)));
+      return double(to_compute(convert<T>(d * mask)));
     };
     auto xhat = [&](size_t c, int64_t i) {
       return (double(to_compute(px[i])) - mean[c]) * inv_std[c];
@@ -178,6 +188,12 @@ void batch_norm_backward(dist::Communicator* world, const Node& n, Inputs in, Ou
         }
       }
       count *= double(ranks);  // the ranks' shards have one shape
+    }
+    if (attrs.dy_output) {
+      T* used = out[3].data<T>();
+      parallel_for(x.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) used[i] = convert<T>(grad(i));
+      });
     }
     T* pdx = out[0].data<T>();
     parallel_for(batch * channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),

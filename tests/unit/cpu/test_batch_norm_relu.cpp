@@ -126,6 +126,44 @@ TEST(CpuBatchNormRelu, BackwardIsReluGradientThenBatchNormBackwardBitForBit) {
   }
 }
 
+// dy in two terms (input 7, dy_addend) and the dy used as output 3 (dy_output): bit for bit
+// the add, relu's unary_backward at y (with relu), then batch_norm_backward of the one dy, with
+// and without relu (a residual block's end: the gradient at the sum feeds the residual too).
+TEST(CpuBatchNormRelu, TwoTermsAndUsedDyAreAddThenMaskThenBackwardBitForBit) {
+  uint64_t seed = 250;
+  for (const Case& k : cases()) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(cat(k.name(), relu ? ", relu" : ""));
+      const std::vector<Tensor> in = forward_inputs(k.t, k.param, seed += 10);
+      const std::vector<Tensor> fwd = run_op(
+          OpKind::batch_norm,
+          BatchNormAttrs{.epsilon = 1e-3, .momentum = 0.8, .training = true, .relu = relu}, in);
+      const Tensor dy = upstream_gradient(k.t, seed + 5);
+      const Tensor addend = random_tensor(k.t, kShape, seed + 6, -1, 1);
+      Tensor sum = run_op(OpKind::add, {}, {dy, addend}).at(0);
+      if (relu)
+        sum = run_op(OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::relu}, {sum, fwd[0]})
+                  .at(0);
+      const BatchNormAttrs plain{.training = k.training};
+      const std::vector<Tensor> want =
+          run_op(OpKind::batch_norm_backward, plain, {sum, in[0], in[1], fwd[3], fwd[4]});
+      for (bool used : {false, true}) {
+        BatchNormAttrs fused = plain;
+        fused.relu = relu;
+        fused.dy_output = used;
+        const std::vector<Tensor> got =
+            run_op(OpKind::batch_norm_backward, fused,
+                   {dy, in[0], in[1], fwd[3], fwd[4], relu ? fwd[0] : Tensor{}, Tensor{}, addend});
+        ASSERT_EQ(got.size(), used ? 4u : 3u);
+        for (size_t o = 0; o < 3; ++o) EXPECT_TRUE(bit_identical(got[o], want[o])) << o;
+        if (used) {
+          EXPECT_TRUE(bit_identical(got[3], sum)) << "dy_used";
+        }
+      }
+    }
+  }
+}
+
 // Finite values only: the fused results are ordinary numbers, so a wrong mask or a relu
 // before the rounding would show as a numeric difference too (not only in NaN payloads).
 TEST(CpuBatchNormRelu, FiniteValuesMatchTheUnfusedPair) {

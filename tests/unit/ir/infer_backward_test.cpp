@@ -189,7 +189,13 @@ TEST(InferBatchNormBackwardErrors, FusedReluY) {
   unfused.push_back(f32({3}));
   EXPECT_TRUE(fails_with(
       OpKind::batch_norm_backward, relu, unfused,
-      {"takes 5 to 7 inputs (dy, x, scale, saved_mean, saved_inv_std, y?, bias?)", "but got 8"}));
+      {"input 7 (dy_addend) is f32[3] but must be f32[2, 3, 4]", "a second term of dy"}));
+  unfused.back() = f32({2, 3, 4});
+  unfused.push_back(f32({2, 3, 4}));
+  EXPECT_TRUE(fails_with(OpKind::batch_norm_backward, relu, unfused,
+                         {"takes 5 to 8 inputs (dy, x, scale, saved_mean, saved_inv_std, y?, "
+                          "bias?, dy_addend?)",
+                          "but got 9"}));
 }
 
 // The forward's bias beside y (input 6, the per-channel dtype), with a fused relu only.

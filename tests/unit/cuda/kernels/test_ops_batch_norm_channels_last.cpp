@@ -96,19 +96,28 @@ bool both_layouts(const Shape& shape) {
                      MemoryFormat::contiguous);
 }
 
+bool listed(const std::vector<size_t>& list, size_t i) {
+  return std::find(list.begin(), list.end(), i) != list.end();
+}
+
 // Runs `entry` for op on `inputs`, the inputs at `activation_inputs` uploaded
-// channels-last (the rest contiguous), output 0 channels-last and the others contiguous,
-// all poisoned; returns the outputs as contiguous host tensors.
+// channels-last (the rest contiguous; undefined ones absent), the outputs at
+// `activation_outputs` channels-last and the others contiguous, all poisoned; returns the
+// outputs as contiguous host tensors.
 std::vector<Tensor> run_channels_last(OpHarness& h, KernelEntry entry, OpKind op, Attrs attrs,
                                       const std::vector<Tensor>& inputs,
                                       const std::vector<size_t>& activation_inputs,
-                                      int64_t offset = 0) {
+                                      int64_t offset = 0,
+                                      const std::vector<size_t>& activation_outputs = {0}) {
   const BuiltNode built = build_node(op, std::move(attrs), inputs);
   std::vector<DeviceTensor> device(inputs.size());
   std::vector<const DeviceTensor*> pointers;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool activation =
-        std::find(activation_inputs.begin(), activation_inputs.end(), i) != activation_inputs.end();
+    if (!inputs[i].defined()) {
+      pointers.push_back(nullptr);
+      continue;
+    }
+    const bool activation = listed(activation_inputs, i);
     device[i] = activation ? upload_channels_last(h, inputs[i], offset) : h.upload(inputs[i]);
     if (activation && !both_layouts(inputs[i].shape())) {
       EXPECT_FALSE(device[i].is_contiguous());
@@ -117,14 +126,16 @@ std::vector<Tensor> run_channels_last(OpHarness& h, KernelEntry entry, OpKind op
   }
   std::vector<DeviceTensor> outputs;
   for (size_t o = 0; o < built.outputs.size(); ++o)
-    outputs.push_back(o == 0 ? poisoned_channels_last(h, built.outputs[o], offset)
-                             : h.poisoned(built.outputs[o]));
+    outputs.push_back(listed(activation_outputs, o)
+                          ? poisoned_channels_last(h, built.outputs[o], offset)
+                          : h.poisoned(built.outputs[o]));
   entry(h.ctx(), built.node, pointers, outputs);
   h.encoder().synchronize();
   check_error_flags(h.ctx());
   std::vector<Tensor> result;
   for (size_t o = 0; o < outputs.size(); ++o)
-    result.push_back(o == 0 ? download_channels_last(h, outputs[o]) : h.download(outputs[o]));
+    result.push_back(listed(activation_outputs, o) ? download_channels_last(h, outputs[o])
+                                                   : h.download(outputs[o]));
   return result;
 }
 
@@ -351,10 +362,11 @@ TEST_F(BatchNormChannelsLastTest, MixedPrecisionMatchesCpu) {
 // `activation_inputs`, output 0) or contiguous.
 std::vector<Tensor> run_in_layout(OpHarness& h, bool channels_last, KernelEntry entry, OpKind op,
                                   Attrs attrs, const std::vector<Tensor>& inputs,
-                                  const std::vector<size_t>& activation_inputs, int64_t offset) {
-  return channels_last
-             ? run_channels_last(h, entry, op, std::move(attrs), inputs, activation_inputs, offset)
-             : h.run(entry, op, std::move(attrs), inputs);
+                                  const std::vector<size_t>& activation_inputs, int64_t offset,
+                                  const std::vector<size_t>& activation_outputs = {0}) {
+  return channels_last ? run_channels_last(h, entry, op, std::move(attrs), inputs,
+                                           activation_inputs, offset, activation_outputs)
+                       : h.run(entry, op, std::move(attrs), inputs);
 }
 
 // The unfused pair on the GPU, in the same layout: batch_norm, then the relu kernel on y.
@@ -483,6 +495,79 @@ TEST_F(BatchNormChannelsLastTest, FusedResidualMatchesCpu) {
             EXPECT_TRUE(all_close(got[0], want[0], y_tol.rtol, y_tol.atol)) << "y";
             for (size_t o = 1; o < got.size(); ++o)
               EXPECT_TRUE(all_close(got[o], want[o], stat_tol.rtol, stat_tol.atol)) << o;
+          }
+        }
+      }
+    }
+  }
+}
+
+// dy in two terms (input 7, dy_addend) and the dy used written out (dy_output: output 3, what
+// a fused residual's input gets), without a relu, with one masking by y, and with one whose
+// mask is recomputed from x (the forward's bias given), both layouts (channels-last also
+// unaligned), both forms, every dtype and the mixed-precision form: against the unfused GPU
+// kernels (the add kernel, relu's unary_backward, then batch_norm_backward on the one dy) bit
+// for bit, dy_used included, and against the CPU's node to the backward's tolerances.
+TEST_F(BatchNormChannelsLastTest, TwoTermsAndUsedDyMatchTheUnfusedKernels) {
+  OpHarness h;
+  uint64_t seed = 9900;
+  const std::vector<std::pair<DType, DType>> dtypes = {
+      {DType::f32, DType::f32}, {DType::f16, DType::f16}, {DType::bf16, DType::bf16},
+      {DType::f64, DType::f64}, {DType::f16, DType::f32}, {DType::bf16, DType::f32}};
+  enum class Mask { none, y, x };
+  for (const auto& [xt, pt] : dtypes) {
+    for (const Shape& shape : {Shape{8, 64, 14, 14}, Shape{2, 5, 3, 4}, Shape{3, 12, 17, 19}}) {
+      for (bool channels_last : {false, true}) {
+        const int64_t offset = channels_last && shape[1] == 12 ? 1 : 0;
+        for (bool training : {false, true}) {
+          for (Mask mask : {Mask::none, Mask::y, Mask::x}) {
+            for (bool used : {false, true}) {
+              SCOPED_TRACE(cat(dtype_name(xt), " x ", dtype_name(pt), " params ", shape_str(shape),
+                               channels_last ? " NHWC" : " NCHW",
+                               training ? " training" : " inference", " mask ", int(mask),
+                               used ? " dy_output" : ""));
+              std::vector<Tensor> inputs = forward_inputs(xt, shape, seed += 5);
+              for (size_t i = 1; i < 5; ++i) inputs[i] = inputs[i].cast(pt);
+              // The GPU's own forward: a mask recomputed from x is the y it stored.
+              const std::vector<Tensor> fwd = run_in_layout(
+                  h, channels_last, &batch_norm, OpKind::batch_norm,
+                  BatchNormAttrs{1e-5, 0.9, true, mask != Mask::none}, inputs, {0}, offset);
+              const Tensor dy = random_tensor(xt, shape, seed + 1, -1, 1);
+              const Tensor addend = random_tensor(xt, shape, seed + 2, -1, 1);
+              BatchNormAttrs attrs;
+              attrs.training = training;
+              attrs.relu = mask != Mask::none;
+              attrs.dy_output = used;
+              std::vector<Tensor> back = {dy,     inputs[0], inputs[1], fwd[3],
+                                          fwd[4], Tensor{},  Tensor{},  addend};
+              if (mask != Mask::none) back[5] = fwd[0];
+              if (mask == Mask::x) back[6] = inputs[2];
+              const std::vector<Tensor> want = run_op(OpKind::batch_norm_backward, attrs, back);
+              const std::vector<size_t> activation_outputs =
+                  used ? std::vector<size_t>{0, 3} : std::vector<size_t>{0};
+              const std::vector<Tensor> got =
+                  run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                                attrs, back, {0, 1, 5, 7}, offset, activation_outputs);
+              ASSERT_EQ(got.size(), used ? 4u : 3u);
+              expect_backward_close(got[0], got[1], got[2], want, shape, xt);
+              // Unfused on the GPU: the add kernel, the mask, the backward of one dy.
+              Tensor sum = h.run(&binary, OpKind::add, {}, {dy, addend}).at(0);
+              if (mask != Mask::none)
+                sum = h.run(&unary_backward, OpKind::unary_backward,
+                            UnaryBackwardAttrs{.op = OpKind::relu}, {sum, fwd[0]})
+                          .at(0);
+              BatchNormAttrs plain;
+              plain.training = training;
+              const std::vector<Tensor> unfused =
+                  run_in_layout(h, channels_last, &batch_norm_backward, OpKind::batch_norm_backward,
+                                plain, {sum, inputs[0], inputs[1], fwd[3], fwd[4]}, {0, 1}, offset);
+              for (size_t o = 0; o < 3; ++o)
+                EXPECT_TRUE(bit_identical(got[o], unfused[o])) << "vs unfused GPU, output " << o;
+              if (used) {
+                EXPECT_TRUE(bit_identical(got[3], sum)) << "dy_used vs the unfused dy";
+                EXPECT_TRUE(bit_identical(want[3], sum)) << "the CPU's dy_used";
+              }
+            }
           }
         }
       }

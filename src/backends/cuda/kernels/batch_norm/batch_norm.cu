@@ -291,13 +291,15 @@ __global__ void bn_apply(const T* x, const T* residual, T* y, int64_t units, Cha
 
 // ---- backward -----------------------------------------------------------------------
 
-// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block); dy
-// masked by relu's gradient at y as kMask says (scale and bias: with MaskFrom::x).
+// Stage 1: per chunk of a channel, sums of dy and dy * x_hat (fixed tree per block); dy plus
+// addend when given, masked by relu's gradient at y as kMask says (scale and bias: with
+// MaskFrom::x), and stored to `used` when given.
 template <class T, class P, MaskFrom kMask>
-__global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* saved_mean,
-                                 const P* saved_inv_std, const P* scale, const P* bias,
-                                 int64_t channels, int64_t inner, int64_t per_chunk, int64_t count,
-                                 RowWalk walk, compute_t<T>* partial /* [C][chunks][2] */) {
+__global__ void bn_backward_sums(const T* x, const T* dy, const T* addend, const T* y,
+                                 const P* saved_mean, const P* saved_inv_std, const P* scale,
+                                 const P* bias, T* used, int64_t channels, int64_t inner,
+                                 int64_t per_chunk, int64_t count, RowWalk walk,
+                                 compute_t<T>* partial /* [C][chunks][2] */) {
   using C = compute_t<T>;
   __shared__ C shared[2][kThreads];
   const int64_t c = blockIdx.x;
@@ -315,7 +317,8 @@ __global__ void bn_backward_sums(const T* x, const T* dy, const T* y, const P* s
   for (; f < last; f += blockDim.x) {
     const int64_t at = (row * channels + c) * inner + pos;
     const C xv = load_compute(x, at);
-    const C g = load_dy<kMask>(dy, y, at, xv, mean, k, shift);
+    const C g = load_dy<kMask>(dy, addend, y, at, xv, mean, k, shift);
+    if (used) store_compute(used, at, g);
     sum_dy += g;
     sum_dyx += g * (xv - mean) * inv_std;
     walk.advance(row, pos);
@@ -381,11 +384,12 @@ __global__ void bn_backward_finalize(const Q* entries /* pairs */, Entries e, in
              C(training ? sum_dyx / double(count) : 0.0)};
 }
 
-// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements (dy masked
-// as stage 1's; with MaskFrom::x the coefficients hold the forward's bias).
+// Stage 3: dx = k * (dy - mean_dy - x_hat * mean_dyx), grid-stride over elements (dy summed
+// and masked as stage 1's; with MaskFrom::x the coefficients hold the forward's bias).
 template <class T, MaskFrom kMask>
-__global__ void bn_backward_dx(const T* x, const T* dy, const T* y, T* dx, int64_t total,
-                               ChannelWalk walk, const Coefficients<compute_t<T>>* coef) {
+__global__ void bn_backward_dx(const T* x, const T* dy, const T* addend, const T* y, T* dx,
+                               int64_t total, ChannelWalk walk,
+                               const Coefficients<compute_t<T>>* coef) {
   using C = compute_t<T>;
   int64_t e = global_thread_index(), chan, pos;
   walk.start(e, chan, pos);
@@ -393,7 +397,7 @@ __global__ void bn_backward_dx(const T* x, const T* dy, const T* y, T* dx, int64
     const Coefficients<C> k = coef[chan];
     const C xv = load_compute(x, e);
     const C x_hat = (xv - k.mean) * k.inv_std;
-    const C g = load_dy<kMask>(dy, y, e, xv, k.mean, k.k, k.bias);
+    const C g = load_dy<kMask>(dy, addend, y, e, xv, k.mean, k.k, k.bias);
     store_compute(dx, e, k.k * (g - k.mean_dy - x_hat * k.mean_dyx));
     walk.advance(chan, pos);
   }
@@ -500,7 +504,7 @@ void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, co
   const unsigned blocks = launch_blocks(units, kThreads);
   const ChannelWalk walk =
       ChannelWalk::make(g.inner / width, g.channels, int64_t(blocks) * kThreads);
-  with_relu(relu, [&](auto fused) {
+  with_flag(relu, [&](auto fused) {
     constexpr bool kRelu = decltype(fused)::value;
     if (vector) {
       ctx.encoder.launch(&bn_apply<T, W, kRelu>, dim3(blocks), dim3(kThreads), 0, reads,
@@ -517,7 +521,7 @@ void contiguous_apply(Context& ctx, const Geometry& g, const DeviceTensor& x, co
 // Stage 1 of the contiguous backward.
 template <class T, class P>
 Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                                  const DeviceTensor& dy, const ReluMask& mask,
+                                  const DyTerms& dy, const ReluMask& mask,
                                   const DeviceTensor& saved_mean,
                                   const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
@@ -525,15 +529,18 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
   const int64_t per_chunk = (g.per_channel() + chunks - 1) / chunks;
   Partials p{ctx.encoder.temporary(ctx.allocator, size_t(g.channels * chunks * 2) * sizeof(C)),
              chunks};
+  BufferList writes = norm::ranges({dy.used});
+  writes.push_back(p.buffer);
   with_mask(mask.from, [&](auto from) {
-    ctx.encoder.launch(
-        &bn_backward_sums<T, P, decltype(from)::value>,
-        dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
-        norm::ranges({&x, &dy, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias}),
-        {p.buffer}, x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
-        saved_inv_std.as<const P>(), mask.scale_data<P>(), mask.bias_data<P>(), g.channels, g.inner,
-        per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
-        static_cast<C*>(p.buffer.data()));
+    ctx.encoder.launch(&bn_backward_sums<T, P, decltype(from)::value>,
+                       dim3(unsigned(g.channels), unsigned(chunks)), dim3(kThreads), 0,
+                       norm::ranges({&x, dy.dy, dy.addend, mask.y, &saved_mean, &saved_inv_std,
+                                     mask.scale, mask.bias}),
+                       writes, x.as<const T>(), dy.dy->as<const T>(), dy.addend_data<T>(),
+                       mask.y_data<T>(), saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+                       mask.scale_data<P>(), mask.bias_data<P>(), dy.used_data<T>(), g.channels,
+                       g.inner, per_chunk, g.per_channel(), RowWalk::make(g.inner, kThreads),
+                       static_cast<C*>(p.buffer.data()));
   });
   return p;
 }
@@ -541,16 +548,16 @@ Partials contiguous_backward_sums(Context& ctx, const Geometry& g, const DeviceT
 // Stage 3 of the contiguous backward.
 template <class T>
 void contiguous_backward_dx(Context& ctx, const Geometry& g, const DeviceTensor& x,
-                            const DeviceTensor& dy, const ReluMask& mask, const DeviceTensor& dx,
+                            const DyTerms& dy, const ReluMask& mask, const DeviceTensor& dx,
                             const BufferRange& coef) {
   using C = compute_t<T>;
   const unsigned blocks = launch_blocks(g.total(), kThreads);
-  BufferList reads = norm::ranges({&x, &dy, mask.y});
+  BufferList reads = norm::ranges({&x, dy.dy, dy.addend, mask.y});
   reads.push_back(coef);
   with_mask(mask.from, [&](auto from) {
     ctx.encoder.launch(&bn_backward_dx<T, decltype(from)::value>, dim3(blocks), dim3(kThreads), 0,
-                       reads, {dx.range()}, x.as<const T>(), dy.as<const T>(), mask.y_data<T>(),
-                       dx.as<T>(), g.total(),
+                       reads, {dx.range()}, x.as<const T>(), dy.dy->as<const T>(),
+                       dy.addend_data<T>(), mask.y_data<T>(), dx.as<T>(), g.total(),
                        ChannelWalk::make(g.inner, g.channels, int64_t(blocks) * kThreads),
                        static_cast<const Coefficients<C>*>(coef.data()));
   });
@@ -695,23 +702,30 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   });
 }
 
-// relu_y: the forward's output y of a fused relu (masks dy), or null; relu_bias (with relu_y,
-// or null): the forward's bias, by which the mask is recomputed from x where the saved
-// statistics are in the compute type (ReluMask), y then not read.
+// dy: the gradient (dy, or the two terms dy + addend) and where stage 1 writes the dy it used
+// (DyTerms::used, or null). relu_y: the forward's output y of a fused relu (masks dy), or
+// null; relu_bias (with relu_y, or null): the forward's bias, by which the mask is recomputed
+// from x where the saved statistics are in the compute type (ReluMask), y then not read.
 // sync (training only): the dx coefficients from every rank's sums (BatchNormAttrs::sync).
 void run_batch_norm_backward(Context& ctx, const std::string& where, bool training, bool sync,
-                             const DeviceTensor& x, const DeviceTensor& dy,
-                             const DeviceTensor* relu_y, const DeviceTensor* relu_bias,
-                             const DeviceTensor& scale, const DeviceTensor& saved_mean,
-                             const DeviceTensor& saved_inv_std, DeviceTensor* dx,
-                             DeviceTensor* dscale, DeviceTensor* dbias) {
+                             const DeviceTensor& x, const DyTerms& dy, const DeviceTensor* relu_y,
+                             const DeviceTensor* relu_bias, const DeviceTensor& scale,
+                             const DeviceTensor& saved_mean, const DeviceTensor& saved_inv_std,
+                             DeviceTensor* dx, DeviceTensor* dscale, DeviceTensor* dbias) {
   const Geometry g = geometry_of(where, x.shape);
-  FUSEBOX_CHECK(dy.dtype == x.dtype && dy.shape == x.shape &&
-                    (!dx || (dx->dtype == x.dtype && dx->shape == x.shape)) &&
-                    (!relu_y || (relu_y->dtype == x.dtype && relu_y->shape == x.shape)),
-                where, "dy, dx and y must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
-                " like x");
-  const Layout layout = layout_of(where, {{"x", &x}, {"dy", &dy}, {"y", relu_y}, {"dx", dx}});
+  const auto like_x = [&](const DeviceTensor* t) {
+    return !t || (t->dtype == x.dtype && t->shape == x.shape);
+  };
+  FUSEBOX_CHECK(
+      like_x(dy.dy) && like_x(dy.addend) && like_x(dy.used) && like_x(dx) && like_x(relu_y), where,
+      "dy, dy_addend, dy_used, dx and y must be ", dtype_name(x.dtype), " ", shape_str(x.shape),
+      " like x");
+  const Layout layout = layout_of(where, {{"x", &x},
+                                          {"dy", dy.dy},
+                                          {"dy_addend", dy.addend},
+                                          {"dy_used", dy.used},
+                                          {"y", relu_y},
+                                          {"dx", dx}});
   const DType param = param_dtype(where, x.dtype, scale.dtype);
   check_per_channel(where, "scale", &scale, param, g.channels);
   check_per_channel(where, "saved_mean", &saved_mean, param, g.channels);
@@ -728,7 +742,7 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
   if (g.per_channel() == 0) {
     for (DeviceTensor* p : {dscale, dbias})
       if (p) ctx.encoder.memset(p->range(), 0);
-    return;
+    return;  // dy_used, like dx, has no elements
   }
   visit_device_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -797,10 +811,13 @@ void run_batch_norm_backward(Context& ctx, const std::string& where, bool traini
           finalize(T{});
       });
       if (!dx) return;
+      // Stage 3 reads the dy stage 1 wrote (summed and masked) where it wrote one.
+      const DyTerms dx_dy = dy.used ? DyTerms{dy.used} : DyTerms{dy.dy, dy.addend};
+      const ReluMask dx_mask = dy.used ? ReluMask{} : mask;
       if (layout == Layout::channels_last)
-        channels_last_backward_dx<T>(ctx, x, dy, mask, *dx, coef);
+        channels_last_backward_dx<T>(ctx, x, dx_dy, dx_mask, *dx, coef);
       else
-        contiguous_backward_dx<T>(ctx, g, x, dy, mask, *dx, coef);
+        contiguous_backward_dx<T>(ctx, g, x, dx_dy, dx_mask, *dx, coef);
     }
   });
 }
@@ -822,25 +839,29 @@ void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor
                          const DeviceTensor& scale, const DeviceTensor& saved_mean,
                          const DeviceTensor& saved_inv_std, DeviceTensor* dx, DeviceTensor* dscale,
                          DeviceTensor* dbias) {
-  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, false, x, dy, nullptr, nullptr,
-                              scale, saved_mean, saved_inv_std, dx, dscale, dbias);
+  bn::run_batch_norm_backward(ctx, "batch_norm_backward", true, false, x, bn::DyTerms{&dy}, nullptr,
+                              nullptr, scale, saved_mean, saved_inv_std, dx, dscale, dbias);
 }
 
-// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?) -> (dx, dscale, dbias): dx in x's
-// dtype, dscale and dbias in scale's (x's, or f32 for f16 / bf16 x); y exactly with relu, bias
-// optionally with it (the mask then recomputed from x where it can be: ReluMask).
+// (dy, x, scale, saved_mean, saved_inv_std, y?, bias?, dy_addend?) -> (dx, dscale, dbias,
+// dy_used?): dx in x's dtype, dscale and dbias in scale's (x's, or f32 for f16 / bf16 x); y
+// exactly with relu, bias optionally with it (the mask then recomputed from x where it can be:
+// ReluMask); dy_used (dy + dy_addend, masked) with dy_output.
 void batch_norm_backward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
-  FUSEBOX_CHECK((in.size() >= 5 && in.size() <= 7) && out.size() == 3 && in[0] && in[1] && in[2] &&
-                    in[3] && in[4] && (!attrs.relu || (in.size() >= 6 && in[5])) &&
-                    (in.size() < 7 || !in[6] || attrs.relu),
+  const auto input = [&](size_t i) { return i < in.size() ? in[i] : nullptr; };
+  FUSEBOX_CHECK(in.size() >= 5 && in.size() <= 8 && out.size() == (attrs.dy_output ? 4u : 3u) &&
+                    in[0] && in[1] && in[2] && in[3] && in[4] && (!attrs.relu || input(5)) &&
+                    (attrs.relu || (!input(5) && !input(6))),
                 node_label(n), "expects (dy, x, scale, saved_mean, saved_inv_std",
-                attrs.relu ? ", y, bias?" : "", ") -> (dx, dscale, dbias)");
+                attrs.relu ? ", y, bias?" : "", ", dy_addend?) -> (dx, dscale, dbias",
+                attrs.dy_output ? ", dy_used" : "", ")");
   FUSEBOX_CHECK(out[1].dtype == in[2]->dtype && out[2].dtype == in[2]->dtype, node_label(n),
                 "dscale and dbias must be ", dtype_name(in[2]->dtype), " like scale");
-  bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, attrs.sync, *in[1], *in[0],
-                              attrs.relu ? in[5] : nullptr, in.size() == 7 ? in[6] : nullptr,
-                              *in[2], *in[3], *in[4], &out[0], &out[1], &out[2]);
+  const bn::DyTerms dy{in[0], input(7), attrs.dy_output ? &out[3] : nullptr};
+  bn::run_batch_norm_backward(ctx, node_label(n), attrs.training, attrs.sync, *in[1], dy,
+                              attrs.relu ? in[5] : nullptr, input(6), *in[2], *in[3], *in[4],
+                              &out[0], &out[1], &out[2]);
 }
 
 }  // namespace fusebox::cuda

@@ -20,7 +20,8 @@
 //   apply (y) and dx: a grid-stride walk over rows, elementwise from the channel's
 //     coefficients, loaded once per thread.
 // A fused relu (kRelu, kMask, common.cuh): apply stores relu(y); the backward sums and dx
-// mask each unit of dy by relu's gradient at y, read beside it or recomputed from x.
+// mask each unit of dy by relu's gradient at y, read beside it or recomputed from x. A dy in
+// two terms (kAddend) is summed as each unit is loaded; the sums may store the dy they used.
 // Loops load kUnroll rows before using any, to keep enough bytes in flight per thread.
 // Deterministic: fixed chunks, fixed trees, no atomics.
 #include <algorithm>
@@ -70,14 +71,21 @@ struct AffineUnit {
   C mean[W], k[W], bias[W];
 };
 
-// Unit i of dy as the backward uses it: masked by relu's gradient at y (kMask; xv, the unit of
-// x, and a, its channels' coefficients, with MaskFrom::x).
-template <int W, MaskFrom kMask, class T>
-__device__ __forceinline__ void load_dy_unit(const T* dy, const T* y, int64_t i,
+// Unit i of dy as the backward uses it: plus the addend's unit (kAddend), masked by relu's
+// gradient at y (kMask; xv, the unit of x, and a, its channels' coefficients, with
+// MaskFrom::x).
+template <int W, MaskFrom kMask, bool kAddend, class T>
+__device__ __forceinline__ void load_dy_unit(const T* dy, const T* addend, const T* y, int64_t i,
                                              const compute_t<T> (&xv)[W],
                                              const AffineUnit<compute_t<T>, W>& a,
                                              compute_t<T> (&g)[W]) {
   load_unit<W>(dy, i, g);
+  if constexpr (kAddend) {
+    compute_t<T> other[W];
+    load_unit<W>(addend, i, other);
+#pragma unroll
+    for (int w = 0; w < W; ++w) g[w] = add_terms<T>(g[w], other[w]);
+  }
   if constexpr (kMask == MaskFrom::y) {
     compute_t<T> yv[W];
     load_unit<W>(y, i, yv);
@@ -176,15 +184,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Backward: partial[2 (c * chunks + j)] = sum of dy, [.. + 1] = sum of dy * x_hat, over
-// row chunk j = blockIdx.y of channel c (as bn_cl_stats). The saved statistics (P: T, or
-// f32 for mixed precision) are read element by element, once per thread: a unit of W
-// activations is not a unit of W statistics when P is wider than T.
-template <class T, class P, int W, MaskFrom kMask>
+// row chunk j = blockIdx.y of channel c (as bn_cl_stats); `used`, when not null, gets each
+// unit of dy as summed. The saved statistics (P: T, or f32 for mixed precision) are read
+// element by element, once per thread: a unit of W activations is not a unit of W statistics
+// when P is wider than T.
+template <class T, class P, int W, MaskFrom kMask, bool kAddend>
 __global__ void __launch_bounds__(kThreads)
-    bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
+    bn_cl_backward_sums(const T* __restrict__ x, const T* __restrict__ dy,
+                        const T* __restrict__ addend, const T* __restrict__ y,
                         const P* __restrict__ saved_mean, const P* __restrict__ saved_inv_std,
-                        const P* __restrict__ scale, const P* __restrict__ bias, int64_t rows,
-                        int64_t units, int64_t rows_per_chunk, compute_t<T>* __restrict__ partial) {
+                        const P* __restrict__ scale, const P* __restrict__ bias,
+                        T* __restrict__ used, int64_t rows, int64_t units, int64_t rows_per_chunk,
+                        compute_t<T>* __restrict__ partial) {
   using C = compute_t<T>;
   __shared__ C shared_dy[W][kThreads];
   __shared__ C shared_dyx[W][kThreads];
@@ -221,16 +232,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnrollBackward; ++u) {
         load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-        load_dy_unit<W, kMask>(dy, y, (r + u * step) * units + unit, xv[u], a, g[u]);
+        load_dy_unit<W, kMask, kAddend>(dy, addend, y, (r + u * step) * units + unit, xv[u], a,
+                                        g[u]);
       }
 #pragma unroll
-      for (int u = 0; u < kUnrollBackward; ++u) update(xv[u], g[u]);
+      for (int u = 0; u < kUnrollBackward; ++u) {
+        update(xv[u], g[u]);
+        if (used) store_unit<W>(used, (r + u * step) * units + unit, g[u]);
+      }
     }
     for (; r < last; r += step) {
       C xv[W], g[W];
       load_unit<W>(x, r * units + unit, xv);
-      load_dy_unit<W, kMask>(dy, y, r * units + unit, xv, a, g);
+      load_dy_unit<W, kMask, kAddend>(dy, addend, y, r * units + unit, xv, a, g);
       update(xv, g);
+      if (used) store_unit<W>(used, r * units + unit, g);
     }
   }
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
@@ -311,12 +327,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std (dy masked as
-// the sums').
-template <class T, int W, MaskFrom kMask>
+// dx = k * (dy - mean_dy - x_hat * mean_dyx), x_hat = (x - mean) * inv_std (dy summed and
+// masked as the sums').
+template <class T, int W, MaskFrom kMask, bool kAddend>
 __global__ void __launch_bounds__(kThreads)
-    bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y,
-                      T* __restrict__ dx, int64_t rows, int64_t units,
+    bn_cl_backward_dx(const T* __restrict__ x, const T* __restrict__ dy,
+                      const T* __restrict__ addend, const T* __restrict__ y, T* __restrict__ dx,
+                      int64_t rows, int64_t units,
                       const Coefficients<compute_t<T>>* __restrict__ coef) {
   using C = compute_t<T>;
   const int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -346,7 +363,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) {
       load_unit<W>(x, (r + u * step) * units + unit, xv[u]);
-      load_dy_unit<W, kMask>(dy, y, (r + u * step) * units + unit, xv[u], a, g[u]);
+      load_dy_unit<W, kMask, kAddend>(dy, addend, y, (r + u * step) * units + unit, xv[u], a, g[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnrollBackward; ++u) gradient(r + u * step, xv[u], g[u]);
@@ -354,7 +371,7 @@ __global__ void __launch_bounds__(kThreads)
   for (; r < rows; r += step) {
     C xv[W], g[W];
     load_unit<W>(x, r * units + unit, xv);
-    load_dy_unit<W, kMask>(dy, y, r * units + unit, xv, a, g);
+    load_dy_unit<W, kMask, kAddend>(dy, addend, y, r * units + unit, xv, a, g);
     gradient(r, xv, g);
   }
 }
@@ -462,7 +479,7 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
   BufferList reads = norm::ranges({&x, residual});
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
-    with_relu(relu, [&](auto fused) {
+    with_flag(relu, [&](auto fused) {
       const auto kernel = &bn_cl_apply<T, decltype(width)::value, decltype(fused)::value>;
       ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {y.range()},
                          x.as<const T>(), residual ? residual->as<const T>() : nullptr, y.as<T>(),
@@ -472,44 +489,54 @@ void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor
 }
 
 template <class T, class P>
-Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DyTerms& dy,
                                      const ReluMask& mask, const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, mask.y});
+  const Tiling t = tiling_for<T>(x, {&x, dy.dy, dy.addend, dy.used, mask.y});
   int64_t rows_per_chunk = 0;
   std::optional<Partials> p;  // sized by the grid, which depends on the kernel
-  const BufferList reads =
-      norm::ranges({&x, &dy, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
+  const BufferList reads = norm::ranges(
+      {&x, dy.dy, dy.addend, mask.y, &saved_mean, &saved_inv_std, mask.scale, mask.bias});
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
-      const auto kernel = &bn_cl_backward_sums<T, P, decltype(width)::value, decltype(from)::value>;
-      const dim3 grid = chunk_grid(ctx, t, kernel, rows_per_chunk);
-      p.emplace(ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
-                grid.y);
-      ctx.encoder.launch(kernel, grid, t.block, 0, reads, {p->buffer}, x.as<const T>(),
-                         dy.as<const T>(), mask.y_data<T>(), saved_mean.as<const P>(),
-                         saved_inv_std.as<const P>(), mask.scale_data<P>(), mask.bias_data<P>(),
-                         t.rows, t.units, rows_per_chunk, static_cast<C*>(p->buffer.data()));
+      with_flag(dy.addend != nullptr, [&](auto addend) {
+        const auto kernel = &bn_cl_backward_sums<T, P, decltype(width)::value,
+                                                 decltype(from)::value, decltype(addend)::value>;
+        const dim3 grid = chunk_grid(ctx, t, kernel, rows_per_chunk);
+        p.emplace(ctx.encoder.temporary(ctx.allocator, size_t(t.channels) * grid.y * 2 * sizeof(C)),
+                  grid.y);
+        BufferList writes = norm::ranges({dy.used});
+        writes.push_back(p->buffer);
+        ctx.encoder.launch(kernel, grid, t.block, 0, reads, writes, x.as<const T>(),
+                           dy.dy->as<const T>(), dy.addend_data<T>(), mask.y_data<T>(),
+                           saved_mean.as<const P>(), saved_inv_std.as<const P>(),
+                           mask.scale_data<P>(), mask.bias_data<P>(), dy.used_data<T>(), t.rows,
+                           t.units, rows_per_chunk, static_cast<C*>(p->buffer.data()));
+      });
     });
   });
   return *p;
 }
 
 template <class T>
-void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DyTerms& dy,
                                const ReluMask& mask, const DeviceTensor& dx,
                                const BufferRange& coef) {
   using C = compute_t<T>;
-  const Tiling t = tiling_for<T>(x, {&x, &dy, mask.y, &dx});
-  BufferList reads = norm::ranges({&x, &dy, mask.y});
+  const Tiling t = tiling_for<T>(x, {&x, dy.dy, dy.addend, mask.y, &dx});
+  BufferList reads = norm::ranges({&x, dy.dy, dy.addend, mask.y});
   reads.push_back(coef);
   with_width<T>(t, [&](auto width) {
     with_mask(mask.from, [&](auto from) {
-      const auto kernel = &bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value>;
-      ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {dx.range()},
-                         x.as<const T>(), dy.as<const T>(), mask.y_data<T>(), dx.as<T>(), t.rows,
-                         t.units, static_cast<const Coefficients<C>*>(coef.data()));
+      with_flag(dy.addend != nullptr, [&](auto addend) {
+        const auto kernel = &bn_cl_backward_dx<T, decltype(width)::value, decltype(from)::value,
+                                               decltype(addend)::value>;
+        ctx.encoder.launch(kernel, walk_grid(ctx, t, kernel), t.block, 0, reads, {dx.range()},
+                           x.as<const T>(), dy.dy->as<const T>(), dy.addend_data<T>(),
+                           mask.y_data<T>(), dx.as<T>(), t.rows, t.units,
+                           static_cast<const Coefficients<C>*>(coef.data()));
+      });
     });
   });
 }
@@ -519,9 +546,9 @@ void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const Device
   template void channels_last_apply<T>(Context&, const DeviceTensor&, const DeviceTensor&,       \
                                        const BufferRange&, bool, const DeviceTensor*);           \
   template Partials channels_last_backward_sums<T, T>(Context&, const DeviceTensor&,             \
-                                                      const DeviceTensor&, const ReluMask&,      \
+                                                      const DyTerms&, const ReluMask&,           \
                                                       const DeviceTensor&, const DeviceTensor&); \
-  template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DeviceTensor&, \
+  template void channels_last_backward_dx<T>(Context&, const DeviceTensor&, const DyTerms&,      \
                                              const ReluMask&, const DeviceTensor&,               \
                                              const BufferRange&);
 FUSEBOX_BN_CHANNELS_LAST(double)
@@ -531,12 +558,11 @@ FUSEBOX_BN_CHANNELS_LAST(__nv_bfloat16)
 #undef FUSEBOX_BN_CHANNELS_LAST
 // Mixed precision: f16 / bf16 activations with f32 saved statistics.
 template Partials channels_last_backward_sums<__half, float>(Context&, const DeviceTensor&,
-                                                             const DeviceTensor&, const ReluMask&,
+                                                             const DyTerms&, const ReluMask&,
                                                              const DeviceTensor&,
                                                              const DeviceTensor&);
 template Partials channels_last_backward_sums<__nv_bfloat16, float>(Context&, const DeviceTensor&,
-                                                                    const DeviceTensor&,
-                                                                    const ReluMask&,
+                                                                    const DyTerms&, const ReluMask&,
                                                                     const DeviceTensor&,
                                                                     const DeviceTensor&);
 

@@ -16,6 +16,12 @@
 // bias, the very coefficients stage 3 used, so the same y; a third fewer bytes read). Both
 // compute exactly what the unfused relu and unary_backward kernels (kernels/pointwise/) would,
 // so the fused path gives the unfused path's bits.
+//
+// The backward's dy may come in two terms (batch_norm_backward's dy_addend: autodiff's sum of
+// a block output's two gradient contributions, passes/fusion.h fold_gradient_sums): load_dy
+// adds them as the add kernel would (rounded to T) before the mask. Stage 1 may write the dy
+// it used (batch_norm_backward's output 3, the gradient a fused residual gets): stage 3 then
+// reads that instead of the terms and y again.
 #pragma once
 
 #include <cstdint>
@@ -119,24 +125,34 @@ __device__ __forceinline__ compute_t<T> relu_gradient_at_x(compute_t<T> dy, comp
   return relu_gradient<T>(dy, convert<C>(convert<T>(affine(x, mean, k, bias))));
 }
 
-// Element i of dy as the backward uses it, masked as kMask says (y is null unless
-// MaskFrom::y; x, mean, k, bias are used with MaskFrom::x only).
-template <MaskFrom kMask, class T>
-__device__ __forceinline__ compute_t<T> load_dy(const T* dy, const T* y, int64_t i, compute_t<T> x,
-                                                compute_t<T> mean, compute_t<T> k,
-                                                compute_t<T> bias) {
-  if constexpr (kMask == MaskFrom::y)
-    return relu_gradient<T>(load_compute(dy, i), load_compute(y, i));
-  else if constexpr (kMask == MaskFrom::x)
-    return relu_gradient_at_x<T>(load_compute(dy, i), x, mean, k, bias);
-  else
-    return load_compute(dy, i);
+// dy + addend as the add kernel stores it: the sum in compute_t<T>, rounded to T.
+template <class T>
+__device__ __forceinline__ compute_t<T> add_terms(compute_t<T> dy, compute_t<T> addend) {
+  using C = compute_t<T>;
+  return convert<C>(convert<T>(dy + addend));
 }
 
-// Calls f(std::bool_constant<relu>{}), picking the forward kernels' kRelu.
+// Element i of dy as the backward uses it: plus addend's when given, masked as kMask says (y
+// is null unless MaskFrom::y; x, mean, k, bias are used with MaskFrom::x only).
+template <MaskFrom kMask, class T>
+__device__ __forceinline__ compute_t<T> load_dy(const T* dy, const T* addend, const T* y, int64_t i,
+                                                compute_t<T> x, compute_t<T> mean, compute_t<T> k,
+                                                compute_t<T> bias) {
+  compute_t<T> g = load_compute(dy, i);
+  if (addend) g = add_terms<T>(g, load_compute(addend, i));
+  if constexpr (kMask == MaskFrom::y)
+    return relu_gradient<T>(g, load_compute(y, i));
+  else if constexpr (kMask == MaskFrom::x)
+    return relu_gradient_at_x<T>(g, x, mean, k, bias);
+  else
+    return g;
+}
+
+// Calls f(std::bool_constant<flag>{}): a kernel's compile-time switch (the forward's kRelu,
+// the channels-last backward's kAddend).
 template <class F>
-void with_relu(bool relu, F&& f) {
-  if (relu)
+void with_flag(bool flag, F&& f) {
+  if (flag)
     f(std::true_type{});
   else
     f(std::false_type{});
@@ -186,11 +202,29 @@ struct Partials {
   int64_t chunks = 0;
 };
 
+// The backward's dy: one tensor or two terms, and where stage 1 writes the dy it used (null:
+// nowhere). Stage 3 reads `used` when stage 1 wrote it.
+struct DyTerms {
+  const DeviceTensor* dy = nullptr;
+  const DeviceTensor* addend = nullptr;
+  const DeviceTensor* used = nullptr;
+
+  template <class T>
+  const T* addend_data() const {
+    return addend ? addend->as<const T>() : nullptr;
+  }
+  template <class T>
+  T* used_data() const {
+    return used ? used->as<T>() : nullptr;
+  }
+};
+
 // ---- channels-last stages 1 and 3 (kernels/batch_norm/channels_last.cu) ------------------------
 // x, y, dy, dx: dense channels-last [N, C, D...] (rank >= 3), at least one element per
 // channel; T a device float type (double, float, __half, __nv_bfloat16); P the device type of
 // the per-channel tensors (T, or float for __half / __nv_bfloat16 T: mixed precision).
-// mask: a fused relu's (ReluMask; its y null: no relu).
+// mask: a fused relu's (ReluMask; its y null: no relu). dy: DyTerms (stage 3 takes its dy and
+// addend; the caller passes `used` as dy once stage 1 wrote it).
 // Buffers are allocated as the encoder's temporaries.
 
 template <class T>
@@ -199,12 +233,12 @@ template <class T>
 void channels_last_apply(Context& ctx, const DeviceTensor& x, const DeviceTensor& y,
                          const BufferRange& coef, bool relu, const DeviceTensor* residual);
 template <class T, class P>
-Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+Partials channels_last_backward_sums(Context& ctx, const DeviceTensor& x, const DyTerms& dy,
                                      const ReluMask& mask, const DeviceTensor& saved_mean,
                                      const DeviceTensor& saved_inv_std);
 // coef: with MaskFrom::x, bias holds the forward's (bn_backward_finalize).
 template <class T>
-void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
+void channels_last_backward_dx(Context& ctx, const DeviceTensor& x, const DyTerms& dy,
                                const ReluMask& mask, const DeviceTensor& dx,
                                const BufferRange& coef);
 
