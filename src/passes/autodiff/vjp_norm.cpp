@@ -125,22 +125,24 @@ Grads vjp_batch_norm(VjpArgs& a) {
   Grads out(a.node.inputs.size(), kNoValue);
   if (has_residual(a)) {
     // relu?(y + residual): the gradient at the sum goes to the residual as it is and
-    // through the batch norm as an unfused one's. The backward op masks dy by y itself and
-    // writes the masked dy it used for the residual (dy_output): one pass over the gradient,
-    // not a relu_dx of its own. Without bias: y is not the affine map of x alone here.
+    // through the batch norm as an unfused one's. With the relu, the backward op masks dy by
+    // y itself and writes the masked dy it used for the residual (dy_output): one pass over
+    // the gradient, not a relu_dx of its own. Without bias: y is not the affine map of x
+    // alone here. Without the relu, the residual's gradient is dy itself (no copy).
     if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) {
       if (a.needs_input(5)) out[5] = gradient_at_sum(a);
       return out;
     }
     BatchNormAttrs fused = bn;
-    fused.dy_output = a.needs_input(5);
+    fused.dy_output = bn.relu && a.needs_input(5);
+    if (a.needs_input(5) && !bn.relu) out[5] = a.dy[0];
     std::vector<ValueId> inputs = {a.dy[0], a.input(0), a.input(1), a.output(3), a.output(4)};
     if (bn.relu) inputs.push_back(a.output(0));
     const std::vector<ValueId> d =
         a.e.op(OpKind::batch_norm_backward, fused, std::move(inputs), "dx_dscale_dbias");
     for (size_t i = 0; i < 3; ++i)
       if (a.needs_input(i)) out[i] = d.at(i);
-    if (a.needs_input(5)) out[5] = d.at(3);
+    if (fused.dy_output) out[5] = d.at(3);
     return out;
   }
   if (!a.needs_input(0) && !a.needs_input(1) && !a.needs_input(2)) return out;
