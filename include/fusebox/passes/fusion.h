@@ -162,15 +162,18 @@ size_t fold_norm_casts(Graph& g, FusionLog* log = nullptr);
 size_t fold_product_casts(Graph& g, FusionLog* log = nullptr);
 
 // fold_gradient_sums (training steps, after autodiff): a batch_norm_backward without a
-// dy_addend whose dy is an add of two values of dy's type (no broadcasting), not a graph
-// output, takes the add's operands as dy and dy_addend (ir/ops.h) and the add goes, where the
-// node is the add's only reader, or has no relu and every other reader comes after it: the
-// node then writes the sum (dy_output) for them (a residual norm without a relu passes its dy
-// on to the residual as it is). Why: autodiff sums a value's gradient contributions with adds, and
-// a residual network's block output has two (the next block's first convolution and its skip): that
-// sum, a pass over the activation of its own (with relu's mask: ResNet-50's sixteen block ends, ~8%
-// of a training step), is then made by the norm's first pass as it reads dy. The same bits: the
-// norm's backward adds and rounds as the add op. Returns the number folded.
+// dy_addend whose dy is an add of two values of dy's type (no broadcasting), neither made by
+// an elementwise op, not a graph output, takes the add's operands as dy and dy_addend
+// (ir/ops.h) and the add goes, where the node is the add's only reader, or has no relu and
+// every other reader comes after it: the node then writes the sum (dy_output) for them (a
+// residual norm without a relu passes its dy on to the residual as it is). Why: autodiff sums
+// a value's gradient contributions with adds, and a residual network's block output has two
+// (the next block's first convolution and its skip): that sum, a pass over the activation of
+// its own (with relu's mask: ResNet-50's sixteen block ends, ~8% of a training step), is then
+// made by the norm's first pass as it reads dy. A term an elementwise op makes is left to
+// fuse_pointwise_chains, which computes the sum in that op's kernel (silu's two gradient terms
+// are one kernel writing one tensor: folded, EfficientNet-B0's step was 4.7% slower). The
+// same bits: the norm's backward adds and rounds as the add op. Returns the number folded.
 size_t fold_gradient_sums(Graph& g, FusionLog* log = nullptr);
 
 // Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them

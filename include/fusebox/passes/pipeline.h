@@ -16,7 +16,8 @@
 //   training_step      the whole step after autodiff (forward, backward, updates): the
 //                      gradients of concatenated slices as one concat; then (step_fusion)
 //                      the forward's elementwise values the backward reads recomputed there
-//                      (passes/rematerialize.h), the norms' narrowing casts folded and the
+//                      (passes/rematerialize.h), the norms' narrowing casts folded, the
+//                      gradient sums a batch norm's backward reads taken into it, and the
 //                      pointwise chains (a gemm's output cast and added to an f32 residual,
 //                      the backward's chains: nothing differentiates the step again);
 //   evaluation         a training session's eval graph: mixed precision and the batch-norm

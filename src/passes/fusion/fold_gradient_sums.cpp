@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "fusebox/passes/fuse_pointwise.h"
 #include "fusebox/passes/fusion.h"
 #include "fusion_rewrite.h"
 
@@ -31,15 +32,21 @@ enum class Fold {
 };
 
 // Whether the add a batch_norm_backward's dy comes from folds: an add of two values of dy's
-// type (no broadcasting, no promotion), not a graph output.
+// type (no broadcasting, no promotion), neither made by an elementwise op, not a graph output.
 Fold fold_of(const Graph& g, const fusion::Readers& r, const Node& n) {
   if (n.op != OpKind::batch_norm_backward || has_addend(n)) return Fold::none;
   const ValueId dy = n.inputs[0];
   const NodeId p = g.value(dy).producer;
   if (p < 0 || g.node(p).op != OpKind::add || r.outputs.count(dy)) return Fold::none;
   const TensorType& type = g.value(dy).type;
-  for (ValueId v : g.node(p).inputs)
+  for (ValueId v : g.node(p).inputs) {
     if (g.value(v).type != type) return Fold::none;
+    // A term an elementwise op makes: fuse_pointwise_chains computes the sum in that op's
+    // kernel (silu's gradient: dy * s + dy * x * s * (1 - s), one kernel writing one tensor);
+    // folded, both terms would be written and read.
+    const NodeId term = g.value(v).producer;
+    if (term >= 0 && is_pointwise_member(g, g.node(term))) return Fold::none;
+  }
   const std::vector<NodeId>& readers = r.of[size_t(dy)];
   if (readers.size() == 1) return Fold::only_reader;
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);

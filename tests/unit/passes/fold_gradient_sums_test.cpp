@@ -153,6 +153,13 @@ TEST(FoldGradientSums, WhatMustNotFoldStays) {
     bg.backward(b.add(bg.a, c), false, false);
     EXPECT_EQ(fold_gradient_sums(bg.g), 0u);
   }
+  // A term an elementwise op makes (the pointwise chains take the sum into its kernel).
+  {
+    BackwardGraph bg(t);
+    Builder b(bg.g);
+    bg.backward(b.add(b.mul(bg.a, bg.y), bg.b), false, false);
+    EXPECT_EQ(fold_gradient_sums(bg.g), 0u);
+  }
   // Not a sum (a product), and a sum feeding x rather than dy.
   {
     BackwardGraph bg(t);
@@ -199,9 +206,9 @@ TEST(FoldGradientSums, TwoTermFormIrChecks) {
 }
 
 // A residual block's end as the training forward pipeline fuses it, relu(bn(h) + x), its
-// output read twice (a next block's convolution and its skip, here a product and the identity
-// into the loss), differentiated: the residual norm's backward masks by y and writes the
-// gradient at the sum (no unary_backward), and the output's two contributions fold into it.
+// output read by two convolutions, differentiated: the residual norm's backward masks by y and
+// writes the gradient at the sum (no unary_backward), and the output's two contributions fold into
+// it.
 TEST(FoldGradientSums, ResidualBlockStepFoldsAndKeepsItsGradients) {
   for (DType t : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(t));
@@ -210,7 +217,8 @@ TEST(FoldGradientSums, ResidualBlockStepFoldsAndKeepsItsGradients) {
     Builder b(g);
     const ValueId x = g.add_input("x", t, kX);
     const ValueId h = g.add_input("h", t, kX);
-    const ValueId w = g.add_input("w", t, kX);
+    const ValueId w1 = g.add_input("w1", t, {kC, kC, 1, 1});
+    const ValueId w2 = g.add_input("w2", t, {kC, kC, 3, 3});
     const ValueId scale = g.add_input("scale", p, {kC});
     const ValueId bias = g.add_input("bias", p, {kC});
     const ValueId mean = g.add_constant("mean", Tensor::from_doubles(p, {kC}, {0, 0, 0, 0, 0, 0}));
@@ -220,8 +228,13 @@ TEST(FoldGradientSums, ResidualBlockStepFoldsAndKeepsItsGradients) {
         g.add_node(OpKind::batch_norm, BatchNormAttrs{.training = true, .relu = true},
                    {h, scale, bias, mean, var, x}, "end");
     const ValueId out = fused[0];
+    // Read by two convolutions (a next block's first one and, for the skip, another): two
+    // conv_backward_data contributions.
+    ConvAttrs padded;
+    padded.pads_begin = padded.pads_end = {1, 1};
     const ValueId loss =
-        b.reduce_sum(b.cast(b.add(b.mul(out, w), out), DType::f32), {0, 1, 2, 3}, false);
+        b.reduce_sum(b.cast(b.add(b.conv(out, w1), b.conv(out, w2, kNoValue, padded)), DType::f32),
+                     {0, 1, 2, 3}, false);
     const GradResult r = grad(g, loss, {x, h, scale, bias}, {.mark_outputs = true});
     EXPECT_EQ(count_ops(g, OpKind::unary_backward), 0) << "no relu_dx of its own";
     int with_output = 0;
