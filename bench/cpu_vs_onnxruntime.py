@@ -5,8 +5,13 @@
 with the same number of threads. Median latency per step, one table and one JSON.
 
     .venv/bin/python bench/cpu_vs_onnxruntime.py [--fusebox BIN] [--models resnet50,...]
-        [--batches 1,8] [--steps N] [--threads T] [--json F] [--no-reference] [--bf16]
-        [--seq-len T] [--whole-process N]
+        [--batches 1,8] [--steps N] [--rounds R] [--threads T] [--json F] [--no-reference]
+        [--bf16] [--seq-len T] [--whole-process N]
+
+--rounds R (default 1): R rounds per model and batch, each a fusebox run then an onnxruntime
+run (one session, made once) of --steps steps, interleaved so that a shared machine's slow
+spells fall on both sides alike; each side's figure is the median of its rounds' medians, and
+`round_ratios` lists each round's onnxruntime / fusebox.
 
 Decoders (gpt2*) run `--seq-len` tokens per sequence (default 128), random token ids.
 
@@ -47,7 +52,8 @@ def fusebox_ms(binary, model, device, steps, json_path, precision="f32"):
     return j["step_ms_median"], j.get("fast_nodes"), j.get("compile_s")
 
 
-def onnxruntime_ms(model, threads, steps):
+def onnxruntime_session(model, threads):
+    """A session of `model` and its feeds, and the seconds to its first run's end."""
     import numpy as np
     import onnxruntime as ort
     options = ort.SessionOptions()
@@ -64,7 +70,11 @@ def onnxruntime_ms(model, threads, steps):
         else:
             feeds[i.name] = rng.uniform(-1, 1, size=shape).astype(np.float32)
     session.run(None, feeds)
-    first = time.perf_counter() - start
+    return session, feeds, time.perf_counter() - start
+
+
+def onnxruntime_ms(session, feeds, steps):
+    """Median ms of `steps` runs after two warm-up runs."""
     for _ in range(2):
         session.run(None, feeds)
     times = []
@@ -72,7 +82,7 @@ def onnxruntime_ms(model, threads, steps):
         t0 = time.perf_counter()
         session.run(None, feeds)
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), first
+    return statistics.median(times)
 
 
 ORT_ONE_RUN = """
@@ -118,6 +128,8 @@ def main():
     ap.add_argument("--models", default=DEFAULT_MODELS)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved fusebox / onnxruntime rounds (medians of rounds)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--json")
     ap.add_argument("--no-reference", action="store_true", help="skip --device cpu-ref (slow)")
@@ -140,8 +152,19 @@ def main():
                 if decoder:
                     row["seq_len"] = a.seq_len
                 try:
-                    row["fast_ms"], row["fast_nodes"], row["fast_compile_s"] = fusebox_ms(
-                        a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "f.json"))
+                    session, feeds, row["onnxruntime_first_s"] = onnxruntime_session(
+                        model, a.threads)
+                    fast, ort_ms = [], []
+                    for _ in range(max(1, a.rounds)):
+                        ms, row["fast_nodes"], row["fast_compile_s"] = fusebox_ms(
+                            a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "f.json"))
+                        fast.append(ms)
+                        ort_ms.append(onnxruntime_ms(session, feeds, a.steps))
+                    del session
+                    row["fast_ms"] = statistics.median(fast)
+                    row["onnxruntime_ms"] = statistics.median(ort_ms)
+                    row["rounds"] = len(fast)
+                    row["round_ratios"] = [round(o / f, 3) for o, f in zip(ort_ms, fast)]
                     if a.bf16:
                         row["fast_bf16_ms"], _, _ = fusebox_ms(
                             a.fusebox, model, "cpu", a.steps, os.path.join(tmp, "b.json"), "bf16")
@@ -149,8 +172,6 @@ def main():
                         row["reference_ms"], _, _ = fusebox_ms(
                             a.fusebox, model, "cpu-ref", max(2, a.steps // 4),
                             os.path.join(tmp, "r.json"))
-                    row["onnxruntime_ms"], row["onnxruntime_first_s"] = onnxruntime_ms(
-                        model, a.threads, a.steps)
                     row["fast_vs_onnxruntime"] = row["onnxruntime_ms"] / row["fast_ms"]
                     if a.whole_process:
                         row["process_s"], row["process_rss_mib"] = whole_process(

@@ -5,8 +5,9 @@
 
 namespace fusebox::cpu_fast {
 
-Planned plan_conv(const Graph& g, const Node& n);                  // conv.cpp
-Planned plan_conv_backward_data(const Graph& g, const Node& n);    // conv.cpp
+Planned plan_conv(const Graph& g, const Node& n);                // conv.cpp
+Planned plan_winograd_conv(const Graph& g, const Node& n);       // winograd.cpp (plan_conv's first)
+Planned plan_conv_backward_data(const Graph& g, const Node& n);  // conv.cpp
 Planned plan_conv_backward_filter(const Graph& g, const Node& n);  // conv.cpp
 Planned plan_gemm(const Graph& g, const Node& n);                  // matmul.cpp
 Planned plan_matmul(const Graph& g, const Node& n);                // matmul.cpp

@@ -515,6 +515,44 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
       << exe->stats().fast_summary;
 }
 
+// 3x3 stride-1 f32 convolutions of 16-channel multiples with enough 4 x 4 output tiles run as
+// Winograd F(4x4, 3x3) (cpu_fast/winograd.cpp): with bias and relu, without either, spatial
+// extents not multiples of 4 (partial tiles), a chain of two (the second reading the first's
+// channels-last output as it is) beside a graph output written dense; within the reference's
+// tolerance. The ones it refuses (stride 2, too few tiles) run the direct kernel.
+TEST(CpuFast, WinogradConvolutionsMatchTheReference) {
+  REQUIRE_ONEDNN();
+  Graph g("winograd");
+  Builder b(g);
+  const ValueId x = g.add_input("x", DType::f32, {2, 16, 13, 10});
+  ConvAttrs relu = same_padding();
+  relu.activation.kind = Activation::relu;
+  const ValueId bias = g.add_constant("bias", random_tensor(DType::f32, {32}, 5, -0.5, 0.5));
+  const ValueId c1 = b.conv(x, weight3x3(g, "w1", 32, 16, 1), bias, relu);
+  const ValueId c2 = b.conv(c1, weight3x3(g, "w2", 16, 32, 2), kNoValue, same_padding());
+  g.rename_value(c2, "c2");
+  g.mark_output(c2);
+  ConvAttrs strided = same_padding();
+  strided.strides = {2, 2};
+  const ValueId c3 = b.conv(c2, weight3x3(g, "w3", 16, 16, 3), kNoValue, strided);
+  g.rename_value(c3, "c3");
+  g.mark_output(c3);
+  const ValueId small = g.add_input("small", DType::f32, {1, 16, 6, 6});  // 4 tiles
+  const ValueId c4 = b.conv(small, weight3x3(g, "w4", 16, 16, 4), kNoValue, same_padding());
+  g.rename_value(c4, "c4");
+  g.mark_output(c4);
+  const NamedTensors feeds = {{"x", random_tensor(DType::f32, {2, 16, 13, 10}, 6)},
+                              {"small", random_tensor(DType::f32, {1, 16, 6, 6}, 7)}};
+  expect_fast_matches_reference(g, feeds, 4);
+  std::vector<NodeId> winograd;
+  for (const Node& n : g.nodes()) {
+    const cpu_fast::Planned planned = cpu_fast::plan(g, n);
+    ASSERT_TRUE(planned.kernel) << n.name << ": " << planned.why_not;
+    if (planned.kernel->describe().find("Winograd") != std::string::npos) winograd.push_back(n.id);
+  }
+  EXPECT_EQ(winograd, (std::vector<NodeId>{g.value(c1).producer, g.value(c2).producer}));
+}
+
 // A bottleneck block: on AVX2 CPUs the 1x1 convolutions take 8-channel blocks and the 3x3 one
 // channels-last (conv.cpp blocked_1x1), a reorder between them; the residual, written in
 // the first convolution's layout, is added by the last one's sum post-op.
