@@ -5,7 +5,7 @@
 //
 //   1. input transform   V[p][t][c] = (B^T d B)[p]   d: input tile t (6 x 6, zero outside x)
 //   2. 36 products       M[p] = V[p] (T x C) * U[p] (C x K)     U[p] = (G g G^T)[p], at compile
-//   3. output transform  y = A^T M[.][t][k] A (4 x 4) + bias, relu, stored where inside y
+//   3. output transform  y = A^T M[.][t][k] A (4 x 4), the epilogue, stored where inside y
 //
 // 4x fewer multiplications in the products than the direct convolution's (36 per 16 outputs
 // against 9 x 16). oneDNN 3.2 has no x64 Winograd convolution (its primitive refuses the
@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "backends/cpu_fast/kernels.h"
@@ -123,11 +124,24 @@ void transform_input(const Problem& p, const float* x, float* v, int64_t first, 
   }
 }
 
-// Step 3 for items [first, last) of (tile, block of 16 output channels): bias (null: none)
-// and relu applied as the direct convolution's epilogue (v < 0 ? 0 : v: NaN stays NaN).
+// The epilogue ConvAttrs fuses: residual_relu?(relu?(conv + bias) + residual), relu as the
+// direct convolution's (v < 0 ? 0 : v: NaN stays NaN); bias and residual null where absent.
+struct Epilogue {
+  const float* bias = nullptr;      // [K]
+  bool relu = false;                // the activation
+  const float* residual = nullptr;  // like y, channels-last
+  bool residual_relu = false;       // the residual's activation
+};
+
+// By reference: a vector returned by value changes the ABI between the clones' targets.
+inline void relu_in_place(Lanes& v) {
+  v = v < 0.f ? Lanes{} : v;
+}
+
+// Step 3 for items [first, last) of (tile, block of 16 output channels), with the epilogue.
 FUSEBOX_WINOGRAD_CLONES
-void transform_output(const Problem& p, const float* m, const float* bias, bool relu, float* y,
-                      int64_t first, int64_t last) {
+void transform_output(const Problem& p, const float* m, const Epilogue& e, float* y, int64_t first,
+                      int64_t last) {
   const int64_t blocks = p.k / kLanes, tiles = p.tiles();
   for (int64_t item = first; item < last; ++item) {
     const int64_t t = item / blocks, k0 = item % blocks * kLanes;
@@ -139,7 +153,7 @@ void transform_output(const Problem& p, const float* m, const float* bias, bool 
         std::memcpy(&a[i][j], m + ((int64_t(i) * kAlpha + j) * tiles + t) * p.k + k0,
                     sizeof(Lanes));
     Lanes shift{};
-    if (bias) std::memcpy(&shift, bias + k0, sizeof(Lanes));
+    if (e.bias) std::memcpy(&shift, e.bias + k0, sizeof(Lanes));
     down_columns(a, rows, output_rows);  // A^T a A: down each column, then along each row
     for (int i = 0; i < kTile; ++i) {
       const int64_t hy = row + i;
@@ -149,9 +163,16 @@ void transform_output(const Problem& p, const float* m, const float* bias, bool 
       for (int j = 0; j < kTile; ++j) {
         const int64_t wx = col + j;
         if (wx >= p.w) break;
+        const int64_t at = ((n * p.h + hy) * p.w + wx) * p.k + k0;
         Lanes value = out[j] + shift;
-        if (relu) value = value < 0.f ? Lanes{} : value;
-        std::memcpy(y + ((n * p.h + hy) * p.w + wx) * p.k + k0, &value, sizeof(Lanes));
+        if (e.relu) relu_in_place(value);
+        if (e.residual) {
+          Lanes r;
+          std::memcpy(&r, e.residual + at, sizeof(Lanes));
+          value += r;
+        }
+        if (e.residual_relu) relu_in_place(value);
+        std::memcpy(y + at, &value, sizeof(Lanes));
       }
     }
   }
@@ -186,11 +207,14 @@ std::vector<float> transform_weights(const Tensor& w, int64_t c, int64_t k) {
 
 class WinogradConvKernel final : public Kernel {
  public:
-  WinogradConvKernel(Problem p, std::vector<float> u, std::vector<float> bias, bool relu)
+  WinogradConvKernel(Problem p, std::vector<float> u, std::vector<float> bias, bool relu,
+                     bool residual, bool residual_relu)
       : p_(p),
         u_(std::move(u)),
         bias_(std::move(bias)),
         relu_(relu),
+        residual_(residual),
+        residual_relu_(residual_relu),
         x_plain_(plain_desc({p.n, p.c, p.h, p.w})),
         y_plain_(plain_desc({p.n, p.k, p.h, p.w})),
         x_nhwc_({p.n, p.c, p.h, p.w}, memory::data_type::f32, memory::format_tag::nhwc),
@@ -205,15 +229,19 @@ class WinogradConvKernel final : public Kernel {
   }
 
   bool writes_own_layout() const override { return true; }
-  bool reads_own_layout(size_t input) const override { return input == 0; }
+  bool reads_own_layout(size_t input) const override { return input == 0 || input == 3; }
 
   void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
                uint32_t /*consumable*/, std::span<Tensor> out,
                std::shared_ptr<OwnLayout>* own_out) override {
     const std::lock_guard<std::mutex> lock(scratch_mutex_);
-    const OwnLayout* own = own_in.empty() ? nullptr : own_in[0];
-    const memory x = in_layout(
-        own ? static_cast<const OnednnValue*>(own)->memory : wrap(x_plain_, in[0]->raw()), x_nhwc_);
+    // Input i channels-last: as its writer left it, or the dense tensor reordered.
+    auto channels_last = [&](size_t i, const memory::desc& plain, const memory::desc& want) {
+      const OwnLayout* own = i < own_in.size() ? own_in[i] : nullptr;
+      return in_layout(
+          own ? static_cast<const OnednnValue*>(own)->memory : wrap(plain, in[i]->raw()), want);
+    };
+    const memory x = channels_last(0, x_plain_, x_nhwc_);
     const int64_t tiles = p_.tiles();
     v_.resize(size_t(kPoints * tiles * p_.c));
     m_.resize(size_t(kPoints * tiles * p_.k));
@@ -227,9 +255,13 @@ class WinogradConvKernel final : public Kernel {
     execute(matmul_, {{DNNL_ARG_SRC, v}, {DNNL_ARG_WEIGHTS, u}, {DNNL_ARG_DST, m}});
     const memory y(y_nhwc_, cpu_engine());
     float* ys = static_cast<float*>(y.get_data_handle());
-    const float* bias = bias_.empty() ? nullptr : bias_.data();
+    std::optional<memory> residual;
+    if (residual_) residual = channels_last(3, y_plain_, y_nhwc_);
+    const Epilogue e{bias_.empty() ? nullptr : bias_.data(), relu_,
+                     residual ? static_cast<const float*>(residual->get_data_handle()) : nullptr,
+                     residual_relu_};
     split_over_threads(tiles * (p_.k / kLanes), 8, [&](int64_t first, int64_t last) {
-      transform_output(p_, m_.data(), bias, relu_, ys, first, last);
+      transform_output(p_, m_.data(), e, ys, first, last);
     });
     if (own_out) {
       *own_out = std::make_shared<OnednnValue>(y);
@@ -247,7 +279,7 @@ class WinogradConvKernel final : public Kernel {
  private:
   Problem p_;
   std::vector<float> u_, bias_;
-  bool relu_;
+  bool relu_, residual_, residual_relu_;
   memory::desc x_plain_, y_plain_, x_nhwc_, y_nhwc_;
   dnnl::matmul::primitive_desc products_;
   dnnl::matmul matmul_;
@@ -290,9 +322,10 @@ Planned plan_winograd_conv(const Graph& g, const Node& n) {
     return refuse(cat("channels not multiples of ", kLanes));
   if (p.tiles() < kMinTiles) return refuse(cat(p.tiles(), " tiles (fewer than ", kMinTiles, ")"));
   if (!g.is_constant(w)) return refuse("weights not constant");
-  if (residual != kNoValue || a.residual_activation) return refuse("a fused residual");
-  if (a.activation && a.activation.kind != Activation::relu)
-    return refuse("an activation other than relu");
+  for (const FusedActivation& act : {a.activation, a.residual_activation})
+    if (act && act.kind != Activation::relu) return refuse("an activation other than relu");
+  if (residual != kNoValue && g.value(residual).type != g.value(n.outputs[0]).type)
+    return refuse("a residual not of y's type");
   std::vector<float> shift;
   if (bias != kNoValue) {
     if (!g.is_constant(bias) || g.value(bias).type.dtype != DType::f32)
@@ -302,7 +335,8 @@ Planned plan_winograd_conv(const Graph& g, const Node& n) {
   }
   try {
     return {std::make_unique<WinogradConvKernel>(p, transform_weights(*g.constant(w), p.c, p.k),
-                                                 std::move(shift), bool(a.activation)),
+                                                 std::move(shift), bool(a.activation),
+                                                 residual != kNoValue, bool(a.residual_activation)),
             ""};
   } catch (const dnnl::error& e) {
     return refuse(cat("oneDNN has no matmul for its products (", e.what(), ")"));

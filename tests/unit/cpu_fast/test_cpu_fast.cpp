@@ -516,9 +516,10 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
 }
 
 // 3x3 stride-1 f32 convolutions of 16-channel multiples with enough 4 x 4 output tiles run as
-// Winograd F(4x4, 3x3) (cpu_fast/winograd.cpp): with bias and relu, without either, spatial
-// extents not multiples of 4 (partial tiles), a chain of two (the second reading the first's
-// channels-last output as it is) beside a graph output written dense; within the reference's
+// Winograd F(4x4, 3x3) (cpu_fast/winograd.cpp): with bias and relu, with a residual and its
+// relu (a basic block's end), spatial extents not multiples of 4 (partial tiles), a chain of
+// two (the second reading the first's channels-last output as it is) beside a graph output
+// written dense; within the reference's
 // tolerance. The ones it refuses (stride 2, too few tiles) run the direct kernel.
 TEST(CpuFast, WinogradConvolutionsMatchTheReference) {
   REQUIRE_ONEDNN();
@@ -529,7 +530,11 @@ TEST(CpuFast, WinogradConvolutionsMatchTheReference) {
   relu.activation.kind = Activation::relu;
   const ValueId bias = g.add_constant("bias", random_tensor(DType::f32, {32}, 5, -0.5, 0.5));
   const ValueId c1 = b.conv(x, weight3x3(g, "w1", 32, 16, 1), bias, relu);
-  const ValueId c2 = b.conv(c1, weight3x3(g, "w2", 16, 32, 2), kNoValue, same_padding());
+  // A basic block's end: relu(conv + x), x the residual.
+  ConvAttrs block_end = same_padding();
+  block_end.residual_activation.kind = Activation::relu;
+  const ValueId c2 = g.add_node(OpKind::conv, block_end,
+                                {c1, weight3x3(g, "w2", 16, 32, 2), kNoValue, x}, "block_end")[0];
   g.rename_value(c2, "c2");
   g.mark_output(c2);
   ConvAttrs strided = same_padding();
