@@ -19,6 +19,7 @@
 // against the direct convolution is ~1e-5 of the outputs' magnitude (the tests' 1e-4 bound).
 // FUSEBOX_CPU_WINOGRAD=0 turns it off (the direct convolution then runs), for comparisons.
 #ifdef FUSEBOX_WITH_ONEDNN
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -205,6 +206,20 @@ std::vector<float> transform_weights(const Tensor& w, int64_t c, int64_t k) {
   return u;
 }
 
+// The transformed inputs V and the products M of the Winograd convolution running now: one pair
+// for the process, grown to the largest convolution's, so that a model's many Winograd nodes
+// hold one pair between them (ResNet-50 b8: 29 MB, not 13 pairs), kept between runs (no page
+// faults again). Convolutions of executables run at once on several threads take turns.
+struct Scratch {
+  std::mutex mutex;
+  std::vector<float> v, m;
+};
+
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+
 class WinogradConvKernel final : public Kernel {
  public:
   WinogradConvKernel(Problem p, std::vector<float> u, std::vector<float> bias, bool relu,
@@ -234,7 +249,8 @@ class WinogradConvKernel final : public Kernel {
   void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
                uint32_t /*consumable*/, std::span<Tensor> out,
                std::shared_ptr<OwnLayout>* own_out) override {
-    const std::lock_guard<std::mutex> lock(scratch_mutex_);
+    Scratch& work = scratch();
+    const std::lock_guard<std::mutex> lock(work.mutex);
     // Input i channels-last: as its writer left it, or the dense tensor reordered.
     auto channels_last = [&](size_t i, const memory::desc& plain, const memory::desc& want) {
       const OwnLayout* own = i < own_in.size() ? own_in[i] : nullptr;
@@ -243,15 +259,15 @@ class WinogradConvKernel final : public Kernel {
     };
     const memory x = channels_last(0, x_plain_, x_nhwc_);
     const int64_t tiles = p_.tiles();
-    v_.resize(size_t(kPoints * tiles * p_.c));
-    m_.resize(size_t(kPoints * tiles * p_.k));
+    work.v.resize(std::max(work.v.size(), size_t(kPoints * tiles * p_.c)));
+    work.m.resize(std::max(work.m.size(), size_t(kPoints * tiles * p_.k)));
     const float* xs = static_cast<const float*>(x.get_data_handle());
     split_over_threads(tiles * (p_.c / kLanes), 8, [&](int64_t first, int64_t last) {
-      transform_input(p_, xs, v_.data(), first, last);
+      transform_input(p_, xs, work.v.data(), first, last);
     });
-    const memory v(products_.src_desc(), cpu_engine(), v_.data());
+    const memory v(products_.src_desc(), cpu_engine(), work.v.data());
     const memory u(products_.weights_desc(), cpu_engine(), u_.data());
-    const memory m(products_.dst_desc(), cpu_engine(), m_.data());
+    const memory m(products_.dst_desc(), cpu_engine(), work.m.data());
     execute(matmul_, {{DNNL_ARG_SRC, v}, {DNNL_ARG_WEIGHTS, u}, {DNNL_ARG_DST, m}});
     const memory y(y_nhwc_, cpu_engine());
     float* ys = static_cast<float*>(y.get_data_handle());
@@ -261,7 +277,7 @@ class WinogradConvKernel final : public Kernel {
                      residual ? static_cast<const float*>(residual->get_data_handle()) : nullptr,
                      residual_relu_};
     split_over_threads(tiles * (p_.k / kLanes), 8, [&](int64_t first, int64_t last) {
-      transform_output(p_, m_.data(), e, ys, first, last);
+      transform_output(p_, work.m.data(), e, ys, first, last);
     });
     if (own_out) {
       *own_out = std::make_shared<OnednnValue>(y);
@@ -283,8 +299,6 @@ class WinogradConvKernel final : public Kernel {
   memory::desc x_plain_, y_plain_, x_nhwc_, y_nhwc_;
   dnnl::matmul::primitive_desc products_;
   dnnl::matmul matmul_;
-  std::mutex scratch_mutex_;  // v_ and m_: one run at a time
-  std::vector<float> v_, m_;
 };
 
 bool winograd_enabled() {
