@@ -21,5 +21,7 @@ Planned plan_transpose(const Graph& g, const Node& n);  // copy.cpp: a reorder
 Planned plan_slice(const Graph& g, const Node& n);      // copy.cpp: a reorder
 // Not on oneDNN: a block interpreter of the program, in every build.
 Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
+// Not on oneDNN: the training batch norms (batch_norm, batch_norm_backward), in every build.
+Planned plan_batch_norm(const Graph& g, const Node& n);  // batch_norm.cpp
 
 }  // namespace fusebox::cpu_fast

@@ -19,6 +19,8 @@ bool built_with_onednn() {
 
 Planned plan(const Graph& g, const Node& n) {
   if (n.op == OpKind::fused_pointwise) return plan_fused_pointwise(g, n);
+  if (n.op == OpKind::batch_norm || n.op == OpKind::batch_norm_backward)
+    return plan_batch_norm(g, n);
 #ifdef FUSEBOX_WITH_ONEDNN
   try {
     switch (n.op) {

@@ -515,6 +515,57 @@ TEST(CpuFast, ActivationsBetweenConvolutionsStayInOneDnnLayout) {
       << exe->stats().fast_summary;
 }
 
+// The training batch norms on the fast kernels (cpu_fast/batch_norm.cpp, in every build):
+// forward with and without relu and residual, backward with and without relu, the two-term dy
+// and dy_output, rows of 63 (a remainder past the vector steps), 32 and 1 elements; within the
+// reference's tolerance, every output (the running and saved statistics too).
+TEST(CpuFast, TrainingBatchNormsMatchTheReference) {
+  uint64_t seed = 300;
+  for (const Shape& shape : {Shape{3, 5, 7, 9}, Shape{2, 4, 32}, Shape{6, 4}}) {
+    const int64_t c = shape[1];
+    for (bool relu : {false, true}) {
+      for (bool two : {false, true}) {
+        SCOPED_TRACE(
+            cat(shape_str(shape), relu ? " relu" : "", two ? " residual / two terms" : ""));
+        {
+          Graph g("bn");
+          NamedTensors feeds;
+          auto input = [&](const char* name, const Shape& s, double lo, double hi) {
+            feeds[name] = random_tensor(DType::f32, s, ++seed, lo, hi);
+            return g.add_input(name, DType::f32, s);
+          };
+          std::vector<ValueId> in = {input("x", shape, -2, 3), input("scale", {c}, 0.5, 1.5),
+                                     input("bias", {c}, -1, 1), input("mean", {c}, -1, 1),
+                                     input("var", {c}, 0.5, 2)};
+          if (two) in.push_back(input("residual", shape, -1, 1));
+          const BatchNormAttrs attrs{
+              .epsilon = 1e-3, .momentum = 0.8, .training = true, .relu = relu};
+          for (ValueId v : g.add_node(OpKind::batch_norm, attrs, in, "bn")) g.mark_output(v);
+          expect_fast_matches_reference(g, feeds, 1);
+        }
+        for (bool dy_output : {false, true}) {
+          Graph g("bn_backward");
+          NamedTensors feeds;
+          auto input = [&](const char* name, const Shape& s, double lo, double hi) {
+            feeds[name] = random_tensor(DType::f32, s, ++seed, lo, hi);
+            return g.add_input(name, DType::f32, s);
+          };
+          std::vector<ValueId> in = {input("dy", shape, -1, 1), input("x", shape, -2, 3),
+                                     input("scale", {c}, 0.5, 1.5), input("mean", {c}, -0.5, 0.5),
+                                     input("inv_std", {c}, 0.5, 2)};
+          in.push_back(relu ? input("y", shape, -1, 1) : kNoValue);
+          in.push_back(kNoValue);
+          in.push_back(two ? input("addend", shape, -1, 1) : kNoValue);
+          const BatchNormAttrs attrs{.training = true, .relu = relu, .dy_output = dy_output};
+          for (ValueId v : g.add_node(OpKind::batch_norm_backward, attrs, in, "bn_backward"))
+            g.mark_output(v);
+          expect_fast_matches_reference(g, feeds, 1);
+        }
+      }
+    }
+  }
+}
+
 // 3x3 stride-1 f32 convolutions of 16-channel multiples with enough 4 x 4 output tiles run as
 // Winograd F(4x4, 3x3) (cpu_fast/winograd.cpp): with bias and relu, with a residual and its
 // relu (a basic block's end), spatial extents not multiples of 4 (partial tiles), a chain of
