@@ -566,6 +566,42 @@ TEST(CpuFast, TrainingBatchNormsMatchTheReference) {
   }
 }
 
+// The plain SGD update on the fast kernel (cpu_fast/optimizer.cpp, in every build): momentum
+// with dampening, weight decay, Nesterov, none; a length that leaves a remainder past the
+// vector steps and splits over the threads; both outputs within the reference's tolerance. A
+// loss-scaled one stays on the reference kernel.
+TEST(CpuFast, SgdUpdatesMatchTheReference) {
+  const SgdAttrs variants[] = {{.momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-4},
+                               {.momentum = 0.9, .weight_decay = 5e-4, .nesterov = true},
+                               {}};
+  uint64_t seed = 400;
+  for (const SgdAttrs& attrs : variants) {
+    for (int64_t count : {int64_t(70001), int64_t(7)}) {
+      SCOPED_TRACE(cat("momentum ", attrs.momentum, " nesterov ", attrs.nesterov, ", ", count));
+      Graph g("sgd");
+      NamedTensors feeds;
+      auto input = [&](const char* name, const Shape& s) {
+        feeds[name] = random_tensor(DType::f32, s, ++seed, -1, 1);
+        return g.add_input(name, DType::f32, s);
+      };
+      const ValueId p = input("param", {count}), grad = input("grad", {count}),
+                    buf = input("buf", {count});
+      const ValueId lr = g.add_constant("lr", Tensor::from_doubles(DType::f32, {}, {0.05}));
+      for (ValueId v : g.add_node(OpKind::sgd_update, attrs, {p, grad, buf, lr}, "sgd"))
+        g.mark_output(v);
+      expect_fast_matches_reference(g, feeds, 1, 1e-5, 1e-6);
+    }
+  }
+  Graph g("scaled");
+  const ValueId p = g.add_input("param", DType::f32, {9}),
+                grad = g.add_input("grad", DType::f32, {9}),
+                buf = g.add_input("buf", DType::f32, {9});
+  const ValueId lr = g.add_constant("lr", Tensor::from_doubles(DType::f32, {}, {0.05}));
+  const ValueId scale = g.add_constant("scale", Tensor::from_doubles(DType::f32, {}, {0.5}));
+  g.add_node(OpKind::sgd_update, SgdAttrs{.momentum = 0.9}, {p, grad, buf, lr, scale}, "sgd");
+  EXPECT_FALSE(cpu_fast::plan(g, g.nodes().back()).kernel);
+}
+
 // 3x3 stride-1 f32 convolutions of 16-channel multiples with enough 4 x 4 output tiles run as
 // Winograd F(4x4, 3x3) (cpu_fast/winograd.cpp): with bias and relu, with a residual and its
 // relu (a basic block's end), spatial extents not multiples of 4 (partial tiles), a chain of
