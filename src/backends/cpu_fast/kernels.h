@@ -23,6 +23,7 @@ Planned plan_slice(const Graph& g, const Node& n);      // copy.cpp: a reorder
 Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
 // Not on oneDNN: the training batch norms (batch_norm, batch_norm_backward), in every build.
 Planned plan_batch_norm(const Graph& g, const Node& n);  // batch_norm.cpp
-Planned plan_sgd(const Graph& g, const Node& n);  // optimizer.cpp: sgd_update, in every build
+// Not on oneDNN: sgd_update and adamw_update, in every build.
+Planned plan_optimizer_update(const Graph& g, const Node& n);  // optimizer.cpp
 
 }  // namespace fusebox::cpu_fast

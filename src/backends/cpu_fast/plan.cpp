@@ -21,7 +21,8 @@ Planned plan(const Graph& g, const Node& n) {
   if (n.op == OpKind::fused_pointwise) return plan_fused_pointwise(g, n);
   if (n.op == OpKind::batch_norm || n.op == OpKind::batch_norm_backward)
     return plan_batch_norm(g, n);
-  if (n.op == OpKind::sgd_update) return plan_sgd(g, n);
+  if (n.op == OpKind::sgd_update || n.op == OpKind::adamw_update)
+    return plan_optimizer_update(g, n);
 #ifdef FUSEBOX_WITH_ONEDNN
   try {
     switch (n.op) {

@@ -566,11 +566,12 @@ TEST(CpuFast, TrainingBatchNormsMatchTheReference) {
   }
 }
 
-// The plain SGD update on the fast kernel (cpu_fast/optimizer.cpp, in every build): momentum
-// with dampening, weight decay, Nesterov, none; a length that leaves a remainder past the
-// vector steps and splits over the threads; both outputs within the reference's tolerance. A
-// loss-scaled one stays on the reference kernel.
-TEST(CpuFast, SgdUpdatesMatchTheReference) {
+// The plain SGD and AdamW updates on the fast kernels (cpu_fast/optimizer.cpp, in every
+// build): SGD with momentum and dampening, weight decay, Nesterov, none; AdamW at its first and
+// a later step; lengths that leave a remainder past the vector steps and split over the
+// threads; every output within the reference's tolerance. A loss-scaled one stays on the
+// reference kernel.
+TEST(CpuFast, OptimizerUpdatesMatchTheReference) {
   const SgdAttrs variants[] = {{.momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-4},
                                {.momentum = 0.9, .weight_decay = 5e-4, .nesterov = true},
                                {}};
@@ -589,6 +590,25 @@ TEST(CpuFast, SgdUpdatesMatchTheReference) {
       const ValueId lr = g.add_constant("lr", Tensor::from_doubles(DType::f32, {}, {0.05}));
       for (ValueId v : g.add_node(OpKind::sgd_update, attrs, {p, grad, buf, lr}, "sgd"))
         g.mark_output(v);
+      expect_fast_matches_reference(g, feeds, 1, 1e-5, 1e-6);
+    }
+  }
+  for (double step : {1.0, 7.0}) {
+    for (int64_t count : {int64_t(70001), int64_t(7)}) {
+      SCOPED_TRACE(cat("adamw step ", step, ", ", count));
+      Graph g("adamw");
+      NamedTensors feeds;
+      auto input = [&](const char* name, const Shape& s, double lo) {
+        feeds[name] = random_tensor(DType::f32, s, ++seed, lo, 1);
+        return g.add_input(name, DType::f32, s);
+      };
+      const ValueId p = input("param", {count}, -1), grad = input("grad", {count}, -1),
+                    m = input("m", {count}, -1), v = input("v", {count}, 0);
+      const ValueId lr = g.add_constant("lr", Tensor::from_doubles(DType::f32, {}, {1e-3}));
+      const ValueId t = g.add_constant("step", Tensor::from_doubles(DType::i64, {}, {step}));
+      for (ValueId out : g.add_node(OpKind::adamw_update, AdamWAttrs{.weight_decay = 0.05},
+                                    {p, grad, m, v, lr, t}, "adamw"))
+        g.mark_output(out);
       expect_fast_matches_reference(g, feeds, 1, 1e-5, 1e-6);
     }
   }
