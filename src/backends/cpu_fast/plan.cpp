@@ -1,8 +1,13 @@
 // Which nodes the fast CPU kernels take: one table of planners by op, each saying why it
-// refuses a node; every other op runs on the reference kernels.
+// refuses a node; a lone elementwise op none takes runs as a program of one instruction on the
+// block interpreter; every other op runs on the reference kernels.
 #include "fusebox/backends/cpu_fast.h"
 
+#include <numeric>
+
 #include "backends/cpu_fast/kernels.h"
+#include "fusebox/ir/pointwise_program.h"
+#include "fusebox/passes/fuse_pointwise.h"
 #ifdef FUSEBOX_WITH_ONEDNN
 #include "backends/cpu_fast/onednn.h"
 #endif
@@ -17,7 +22,10 @@ bool built_with_onednn() {
 #endif
 }
 
-Planned plan(const Graph& g, const Node& n) {
+namespace {
+
+// The table: the own kernels, then oneDNN's by op.
+Planned plan_by_op(const Graph& g, const Node& n) {
   if (n.op == OpKind::fused_pointwise) return plan_fused_pointwise(g, n);
   if (n.op == OpKind::batch_norm || n.op == OpKind::batch_norm_backward)
     return plan_batch_norm(g, n);
@@ -73,6 +81,29 @@ Planned plan(const Graph& g, const Node& n) {
   (void)n;
   return {nullptr, "this build has no oneDNN (scripts/setup.sh puts it in .deps-cpu/)"};
 #endif
+}
+
+// An elementwise op that fuse_pointwise_chains would make a member of a program (an
+// activation's gradient, exp, a cast, ...) as the program of that one instruction: the block
+// interpreter's vector loops instead of the reference's element loop (GPT-2's two standalone
+// gelu gradients were a third of its CPU training step). `why` stays where it cannot be.
+Planned plan_lone_pointwise(const Graph& g, const Node& n, std::string why) {
+  if (n.op == OpKind::fused_pointwise || !is_pointwise_member(g, n)) return {nullptr, why};
+  std::vector<int32_t> operands(n.inputs.size());
+  std::iota(operands.begin(), operands.end(), 0);
+  Node program = n;
+  program.op = OpKind::fused_pointwise;
+  program.attrs = PointwiseProgram{int32_t(n.inputs.size()), {pointwise_instr(n, operands)}};
+  Planned planned = plan_fused_pointwise(g, program);
+  return planned.kernel ? std::move(planned) : Planned{nullptr, std::move(why)};
+}
+
+}  // namespace
+
+Planned plan(const Graph& g, const Node& n) {
+  Planned planned = plan_by_op(g, n);
+  if (planned.kernel) return planned;
+  return plan_lone_pointwise(g, n, std::move(planned.why_not));
 }
 
 }  // namespace fusebox::cpu_fast

@@ -352,12 +352,13 @@ TEST(CpuFast, BinaryOpsMatchTheReference) {
   }
   g.mark_output(g.add_node(OpKind::add, {}, {row, x}, "swapped_add")[0]);
   g.mark_output(g.add_node(OpKind::mul, {}, {col, x}, "swapped_mul")[0]);
-  g.mark_output(g.add_node(OpKind::sub, {}, {row, x}, "broadcast_sub")[0]);  // reference
+  // oneDNN broadcasts the second operand only: a one-instruction program on the interpreter.
+  g.mark_output(g.add_node(OpKind::sub, {}, {row, x}, "broadcast_sub")[0]);
   expect_fast_matches_reference(g,
                                 {{"x", random_tensor(DType::f32, {2, 5, 6}, 1, -3, 3)},
                                  {"row", random_tensor(DType::f32, {6}, 2, 0.5, 2)},
                                  {"col", random_tensor(DType::f32, {2, 5, 1}, 3, 0.5, 2)}},
-                                14, 0, 0);
+                                15, 0, 0);
 }
 
 // transpose and slice as oneDNN reorders, bit for bit (they only move elements): ViT's head
@@ -620,6 +621,24 @@ TEST(CpuFast, OptimizerUpdatesMatchTheReference) {
   const ValueId scale = g.add_constant("scale", Tensor::from_doubles(DType::f32, {}, {0.5}));
   g.add_node(OpKind::sgd_update, SgdAttrs{.momentum = 0.9}, {p, grad, buf, lr, scale}, "sgd");
   EXPECT_FALSE(cpu_fast::plan(g, g.nodes().back()).kernel);
+}
+
+// Lone elementwise ops no oneDNN planner takes (an activation's gradient, exp, a widening
+// cast) run as one-instruction programs on the block interpreter, the reference's bits.
+TEST(CpuFast, LoneElementwiseOpsRunAsPrograms) {
+  Graph g("lone");
+  const ValueId dy = g.add_input("dy", DType::f32, {3, 37});
+  const ValueId x = g.add_input("x", DType::f32, {3, 37});
+  const ValueId h = g.add_input("h", DType::bf16, {3, 37});
+  g.mark_output(g.add_node(OpKind::unary_backward, UnaryBackwardAttrs{.op = OpKind::gelu}, {dy, x},
+                           "gelu_dx")[0]);
+  g.mark_output(g.add_node(OpKind::exp, {}, {x}, "exp")[0]);
+  g.mark_output(g.add_node(OpKind::cast, CastAttrs{DType::f32}, {h}, "widen")[0]);
+  expect_fast_matches_reference(g,
+                                {{"dy", random_tensor(DType::f32, {3, 37}, 1)},
+                                 {"x", random_tensor(DType::f32, {3, 37}, 2, -4, 4)},
+                                 {"h", random_tensor(DType::bf16, {3, 37}, 3)}},
+                                3, 0, 0);
 }
 
 // 3x3 stride-1 f32 convolutions of 16-channel multiples with enough 4 x 4 output tiles run as
