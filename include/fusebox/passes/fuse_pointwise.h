@@ -37,9 +37,10 @@
 //
 // Inference only: fused_pointwise has no gradient rule, so run it on graphs that will not be
 // differentiated (an inference graph, or a training step after autodiff built its backward
-// pass). In a step, a residual network's gradient sum and relu's mask at the block's output
-// (add, then unary_backward) are one kernel: ResNet-50's 16 pairs read and wrote each
-// activation 6 times where the pair reads 3 tensors and writes one.
+// pass). In a step, the gradient terms of an activation are summed in one kernel with their
+// elementwise neighbours (silu's two terms, a gradient sum and an activation's gradient); a
+// residual batch norm's block-output sum and relu mask are not left to it: the norm's backward
+// takes them (passes/fusion.h fold_gradient_sums, autodiff's dy_output).
 #pragma once
 
 #include <cstddef>
