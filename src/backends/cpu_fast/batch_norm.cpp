@@ -17,19 +17,14 @@
 // rounding (the tests' 1e-4 / 1e-5). Synchronized, f16 / bf16 / f64 and mixed-dtype norms run
 // on the reference kernels.
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "backends/cpu_fast/kernels.h"
+#include "backends/cpu_fast/lanes.h"
 #include "backends/cpu_fast/threads.h"
 
 namespace fusebox::cpu_fast {
 namespace {
-
-constexpr int64_t kLanes = 16;
-using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-#define FUSEBOX_NORM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // The channel's rows: x[n, c, :] for n < batch, each `inner` long, `stride` apart.
 struct Rows {
@@ -43,14 +38,6 @@ inline double lane_sum(const Lanes& v) {
   return s;
 }
 
-// Vectors go by reference only: one passed or returned by value has another ABI in each
-// clone's target (-Wpsabi).
-
-// 16 floats at p (unaligned).
-inline void load(const float* p, Lanes& v) {
-  std::memcpy(&v, p, sizeof(v));
-}
-
 // Sum over one row of `inner` elements (at `row`) of x - shift, squared when `square`, in
 // float lanes, returned in f64.
 inline double row_sum(const float* row, int64_t inner, float shift, bool square) {
@@ -58,7 +45,7 @@ inline double row_sum(const float* row, int64_t inner, float shift, bool square)
   int64_t i = 0;
   for (; i + kLanes <= inner; i += kLanes) {
     Lanes v;
-    load(row + i, v);
+    load_lanes(row + i, v);
     v -= shift;
     acc += square ? v * v : v;
   }
@@ -82,7 +69,7 @@ struct ForwardArgs {
   double* var;   // [C] out (population)
 };
 
-FUSEBOX_NORM_CLONES
+FUSEBOX_LANES_CLONES
 void forward_channels(const ForwardArgs& a, int64_t c0, int64_t c1) {
   const Rows& r = a.rows;
   const double count = double(r.batch * r.inner);
@@ -110,15 +97,15 @@ void forward_channels(const ForwardArgs& a, int64_t c0, int64_t c1) {
       int64_t i = 0;
       for (; i + kLanes <= r.inner; i += kLanes) {
         Lanes v;
-        load(xr + i, v);
+        load_lanes(xr + i, v);
         v = (v - m) * k + b;
         if (rr) {
           Lanes res;
-          load(rr + i, res);
+          load_lanes(rr + i, res);
           v += res;
         }
         if (a.relu) v = v < 0.f ? Lanes{} : v;
-        std::memcpy(yr + i, &v, sizeof(v));
+        store_lanes(yr + i, v);
       }
       for (; i < r.inner; ++i) {
         float v = (xr[i] - m) * k + b;
@@ -180,14 +167,14 @@ struct BackwardArgs {
 struct Gradient {
   const float *dy, *addend, *y;
   void at(int64_t i, Lanes& g) const {
-    load(dy + i, g);
+    load_lanes(dy + i, g);
     Lanes other;
     if (addend) {
-      load(addend + i, other);
+      load_lanes(addend + i, other);
       g += other;
     }
     if (y) {
-      load(y + i, other);
+      load_lanes(y + i, other);
       g = other > 0.f ? g : g * 0.f;
     }
   }
@@ -199,7 +186,7 @@ struct Gradient {
   }
 };
 
-FUSEBOX_NORM_CLONES
+FUSEBOX_LANES_CLONES
 void backward_channels(const BackwardArgs& a, int64_t c0, int64_t c1) {
   const Rows& r = a.rows;
   const double count = double(r.batch * r.inner);
@@ -216,8 +203,8 @@ void backward_channels(const BackwardArgs& a, int64_t c0, int64_t c1) {
       for (; i + kLanes <= r.inner; i += kLanes) {
         Lanes gv, xv;
         g.at(i, gv);
-        load(xr + i, xv);
-        if (used) std::memcpy(used + i, &gv, sizeof(gv));
+        load_lanes(xr + i, xv);
+        if (used) store_lanes(used + i, gv);
         acc_g += gv;
         acc_gx += gv * ((xv - m) * s);
       }
@@ -248,10 +235,10 @@ void backward_channels(const BackwardArgs& a, int64_t c0, int64_t c1) {
       for (; i + kLanes <= r.inner; i += kLanes) {
         Lanes gv, xv;
         g.at(i, gv);
-        load(xr + i, xv);
+        load_lanes(xr + i, xv);
         const Lanes x_hat = (xv - m) * s;
         const Lanes v = k * (gv - mean_g - x_hat * mean_gx);
-        std::memcpy(dxr + i, &v, sizeof(v));
+        store_lanes(dxr + i, v);
       }
       for (; i < r.inner; ++i) {
         const float x_hat = (xr[i] - m) * s;

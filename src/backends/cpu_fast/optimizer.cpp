@@ -12,16 +12,13 @@
 // reference kernels).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "backends/cpu_fast/kernels.h"
+#include "backends/cpu_fast/lanes.h"
 #include "backends/cpu_fast/threads.h"
 
 namespace fusebox::cpu_fast {
 namespace {
-
-constexpr int64_t kLanes = 16;
-using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
 
 struct SgdArgs {
   const float *param, *grad, *buf;
@@ -32,21 +29,19 @@ struct SgdArgs {
 
 // Elements [first, last): each read before its outputs are written (they may be its inputs'
 // bytes: the step updates its state in place).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void sgd_range(const SgdArgs& a,
-                                                                            int64_t first,
-                                                                            int64_t last) {
+FUSEBOX_LANES_CLONES void sgd_range(const SgdArgs& a, int64_t first, int64_t last) {
   int64_t i = first;
   for (; i + kLanes <= last; i += kLanes) {
     Lanes p, g, b;
-    std::memcpy(&p, a.param + i, sizeof(p));
-    std::memcpy(&g, a.grad + i, sizeof(g));
-    std::memcpy(&b, a.buf + i, sizeof(b));
+    load_lanes(a.param + i, p);
+    load_lanes(a.grad + i, g);
+    load_lanes(a.buf + i, b);
     g += a.decay * p;
     b = a.momentum * b + a.keep * g;
     if (a.use_momentum) g = a.nesterov ? g + a.momentum * b : b;
     p -= a.rate * g;
-    std::memcpy(a.new_param + i, &p, sizeof(p));
-    std::memcpy(a.new_buf + i, &b, sizeof(b));
+    store_lanes(a.new_param + i, p);
+    store_lanes(a.new_buf + i, b);
   }
   for (; i < last; ++i) {
     const float p = a.param[i];
@@ -64,23 +59,21 @@ struct AdamWArgs {
   float b1, b2, one_minus_b1, one_minus_b2, decay, size, c2, eps;
 };
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_range(const AdamWArgs& a,
-                                                                              int64_t first,
-                                                                              int64_t last) {
+FUSEBOX_LANES_CLONES void adamw_range(const AdamWArgs& a, int64_t first, int64_t last) {
   int64_t i = first;
   for (; i + kLanes <= last; i += kLanes) {
     Lanes p, g, m, v, root;
-    std::memcpy(&p, a.param + i, sizeof(p));
-    std::memcpy(&g, a.grad + i, sizeof(g));
-    std::memcpy(&m, a.m + i, sizeof(m));
-    std::memcpy(&v, a.v + i, sizeof(v));
+    load_lanes(a.param + i, p);
+    load_lanes(a.grad + i, g);
+    load_lanes(a.m + i, m);
+    load_lanes(a.v + i, v);
     m = a.b1 * m + a.one_minus_b1 * g;
     v = a.b2 * v + a.one_minus_b2 * g * g;
     for (int64_t l = 0; l < kLanes; ++l) root[l] = std::sqrt(v[l]);  // one vector sqrt
     p = p * a.decay - a.size * m / (root / a.c2 + a.eps);
-    std::memcpy(a.new_param + i, &p, sizeof(p));
-    std::memcpy(a.new_m + i, &m, sizeof(m));
-    std::memcpy(a.new_v + i, &v, sizeof(v));
+    store_lanes(a.new_param + i, p);
+    store_lanes(a.new_m + i, m);
+    store_lanes(a.new_v + i, v);
   }
   for (; i < last; ++i) {
     const float g = a.grad[i];

@@ -21,12 +21,12 @@
 #ifdef FUSEBOX_WITH_ONEDNN
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "backends/cpu_fast/kernels.h"
+#include "backends/cpu_fast/lanes.h"
 #include "backends/cpu_fast/onednn.h"
 #include "backends/cpu_fast/threads.h"
 
@@ -35,21 +35,14 @@ namespace {
 
 using dnnl::memory;
 
-constexpr int64_t kLanes = 16;     // channels per vector step: one AVX-512 register of f32
 constexpr int kTile = 4;           // outputs per tile side
 constexpr int kAlpha = 6;          // inputs per tile side: kTile + 3 - 1
 constexpr int kPoints = 36;        // kAlpha x kAlpha
 constexpr int64_t kMinTiles = 16;  // fewer: the products are too short to win (batch 1, 7 x 7)
 
-// 16 channels of one pixel: GCC's vector extension, one AVX-512 register in the AVX-512 clone
-// (two AVX2 or four SSE registers in the others).
-using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-#define FUSEBOX_WINOGRAD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
 // B^T applied along one axis: out[i] = sum_j B^T[i][j] in[j], B^T of F(4x4, 3x3):
-//   [4  0 -5  0 1 0] [0 -4 -4  1 1 0] [0 4 -4 -1 1 0] [0 -2 -1 2 1 0] [0 2 -1 -2 1 0] [0 4 0 -5 0
-//   1]
+//   [4 0 -5 0 1 0] [0 -4 -4 1 1 0] [0 4 -4 -1 1 0]
+//   [0 -2 -1 2 1 0] [0 2 -1 -2 1 0] [0 4 0 -5 0 1]
 inline void input_rows(const Lanes (&d)[kAlpha], Lanes (&out)[kAlpha]) {
   out[0] = 4.f * d[0] - 5.f * d[2] + d[4];
   out[1] = -4.f * d[1] - 4.f * d[2] + d[3] + d[4];
@@ -80,6 +73,11 @@ inline void down_columns(const Lanes (&in)[kAlpha][kAlpha], Lanes (&out)[kOut][k
   }
 }
 
+// Where point (i, j) of tile t starts in V [36][tiles][C] or M [36][tiles][K] (`channels`).
+inline int64_t point_at(int i, int j, int64_t tiles, int64_t t, int64_t channels) {
+  return ((int64_t(i) * kAlpha + j) * tiles + t) * channels;
+}
+
 // The problem: x [N, H, W, C] and y [N, H, W, K] channels-last, tiles t = (n, ty, tx) of
 // ceil(H/4) x ceil(W/4) per image.
 struct Problem {
@@ -96,7 +94,7 @@ struct Problem {
 };
 
 // Step 1 for items [first, last) of (tile, block of 16 channels), the block fastest.
-FUSEBOX_WINOGRAD_CLONES
+FUSEBOX_LANES_CLONES
 void transform_input(const Problem& p, const float* x, float* v, int64_t first, int64_t last) {
   const int64_t blocks = p.c / kLanes, tiles = p.tiles();
   for (int64_t item = first; item < last; ++item) {
@@ -111,7 +109,7 @@ void transform_input(const Problem& p, const float* x, float* v, int64_t first, 
         if (hy < 0 || hy >= p.h || wx < 0 || wx >= p.w)
           d[i][j] = Lanes{};
         else
-          std::memcpy(&d[i][j], x + ((n * p.h + hy) * p.w + wx) * p.c + c0, sizeof(Lanes));
+          load_lanes(x + ((n * p.h + hy) * p.w + wx) * p.c + c0, d[i][j]);
       }
     }
     // B^T d B: down each column, then along each row.
@@ -119,8 +117,7 @@ void transform_input(const Problem& p, const float* x, float* v, int64_t first, 
     for (int i = 0; i < kAlpha; ++i) {
       Lanes out[kAlpha];
       input_rows(rows[i], out);
-      for (int j = 0; j < kAlpha; ++j)
-        std::memcpy(v + ((int64_t(i) * kAlpha + j) * tiles + t) * p.c + c0, &out[j], sizeof(Lanes));
+      for (int j = 0; j < kAlpha; ++j) store_lanes(v + point_at(i, j, tiles, t, p.c) + c0, out[j]);
     }
   }
 }
@@ -140,7 +137,7 @@ inline void relu_in_place(Lanes& v) {
 }
 
 // Step 3 for items [first, last) of (tile, block of 16 output channels), with the epilogue.
-FUSEBOX_WINOGRAD_CLONES
+FUSEBOX_LANES_CLONES
 void transform_output(const Problem& p, const float* m, const Epilogue& e, float* y, int64_t first,
                       int64_t last) {
   const int64_t blocks = p.k / kLanes, tiles = p.tiles();
@@ -150,11 +147,9 @@ void transform_output(const Problem& p, const float* m, const Epilogue& e, float
     p.tile(t, n, row, col);
     Lanes a[kAlpha][kAlpha], rows[kTile][kAlpha];
     for (int i = 0; i < kAlpha; ++i)
-      for (int j = 0; j < kAlpha; ++j)
-        std::memcpy(&a[i][j], m + ((int64_t(i) * kAlpha + j) * tiles + t) * p.k + k0,
-                    sizeof(Lanes));
+      for (int j = 0; j < kAlpha; ++j) load_lanes(m + point_at(i, j, tiles, t, p.k) + k0, a[i][j]);
     Lanes shift{};
-    if (e.bias) std::memcpy(&shift, e.bias + k0, sizeof(Lanes));
+    if (e.bias) load_lanes(e.bias + k0, shift);
     down_columns(a, rows, output_rows);  // A^T a A: down each column, then along each row
     for (int i = 0; i < kTile; ++i) {
       const int64_t hy = row + i;
@@ -169,11 +164,11 @@ void transform_output(const Problem& p, const float* m, const Epilogue& e, float
         if (e.relu) relu_in_place(value);
         if (e.residual) {
           Lanes r;
-          std::memcpy(&r, e.residual + at, sizeof(Lanes));
+          load_lanes(e.residual + at, r);
           value += r;
         }
         if (e.residual_relu) relu_in_place(value);
-        std::memcpy(y + at, &value, sizeof(Lanes));
+        store_lanes(y + at, value);
       }
     }
   }
