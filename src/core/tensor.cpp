@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "fusebox/core/memory.h"
+#include "fusebox/core/parallel.h"
 
 namespace fusebox {
 
@@ -129,9 +130,26 @@ Tensor Tensor::clone() const {
 Tensor Tensor::cast(DType to) const {
   if (to == dtype_) return clone();
   Tensor t = empty(to, shape_);
-  // float -> f16/bf16 must round from float, not via double, when the source is
-  // f32: both give the same result (round-to-odd in the double path), so one path.
-  for (int64_t i = 0; i < numel_; ++i) t.set(i, get(i));
+  // The dtype pair is dispatched once, not per element (get/set: ~8 ns an element, 1.3 s for
+  // GPT-2's weights folded to bf16 at compile), and large tensors are split over the pool.
+  // Every pair converts as set(get(i)) does; f32 -> f16/bf16 rounds from the float, which
+  // gives the same bits as the double path (its round-to-odd keeps one rounding).
+  visit_dtype(dtype_, [&](auto from_tag) {
+    using From = decltype(from_tag);
+    visit_dtype(to, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      const From* src = data<From>();
+      To* dst = t.data<To>();
+      parallel_for(numel_, int64_t(1) << 18, [&](int64_t begin, int64_t end) {
+        if constexpr (std::is_same_v<From, float> &&
+                      (std::is_same_v<To, BFloat16> || std::is_same_v<To, Half>)) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = To(src[i]);
+        } else {
+          for (int64_t i = begin; i < end; ++i) store<To>(dst, i, load<From>(src, i));
+        }
+      });
+    });
+  });
   return t;
 }
 

@@ -78,17 +78,23 @@ std::string read_file(const std::string& path) {
   struct stat st;
   FUSEBOX_CHECK(::fstat(file.fd, &st) == 0, where, "cannot stat: ", errno_text(errno));
   FUSEBOX_CHECK(!S_ISDIR(st.st_mode), where, "is a directory");
-  std::string bytes;
-  if (S_ISREG(st.st_mode)) bytes.reserve(size_t(st.st_size));
-  // Read until EOF rather than trusting st_size: pipes and files that grow both work.
-  char chunk[1 << 16];
+  // Read straight into the string (a model's weights are copied once, not twice), until EOF
+  // rather than trusting st_size: pipes and files that grow or shrink both work.
+  std::string bytes(S_ISREG(st.st_mode) ? size_t(st.st_size) : 0, '\0');
+  size_t filled = 0;
+  char chunk[1 << 16];  // past the expected size: EOF, or the rest of a pipe / growing file
   for (;;) {
-    const ssize_t n = ::read(file.fd, chunk, sizeof(chunk));
+    const bool in_place = filled < bytes.size();
+    char* to = in_place ? bytes.data() + filled : chunk;
+    const size_t room = in_place ? bytes.size() - filled : sizeof(chunk);
+    const ssize_t n = ::read(file.fd, to, room);
     if (n < 0 && errno == EINTR) continue;
     FUSEBOX_CHECK(n >= 0, where, "read failed: ", errno_text(errno));
     if (n == 0) break;
-    bytes.append(chunk, size_t(n));
+    if (!in_place) bytes.append(chunk, size_t(n));
+    filled += size_t(n);
   }
+  bytes.resize(filled);
   return bytes;
 }
 

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -87,6 +89,52 @@ TEST(Tensor, CastRoundsAndTruncates) {
   EXPECT_EQ(h.data<Half>()[4].bits, 0x3c00);  // tie rounds to even
   Tensor nan = Tensor::from_vector<float>({1}, {NAN}).cast(DType::i64);
   EXPECT_EQ(nan.get(0), 0);
+}
+
+// cast() converts each dtype pair in one typed loop over the pool's chunks: every pair must give
+// the bits of the element-wise set(get(i)) path (the double one), on values that round
+// differently (ties, subnormals, overflow, NaN, infinities) and across chunk boundaries.
+TEST(Tensor, CastMatchesTheElementwisePathForEveryDtypePair) {
+  const int64_t n = (int64_t(1) << 19) + 37;  // more than one chunk, a ragged last one
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f + 1.0f / 2048,
+                            1.0f + 3.0f / 2048,
+                            1.00390625f,
+                            65519.0f,
+                            65520.0f,
+                            1e-8f,
+                            -3.5f,
+                            2.5f,
+                            1e30f,
+                            -1e30f,
+                            NAN,
+                            -NAN,
+                            INFINITY,
+                            -INFINITY,
+                            5.9604645e-8f,
+                            3e9f,
+                            -3e9f,
+                            0.5f};
+  std::vector<float> values(static_cast<size_t>(n));
+  uint32_t state = 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const float r = float(state >> 8) / float(1 << 24);  // [0, 1)
+    values[size_t(i)] =
+        (i % 7 == 0) ? specials[(i / 7) % std::size(specials)] : (r - 0.5f) * float(1 << (i % 31));
+  }
+  const Tensor source = Tensor::from_vector<float>({n}, values);
+  for (int a = 0; a < kNumDTypes; ++a) {
+    const Tensor from = source.cast(DType(a));  // itself checked as the pair (f32, a) below
+    for (int b = 0; b < kNumDTypes; ++b) {
+      const Tensor fast = from.cast(DType(b));
+      Tensor slow = Tensor::empty(DType(b), {n});
+      for (int64_t i = 0; i < n; ++i) slow.set(i, from.get(i));
+      ASSERT_EQ(std::memcmp(fast.raw(), slow.raw(), fast.nbytes()), 0)
+          << dtype_name(DType(a)) << " -> " << dtype_name(DType(b));
+    }
+  }
 }
 
 TEST(Tensor, PoisonMakesFloatsNaN) {

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "fusebox/io/tensor_file.h"
 #include "io_test_util.h"
@@ -34,6 +36,24 @@ TEST(File, WritesAndReadsBack) {
   write_file_atomic(dir.file("empty"), "");
   EXPECT_EQ(read_file(dir.file("empty")), "");
   EXPECT_EQ(temporaries_in(dir.path()), 0);
+}
+
+// A pipe has no size to trust: read_file reads it to EOF (the path past a regular file's size).
+TEST(File, ReadsAPipeToItsEnd) {
+  iotest::ScratchDir dir;
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string bytes(300000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 7 % 251);
+  std::thread writer([&] {
+    std::FILE* f = std::fopen(fifo.c_str(), "wb");
+    if (f == nullptr) return;
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  });
+  const std::string read = read_file(fifo);
+  writer.join();
+  EXPECT_EQ(read, bytes);
 }
 
 TEST(File, ReadErrorsNameThePath) {
