@@ -9,7 +9,7 @@
 # Debian libraries the CLI links that the Ubuntu image lacks; libprotobuf and libonnx_proto
 # come from .gpudeps/usr, docs/gpu.md), and the onnxruntime wheel that setup.sh pins, for the
 # GPU image's Python 3.12, from PyPI. Carry `.cpu16` and `.gpudeps/usr` (not .deps: no build).
-# run: unpacks, installs the wheel into .cpu16/py (no dependencies: numpy is the image's) and
+# run: unpacks, the wheel into .cpu16/py too (no dependencies: numpy is the image's), and
 # runs the benchmark with every core unless ARGS say otherwise; table and JSON into OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +34,8 @@ case "${1:-}" in
     [ -f "$pack_dir/fusebox" ] || xz -d -k "$pack_dir/fusebox.xz"
     [ -f "$pack_dir/libdnnl.so.3" ] || xz -d -c "$pack_dir/libdnnl.so.3.xz" > "$pack_dir/libdnnl.so.3"
     chmod +x "$pack_dir/fusebox"
-    [ -d "$pack_dir/py/onnxruntime" ] ||
-      python3 -m pip install --no-deps --no-index --target "$pack_dir/py" "$pack_dir"/wheel/*.whl > /dev/null
+    # A wheel is a zip of the installed files: unpacked, it is importable (pip may be absent).
+    [ -d "$pack_dir/py/onnxruntime" ] || python3 -m zipfile -e "$pack_dir"/wheel/*.whl "$pack_dir/py"
     cudnn_dir=$(python3 -c 'import nvidia.cudnn; print(list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)
     export LD_LIBRARY_PATH="$PWD/$pack_dir:$PWD/.gpudeps/usr/lib/x86_64-linux-gnu:${cudnn_dir:+$cudnn_dir/lib:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     export PYTHONPATH="$PWD/$pack_dir/py${PYTHONPATH:+:$PYTHONPATH}"
