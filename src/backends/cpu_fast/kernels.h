@@ -25,5 +25,7 @@ Planned plan_fused_pointwise(const Graph& g, const Node& n);  // pointwise.cpp
 Planned plan_batch_norm(const Graph& g, const Node& n);  // batch_norm.cpp
 // Not on oneDNN: sgd_update and adamw_update, in every build.
 Planned plan_optimizer_update(const Graph& g, const Node& n);  // optimizer.cpp
+// Not on oneDNN: max_pool_backward of 2-D f32 pools, in every build.
+Planned plan_max_pool_backward(const Graph& g, const Node& n);  // pool_backward.cpp
 
 }  // namespace fusebox::cpu_fast

@@ -31,6 +31,7 @@ Planned plan_by_op(const Graph& g, const Node& n) {
     return plan_batch_norm(g, n);
   if (n.op == OpKind::sgd_update || n.op == OpKind::adamw_update)
     return plan_optimizer_update(g, n);
+  if (n.op == OpKind::max_pool_backward) return plan_max_pool_backward(g, n);
 #ifdef FUSEBOX_WITH_ONEDNN
   try {
     switch (n.op) {

@@ -567,6 +567,72 @@ TEST(CpuFast, TrainingBatchNormsMatchTheReference) {
   }
 }
 
+// The shape max_pool gives x under `pool` (shape inference on a graph of that node alone).
+Shape pooled_shape(const Shape& x, const PoolAttrs& pool) {
+  Graph g("pool");
+  const ValueId in = g.add_input("x", DType::f32, x);
+  return g.value(g.add_node(OpKind::max_pool, pool, {in}, "pool")[0]).type.shape;
+}
+
+// max_pool_backward of 2-D f32 pools on the fast kernel (cpu_fast/pool_backward.cpp, in every
+// build): the reference's windows and sums, so bit for bit, on inputs with ties (values on a
+// coarse grid: the first of equal maxima wins) and NaNs (a NaN wins and stays), over strides,
+// paddings, ceil mode and dilation; a 1-D pool stays on the reference kernel.
+TEST(CpuFast, MaxPoolBackwardMatchesTheReferenceBitForBit) {
+  struct Case {
+    Shape x;
+    PoolAttrs pool;
+  };
+  const Case cases[] = {
+      {{2, 3, 17, 17},
+       {.kernel = {3, 3},
+        .strides = {2, 2},
+        .pads_begin = {1, 1},
+        .pads_end = {1, 1}}},  // ResNet's stem pool
+      {{1, 4, 7, 9}, {.kernel = {2, 2}, .strides = {2, 2}, .ceil_mode = true}},
+      {{2, 2, 11, 10},
+       {.kernel = {3, 3}, .dilations = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}}},
+      {{1, 5, 6, 13},
+       {.kernel = {2, 3}, .strides = {1, 2}, .pads_begin = {0, 1}, .pads_end = {1, 0}}},
+  };
+  uint64_t seed = 500;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_str(c.x));
+    PoolAttrs pool = c.pool;
+    if (pool.strides.empty()) pool.strides = {1, 1};
+    if (pool.dilations.empty()) pool.dilations = {1, 1};
+    if (pool.pads_begin.empty()) pool.pads_begin = {0, 0};
+    if (pool.pads_end.empty()) pool.pads_end = {0, 0};
+    const Shape y_shape = pooled_shape(c.x, pool);
+    Graph g("pool_backward");  // the backward alone: 1 fast node in every build
+    const ValueId x = g.add_input("x", DType::f32, c.x);
+    const ValueId dy = g.add_input("dy", DType::f32, y_shape);
+    const ValueId dx =
+        g.add_node(OpKind::max_pool_backward, PoolBackwardAttrs{pool, {}}, {dy, x}, "dx")[0];
+    g.mark_output(dx);
+    Tensor xs = random_tensor(DType::f32, c.x, ++seed, -2, 2);
+    float* v = xs.data<float>();
+    for (int64_t i = 0; i < xs.numel(); ++i) {
+      v[i] = std::round(v[i] * 2.0f) / 2.0f;  // 9 levels: many equal maxima
+      if (i % 37 == 5) v[i] = NAN;
+    }
+    expect_fast_matches_reference(
+        g, {{"x", xs}, {"dy", random_tensor(DType::f32, y_shape, ++seed)}}, 1, 0, 0);
+  }
+  Graph g("pool_backward_1d");
+  const PoolAttrs pool{
+      .kernel = {3}, .strides = {2}, .dilations = {1}, .pads_begin = {1}, .pads_end = {1}};
+  const Shape y_shape = pooled_shape({2, 3, 9}, pool);
+  const ValueId x = g.add_input("x", DType::f32, {2, 3, 9});
+  const ValueId dy = g.add_input("dy", DType::f32, y_shape);
+  g.mark_output(
+      g.add_node(OpKind::max_pool_backward, PoolBackwardAttrs{pool, {}}, {dy, x}, "dx")[0]);
+  expect_fast_matches_reference(g,
+                                {{"x", random_tensor(DType::f32, {2, 3, 9}, 1)},
+                                 {"dy", random_tensor(DType::f32, y_shape, 2)}},
+                                0, 0, 0);
+}
+
 // The plain SGD and AdamW updates on the fast kernels (cpu_fast/optimizer.cpp, in every
 // build): SGD with momentum and dampening, weight decay, Nesterov, none; AdamW at its first and
 // a later step; lengths that leave a remainder past the vector steps and split over the
