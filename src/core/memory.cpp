@@ -2,13 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 
 #include "fusebox/core/error.h"
 
@@ -168,8 +171,10 @@ std::string host_memory_summary() {
              " host memory limit (--memory-limit, or FUSEBOX_CPU_MEMORY_LIMIT)");
 }
 
-std::shared_ptr<std::byte[]> allocate_host(size_t bytes, const std::string& what) {
-  bytes = std::max<size_t>(bytes, 1);
+namespace {
+
+// Counts `bytes` against the budget, or throws OutOfMemory naming `what`.
+void reserve_host(size_t bytes, const std::string& what) {
   HostBudget& b = budget();
   const size_t limit = b.current_limit();
   const size_t before = b.in_use.fetch_add(bytes);
@@ -182,9 +187,16 @@ std::shared_ptr<std::byte[]> allocate_host(size_t bytes, const std::string& what
   size_t peak = b.peak.load();
   while (before + bytes > peak && !b.peak.compare_exchange_weak(peak, before + bytes)) {
   }
+}
+
+}  // namespace
+
+std::shared_ptr<std::byte[]> allocate_host(size_t bytes, const std::string& what) {
+  bytes = std::max<size_t>(bytes, 1);
+  reserve_host(bytes, what);
   std::byte* p = new (std::nothrow) std::byte[bytes];
   if (p == nullptr) {
-    b.in_use.fetch_sub(bytes);
+    budget().in_use.fetch_sub(bytes);
     throw OutOfMemory("host memory",
                       cat("out of host memory: the system refused ", format_bytes(bytes), " (",
                           bytes, " bytes) for ", what, ", ", host_memory_summary()));
@@ -193,6 +205,19 @@ std::shared_ptr<std::byte[]> allocate_host(size_t bytes, const std::string& what
     delete[] q;
     budget().in_use.fetch_sub(bytes);
   });
+}
+
+std::shared_ptr<std::byte[]> adopt_host_bytes(std::string bytes, const std::string& what) {
+  const size_t counted = std::max<size_t>(bytes.size(), 1);
+  // The string object on the heap, so that its data (inline for a short string) stays put.
+  auto owner = std::make_unique<std::string>(std::move(bytes));
+  reserve_host(counted, what);
+  std::string* held = owner.release();
+  return std::shared_ptr<std::byte[]>(reinterpret_cast<std::byte*>(held->data()),
+                                      [held, counted](std::byte*) {
+                                        delete held;
+                                        budget().in_use.fetch_sub(counted);
+                                      });
 }
 
 }  // namespace fusebox

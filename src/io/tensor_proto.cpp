@@ -177,8 +177,11 @@ const char* onnx_type_name(int onnx_type) {
   return onnx_type >= 0 && onnx_type < kCount ? kNames[onnx_type] : "UNKNOWN";
 }
 
-Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& where,
-                         const std::string& base_dir) {
+namespace {
+
+// tensor_from_proto, or take_tensor_from_proto where `take` is &p (its raw_data may be taken).
+Tensor tensor_from_proto_or_take(const onnx::TensorProto& p, const std::string& where,
+                                 const std::string& base_dir, onnx::TensorProto* take) {
   const TensorContext ctx{where, p.name()};
   DType dtype;
   if (!dtype_from_onnx(p.data_type(), &dtype)) {
@@ -230,6 +233,15 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& where,
     if (bytes.size() != nbytes) {
       ctx.fail("raw_data has ", bytes.size(), " bytes, ", dtype_name(dtype), " of shape ",
                shape_str(shape), " needs ", nbytes);
+    }
+    if (take != nullptr && !external && nbytes > 0) {
+      std::string owned;
+      take->mutable_raw_data()->swap(owned);  // `bytes` is now empty: not read again
+      if (dtype == DType::boolean)
+        for (char& c : owned) c = char(c != 0);  // a C++ bool must hold 0 or 1
+      return Tensor::adopt(
+          dtype, shape,
+          adopt_host_bytes(std::move(owned), cat(dtype_name(dtype), shape_str(shape))));
     }
     Tensor t = Tensor::empty(dtype, shape);
     auto* dst = static_cast<unsigned char*>(t.raw());
@@ -286,6 +298,18 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& where,
       break;
   }
   return t;
+}
+
+}  // namespace
+
+Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& where,
+                         const std::string& base_dir) {
+  return tensor_from_proto_or_take(p, where, base_dir, nullptr);
+}
+
+Tensor take_tensor_from_proto(onnx::TensorProto& p, const std::string& where,
+                              const std::string& base_dir) {
+  return tensor_from_proto_or_take(p, where, base_dir, &p);
 }
 
 void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto* p) {

@@ -71,6 +71,10 @@ void set_host_memory_limit(std::optional<size_t> bytes);
 // `bytes` (at least 1) of uninitialised host memory, counted against the budget until the last
 // handle goes. `what` says what it is for in the error ("f32[64, 3, 224, 224]").
 std::shared_ptr<std::byte[]> allocate_host(size_t bytes, const std::string& what);
+// Bytes that exist already (a parsed model's weights) as host tensor storage, without a copy:
+// counted against the budget as allocate_host counts (OutOfMemory where they do not fit),
+// released with the last handle. Aligned as allocate_host's memory (operator new's).
+std::shared_ptr<std::byte[]> adopt_host_bytes(std::string bytes, const std::string& what);
 
 // "in use 1.2 GiB of the 20.1 GiB host memory limit (FUSEBOX_CPU_MEMORY_LIMIT or
 // --memory-limit)", for messages about host memory.

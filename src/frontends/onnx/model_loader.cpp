@@ -122,7 +122,8 @@ constexpr const char* kInitializer = "an initializer";
 
 class Loader {
  public:
-  Loader(const onnx::ModelProto& model, std::string where, std::string base_dir,
+  // The model's initializers' raw bytes become the graph's constants (taken, not copied).
+  Loader(onnx::ModelProto& model, std::string where, std::string base_dir,
          const OnnxImportOptions& opts)
       : model_(model),
         where_(std::move(where)),
@@ -197,7 +198,7 @@ class Loader {
   }
 
   void load_initializers() {
-    for (const onnx::TensorProto& p : model_.graph().initializer()) {
+    for (onnx::TensorProto& p : *model_.mutable_graph()->mutable_initializer()) {
       check(!p.name().empty(), "an initializer has no name");
       check(!values_.count(p.name()), "initializer '", p.name(), "' is defined twice");
       DType dt;
@@ -206,7 +207,7 @@ class Loader {
       check(p.data_location() != onnx::TensorProto::EXTERNAL || !base_dir_.empty(), "initializer '",
             p.name(),
             "' is stored as external data, which needs the model's file (use import_onnx_file)");
-      Tensor t = tensor_from_proto(p, where_, base_dir_);
+      Tensor t = take_tensor_from_proto(p, where_, base_dir_);
       values_[p.name()] = Binding{{t.dtype(), t.shape()}, t, kNoValue, kInitializer};
     }
   }
@@ -477,7 +478,7 @@ class Loader {
     }
   }
 
-  const onnx::ModelProto& model_;
+  onnx::ModelProto& model_;
   std::string where_;
   std::string base_dir_;
   const OnnxImportOptions& opts_;
@@ -503,7 +504,7 @@ onnx::ModelProto parse_model(const std::string& bytes, const std::string& where)
 Graph import_model(const std::string& bytes, const std::string& label, const std::string& base_dir,
                    const OnnxImportOptions& opts) {
   const std::string where = "onnx import: " + label;
-  const onnx::ModelProto model = parse_model(bytes, where);
+  onnx::ModelProto model = parse_model(bytes, where);
   return Loader(model, where, base_dir, opts).run();
 }
 
@@ -528,7 +529,7 @@ Graph import_onnx_file(const std::string& path, const OnnxImportOptions& opts) {
   const TracePhase trace("onnx import");
   const std::string where = "onnx import: " + path;
   std::string bytes = onnx_import::read_model_file(path);
-  const onnx::ModelProto model = onnx_import::parse_model(bytes, where);
+  onnx::ModelProto model = onnx_import::parse_model(bytes, where);
   // The file's bytes go before the graph is built: the parsed model and the graph's constants
   // hold the weights twice already (ViT-B/16's process peaked at three copies of its 330 MB,
   // 1016 MiB, against onnxruntime's 730).

@@ -160,6 +160,31 @@ TEST(HostMemoryBudget, CountsLiveTensorsAndRefusesPastTheLimit) {
   EXPECT_EQ(host_memory_stats().in_use, before + (size_t(2) << 20));
 }
 
+// Adopted bytes (a parsed model's weights) are counted as allocated ones: while held, refused
+// past the limit with nothing taken, released with the last handle; the data is not moved.
+TEST(HostMemoryBudget, AdoptedBytesAreCountedLikeAllocatedOnes) {
+  const size_t before = host_memory_stats().in_use;
+  std::string bytes(size_t(1) << 20, 'x');
+  bytes[7] = 'y';
+  const char* data = bytes.data();
+  {
+    std::shared_ptr<std::byte[]> held = adopt_host_bytes(std::move(bytes), "f32[512, 512]");
+    EXPECT_EQ(static_cast<const void*>(held.get()), static_cast<const void*>(data));
+    EXPECT_EQ(char(held[7]), 'y');
+    EXPECT_EQ(host_memory_stats().in_use, before + (size_t(1) << 20));
+  }
+  EXPECT_EQ(host_memory_stats().in_use, before);
+  testing::ScopedHostMemoryLimit limit(before + (size_t(1) << 20));
+  try {
+    adopt_host_bytes(std::string(size_t(2) << 20, 'z'), "f32[1024, 512]");
+    ADD_FAILURE() << "bytes past the host memory limit were adopted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("f32[1024, 512] needs 2.0 MiB"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(host_memory_stats().in_use, before);
+}
+
 TEST(HostMemoryBudget, TheDefaultIsBelowThePhysicalMemory) {
   const size_t limit = host_memory_stats().limit;
   EXPECT_GT(limit, size_t(64) << 20);  // any machine that builds fusebox has more

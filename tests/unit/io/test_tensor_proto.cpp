@@ -49,6 +49,32 @@ TEST(TensorProto, RoundTripsEveryDtypeAndRank) {
   EXPECT_EQ(checked, 70);
 }
 
+// take_tensor_from_proto: the tensor tensor_from_proto makes, over raw_data's own bytes (not a
+// copy; the proto is left without them), bools made 0 / 1; typed fields are copied as before.
+TEST(TensorProto, TakingRawDataGivesTheSameTensorWithoutACopy) {
+  uint64_t seed = 100;
+  for (DType dtype : iotest::kAllDTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // 51 elements: past a short string's inline bytes, so the data has an address to keep.
+    const Tensor t = testing::random_tensor(dtype, {3, 17}, seed++, -100, 100);
+    onnx::TensorProto p;
+    tensor_to_proto(t, "x", &p);
+    if (dtype == DType::boolean) (*p.mutable_raw_data())[4] = char(7);  // true, not as 1
+    const Tensor want = tensor_from_proto(p, "t");
+    const void* raw = p.raw_data().data();
+    const Tensor took = take_tensor_from_proto(p, "t");
+    EXPECT_TRUE(same_tensor(took, want));
+    EXPECT_EQ(took.raw(), raw);
+    EXPECT_TRUE(p.raw_data().empty());
+  }
+  onnx::TensorProto typed = proto(onnx::TensorProto::FLOAT, {2});
+  typed.add_float_data(1.5f);
+  typed.add_float_data(-2);
+  EXPECT_TRUE(
+      same_tensor(take_tensor_from_proto(typed, "t"), Tensor::from_vector<float>({2}, {1.5f, -2})));
+  EXPECT_EQ(typed.float_data_size(), 2);
+}
+
 TEST(TensorProto, MapsDataTypes) {
   for (DType dtype : iotest::kAllDTypes) {
     DType back;
