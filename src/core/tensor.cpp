@@ -140,14 +140,19 @@ Tensor Tensor::cast(DType to) const {
       using To = decltype(to_tag);
       const From* src = data<From>();
       To* dst = t.data<To>();
-      parallel_for(numel_, int64_t(1) << 18, [&](int64_t begin, int64_t end) {
+      auto convert = [&](int64_t begin, int64_t end) {
         if constexpr (std::is_same_v<From, float> &&
                       (std::is_same_v<To, BFloat16> || std::is_same_v<To, Half>)) {
           for (int64_t i = begin; i < end; ++i) dst[i] = To(src[i]);
         } else {
           for (int64_t i = begin; i < end; ++i) store<To>(dst, i, load<From>(src, i));
         }
-      });
+      };
+      constexpr int64_t kGrain = int64_t(1) << 18;
+      if (numel_ < 2 * kGrain)
+        convert(0, numel_);  // the pool is not woken for a small cast
+      else
+        parallel_for(numel_, kGrain, convert);
     });
   });
   return t;
