@@ -94,5 +94,69 @@ TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
   }
 }
 
+// The chain item 5 builds: the statistics GEMM's partials given to the training batch norm
+// (batch_norm_from_tile_sums: its own pass over x skipped) against the batch norm computing
+// its statistics from the same y: y, the saved and the running statistics agree within the
+// rounding of f32 sums (the partials) against the norm's Welford chunks.
+TEST(CutlassBn, TileSumsGiveTheBatchNormItsStatistics) {
+  FUSEBOX_REQUIRE_GPU();
+  OpHarness h;
+  if (h.ctx().device.properties().compute_capability() != 90)
+    GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
+  const int64_t batch = 2, size = 20, c = 128, k = 64, m = batch * size * size;  // 6.25 tiles
+  const DeviceTensor dx = h.upload(random_bf16({m, k}, 11)), dw = h.upload(random_bf16({c, k}, 12));
+  const int64_t rows = cutlass_bn::stats_partial_rows(m);
+  const int64_t cols = cutlass_bn::stats_partial_cols(c, true);
+  DeviceTensor y = h.poisoned({DType::bf16, {m, c}});
+  DeviceTensor sums = h.poisoned({DType::f32, {rows, cols}});
+  DeviceTensor squares = h.poisoned({DType::f32, {rows, cols}});
+  const cutlass_bn::StatsGemmCall call{
+      m, c, k, dx.data(), dw.data(), y.data(), sums.as<float>(), squares.as<float>(), true};
+  ASSERT_FALSE(cutlass_bn::record_stats_gemm(h.ctx(), call, {dx.range(), dw.range()},
+                                             {y.range(), sums.range(), squares.range()}));
+  // y as the norm's x: [batch, c, size, size] channels-last over the GEMM's [m][c].
+  const DeviceTensor x = DeviceTensor::over(y.range(), DType::bf16, {batch, c, size, size},
+                                            MemoryFormat::channels_last);
+  const Tensor scale = fusebox::testing::random_tensor(DType::f32, {c}, 13, 0.5, 1.5),
+               bias = fusebox::testing::random_tensor(DType::f32, {c}, 14, -1, 1),
+               mean = fusebox::testing::random_tensor(DType::f32, {c}, 15, -1, 1),
+               var = fusebox::testing::random_tensor(DType::f32, {c}, 16, 0.5, 2);
+  const BuiltNode built = build_node(
+      OpKind::batch_norm, BatchNormAttrs{.epsilon = 1e-5, .momentum = 0.9, .training = true},
+      {Tensor::empty(DType::bf16, {batch, c, size, size}), scale, bias, mean, var});
+  const DeviceTensor ds = h.upload(scale), db = h.upload(bias), dm = h.upload(mean),
+                     dv = h.upload(var);
+  const std::vector<const DeviceTensor*> in = {&x, &ds, &db, &dm, &dv};
+  auto outputs = [&] {
+    std::vector<DeviceTensor> out;
+    out.push_back(DeviceTensor::empty(h.ctx().allocator, DType::bf16, {batch, c, size, size},
+                                      MemoryFormat::channels_last));
+    h.encoder().memset(out.back().range(), 0xFF);
+    for (size_t o = 1; o < built.outputs.size(); ++o) out.push_back(h.poisoned(built.outputs[o]));
+    return out;
+  };
+  std::vector<DeviceTensor> own = outputs(), given = outputs();
+  batch_norm(h.ctx(), built.node, in, own);
+  const BatchNormTileSums tile_sums{sums.as<float>(),
+                                    squares.as<float>(),
+                                    {sums.range(), squares.range()},
+                                    rows,
+                                    cols,
+                                    cutlass_bn::kStatsTileM,
+                                    m};
+  batch_norm_from_tile_sums(h.ctx(), built.node, in, given, tile_sums);
+  h.encoder().synchronize();
+  check_error_flags(h.ctx());
+  // Every output's bytes in their order (y channels-last in both), as one flat tensor.
+  auto flat = [&](const DeviceTensor& d) {
+    return h.download(DeviceTensor::over(d.range(), d.dtype, {d.numel()}));
+  };
+  for (size_t o = 0; o < own.size(); ++o) {
+    SCOPED_TRACE(cat("output ", o));
+    const Tensor want = flat(own[o]), got = flat(given[o]);
+    EXPECT_TRUE(fusebox::testing::all_close(got, want, o == 0 ? 1e-2 : 1e-4, o == 0 ? 1e-2 : 1e-5));
+  }
+}
+
 }  // namespace
 }  // namespace fusebox::cuda::testing

@@ -603,8 +603,25 @@ struct RankTotals {
   }
 };
 
-// batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics).
-void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
+// Stage 1 replaced (BatchNormTileSums): tile t's triple of channel c from its sum s and sum of
+// squares q over n rows, in f64 (mean s / n, m2 = q - s * mean: cancellation within one tile
+// of f32 sums), written [t][channels] for bn_finalize_training's fixed-order merge.
+__global__ void bn_tile_moments(const float* sums, const float* squares, int64_t tiles,
+                                int64_t pitch, int64_t tile_rows, int64_t rows, int64_t channels,
+                                Moments<float>* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tiles * channels) return;
+  const int64_t t = i / channels, c = i % channels;
+  const double n = double(min(tile_rows, rows - t * tile_rows));
+  const double s = sums[t * pitch + c], q = squares[t * pitch + c];
+  const double mean = s / n;
+  out[i] = {float(n), float(mean), float(max(q - s * mean, 0.0))};
+}
+
+// batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics);
+// `given`: a training forward's statistics summed by its producer (stage 1 skipped).
+void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out,
+                    const BatchNormTileSums* given = nullptr) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const bool apply = n.op == OpKind::batch_norm_apply;
@@ -658,13 +675,39 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       }
       FUSEBOX_CHECK(g.per_channel() > 0, where, "training needs batch statistics but x ",
                     shape_str(x.shape), " has no elements per channel");
-      const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
-                                                               : contiguous_stats<T>(ctx, g, x);
       auto output = [&](size_t o) { return o < out.size() ? out[o].as<P>() : nullptr; };
       BufferList writes = {coef};
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
-      const Entries chunks{partial.chunks, partial.chunks, 1};
       const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
+      if (given != nullptr) {
+        FUSEBOX_CHECK(!attrs.sync && layout == Layout::channels_last &&
+                          given->rows == g.per_channel() && given->tiles > 0 &&
+                          given->tile_rows > 0 &&
+                          given->tiles == (given->rows + given->tile_rows - 1) / given->tile_rows &&
+                          given->pitch >= g.channels,
+                      where, "tile sums of ", given->tiles, " tiles of ", given->tile_rows,
+                      " rows (pitch ", given->pitch, ") do not describe x ", shape_str(x.shape),
+                      " (channels-last, not synchronized)");
+        const BufferRange moments = ctx.encoder.temporary(
+            ctx.allocator, size_t(given->tiles * g.channels) * sizeof(Moments<float>));
+        const int64_t items = given->tiles * g.channels;
+        ctx.encoder.launch(&bn_tile_moments, dim3(unsigned((items + 255) / 256)), dim3(256), 0,
+                           given->ranges, {moments}, given->sums, given->squares, given->tiles,
+                           given->pitch, given->tile_rows, given->rows, g.channels,
+                           static_cast<Moments<float>*>(moments.data()));
+        BufferList reads = params;
+        reads.push_back(moments);
+        ctx.encoder.launch(
+            &bn_finalize_training<T, P, float>, grid, block, 0, reads, writes,
+            static_cast<const Moments<float>*>(moments.data()),
+            Entries{given->tiles, 1, g.channels}, g.channels, scale, bias, running_mean,
+            running_var, attrs.epsilon, attrs.momentum, output(1), output(2), output(3), output(4),
+            static_cast<Coefficients<C>*>(coef.data()), static_cast<Moments<double>*>(nullptr));
+        return;
+      }
+      const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
+                                                               : contiguous_stats<T>(ctx, g, x);
+      const Entries chunks{partial.chunks, partial.chunks, 1};
       if (!attrs.sync) {
         BufferList reads = params;
         reads.push_back(partial.buffer);
@@ -833,6 +876,11 @@ void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
 
 void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out) {
   bn::run_batch_norm(ctx, n, in, out);
+}
+
+void batch_norm_from_tile_sums(Context& ctx, const Node& n, Inputs in, Outputs out,
+                               const BatchNormTileSums& given) {
+  bn::run_batch_norm(ctx, n, in, out, &given);
 }
 
 void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
