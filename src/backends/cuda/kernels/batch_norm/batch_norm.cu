@@ -625,6 +625,8 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out,
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const bool apply = n.op == OpKind::batch_norm_apply;
+  FUSEBOX_CHECK(!given || (!apply && attrs.training), where,
+                "statistics given (tile sums) to a batch norm that computes none");
   FUSEBOX_CHECK(apply ? in.size() == 5 && in[0] && out.size() == 1
                       : (in.size() == 5 || in.size() == 6) && in[0] && !out.empty(),
                 where,

@@ -80,6 +80,8 @@ std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& 
   if (call.m <= 0 || call.n <= 0 || call.k <= 0 || call.m > INT32_MAX || call.n > INT32_MAX ||
       call.k > INT32_MAX)
     return cat("extents m ", call.m, ", n ", call.n, ", k ", call.k, " out of the kernel's range");
+  if (call.sums == nullptr || call.squares == nullptr)
+    return std::string("no buffers for the partial sums");
   if (call.n % 8 != 0 || call.k % 8 != 0)
     return std::string("channel counts not multiples of 8 (16-byte rows)");
   return call.wide ? record<128, 128>(ctx, call, reads, writes)
