@@ -5,7 +5,7 @@
 #   scripts/cpu_bench_gpu_machine.sh pack            # here: fills .cpu16/ (git-ignored, ~46 MB)
 #   scripts/cpu_bench_gpu_machine.sh run OUT [ARGS]  # there: ARGS go to cpu_vs_onnxruntime.py
 #
-# pack: this machine's release CLI (stripped, xz), oneDNN's library and libjpeg.so.62 (the
+# pack: this machine's release CLI (stripped, xz), oneDNN's library, libjpeg.so.62 and libpng16 (the
 # Debian libraries the CLI links that the Ubuntu image lacks; libprotobuf and libonnx_proto
 # come from .gpudeps/usr, docs/gpu.md), and the onnxruntime wheel that setup.sh pins, for the
 # GPU image's Python 3.12, from PyPI. Carry `.cpu16` and `.gpudeps/usr` (not .deps: no build).
@@ -22,7 +22,7 @@ case "${1:-}" in
     strip -o "$pack_dir/fusebox" build/release/tools/fusebox
     xz -3 -T0 "$pack_dir/fusebox"
     xz -3 -T0 -c "$(readlink -f .deps-cpu/onednn/lib/libdnnl.so.3)" > "$pack_dir/libdnnl.so.3.xz"
-    cp -L /lib/x86_64-linux-gnu/libjpeg.so.62 "$pack_dir/"
+    cp -L /lib/x86_64-linux-gnu/libjpeg.so.62 /lib/x86_64-linux-gnu/libpng16.so.16 "$pack_dir/"
     "$(ls -d .venv-ort-*/bin/python | head -n 1)" -m pip download "onnxruntime==$ort_version" --no-deps --only-binary=:all: \
       --python-version 3.12 --platform manylinux_2_27_x86_64 -d "$pack_dir/wheel" > /dev/null
     du -sh "$pack_dir"
