@@ -129,12 +129,6 @@ double conv_flops(const ConvShape& s) {
   return 2.0 * kBatch * double(s.k) * o * o * double(s.c / s.groups) * double(s.r * s.r);
 }
 
-// Settings are read once per process: a knob changed between runs asks for a re-read.
-void set_env(const char* name, const char* value) {
-  setenv(name, value, 1);
-  reread_settings();
-}
-
 struct Variant {
   std::string name;
   double ms = -1;
@@ -345,8 +339,8 @@ SetupPhase fresh_process_setup(const std::string& dir, const Options& o) {
 }
 
 int setup_child(const Options& o) {
-  set_env("FUSEBOX_CACHE_DIR", o.setup_child_dir.c_str());
-  set_env("FUSEBOX_AUTOTUNE", "0");
+  bench::set_setting("FUSEBOX_CACHE_DIR", o.setup_child_dir.c_str());
+  bench::set_setting("FUSEBOX_AUTOTUNE", "0");
   KernelBench b(CommandEncoder::Options::from_env());       // graphs, as run()'s
   (void)b.ctx().device.cudnn_handle(b.encoder().stream());  // cuDNN initialised first
   const SetupPhase p = setup_phase(b, "warm_child", o);
@@ -368,10 +362,10 @@ std::string temp_dir(const char* tag) {
 void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
   for (const KnobSetting& k : kKnobs) {
     const std::string dir = temp_dir(k.name);
-    set_env("FUSEBOX_CACHE_DIR", dir.c_str());
-    set_env("FUSEBOX_AUTOTUNE", k.autotune);
-    set_env("FUSEBOX_CONV_AUTOTUNE_MODE_B", k.mode_b);
-    set_env("FUSEBOX_CONV_SUBSAMPLE_1X1", k.subsample);
+    bench::set_setting("FUSEBOX_CACHE_DIR", dir.c_str());
+    bench::set_setting("FUSEBOX_AUTOTUNE", k.autotune);
+    bench::set_setting("FUSEBOX_CONV_AUTOTUNE_MODE_B", k.mode_b);
+    bench::set_setting("FUSEBOX_CONV_SUBSAMPLE_1X1", k.subsample);
     clear_conv_plan_memory_cache();
     Variant v;
     v.name = k.name;
@@ -393,7 +387,7 @@ void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result
 // (--own-tiles) each engine and tile forced (FUSEBOX_CONV_ENGINE), those that cannot run the
 // problem skipped; the fastest against cuDNN's fastest (heuristic or tuned).
 void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& r) {
-  set_env("FUSEBOX_CONV_BACKEND", "own");
+  bench::set_setting("FUSEBOX_CONV_BACKEND", "own");
   std::vector<const char*> engines = {""};
   if (o.own_tiles)
     engines.insert(engines.end(),
@@ -403,7 +397,7 @@ void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& 
                     "patch_wgrad", "phase_dgrad", "space_to_depth", "im2col", "depthwise"});
   for (const char* engine : engines) {
     if (*engine) {
-      set_env("FUSEBOX_CONV_ENGINE", engine);
+      bench::set_setting("FUSEBOX_CONV_ENGINE", engine);
     } else {
       unsetenv("FUSEBOX_CONV_ENGINE");
       reread_settings();
@@ -424,7 +418,7 @@ void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& 
     r.own_variants.push_back(v);
   }
   unsetenv("FUSEBOX_CONV_ENGINE");
-  set_env("FUSEBOX_CONV_BACKEND", "cudnn");
+  bench::set_setting("FUSEBOX_CONV_BACKEND", "cudnn");
 }
 
 bench::Json result_json(const Result& r) {
@@ -471,7 +465,7 @@ bench::Json setup_json(const SetupPhase& p) {
 
 int run(const Options& o) {
   // cuDNN's plans (depthwise problems would go to the project's kernels under auto).
-  set_env("FUSEBOX_CONV_BACKEND", "cudnn");
+  bench::set_setting("FUSEBOX_CONV_BACKEND", "cudnn");
   // Graphs (the executor's encoder settings): the ops are timed as recorded, replayed graphs.
   KernelBench b(CommandEncoder::Options::from_env());
   std::printf("device: %s, cudnn %zu\n", b.properties().describe().c_str(), cudnnGetVersion());
@@ -479,7 +473,7 @@ int run(const Options& o) {
 
   // ---- kernel times -----------------------------------------------------------------
   const std::string timing_cache = temp_dir("timing");
-  set_env("FUSEBOX_CACHE_DIR", timing_cache.c_str());
+  bench::set_setting("FUSEBOX_CACHE_DIR", timing_cache.c_str());
   (o.knobs ? kKnobsTable : kTimesTable).print_header();
   for (DType dtype : {DType::bf16, DType::f32}) {
     if (!contains(o.dtypes, dtype_name(dtype))) continue;
@@ -496,15 +490,15 @@ int run(const Options& o) {
         if (o.knobs) {
           time_knobs(b, o, st, op, r);
           results.push_back(r);
-          set_env("FUSEBOX_CACHE_DIR", timing_cache.c_str());
+          bench::set_setting("FUSEBOX_CACHE_DIR", timing_cache.c_str());
           continue;
         }
         const std::string node = st.nodes[op].name;
-        set_env("FUSEBOX_AUTOTUNE", "0");
+        bench::set_setting("FUSEBOX_AUTOTUNE", "0");
         r.heuristic_ms = time_op_ms(b, o, st, op);
         r.heuristic_plan = plan_of(node);
         if (o.autotune) {
-          set_env("FUSEBOX_AUTOTUNE", "1");
+          bench::set_setting("FUSEBOX_AUTOTUNE", "1");
           r.tuned_ms = time_op_ms(b, o, st, op);
           r.tuned_plan = plan_of(node);
         }
@@ -514,8 +508,8 @@ int run(const Options& o) {
                                r.heuristic_plan + " | " + r.tuned_plan});
         if (o.own) time_own(b, o, st, op, r);
         if (o.select) {
-          set_env("FUSEBOX_CONV_BACKEND", "auto");
-          set_env("FUSEBOX_AUTOTUNE", "1");
+          bench::set_setting("FUSEBOX_CONV_BACKEND", "auto");
+          bench::set_setting("FUSEBOX_AUTOTUNE", "1");
           r.selected_ms = time_op_ms(b, o, st, op);
           for (const ConvDecision& d : conv_decisions())
             if (d.node.find("'" + node + "'") != std::string::npos)
@@ -523,13 +517,13 @@ int run(const Options& o) {
           std::printf("    selected %-22s %9.4f ms  %.2fx cuDNN's best  [%s]\n",
                       r.selected_path.c_str(), r.selected_ms, r.cudnn_best_ms() / r.selected_ms,
                       r.selected_reason.c_str());
-          set_env("FUSEBOX_CONV_BACKEND", "cudnn");
+          bench::set_setting("FUSEBOX_CONV_BACKEND", "cudnn");
         }
         results.push_back(r);
       }
     }
   }
-  set_env("FUSEBOX_AUTOTUNE", "0");
+  bench::set_setting("FUSEBOX_AUTOTUNE", "0");
   std::filesystem::remove_all(timing_cache);
   if (o.own) {
     // The implicit GEMM against cuDNN's fastest plan, per op: the worst and the geometric mean.
@@ -555,7 +549,7 @@ int run(const Options& o) {
   const std::string cold_dir = temp_dir("cold"), tune_dir = temp_dir("tune");
   clear_conv_plan_memory_cache();
   if (o.setup) {
-    set_env("FUSEBOX_CACHE_DIR", cold_dir.c_str());
+    bench::set_setting("FUSEBOX_CACHE_DIR", cold_dir.c_str());
     phases.push_back(setup_phase(b, "cold", o));
     clear_conv_plan_memory_cache();
     phases.push_back(setup_phase(b, "warm_memory_cleared", o));
@@ -563,10 +557,10 @@ int run(const Options& o) {
     phases.push_back(fresh_process_setup(cold_dir, o));
     if (o.autotune) {
       clear_conv_plan_memory_cache();
-      set_env("FUSEBOX_CACHE_DIR", tune_dir.c_str());
-      set_env("FUSEBOX_AUTOTUNE", "1");
+      bench::set_setting("FUSEBOX_CACHE_DIR", tune_dir.c_str());
+      bench::set_setting("FUSEBOX_AUTOTUNE", "1");
       phases.push_back(setup_phase(b, "cold_autotune", o));
-      set_env("FUSEBOX_AUTOTUNE", "0");
+      bench::set_setting("FUSEBOX_AUTOTUNE", "0");
     }
   }
   std::filesystem::remove_all(cold_dir);

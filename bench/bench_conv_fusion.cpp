@@ -105,16 +105,6 @@ double time_ms(KernelBench& b, const bench::TimingOptions& t, Setup& s, bool fus
 
 }  // namespace
 
-// Settings are read once per process: a setting changed between runs asks for a re-read.
-void set_env(const char* name, const char* value) {
-  if (value) {
-    setenv(name, value, 1);
-  } else {
-    unsetenv(name);
-  }
-  reread_settings();
-}
-
 int run(const std::string& json, const bench::TimingOptions& timing) {
   KernelBench b(CommandEncoder::Options::from_env());  // graphs, as a compiled model's
   std::vector<Result> results;
@@ -130,9 +120,9 @@ int run(const std::string& json, const bench::TimingOptions& timing) {
       r.fused_path = d.path;
       r.fused_plan = d.plan;
     }
-    set_env("FUSEBOX_CUDNN_FUSION", "refuse");
+    bench::set_setting("FUSEBOX_CUDNN_FUSION", "refuse");
     r.split_ms = time_ms(b, timing, s, true, c.residual);
-    set_env("FUSEBOX_CUDNN_FUSION", nullptr);
+    bench::set_setting("FUSEBOX_CUDNN_FUSION", nullptr);
     r.conv_ms = time_ms(b, timing, s, false, c.residual);
     std::printf("%-40s %10.4f %10.4f %10.4f  %s [%s]\n", c.name, r.fused_ms, r.split_ms, r.conv_ms,
                 r.fused_path.c_str(), r.fused_plan.c_str());

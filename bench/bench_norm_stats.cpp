@@ -9,7 +9,9 @@
 //             statistics are given; merging the partials, ~0.1% of the bytes, not timed)
 //
 // Columns: those times (ms) and fused / today (< 1: the fused form wins). stats_gemm is timed
-// on both of its tiles (128 x 128 and 128 x 64); the better one counts.
+// on both of its tiles (128 x 128 and 128 x 64); the better one counts. conv cutlass: the same
+// convolution forced onto the CUTLASS engine (FUSEBOX_CONV_ENGINE=cutlass: the plain-epilogue
+// GEMM the statistics GEMM extends), so that the epilogue's own cost reads off directly.
 //
 //   bench_norm_stats [--json FILE] [--iters N] [--repeats N]
 //
@@ -17,11 +19,13 @@
 // events, the median per call (KernelBench::replay_us). Random inputs in [-1, 1).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
+#include "backends/cuda/runtime/settings.h"
 #include "common/cli.h"
 #include "common/kernel_bench.h"
 #include "common/report.h"
@@ -49,7 +53,8 @@ const Case kCases[] = {
 
 struct Result {
   std::string name;
-  double conv_ms = 0, bn_train_ms = 0, bn_apply_ms = 0, stats_wide_ms = -1, stats_narrow_ms = -1;
+  double conv_ms = 0, conv_cutlass_ms = 0, bn_train_ms = 0, bn_apply_ms = 0, stats_wide_ms = -1,
+         stats_narrow_ms = -1;
   std::string refused;  // why the statistics GEMM refused, if it did
   double today() const { return conv_ms + bn_train_ms; }
   double fused() const {
@@ -100,11 +105,19 @@ Result run_case(KernelBench& b, const bench::TimingOptions& t, const Case& c) {
 
   Result r{c.name};
   const Node conv = conv_node(c);
-  r.conv_ms = b.replay_us(t, [&] {
-    std::vector<DeviceTensor> out = {y};
-    const DeviceTensor* in[] = {&x, &w};
-    conv_forward(b.ctx(), conv, in, out);
-  }) / 1e3;
+  auto time_conv = [&] {
+    return b.replay_us(t, [&] {
+      std::vector<DeviceTensor> out = {y};
+      const DeviceTensor* in[] = {&x, &w};
+      conv_forward(b.ctx(), conv, in, out);
+    }) / 1e3;
+  };
+  r.conv_ms = time_conv();
+  if (b.properties().compute_capability() == 90) {
+    bench::set_setting("FUSEBOX_CONV_ENGINE", "cutlass");
+    r.conv_cutlass_ms = time_conv();
+    bench::set_setting("FUSEBOX_CONV_ENGINE", nullptr);
+  }
   for (bool training : {true, false}) {
     const Node bn = bn_node(c, training);
     const double ms = b.replay_us(t, [&] {
@@ -143,15 +156,15 @@ Result run_case(KernelBench& b, const bench::TimingOptions& t, const Case& c) {
 int run(const std::string& json, const bench::TimingOptions& timing) {
   KernelBench b(CommandEncoder::Options::from_env());  // graphs, as a compiled model's
   std::vector<Result> results;
-  std::printf("%-22s %9s %9s %9s %10s %10s %8s  (batch %lld, bf16, NHWC; ms)\n", "case", "conv",
-              "bn train", "bn apply", "stats 128", "stats 64", "fused/today",
+  std::printf("%-22s %9s %9s %9s %9s %10s %10s %8s  (batch %lld, bf16, NHWC; ms)\n", "case", "conv",
+              "cutlass", "bn train", "bn apply", "stats 128", "stats 64", "fused/today",
               static_cast<long long>(kBatch));
   double today = 0, fused = 0;
   for (const Case& c : kCases) {
     const Result r = run_case(b, timing, c);
-    std::printf("%-22s %9.4f %9.4f %9.4f %10.4f %10.4f %8.3f  %s\n", r.name.c_str(), r.conv_ms,
-                r.bn_train_ms, r.bn_apply_ms, r.stats_wide_ms, r.stats_narrow_ms,
-                r.fused() > 0 ? r.fused() / r.today() : -1.0, r.refused.c_str());
+    std::printf("%-22s %9.4f %9.4f %9.4f %9.4f %10.4f %10.4f %8.3f  %s\n", r.name.c_str(),
+                r.conv_ms, r.conv_cutlass_ms, r.bn_train_ms, r.bn_apply_ms, r.stats_wide_ms,
+                r.stats_narrow_ms, r.fused() > 0 ? r.fused() / r.today() : -1.0, r.refused.c_str());
     today += r.today();
     fused += r.fused() > 0 ? r.fused() : r.today();
     results.push_back(r);
@@ -161,6 +174,7 @@ int run(const std::string& json, const bench::TimingOptions& timing) {
   for (const Result& r : results) {
     rows.push(bench::Json::object({{"case", r.name},
                                    {"conv_ms", r.conv_ms},
+                                   {"conv_cutlass_ms", r.conv_cutlass_ms},
                                    {"bn_train_ms", r.bn_train_ms},
                                    {"bn_apply_ms", r.bn_apply_ms},
                                    {"stats_gemm_128x128_ms", r.stats_wide_ms},

@@ -1,7 +1,10 @@
 #include "kernel_bench.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
+
+#include "backends/cuda/runtime/settings.h"
 
 namespace fusebox::bench {
 
@@ -16,6 +19,14 @@ Cells Bandwidth::cells() const {
 Json Bandwidth::appended_to(Json row) const {
   row.set("us", us).set("gbps", gbps).set("copy_gbps", copy_gbps).set("pct_copy", pct_copy());
   return row;
+}
+
+void set_setting(const char* name, const char* value) {
+  if (value != nullptr)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+  cuda::reread_settings();
 }
 
 Tensor random_host(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi) {

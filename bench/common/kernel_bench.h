@@ -30,6 +30,10 @@ struct Bandwidth {
 // Uniform [lo, hi) values in `dtype`, generated on the host (never zeros).
 Tensor random_host(DType dtype, const Shape& shape, uint64_t seed, double lo, double hi);
 
+// Sets (value non-null) or unsets environment variable `name` and has the CUDA backend read its
+// settings again (they are read once per process): a knob changed between timed runs.
+void set_setting(const char* name, const char* value);
+
 class KernelBench {
  public:
   // Direct launches (no graph), so that the events bracket only GPU work (each launch takes far
