@@ -66,25 +66,46 @@ CpuKernels cpu_kernels_for(const std::string& device) {
   return device == "cpu-ref" ? CpuKernels::reference : CpuKernels::fast;
 }
 
-std::unique_ptr<Executable> Executable::compile(const Graph& graph, const CompileOptions& options) {
+namespace {
+
+// The graph the backend compiles: the pipeline's (nullopt: PipelineKind::none, the graph as is).
+std::optional<Graph> pipeline_graph(const Graph& graph, const CompileOptions& options) {
   if (options.device == Device::cuda)
     FUSEBOX_CHECK(cuda_available(), "run " + graph.name(),
                   "no CUDA device is available on this machine; use --device cpu");
-  std::optional<Graph> prepared;
-  if (options.pipeline.kind != PipelineKind::none) {
-    PipelineOptions pipeline = options.pipeline;
-    const bool onednn = options.device == Device::cpu && options.cpu_kernels == CpuKernels::fast &&
-                        cpu_fast::built_with_onednn();
-    // The CPU's fast kernels run f32 attention on oneDNN (fused: the scores written and read
-    // once); the GPU's f32 products are faster unfused, on cuBLASLt.
-    pipeline.fusion.f32_attention = onednn;
-    prepared = prepare_graph(graph, pipeline);
-    // oneDNN's matmul writes the classes-first logits itself (passes/simplify.h).
-    if (onednn) swap_transposed_products(*prepared);
-  }
-  const Graph& g = prepared ? *prepared : graph;
+  if (options.pipeline.kind == PipelineKind::none) return std::nullopt;
+  PipelineOptions pipeline = options.pipeline;
+  const bool onednn = options.device == Device::cpu && options.cpu_kernels == CpuKernels::fast &&
+                      cpu_fast::built_with_onednn();
+  // The CPU's fast kernels run f32 attention on oneDNN (fused: the scores written and read
+  // once); the GPU's f32 products are faster unfused, on cuBLASLt.
+  pipeline.fusion.f32_attention = onednn;
+  Graph prepared = prepare_graph(graph, pipeline);
+  // oneDNN's matmul writes the classes-first logits itself (passes/simplify.h).
+  if (onednn) swap_transposed_products(prepared);
+  return prepared;
+}
+
+std::unique_ptr<Executable> compile_for_device(const Graph& g, const CompileOptions& options) {
   return options.device == Device::cuda ? runtime::compile_cuda(g, options)
                                         : runtime::compile_cpu(g, options);
+}
+
+}  // namespace
+
+std::unique_ptr<Executable> Executable::compile(const Graph& graph, const CompileOptions& options) {
+  const std::optional<Graph> prepared = pipeline_graph(graph, options);
+  return compile_for_device(prepared ? *prepared : graph, options);
+}
+
+std::unique_ptr<Executable> Executable::compile(Graph&& graph, const CompileOptions& options) {
+  Graph source = std::move(graph);
+  std::optional<Graph> prepared = pipeline_graph(source, options);
+  if (!prepared) return compile_for_device(source, options);
+  // The source's constants the pipeline replaced (folded weights) go before the backend makes
+  // its own copies of the pipeline's (ResNet-50 on the CPU: 100 MB less at the peak).
+  source = Graph(source.name());
+  return compile_for_device(*prepared, options);
 }
 
 NamedTensors Executable::run(const NamedTensors& feeds) {

@@ -67,10 +67,10 @@ void make_directory(const std::string& dir) {
 
 // Writes each output to DIR/<sanitised name>.npy; two names that sanitise alike get
 // "_1", "_2", ... so that no output overwrites another.
-void write_outputs(const Graph& g, const NamedTensors& outputs, const std::string& dir) {
+void write_outputs(const std::vector<std::string>& names, const NamedTensors& outputs,
+                   const std::string& dir) {
   std::set<std::string> used;
-  for (ValueId v : g.outputs()) {
-    const std::string& name = g.value(v).name;
+  for (const std::string& name : names) {
     std::string base = sanitize_file_name(name), file = base;
     for (int i = 1; !used.insert(file).second; ++i) file = cat(base, "_", i);
     std::string path = (std::filesystem::path(dir) / (file + ".npy")).string();
@@ -138,8 +138,12 @@ int run(const RunArgs& args) {
                              .log = &pipeline_log};
   const FusionLog& fusion_log = pipeline_log.fusion;
   auto start = std::chrono::steady_clock::now();
-  // The executable stays, with --report to time each node after the run.
-  const std::unique_ptr<Executable> exe = Executable::compile(g, compile_opts);
+  // The executable stays, with --report to time each node after the run. The imported graph
+  // goes into it (its weights freed once the pipeline has its own): only its names stay here.
+  std::vector<std::string> output_names;
+  for (ValueId v : g.outputs()) output_names.push_back(g.value(v).name);
+  const std::string model_name = g.name();
+  const std::unique_ptr<Executable> exe = Executable::compile(std::move(g), compile_opts);
   const Graph& run_g = exe->graph();
   if (!args.dot.empty())
     write_file_atomic(args.dot,
@@ -150,15 +154,14 @@ int run(const RunArgs& args) {
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
-  for (ValueId v : g.outputs()) {
-    const std::string& name = g.value(v).name;
+  for (const std::string& name : output_names) {
     const Tensor& t = outputs.at(name);
     std::cout << "output " << name << ": " << type_str(t) << "  " << summarize(t) << "\n";
   }
-  std::cout << "ran " << g.name() << " on " << device_name(device) << " in " << std::fixed
+  std::cout << "ran " << model_name << " on " << device_name(device) << " in " << std::fixed
             << std::setprecision(1) << ms << " ms (import excluded)\n";
   std::cout.unsetf(std::ios::floatfield);
-  if (!args.output_dir.empty()) write_outputs(g, outputs, args.output_dir);
+  if (!args.output_dir.empty()) write_outputs(output_names, outputs, args.output_dir);
   if (args.report && device == Device::cuda) {
     std::cout << fusion_outcome(run_g, fusion_log, exe->report().convolutions);
     const LayoutPlan plan = plan_layouts(run_g, layout_policy_from_env());

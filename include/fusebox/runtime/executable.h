@@ -229,6 +229,10 @@ class Executable {
   // unknown bound or aliased name, mismatched types, out of memory with the sizes).
   static std::unique_ptr<Executable> compile(const Graph& graph,
                                              const CompileOptions& options = {});
+  // The same from a graph the caller gives up: its constants are released once the pipeline
+  // has made its graph, so the source's weights and the backend's prepared copies of the
+  // pipeline's are not held at once.
+  static std::unique_ptr<Executable> compile(Graph&& graph, const CompileOptions& options = {});
   virtual ~Executable() = default;
 
   // Feeds (host tensors or device arrays) every unbound input that `feeds` names; checks

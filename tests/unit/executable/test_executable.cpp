@@ -409,6 +409,42 @@ TEST(CpuExecutable, LargeOutputsReuseFreedBlocksButNotHeldOnes) {
   EXPECT_LE(host_memory_stats().in_use, held + 2 * size_t(n) * 4);
 }
 
+// compile(Graph&&) (the given graph's constants released once the pipeline has made its graph,
+// before the backend prepares its own copies: `fusebox run` of ResNet-50 b1 on the CPU peaked at
+// 381.6 -> 289.0 MiB) runs what compile(const Graph&) runs: the batch norm folded into the
+// convolution, the same outputs bit for bit.
+TEST(CpuExecutable, CompilingAGivenGraphRunsAsCompilingACopy) {
+  auto make = [] {
+    Graph g("folded");
+    const ValueId x = g.add_input("x", DType::f32, {1, 32, 12, 12});
+    const ValueId w = g.add_constant("w", random_tensor(DType::f32, {64, 32, 3, 3}, 1, -0.1, 0.1));
+    ConvAttrs same;
+    same.pads_begin = {1, 1};
+    same.pads_end = {1, 1};
+    std::vector<ValueId> norm = {g.add_node(OpKind::conv, same, {x, w}, "conv")[0]};
+    for (uint64_t i = 0; i < 4; ++i)
+      norm.push_back(g.add_constant(cat("p", i), random_tensor(DType::f32, {64}, 2 + i, 0.5, 1.5)));
+    const ValueId y =
+        g.add_node(OpKind::batch_norm, BatchNormAttrs{.epsilon = 1e-5}, norm, "bn")[0];
+    g.rename_value(y, "y");
+    g.mark_output(y);
+    return g;
+  };
+  const CompileOptions options{
+      .device = Device::cpu,
+      .cpu_kernels = CpuKernels::fast,
+      .pipeline = {.kind = PipelineKind::inference, .precision = Precision::f32}};
+  const NamedTensors feeds{{"x", random_tensor(DType::f32, {1, 32, 12, 12}, 9)}};
+  const Graph kept = make();
+  const auto from_copy = Executable::compile(kept, options);
+  const auto from_given = Executable::compile(make(), options);
+  EXPECT_EQ(from_given->graph().nodes().size(), from_copy->graph().nodes().size());
+  EXPECT_EQ(from_given->graph().nodes().size(), size_t(1));  // the norm folded into the conv
+  EXPECT_TRUE(all_close(from_given->run(feeds).at("y"), from_copy->run(feeds).at("y"), 0, 0));
+  EXPECT_TRUE(
+      all_close(from_given->run(feeds).at("y"), run_graph(kept, feeds).at("y"), 1e-4, 1e-5));
+}
+
 TEST(CudaExecutable, ARunRecordsNothing) {
   FUSEBOX_RUNTIME_REQUIRE_GPU();
   cuda::CommandEncoder& encoder = cuda::CommandEncoder::for_device(0);
