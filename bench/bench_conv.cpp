@@ -48,7 +48,6 @@
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/report.h"
-#include "backends/cuda/runtime/settings.h"
 #include "common/cli.h"
 #include "common/kernel_bench.h"
 #include "common/report.h"
@@ -376,9 +375,8 @@ void time_knobs(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result
     r.variants.push_back(v);
     std::filesystem::remove_all(dir);
   }
-  unsetenv("FUSEBOX_CONV_AUTOTUNE_MODE_B");
-  unsetenv("FUSEBOX_CONV_SUBSAMPLE_1X1");
-  reread_settings();
+  bench::set_setting("FUSEBOX_CONV_AUTOTUNE_MODE_B", nullptr);
+  bench::set_setting("FUSEBOX_CONV_SUBSAMPLE_1X1", nullptr);
   r.heuristic_ms = r.variants.front().ms, r.heuristic_plan = r.variants.front().plan;
   r.tuned_ms = r.variants.back().ms, r.tuned_plan = r.variants.back().plan;
 }
@@ -396,12 +394,7 @@ void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& 
                     "cutlass:128x128", "cutlass:128x64", "cutlass:64x128", "halo_wgrad",
                     "patch_wgrad", "phase_dgrad", "space_to_depth", "im2col", "depthwise"});
   for (const char* engine : engines) {
-    if (*engine) {
-      bench::set_setting("FUSEBOX_CONV_ENGINE", engine);
-    } else {
-      unsetenv("FUSEBOX_CONV_ENGINE");
-      reread_settings();
-    }
+    bench::set_setting("FUSEBOX_CONV_ENGINE", *engine ? engine : nullptr);
     Variant v;
     v.name = *engine ? engine : "heuristic";
     try {
@@ -417,7 +410,7 @@ void time_own(KernelBench& b, const Options& o, ShapeSetup& st, int op, Result& 
                 r.tflops(v.ms), r.cudnn_best_ms() / v.ms, v.plan.c_str());
     r.own_variants.push_back(v);
   }
-  unsetenv("FUSEBOX_CONV_ENGINE");
+  bench::set_setting("FUSEBOX_CONV_ENGINE", nullptr);
   bench::set_setting("FUSEBOX_CONV_BACKEND", "cudnn");
 }
 

@@ -20,7 +20,6 @@
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/report.h"
-#include "backends/cuda/runtime/settings.h"
 #include "common/cli.h"
 #include "common/kernel_bench.h"
 #include "common/report.h"

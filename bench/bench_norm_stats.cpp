@@ -25,7 +25,6 @@
 
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
-#include "backends/cuda/runtime/settings.h"
 #include "common/cli.h"
 #include "common/kernel_bench.h"
 #include "common/report.h"

@@ -4,7 +4,6 @@
 // tile and their padding columns included). Outputs are poisoned first, so a slot the kernel
 // does not write is a NaN the test sees.
 #include <cmath>
-#include <random>
 
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
 #include "backends/cuda/runtime/error_flags.h"
@@ -12,14 +11,6 @@
 
 namespace fusebox::cuda::testing {
 namespace {
-
-Tensor random_bf16(const Shape& shape, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  Tensor t = Tensor::empty(DType::bf16, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16(u(rng));
-  return t;
-}
 
 TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
   FUSEBOX_REQUIRE_GPU();
@@ -35,7 +26,8 @@ TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
   uint64_t seed = 1;
   for (const Case& c : cases) {
     SCOPED_TRACE(cat("m ", c.m, " n ", c.n, " k ", c.k, c.wide ? " wide" : " narrow"));
-    const Tensor x = random_bf16({c.m, c.k}, seed++), w = random_bf16({c.n, c.k}, seed++);
+    const Tensor x = fusebox::testing::random_tensor(DType::bf16, {c.m, c.k}, seed++),
+                 w = fusebox::testing::random_tensor(DType::bf16, {c.n, c.k}, seed++);
     const DeviceTensor dx = h.upload(x), dw = h.upload(w);
     const int64_t rows = cutlass_bn::stats_partial_rows(c.m);
     const int64_t cols = cutlass_bn::stats_partial_cols(c.n, c.wide);
@@ -104,7 +96,8 @@ TEST(CutlassBn, TileSumsGiveTheBatchNormItsStatistics) {
   if (h.ctx().device.properties().compute_capability() != 90)
     GTEST_SKIP() << "the CUTLASS kernels are sm_90a code (compute capability 9.0)";
   const int64_t batch = 2, size = 20, c = 128, k = 64, m = batch * size * size;  // 6.25 tiles
-  const DeviceTensor dx = h.upload(random_bf16({m, k}, 11)), dw = h.upload(random_bf16({c, k}, 12));
+  const DeviceTensor dx = h.upload(fusebox::testing::random_tensor(DType::bf16, {m, k}, 11)),
+                     dw = h.upload(fusebox::testing::random_tensor(DType::bf16, {c, k}, 12));
   const int64_t rows = cutlass_bn::stats_partial_rows(m);
   const int64_t cols = cutlass_bn::stats_partial_cols(c, true);
   DeviceTensor y = h.poisoned({DType::bf16, {m, c}});

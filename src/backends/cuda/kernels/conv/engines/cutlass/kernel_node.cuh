@@ -53,10 +53,16 @@ void record_kernel(Context& ctx, const typename Kernel::Arguments& args, const B
 template <class I>
 std::optional<std::string> record_unless_refused(Context& ctx, const typename I::Arguments& args,
                                                  const BufferList& reads,
-                                                 const BufferRange& written) {
+                                                 const BufferList& writes) {
   if (auto why = I::refusal(args)) return why;
-  I::record(ctx, args, reads, {written});
+  I::record(ctx, args, reads, writes);
   return std::nullopt;
+}
+template <class I>
+std::optional<std::string> record_unless_refused(Context& ctx, const typename I::Arguments& args,
+                                                 const BufferList& reads,
+                                                 const BufferRange& written) {
+  return record_unless_refused<I>(ctx, args, reads, BufferList{written});
 }
 
 // f.template operator()<T, TM, TN>() for the plan's dtype (bf16 or f16) and tile, one of

@@ -63,16 +63,6 @@ struct StatsGemm : PingpongGemm<T, cutlass::layout::RowMajor, cutlass::layout::C
   }
 };
 
-template <int TM, int TN>
-std::optional<std::string> record(Context& ctx, const StatsGemmCall& c, const BufferList& reads,
-                                  const BufferList& writes) {
-  using G = StatsGemm<TM, TN>;
-  const auto args = G::arguments(c, ctx.device.properties().sm_count, ctx.device.id());
-  if (auto why = G::refusal(args)) return why;
-  G::record(ctx, args, reads, writes);
-  return std::nullopt;
-}
-
 }  // namespace
 
 std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& call,
@@ -84,8 +74,12 @@ std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& 
     return std::string("no buffers for the partial sums");
   if (call.n % 8 != 0 || call.k % 8 != 0)
     return std::string("channel counts not multiples of 8 (16-byte rows)");
-  return call.wide ? record<128, 128>(ctx, call, reads, writes)
-                   : record<128, 64>(ctx, call, reads, writes);
+  const int sm_count = ctx.device.properties().sm_count, device = ctx.device.id();
+  if (call.wide)
+    return cutlass_conv::record_unless_refused<StatsGemm<128, 128>>(
+        ctx, StatsGemm<128, 128>::arguments(call, sm_count, device), reads, writes);
+  return cutlass_conv::record_unless_refused<StatsGemm<128, 64>>(
+      ctx, StatsGemm<128, 64>::arguments(call, sm_count, device), reads, writes);
 }
 
 }  // namespace fusebox::cuda::cutlass_bn
