@@ -248,7 +248,11 @@ CandidateTime time_plan(Context& ctx, fe::graph::Graph& g, int64_t index, cudnnH
   };
   // One run to size the measurement (~2 ms of work, 3 to 50 runs), then the measurement.
   double launch_ms = 0;
-  const double first = timed(1, &launch_ms);
+  double first = -1;
+  {
+    TracePhase trace_first("cudnn conv autotune: a candidate's first run (its module loads)");
+    first = timed(1, &launch_ms);
+  }
   CandidateTime result;
   if (first < 0) {
   } else if (first - launch_ms > kDropFactor * bound) {
@@ -336,31 +340,56 @@ struct Candidate {
   bool from_first;  // of the first graph (modes A, FALLBACK): the heuristics' order
 };
 
+// Whether candidate `index` of `g` compiles its kernel when built (cuDNN's runtime-compiled
+// engines: NVRTC inside cuDNN, ~0.1-1 s a plan).
+bool compiles_at_build(fe::graph::Graph& g, int64_t index) {
+  std::vector<fe::BehaviorNote_t> notes;
+  if (g.get_behavior_notes_for_plan_at_index(index, notes).is_bad()) return false;
+  return std::find(notes.begin(), notes.end(), fe::BehaviorNote_t::RUNTIME_COMPILATION) !=
+         notes.end();
+}
+
 // The candidates of `graphs`, merged by rank, distinct by name, built; at most `cap`
-// (0: all). `configs` counts every config seen, duplicates included.
+// (0: all). `configs` counts every config seen, duplicates included. skip_runtime_compiled:
+// runtime-compiled candidates are left out unless no other builds (`skipped` counts them).
 std::vector<Candidate> merged_candidates(const std::vector<CudnnGraph*>& graphs, size_t cap,
-                                         const std::vector<std::string>& barred, int64_t& configs) {
+                                         const std::vector<std::string>& barred,
+                                         bool skip_runtime_compiled, int64_t& configs,
+                                         int64_t& skipped) {
   TracePhase trace("cudnn conv autotune: build candidates");
-  std::vector<Candidate> out;
-  std::unordered_set<std::string> seen;
   int64_t longest = 0;
   configs = 0;
   for (CudnnGraph* g : graphs) {
     longest = std::max(longest, g->graph.get_execution_plan_count());
     configs += g->graph.get_execution_plan_count();
   }
-  for (int64_t rank = 0; rank < longest; ++rank) {
-    for (size_t k = 0; k < graphs.size(); ++k) {
-      fe::graph::Graph& g = graphs[k]->graph;
-      if (rank >= g.get_execution_plan_count()) continue;
-      std::string name;
-      if (g.get_plan_name_at_index(rank, name).is_bad() || !seen.insert(name).second) continue;
-      if (is_barred(name, barred)) continue;
-      if (g.build_plan_at_index(rank).is_bad()) continue;  // deselected or unsupported
-      out.push_back({graphs[k], rank, k == 0});
-      if (cap != 0 && out.size() >= cap) return out;
+  auto collect = [&](bool runtime_compiled) {
+    std::vector<Candidate> out;
+    std::unordered_set<std::string> seen;
+    skipped = 0;
+    for (int64_t rank = 0; rank < longest; ++rank) {
+      for (size_t k = 0; k < graphs.size(); ++k) {
+        fe::graph::Graph& g = graphs[k]->graph;
+        if (rank >= g.get_execution_plan_count()) continue;
+        std::string name;
+        if (g.get_plan_name_at_index(rank, name).is_bad() || !seen.insert(name).second) continue;
+        if (is_barred(name, barred)) continue;
+        const bool compiles = compiles_at_build(g, rank);
+        if (compiles && !runtime_compiled) {
+          ++skipped;
+          continue;
+        }
+        TracePhase build(compiles ? "cudnn conv autotune: build a runtime-compiled candidate"
+                                  : "cudnn conv autotune: build a precompiled candidate");
+        if (g.build_plan_at_index(rank).is_bad()) continue;  // deselected or unsupported
+        out.push_back({graphs[k], rank, k == 0});
+        if (cap != 0 && out.size() >= cap) return out;
+      }
     }
-  }
+    return out;
+  };
+  std::vector<Candidate> out = collect(!skip_runtime_compiled);
+  if (out.empty() && skip_runtime_compiled) out = collect(true);
   return out;
 }
 
@@ -402,9 +431,10 @@ EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands
         // Mode B has nothing (or fails) for this graph: modes A and FALLBACK suffice.
       }
     }
-    int64_t configs = 0;
+    int64_t configs = 0, skipped = 0;
     const std::vector<Candidate> candidates =
-        merged_candidates(graphs, settings.autotune_candidates, barred_engines(p), configs);
+        merged_candidates(graphs, settings.autotune_candidates, barred_engines(p),
+                          settings.skip_runtime_compiled, configs, skipped);
     VariantPack pack = variant_pack(t, fused);
     // The best measured candidate; one only dropped after a run (see CandidateTime) only when
     // none was measured (all slower than the project's kernel: that kernel runs).
@@ -434,16 +464,17 @@ EntryPtr build_cudnn_plan(Context& ctx, const ConvProblem& p, const ConvOperands
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!settings.quiet_tuning)
-      std::fprintf(stderr,
-                   "fusebox: autotuned %s: %s: %lld of %zu candidates timed (%lld from mode B; "
-                   "%lld dropped after one run; distinct and buildable among %lld configs of "
-                   "modes A+FALLBACK%s, cap %zu) in %.2f s; best %s (candidate %lld) %.4f ms "
-                   "(heuristics' first %.4f ms)\n",
-                   p.label.c_str(), p.describe().c_str(), (long long)timed, candidates.size(),
-                   (long long)from_b, (long long)dropped, (long long)configs, mode_b ? "+B" : "",
-                   settings.autotune_candidates, seconds,
-                   plan_name_at(best->graph->graph, best->index).c_str(),
-                   (long long)(best - candidates.data()) + 1, best_ms, first_ms);
+      std::fprintf(
+          stderr,
+          "fusebox: autotuned %s: %s: %lld of %zu candidates timed (%lld from mode B; "
+          "%lld dropped after one run; distinct and buildable among %lld configs of "
+          "modes A+FALLBACK%s, cap %zu; %lld runtime-compiled left out) in %.2f s; best %s "
+          "(candidate %lld) %.4f ms (heuristics' first %.4f ms)\n",
+          p.label.c_str(), p.describe().c_str(), (long long)timed, candidates.size(),
+          (long long)from_b, (long long)dropped, (long long)configs, mode_b ? "+B" : "",
+          settings.autotune_candidates, (long long)skipped, seconds,
+          plan_name_at(best->graph->graph, best->index).c_str(),
+          (long long)(best - candidates.data()) + 1, best_ms, first_ms);
     chosen = best->graph == chosen.get() ? chosen : mode_b;
     entry->warmed_up = true;
   }

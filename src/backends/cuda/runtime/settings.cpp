@@ -54,6 +54,7 @@ ConvSettings conv_settings_from_env() {
   read_switch("FUSEBOX_CUDNN_NATIVE_GRAPH", s.native_graph);
   read_switch("FUSEBOX_CONV_AUTOTUNE_MODE_B", s.autotune_mode_b);
   read_count("FUSEBOX_CONV_AUTOTUNE_CANDIDATES", s.autotune_candidates);
+  read_switch("FUSEBOX_CONV_RULE4_RUNTIME_COMPILED", s.rule4_runtime_compiled);
   if (auto text = env_text("FUSEBOX_CONV_SUBSAMPLE_1X1"))
     s.subsample_1x1 = parse_conv_subsample(*text);
   read_switch("FUSEBOX_CONV_ALLOW_BARRED_ENGINES", s.allow_barred_engines);

@@ -57,6 +57,12 @@ struct ConvSettings {
   // is part of the plan-cache key: a tuned plan found in a cache is reused as it is.
   bool autotune_mode_b = false;
   size_t autotune_candidates = 48;
+  // Candidates whose engine compiles its kernel when its plan is built (cuDNN's behaviour note
+  // RUNTIME_COMPILATION: ~0.1-1 s each, NVRTC inside cuDNN) are left out of the timing while
+  // others build; only where none other builds are they timed. The default policy's timing
+  // (rule 4) sets it unless FUSEBOX_CONV_RULE4_RUNTIME_COMPILED=1 (rule4_runtime_compiled).
+  bool skip_runtime_compiled = false;
+  bool rule4_runtime_compiled = false;
   ConvSubsample subsample_1x1 = ConvSubsample::off;  // FUSEBOX_CONV_SUBSAMPLE_1X1 (docs/cudnn.md)
   // FUSEBOX_CONV_ALLOW_BARRED_ENGINES=1, for diagnosis only: lets cuDNN pick the engines
   // barred_engines() names for a problem (known to compute wrong results;

@@ -57,7 +57,12 @@
 //       rows-kernel wgrads, fprops with neither an epilogue nor a measured shape): its
 //       heuristics' plan for a depthwise wgrad was 10-20x the depthwise kernel (ConvNeXt-T
 //       above), so nothing but a timing decides between them.
-//     Rule 4 times the heuristics' first kRule4Candidates (8) cuDNN plans, not autotuning's 48.
+//     Rule 4 times the heuristics' first kRule4Candidates (8) cuDNN plans, not autotuning's 48,
+//     and of them only those cuDNN does not compile when it builds the plan (behaviour note
+//     RUNTIME_COMPILATION; all of them where none other builds): building EfficientNet-B0's
+//     runtime-compiled candidates took 5.3 s of its 13.9 s cold first step (H200, session 50;
+//     10.8-11.75 s without them, the step unchanged). FUSEBOX_CONV_RULE4_RUNTIME_COMPILED=1
+//     times them too.
 //
 // Autotuning (FUSEBOX_AUTOTUNE, FUSEBOX_CONV_BACKEND unset, cuDNN takes the problem): every
 // engine but cuDNN and the direct kernel that accepts the problem, fused or unfused, is
@@ -507,7 +512,10 @@ ConvOutcome run_conv_engines(Context& ctx, const ConvCall& call) {
     ConvSettings timed = s;
     timed.autotune = true;
     timed.quiet_tuning = !s.autotune;
-    if (rule4) timed.autotune_candidates = rule4_candidates(s.autotune_candidates);
+    if (rule4) {
+      timed.autotune_candidates = rule4_candidates(s.autotune_candidates);
+      timed.skip_runtime_compiled = !s.rule4_runtime_compiled;
+    }
     ConvCall c = call;
     c.settings = &timed;
     if (rule4) notes.push_back(*rule4);
