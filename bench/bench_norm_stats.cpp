@@ -9,7 +9,9 @@
 //             statistics are given; merging the partials, ~0.1% of the bytes, not timed)
 //
 // Columns: those times (ms) and fused / today (< 1: the fused form wins). stats_gemm is timed
-// on both of its tiles (128 x 128 and 128 x 64); the better one counts. conv cutlass: the same
+// on both of its tiles (128 x 128 and 128 x 64); the better one counts. "64 chk": the 128 x 64
+// instance with CUTLASS's per-element bounds test in the reductions (the form first built;
+// the results do not need it), to read off what the test costs. conv cutlass: the same
 // convolution forced onto the CUTLASS engine (FUSEBOX_CONV_ENGINE=cutlass: the plain-epilogue
 // GEMM the statistics GEMM extends), so that the epilogue's own cost reads off directly.
 //
@@ -53,7 +55,7 @@ const Case kCases[] = {
 struct Result {
   std::string name;
   double conv_ms = 0, conv_cutlass_ms = 0, bn_train_ms = 0, bn_apply_ms = 0, stats_wide_ms = -1,
-         stats_narrow_ms = -1;
+         stats_narrow_ms = -1, stats_checked_ms = -1;
   std::string refused;  // why the statistics GEMM refused, if it did
   double today() const { return conv_ms + bn_train_ms; }
   double fused() const {
@@ -131,13 +133,20 @@ Result run_case(KernelBench& b, const bench::TimingOptions& t, const Case& c) {
     r.refused = "the statistics GEMM is sm_90a code";
     return r;
   }
-  for (bool wide : {true, false}) {
+  struct Variant {
+    bool wide, checked;
+    double* ms;
+  };
+  for (const Variant& v :
+       {Variant{true, false, &r.stats_wide_ms}, Variant{false, false, &r.stats_narrow_ms},
+        Variant{false, true, &r.stats_checked_ms}}) {
     const int64_t m = kBatch * c.hw * c.hw;
     const int64_t slots =
-        cutlass_bn::stats_partial_rows(m) * cutlass_bn::stats_partial_cols(c.k, wide);
+        cutlass_bn::stats_partial_rows(m) * cutlass_bn::stats_partial_cols(c.k, v.wide);
     DeviceTensor sums = b.empty(DType::f32, {slots}), squares = b.empty(DType::f32, {slots});
-    const cutlass_bn::StatsGemmCall call{
-        m, c.k, c.c, x.data(), w.data(), y.data(), sums.as<float>(), squares.as<float>(), wide};
+    cutlass_bn::StatsGemmCall call{
+        m, c.k, c.c, x.data(), w.data(), y.data(), sums.as<float>(), squares.as<float>(), v.wide};
+    call.check_bounds = v.checked;
     std::optional<std::string> why;
     const double ms = b.replay_us(t, [&] {
       why = cutlass_bn::record_stats_gemm(b.ctx(), call, {x.range(), w.range()},
@@ -147,7 +156,7 @@ Result run_case(KernelBench& b, const bench::TimingOptions& t, const Case& c) {
       r.refused = *why;
       continue;
     }
-    (wide ? r.stats_wide_ms : r.stats_narrow_ms) = ms;
+    *v.ms = ms;
   }
   return r;
 }
@@ -155,15 +164,16 @@ Result run_case(KernelBench& b, const bench::TimingOptions& t, const Case& c) {
 int run(const std::string& json, const bench::TimingOptions& timing) {
   KernelBench b(CommandEncoder::Options::from_env());  // graphs, as a compiled model's
   std::vector<Result> results;
-  std::printf("%-22s %9s %9s %9s %9s %10s %10s %8s  (batch %lld, bf16, NHWC; ms)\n", "case", "conv",
-              "cutlass", "bn train", "bn apply", "stats 128", "stats 64", "fused/today",
-              static_cast<long long>(kBatch));
+  std::printf("%-22s %9s %9s %9s %9s %10s %10s %10s %8s  (batch %lld, bf16, NHWC; ms)\n", "case",
+              "conv", "cutlass", "bn train", "bn apply", "stats 128", "stats 64", "64 chk",
+              "fused/today", static_cast<long long>(kBatch));
   double today = 0, fused = 0;
   for (const Case& c : kCases) {
     const Result r = run_case(b, timing, c);
-    std::printf("%-22s %9.4f %9.4f %9.4f %9.4f %10.4f %10.4f %8.3f  %s\n", r.name.c_str(),
+    std::printf("%-22s %9.4f %9.4f %9.4f %9.4f %10.4f %10.4f %10.4f %8.3f  %s\n", r.name.c_str(),
                 r.conv_ms, r.conv_cutlass_ms, r.bn_train_ms, r.bn_apply_ms, r.stats_wide_ms,
-                r.stats_narrow_ms, r.fused() > 0 ? r.fused() / r.today() : -1.0, r.refused.c_str());
+                r.stats_narrow_ms, r.stats_checked_ms, r.fused() > 0 ? r.fused() / r.today() : -1.0,
+                r.refused.c_str());
     today += r.today();
     fused += r.fused() > 0 ? r.fused() : r.today();
     results.push_back(r);
@@ -178,6 +188,7 @@ int run(const std::string& json, const bench::TimingOptions& timing) {
                                    {"bn_apply_ms", r.bn_apply_ms},
                                    {"stats_gemm_128x128_ms", r.stats_wide_ms},
                                    {"stats_gemm_128x64_ms", r.stats_narrow_ms},
+                                   {"stats_gemm_128x64_checked_ms", r.stats_checked_ms},
                                    {"today_ms", r.today()},
                                    {"fused_ms", r.fused()},
                                    {"refused", r.refused}}));

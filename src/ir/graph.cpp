@@ -304,6 +304,7 @@ std::string conv_attr_str(const ConvAttrs& a) {
   if (a.activation) s += cat(" activation=", activation_str(a.activation));
   if (a.residual_activation)
     s += cat(" residual_activation=", activation_str(a.residual_activation));
+  if (a.channel_stats) s += " channel_stats=1";
   return s;
 }
 

@@ -108,6 +108,7 @@ void expect_no_epilogue(const Context& c, const ConvAttrs& a) {
                       "a fused activation is a forward conv's epilogue only (got activation ",
                       activation_name(a.activation.kind), ", residual_activation ",
                       activation_name(a.residual_activation.kind), ")");
+  FUSEBOX_INFER_CHECK(c, !a.channel_stats, "channel_stats is a forward conv's output only");
 }
 
 }  // namespace
@@ -150,6 +151,7 @@ Types infer_conv(Context& c) {
     FUSEBOX_INFER_CHECK(c, !a.residual_activation, "residual_activation ",
                         activation_name(a.residual_activation.kind), " without a residual input");
   }
+  if (a.channel_stats) return {{c.dtype(0), y}, {DType::f64, {K, 3}}};
   return {{c.dtype(0), y}};
 }
 

@@ -50,6 +50,13 @@ Types infer_batch_norm(Context& c) {
     c.expect_same_dtype(5, 0);
     c.expect_shape(5, x, "(the residual added to y: x's shape)");
   }
+  if (c.count() > 6 && c.has(6)) {  // x's statistics, from its producer (ops.h)
+    FUSEBOX_INFER_CHECK(c, a.training && !a.sync,
+                        "batch_stats (x's statistics given) needs the training form without sync");
+    FUSEBOX_INFER_CHECK(c, c.dtype(6) == DType::f64, c.shaped(6),
+                        " must be f64 (batch_stats: count, mean and M2 of each channel)");
+    c.expect_shape(6, {C, 3}, "([C, 3]: count, mean and M2 of each channel of x)");
+  }
   expect_epsilon(c, a.epsilon);
   FUSEBOX_INFER_CHECK(c, std::isfinite(a.momentum), "momentum ", a.momentum, " must be finite");
   FUSEBOX_INFER_CHECK(

@@ -141,7 +141,7 @@ Pipeline training_forward_pipeline(Precision precision) {
 
 // After autodiff, on the whole step; values keep their names (the step's state is found by
 // name after).
-Pipeline training_step_pipeline(bool step_fusion) {
+Pipeline training_step_pipeline(bool step_fusion, bool norm_statistics) {
   std::vector<Pass> passes = {pass("concat_slice_gradients", concat_slice_gradients)};
   if (step_fusion) {
     // The attention output is kept once: attention_backward reads it through the projection's
@@ -161,6 +161,9 @@ Pipeline training_step_pipeline(bool step_fusion) {
     // Before the pointwise chains, which would take a block output's gradient sum into a
     // kernel of its own: the batch norm's backward adds its two terms as it reads them.
     passes.push_back(pass("fold_gradient_sums", fold_gradient_sums));
+    // The forward's 1x1 convolutions give their batch norms x's statistics (the GPU computes
+    // them in the convolution's epilogue; GPU sessions with FUSEBOX_CONV_NORM_STATISTICS=1).
+    if (norm_statistics) passes.push_back(pass("fold_norm_statistics", fold_norm_statistics));
     // Last, as for inference: the casts around the f32 residual adds and the backward's
     // elementwise chains, each one generated kernel.
     passes.push_back(pass("fuse_pointwise_chains", fuse_pointwise_chains));

@@ -192,11 +192,16 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
                   dtype_name(dp.reduce_dtype));
     FUSEBOX_CHECK(dp.bucket_bytes > 0, where, "data_parallel.bucket_bytes must be > 0");
   }
-  const bool step_fusion = opts.step_fusion && InferenceFusionOptions::from_env().pointwise;
+  const InferenceFusionOptions fusion = InferenceFusionOptions::from_env();
+  const bool step_fusion = opts.step_fusion && fusion.pointwise;
+  // The GPU computes the statistics in the convolutions' epilogue; the CPU backends would
+  // only move the norm's pass (passes/fusion.h fold_norm_statistics: off unless asked for).
+  const bool norm_statistics = step_fusion && fusion.norm_statistics && opts.device == Device::cuda;
   {
     const TracePhase trace("training step graph");
-    s.step = train::build_step_graph(model, s.layout, loss, optimizer, opts.precision,
-                                     opts.loss_scaling, dp, opts.low_parameter_copies, step_fusion);
+    s.step =
+        train::build_step_graph(model, s.layout, loss, optimizer, opts.precision, opts.loss_scaling,
+                                dp, opts.low_parameter_copies, step_fusion, norm_statistics);
   }
   // (With f16, a skipped step 1 leaves the buffer at 0 and step 2 damps: PyTorch would
   // start the buffer at step 2's gradient.)
@@ -206,7 +211,7 @@ TrainingSession::TrainingSession(const Graph& model, const LossSpec& loss,
     undamped.dampening = 0;
     s.first_step =
         train::build_step_graph(model, s.layout, loss, undamped, opts.precision, opts.loss_scaling,
-                                dp, opts.low_parameter_copies, step_fusion);
+                                dp, opts.low_parameter_copies, step_fusion, norm_statistics);
   }
   s.eval = train::build_eval_graph(model, s.layout, opts.precision);
   s.batch_inputs = s.layout.data_inputs;

@@ -285,7 +285,7 @@ std::map<std::string, Tensor> initial_scaler_state(const LossScaling& scaling) {
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision,
                            const LossScaling& scaling, const DataParallel& data_parallel,
-                           bool low_copies, bool step_fusion) {
+                           bool low_copies, bool step_fusion, bool norm_statistics) {
   const bool parallel = data_parallel.world != nullptr;
   FUSEBOX_CHECK(loss.kind == LossKind::cross_entropy, model_where(model),
                 "only the cross_entropy loss is supported");
@@ -445,7 +445,7 @@ StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const 
     state_output(name, next);
   }
   // The whole step's passes (passes/pipeline.h): values keep their names.
-  run_pipeline(training_step_pipeline(step_fusion), g);
+  run_pipeline(training_step_pipeline(step_fusion, norm_statistics), g);
   if (parallel) g = with_collectives_early(g);
   return step;
 }

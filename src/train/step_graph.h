@@ -65,11 +65,12 @@ struct StepGraph {
 // averaged (session.h DataParallel); the collectives placed right after their inputs' last
 // writer.
 // `low_copies`: SessionOptions::low_parameter_copies; `step_fusion`: its
-// step_fusion (passes/pipeline.h training_step).
+// step_fusion, `norm_statistics` fold_norm_statistics (passes/pipeline.h training_step).
 StepGraph build_step_graph(const Graph& model, const ModelLayout& layout, const LossSpec& loss,
                            const OptimizerSpec& optimizer, Precision precision = Precision::f32,
                            const LossScaling& scaling = {}, const DataParallel& data_parallel = {},
-                           bool low_copies = true, bool step_fusion = true);
+                           bool low_copies = true, bool step_fusion = true,
+                           bool norm_statistics = false);
 // The model with its parameters and buffers as inputs and batch_norm in inference form.
 Graph build_eval_graph(const Graph& model, const ModelLayout& layout,
                        Precision precision = Precision::f32);

@@ -112,7 +112,8 @@ inline constexpr const char* kX[] = {"x"};
 inline constexpr const char* kConv[] = {"x", "w", "bias", "residual"};
 inline constexpr const char* kConvBackwardData[] = {"dy", "w", "bias"};
 inline constexpr const char* kConvBackwardFilter[] = {"x", "dy"};
-inline constexpr const char* kBatchNorm[] = {"x", "scale", "bias", "mean", "var", "residual"};
+inline constexpr const char* kBatchNorm[] = {"x",   "scale",    "bias",       "mean",
+                                             "var", "residual", "batch_stats"};
 inline constexpr const char* kBatchNormApply[] = {"x", "scale", "bias", "saved_mean",
                                                   "saved_inv_std"};
 inline constexpr const char* kLayerNorm[] = {"x", "scale", "bias"};
@@ -173,7 +174,7 @@ inline constexpr OpInfo kOpTable[] = {
      .attrs = attrs_index<ConvBackwardFilterAttrs>(), .layout = LayoutRole::convolution,
      .cuda_strided_inputs = true, .differentiable = false},
     // ---- normalisation
-    {FUSEBOX_OP_ROW(batch_norm), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 6,
+    {FUSEBOX_OP_ROW(batch_norm), .family = OpFamily::norm, .min_inputs = 5, .max_inputs = 7,
      .roles = op_roles::kBatchNorm, .attrs = attrs_index<BatchNormAttrs>(),
      .attrs_defaultable = true, .layout = LayoutRole::channelwise,
      .in_place = op_in_place::kBatchNorm},

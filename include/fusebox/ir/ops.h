@@ -86,6 +86,11 @@ struct ConvAttrs {
   // graphs compute it: within rounding of the unfused ops, not their bits.
   FusedActivation activation;           // on conv + bias
   FusedActivation residual_activation;  // after the residual add; needs the residual input
+  // conv only: output 1 is y's batch statistics per output channel, f64 [K, 3]: the count of
+  // y's elements in the channel (N * O...), their mean and the sum of their squared deviations
+  // from it (M2), of y as stored (rounded to its dtype): the statistics a training batch_norm
+  // reading y computes (its input 6). passes/fusion.h fold_norm_statistics sets it.
+  bool channel_stats = false;
 };
 // conv:                 x [N, C, D...], w [K, C/groups, R...], bias [K]?, residual?
 //                       -> y [N, K, O...]
@@ -128,6 +133,10 @@ struct ConvBackwardFilterAttrs {
 //     statistics are those of every rank's x together (the compile's communicator; a run
 //     without one is a world of one rank). Every rank merges the ranks' (count, mean, M2)
 //     in rank order, so all get the same statistics, bit for bit.
+//   batch_stats (optional input 6, training and not sync: f64 [C, 3], ConvAttrs::
+//     channel_stats' triples): x's batch statistics as x's producer computed them, used in
+//     place of the norm's own pass over x (the same values: the count, mean and M2 the norm
+//     would compute from x, so the outputs are the same bit for bit on the CPU).
 //   batch_norm_backward with sync and training: mean(dy) and mean(dy * x_hat) of dx are
 //     over every rank's dy; dscale and dbias stay this rank's sums (the data-parallel
 //     gradient average then makes them the whole batch's).

@@ -176,6 +176,24 @@ size_t fold_product_casts(Graph& g, FusionLog* log = nullptr);
 // same bits: the norm's backward adds and rounds as the add op. Returns the number folded.
 size_t fold_gradient_sums(Graph& g, FusionLog* log = nullptr);
 
+// fold_norm_statistics (training steps on the GPU, after autodiff): a training batch_norm
+// (not sync) whose x is output 0 of a plain bf16 1x1 convolution (2-D, stride 1, no padding,
+// dilation, groups, bias or epilogue; channels in multiples of 64) takes x's statistics from
+// that convolution: the conv writes them as its output 1 (ConvAttrs::channel_stats) and the
+// norm reads them as its batch_stats (input 6), its own pass over x skipped. Why: ResNet-50's
+// training batch norms read each activation twice in the forward (statistics, then y), and
+// the CUDA backend computes the statistics in the 1x1 convolutions' epilogue (issue 40 item 5;
+// docs/fusion.md); where it cannot, the convolution's lowering runs the norm's statistics
+// pass after it (the same work as before). The same values: the triples the norm computes
+// from x (bit for bit on the CPU; on the GPU within rounding of the norm's own merge order).
+// Off by default (FUSEBOX_CONV_NORM_STATISTICS=1 turns it on): measured on an H200 (session 50),
+// the statistics GEMM's epilogue costs more than the norm's pass it saves once the GEMM
+// replaces cuDNN's convolution: ResNet-50 bf16 training 10.69 against 10.46 ms a step (zoo,
+// batch 64), 32.39 against 32.10 ms (suite, batch 256); a chooser that times both forms (item
+// 2) and a cheaper reduction are what it waits for. Returns the number of norms given
+// statistics.
+size_t fold_norm_statistics(Graph& g, FusionLog* log = nullptr);
+
 // Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them
 // all off (for comparisons), 1 (default) on: from_env(), which the CLI passes.
 struct InferenceFusionOptions {
@@ -192,9 +210,12 @@ struct InferenceFusionOptions {
   bool product_casts = true;  // fold_product_casts
   bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
   bool gelu = true;           // recognize_gelu (passes/simplify.h)
+  // fold_norm_statistics in GPU training steps: off by default (measured slower: passes/
+  // fusion.h), FUSEBOX_CONV_NORM_STATISTICS=1 turns it on.
+  bool norm_statistics = false;
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {
-    return {false, false, false, false, false, false, false, false, false, false, false};
+    return {false, false, false, false, false, false, false, false, false, false, false, false};
   }
 };
 

@@ -17,9 +17,11 @@
 //                      gradients of concatenated slices as one concat; then (step_fusion)
 //                      the forward's elementwise values the backward reads recomputed there
 //                      (passes/rematerialize.h), the norms' narrowing casts folded, the
-//                      gradient sums a batch norm's backward reads taken into it, and the
-//                      pointwise chains (a gemm's output cast and added to an f32 residual,
-//                      the backward's chains: nothing differentiates the step again);
+//                      gradient sums a batch norm's backward reads taken into it,
+//                      (norm_statistics: GPU steps) the batch norms' statistics taken from
+//                      the 1x1 convolutions that write their x, and the pointwise chains (a gemm's
+//                      output cast and added to an f32 residual, the backward's chains: nothing
+//                      differentiates the step again);
 //   evaluation         a training session's eval graph: mixed precision and the batch-norm
 //                      and attention fusions.
 //
@@ -64,7 +66,7 @@ struct Pipeline {
 // inference fusions it switches off; mixed precision always runs.
 Pipeline inference_pipeline(Precision precision, const InferenceFusionOptions& fusion = {});
 Pipeline training_forward_pipeline(Precision precision);
-Pipeline training_step_pipeline(bool step_fusion = true);
+Pipeline training_step_pipeline(bool step_fusion = true, bool norm_statistics = false);
 Pipeline evaluation_pipeline(Precision precision);
 
 // What one pass did in a run of a pipeline.

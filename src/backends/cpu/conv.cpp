@@ -222,6 +222,9 @@ void conv_forward(const Node& n, Inputs in, Outputs out) {
     if (attrs.activation || residual) apply_epilogue(attrs, zc.data(), yc.data(), y.numel());
     yc.store();
   });
+  FUSEBOX_CHECK(out.size() == (attrs.channel_stats ? 2u : 1u), where, "expects ",
+                attrs.channel_stats ? "2 outputs (y, channel statistics)" : "1 output (y)");
+  if (attrs.channel_stats) channel_moments(n, y, out[1]);  // of y as stored
 }
 
 // dy [N, K, O...], w [K, C/g, R...], bias [C]? -> dx [N, C, D...]

@@ -31,6 +31,9 @@ void global_avg_pool(const Node& n, Inputs in, Outputs out);
 
 // norm.cpp
 void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out);
+// x [N, C, D...]'s batch statistics as batch_norm computes them, into `moments` f64 [C, 3]
+// (count, mean, M2 per channel: ir/ops.h ConvAttrs::channel_stats).
+void channel_moments(const Node& n, const Tensor& x, Tensor& moments);
 void batch_norm_apply(const Node& n, Inputs in, Outputs out);
 void layer_norm(const Node& n, Inputs in, Outputs out);
 void rms_norm(const Node& n, Inputs in, Outputs out);

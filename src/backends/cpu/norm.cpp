@@ -188,6 +188,59 @@ std::vector<double> as_stored(std::vector<double> values, DType param) {
 
 }  // namespace
 
+namespace {
+
+// Per channel c of x [N, C, D...] (T): the mean of its N * D elements and the sum of their
+// squared deviations from it, two passes in f64.
+template <class T>
+void channel_moments(const T* px, int64_t batch, int64_t channels, int64_t inner,
+                     std::vector<double>& mean, std::vector<double>& m2) {
+  mean.assign(size_t(channels), 0.0);
+  m2.assign(size_t(channels), 0.0);
+  const int64_t count = batch * inner;
+  parallel_for(channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double sum = 0.0, sq = 0.0;
+      for (int64_t b = 0; b < batch; ++b) {
+        const T* row = px + (b * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) sum += double(to_compute(row[i]));
+      }
+      const double m = sum / double(count);
+      for (int64_t b = 0; b < batch; ++b) {
+        const T* row = px + (b * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          double d = double(to_compute(row[i])) - m;
+          sq += d * d;
+        }
+      }
+      mean[size_t(c)] = m;
+      m2[size_t(c)] = sq;
+    }
+  });
+}
+
+}  // namespace
+
+void channel_moments(const Node& n, const Tensor& x, Tensor& moments) {
+  const std::string where = node_label(n);
+  FUSEBOX_CHECK(x.rank() >= 2, where, "expects a tensor of rank >= 2, got ", shape_str(x.shape()));
+  const int64_t batch = x.dim(0), channels = x.dim(1);
+  const int64_t inner = numel(Shape(x.shape().begin() + 2, x.shape().end()));
+  FUSEBOX_CHECK(moments.dtype() == DType::f64 && moments.shape() == Shape({channels, 3}), where,
+                "the channel statistics must be f64 [", channels, ", 3], got ",
+                dtype_name(moments.dtype()), " ", shape_str(moments.shape()));
+  std::vector<double> mean, m2;
+  visit_float(n, x.dtype(), [&](auto tag) {
+    channel_moments(x.data<decltype(tag)>(), batch, channels, inner, mean, m2);
+  });
+  double* out = moments.data<double>();
+  for (int64_t c = 0; c < channels; ++c) {
+    out[3 * c] = double(batch * inner);
+    out[3 * c + 1] = mean[size_t(c)];
+    out[3 * c + 2] = m2[size_t(c)];
+  }
+}
+
 void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out) {
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const Tensor& x = *in[0];
@@ -199,6 +252,11 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
       " like x");
   const std::vector<double> scale = in[1]->to_doubles(), bias = in[2]->to_doubles();
   const std::vector<double> running_mean = in[3]->to_doubles(), running_var = in[4]->to_doubles();
+  const Tensor* given = in.size() > 6 ? in[6] : nullptr;
+  FUSEBOX_CHECK(!given || (attrs.training && !attrs.sync && given->dtype() == DType::f64 &&
+                           given->shape() == Shape({channels, 3})),
+                node_label(n), "batch_stats must be f64 [", channels,
+                ", 3] of a training batch norm without sync");
 
   visit_float(n, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -206,25 +264,20 @@ void batch_norm(dist::Communicator* world, const Node& n, Inputs in, Outputs out
     std::vector<double> mean = running_mean, var = running_var;
     if (attrs.training) {
       const int64_t count = batch * inner;
-      parallel_for(channels, 1, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          double sum = 0.0, sq = 0.0;
-          for (int64_t b = 0; b < batch; ++b) {
-            const T* row = px + (b * channels + c) * inner;
-            for (int64_t i = 0; i < inner; ++i) sum += double(to_compute(row[i]));
-          }
-          const double m = sum / double(count);
-          for (int64_t b = 0; b < batch; ++b) {
-            const T* row = px + (b * channels + c) * inner;
-            for (int64_t i = 0; i < inner; ++i) {
-              double d = double(to_compute(row[i])) - m;
-              sq += d * d;
-            }
-          }
-          mean[size_t(c)] = m;
-          var[size_t(c)] = sq / double(count);
+      std::vector<double> m2;
+      if (given) {  // x's statistics from its producer (ir/ops.h batch_stats)
+        const double* g = given->data<double>();
+        m2.resize(size_t(channels));
+        for (int64_t c = 0; c < channels; ++c) {
+          FUSEBOX_CHECK(g[3 * c] == double(count), node_label(n), "batch_stats count ", g[3 * c],
+                        " of channel ", c, " is not x's ", count, " elements per channel");
+          mean[size_t(c)] = g[3 * c + 1];
+          m2[size_t(c)] = g[3 * c + 2];
         }
-      });
+      } else {
+        channel_moments(px, batch, channels, inner, mean, m2);
+      }
+      for (int64_t c = 0; c < channels; ++c) var[size_t(c)] = m2[size_t(c)] / double(count);
       if (attrs.sync) merge_ranks(world, count, mean, var);
     }
     std::vector<double> inv_std(size_t(channels), 0.0);

@@ -291,6 +291,8 @@ Planned plan_batch_norm(const Graph& g, const Node& n) {
   auto refuse = [](std::string why) { return Planned{nullptr, std::move(why)}; };
   if (a.sync) return refuse("a synchronized batch norm (its statistics over every rank)");
   if (!a.training) return refuse("the inference form (folded into convolutions where it can be)");
+  if (n.op == OpKind::batch_norm && n.inputs.size() > 6 && n.inputs[6] != kNoValue)
+    return refuse("x's statistics given by its producer (batch_stats)");
   for (ValueId v : n.inputs)
     if (v != kNoValue && g.value(v).type.dtype != DType::f32) return refuse("not all f32");
   for (ValueId v : n.outputs)

@@ -278,8 +278,9 @@ Planned plan_conv_backward_filter(const Graph& g, const Node& n) {
 Planned plan_conv(const Graph& g, const Node& n) {
   // The ordered try-list: a 3x3 stride-1 f32 convolution as Winograd where it wins, else
   // oneDNN's direct convolution.
-  if (Planned winograd = plan_winograd_conv(g, n); winograd.kernel) return winograd;
   const auto& a = std::get<ConvAttrs>(n.attrs);
+  if (a.channel_stats) return {nullptr, "channel statistics as a second output (channel_stats)"};
+  if (Planned winograd = plan_winograd_conv(g, n); winograd.kernel) return winograd;
   auto input = [&](size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; };
   const ValueId x = input(0), w = input(1), bias = input(2), residual = input(3);
   // One dtype for x, w, y and the residual: f32, or bf16 / f16 where the CPU computes in it

@@ -121,19 +121,24 @@ void layer_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void rms_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out);
 void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out);
-// A training batch norm whose batch statistics a producer summed per tile of rows (the
-// statistics GEMM of kernels/conv/engines/cutlass_bn/stats_gemm.h): `sums` and `squares` f32
-// [tiles][pitch], tile t the rows [t * tile_rows, min(rows, (t + 1) * tile_rows)) of x's
-// channels-last [rows][C]. The node's own pass over x is skipped; the rest is batch_norm's.
-// Issue 40 item 5: not yet reached from the IR (its GPU test drives it).
+// Per-channel batch statistics as a training batch_norm computes them, written as the triples
+// f64 [C, 3] (count, mean, M2: ir/ops.h ConvAttrs::channel_stats, batch_norm's batch_stats):
+// of x [N, C, D...] itself (the norm's statistics pass), or from a producer's per-tile sums:
+// `sums` and `squares` f32 [tiles][pitch], tile t the rows [t * tile_rows, min(rows, (t + 1) *
+// tile_rows)) of a channels-last [rows][C] (the statistics GEMM of
+// kernels/conv/engines/cutlass_bn/stats_gemm.h), each tile's triple in f64, merged in the
+// norm's fixed order.
 struct BatchNormTileSums {
   const float* sums = nullptr;
   const float* squares = nullptr;
   BufferList ranges;  // what the kernel reads (both buffers)
   int64_t tiles = 0, pitch = 0, tile_rows = 0, rows = 0;
 };
-void batch_norm_from_tile_sums(Context& ctx, const Node& n, Inputs in, Outputs out,
-                               const BatchNormTileSums& given);
+void channel_moments(Context& ctx, const std::string& where, const DeviceTensor& x,
+                     DeviceTensor& moments);
+void channel_moments_from_tile_sums(Context& ctx, const std::string& where,
+                                    const BatchNormTileSums& sums, int64_t channels,
+                                    DeviceTensor& moments);
 void max_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
 void avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);
 void global_avg_pool(Context& ctx, const Node& n, Inputs in, Outputs out);

@@ -218,6 +218,8 @@ void Exporter::export_node(const Node& n) {
       // A fused epilogue (ir/ops.h) is ONNX's Conv, then the activation, Add and the
       // residual's activation; the last writes y's name.
       const auto& a = std::get<ConvAttrs>(n.attrs);
+      if (a.channel_stats)
+        fail(n, "a conv with channel_stats (a training step's form) has no ONNX operator");
       const bool residual = !in(n, 3).empty();
       std::vector<std::string> conv_inputs = ins(n);
       if (conv_inputs.size() > 3) conv_inputs.resize(3);
@@ -277,7 +279,7 @@ void Exporter::export_node(const Node& n) {
       // then Relu; the last writes y's name.
       const bool residual = n.inputs.size() > 5 && n.inputs[5] != kNoValue;
       std::vector<std::string> bn_inputs = ins(n);
-      bn_inputs.resize(5);
+      bn_inputs.resize(5);  // batch_stats (input 6): the statistics ONNX computes from x
       const std::string y = out(n, 0);
       if (residual || a.relu) o[0] = fresh(n.name + "/normalised");
       NodeProto* p = add("BatchNormalization", n.name, bn_inputs, o);

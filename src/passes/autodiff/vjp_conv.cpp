@@ -20,9 +20,11 @@ Grads vjp_conv(VjpArgs& a) {
   Emitter& e = a.e;
   const ConvAttrs& conv = std::get<ConvAttrs>(a.node.attrs);
   // Epilogues are fused into inference graphs only (after autodiff, or with no autodiff).
-  FUSEBOX_CHECK(!conv.activation && !conv.residual_activation && a.node.inputs.size() < 4,
+  FUSEBOX_CHECK(!conv.activation && !conv.residual_activation && !conv.channel_stats &&
+                    a.node.inputs.size() < 4,
                 node_label(a.node),
-                "a conv with a fused epilogue (activation or residual) has no gradient rule: "
+                "a conv with a fused epilogue (activation, residual or channel_stats) has no "
+                "gradient rule: "
                 "differentiate the unfused graph (passes/fusion.h)");
   const ValueId dy = a.dy[0], x = a.input(0), w = a.input(1);
   Grads out(a.node.inputs.size(), kNoValue);

@@ -28,10 +28,21 @@ const FusionGroup* FusionLog::find(const std::string& node) const {
 
 InferenceFusionOptions InferenceFusionOptions::from_env() {
   const char* text = std::getenv("FUSEBOX_FUSION");
-  if (text == nullptr || std::string(text).empty() || std::string(text) == "1") return {};
-  FUSEBOX_CHECK(std::string(text) == "0", "settings", "FUSEBOX_FUSION='", text,
-                "' must be 1 (the inference fusions, default) or 0 (none)");
-  return none();
+  InferenceFusionOptions options;
+  if (text != nullptr && !std::string(text).empty() && std::string(text) != "1") {
+    FUSEBOX_CHECK(std::string(text) == "0", "settings", "FUSEBOX_FUSION='", text,
+                  "' must be 1 (the inference fusions, default) or 0 (none)");
+    options = none();
+  }
+  const char* stats = std::getenv("FUSEBOX_CONV_NORM_STATISTICS");
+  if (stats != nullptr && !std::string(stats).empty()) {
+    FUSEBOX_CHECK(std::string(stats) == "0" || std::string(stats) == "1", "settings",
+                  "FUSEBOX_CONV_NORM_STATISTICS='", stats,
+                  "' must be 1 (batch-norm statistics from 1x1 convolutions in GPU training "
+                  "steps) or 0 (the norms' own pass, the default)");
+    options.norm_statistics = std::string(stats) == "1";
+  }
+  return options;
 }
 
 namespace {

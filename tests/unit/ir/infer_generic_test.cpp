@@ -262,7 +262,7 @@ TEST(InferGeneric, InputCountsInTheOpTable) {
   EXPECT_EQ(op_info(OpKind::conv).min_inputs, 2);
   EXPECT_EQ(op_info(OpKind::conv).max_inputs, 4);  // + a fused residual
   EXPECT_EQ(op_info(OpKind::batch_norm).min_inputs, 5);
-  EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 6);  // + a fused residual
+  EXPECT_EQ(op_info(OpKind::batch_norm).max_inputs, 7);  // + a fused residual, batch_stats
   EXPECT_EQ(op_info(OpKind::layer_norm).max_inputs, 3);
   EXPECT_EQ(op_info(OpKind::cross_entropy).min_inputs, 2);
   EXPECT_EQ(op_info(OpKind::constant).max_inputs, 0);

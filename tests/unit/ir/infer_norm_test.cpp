@@ -94,7 +94,8 @@ TEST(InferBatchNormErrors, Params) {
   in = bn_inputs({2, 3, 4, 4});
   in.pop_back();
   EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in,
-                         {"takes 5 to 6 inputs (x, scale, bias, mean, var, residual?) but got 4"}));
+                         {"takes 5 to 7 inputs (x, scale, bias, mean, var, residual?, "
+                          "batch_stats?) but got 4"}));
   in = bn_inputs({2, 3, 4, 4});
   in.push_back(f32({2, 3, 4, 5}));
   EXPECT_TRUE(fails_with(OpKind::batch_norm, {}, in,

@@ -24,6 +24,9 @@ std::string describe_lowering(const Node& n) {
   switch (n.op) {
     case OpKind::conv: {
       const auto& a = std::get<ConvAttrs>(n.attrs);
+      if (a.channel_stats)
+        return "CUTLASS statistics GEMM conv_fprop + channel statistics (else the engines, then "
+               "the norm's statistics pass)";
       parts.push_back("conv_fprop");
       if (has_input(n, 2)) parts.push_back("bias");
       if (a.activation) parts.push_back(activation_name(a.activation.kind));
@@ -35,6 +38,7 @@ std::string describe_lowering(const Node& n) {
       parts.push_back("batch_norm");
       if (has_input(n, 5)) parts.push_back("residual");
       if (std::get<BatchNormAttrs>(n.attrs).relu) parts.push_back("relu");
+      if (has_input(n, 6)) return "own kernel " + join_ops(parts) + " (statistics given)";
       return "own kernel " + join_ops(parts);
     }
     case OpKind::batch_norm_apply:

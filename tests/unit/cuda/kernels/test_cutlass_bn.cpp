@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
+#include "backends/cuda/kernels/conv/report.h"
 #include "backends/cuda/runtime/error_flags.h"
 #include "gpu_vs_cpu.h"
 
@@ -20,12 +21,19 @@ TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
   struct Case {
     int64_t m, n, k;
     bool wide;
+    bool checked = false;  // CUTLASS's bounds-checked reductions (the unchecked ones rely on
+                           // zero-filled rows and columns past the problem)
   };
   // 1000 pixels: 7 full tiles and one of 104; n 192 pads to 256 on the wide tile.
-  const Case cases[] = {{1000, 192, 64, true}, {1000, 192, 64, false}, {4133, 256, 128, true}};
+  const Case cases[] = {{1000, 192, 64, true},
+                        {1000, 192, 64, false},
+                        {1000, 192, 64, false, true},
+                        {4133, 256, 128, true},
+                        {4133, 256, 128, false}};
   uint64_t seed = 1;
   for (const Case& c : cases) {
-    SCOPED_TRACE(cat("m ", c.m, " n ", c.n, " k ", c.k, c.wide ? " wide" : " narrow"));
+    SCOPED_TRACE(cat("m ", c.m, " n ", c.n, " k ", c.k, c.wide ? " wide" : " narrow",
+                     c.checked ? " checked" : ""));
     const Tensor x = fusebox::testing::random_tensor(DType::bf16, {c.m, c.k}, seed++),
                  w = fusebox::testing::random_tensor(DType::bf16, {c.n, c.k}, seed++);
     const DeviceTensor dx = h.upload(x), dw = h.upload(w);
@@ -34,9 +42,10 @@ TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
     DeviceTensor y = h.poisoned({DType::bf16, {c.m, c.n}});
     DeviceTensor sums = h.poisoned({DType::f32, {rows, cols}});
     DeviceTensor squares = h.poisoned({DType::f32, {rows, cols}});
-    const cutlass_bn::StatsGemmCall call{
+    cutlass_bn::StatsGemmCall call{
         c.m,   c.n, c.k, dx.data(), dw.data(), y.data(), sums.as<float>(), squares.as<float>(),
         c.wide};
+    call.check_bounds = c.checked;
     const std::optional<std::string> refused = cutlass_bn::record_stats_gemm(
         h.ctx(), call, {dx.range(), dw.range()}, {y.range(), sums.range(), squares.range()});
     ASSERT_FALSE(refused) << *refused;
@@ -86,10 +95,12 @@ TEST(CutlassBn, StatsGemmStoresYAndEveryTilesPerChannelSums) {
   }
 }
 
-// The chain item 5 builds: the statistics GEMM's partials given to the training batch norm
-// (batch_norm_from_tile_sums: its own pass over x skipped) against the batch norm computing
-// its statistics from the same y: y, the saved and the running statistics agree within the
-// rounding of f32 sums (the partials) against the norm's Welford chunks.
+// The chain item 5 builds: the statistics GEMM's partials merged into the channel triples
+// (channel_moments_from_tile_sums) and given to the training batch norm (batch_stats, input 6:
+// its own pass over x skipped), against the batch norm computing its statistics from the same
+// y, and against channel_moments of y (the fallback of a conv the GEMM does not take): y, the
+// saved and the running statistics agree within the rounding of f32 sums (the partials)
+// against the norm's Welford chunks.
 TEST(CutlassBn, TileSumsGiveTheBatchNormItsStatistics) {
   FUSEBOX_REQUIRE_GPU();
   OpHarness h;
@@ -128,7 +139,7 @@ TEST(CutlassBn, TileSumsGiveTheBatchNormItsStatistics) {
     for (size_t o = 1; o < built.outputs.size(); ++o) out.push_back(h.poisoned(built.outputs[o]));
     return out;
   };
-  std::vector<DeviceTensor> own = outputs(), given = outputs();
+  std::vector<DeviceTensor> own = outputs(), given = outputs(), from_pass = outputs();
   batch_norm(h.ctx(), built.node, in, own);
   const BatchNormTileSums tile_sums{sums.as<float>(),
                                     squares.as<float>(),
@@ -137,17 +148,114 @@ TEST(CutlassBn, TileSumsGiveTheBatchNormItsStatistics) {
                                     cols,
                                     cutlass_bn::kStatsTileM,
                                     m};
-  batch_norm_from_tile_sums(h.ctx(), built.node, in, given, tile_sums);
+  DeviceTensor moments = h.poisoned({DType::f64, {c, 3}});
+  DeviceTensor pass_moments = h.poisoned({DType::f64, {c, 3}});
+  channel_moments_from_tile_sums(h.ctx(), "test", tile_sums, c, moments);
+  channel_moments(h.ctx(), "test", x, pass_moments);
+  const BuiltNode given_node = build_node(
+      OpKind::batch_norm, BatchNormAttrs{.epsilon = 1e-5, .momentum = 0.9, .training = true},
+      {Tensor::empty(DType::bf16, {batch, c, size, size}), scale, bias, mean, var, Tensor(),
+       Tensor::empty(DType::f64, {c, 3})});
+  const std::vector<const DeviceTensor*> in_given = {&x, &ds, &db, &dm, &dv, nullptr, &moments},
+                                         in_pass = {&x, &ds, &db, &dm, &dv, nullptr, &pass_moments};
+  batch_norm(h.ctx(), given_node.node, in_given, given);
+  batch_norm(h.ctx(), given_node.node, in_pass, from_pass);
   h.encoder().synchronize();
   check_error_flags(h.ctx());
+  // The triples: the count exact, mean and M2 close to the norm's pass's.
+  const Tensor got_moments = h.download(moments), want_moments = h.download(pass_moments);
+  for (int64_t j = 0; j < c; ++j) {
+    SCOPED_TRACE(cat("channel ", j));
+    const double* g = got_moments.data<double>() + 3 * j;
+    const double* w = want_moments.data<double>() + 3 * j;
+    EXPECT_EQ(g[0], double(m));
+    EXPECT_EQ(w[0], double(m));
+    EXPECT_NEAR(g[1], w[1], 1e-5 * (1 + std::fabs(w[1])));
+    EXPECT_NEAR(g[2], w[2], 1e-4 * (1 + std::fabs(w[2])));
+  }
   // Every output's bytes in their order (y channels-last in both), as one flat tensor.
   auto flat = [&](const DeviceTensor& d) {
     return h.download(DeviceTensor::over(d.range(), d.dtype, {d.numel()}));
   };
   for (size_t o = 0; o < own.size(); ++o) {
     SCOPED_TRACE(cat("output ", o));
-    const Tensor want = flat(own[o]), got = flat(given[o]);
-    EXPECT_TRUE(fusebox::testing::all_close(got, want, o == 0 ? 1e-2 : 1e-4, o == 0 ? 1e-2 : 1e-5));
+    const Tensor want = flat(own[o]);
+    for (const std::vector<DeviceTensor>* other : {&given, &from_pass}) {
+      const Tensor got = flat((*other)[o]);
+      EXPECT_TRUE(
+          fusebox::testing::all_close(got, want, o == 0 ? 1e-2 : 1e-4, o == 0 ? 1e-2 : 1e-5));
+    }
+  }
+}
+
+// A conv with channel_stats (ir/ops.h) as the executable records it: a 1x1 bf16 conv over
+// channels-last tensors on the statistics GEMM, a 3x3 one on its engines followed by the
+// norm's statistics pass. y within bf16 rounding of the CPU's; the triples those of the y the
+// GPU stored (its own rounding), against the host's two-pass sums of that y.
+TEST(CutlassBn, ConvWithChannelStatsTakesTheGemmOrTheStatisticsPass) {
+  FUSEBOX_REQUIRE_GPU();
+  OpHarness h;
+  const bool sm90 = h.ctx().device.properties().compute_capability() == 90;
+  struct Case {
+    int64_t r;  // filter extent (pad r / 2)
+    bool gemm;  // expected on the statistics GEMM (compute capability 9.0)
+  };
+  for (const Case& c : {Case{1, true}, Case{3, false}}) {
+    SCOPED_TRACE(cat(c.r, "x", c.r));
+    const int64_t n = 2, ci = 64, k = 128, size = 11;
+    ConvAttrs a;
+    a.channel_stats = true;
+    a.pads_begin = a.pads_end = {c.r / 2, c.r / 2};
+    const Tensor x = fusebox::testing::random_tensor(DType::bf16, {n, ci, size, size}, 21),
+                 w = fusebox::testing::random_tensor(DType::bf16, {k, ci, c.r, c.r}, 22, -0.2, 0.2);
+    const BuiltNode built = build_node(OpKind::conv, a, {x, w});
+    ASSERT_EQ(built.outputs.size(), 2u);
+    auto channels_last = [&](const Tensor& t) {
+      DeviceTensor d =
+          DeviceTensor::empty(h.ctx().allocator, t.dtype(), t.shape(), MemoryFormat::channels_last);
+      copy_strided(h.ctx(), h.upload(t), d);
+      return d;
+    };
+    const DeviceTensor dx = channels_last(x), dw = channels_last(w);
+    std::vector<DeviceTensor> out;
+    out.push_back(DeviceTensor::empty(h.ctx().allocator, DType::bf16, {n, k, size, size},
+                                      MemoryFormat::channels_last));
+    h.encoder().memset(out.back().range(), 0xFF);
+    out.push_back(h.poisoned(built.outputs[1]));
+    clear_conv_decisions();
+    const std::vector<const DeviceTensor*> in = {&dx, &dw};
+    conv_forward(h.ctx(), built.node, in, out);
+    h.encoder().synchronize();
+    check_error_flags(h.ctx());
+    const std::vector<ConvDecision> decisions = conv_decisions();
+    ASSERT_FALSE(decisions.empty());
+    EXPECT_EQ(decisions.back().path.rfind("cutlass_bn", 0) == 0, c.gemm && sm90)
+        << decisions.back().path;
+
+    DeviceTensor y_nchw = DeviceTensor::empty(h.ctx().allocator, DType::bf16, out[0].shape);
+    copy_strided(h.ctx(), out[0], y_nchw);
+    h.encoder().synchronize();
+    const Tensor y = h.download(y_nchw);
+    const std::vector<Tensor> want = fusebox::testing::run_op(OpKind::conv, a, {x, w});
+    EXPECT_TRUE(fusebox::testing::all_close(y, want[0], 2e-2, 2e-2));
+    const Tensor got = h.download(out[1]);
+    const BFloat16* ys = y.data<BFloat16>();
+    const int64_t per = n * size * size;
+    for (int64_t j = 0; j < k; ++j) {
+      double sum = 0, sq = 0;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < size * size; ++i) sum += float(ys[(b * k + j) * size * size + i]);
+      const double mean = sum / double(per);
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < size * size; ++i) {
+          const double d = float(ys[(b * k + j) * size * size + i]) - mean;
+          sq += d * d;
+        }
+      const double* g = got.data<double>() + 3 * j;
+      EXPECT_EQ(g[0], double(per)) << "channel " << j;
+      EXPECT_NEAR(g[1], mean, 1e-5 * (1 + std::fabs(mean))) << "channel " << j;
+      EXPECT_NEAR(g[2], sq, 1e-4 * (1 + sq)) << "channel " << j;
+    }
   }
 }
 

@@ -603,9 +603,9 @@ struct RankTotals {
   }
 };
 
-// Stage 1 replaced (BatchNormTileSums): tile t's triple of channel c from its sum s and sum of
-// squares q over n rows, in f64 (mean s / n, m2 = q - s * mean: cancellation within one tile
-// of f32 sums), written [t][channels] for bn_finalize_training's fixed-order merge.
+// From a producer's tile sums (BatchNormTileSums): tile t's triple of channel c from its sum s
+// and sum of squares q over n rows, in f64 (mean s / n, m2 = q - s * mean: cancellation within
+// one tile of f32 sums), written [t][channels] for bn_finalize_training's fixed-order merge.
 __global__ void bn_tile_moments(const float* sums, const float* squares, int64_t tiles,
                                 int64_t pitch, int64_t tile_rows, int64_t rows, int64_t channels,
                                 Moments<float>* out) {
@@ -618,23 +618,22 @@ __global__ void bn_tile_moments(const float* sums, const float* squares, int64_t
   out[i] = {float(n), float(mean), float(max(q - s * mean, 0.0))};
 }
 
-// batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics);
-// `given`: a training forward's statistics summed by its producer (stage 1 skipped).
-void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out,
-                    const BatchNormTileSums* given = nullptr) {
+// batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics).
+// A training batch_norm given x's statistics (input 6, batch_stats: f64 [C][count, mean, M2])
+// skips stage 1: stage 2 merges the one triple per channel (exactly: merged with nothing).
+void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const std::string where = node_label(n);
   const auto& attrs = std::get<BatchNormAttrs>(n.attrs);
   const bool apply = n.op == OpKind::batch_norm_apply;
-  FUSEBOX_CHECK(!given || (!apply && attrs.training), where,
-                "statistics given (tile sums) to a batch norm that computes none");
   FUSEBOX_CHECK(apply ? in.size() == 5 && in[0] && out.size() == 1
-                      : (in.size() == 5 || in.size() == 6) && in[0] && !out.empty(),
+                      : in.size() >= 5 && in.size() <= 7 && in[0] && !out.empty(),
                 where,
-                apply
-                    ? "expects (x, scale, bias, saved_mean, saved_inv_std) -> y"
-                    : "expects (x, scale, bias, running_mean, running_var, residual?) -> (y, ...)");
+                apply ? "expects (x, scale, bias, saved_mean, saved_inv_std) -> y"
+                      : "expects (x, scale, bias, running_mean, running_var, residual?, "
+                        "batch_stats?) -> (y, ...)");
   const DeviceTensor& x = *in[0];
   const DeviceTensor* residual = in.size() > 5 ? in[5] : nullptr;
+  const DeviceTensor* given = in.size() > 6 ? in[6] : nullptr;
   FUSEBOX_CHECK(!residual || (residual->dtype == x.dtype && residual->shape == x.shape), where,
                 "the residual must be ", dtype_name(x.dtype), " ", shape_str(x.shape), " like x");
   const Geometry g = geometry_of(where, x.shape);
@@ -682,29 +681,19 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out,
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
       const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
       if (given != nullptr) {
-        FUSEBOX_CHECK(!attrs.sync && layout == Layout::channels_last &&
-                          given->rows == g.per_channel() && given->tiles > 0 &&
-                          given->tile_rows > 0 &&
-                          given->tiles == (given->rows + given->tile_rows - 1) / given->tile_rows &&
-                          given->pitch >= g.channels,
-                      where, "tile sums of ", given->tiles, " tiles of ", given->tile_rows,
-                      " rows (pitch ", given->pitch, ") do not describe x ", shape_str(x.shape),
-                      " (channels-last, not synchronized)");
-        const BufferRange moments = ctx.encoder.temporary(
-            ctx.allocator, size_t(given->tiles * g.channels) * sizeof(Moments<float>));
-        const int64_t items = given->tiles * g.channels;
-        ctx.encoder.launch(&bn_tile_moments, dim3(unsigned((items + 255) / 256)), dim3(256), 0,
-                           given->ranges, {moments}, given->sums, given->squares, given->tiles,
-                           given->pitch, given->tile_rows, given->rows, g.channels,
-                           static_cast<Moments<float>*>(moments.data()));
+        FUSEBOX_CHECK(!attrs.sync && given->dtype == DType::f64 &&
+                          given->shape == Shape({g.channels, 3}) && given->is_contiguous(),
+                      where, "batch_stats must be contiguous f64 [", g.channels,
+                      ", 3] (count, mean, M2 per channel) of a batch norm without sync, got ",
+                      dtype_name(given->dtype), " ", shape_str(given->shape));
         BufferList reads = params;
-        reads.push_back(moments);
-        ctx.encoder.launch(
-            &bn_finalize_training<T, P, float>, grid, block, 0, reads, writes,
-            static_cast<const Moments<float>*>(moments.data()),
-            Entries{given->tiles, 1, g.channels}, g.channels, scale, bias, running_mean,
-            running_var, attrs.epsilon, attrs.momentum, output(1), output(2), output(3), output(4),
-            static_cast<Coefficients<C>*>(coef.data()), static_cast<Moments<double>*>(nullptr));
+        reads.push_back(given->range());
+        ctx.encoder.launch(&bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
+                           given->as<const Moments<double>>(), Entries{1, 1, 1}, g.channels, scale,
+                           bias, running_mean, running_var, attrs.epsilon, attrs.momentum,
+                           output(1), output(2), output(3), output(4),
+                           static_cast<Coefficients<C>*>(coef.data()),
+                           static_cast<Moments<double>*>(nullptr));
         return;
       }
       const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
@@ -880,9 +869,67 @@ void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out) {
   bn::run_batch_norm(ctx, n, in, out);
 }
 
-void batch_norm_from_tile_sums(Context& ctx, const Node& n, Inputs in, Outputs out,
-                               const BatchNormTileSums& given) {
-  bn::run_batch_norm(ctx, n, in, out, &given);
+// x's statistics, written as the triples f64 [C, 3] (stage 1, then stage 2's merge into
+// `totals`, as a sync norm writes this rank's part).
+void channel_moments(Context& ctx, const std::string& where, const DeviceTensor& x,
+                     DeviceTensor& moments) {
+  using namespace bn;
+  const Geometry g = geometry_of(where, x.shape);
+  FUSEBOX_CHECK(moments.dtype == DType::f64 && moments.shape == Shape({g.channels, 3}) &&
+                    moments.is_contiguous(),
+                where, "the channel statistics must be contiguous f64 [", g.channels, ", 3], got ",
+                dtype_name(moments.dtype), " ", shape_str(moments.shape));
+  FUSEBOX_CHECK(g.per_channel() > 0, where, "channel statistics of x ", shape_str(x.shape),
+                ", which has no elements per channel");
+  if (g.channels == 0) return;
+  const Layout layout = layout_of(where, {{"x", &x}});
+  visit_device_float(where, x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
+                                                             : contiguous_stats<T>(ctx, g, x);
+    ctx.encoder.launch(&bn_finalize_training<T, C, C>, dim3(finalize_blocks(g.channels)),
+                       dim3(32 * kFinalizeWarps), 0, {partial.buffer}, {moments.range()},
+                       static_cast<const Moments<C>*>(partial.buffer.data()),
+                       Entries{partial.chunks, partial.chunks, 1}, g.channels,
+                       static_cast<const C*>(nullptr), static_cast<const C*>(nullptr),
+                       static_cast<const C*>(nullptr), static_cast<const C*>(nullptr), 0.0, 0.0,
+                       static_cast<C*>(nullptr), static_cast<C*>(nullptr), static_cast<C*>(nullptr),
+                       static_cast<C*>(nullptr), static_cast<Coefficients<C>*>(nullptr),
+                       moments.as<Moments<double>>());
+  });
+}
+
+void channel_moments_from_tile_sums(Context& ctx, const std::string& where,
+                                    const BatchNormTileSums& sums, int64_t channels,
+                                    DeviceTensor& moments) {
+  using namespace bn;
+  FUSEBOX_CHECK(moments.dtype == DType::f64 && moments.shape == Shape({channels, 3}) &&
+                    moments.is_contiguous(),
+                where, "the channel statistics must be contiguous f64 [", channels, ", 3], got ",
+                dtype_name(moments.dtype), " ", shape_str(moments.shape));
+  FUSEBOX_CHECK(sums.rows > 0 && sums.tiles > 0 && sums.tile_rows > 0 &&
+                    sums.tiles == (sums.rows + sums.tile_rows - 1) / sums.tile_rows &&
+                    sums.pitch >= channels,
+                where, "tile sums of ", sums.tiles, " tiles of ", sums.tile_rows, " rows (pitch ",
+                sums.pitch, ") do not describe ", sums.rows, " rows of ", channels, " channels");
+  if (channels == 0) return;
+  const BufferRange tiles =
+      ctx.encoder.temporary(ctx.allocator, size_t(sums.tiles * channels) * sizeof(Moments<float>));
+  const int64_t items = sums.tiles * channels;
+  ctx.encoder.launch(&bn_tile_moments, dim3(unsigned((items + 255) / 256)), dim3(256), 0,
+                     sums.ranges, {tiles}, sums.sums, sums.squares, sums.tiles, sums.pitch,
+                     sums.tile_rows, sums.rows, channels,
+                     static_cast<Moments<float>*>(tiles.data()));
+  ctx.encoder.launch(&bn_finalize_training<float, float, float>, dim3(finalize_blocks(channels)),
+                     dim3(32 * kFinalizeWarps), 0, {tiles}, {moments.range()},
+                     static_cast<const Moments<float>*>(tiles.data()),
+                     Entries{sums.tiles, 1, channels}, channels, static_cast<const float*>(nullptr),
+                     static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
+                     static_cast<const float*>(nullptr), 0.0, 0.0, static_cast<float*>(nullptr),
+                     static_cast<float*>(nullptr), static_cast<float*>(nullptr),
+                     static_cast<float*>(nullptr), static_cast<Coefficients<float>*>(nullptr),
+                     moments.as<Moments<double>>());
 }
 
 void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,

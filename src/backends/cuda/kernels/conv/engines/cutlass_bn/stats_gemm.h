@@ -7,10 +7,10 @@
 // output channel's sum and sum of squares of y as stored (bf16, rounded to nearest): per-tile
 // partials, dense f32 [partial_rows(m)][partial_cols(n)], every slot written (padding 0), no
 // atomics (the same bits whichever CTA ran the tile). A batch norm's statistics are those
-// partials merged, in place of its pass over y. Not yet wired into the IR or the chooser
-// (the plan's steps 1, 2 and 4); its GPU test checks y and the partials. ptxas (CUDA 13.0): 168
-// registers, no spills; the 128 x 128 instance keeps a 672-byte stack frame (the plain GEMM
-// instances none), the 128 x 64 one none: time both against the plain GEMM + statistics pass.
+// partials merged, in place of its pass over y: a conv with channel_stats (ir/ops.h) runs it
+// (kernels/conv/conv.cpp, 128 x 64 only). The 128 x 128 instance spills (a 672-byte stack
+// frame; 0.91 ms against the 128 x 64's 0.21 on ResNet-50's 56x56 64 -> 256 layer, H200):
+// bench_norm_stats times both, and the 128 x 64 one with CUTLASS's bounds test (check_bounds).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,9 @@ struct StatsGemmCall {
   float* sums = nullptr;     // [partial_rows][partial_cols]
   float* squares = nullptr;  // [partial_rows][partial_cols]
   bool wide = true;          // the 128 x 128 tile, else 128 x 64
+  // CUTLASS's per-element bounds test in the reductions (128 x 64 only), which the results do
+  // not need (stats_gemm_instance.cuh): kept to time against (bench_norm_stats).
+  bool check_bounds = false;
 };
 
 inline int64_t stats_partial_rows(int64_t m) {
@@ -45,5 +48,12 @@ inline int64_t stats_partial_cols(int64_t n, bool wide) {
 // problem (nothing recorded then). `reads`: x and w; `writes`: y and both partials.
 std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& call,
                                              const BufferList& reads, const BufferList& writes);
+
+namespace detail {
+// One instance (stats_gemm_<tile>_sm90a.cu).
+template <int TM, int TN, bool kCheckBounds>
+std::optional<std::string> record_stats_tile(Context& ctx, const StatsGemmCall& call,
+                                             const BufferList& reads, const BufferList& writes);
+}  // namespace detail
 
 }  // namespace fusebox::cuda::cutlass_bn

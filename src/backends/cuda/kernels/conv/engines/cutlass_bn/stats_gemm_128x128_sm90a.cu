@@ -1,0 +1,11 @@
+// The statistics GEMM's 128 x 128 instance.
+#include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm_instance.cuh"
+
+namespace fusebox::cuda::cutlass_bn::detail {
+
+template std::optional<std::string> record_stats_tile<128, 128, false>(Context&,
+                                                                       const StatsGemmCall&,
+                                                                       const BufferList&,
+                                                                       const BufferList&);
+
+}  // namespace fusebox::cuda::cutlass_bn::detail
