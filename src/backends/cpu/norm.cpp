@@ -186,10 +186,6 @@ std::vector<double> as_stored(std::vector<double> values, DType param) {
   return values;
 }
 
-}  // namespace
-
-namespace {
-
 // Per channel c of x [N, C, D...] (T): the mean of its N * D elements and the sum of their
 // squared deviations from it, two passes in f64.
 template <class T>
