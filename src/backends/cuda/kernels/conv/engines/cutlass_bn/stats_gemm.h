@@ -8,9 +8,10 @@
 // partials, dense f32 [partial_rows(m)][partial_cols(n)], every slot written (padding 0), no
 // atomics (the same bits whichever CTA ran the tile). A batch norm's statistics are those
 // partials merged, in place of its pass over y: a conv with channel_stats (ir/ops.h) runs it
-// (kernels/conv/conv.cpp, 128 x 64 only). The 128 x 128 instance spills (a 672-byte stack
-// frame; 0.91 ms against the 128 x 64's 0.21 on ResNet-50's 56x56 64 -> 256 layer, H200):
-// bench_norm_stats times both, and the 128 x 64 one with CUTLASS's bounds test (check_bounds).
+// (kernels/conv/conv.cpp). One tile, 128 x 64: a 128 x 128 instance spilled (a 672-byte stack
+// frame; 0.91 ms against 0.21 on ResNet-50's 56x56 64 -> 256 layer, H200), and CUTLASS's
+// per-element bounds test in the reductions cost 1.5x (0.32 ms), so both went
+// (bench/results/2026-12-02_h200_issue40_session50/).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@
 namespace fusebox::cuda::cutlass_bn {
 
 constexpr int64_t kStatsTileM = 128;  // pixels a partial row covers
+constexpr int64_t kStatsTileN = 64;   // output channels a CTA's tile covers
 
 struct StatsGemmCall {
   int64_t m = 0, n = 0, k = 0;
@@ -30,30 +32,18 @@ struct StatsGemmCall {
   void* y = nullptr;         // [m][n] bf16
   float* sums = nullptr;     // [partial_rows][partial_cols]
   float* squares = nullptr;  // [partial_rows][partial_cols]
-  bool wide = true;          // the 128 x 128 tile, else 128 x 64
-  // CUTLASS's per-element bounds test in the reductions (128 x 64 only), which the results do
-  // not need (stats_gemm_instance.cuh): kept to time against (bench_norm_stats).
-  bool check_bounds = false;
 };
 
 inline int64_t stats_partial_rows(int64_t m) {
   return (m + kStatsTileM - 1) / kStatsTileM;
 }
-inline int64_t stats_partial_cols(int64_t n, bool wide) {
-  const int64_t tile_n = wide ? 128 : 64;
-  return (n + tile_n - 1) / tile_n * tile_n;
+inline int64_t stats_partial_cols(int64_t n) {
+  return (n + kStatsTileN - 1) / kStatsTileN * kStatsTileN;
 }
 
 // Records the kernel (bf16 only, compute capability 9.0), or says why CUTLASS refuses the
 // problem (nothing recorded then). `reads`: x and w; `writes`: y and both partials.
 std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& call,
                                              const BufferList& reads, const BufferList& writes);
-
-namespace detail {
-// One instance (stats_gemm_<tile>_sm90a.cu).
-template <int TM, int TN, bool kCheckBounds>
-std::optional<std::string> record_stats_tile(Context& ctx, const StatsGemmCall& call,
-                                             const BufferList& reads, const BufferList& writes);
-}  // namespace detail
 
 }  // namespace fusebox::cuda::cutlass_bn

@@ -1,5 +1,4 @@
-// The statistics GEMM of stats_gemm.h, one instance per file (stats_gemm_<tile>_sm90a.cu: each
-// takes nvcc ~70 s, so they build in parallel). Its epilogue is a CUTLASS visitor tree (a
+// The statistics GEMM of stats_gemm.h. Its epilogue is a CUTLASS visitor tree (a
 // chain: each reduction passes its input on):
 //
 //   y = float(round_bf16(acc))                 Sm90Compute<RoundThroughBf16, f32>(Sm90AccFetch)
@@ -12,10 +11,8 @@
 // counters that the recording does not provide; the atomic form is not deterministic).
 // VisitCheckOOB false: a row past m or a column past n accumulates a zero (TMA fills the
 // operands' missing rows with zeros, there is no source), which is both reductions' identity,
-// so the per-element bounds test is not needed; kCheckBounds keeps CUTLASS's checked form for
-// comparison (bench_norm_stats). y travels the tree in f32 because CUTLASS 4.2's unchecked
-// reduction reads its input as ElementCompute (f32) arrays.
-#pragma once
+// so the per-element bounds test (1.5x the kernel's time) is not needed. y travels the tree in
+// f32 because CUTLASS 4.2's unchecked reduction reads its input as ElementCompute (f32) arrays.
 
 #include <cutlass/cutlass.h>
 #include <cute/tensor.hpp>
@@ -26,7 +23,7 @@
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
 
 namespace fusebox::cuda::cutlass_bn {
-namespace detail {
+namespace {
 
 namespace fusion = cutlass::epilogue::fusion;
 using cutlass_conv::PingpongGemm;
@@ -48,7 +45,7 @@ struct RoundThroughBf16<cutlass::Array<float, N, kRegisterSized>> {
   }
 };
 
-template <int TM, int TN, bool kCheckBounds>
+template <int TM, int TN>
 struct StatsTree {
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::_64>;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
@@ -59,15 +56,15 @@ struct StatsTree {
       fusion::Sm90RowReduction<Reduce, cutlass::plus, cutlass::plus, 0, TileShape, float, float,
                                kRound, cute::Stride<cute::_0, cute::_1, cute::_0>, 4,
                                /*EnableNullptr=*/false, /*FinalReduction=*/false,
-                               /*VisitCheckOOB=*/kCheckBounds>;
+                               /*VisitCheckOOB=*/false>;
   using Tree = fusion::Sm90EVT<PerChannel<cutlass::square_and_plus>,
                                fusion::Sm90EVT<PerChannel<cutlass::plus>, Stored>>;
 };
 
 // x row-major [m][k] (A), w [n][k] read as B (k x n) column-major, y row-major; no source.
-template <int TM, int TN, bool kCheckBounds>
+template <int TM, int TN>
 struct StatsGemm : PingpongGemm<T, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, T,
-                                typename StatsTree<TM, TN, kCheckBounds>::Tree, TM, TN> {
+                                typename StatsTree<TM, TN>::Tree, TM, TN> {
   using Base = typename StatsGemm::PingpongGemm;
   using Kernel = typename Base::Kernel;
   using Arguments = typename Base::Arguments;
@@ -88,13 +85,20 @@ struct StatsGemm : PingpongGemm<T, cutlass::layout::RowMajor, cutlass::layout::C
   }
 };
 
-template <int TM, int TN, bool kCheckBounds>
-std::optional<std::string> record_stats_tile(Context& ctx, const StatsGemmCall& call,
+}  // namespace
+
+std::optional<std::string> record_stats_gemm(Context& ctx, const StatsGemmCall& call,
                                              const BufferList& reads, const BufferList& writes) {
-  using G = StatsGemm<TM, TN, kCheckBounds>;
+  if (call.m <= 0 || call.n <= 0 || call.k <= 0 || call.m > INT32_MAX || call.n > INT32_MAX ||
+      call.k > INT32_MAX)
+    return cat("extents m ", call.m, ", n ", call.n, ", k ", call.k, " out of the kernel's range");
+  if (call.sums == nullptr || call.squares == nullptr)
+    return std::string("no buffers for the partial sums");
+  if (call.n % 8 != 0 || call.k % 8 != 0)
+    return std::string("channel counts not multiples of 8 (16-byte rows)");
+  using G = StatsGemm<kStatsTileM, kStatsTileN>;
   return cutlass_conv::record_unless_refused<G>(
       ctx, G::arguments(call, ctx.device.properties().sm_count, ctx.device.id()), reads, writes);
 }
 
-}  // namespace detail
 }  // namespace fusebox::cuda::cutlass_bn
