@@ -618,6 +618,29 @@ __global__ void bn_tile_moments(const float* sums, const float* squares, int64_t
   out[i] = {float(n), float(mean), float(max(q - s * mean, 0.0))};
 }
 
+// Stage 2's merge alone (bn_finalize_training's `totals` form: no coefficients, no statistics
+// outputs): each channel's entries into one f64 triple, written to `out` (range `written`).
+template <class Q>
+void merge_into_triples(Context& ctx, const BufferRange& entries, Entries e, int64_t channels,
+                        const BufferRange& written, Moments<double>* out) {
+  const float* none = nullptr;
+  float* no_output = nullptr;
+  ctx.encoder.launch(&bn_finalize_training<float, float, Q>, dim3(finalize_blocks(channels)),
+                     dim3(32 * kFinalizeWarps), 0, {entries}, {written},
+                     static_cast<const Moments<Q>*>(entries.data()), e, channels, none, none, none,
+                     none, 0.0, 0.0, no_output, no_output, no_output, no_output,
+                     static_cast<Coefficients<float>*>(nullptr), out);
+}
+
+// The channel triples f64 [channels, 3] (ir/ops.h ConvAttrs::channel_stats) checked.
+void check_triples(const std::string& where, const DeviceTensor& t, int64_t channels,
+                   const char* what) {
+  FUSEBOX_CHECK(t.dtype == DType::f64 && t.shape == Shape({channels, 3}) && t.is_contiguous(),
+                where, what, " must be contiguous f64 [", channels,
+                ", 3] (count, mean, M2 per channel), got ", dtype_name(t.dtype), " ",
+                shape_str(t.shape));
+}
+
 // batch_norm, and batch_norm_apply (its stage 3 from a training forward's saved statistics).
 // A training batch_norm given x's statistics (input 6, batch_stats: f64 [C][count, mean, M2])
 // skips stage 1: stage 2 merges the one triple per channel (exactly: merged with nothing).
@@ -681,11 +704,8 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       for (size_t o = 1; o < out.size() && o <= 4; ++o) writes.push_back(out[o].range());
       const dim3 grid(finalize_blocks(g.channels)), block(32 * kFinalizeWarps);
       if (given != nullptr) {
-        FUSEBOX_CHECK(!attrs.sync && given->dtype == DType::f64 &&
-                          given->shape == Shape({g.channels, 3}) && given->is_contiguous(),
-                      where, "batch_stats must be contiguous f64 [", g.channels,
-                      ", 3] (count, mean, M2 per channel) of a batch norm without sync, got ",
-                      dtype_name(given->dtype), " ", shape_str(given->shape));
+        FUSEBOX_CHECK(!attrs.sync, where, "batch_stats given to a synchronized batch norm");
+        check_triples(where, *given, g.channels, "batch_stats");
         BufferList reads = params;
         reads.push_back(given->range());
         ctx.encoder.launch(&bn_finalize_training<T, P, double>, grid, block, 0, reads, writes,
@@ -712,12 +732,8 @@ void run_batch_norm(Context& ctx, const Node& n, Inputs in, Outputs out) {
       }
       // Sync: this rank's triples, gathered from every rank, merged in rank order.
       const RankTotals totals = RankTotals::make(ctx, size_t(g.channels) * sizeof(Moments<double>));
-      ctx.encoder.launch(
-          &bn_finalize_training<T, P, C>, grid, block, 0, {partial.buffer}, {totals.own_range()},
-          static_cast<const Moments<C>*>(partial.buffer.data()), chunks, g.channels, scale, bias,
-          running_mean, running_var, attrs.epsilon, attrs.momentum, static_cast<P*>(nullptr),
-          static_cast<P*>(nullptr), static_cast<P*>(nullptr), static_cast<P*>(nullptr),
-          static_cast<Coefficients<C>*>(nullptr), totals.own<Moments<double>>());
+      merge_into_triples<C>(ctx, partial.buffer, chunks, g.channels, totals.own_range(),
+                            totals.own<Moments<double>>());
       totals.gather(ctx);
       BufferList reads = params;
       reads.push_back(totals.whole());
@@ -869,16 +885,13 @@ void batch_norm_apply(Context& ctx, const Node& n, Inputs in, Outputs out) {
   bn::run_batch_norm(ctx, n, in, out);
 }
 
-// x's statistics, written as the triples f64 [C, 3] (stage 1, then stage 2's merge into
-// `totals`, as a sync norm writes this rank's part).
+// x's statistics, written as the triples f64 [C, 3] (stage 1, then stage 2's merge alone, as a
+// sync norm writes this rank's part).
 void channel_moments(Context& ctx, const std::string& where, const DeviceTensor& x,
                      DeviceTensor& moments) {
   using namespace bn;
   const Geometry g = geometry_of(where, x.shape);
-  FUSEBOX_CHECK(moments.dtype == DType::f64 && moments.shape == Shape({g.channels, 3}) &&
-                    moments.is_contiguous(),
-                where, "the channel statistics must be contiguous f64 [", g.channels, ", 3], got ",
-                dtype_name(moments.dtype), " ", shape_str(moments.shape));
+  check_triples(where, moments, g.channels, "the channel statistics");
   FUSEBOX_CHECK(g.per_channel() > 0, where, "channel statistics of x ", shape_str(x.shape),
                 ", which has no elements per channel");
   if (g.channels == 0) return;
@@ -888,15 +901,8 @@ void channel_moments(Context& ctx, const std::string& where, const DeviceTensor&
     using C = compute_t<T>;
     const Partials partial = layout == Layout::channels_last ? channels_last_stats<T>(ctx, x)
                                                              : contiguous_stats<T>(ctx, g, x);
-    ctx.encoder.launch(&bn_finalize_training<T, C, C>, dim3(finalize_blocks(g.channels)),
-                       dim3(32 * kFinalizeWarps), 0, {partial.buffer}, {moments.range()},
-                       static_cast<const Moments<C>*>(partial.buffer.data()),
-                       Entries{partial.chunks, partial.chunks, 1}, g.channels,
-                       static_cast<const C*>(nullptr), static_cast<const C*>(nullptr),
-                       static_cast<const C*>(nullptr), static_cast<const C*>(nullptr), 0.0, 0.0,
-                       static_cast<C*>(nullptr), static_cast<C*>(nullptr), static_cast<C*>(nullptr),
-                       static_cast<C*>(nullptr), static_cast<Coefficients<C>*>(nullptr),
-                       moments.as<Moments<double>>());
+    merge_into_triples<C>(ctx, partial.buffer, Entries{partial.chunks, partial.chunks, 1},
+                          g.channels, moments.range(), moments.as<Moments<double>>());
   });
 }
 
@@ -904,10 +910,7 @@ void channel_moments_from_tile_sums(Context& ctx, const std::string& where,
                                     const BatchNormTileSums& sums, int64_t channels,
                                     DeviceTensor& moments) {
   using namespace bn;
-  FUSEBOX_CHECK(moments.dtype == DType::f64 && moments.shape == Shape({channels, 3}) &&
-                    moments.is_contiguous(),
-                where, "the channel statistics must be contiguous f64 [", channels, ", 3], got ",
-                dtype_name(moments.dtype), " ", shape_str(moments.shape));
+  check_triples(where, moments, channels, "the channel statistics");
   FUSEBOX_CHECK(sums.rows > 0 && sums.tiles > 0 && sums.tile_rows > 0 &&
                     sums.tiles == (sums.rows + sums.tile_rows - 1) / sums.tile_rows &&
                     sums.pitch >= channels,
@@ -921,15 +924,8 @@ void channel_moments_from_tile_sums(Context& ctx, const std::string& where,
                      sums.ranges, {tiles}, sums.sums, sums.squares, sums.tiles, sums.pitch,
                      sums.tile_rows, sums.rows, channels,
                      static_cast<Moments<float>*>(tiles.data()));
-  ctx.encoder.launch(&bn_finalize_training<float, float, float>, dim3(finalize_blocks(channels)),
-                     dim3(32 * kFinalizeWarps), 0, {tiles}, {moments.range()},
-                     static_cast<const Moments<float>*>(tiles.data()),
-                     Entries{sums.tiles, 1, channels}, channels, static_cast<const float*>(nullptr),
-                     static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
-                     static_cast<const float*>(nullptr), 0.0, 0.0, static_cast<float*>(nullptr),
-                     static_cast<float*>(nullptr), static_cast<float*>(nullptr),
-                     static_cast<float*>(nullptr), static_cast<Coefficients<float>*>(nullptr),
-                     moments.as<Moments<double>>());
+  merge_into_triples<float>(ctx, tiles, Entries{sums.tiles, 1, channels}, channels, moments.range(),
+                            moments.as<Moments<double>>());
 }
 
 void batch_norm_backward(Context& ctx, const DeviceTensor& x, const DeviceTensor& dy,
