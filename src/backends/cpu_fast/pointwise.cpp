@@ -155,11 +155,16 @@ class PointwiseKernel final : public Kernel {
   // elements computes element by element in any order of the elements, so it runs over a
   // convolution's blocked output as it lies and leaves its result in that layout for the next
   // convolution (MobileNetV3's hardswish between two convolutions: a reorder out of oneDNN's
-  // layout and one back into it, per activation, otherwise).
-  bool writes_own_layout() const override { return layout_free_; }
+  // layout and one back into it, per activation, otherwise). The layouts are oneDNN's: a build
+  // without it has none, and claiming one there left the output unallocated (a crash).
+#ifdef FUSEBOX_WITH_ONEDNN
+  bool writes_own_layout() const override {
+    return layout_free_;
+  }
   bool reads_own_layout(size_t input) const override {
     return layout_free_ && inputs_[input].placement == Placement::in_place;
   }
+#endif
 
   void run_own(std::span<const Tensor* const> in, std::span<const OwnLayout* const> own_in,
                uint32_t /*consumable*/, std::span<Tensor> out,
