@@ -163,7 +163,9 @@ Pipeline training_step_pipeline(bool step_fusion, bool norm_statistics) {
     passes.push_back(pass("fold_gradient_sums", fold_gradient_sums));
     // The forward's 1x1 convolutions give their batch norms x's statistics (the GPU computes
     // them in the convolution's epilogue; GPU sessions with FUSEBOX_CONV_NORM_STATISTICS=1).
-    if (norm_statistics) passes.push_back(pass("fold_norm_statistics", fold_norm_statistics));
+    if (norm_statistics)
+      passes.push_back({"fold_norm_statistics",
+                        [](Graph& g, FusionLog* log) { return fold_norm_statistics(g, log); }});
     // Last, as for inference: the casts around the f32 residual adds and the backward's
     // elementwise chains, each one generated kernel.
     passes.push_back(pass("fuse_pointwise_chains", fuse_pointwise_chains));

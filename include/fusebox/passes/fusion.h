@@ -178,21 +178,33 @@ size_t fold_gradient_sums(Graph& g, FusionLog* log = nullptr);
 
 // fold_norm_statistics (training steps on the GPU, after autodiff): a training batch_norm
 // (not sync) whose x is output 0 of a plain bf16 1x1 convolution (2-D, stride 1, no padding,
-// dilation, groups, bias or epilogue; channels in multiples of 64) takes x's statistics from
-// that convolution: the conv writes them as its output 1 (ConvAttrs::channel_stats) and the
-// norm reads them as its batch_stats (input 6), its own pass over x skipped. Why: ResNet-50's
-// training batch norms read each activation twice in the forward (statistics, then y), and
-// the CUDA backend computes the statistics in the 1x1 convolutions' epilogue (issue 40 item 5;
-// docs/fusion.md); where it cannot, the convolution's lowering runs the norm's statistics
-// pass after it (the same work as before). The same values: the triples the norm computes
-// from x (bit for bit on the CPU; on the GPU within rounding of the norm's own merge order).
-// Off by default (FUSEBOX_CONV_NORM_STATISTICS=1 turns it on): measured on an H200 (session 50),
-// the statistics GEMM's epilogue costs more than the norm's pass it saves once the GEMM
-// replaces cuDNN's convolution: ResNet-50 bf16 training 10.69 against 10.46 ms a step (zoo,
-// batch 64), 32.39 against 32.10 ms (suite, batch 256); a chooser that times both forms (item
-// 2) and a cheaper reduction are what it waits for. Returns the number of norms given
-// statistics.
-size_t fold_norm_statistics(Graph& g, FusionLog* log = nullptr);
+// dilation, groups, bias or epilogue; channels in multiples of 64; at least `min_pixels`
+// pixels N * H * W) takes x's statistics from that convolution: the conv writes them as its
+// output 1 (ConvAttrs::channel_stats) and the norm reads them as its batch_stats (input 6),
+// its own pass over x skipped. Why: ResNet-50's training batch norms read each activation
+// twice in the forward (statistics, then y), and the CUDA backend computes the statistics in
+// the 1x1 convolutions' epilogue (issue 40 item 5; docs/fusion.md); where it cannot, the
+// convolution's lowering runs the norm's statistics pass after it (the same work as before).
+// The same values: the triples the norm computes from x (bit for bit on the CPU; on the GPU
+// within rounding of the norm's own merge order). Returns the number of norms given statistics.
+// Which form wins depends on the GPU and the shape, so the CUDA lowering times the statistics
+// GEMM against the convolution + the norm's statistics pass once per problem and keeps the
+// faster (kernels/conv/conv.cpp). Off by default (FUSEBOX_CONV_NORM_STATISTICS=1 turns it on):
+// where the pass form wins, the fold still costs one more small kernel than no fold (the
+// statistics merged by the conv, then again, as one triple, by the norm). Session 51, training
+// steps with against without the fold, same machine: H200 with the timed choice, ResNet-50
+// (batch 256) 32.03 vs 32.20 ms, ResNeXt-50 22.78 vs 22.69; with the GEMM everywhere, H100
+// ResNet-50 39.48 vs 39.71 ms, H200 32.32 vs 32.17.
+//
+// kNormStatisticsMinPixels: bench_norm_stats (H100, session 51), the statistics GEMM + merging
+// its tile sums + the norm's apply pass against the convolution + the norm's statistics and
+// apply passes: 0.84-0.90 at 56x56 and 28x28 (batch 256: 802,816 and 200,704 pixels),
+// 0.96-0.98 at 14x14 (50,176), 1.00-1.08 at 7x7 (12,544). Narrow layers lose: with
+// EfficientNet-B0's folded on channels in multiples of 8, its step was 4% slower (H200,
+// session 50).
+constexpr int64_t kNormStatisticsMinPixels = 32768;
+size_t fold_norm_statistics(Graph& g, FusionLog* log = nullptr,
+                            int64_t min_pixels = kNormStatisticsMinPixels);
 
 // Which fusions the inference pipeline (passes/pipeline.h) runs. FUSEBOX_FUSION=0 turns them
 // all off (for comparisons), 1 (default) on: from_env(), which the CLI passes.
@@ -210,8 +222,8 @@ struct InferenceFusionOptions {
   bool product_casts = true;  // fold_product_casts
   bool hoist_casts = true;    // hoist_narrowing_casts (passes/simplify.h)
   bool gelu = true;           // recognize_gelu (passes/simplify.h)
-  // fold_norm_statistics in GPU training steps: off by default (measured slower: passes/
-  // fusion.h), FUSEBOX_CONV_NORM_STATISTICS=1 turns it on.
+  // fold_norm_statistics in GPU training steps: off by default (passes/fusion.h says why),
+  // FUSEBOX_CONV_NORM_STATISTICS=1 turns it on.
   bool norm_statistics = false;
   static InferenceFusionOptions from_env();
   static InferenceFusionOptions none() {

@@ -26,11 +26,10 @@ bool all_equal(const std::vector<int64_t>& v, int64_t value) {
 
 // Whether conv node p is a convolution the statistics GEMM carries
 // (backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h): 2-D, 1x1, stride 1, no
-// padding or dilation, one group, no bias or epilogue, bf16; channels in multiples of 64,
-// the shapes where it was measured to win (ResNet-50's; nothing times it against the
-// convolution + statistics pass yet: with EfficientNet-B0's narrow layers folded too, its
-// training step was 4% slower, H200 session 50).
-bool carries_statistics(const Graph& g, const Node& p) {
+// padding or dilation, one group, no bias or epilogue, bf16; channels in multiples of 64 and
+// at least min_pixels pixels (N * H * W): the shapes where it was measured to win
+// (passes/fusion.h kNormStatisticsMinPixels).
+bool carries_statistics(const Graph& g, const Node& p, int64_t min_pixels) {
   if (p.op != OpKind::conv) return false;
   const auto& a = std::get<ConvAttrs>(p.attrs);
   if (a.channel_stats || a.activation || a.residual_activation || a.groups != 1) return false;
@@ -41,30 +40,31 @@ bool carries_statistics(const Graph& g, const Node& p) {
   if (y.dtype != DType::bf16 || w.shape.size() != 4 || w.shape[2] != 1 || w.shape[3] != 1)
     return false;
   if (w.shape[0] % 64 != 0 || w.shape[1] % 64 != 0) return false;
+  if (y.shape.size() != 4 || numel(y.shape) / w.shape[0] < min_pixels) return false;
   return all_equal(a.strides, 1) && all_equal(a.dilations, 1) && all_equal(a.pads_begin, 0) &&
          all_equal(a.pads_end, 0);
 }
 
 // The training batch norm n folds: not synchronized, no statistics given yet, its x output 0
 // of a convolution that carries_statistics.
-bool folds(const Graph& g, const Node& n) {
+bool folds(const Graph& g, const Node& n, int64_t min_pixels) {
   if (n.op != OpKind::batch_norm) return false;
   const auto& a = std::get<BatchNormAttrs>(n.attrs);
   if (!a.training || a.sync) return false;
   if (n.inputs.size() > kBatchStatsInput && n.inputs[kBatchStatsInput] != kNoValue) return false;
   const Value& x = g.value(n.inputs[0]);
   return x.producer >= 0 && g.node(x.producer).outputs[0] == x.id &&
-         carries_statistics(g, g.node(x.producer));
+         carries_statistics(g, g.node(x.producer), min_pixels);
 }
 
 }  // namespace
 
-size_t fold_norm_statistics(Graph& g, FusionLog* log) {
+size_t fold_norm_statistics(Graph& g, FusionLog* log, int64_t min_pixels) {
   std::vector<bool> stats_of(g.nodes().size(), false);  // by conv: writes the statistics
   std::vector<bool> takes(g.nodes().size(), false);     // by batch_norm: reads them
   size_t count = 0;
   for (const Node& n : g.nodes()) {
-    if (!folds(g, n)) continue;
+    if (!folds(g, n, min_pixels)) continue;
     takes[size_t(n.id)] = true;
     stats_of[size_t(g.value(n.inputs[0]).producer)] = true;
     ++count;

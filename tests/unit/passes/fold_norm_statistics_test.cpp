@@ -18,6 +18,9 @@ namespace {
 
 constexpr int64_t kC = 64, kK = 128;
 const Shape kX = {2, kC, 5, 3};
+// The tests' convolutions are small (30 pixels): they fold at any size, but the case that
+// checks the default size threshold.
+constexpr int64_t kAnySize = 1;
 
 // x -> conv(w) -> batch_norm (training), every output marked; feeds random.
 struct ConvNorm {
@@ -78,7 +81,7 @@ TEST(FoldNormStatistics, OneByOneConvGivesItsNormTheStatisticsBitForBit) {
     cn.norm_of(y);
     Graph g = cn.g;
     FusionLog log;
-    EXPECT_EQ(fold_norm_statistics(g, &log), 1u);
+    EXPECT_EQ(fold_norm_statistics(g, &log, kAnySize), 1u);
     g.verify();
     const Node& conv = only(g, OpKind::conv);
     EXPECT_TRUE(std::get<ConvAttrs>(conv.attrs).channel_stats);
@@ -90,7 +93,8 @@ TEST(FoldNormStatistics, OneByOneConvGivesItsNormTheStatisticsBitForBit) {
     EXPECT_EQ(bn.inputs[6], conv.outputs[1]);
     ASSERT_EQ(log.groups().size(), 1u);
     expect_same_outputs(cn.g, g, cn.feeds);
-    EXPECT_EQ(fold_norm_statistics(g), 0u) << "a norm given statistics takes none again";
+    EXPECT_EQ(fold_norm_statistics(g, nullptr, kAnySize), 0u)
+        << "a norm given statistics takes none again";
   }
 }
 
@@ -102,7 +106,7 @@ TEST(FoldNormStatistics, TwoNormsOfOneConvShareItsStatistics) {
   cn.norm.relu = true;
   cn.norm_of(y, "bn2");
   Graph g = cn.g;
-  EXPECT_EQ(fold_norm_statistics(g), 2u);
+  EXPECT_EQ(fold_norm_statistics(g, nullptr, kAnySize), 2u);
   g.verify();
   const Node& conv = only(g, OpKind::conv);
   int given = 0;
@@ -156,15 +160,24 @@ TEST(FoldNormStatistics, WhatMustNotFoldStays) {
     c.change(cn);
     cn.norm_of(cn.y());
     Graph g = cn.g;
-    EXPECT_EQ(fold_norm_statistics(g), 0u);
+    EXPECT_EQ(fold_norm_statistics(g, nullptr, kAnySize), 0u);
     EXPECT_FALSE(std::get<ConvAttrs>(only(g, OpKind::conv).attrs).channel_stats);
+  }
+  {
+    SCOPED_TRACE("fewer pixels than kNormStatisticsMinPixels (the default)");
+    ConvNorm cn(DType::bf16);
+    cn.norm_of(cn.y());
+    Graph g = cn.g;
+    EXPECT_EQ(fold_norm_statistics(g), 0u);
+    EXPECT_EQ(fold_norm_statistics(g, nullptr, numel(kX) / kC + 1), 0u);
+    EXPECT_EQ(fold_norm_statistics(g, nullptr, numel(kX) / kC), 1u);
   }
   // A norm reading the conv through another op.
   ConvNorm cn(DType::bf16);
   Builder b(cn.g);
   cn.norm_of(b.relu(cn.y()));
   Graph g = cn.g;
-  EXPECT_EQ(fold_norm_statistics(g), 0u);
+  EXPECT_EQ(fold_norm_statistics(g, nullptr, kAnySize), 0u);
 }
 
 TEST(FoldNormStatistics, IrChecksTheTwoForms) {
@@ -260,7 +273,7 @@ TEST(FoldNormStatistics, TrainingStepKeepsItsGradientsBitForBit) {
     feeds[g.value(v).name] = random_tensor(g.value(v).type.dtype, g.value(v).type.shape, ++seed,
                                            g.value(v).name.ends_with("_scale") ? 0.5 : -1.0, 1.5);
   Graph folded = g;
-  EXPECT_EQ(fold_norm_statistics(folded), 2u);
+  EXPECT_EQ(fold_norm_statistics(folded, nullptr, kAnySize), 2u);
   folded.verify();
   expect_same_outputs(g, folded, feeds);
   for (ValueId wrt : params) EXPECT_NE(r.of(wrt), kNoValue);

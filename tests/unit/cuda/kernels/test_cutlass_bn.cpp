@@ -5,6 +5,7 @@
 // does not write is a NaN the test sees.
 #include <cmath>
 
+#include "backends/cuda/kernels/conv/engines.h"
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
 #include "backends/cuda/kernels/conv/report.h"
 #include "backends/cuda/runtime/error_flags.h"
@@ -187,11 +188,17 @@ TEST(CutlassBn, ConvWithChannelStatsTakesTheGemmOrTheStatisticsPass) {
   OpHarness h;
   const bool sm90 = h.ctx().device.properties().compute_capability() == 90;
   struct Case {
-    int64_t r;  // filter extent (pad r / 2)
-    bool gemm;  // expected on the statistics GEMM (compute capability 9.0)
+    int64_t r;                 // filter extent (pad r / 2)
+    std::optional<bool> form;  // set_statistics_form_override: the GEMM, the pass, timed
+    bool gemm;                 // expected on the statistics GEMM (compute capability 9.0)
   };
-  for (const Case& c : {Case{1, true}, Case{3, false}}) {
-    SCOPED_TRACE(cat(c.r, "x", c.r));
+  struct Reset {
+    ~Reset() { set_statistics_form_override(std::nullopt); }
+  } reset;
+  for (const Case& c : {Case{1, true, true}, Case{1, false, false}, Case{1, std::nullopt, false},
+                        Case{3, true, false}}) {
+    SCOPED_TRACE(cat(c.r, "x", c.r, c.form ? (*c.form ? ", GEMM forced" : ", pass forced") : ""));
+    set_statistics_form_override(c.form);
     const int64_t n = 2, ci = 64, k = 128, size = 11;
     ConvAttrs a;
     a.channel_stats = true;
@@ -219,8 +226,13 @@ TEST(CutlassBn, ConvWithChannelStatsTakesTheGemmOrTheStatisticsPass) {
     check_error_flags(h.ctx());
     const std::vector<ConvDecision> decisions = conv_decisions();
     ASSERT_FALSE(decisions.empty());
-    EXPECT_EQ(decisions.back().path.rfind("cutlass_bn", 0) == 0, c.gemm && sm90)
-        << decisions.back().path;
+    const ConvDecision& d = decisions.back();
+    if (c.form) {
+      EXPECT_EQ(d.path.rfind("cutlass_bn", 0) == 0, c.gemm && sm90) << d.path;
+    } else if (sm90) {  // either form, the report saying which times chose it
+      EXPECT_NE(d.reason.find("timed: statistics GEMM"), std::string::npos) << d.reason;
+      EXPECT_EQ(decisions.size(), 1u) << "the timing's own recordings left decisions";
+    }
 
     DeviceTensor y_nchw = DeviceTensor::empty(h.ctx().allocator, DType::bf16, out[0].shape);
     copy_strided(h.ctx(), out[0], y_nchw);

@@ -9,13 +9,21 @@
 // as they are or copies them into the layout its kernels read.
 //
 // channel_stats (ir/ops.h: y's batch statistics as output 1): the statistics GEMM where it
-// takes the problem, else the engines as above and the batch norm's statistics pass over y.
+// takes the problem and was timed faster, else the engines as above and the batch norm's
+// statistics pass over y.
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <mutex>
+
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kernels/conv/engines.h"
 #include "backends/cuda/kernels/conv/engines/cutlass_bn/stats_gemm.h"
 #include "backends/cuda/kernels/conv/operand_layout.h"
 #include "backends/cuda/kernels/conv/problem.h"
 #include "backends/cuda/kernels/conv/report.h"
+#include "backends/cuda/kernels/conv/selection.h"
+#include "fusebox/core/compile_trace.h"
 
 namespace fusebox::cuda {
 
@@ -36,7 +44,8 @@ std::string path_of(const ConvOutcome& o, const std::string& fused, const std::s
   return path;
 }
 
-void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out) {
+// `note`: why this call runs here (a channel_stats conv's timed choice), for the report.
+void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out, const std::string& note = "") {
   const ConvSettings settings = conv_settings();
   const std::vector<const DeviceTensor*> inputs(in.begin(), in.end());
   const ConvProblem p = make_conv_problem(n, inputs, out[0], settings, ctx.device.id());
@@ -76,17 +85,18 @@ void run_conv(Context& ctx, const Node& n, Inputs in, Outputs out) {
   const bool cudnn = std::string(o.engine->name()) == "cudnn";
   d.reason = cudnn && !rest_text.empty() ? o.recorded.reason : "";
   if (!o.reason.empty()) d.reason += cat(d.reason.empty() ? "" : "; ", o.reason);
+  if (!note.empty()) d.reason += cat(d.reason.empty() ? "" : "; ", note);
   d.workspace_bytes = o.recorded.workspace_bytes;
   d.tuned_ms = o.tuned_ms;
   record_conv_decision(d);
 }
 
-// A conv with channel_stats (ir/ops.h) on the statistics GEMM (cutlass_bn/stats_gemm.h):
-// y and per-tile sums in one kernel, then the sums merged into the triples; or why not. The
-// GEMM is a bf16 1x1 stride-1 forward convolution over dense channels-last x and y with no
-// epilogue, on compute capability 9.0; a forced engine or backend keeps its own path.
-std::optional<std::string> record_statistics_gemm(Context& ctx, const Node& n, Inputs in,
-                                                  Outputs out, const ConvSettings& settings) {
+// Why a conv with channel_stats (ir/ops.h) cannot take the statistics GEMM
+// (cutlass_bn/stats_gemm.h), or nullopt: the GEMM is a bf16 1x1 stride-1 forward convolution
+// over dense channels-last x and y with no epilogue, on compute capability 9.0; a forced
+// engine or backend keeps its own path. (The kernel's own can_implement may still refuse.)
+std::optional<std::string> statistics_gemm_refusal(Context& ctx, const Node& n, Inputs in,
+                                                   Outputs out, const ConvSettings& settings) {
   if (!settings.engine.empty() || settings.backend != ConvBackend::automatic)
     return std::string("an engine or backend is forced (FUSEBOX_CONV_ENGINE, _BACKEND)");
   if (ctx.device.properties().compute_capability() != 90)
@@ -107,6 +117,18 @@ std::optional<std::string> record_statistics_gemm(Context& ctx, const Node& n, I
     return std::string("x, w or y not dense channels-last");
   if (!aligned16(&x) || !aligned16(&w) || !aligned16(&y))
     return std::string("x, w or y not 16-byte aligned");
+  return std::nullopt;
+}
+
+// A conv with channel_stats on the statistics GEMM: y and per-tile sums in one kernel, then
+// the sums merged into the triples; or why not (statistics_gemm_refusal, the kernel's own).
+std::optional<std::string> record_statistics_gemm(Context& ctx, const Node& n, Inputs in,
+                                                  Outputs out, const ConvSettings& settings,
+                                                  const std::string& note = "") {
+  if (std::optional<std::string> why = statistics_gemm_refusal(ctx, n, in, out, settings))
+    return why;
+  const DeviceTensor &x = *in[0], &w = *in[1], &y = out[0];
+  const ConvGeometry g = conv_geometry_of(n, ConvOp::fprop, in, y);
   const int64_t m = g.batch * g.out_size();
   const int64_t rows = cutlass_bn::stats_partial_rows(m);
   const int64_t pitch = cutlass_bn::stats_partial_cols(g.out_channels);
@@ -136,22 +158,110 @@ std::optional<std::string> record_statistics_gemm(Context& ctx, const Node& n, I
   d.problem = p.describe();
   d.path = "cutlass_bn (statistics GEMM: y and its channel statistics)";
   d.plan = "128x64";
+  d.reason = note;
   record_conv_decision(d);
   return std::nullopt;
 }
 
+// The engines' convolution, then the norm's statistics pass over y: the form every
+// channel_stats conv can take.
+void record_statistics_pass(Context& ctx, const Node& n, Inputs in, Outputs out,
+                            const std::string& note = "") {
+  run_conv(ctx, n, in, out.first(1), note);
+  channel_moments(ctx, node_label(n), out[0], out[1]);
+}
+
+std::optional<bool> g_statistics_form_override;  // set_statistics_form_override (tests)
+
+// A channel_stats conv's form where the statistics GEMM takes it: the faster of the GEMM and
+// the statistics pass form, each timed as a replayed graph (selection.h time_own_conv) the
+// first time a problem is met in the process, then kept. Timed, not ruled: which is faster
+// differs by GPU (ResNet-50's 56x56 layers gain on an H100 and lose on an H200, where the
+// statistics pass costs less against the GEMM's epilogue: docs/fusion.md).
+struct StatisticsForm {
+  bool gemm = true;
+  std::string note;  // the report's: both times, or why not timed
+};
+
+StatisticsForm choose_statistics_form(Context& ctx, const Node& n, Inputs in, Outputs out,
+                                      const ConvSettings& settings) {
+  if (g_statistics_form_override)
+    return {*g_statistics_form_override, "form forced (set_statistics_form_override)"};
+  const std::vector<const DeviceTensor*> inputs(in.begin(), in.end());
+  const std::string key =
+      make_conv_problem(n, inputs, out[0], settings, ctx.device.id()).describe();
+  static std::mutex mutex;
+  static std::map<std::string, StatisticsForm> chosen;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  }
+  // The candidates' recordings are timing's, not the node's: their decisions are not kept.
+  auto timed = [&](const char* what, double bound_ms, auto&& record) -> std::optional<double> {
+    TracePhase trace("conv channel statistics: time the ", what);
+    std::string plan;
+    try {
+      return time_own_conv(
+          ctx,
+          [&](Context& scratch) {
+            const MutedConvDecisions muted;
+            record(scratch);
+            return std::string(what);
+          },
+          plan, bound_ms);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fusebox: %s: timing the %s failed (%s)\n", node_label(n).c_str(), what,
+                   e.what());
+      return std::nullopt;
+    }
+  };
+  StatisticsForm form;
+  const std::optional<double> gemm_ms =
+      timed("statistics GEMM", std::numeric_limits<double>::infinity(), [&](Context& scratch) {
+        if (std::optional<std::string> why = record_statistics_gemm(scratch, n, in, out, settings))
+          throw Error(node_label(n), *why);
+      });
+  const std::optional<double> pass_ms =
+      gemm_ms ? timed("convolution + statistics pass", *gemm_ms,
+                      [&](Context& scratch) { record_statistics_pass(scratch, n, in, out); })
+              : std::nullopt;
+  if (gemm_ms && pass_ms) {
+    char text[128];
+    std::snprintf(text, sizeof text,
+                  "timed: statistics GEMM %.4f ms, convolution + statistics pass %.4f ms", *gemm_ms,
+                  *pass_ms);
+    form.gemm = *gemm_ms <= *pass_ms;
+    form.note = text;
+  } else {
+    // No graphs to time on (FUSEBOX_CUDA_GRAPHS=0), or a form failed: the GEMM if it timed.
+    form.gemm = gemm_ms.has_value() || !ctx.encoder.options().use_graphs;
+    form.note = ctx.encoder.options().use_graphs ? "not timed: a form failed to record"
+                                                 : "not timed (no CUDA graphs)";
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return chosen.emplace(key, form).first->second;
+}
+
 }  // namespace
 
-// A conv with channel_stats takes the statistics GEMM where it can, else its engines and then
-// the norm's statistics pass over y (the same triples, as the norm would have computed them).
+void set_statistics_form_override(std::optional<bool> gemm) {
+  g_statistics_form_override = gemm;
+}
+
+// A conv with channel_stats takes the statistics GEMM where it can and was timed faster
+// (choose_statistics_form), else its engines and then the norm's statistics pass over y (the
+// same triples, as the norm would have computed them).
 void conv_forward(Context& ctx, const Node& n, Inputs in, Outputs out) {
   if (!conv_attrs_of(n).channel_stats) return run_conv(ctx, n, in, out);
   FUSEBOX_CHECK(out.size() == 2 && in.size() >= 2 && in[0] && in[1], node_label(n),
                 "expects (x, w, ...) -> (y, channel statistics)");
   if (out[0].numel() == 0) return;
-  if (!record_statistics_gemm(ctx, n, in, out, conv_settings())) return;
-  run_conv(ctx, n, in, out.first(1));
-  channel_moments(ctx, node_label(n), out[0], out[1]);
+  const ConvSettings settings = conv_settings();
+  if (statistics_gemm_refusal(ctx, n, in, out, settings))
+    return record_statistics_pass(ctx, n, in, out);
+  const StatisticsForm form = choose_statistics_form(ctx, n, in, out, settings);
+  if (form.gemm && !record_statistics_gemm(ctx, n, in, out, settings, form.note)) return;
+  record_statistics_pass(ctx, n, in, out, form.note);
 }
 
 void conv_backward_data(Context& ctx, const Node& n, Inputs in, Outputs out) {

@@ -29,6 +29,11 @@ const ConvEngine& checked_conv_engine(const ConvEngineChoice& choice, std::strin
 void set_conv_engine_override(std::optional<ConvEngineChoice> choice);
 std::optional<ConvEngineChoice> conv_engine_override();
 
+// The form a conv with channel_stats (ir/ops.h) takes where the statistics GEMM takes it:
+// true the GEMM, false the engines and then the norm's statistics pass; nullopt (the default)
+// the faster of the two, timed once per problem (kernels/conv/conv.cpp). For tests.
+void set_statistics_form_override(std::optional<bool> gemm);
+
 // What ran a convolution.
 struct ConvOutcome {
   const ConvEngine* engine = nullptr;

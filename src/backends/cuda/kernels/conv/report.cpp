@@ -109,7 +109,19 @@ ConvReportScope::~ConvReportScope() {
   t_sink = outer_;
 }
 
+namespace {
+thread_local int t_muted = 0;  // MutedConvDecisions alive on this thread
+}  // namespace
+
+MutedConvDecisions::MutedConvDecisions() {
+  ++t_muted;
+}
+MutedConvDecisions::~MutedConvDecisions() {
+  --t_muted;
+}
+
 void record_conv_decision(const ConvDecision& decision) {
+  if (t_muted > 0) return;
   DecisionLog& log = decision_log();
   {
     std::lock_guard<std::mutex> lock(log.mutex);

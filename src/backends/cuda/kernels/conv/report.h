@@ -21,6 +21,15 @@ using fusebox::ConvPlanStats;
 // ConvReportScope open on this thread, if any.
 void record_conv_decision(const ConvDecision& decision);
 std::vector<ConvDecision> conv_decisions();  // the process's record, in first-seen order
+// While one lives, record_conv_decision on this thread records nothing: the calls a
+// candidate's timing records (kernels/conv/conv.cpp) are not the node's.
+class MutedConvDecisions {
+ public:
+  MutedConvDecisions();
+  ~MutedConvDecisions();
+  MutedConvDecisions(const MutedConvDecisions&) = delete;
+  MutedConvDecisions& operator=(const MutedConvDecisions&) = delete;
+};
 void clear_conv_decisions();
 // format_conv_report of the process's record and plan-cache counters.
 std::string format_conv_report();
